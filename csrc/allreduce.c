@@ -1,0 +1,187 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* allreduce.c: hierarchical allreduce, and the pieces Reduce shares.
+ *
+ * Small messages (<= cico_max), through the segment:
+ * 1. Below the top level, each leader folds its own value with its
+ *    children's published values (children in level order, then rank
+ *    order), into its up line (inline) or up slot.
+ * 2. A rank that is not a top-level member publishes its subtree's value
+ *    and waits for its parent's result.
+ * 3. Top-level members publish their value, then every one of them reads
+ *    every other's and folds them all in rank order: one round, and the
+ *    same bits on every rank.
+ * 4. Leaders pass the result down their subtrees as Bcast does.
+ *
+ * Large messages, single-copy (CMA or node shared memory): reduce-scatter.
+ * 5. Every rank exposes its send and receive buffers.  Rank i reduces
+ *    slice i of the vector, reading that slice of every rank's send buffer
+ *    in rank order, chunk by chunk, into its receive buffer.
+ * 6. Each rank raises `done`, then copies every other slice from its
+ *    owner's receive buffer; all ack before anyone returns, since peers
+ *    read user buffers.  Every rank does 1/P of the arithmetic.
+ * Without single-copy, large messages go as a sequence of small ones.
+ */
+#include "xhc_internal.h"
+
+int xhc_red_init(struct xhc_red *r, size_t count, int dtype, int op)
+{
+    r->fn = xhc_reduce_fn_get(dtype, op);
+    if (!r->fn)
+        return dtype < 0 || dtype >= XHC_NDTYPES || op < 0 || op >= XHC_NOPS
+               ? XHC_ERR_ARG : XHC_ERR_DTYPE_OP;
+    r->count = count;
+    r->esize = xhc_dtype_size(dtype);
+    r->nbytes = count * r->esize;
+    return 0;
+}
+
+/* Fold *MINE with the up payloads of CHILD[0..NCHILD) into DST; on
+ * return *MINE points at DST.  Nothing to fold leaves *MINE alone. */
+int xhc_fold_children(xhc_ctx_t *ctx, const int *child, int nchild,
+                      uint64_t seq, const struct xhc_red *r, void *dst,
+                      const void **mine)
+{
+    if (nchild == 0)
+        return 0;
+    ctx->srcs[0] = *mine;
+    for (int i = 0; i < nchild; i++) {
+        int c = child[i];
+        int rc = xhc_wait_eq(ctx, &xhc_line(ctx, c, XHC_UP, seq)->seq, seq, c);
+        if (rc)
+            return rc;
+        ctx->srcs[i + 1] = xhc_payload(ctx, c, XHC_UP, seq, r->nbytes);
+    }
+    xhc_fold(dst, ctx->srcs, nchild + 1, ctx->scratch, r->count, r->esize,
+             r->fn);
+    *mine = dst;
+    return 0;
+}
+
+/* Make VALUE my contribution to operation SEQ for whoever reads it. */
+int xhc_publish_up(xhc_ctx_t *ctx, uint64_t seq, const struct xhc_red *r,
+                   const void *value)
+{
+    struct xhc_flag_line *line = xhc_line(ctx, ctx->rank, XHC_UP, seq);
+    unsigned char *dst = xhc_payload(ctx, ctx->rank, XHC_UP, seq, r->nbytes);
+    if (dst != value)
+        memcpy(dst, value, r->nbytes);
+    line->nbytes = r->nbytes;
+    /* Orders the value's bytes before readers see the flag. */
+    xhc_store_release(&line->seq, seq);
+    return 0;
+}
+
+/* Steps 3: every top-level member folds all members' values into RBUF. */
+static int xhc_fold_peers(xhc_ctx_t *ctx, const struct xhc_view *v,
+                          uint64_t seq, const struct xhc_red *r,
+                          const void *mine, void *rbuf)
+{
+    for (int i = 0; i < v->npeer; i++) {
+        int p = v->peer[i];
+        if (p == ctx->rank) {
+            ctx->srcs[i] = mine;
+            continue;
+        }
+        int rc = xhc_wait_eq(ctx, &xhc_line(ctx, p, XHC_UP, seq)->seq, seq, p);
+        if (rc)
+            return rc;
+        ctx->srcs[i] = xhc_payload(ctx, p, XHC_UP, seq, r->nbytes);
+    }
+    xhc_fold(rbuf, ctx->srcs, v->npeer, ctx->scratch, r->count, r->esize,
+             r->fn);
+    return 0;
+}
+
+/* Step 4: take the result from my parent (unless I have it) and pass it
+ * to my children below the top level. */
+static int xhc_pass_down(xhc_ctx_t *ctx, const struct xhc_view *v,
+                         uint64_t seq, const struct xhc_red *r, void *rbuf)
+{
+    if (v->npeer == 0) {
+        int rc = xhc_wait_eq(ctx, &xhc_line(ctx, v->parent, XHC_DOWN, seq)->seq,
+                             seq, v->parent);
+        if (rc)
+            return rc;
+        memcpy(rbuf, xhc_payload(ctx, v->parent, XHC_DOWN, seq, r->nbytes),
+               r->nbytes);
+    }
+    if (v->nsub) {
+        struct xhc_flag_line *line = xhc_line(ctx, ctx->rank, XHC_DOWN, seq);
+        memcpy(xhc_payload(ctx, ctx->rank, XHC_DOWN, seq, r->nbytes), rbuf,
+               r->nbytes);
+        line->nbytes = r->nbytes;
+        /* Orders the result's bytes before children see the flag. */
+        xhc_store_release(&line->seq, seq);
+    }
+    return 0;
+}
+
+static int xhc_allreduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
+                               const void *sbuf, void *rbuf,
+                               const struct xhc_red *r)
+{
+    uint64_t seq = ++ctx->seq;
+    const void *mine = sbuf;
+    unsigned char *up = xhc_payload(ctx, ctx->rank, XHC_UP, seq, r->nbytes);
+    int rc = xhc_ring_reserve(ctx, seq);
+    if (rc == 0)
+        rc = xhc_fold_children(ctx, v->child, v->nsub, seq, r, up, &mine);
+    if (rc == 0)
+        rc = xhc_publish_up(ctx, seq, r, mine);
+    if (rc == 0 && v->npeer)
+        rc = xhc_fold_peers(ctx, v, seq, r, mine, rbuf);
+    if (rc == 0)
+        rc = xhc_pass_down(ctx, v, seq, r, rbuf);
+    if (rc == 0)
+        xhc_ack(ctx, seq);
+    return rc;
+}
+
+static int xhc_allreduce_chunked(xhc_ctx_t *ctx, const struct xhc_view *v,
+                                 const unsigned char *sbuf,
+                                 unsigned char *rbuf, const struct xhc_red *r)
+{
+    size_t step = ctx->cfg.cico_max / r->esize;
+    for (size_t off = 0; off < r->count; off += step) {
+        struct xhc_red part = *r;
+        part.count = r->count - off < step ? r->count - off : step;
+        part.nbytes = part.count * r->esize;
+        size_t at = off * r->esize;
+        int rc = xhc_allreduce_small(ctx, v, sbuf + at, rbuf + at, &part);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int xhc_allreduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
+                  size_t count, int dtype, int op)
+{
+    if (!ctx)
+        return XHC_ERR_FREED;
+    struct xhc_red r;
+    int rc = xhc_red_init(&r, count, dtype, op);
+    if (rc)
+        return rc;
+    if (count == 0)
+        return 0;
+    if (ctx->nranks == 1) {
+        if (rbuf != sbuf)
+            memcpy(rbuf, sbuf, r.nbytes);
+        return 0;
+    }
+    const struct xhc_view *v = xhc_view_get(ctx, XHC_ALLREDUCE, 0);
+    if (!v)
+        return XHC_ERR_HIERARCHY;
+    if (r.nbytes <= ctx->cfg.cico_max) {
+        ctx->stats[r.nbytes <= XHC_INLINE_MAX ? XHC_PATH_ALLREDUCE_INLINE
+                                              : XHC_PATH_ALLREDUCE_CICO]++;
+        return xhc_allreduce_small(ctx, v, sbuf, rbuf, &r);
+    }
+    if (ctx->cfg.copy == XHC_COPY_CICO) {
+        ctx->stats[XHC_PATH_ALLREDUCE_CICO]++;
+        return xhc_allreduce_chunked(ctx, v, sbuf, rbuf, &r);
+    }
+    ctx->stats[XHC_PATH_ALLREDUCE_SINGLE]++;
+    return xhc_rs_run(ctx, sbuf, rbuf, &r, -1);
+}

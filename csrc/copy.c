@@ -1,0 +1,115 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* copy.c: reading a peer's private or shared buffer.
+ *
+ * 1. A buffer inside a registered region (arrays the front end allocated
+ *    in node shared memory) is described by region and offset; every rank
+ *    registered the same regions in the same order, so a reader finds it
+ *    in its own mapping and reads it in place: zero copies to get there.
+ * 2. Any other buffer is described by its address and read with one
+ *    process_vm_readv (CMA): a single copy, kernel to kernel.
+ * 3. XPMEM is detected (/dev/xpmem and libxpmem) but not used yet: CMA
+ *    serves where it would.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <sys/prctl.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "xhc_internal.h"
+
+void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf,
+                      struct xhc_src *src)
+{
+    const unsigned char *p = buf;
+    src->addr = (uint64_t)(uintptr_t)buf;
+    src->region = 0;
+    src->offset = 0;
+    for (int i = 0; i < ctx->nregions; i++) {
+        const struct xhc_region *reg = &ctx->regions[i];
+        if (p >= reg->base && p < reg->base + reg->size) {
+            src->region = i + 1;
+            src->offset = (uint64_t)(p - reg->base);
+            return;
+        }
+    }
+}
+
+static int xhc_cma_read(pid_t pid, void *dst, uint64_t addr, size_t len)
+{
+    while (len) {
+        struct iovec local = { dst, len };
+        struct iovec remote = { (void *)(uintptr_t)addr, len };
+        ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+        if (got <= 0)
+            return got < 0 && errno == ESRCH ? XHC_ERR_PEER_GONE
+                                             : XHC_ERR_COPY;
+        dst = (unsigned char *)dst + got;
+        addr += (uint64_t)got;
+        len -= (size_t)got;
+    }
+    return 0;
+}
+
+/* Read LEN bytes at OFFSET of PEER's buffer SRC.  If the buffer can be
+ * read in place and DIRECT is given, set *DIRECT and copy nothing. */
+int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
+                  size_t offset, void *dst, size_t len, const void **direct)
+{
+    if (src->region > 0 && src->region <= ctx->nregions) {
+        const unsigned char *p = ctx->regions[src->region - 1].base
+                                 + src->offset + offset;
+        if (direct)
+            *direct = p;
+        else
+            memcpy(dst, p, len);
+        return 0;
+    }
+    if (direct)
+        *direct = dst;
+    int rc = xhc_cma_read(ctx->pids[peer], dst, src->addr + offset, len);
+    if (rc)
+        ctx->failed_rank = peer;
+    return rc;
+}
+
+uintptr_t xhc_ctx_probe_address(xhc_ctx_t *ctx)
+{
+    /* Yama's ptrace_scope=1 lets only ancestors read us; ranks are
+     * siblings, so allow any process of ours (same uid still required). */
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    ctx->probe_word = 0x78686370726f6265ull ^ (uint64_t)ctx->rank;
+    return (uintptr_t)&ctx->probe_word;
+}
+
+/* Can this rank read PEER's memory with CMA?  0 if it can. */
+int xhc_cma_probe(xhc_ctx_t *ctx, int peer, uintptr_t address)
+{
+    uint64_t word = 0;
+    int rc = xhc_cma_read(ctx->pids[peer], &word, address, sizeof(word));
+    if (rc)
+        return rc;
+    return word == (0x78686370726f6265ull ^ (uint64_t)peer) ? 0 : XHC_ERR_COPY;
+}
+
+/* Is process_vm_readv usable at all here (no seccomp filter against it)? */
+int xhc_cma_selftest(void)
+{
+    uint64_t src = 0x786863, dst = 0;
+    int rc = xhc_cma_read(getpid(), &dst, (uint64_t)(uintptr_t)&src,
+                          sizeof(dst));
+    return rc ? rc : (dst == src ? 0 : XHC_ERR_COPY);
+}
+
+int xhc_xpmem_present(void)
+{
+    if (access("/dev/xpmem", R_OK | W_OK) != 0)
+        return 0;
+    void *lib = dlopen("libxpmem.so", RTLD_LAZY | RTLD_LOCAL);
+    if (!lib)
+        lib = dlopen("libxpmem.so.0", RTLD_LAZY | RTLD_LOCAL);
+    if (!lib)
+        return 0;
+    dlclose(lib);
+    return 1;
+}

@@ -1,0 +1,192 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* ctx.c: a rank's context: open and close, peers, regions, ring and acks.
+ *
+ * 1. xhc_ctx_open maps the segment, checks (or, on rank 0, writes) the
+ *    header, and sets this rank's ack to the starting sequence number.
+ * 2. Every operation takes the next sequence number.  A rank writes its
+ *    ring entry SEQ % XHC_RING only once every rank has acknowledged
+ *    operation SEQ - XHC_RING, so nobody still reads what it overwrites.
+ * 3. At the end of each operation a rank stores its ack; large operations,
+ *    whose peers read user buffers, also wait for everyone's ack.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "xhc_internal.h"
+
+static int xhc_config_check(const xhc_config_t *cfg)
+{
+    if (cfg->cico_max < XHC_INLINE_MAX || cfg->cico_max % 64 != 0)
+        return XHC_ERR_ARG;
+    if (cfg->chunk_size < 4096 || cfg->chunk_size % 64 != 0)
+        return XHC_ERR_ARG;
+    if (!(cfg->timeout > 0) || cfg->copy < 0 || cfg->copy > XHC_COPY_XPMEM)
+        return XHC_ERR_ARG;
+    return 0;
+}
+
+static int xhc_header_check(xhc_ctx_t *ctx)
+{
+    struct xhc_seg_header *hdr = (struct xhc_seg_header *)ctx->seg;
+    if (ctx->rank == 0) {
+        hdr->magic = XHC_MAGIC;
+        hdr->nranks = (uint64_t)ctx->nranks;
+        hdr->cico_max = ctx->cfg.cico_max;
+        return 0;
+    }
+    /* Rank 0 wrote the header before the front end's barrier that
+     * precedes any other rank's open. */
+    if (hdr->magic != XHC_MAGIC || hdr->nranks != (uint64_t)ctx->nranks
+        || hdr->cico_max != ctx->cfg.cico_max)
+        return XHC_ERR_SEGMENT;
+    return 0;
+}
+
+static int xhc_ctx_alloc(xhc_ctx_t *ctx)
+{
+    ctx->pids = calloc((size_t)ctx->nranks, sizeof(pid_t));
+    size_t part = ctx->cfg.chunk_size > ctx->cfg.cico_max
+                  ? ctx->cfg.chunk_size : ctx->cfg.cico_max;
+    ctx->scratch = aligned_alloc(64, 3 * part);
+    ctx->srcs = calloc((size_t)ctx->nranks + 1, sizeof(*ctx->srcs));
+    return ctx->pids && ctx->scratch && ctx->srcs ? 0 : -ENOMEM;
+}
+
+int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
+                 int rank, int nranks, const xhc_config_t *cfg)
+{
+    int rc = xhc_config_check(cfg);
+    if (rc)
+        return rc;
+    if (nranks < 1 || rank < 0 || rank >= nranks
+        || size != xhc_segment_size(nranks, cfg))
+        return XHC_ERR_ARG;
+    xhc_ctx_t *ctx = calloc(1, sizeof(*ctx));
+    if (!ctx)
+        return -ENOMEM;
+    ctx->rank = rank;
+    ctx->nranks = nranks;
+    ctx->cfg = *cfg;
+    ctx->seq = ctx->ack_floor = cfg->seq_start;
+    ctx->failed_rank = -1;
+    rc = xhc_shm_map(name, size, &ctx->seg);
+    if (rc == 0) {
+        ctx->seg_size = size;
+        rc = xhc_header_check(ctx);
+    }
+    if (rc == 0)
+        rc = xhc_ctx_alloc(ctx);
+    if (rc) {
+        xhc_ctx_close(ctx);
+        return rc;
+    }
+    ctx->ctl = (struct xhc_rank_ctl *)(ctx->seg + sizeof(struct xhc_seg_header));
+    ctx->slots = ctx->seg + xhc_slots_offset(nranks);
+    xhc_store_release(&xhc_ctl(ctx, rank)->ack.seq, cfg->seq_start);
+    ctx->pids[rank] = getpid();
+    *out = ctx;
+    return 0;
+}
+
+void xhc_ctx_close(xhc_ctx_t *ctx)
+{
+    if (!ctx)
+        return;
+    for (int k = 0; k < XHC_NKINDS; k++)
+        xhc_hier_free(&ctx->hier[k], ctx->nranks);
+    if (ctx->seg)
+        munmap(ctx->seg, ctx->seg_size);
+    free(ctx->pids);
+    free(ctx->scratch);
+    free(ctx->srcs);
+    free(ctx->slice);
+    free(ctx);
+}
+
+int xhc_ctx_set_hierarchy(xhc_ctx_t *ctx, int kind, int nlevels,
+                          const int *groups)
+{
+    if (kind < 0 || kind >= XHC_NKINDS)
+        return XHC_ERR_ARG;
+    return xhc_hier_set(&ctx->hier[kind], ctx->nranks, nlevels, groups);
+}
+
+int xhc_ctx_set_pids(xhc_ctx_t *ctx, const int64_t *pids)
+{
+    for (int r = 0; r < ctx->nranks; r++)
+        ctx->pids[r] = (pid_t)pids[r];
+    return 0;
+}
+
+int xhc_ctx_set_copy(xhc_ctx_t *ctx, int copy)
+{
+    if (copy < 0 || copy > XHC_COPY_XPMEM)
+        return XHC_ERR_ARG;
+    ctx->cfg.copy = copy;
+    return 0;
+}
+
+int xhc_ctx_add_region(xhc_ctx_t *ctx, void *base, size_t size)
+{
+    if (ctx->nregions == XHC_MAX_REGIONS)
+        return XHC_ERR_ARG;
+    ctx->regions[ctx->nregions].base = base;
+    ctx->regions[ctx->nregions].size = size;
+    return ++ctx->nregions;
+}
+
+/* Wait until every rank has acknowledged SEQ - XHC_RING (see 2.). */
+int xhc_ring_reserve(xhc_ctx_t *ctx, uint64_t seq)
+{
+    uint64_t need = seq - XHC_RING;
+    if (xhc_seq_reached(ctx->ack_floor, need))
+        return 0;
+    uint64_t floor = ctx->seq;
+    for (int r = 0; r < ctx->nranks; r++) {
+        xhc_flag_t *ack = &xhc_ctl(ctx, r)->ack.seq;
+        int rc = xhc_wait_ge(ctx, ack, need, r);
+        if (rc)
+            return rc;
+        uint64_t a = xhc_load_relaxed(ack);
+        if (!xhc_seq_reached(a, floor))
+            floor = a;
+    }
+    ctx->ack_floor = floor;
+    return 0;
+}
+
+void xhc_ack(xhc_ctx_t *ctx, uint64_t seq)
+{
+    /* Orders all my reads of peers' data for SEQ before peers reuse it. */
+    xhc_store_release(&xhc_ctl(ctx, ctx->rank)->ack.seq, seq);
+}
+
+/* Ack SEQ, then wait until everyone has: nobody reads my buffers after. */
+int xhc_ack_all(xhc_ctx_t *ctx, uint64_t seq)
+{
+    xhc_ack(ctx, seq);
+    for (int r = 0; r < ctx->nranks; r++) {
+        int rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, r)->ack.seq, seq, r);
+        if (rc)
+            return rc;
+    }
+    ctx->ack_floor = seq;
+    return 0;
+}
+
+int xhc_failed_rank(const xhc_ctx_t *ctx)
+{
+    return ctx->failed_rank;
+}
+
+uint64_t xhc_stat(const xhc_ctx_t *ctx, int path)
+{
+    return path >= 0 && path < XHC_NPATHS ? ctx->stats[path] : 0;
+}
+
+uint64_t xhc_seq(const xhc_ctx_t *ctx)
+{
+    return ctx->seq;
+}

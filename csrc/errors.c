@@ -1,0 +1,21 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* errors.c: one message for every code the core returns. */
+#include <string.h>
+
+#include "xhc.h"
+
+const char *xhc_strerror(int code)
+{
+    switch (code) {
+    case 0: return "success";
+    case XHC_ERR_TIMEOUT: return "a peer did not arrive within the timeout";
+    case XHC_ERR_PEER_GONE: return "a peer process has exited";
+    case XHC_ERR_SEGMENT: return "the shared segment does not match this communicator";
+    case XHC_ERR_DTYPE_OP: return "the operation is not defined on that dtype";
+    case XHC_ERR_ARG: return "an argument is out of range";
+    case XHC_ERR_HIERARCHY: return "no valid hierarchy for this operation";
+    case XHC_ERR_COPY: return "single-copy read of a peer's buffer failed";
+    case XHC_ERR_FREED: return "the communicator was freed";
+    default: return code < 0 ? strerror(-code) : "unknown error";
+    }
+}

@@ -1,0 +1,87 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* reduce.c: hierarchical reduce to any root.
+ *
+ * 1. The root leads every group it belongs to, so the tree is rooted at
+ *    it.  Small messages (<= cico_max): each leader folds its own value
+ *    with its children's published values (level order, then rank order)
+ *    and publishes the result upwards; the root's fold lands in its
+ *    receive buffer.  Non-roots return as soon as they have published.
+ * 2. Large messages use Allreduce's single-copy reduce-scatter with only
+ *    the root gathering the slices, so every rank does 1/P of the work.
+ * 3. Without single-copy, large messages go as a sequence of small ones.
+ */
+#include "xhc_internal.h"
+
+static int xhc_reduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
+                            const void *sbuf, void *rbuf,
+                            const struct xhc_red *r)
+{
+    uint64_t seq = ++ctx->seq;
+    const void *mine = sbuf;
+    int is_root = v->parent < 0;
+    void *dst = is_root ? rbuf
+                        : xhc_payload(ctx, ctx->rank, XHC_UP, seq, r->nbytes);
+    int rc = xhc_ring_reserve(ctx, seq);
+    if (rc == 0)
+        rc = xhc_fold_children(ctx, v->child, v->nchild, seq, r, dst, &mine);
+    if (rc == 0 && !is_root)
+        rc = xhc_publish_up(ctx, seq, r, mine);
+    if (rc == 0 && is_root && mine != rbuf)
+        memcpy(rbuf, mine, r->nbytes);
+    if (rc == 0)
+        xhc_ack(ctx, seq);
+    return rc;
+}
+
+static int xhc_reduce_chunked(xhc_ctx_t *ctx, const struct xhc_view *v,
+                              const unsigned char *sbuf, unsigned char *rbuf,
+                              const struct xhc_red *r)
+{
+    size_t step = ctx->cfg.cico_max / r->esize;
+    for (size_t off = 0; off < r->count; off += step) {
+        struct xhc_red part = *r;
+        part.count = r->count - off < step ? r->count - off : step;
+        part.nbytes = part.count * r->esize;
+        size_t at = off * r->esize;
+        int rc = xhc_reduce_small(ctx, v, sbuf + at, rbuf ? rbuf + at : NULL,
+                                  &part);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int xhc_reduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf, size_t count,
+               int dtype, int op, int root)
+{
+    if (!ctx)
+        return XHC_ERR_FREED;
+    struct xhc_red r;
+    int rc = xhc_red_init(&r, count, dtype, op);
+    if (rc)
+        return rc;
+    if (root < 0 || root >= ctx->nranks
+        || (root == ctx->rank && !rbuf && count))
+        return XHC_ERR_ARG;
+    if (count == 0)
+        return 0;
+    if (ctx->nranks == 1) {
+        if (rbuf != sbuf)
+            memcpy(rbuf, sbuf, r.nbytes);
+        return 0;
+    }
+    const struct xhc_view *v = xhc_view_get(ctx, XHC_REDUCE, root);
+    if (!v)
+        return XHC_ERR_HIERARCHY;
+    if (r.nbytes <= ctx->cfg.cico_max) {
+        ctx->stats[r.nbytes <= XHC_INLINE_MAX ? XHC_PATH_REDUCE_INLINE
+                                              : XHC_PATH_REDUCE_CICO]++;
+        return xhc_reduce_small(ctx, v, sbuf, rbuf, &r);
+    }
+    if (ctx->cfg.copy == XHC_COPY_CICO) {
+        ctx->stats[XHC_PATH_REDUCE_CICO]++;
+        return xhc_reduce_chunked(ctx, v, sbuf, rbuf, &r);
+    }
+    ctx->stats[XHC_PATH_REDUCE_SINGLE]++;
+    return xhc_rs_run(ctx, sbuf, rbuf, &r, root);
+}

@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* reduce_ops.c: element-wise reduction kernels, dtype x op.
+ *
+ * 1. Each kernel computes dst[i] = a[i] op b[i] in one pass; dst may be a
+ *    or b (the same index only), so the loops stay simple enough for the
+ *    compiler to vectorise.
+ * 2. Floating point takes SUM, PROD, MIN, MAX; integers take all ten ops,
+ *    as MPI defines them.
+ * 3. xhc_fold reduces a list of buffers in list order, so every element's
+ *    result depends only on the order of the list, never on timing.
+ */
+#include "xhc_internal.h"
+
+#define XHC_KERNEL(name, type, expr)                                      \
+    static void name(void *dst_, const void *a_, const void *b_, size_t n) \
+    {                                                                     \
+        type *dst = dst_;                                                 \
+        const type *a = a_, *b = b_;                                      \
+        for (size_t i = 0; i < n; i++) {                                  \
+            type x = a[i], y = b[i];                                      \
+            dst[i] = (type)(expr);                                        \
+        }                                                                 \
+    }
+
+#define XHC_ARITH(t, type)                                  \
+    XHC_KERNEL(xhc_sum_##t, type, x + y)                    \
+    XHC_KERNEL(xhc_prod_##t, type, x * y)                   \
+    XHC_KERNEL(xhc_min_##t, type, x < y ? x : y)            \
+    XHC_KERNEL(xhc_max_##t, type, x > y ? x : y)
+
+#define XHC_LOGIC(t, type)                                  \
+    XHC_KERNEL(xhc_land_##t, type, (x != 0) && (y != 0))    \
+    XHC_KERNEL(xhc_lor_##t, type, (x != 0) || (y != 0))     \
+    XHC_KERNEL(xhc_lxor_##t, type, (x != 0) != (y != 0))    \
+    XHC_KERNEL(xhc_band_##t, type, x & y)                   \
+    XHC_KERNEL(xhc_bor_##t, type, x | y)                    \
+    XHC_KERNEL(xhc_bxor_##t, type, x ^ y)
+
+/* Unsigned sums wrap by definition; signed ones do too in MPI practice,
+ * so add in the unsigned type of the same width to stay defined C. */
+#define XHC_INT(t, type, utype)                                            \
+    XHC_KERNEL(xhc_sum_##t, type, (utype)x + (utype)y)                     \
+    XHC_KERNEL(xhc_prod_##t, type, (utype)x * (utype)y)                    \
+    XHC_KERNEL(xhc_min_##t, type, x < y ? x : y)                           \
+    XHC_KERNEL(xhc_max_##t, type, x > y ? x : y)                           \
+    XHC_LOGIC(t, type)
+
+XHC_INT(i8, int8_t, uint8_t)
+XHC_INT(i16, int16_t, uint16_t)
+XHC_INT(i32, int32_t, uint32_t)
+XHC_INT(i64, int64_t, uint64_t)
+XHC_INT(u8, uint8_t, uint32_t)
+XHC_INT(u16, uint16_t, uint32_t)
+XHC_INT(u32, uint32_t, uint32_t)
+XHC_INT(u64, uint64_t, uint64_t)
+XHC_ARITH(f32, float)
+XHC_ARITH(f64, double)
+
+#define XHC_INT_ROW(t)                                                   \
+    { xhc_sum_##t, xhc_prod_##t, xhc_min_##t, xhc_max_##t, xhc_land_##t, \
+      xhc_lor_##t, xhc_lxor_##t, xhc_band_##t, xhc_bor_##t, xhc_bxor_##t }
+#define XHC_FLOAT_ROW(t) \
+    { xhc_sum_##t, xhc_prod_##t, xhc_min_##t, xhc_max_##t }
+
+static const xhc_reduce_fn xhc_kernels[XHC_NDTYPES][XHC_NOPS] = {
+    XHC_INT_ROW(i8), XHC_INT_ROW(i16), XHC_INT_ROW(i32), XHC_INT_ROW(i64),
+    XHC_INT_ROW(u8), XHC_INT_ROW(u16), XHC_INT_ROW(u32), XHC_INT_ROW(u64),
+    XHC_FLOAT_ROW(f32), XHC_FLOAT_ROW(f64),
+};
+
+static const size_t xhc_sizes[XHC_NDTYPES] = { 1, 2, 4, 8, 1, 2, 4, 8, 4, 8 };
+
+xhc_reduce_fn xhc_reduce_fn_get(int dtype, int op)
+{
+    if (dtype < 0 || dtype >= XHC_NDTYPES || op < 0 || op >= XHC_NOPS)
+        return NULL;
+    return xhc_kernels[dtype][op];
+}
+
+size_t xhc_dtype_size(int dtype)
+{
+    return dtype >= 0 && dtype < XHC_NDTYPES ? xhc_sizes[dtype] : 0;
+}
+
+int xhc_op_valid(int dtype, int op)
+{
+    return xhc_reduce_fn_get(dtype, op) != NULL;
+}
+
+/* dst = srcs[0] op srcs[1] op ... in list order.  ACC (COUNT elements,
+ * private) holds partial results, so dst may alias any source: it is
+ * written only by the last step, which reads ACC and the last source. */
+void xhc_fold(void *dst, const void *const *srcs, int nsrc, void *acc,
+              size_t count, size_t esize, xhc_reduce_fn fn)
+{
+    if (nsrc == 1) {
+        if (dst != srcs[0])
+            memmove(dst, srcs[0], count * esize);
+        return;
+    }
+    const void *left = srcs[0];
+    for (int i = 1; i < nsrc - 1; i++) {
+        fn(acc, left, srcs[i], count);
+        left = acc;
+    }
+    fn(dst, left, srcs[nsrc - 1], count);
+}

@@ -1,0 +1,152 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* rs.c: single-copy reduce-scatter, the large-message engine of Allreduce
+ * and Reduce.
+ *
+ * 1. Every rank exposes its send buffer and the buffer its result slice
+ *    goes to (its receive buffer; for Reduce on a non-root, private
+ *    memory), then raises `big.seq`.
+ * 2. Rank i owns slice i (whole 64-byte lines, the last one shorter).  For
+ *    each chunk of it, rank i reads the chunk of every rank's send buffer
+ *    in rank order (in place from node shared memory, else by CMA into a
+ *    private buffer) and folds them into its result slice.
+ * 3. It raises `done`.  Every rank that wants the whole result (all for
+ *    Allreduce, the root for Reduce) copies each other slice from its
+ *    owner once that owner is done; an in-place receive buffer is safe,
+ *    since an owner is done only after it has read everyone's slice.
+ * 4. All ack, and wait for all acks: peers read our buffers until then.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "xhc_internal.h"
+
+static void xhc_slice(const xhc_ctx_t *ctx, const struct xhc_red *r, int i,
+                      size_t *lo, size_t *hi)
+{
+    size_t line = 64 / r->esize;
+    size_t per = (r->count + (size_t)ctx->nranks - 1) / (size_t)ctx->nranks;
+    per = (per + line - 1) / line * line;
+    *lo = (size_t)i * per < r->count ? (size_t)i * per : r->count;
+    *hi = *lo + per < r->count ? *lo + per : r->count;
+}
+
+/* Where my result slice goes: RBUF, or private memory if I have none. */
+static int xhc_rs_target(xhc_ctx_t *ctx, void *rbuf, const struct xhc_red *r,
+                         unsigned char **out)
+{
+    if (rbuf) {
+        *out = rbuf;
+        return 0;
+    }
+    if (ctx->slice_size < r->nbytes) {
+        free(ctx->slice);
+        ctx->slice = malloc(r->nbytes);
+        ctx->slice_size = ctx->slice ? r->nbytes : 0;
+        if (!ctx->slice)
+            return -ENOMEM;
+    }
+    *out = ctx->slice;
+    return 0;
+}
+
+static int xhc_rs_expose(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
+                         const void *target)
+{
+    struct xhc_big_line *big = &xhc_ctl(ctx, ctx->rank)->big;
+    xhc_src_describe(ctx, sbuf, &big->send);
+    xhc_src_describe(ctx, target, &big->recv);
+    /* Orders both descriptions before peers see the sequence number. */
+    xhc_store_release(&big->seq, seq);
+    return 0;
+}
+
+/* Step 2 for one chunk [LO, LO+N) of my slice, into DST. */
+static int xhc_rs_chunk(xhc_ctx_t *ctx, const unsigned char *sbuf,
+                        unsigned char *dst, size_t lo, size_t n,
+                        const struct xhc_red *r)
+{
+    unsigned char *acc = ctx->scratch, *tmp[2];
+    size_t off = lo * r->esize, len = n * r->esize;
+    tmp[0] = ctx->scratch + ctx->cfg.chunk_size;
+    tmp[1] = tmp[0] + ctx->cfg.chunk_size;
+    const void *left = NULL;
+    for (int p = 0; p < ctx->nranks; p++) {
+        const void *x = sbuf + off;
+        if (p != ctx->rank) {
+            int rc = xhc_peer_read(ctx, p, &xhc_ctl(ctx, p)->big.send, off,
+                                   tmp[p & 1], len, &x);
+            if (rc)
+                return rc;
+        }
+        if (p == 0) {
+            left = x;
+            continue;
+        }
+        r->fn(p == ctx->nranks - 1 ? dst + off : acc, left, x, n);
+        left = acc;
+    }
+    return 0;
+}
+
+static int xhc_rs_reduce_mine(xhc_ctx_t *ctx, uint64_t seq,
+                              const unsigned char *sbuf, unsigned char *dst,
+                              const struct xhc_red *r)
+{
+    size_t lo, hi, step = ctx->cfg.chunk_size / r->esize;
+    for (int p = 0; p < ctx->nranks; p++) {
+        int rc = xhc_wait_eq(ctx, &xhc_ctl(ctx, p)->big.seq, seq, p);
+        if (rc)
+            return rc;
+    }
+    xhc_slice(ctx, r, ctx->rank, &lo, &hi);
+    for (size_t at = lo; at < hi; at += step) {
+        int rc = xhc_rs_chunk(ctx, sbuf, dst, at,
+                              hi - at < step ? hi - at : step, r);
+        if (rc)
+            return rc;
+    }
+    /* Orders my slice's bytes before readers see `done`. */
+    xhc_store_release(&xhc_ctl(ctx, ctx->rank)->done.seq, seq);
+    return 0;
+}
+
+/* Step 3: copy every other rank's finished slice into RBUF. */
+static int xhc_rs_gather(xhc_ctx_t *ctx, uint64_t seq, unsigned char *rbuf,
+                         const struct xhc_red *r)
+{
+    for (int k = 1; k < ctx->nranks; k++) {
+        int p = (ctx->rank + k) % ctx->nranks;
+        size_t lo, hi;
+        xhc_slice(ctx, r, p, &lo, &hi);
+        if (hi == lo)
+            continue;
+        int rc = xhc_wait_eq(ctx, &xhc_ctl(ctx, p)->done.seq, seq, p);
+        if (rc == 0)
+            rc = xhc_peer_read(ctx, p, &xhc_ctl(ctx, p)->big.recv,
+                               lo * r->esize, rbuf + lo * r->esize,
+                               (hi - lo) * r->esize, NULL);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* Reduce SBUF over all ranks; the whole result lands in RBUF on every rank
+ * (ROOT < 0) or on ROOT only. */
+int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
+               const struct xhc_red *r, int root)
+{
+    uint64_t seq = ++ctx->seq;
+    int whole = root < 0 || root == ctx->rank;
+    unsigned char *target;
+    int rc = xhc_rs_target(ctx, whole ? rbuf : NULL, r, &target);
+    if (rc == 0)
+        rc = xhc_rs_expose(ctx, seq, sbuf, target);
+    if (rc == 0)
+        rc = xhc_rs_reduce_mine(ctx, seq, sbuf, target, r);
+    if (rc == 0 && whole)
+        rc = xhc_rs_gather(ctx, seq, target, r);
+    if (rc == 0)
+        rc = xhc_ack_all(ctx, seq);
+    return rc;
+}

@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* shm.c: the node-wide segment: its size, creation, opening, unlinking.
+ *
+ * 1. One rank creates the segment (O_EXCL, mode 0600, a name the front end
+ *    makes unguessable) and sizes it; the kernel hands out zeroed pages.
+ * 2. Every rank opens and maps it (xhc_ctx_open), then the creator unlinks
+ *    it at once, so no crash afterwards can leave it in /dev/shm.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "xhc_internal.h"
+
+static size_t xhc_round_up(size_t n, size_t to)
+{
+    return (n + to - 1) / to * to;
+}
+
+size_t xhc_segment_size(int nranks, const xhc_config_t *cfg)
+{
+    size_t ctl = sizeof(struct xhc_seg_header)
+                 + (size_t)nranks * sizeof(struct xhc_rank_ctl);
+    size_t slots = (size_t)nranks * 2 * XHC_RING * cfg->cico_max;
+    return xhc_round_up(ctl, 4096) + xhc_round_up(slots, 4096);
+}
+
+/* Offset of the slots: right after the control blocks, page-aligned. */
+size_t xhc_slots_offset(int nranks)
+{
+    return xhc_round_up(sizeof(struct xhc_seg_header)
+                        + (size_t)nranks * sizeof(struct xhc_rank_ctl), 4096);
+}
+
+int xhc_shm_create(const char *name, size_t size)
+{
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        return -errno;
+    if (ftruncate(fd, (off_t)size) != 0) {
+        int err = -errno;
+        close(fd);
+        shm_unlink(name);
+        return err;
+    }
+    close(fd);
+    return 0;
+}
+
+int xhc_shm_open(const char *name)
+{
+    int fd = shm_open(name, O_RDWR, 0);
+    return fd < 0 ? -errno : fd;
+}
+
+int xhc_shm_unlink(const char *name)
+{
+    return shm_unlink(name) == 0 ? 0 : -errno;
+}
+
+/* Map NAME, checking it has exactly SIZE bytes. */
+int xhc_shm_map(const char *name, size_t size, unsigned char **out)
+{
+    struct stat st;
+    int fd = xhc_shm_open(name);
+    if (fd < 0)
+        return fd;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != size) {
+        close(fd);
+        return XHC_ERR_SEGMENT;
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = errno;
+    close(fd);
+    if (p == MAP_FAILED)
+        return -err;
+    *out = p;
+    return 0;
+}

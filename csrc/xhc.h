@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* xhc.h: the whole C API of the xhc shared-memory collectives core.
+ *
+ * The core knows nothing of MPI.  A front end (xhc/comm.py) creates one
+ * shared-memory segment per communicator, tells every rank its place in the
+ * hierarchy as plain arrays, and calls the collectives below.  Every
+ * function returns 0 or a negative code: -errno for OS failures, XHC_ERR_*
+ * for the core's own; xhc_strerror() names both.
+ *
+ * The region between the cffi markers is read verbatim by xhc/_build.py as
+ * the cdef, so it must stay plain C declarations.
+ */
+#ifndef XHC_H
+#define XHC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* cffi:begin */
+typedef struct xhc_ctx xhc_ctx_t;
+
+#define XHC_ERR_TIMEOUT   -5001 /* a peer did not arrive within the timeout */
+#define XHC_ERR_PEER_GONE -5002 /* a peer process has exited */
+#define XHC_ERR_SEGMENT   -5003 /* the segment does not fit this layout */
+#define XHC_ERR_DTYPE_OP  -5004 /* the op is not defined on that dtype */
+#define XHC_ERR_ARG       -5005 /* an argument is out of range */
+#define XHC_ERR_HIERARCHY -5006 /* no hierarchy set, or a malformed one */
+#define XHC_ERR_COPY      -5007 /* single-copy read of a peer failed */
+#define XHC_ERR_FREED     -5008 /* the context was closed */
+
+#define XHC_INLINE_MAX 112      /* bytes carried inside a flag's line */
+#define XHC_MAX_LEVELS 8
+#define XHC_MAX_REGIONS 64
+
+enum xhc_dtype {
+    XHC_INT8, XHC_INT16, XHC_INT32, XHC_INT64,
+    XHC_UINT8, XHC_UINT16, XHC_UINT32, XHC_UINT64,
+    XHC_FLOAT32, XHC_FLOAT64, XHC_NDTYPES
+};
+
+enum xhc_op {
+    XHC_SUM, XHC_PROD, XHC_MIN, XHC_MAX, XHC_LAND, XHC_LOR, XHC_LXOR,
+    XHC_BAND, XHC_BOR, XHC_BXOR, XHC_NOPS
+};
+
+/* The collectives, each with its own hierarchy. */
+enum xhc_kind { XHC_BARRIER, XHC_BCAST, XHC_ALLREDUCE, XHC_REDUCE, XHC_NKINDS };
+
+/* How large messages move between private buffers. */
+enum xhc_copy { XHC_COPY_CICO, XHC_COPY_CMA, XHC_COPY_XPMEM };
+
+/* Which path each call took; xhc_stat() reads the counters. */
+enum xhc_path {
+    XHC_PATH_BARRIER,
+    XHC_PATH_BCAST_INLINE, XHC_PATH_BCAST_CICO, XHC_PATH_BCAST_SINGLE,
+    XHC_PATH_ALLREDUCE_INLINE, XHC_PATH_ALLREDUCE_CICO,
+    XHC_PATH_ALLREDUCE_SINGLE,
+    XHC_PATH_REDUCE_INLINE, XHC_PATH_REDUCE_CICO, XHC_PATH_REDUCE_SINGLE,
+    XHC_NPATHS
+};
+
+typedef struct xhc_config {
+    uint64_t cico_max;   /* largest message moved through the segment */
+    uint64_t chunk_size; /* pipelining and reduction chunk, bytes */
+    uint64_t seq_start;  /* first sequence number minus one (tests) */
+    double timeout;      /* seconds a rank waits for a peer */
+    uint32_t spin;       /* polls before a waiting rank yields the CPU */
+    int32_t copy;        /* an xhc_copy: the large-message mechanism */
+} xhc_config_t;
+
+size_t xhc_segment_size(int nranks, const xhc_config_t *cfg);
+int xhc_shm_create(const char *name, size_t size);
+int xhc_shm_open(const char *name);
+int xhc_shm_unlink(const char *name);
+
+int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
+                 int rank, int nranks, const xhc_config_t *cfg);
+int xhc_ctx_set_hierarchy(xhc_ctx_t *ctx, int kind, int nlevels,
+                          const int *groups);
+int xhc_ctx_set_pids(xhc_ctx_t *ctx, const int64_t *pids);
+int xhc_ctx_set_copy(xhc_ctx_t *ctx, int copy);
+int xhc_ctx_add_region(xhc_ctx_t *ctx, void *base, size_t size);
+uintptr_t xhc_ctx_probe_address(xhc_ctx_t *ctx);
+int xhc_cma_probe(xhc_ctx_t *ctx, int peer, uintptr_t address);
+void xhc_ctx_close(xhc_ctx_t *ctx);
+
+int xhc_barrier(xhc_ctx_t *ctx);
+int xhc_bcast(xhc_ctx_t *ctx, void *buf, size_t nbytes, int root);
+int xhc_allreduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
+                  size_t count, int dtype, int op);
+int xhc_reduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
+               size_t count, int dtype, int op, int root);
+
+int xhc_failed_rank(const xhc_ctx_t *ctx);
+uint64_t xhc_stat(const xhc_ctx_t *ctx, int path);
+uint64_t xhc_seq(const xhc_ctx_t *ctx);
+size_t xhc_dtype_size(int dtype);
+int xhc_op_valid(int dtype, int op);
+int xhc_xpmem_present(void);
+int xhc_cma_selftest(void);
+const char *xhc_strerror(int code);
+/* cffi:end */
+
+#endif

@@ -1,0 +1,184 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* xhc_internal.h: the shared-memory layout and the private context. */
+#ifndef XHC_INTERNAL_H
+#define XHC_INTERNAL_H
+
+#include <string.h>
+#include <sys/types.h>
+
+#include "xhc.h"
+#include "xhc_atomic.h"
+
+#define XHC_LINE 128 /* two cache lines: defeats adjacent-line prefetch */
+#define XHC_RING 4   /* small ops a rank may run ahead of the slowest */
+#define XHC_ALIGNED __attribute__((aligned(XHC_LINE)))
+#define XHC_MAGIC 0x7868632d73686d31ull /* "xhc-shm1" */
+
+/* A flag with data: single writer (the owning rank), read by its tree
+ * neighbours.  SEQ announces that NBYTES of DATA (or of the matching
+ * slot) belong to operation SEQ. */
+struct xhc_flag_line {
+    xhc_flag_t seq;
+    uint64_t nbytes;
+    unsigned char data[XHC_INLINE_MAX];
+} XHC_ALIGNED;
+_Static_assert(sizeof(struct xhc_flag_line) == XHC_LINE, "one line");
+
+struct xhc_seq_line {
+    xhc_flag_t seq;
+} XHC_ALIGNED;
+
+/* Where peers find one of my buffers: a registered shared region (read
+ * in place) or, failing that, my virtual address (read with CMA). */
+struct xhc_src {
+    uint64_t addr;
+    uint64_t offset;
+    int32_t region; /* 1-based index into the regions; 0: none */
+    int32_t pad;
+};
+
+/* Large-message rendezvous; single writer (the owning rank). */
+struct xhc_big_line {
+    xhc_flag_t seq;   /* the other fields belong to operation SEQ */
+    xhc_flag_t ready; /* bytes of SEND that peers may read (bcast) */
+    struct xhc_src send;
+    struct xhc_src recv;
+} XHC_ALIGNED;
+
+/* Everything one rank writes.  Readers: see each field. */
+struct xhc_rank_ctl {
+    struct xhc_flag_line down[XHC_RING]; /* data for my tree children */
+    struct xhc_flag_line up[XHC_RING];   /* my contribution, for parents */
+    struct xhc_seq_line ack;             /* I finished operation SEQ */
+    struct xhc_big_line big;             /* my user buffers, large ops */
+    struct xhc_seq_line done;            /* my reduce-scatter slice is final */
+};
+
+struct xhc_seg_header {
+    uint64_t magic;
+    uint64_t nranks;
+    uint64_t cico_max;
+} XHC_ALIGNED;
+
+enum { XHC_DOWN, XHC_UP };
+
+/* My place in one hierarchy when ROOT leads every group it belongs to. */
+struct xhc_view {
+    int parent;  /* the rank I get data from / give data to; -1: none */
+    int nchild;  /* ranks I lead, lowest level first */
+    int *child;
+    int nsub;    /* the children below the top level */
+    int npeer;   /* top-level members (me included) if I am one; else 0 */
+    int *peer;
+};
+
+struct xhc_hier {
+    int nlevels;
+    int *groups;            /* nlevels x nranks: group of each rank */
+    struct xhc_view **views; /* per root, built on first use */
+};
+
+struct xhc_region {
+    unsigned char *base;
+    size_t size;
+};
+
+struct xhc_ctx {
+    unsigned char *seg;
+    size_t seg_size;
+    struct xhc_rank_ctl *ctl;
+    unsigned char *slots;
+    int rank, nranks;
+    xhc_config_t cfg;
+    uint64_t seq;       /* the last operation this rank started */
+    uint64_t ack_floor; /* every rank's ack had reached this, last look */
+    pid_t *pids;
+    struct xhc_hier hier[XHC_NKINDS];
+    struct xhc_region regions[XHC_MAX_REGIONS];
+    int nregions;
+    unsigned char *scratch; /* private: 3 chunks for reductions */
+    const void **srcs;      /* private: nranks + 1 fold sources */
+    unsigned char *slice;   /* private: my reduce-scatter result (reduce) */
+    size_t slice_size;
+    uint64_t probe_word;
+    int failed_rank;
+    uint64_t stats[XHC_NPATHS];
+};
+
+typedef void (*xhc_reduce_fn)(void *dst, const void *a, const void *b,
+                              size_t count);
+
+/* shm.c */
+size_t xhc_slots_offset(int nranks);
+int xhc_shm_map(const char *name, size_t size, unsigned char **out);
+
+/* view.c */
+int xhc_hier_set(struct xhc_hier *h, int n, int nlevels, const int *groups);
+void xhc_hier_free(struct xhc_hier *h, int n);
+
+/* ctx.c */
+const struct xhc_view *xhc_view_get(xhc_ctx_t *ctx, int kind, int root);
+int xhc_ring_reserve(xhc_ctx_t *ctx, uint64_t seq);
+int xhc_ack_all(xhc_ctx_t *ctx, uint64_t seq);
+void xhc_ack(xhc_ctx_t *ctx, uint64_t seq);
+
+/* wait.c */
+int xhc_wait_eq(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want, int peer);
+int xhc_wait_ge(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want, int peer);
+
+/* copy.c */
+void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf,
+                      struct xhc_src *src);
+int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
+                  size_t offset, void *dst, size_t len,
+                  const void **direct);
+
+/* reduce_ops.c */
+xhc_reduce_fn xhc_reduce_fn_get(int dtype, int op);
+void xhc_fold(void *dst, const void *const *srcs, int nsrc, void *acc,
+              size_t count, size_t esize, xhc_reduce_fn fn);
+
+/* allreduce.c: the reduce-scatter engine that Reduce shares. */
+struct xhc_red {
+    size_t count, esize, nbytes;
+    xhc_reduce_fn fn;
+};
+int xhc_red_init(struct xhc_red *r, size_t count, int dtype, int op);
+int xhc_fold_children(xhc_ctx_t *ctx, const int *child, int nchild,
+                      uint64_t seq, const struct xhc_red *r, void *dst,
+                      const void **mine);
+int xhc_publish_up(xhc_ctx_t *ctx, uint64_t seq, const struct xhc_red *r,
+                   const void *value);
+int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
+               const struct xhc_red *r, int root);
+
+static inline struct xhc_rank_ctl *xhc_ctl(xhc_ctx_t *ctx, int rank)
+{
+    return &ctx->ctl[rank];
+}
+
+static inline unsigned char *xhc_slot(xhc_ctx_t *ctx, int rank, int dir,
+                                      uint64_t seq)
+{
+    size_t idx = ((size_t)rank * 2 + dir) * XHC_RING + seq % XHC_RING;
+    return ctx->slots + idx * ctx->cfg.cico_max;
+}
+
+static inline struct xhc_flag_line *xhc_line(xhc_ctx_t *ctx, int rank,
+                                             int dir, uint64_t seq)
+{
+    struct xhc_rank_ctl *c = xhc_ctl(ctx, rank);
+    return dir == XHC_DOWN ? &c->down[seq % XHC_RING]
+                           : &c->up[seq % XHC_RING];
+}
+
+/* Where the payload of RANK's line for SEQ lives: inline or in a slot. */
+static inline unsigned char *xhc_payload(xhc_ctx_t *ctx, int rank, int dir,
+                                         uint64_t seq, size_t nbytes)
+{
+    if (nbytes <= XHC_INLINE_MAX)
+        return xhc_line(ctx, rank, dir, seq)->data;
+    return xhc_slot(ctx, rank, dir, seq);
+}
+
+#endif

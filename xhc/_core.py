@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Set up the C core for a communicator, and turn its codes into errors."""
+import mmap
+import os
+import secrets
+
+import numpy as np
+
+from ._xhc import ffi, lib
+from .errors import XhcError
+
+KINDS = {"barrier": lib.XHC_BARRIER, "bcast": lib.XHC_BCAST,
+         "allreduce": lib.XHC_ALLREDUCE, "reduce": lib.XHC_REDUCE}
+COPY = {"cico": lib.XHC_COPY_CICO, "cma": lib.XHC_COPY_CMA,
+        "xpmem": lib.XHC_COPY_XPMEM}
+COPY_NAMES = {v: k for k, v in COPY.items()}
+PATHS = {
+    "barrier": lib.XHC_PATH_BARRIER,
+    "bcast.inline": lib.XHC_PATH_BCAST_INLINE,
+    "bcast.cico": lib.XHC_PATH_BCAST_CICO,
+    "bcast.single": lib.XHC_PATH_BCAST_SINGLE,
+    "allreduce.inline": lib.XHC_PATH_ALLREDUCE_INLINE,
+    "allreduce.cico": lib.XHC_PATH_ALLREDUCE_CICO,
+    "allreduce.single": lib.XHC_PATH_ALLREDUCE_SINGLE,
+    "reduce.inline": lib.XHC_PATH_REDUCE_INLINE,
+    "reduce.cico": lib.XHC_PATH_REDUCE_CICO,
+    "reduce.single": lib.XHC_PATH_REDUCE_SINGLE,
+}
+_USAGE = {lib.XHC_ERR_ARG, lib.XHC_ERR_DTYPE_OP}
+
+
+def error(rc, what, ctx=None, pids=None):
+    """Return the exception for C return code RC of the call WHAT."""
+    msg = f"{what}: {ffi.string(lib.xhc_strerror(rc)).decode()}"
+    if rc in (lib.XHC_ERR_TIMEOUT, lib.XHC_ERR_PEER_GONE) and ctx:
+        peer = lib.xhc_failed_rank(ctx)
+        pid = pids[peer] if pids and peer >= 0 else "?"
+        msg += f" (waiting for rank {peer}, pid {pid}"
+        if rc == lib.XHC_ERR_TIMEOUT:
+            msg += "; raise XHC_TIMEOUT if it is only slow"
+        msg += ")"
+    if rc == lib.XHC_ERR_FREED:
+        return XhcError("xhc.Comm already freed", rc)
+    if rc in _USAGE:
+        return ValueError(msg)
+    return XhcError(msg, rc)
+
+
+def check(rc, what):
+    """Raise the exception for RC unless it is 0."""
+    if rc:
+        raise error(rc, what)
+
+
+def new_name():
+    """An unguessable shared-memory name owned by this user."""
+    return f"/xhc.{os.getuid()}.{secrets.token_hex(12)}"
+
+
+def collective_check(comm, rc, what):
+    """Raise on every rank if any rank's RC is an error."""
+    codes = comm.allgather(rc)
+    bad = [(r, c) for r, c in enumerate(codes) if c]
+    if bad:
+        rank, code = bad[0]
+        raise error(code, f"{what} (rank {rank})")
+
+
+def open_context(comm, cfg):
+    """Create, map and unlink the segment; return this rank's context."""
+    size = lib.xhc_segment_size(comm.size, cfg)
+    out = ffi.new("xhc_ctx_t **")
+    name, rc = None, 0
+    if comm.rank == 0:
+        name = new_name()
+        rc = lib.xhc_shm_create(name.encode(), size)
+        if rc == 0:
+            rc = lib.xhc_ctx_open(out, name.encode(), size, 0, comm.size, cfg)
+    name, rc0 = comm.bcast((name, rc), root=0)
+    try:
+        if rc0 == 0 and comm.rank != 0:
+            rc = lib.xhc_ctx_open(out, name.encode(), size, comm.rank,
+                                  comm.size, cfg)
+        collective_check(comm, rc, "opening the shared segment")
+    except BaseException:
+        if out[0] != ffi.NULL:
+            lib.xhc_ctx_close(out[0])
+        raise
+    finally:
+        # Everyone has mapped it (or failed): unlink now, so that no crash
+        # from here on can leave it behind in /dev/shm.
+        comm.Barrier()
+        if comm.rank == 0 and name:
+            lib.xhc_shm_unlink(name.encode())
+    return out[0]
+
+
+def set_hierarchy(ctx, kind, table):
+    """Hand the levels x ranks group table of KIND to the core."""
+    flat = ffi.new("int[]", [g for level in table for g in level])
+    check(lib.xhc_ctx_set_hierarchy(ctx, KINDS[kind], len(table), flat),
+          f"setting the {kind} hierarchy")
+
+
+def choose_copy(comm, ctx, wanted):
+    """Pick the large-message mechanism all ranks can use, and say why."""
+    pids = comm.allgather(os.getpid())
+    check(lib.xhc_ctx_set_pids(ctx, ffi.new("int64_t[]", pids)), "pids")
+    addrs = comm.allgather(int(lib.xhc_ctx_probe_address(ctx)))
+    comm.Barrier()
+    peer = (comm.rank + 1) % comm.size
+    rc = lib.xhc_cma_probe(ctx, peer, addrs[peer]) if comm.size > 1 else 0
+    cma_ok = all(code == 0 for code in comm.allgather(rc))
+    if wanted == "cico":
+        return "cico", "requested", pids
+    if cma_ok:
+        why = "process_vm_readv works between all ranks"
+        if lib.xhc_xpmem_present():
+            why = "XPMEM present but not used yet; " + why
+        return "cma", why, pids
+    if wanted == "cma":
+        raise XhcError("XHC_COPY=cma requested, but process_vm_readv between "
+                       "ranks fails (ptrace permission?): unset XHC_COPY")
+    return "cico", "process_vm_readv between ranks is not permitted", pids
+
+
+def transport_info():
+    """Return (mechanism, reason) this machine would use, without MPI."""
+    if lib.xhc_xpmem_present():
+        xp = "XPMEM present but not used yet; "
+    else:
+        xp = "no /dev/xpmem; "
+    rc = lib.xhc_cma_selftest()
+    if rc:
+        return "cico", xp + "process_vm_readv unusable: " + \
+            ffi.string(lib.xhc_strerror(rc)).decode()
+    scope = "0"
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            scope = f.read().strip()
+    except OSError:
+        pass
+    if scope in ("2", "3"):
+        return "cico", xp + f"Yama ptrace_scope={scope} forbids CMA"
+    return "cma", xp + "process_vm_readv works"
+
+
+def shared_array(comm, ctx, shape, dtype):
+    """Collective: a numpy array of this rank in node shared memory.
+
+    Returns (array, keep): KEEP must stay referenced while the core may
+    read the region (until the communicator is freed).
+    """
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    stride = max(4096, -(-count * dtype.itemsize // 4096) * 4096)
+    total = stride * comm.size
+    name, rc = None, 0
+    if comm.rank == 0:
+        name = new_name()
+        rc = lib.xhc_shm_create(name.encode(), total)
+    name, rc = comm.bcast((name, rc), root=0)
+    check(rc, "allocating shared memory")
+    try:
+        fd = lib.xhc_shm_open(name.encode())
+        check(fd if fd < 0 else 0, "opening shared memory")
+        try:
+            mm = mmap.mmap(fd, total)
+        finally:
+            os.close(fd)
+    finally:
+        comm.Barrier()
+        if comm.rank == 0:
+            lib.xhc_shm_unlink(name.encode())
+    base = ffi.from_buffer(mm)
+    rc = lib.xhc_ctx_add_region(ctx, base, total)
+    check(rc if rc < 0 else 0, "registering shared memory")
+    arr = np.frombuffer(mm, dtype, count, offset=comm.rank * stride)
+    return arr.reshape(shape), (mm, base)

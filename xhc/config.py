@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Tunables: keyword argument, else XHC_* environment variable, else default."""
+import os
+import re
+
+from .hierarchy import DEFAULTS as HIERARCHY_DEFAULTS
+
+DEFAULTS = {
+    "cico_max": 32 << 10,     # largest message copied through the segment
+    "chunk_size": 128 << 10,  # pipelining and reduce-scatter chunk
+    "timeout": 120.0,         # seconds to wait for a peer before failing
+    "spin": 512,              # polls before a waiting rank yields
+    "copy": "auto",           # large messages: auto | cma | cico
+    "seq_start": 0,           # first sequence number (tests of wrap-around)
+}
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text):
+    """'64K' -> 65536; plain integers pass through."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)[bB]?\s*", str(text))
+    if m is None:
+        raise ValueError(f"bad size {text!r}: use a number with an optional "
+                         "K, M or G suffix, e.g. 64K")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+_PARSERS = {"cico_max": parse_size, "chunk_size": parse_size,
+            "timeout": float, "spin": int, "copy": str.lower,
+            "seq_start": int}
+
+
+def resolve(**given):
+    """Return every tunable, from GIVEN, the environment or the default."""
+    out = {}
+    for key, default in DEFAULTS.items():
+        value = given.get(key)
+        if value is None:
+            value = os.environ.get("XHC_" + key.upper())
+        try:
+            out[key] = default if value is None else _PARSERS[key](value)
+        except ValueError as e:
+            raise ValueError(f"xhc tunable {key} (XHC_{key.upper()}): {e}") \
+                from None
+    _validate(out)
+    return out
+
+
+def _validate(cfg):
+    if cfg["cico_max"] < 128 or cfg["cico_max"] % 64:
+        raise ValueError("cico_max must be a multiple of 64, at least 128")
+    if cfg["chunk_size"] < 4096 or cfg["chunk_size"] % 64:
+        raise ValueError("chunk_size must be a multiple of 64, at least 4K")
+    if cfg["timeout"] <= 0:
+        raise ValueError("timeout must be positive (seconds)")
+    if cfg["copy"] not in ("auto", "cma", "cico"):
+        raise ValueError("copy must be auto, cma or cico")
+
+
+def hierarchies(hierarchy=None):
+    """The level spec of each operation: keyword, XHC_HIERARCHY, defaults.
+
+    HIERARCHY may be one spec for all operations or a dict per operation.
+    """
+    if hierarchy is None:
+        hierarchy = os.environ.get("XHC_HIERARCHY")
+    if hierarchy is None:
+        return dict(HIERARCHY_DEFAULTS)
+    if isinstance(hierarchy, dict):
+        unknown = set(hierarchy) - set(HIERARCHY_DEFAULTS)
+        if unknown:
+            raise ValueError(f"hierarchy for unknown operations {unknown}: "
+                             f"use {sorted(HIERARCHY_DEFAULTS)}")
+        return {**HIERARCHY_DEFAULTS, **hierarchy}
+    return {op: hierarchy for op in HIERARCHY_DEFAULTS}

