@@ -95,6 +95,15 @@ def open_context(comm, cfg):
     return out[0]
 
 
+def make_config(cfg):
+    """The C config for the tunables CFG (copy starts as cico until probed)."""
+    c = ffi.new("xhc_config_t *")
+    c.cico_max, c.chunk_size = cfg["cico_max"], cfg["chunk_size"]
+    c.seq_start, c.timeout = cfg["seq_start"], cfg["timeout"]
+    c.spin, c.copy = cfg["spin"], COPY["cico"]
+    return c
+
+
 def set_hierarchy(ctx, kind, table):
     """Hand the levels x ranks group table of KIND to the core."""
     flat = ffi.new("int[]", [g for level in table for g in level])
@@ -114,6 +123,7 @@ def choose_copy(comm, ctx, wanted):
     if wanted == "cico":
         return "cico", "requested", pids
     if cma_ok:
+        check(lib.xhc_ctx_set_copy(ctx, COPY["cma"]), "choosing CMA")
         why = "process_vm_readv works between all ranks"
         if lib.xhc_xpmem_present():
             why = "XPMEM present but not used yet; " + why
