@@ -12,14 +12,10 @@
  *    same bits on every rank.
  * 4. Leaders pass the result down their subtrees as Bcast does.
  *
- * Large messages, single-copy (CMA or node shared memory): reduce-scatter.
- * 5. Every rank exposes its send and receive buffers.  Rank i reduces
- *    slice i of the vector, reading that slice of every rank's send buffer
- *    in rank order, chunk by chunk, into its receive buffer.
- * 6. Each rank raises `done`, then copies every other slice from its
- *    owner's receive buffer; all ack before anyone returns, since peers
- *    read user buffers.  Every rank does 1/P of the arithmetic.
- * Without single-copy, large messages go as a sequence of small ones.
+ * Large messages: a reduce-scatter in which every rank reduces 1/P of
+ * the vector, then takes the other parts from their owners: pipelined
+ * through staging in the segment (rs_staged.c; arrays in node shared
+ * memory are read in place), or read with CMA when asked (rs.c).
  */
 #include "xhc_internal.h"
 
@@ -137,23 +133,6 @@ static int xhc_allreduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
     return rc;
 }
 
-static int xhc_allreduce_chunked(xhc_ctx_t *ctx, const struct xhc_view *v,
-                                 const unsigned char *sbuf,
-                                 unsigned char *rbuf, const struct xhc_red *r)
-{
-    size_t step = ctx->cfg.cico_max / r->esize;
-    for (size_t off = 0; off < r->count; off += step) {
-        struct xhc_red part = *r;
-        part.count = r->count - off < step ? r->count - off : step;
-        part.nbytes = part.count * r->esize;
-        size_t at = off * r->esize;
-        int rc = xhc_allreduce_small(ctx, v, sbuf + at, rbuf + at, &part);
-        if (rc)
-            return rc;
-    }
-    return 0;
-}
-
 int xhc_allreduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                   size_t count, int dtype, int op)
 {
@@ -178,10 +157,8 @@ int xhc_allreduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                                               : XHC_PATH_ALLREDUCE_CICO]++;
         return xhc_allreduce_small(ctx, v, sbuf, rbuf, &r);
     }
-    if (ctx->cfg.copy == XHC_COPY_CICO) {
-        ctx->stats[XHC_PATH_ALLREDUCE_CICO]++;
-        return xhc_allreduce_chunked(ctx, v, sbuf, rbuf, &r);
-    }
-    ctx->stats[XHC_PATH_ALLREDUCE_SINGLE]++;
-    return xhc_rs_run(ctx, sbuf, rbuf, &r, -1);
+    ctx->stats[XHC_PATH_ALLREDUCE_LARGE]++;
+    if (ctx->cfg.copy == XHC_COPY_CMA)
+        return xhc_rs_run(ctx, sbuf, rbuf, &r, -1);
+    return xhc_rs_staged(ctx, sbuf, rbuf, &r, -1);
 }

@@ -8,12 +8,13 @@
  *    children, then into its user buffer; plain members copy straight
  *    from their parent.  Nobody waits for readers: the ring lets the root
  *    run XHC_RING operations ahead.
- * 2. Large messages are read in place from the parent's user buffer, in
- *    chunks, with CMA or from node shared memory (zero-copy arrays).  A
- *    leader announces each chunk it has as `ready` bytes, so the levels of
- *    the tree copy in a pipeline; it returns once its children have acked.
- * 3. Without a single-copy mechanism, large messages go as a sequence of
- *    small ones, cico_max bytes each.
+ * 2. Large messages go down the same tree in rounds of chunk_size bytes,
+ *    through two staging windows per rank: a parent stages chunk k while
+ *    its children copy chunk k-1 out, and reuses a window once they have
+ *    `taken` it.  The levels of the tree thus copy in a pipeline.
+ * 3. A buffer in node shared memory (or any buffer, with CMA when asked)
+ *    is not staged: children read it in place, following the parent's
+ *    `ready` byte count, and the parent returns once they have acked.
  */
 #include "xhc_internal.h"
 
@@ -45,71 +46,99 @@ static int xhc_bcast_small(xhc_ctx_t *ctx, const struct xhc_view *v,
     return 0;
 }
 
-/* Announce my buffer to my children: where it is, and how much is ready. */
-static void xhc_bcast_expose(xhc_ctx_t *ctx, uint64_t seq, void *buf,
-                             uint64_t ready)
+/* Large messages move in rounds of chunk_size bytes.  A rank stages for
+ * its children (through its input windows) unless they can read its
+ * buffer in place: from node shared memory, or with CMA when asked. */
+static int xhc_stages(const xhc_ctx_t *ctx, const struct xhc_src *src)
 {
-    struct xhc_big_line *big = &xhc_ctl(ctx, ctx->rank)->big;
-    xhc_src_describe(ctx, buf, &big->send);
-    xhc_store_relaxed(&big->ready, ready);
-    /* Orders the description and ready count before the sequence number. */
-    xhc_store_release(&big->seq, seq);
+    return src->region == 0 && ctx->cfg.copy != XHC_COPY_CMA;
 }
 
-/* Copy NBYTES from my parent's buffer as it becomes ready, announcing each
- * chunk to my own children if I have any. */
-static int xhc_bcast_pull(xhc_ctx_t *ctx, const struct xhc_view *v,
-                          uint64_t seq, unsigned char *buf, size_t nbytes)
+struct xhc_pipe {
+    unsigned char *buf;
+    size_t nbytes;
+    const struct xhc_view *v;
+    struct xhc_big_line *from; /* my parent's big line; NULL at the root */
+    int staged_from;           /* my parent stages for me */
+    int stage_mine;            /* I stage for my children */
+};
+
+/* Get chunk [OFF, OFF+LEN) of round T into my buffer; return where it is
+ * readable for my own staging. */
+static int xhc_pipe_get(xhc_ctx_t *ctx, struct xhc_pipe *p, uint64_t t,
+                        size_t off, size_t len, const unsigned char **out)
 {
-    struct xhc_big_line *pbig = &xhc_ctl(ctx, v->parent)->big;
-    struct xhc_big_line *mine = &xhc_ctl(ctx, ctx->rank)->big;
-    int rc = xhc_wait_eq(ctx, &pbig->seq, seq, v->parent);
-    size_t done = 0;
-    while (rc == 0 && done < nbytes) {
-        rc = xhc_wait_ge(ctx, &pbig->ready, done + 1, v->parent);
-        if (rc)
-            break;
-        size_t ready = (size_t)xhc_load_acquire(&pbig->ready);
-        size_t len = ready - done;
-        if (len > ctx->cfg.chunk_size)
-            len = ctx->cfg.chunk_size;
-        rc = xhc_peer_read(ctx, v->parent, &pbig->send, done, buf + done,
-                           len, NULL);
-        done += len;
-        if (rc == 0 && v->nchild)
-            /* Orders the chunk's bytes before children read them. */
-            xhc_store_release(&mine->ready, done);
+    int parent = p->v->parent;
+    *out = p->buf + off;
+    if (!p->from)
+        return 0;
+    if (p->staged_from) {
+        int rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, parent)->staged.seq, t,
+                             parent);
+        *out = xhc_stage_in(ctx, parent, (int)(t % 2));
+        return rc;
     }
-    return rc;
+    int rc = xhc_wait_ge(ctx, &p->from->ready, off + len, parent);
+    return rc ? rc : xhc_peer_read(ctx, parent, &p->from->send, off,
+                                   p->buf + off, len, NULL);
 }
 
-static int xhc_bcast_single(xhc_ctx_t *ctx, const struct xhc_view *v,
-                            unsigned char *buf, size_t nbytes, int root)
+static int xhc_pipe_round(xhc_ctx_t *ctx, struct xhc_pipe *p, size_t off,
+                          size_t len)
+{
+    struct xhc_rank_ctl *mine = xhc_ctl(ctx, ctx->rank);
+    uint64_t t = ++ctx->round;
+    const unsigned char *src;
+    int rc = xhc_pipe_get(ctx, p, t, off, len, &src);
+    for (int i = 0; rc == 0 && p->stage_mine && i < p->v->nchild; i++)
+        rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, p->v->child[i])->taken.seq,
+                         t - 2, p->v->child[i]);
+    if (rc)
+        return rc;
+    if (p->stage_mine) {
+        memcpy(xhc_stage_in(ctx, ctx->rank, (int)(t % 2)), src, len);
+        /* Orders the staged chunk before my children read it. */
+        xhc_store_release(&mine->staged.seq, t);
+    }
+    if (src != p->buf + off)
+        memcpy(p->buf + off, src, len);
+    if (p->from && !p->stage_mine && p->v->nchild)
+        /* Orders the chunk in my buffer before my children read it. */
+        xhc_store_release(&mine->big.ready, off + len);
+    /* Orders my reads of my parent's slot before it reuses the slot. */
+    xhc_store_release(&mine->taken.seq, t);
+    return 0;
+}
+
+static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
+                           unsigned char *buf, size_t nbytes, int root)
 {
     uint64_t seq = ++ctx->seq;
+    struct xhc_big_line *big = &xhc_ctl(ctx, ctx->rank)->big;
+    struct xhc_pipe p = { .buf = buf, .nbytes = nbytes, .v = v };
+    xhc_src_describe(ctx, buf, &big->send);
+    p.stage_mine = v->nchild && xhc_stages(ctx, &big->send);
+    xhc_store_relaxed(&big->ready, ctx->rank == root ? nbytes : 0);
+    /* Orders the description and ready count before the sequence number. */
+    xhc_store_release(&big->seq, seq);
     int rc = 0;
-    if (v->nchild)
-        xhc_bcast_expose(ctx, seq, buf, ctx->rank == root ? nbytes : 0);
-    if (ctx->rank != root)
-        rc = xhc_bcast_pull(ctx, v, seq, buf, nbytes);
+    if (ctx->rank != root) {
+        p.from = &xhc_ctl(ctx, v->parent)->big;
+        rc = xhc_wait_eq(ctx, &p.from->seq, seq, v->parent);
+        p.staged_from = xhc_stages(ctx, &p.from->send);
+    }
+    size_t step = ctx->cfg.chunk_size;
+    for (size_t off = 0; rc == 0 && off < nbytes; off += step)
+        rc = xhc_pipe_round(ctx, &p, off, nbytes - off < step ? nbytes - off
+                                                              : step);
+    if (rc)
+        return rc;
     xhc_ack(ctx, seq);
-    for (int i = 0; rc == 0 && i < v->nchild; i++)
+    /* Children that read my buffer in place must finish before I return. */
+    for (int i = 0; rc == 0 && !p.stage_mine && i < v->nchild; i++)
         rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, v->child[i])->ack.seq, seq,
                          v->child[i]);
     return rc;
-}
-
-static int xhc_bcast_chunked(xhc_ctx_t *ctx, const struct xhc_view *v,
-                             unsigned char *buf, size_t nbytes, int root)
-{
-    size_t step = ctx->cfg.cico_max;
-    for (size_t off = 0; off < nbytes; off += step) {
-        size_t len = nbytes - off < step ? nbytes - off : step;
-        int rc = xhc_bcast_small(ctx, v, buf + off, len, root);
-        if (rc)
-            return rc;
-    }
-    return 0;
 }
 
 int xhc_bcast(xhc_ctx_t *ctx, void *buf, size_t nbytes, int root)
@@ -131,10 +160,6 @@ int xhc_bcast(xhc_ctx_t *ctx, void *buf, size_t nbytes, int root)
         ctx->stats[XHC_PATH_BCAST_CICO]++;
         return xhc_bcast_small(ctx, v, buf, nbytes, root);
     }
-    if (ctx->cfg.copy == XHC_COPY_CICO) {
-        ctx->stats[XHC_PATH_BCAST_CICO]++;
-        return xhc_bcast_chunked(ctx, v, buf, nbytes, root);
-    }
-    ctx->stats[XHC_PATH_BCAST_SINGLE]++;
-    return xhc_bcast_single(ctx, v, buf, nbytes, root);
+    ctx->stats[XHC_PATH_BCAST_LARGE]++;
+    return xhc_bcast_large(ctx, v, buf, nbytes, root);
 }

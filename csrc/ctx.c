@@ -84,7 +84,14 @@ int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
     }
     ctx->ctl = (struct xhc_rank_ctl *)(ctx->seg + sizeof(struct xhc_seg_header));
     ctx->slots = ctx->seg + xhc_slots_offset(nranks);
-    xhc_store_release(&xhc_ctl(ctx, rank)->ack.seq, cfg->seq_start);
+    ctx->stage = ctx->seg + xhc_stage_offset(nranks, cfg);
+    ctx->round = cfg->seq_start;
+    struct xhc_rank_ctl *mine = xhc_ctl(ctx, rank);
+    xhc_store_relaxed(&mine->staged.seq, cfg->seq_start);
+    xhc_store_relaxed(&mine->reduced.seq, cfg->seq_start);
+    xhc_store_relaxed(&mine->taken.seq, cfg->seq_start);
+    /* Orders the round counters above with the ack: all are seen together. */
+    xhc_store_release(&mine->ack.seq, cfg->seq_start);
     ctx->pids[rank] = getpid();
     *out = ctx;
     return 0;

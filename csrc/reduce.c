@@ -6,9 +6,8 @@
  *    with its children's published values (level order, then rank order)
  *    and publishes the result upwards; the root's fold lands in its
  *    receive buffer.  Non-roots return as soon as they have published.
- * 2. Large messages use Allreduce's single-copy reduce-scatter with only
- *    the root gathering the slices, so every rank does 1/P of the work.
- * 3. Without single-copy, large messages go as a sequence of small ones.
+ * 2. Large messages use Allreduce's reduce-scatter with only the root
+ *    taking the other ranks' parts, so every rank does 1/P of the work.
  */
 #include "xhc_internal.h"
 
@@ -31,24 +30,6 @@ static int xhc_reduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
     if (rc == 0)
         xhc_ack(ctx, seq);
     return rc;
-}
-
-static int xhc_reduce_chunked(xhc_ctx_t *ctx, const struct xhc_view *v,
-                              const unsigned char *sbuf, unsigned char *rbuf,
-                              const struct xhc_red *r)
-{
-    size_t step = ctx->cfg.cico_max / r->esize;
-    for (size_t off = 0; off < r->count; off += step) {
-        struct xhc_red part = *r;
-        part.count = r->count - off < step ? r->count - off : step;
-        part.nbytes = part.count * r->esize;
-        size_t at = off * r->esize;
-        int rc = xhc_reduce_small(ctx, v, sbuf + at, rbuf ? rbuf + at : NULL,
-                                  &part);
-        if (rc)
-            return rc;
-    }
-    return 0;
 }
 
 int xhc_reduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf, size_t count,
@@ -78,10 +59,8 @@ int xhc_reduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf, size_t count,
                                               : XHC_PATH_REDUCE_CICO]++;
         return xhc_reduce_small(ctx, v, sbuf, rbuf, &r);
     }
-    if (ctx->cfg.copy == XHC_COPY_CICO) {
-        ctx->stats[XHC_PATH_REDUCE_CICO]++;
-        return xhc_reduce_chunked(ctx, v, sbuf, rbuf, &r);
-    }
-    ctx->stats[XHC_PATH_REDUCE_SINGLE]++;
-    return xhc_rs_run(ctx, sbuf, rbuf, &r, root);
+    ctx->stats[XHC_PATH_REDUCE_LARGE]++;
+    if (ctx->cfg.copy == XHC_COPY_CMA)
+        return xhc_rs_run(ctx, sbuf, rbuf, &r, root);
+    return xhc_rs_staged(ctx, sbuf, rbuf, &r, root);
 }

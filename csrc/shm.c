@@ -19,19 +19,32 @@ static size_t xhc_round_up(size_t n, size_t to)
     return (n + to - 1) / to * to;
 }
 
-size_t xhc_segment_size(int nranks, const xhc_config_t *cfg)
-{
-    size_t ctl = sizeof(struct xhc_seg_header)
-                 + (size_t)nranks * sizeof(struct xhc_rank_ctl);
-    size_t slots = (size_t)nranks * 2 * XHC_RING * cfg->cico_max;
-    return xhc_round_up(ctl, 4096) + xhc_round_up(slots, 4096);
-}
-
-/* Offset of the slots: right after the control blocks, page-aligned. */
+/* Layout: header and control blocks; the small-message slots; the
+ * reduce-scatter staging.  Each part starts on a page. */
 size_t xhc_slots_offset(int nranks)
 {
     return xhc_round_up(sizeof(struct xhc_seg_header)
                         + (size_t)nranks * sizeof(struct xhc_rank_ctl), 4096);
+}
+
+size_t xhc_stage_offset(int nranks, const xhc_config_t *cfg)
+{
+    size_t slots = (size_t)nranks * 2 * XHC_RING * cfg->cico_max;
+    return xhc_slots_offset(nranks) + xhc_round_up(slots, 4096);
+}
+
+/* One owner's part of a staging window: whole 64-byte lines. */
+size_t xhc_stage_part(int nranks, const xhc_config_t *cfg)
+{
+    size_t part = cfg->chunk_size / (size_t)nranks / 64 * 64;
+    return part ? part : 64;
+}
+
+size_t xhc_segment_size(int nranks, const xhc_config_t *cfg)
+{
+    size_t stage = (size_t)nranks
+                   * (2 * cfg->chunk_size + 2 * xhc_stage_part(nranks, cfg));
+    return xhc_stage_offset(nranks, cfg) + xhc_round_up(stage, 4096);
 }
 
 int xhc_shm_create(const char *name, size_t size)

@@ -52,6 +52,9 @@ struct xhc_rank_ctl {
     struct xhc_seq_line ack;             /* I finished operation SEQ */
     struct xhc_big_line big;             /* my user buffers, large ops */
     struct xhc_seq_line done;            /* my reduce-scatter slice is final */
+    struct xhc_seq_line staged;          /* rounds whose input I staged */
+    struct xhc_seq_line reduced;         /* rounds whose portion I reduced */
+    struct xhc_seq_line taken;           /* rounds whose results I took */
 };
 
 struct xhc_seg_header {
@@ -88,9 +91,11 @@ struct xhc_ctx {
     size_t seg_size;
     struct xhc_rank_ctl *ctl;
     unsigned char *slots;
+    unsigned char *stage;   /* per rank: 2 input windows, 2 result parts */
     int rank, nranks;
     xhc_config_t cfg;
     uint64_t seq;       /* the last operation this rank started */
+    uint64_t round;     /* the last staged reduce-scatter round */
     uint64_t ack_floor; /* every rank's ack had reached this, last look */
     pid_t *pids;
     struct xhc_hier hier[XHC_NKINDS];
@@ -110,6 +115,8 @@ typedef void (*xhc_reduce_fn)(void *dst, const void *a, const void *b,
 
 /* shm.c */
 size_t xhc_slots_offset(int nranks);
+size_t xhc_stage_offset(int nranks, const xhc_config_t *cfg);
+size_t xhc_stage_part(int nranks, const xhc_config_t *cfg);
 int xhc_shm_map(const char *name, size_t size, unsigned char **out);
 
 /* view.c */
@@ -152,6 +159,10 @@ int xhc_publish_up(xhc_ctx_t *ctx, uint64_t seq, const struct xhc_red *r,
 int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                const struct xhc_red *r, int root);
 
+/* rs_staged.c */
+int xhc_rs_staged(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
+                  const struct xhc_red *r, int root);
+
 static inline struct xhc_rank_ctl *xhc_ctl(xhc_ctx_t *ctx, int rank)
 {
     return &ctx->ctl[rank];
@@ -179,6 +190,21 @@ static inline unsigned char *xhc_payload(xhc_ctx_t *ctx, int rank, int dir,
     if (nbytes <= XHC_INLINE_MAX)
         return xhc_line(ctx, rank, dir, seq)->data;
     return xhc_slot(ctx, rank, dir, seq);
+}
+
+/* RANK's staging: input window SLOT (chunk_size bytes), or its result
+ * part SLOT (chunk_size / nranks bytes, whole 64-byte lines). */
+static inline unsigned char *xhc_stage_in(xhc_ctx_t *ctx, int rank, int slot)
+{
+    size_t part = xhc_stage_part(ctx->nranks, &ctx->cfg);
+    size_t per_rank = 2 * ctx->cfg.chunk_size + 2 * part;
+    return ctx->stage + (size_t)rank * per_rank + slot * ctx->cfg.chunk_size;
+}
+
+static inline unsigned char *xhc_stage_res(xhc_ctx_t *ctx, int rank, int slot)
+{
+    size_t part = xhc_stage_part(ctx->nranks, &ctx->cfg);
+    return xhc_stage_in(ctx, rank, 0) + 2 * ctx->cfg.chunk_size + slot * part;
 }
 
 #endif

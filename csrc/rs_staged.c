@@ -1,0 +1,199 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* rs_staged.c: pipelined copy-in-copy-out reduce-scatter, the engine of
+ * large Allreduce and Reduce when buffers are private and no fast
+ * single-copy mechanism reads them.
+ *
+ * The vector goes in rounds of chunk_size bytes (a window); each window is
+ * split into one part per rank, and rank i owns part i of every window.
+ * Each round T (counted across operations, the same on every rank) uses
+ * staging slot T % 2, so one round's copies overlap the next one's:
+ * 1. Stage: once the owners have reduced round T-2 (they no longer read
+ *    the slot), copy the window's other parts of my send buffer into my
+ *    input slot and raise `staged`.  Arrays in node shared memory are not
+ *    staged: owners read them in place.
+ * 2. Reduce: once everyone has staged round T, fold part i of every rank's
+ *    window in rank order (my own part straight from my send buffer) into
+ *    my receive buffer, copy it to my result slot for the takers (after
+ *    they took round T-2), and raise `reduced`.
+ * 3. Take: once owner j has reduced round T, copy its part from its result
+ *    slot (or its shared receive array) into my receive buffer; raise
+ *    `taken`.  Allreduce: every rank takes; Reduce: only the root.
+ * 4. If anyone's buffer is read in place, all ack before returning.
+ * Every rank does 1/P of the arithmetic, and the fold order per element
+ * is fixed, so the result is identical on every rank and every run.
+ */
+#include "xhc_internal.h"
+
+struct xhc_rs {
+    const struct xhc_red *red;
+    const unsigned char *sbuf;
+    unsigned char *rbuf;   /* my receive buffer; NULL: Reduce non-root */
+    size_t part;           /* elements of one owner's part of a window */
+    int root;              /* -1: everyone takes the whole result */
+    int in_place_reads;    /* some rank's buffer is read in place */
+};
+
+static const unsigned char *xhc_region_ptr(const xhc_ctx_t *ctx,
+                                           const struct xhc_src *src)
+{
+    if (src->region <= 0 || src->region > ctx->nregions)
+        return NULL;
+    return ctx->regions[src->region - 1].base + src->offset;
+}
+
+/* Elements [*LO, *LO + return) of window W owned by rank I. */
+static size_t xhc_part(const struct xhc_rs *rs, int nranks, uint64_t w,
+                       int i, size_t *lo)
+{
+    size_t start = (size_t)w * rs->part * (size_t)nranks
+                   + (size_t)i * rs->part;
+    size_t count = rs->red->count;
+    *lo = start < count ? start : count;
+    return start + rs->part < count ? rs->part : count - *lo;
+}
+
+static int xhc_wait_all(xhc_ctx_t *ctx, int field, uint64_t want, int skip)
+{
+    for (int p = 0; p < ctx->nranks; p++) {
+        struct xhc_rank_ctl *c = xhc_ctl(ctx, p);
+        xhc_flag_t *f = field == 0 ? &c->staged.seq
+                        : field == 1 ? &c->reduced.seq : &c->taken.seq;
+        int rc = p == skip ? 0 : xhc_wait_ge(ctx, f, want, p);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+enum { XHC_STAGED, XHC_REDUCED, XHC_TAKEN };
+
+static int xhc_stage(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
+                     uint64_t w)
+{
+    struct xhc_rank_ctl *mine = xhc_ctl(ctx, ctx->rank);
+    if (!xhc_region_ptr(ctx, &mine->big.send)) {
+        int rc = xhc_wait_all(ctx, XHC_REDUCED, t - 2, ctx->rank);
+        if (rc)
+            return rc;
+        unsigned char *slot = xhc_stage_in(ctx, ctx->rank, (int)(t % 2));
+        size_t es = rs->red->esize;
+        for (int i = 0; i < ctx->nranks; i++) {
+            size_t lo, n = xhc_part(rs, ctx->nranks, w, i, &lo);
+            if (i != ctx->rank && n)
+                memcpy(slot + (size_t)i * rs->part * es, rs->sbuf + lo * es,
+                       n * es);
+        }
+    }
+    /* Orders my staged bytes before owners read them. */
+    xhc_store_release(&mine->staged.seq, t);
+    return 0;
+}
+
+/* Where rank P's contribution to my part of window W is. */
+static const void *xhc_input(xhc_ctx_t *ctx, const struct xhc_rs *rs, int p,
+                             uint64_t t, size_t lo)
+{
+    size_t es = rs->red->esize;
+    if (p == ctx->rank)
+        return rs->sbuf + lo * es;
+    const unsigned char *shared = xhc_region_ptr(ctx, &xhc_ctl(ctx, p)->big.send);
+    if (shared)
+        return shared + lo * es;
+    return xhc_stage_in(ctx, p, (int)(t % 2)) + (size_t)ctx->rank * rs->part * es;
+}
+
+static int xhc_reduce_part(xhc_ctx_t *ctx, const struct xhc_rs *rs,
+                           uint64_t t, uint64_t w)
+{
+    struct xhc_rank_ctl *mine = xhc_ctl(ctx, ctx->rank);
+    size_t lo, n = xhc_part(rs, ctx->nranks, w, ctx->rank, &lo);
+    size_t es = rs->red->esize;
+    int shared_out = xhc_region_ptr(ctx, &mine->big.recv) != NULL;
+    int takers = rs->root < 0 || rs->root != ctx->rank;
+    int rc = xhc_wait_all(ctx, XHC_STAGED, t, ctx->rank);
+    if (rc == 0 && takers && !shared_out)
+        rc = xhc_wait_all(ctx, XHC_TAKEN, t - 2, ctx->rank);
+    if (rc)
+        return rc;
+    unsigned char *res = xhc_stage_res(ctx, ctx->rank, (int)(t % 2));
+    unsigned char *dst = rs->rbuf ? rs->rbuf + lo * es : res;
+    for (int p = 0; p < ctx->nranks && n; p++)
+        ctx->srcs[p] = xhc_input(ctx, rs, p, t, lo);
+    if (n)
+        xhc_fold(dst, ctx->srcs, ctx->nranks, ctx->scratch, n, es,
+                 rs->red->fn);
+    if (n && takers && !shared_out && dst != res)
+        memcpy(res, dst, n * es);
+    /* Orders my part's result before takers read it. */
+    xhc_store_release(&mine->reduced.seq, t);
+    return 0;
+}
+
+static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
+                    uint64_t w)
+{
+    size_t es = rs->red->esize;
+    for (int k = 1; rs->rbuf && k < ctx->nranks; k++) {
+        int j = (ctx->rank + k) % ctx->nranks;
+        size_t lo, n = xhc_part(rs, ctx->nranks, w, j, &lo);
+        if (n == 0)
+            continue;
+        int rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, j)->reduced.seq, t, j);
+        if (rc)
+            return rc;
+        const unsigned char *src = xhc_region_ptr(ctx, &xhc_ctl(ctx, j)->big.recv);
+        src = src ? src + lo * es : xhc_stage_res(ctx, j, (int)(t % 2));
+        memcpy(rs->rbuf + lo * es, src, n * es);
+    }
+    /* Orders my reads of the result slots before owners reuse them. */
+    xhc_store_release(&xhc_ctl(ctx, ctx->rank)->taken.seq, t);
+    return 0;
+}
+
+/* Publish my buffers, learn everyone's: who is read in place. */
+static int xhc_rs_meet(xhc_ctx_t *ctx, uint64_t seq, struct xhc_rs *rs)
+{
+    struct xhc_big_line *big = &xhc_ctl(ctx, ctx->rank)->big;
+    xhc_src_describe(ctx, rs->sbuf, &big->send);
+    xhc_src_describe(ctx, rs->rbuf, &big->recv);
+    /* Orders both descriptions before peers see the sequence number. */
+    xhc_store_release(&big->seq, seq);
+    for (int p = 0; p < ctx->nranks; p++) {
+        struct xhc_big_line *pb = &xhc_ctl(ctx, p)->big;
+        int rc = xhc_wait_eq(ctx, &pb->seq, seq, p);
+        if (rc)
+            return rc;
+        if (pb->send.region > 0 || pb->recv.region > 0)
+            rs->in_place_reads = 1;
+    }
+    return 0;
+}
+
+int xhc_rs_staged(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
+                  const struct xhc_red *r, int root)
+{
+    uint64_t seq = ++ctx->seq;
+    struct xhc_rs rs = {
+        .red = r, .sbuf = sbuf,
+        .rbuf = root < 0 || root == ctx->rank ? rbuf : NULL,
+        .part = xhc_stage_part(ctx->nranks, &ctx->cfg) / r->esize,
+        .root = root,
+    };
+    size_t window = rs.part * (size_t)ctx->nranks;
+    uint64_t windows = (r->count + window - 1) / window;
+    int rc = xhc_rs_meet(ctx, seq, &rs);
+    for (uint64_t w = 0; rc == 0 && w < windows; w++) {
+        uint64_t t = ++ctx->round;
+        rc = xhc_stage(ctx, &rs, t, w);
+        if (rc == 0)
+            rc = xhc_reduce_part(ctx, &rs, t, w);
+        if (rc == 0)
+            rc = xhc_take(ctx, &rs, t, w);
+    }
+    if (rc)
+        return rc;
+    if (rs.in_place_reads)
+        return xhc_ack_all(ctx, seq);
+    xhc_ack(ctx, seq);
+    return 0;
+}
