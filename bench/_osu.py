@@ -1,0 +1,285 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""OSU-style sizes, data patterns, checks and output for bench/ (no MPI)."""
+import functools
+import json
+import sys
+import time
+
+import numpy as np
+
+LARGE_MESSAGE_SIZE = 8192   # OSU: above this, the "large" loop counts apply
+LARGE_SCALE = 10            # OSU: 1000/100 small -> 100/10 large
+NPAT = 3                    # distinct send patterns, rotated per iteration
+FIELD_WIDTH = 20
+FLOAT_PRECISION = 2
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+DTYPES = ("float64", "float32", "int64", "int32")
+
+
+# -- message sizes and loop counts -------------------------------------------
+
+def parse_bytes(text):
+    """Return the byte count of TEXT such as ``64``, ``64K`` or ``1M``."""
+    text = text.strip().upper().removesuffix("B")
+    unit = text[-1:] if text[-1:] in UNITS else ""
+    digits = text[:len(text) - len(unit)]
+    if not digits.isdigit() or int(digits) < 1:
+        raise ValueError(f"bad message size {text!r}")
+    return int(digits) * UNITS[unit]
+
+
+def message_sizes(spec, default_min, default_max=1 << 20):
+    """Return OSU's sizes for ``-m [MIN:]MAX``: MIN, 2*MIN, ... up to MAX."""
+    lo, hi = default_min, default_max
+    if spec:
+        head, sep, tail = spec.partition(":")
+        if sep:
+            lo = parse_bytes(head) if head else lo
+            hi = parse_bytes(tail) if tail else hi
+        else:
+            hi = parse_bytes(head)
+    if lo > hi:
+        raise ValueError(f"-m {spec}: minimum {lo} exceeds maximum {hi}")
+    sizes = []
+    while lo <= hi:
+        sizes.append(lo)
+        lo *= 2
+    return sizes
+
+
+def loop_counts(size, iters, warmup):
+    """Return (iterations, warm-up) for SIZE, scaled down above 8 KiB."""
+    if size is None or size <= LARGE_MESSAGE_SIZE:
+        return iters, warmup
+    return (max(1, iters // LARGE_SCALE),
+            max(min(warmup, 1), warmup // LARGE_SCALE))
+
+
+def split_blocks(iters, nblocks):
+    """Split ITERS into at most NBLOCKS near-equal positive block lengths."""
+    nblocks = max(1, min(nblocks, iters))
+    base, extra = divmod(iters, nblocks)
+    return [base + (b < extra) for b in range(nblocks)]
+
+
+# -- data patterns and validation --------------------------------------------
+
+def pattern(rank, k, count, dtype):
+    """Return pattern K of RANK: small non-negative integers, exact in floats.
+
+    Values are ``(7*j + 13*rank + 29*k) % 61`` for index j, so they differ
+    between ranks, indices and the NPAT rotating patterns, and stay in
+    0..60: a sum over ranks is exact in every supported dtype.
+    """
+    j = np.arange(count, dtype=np.int64)
+    return ((7 * j + 13 * rank + 29 * k) % 61).astype(dtype)
+
+
+def poison(dtype):
+    """Return a value no pattern or reduction of patterns can produce."""
+    return np.array(-1).astype(dtype)[()]
+
+
+@functools.lru_cache(maxsize=8)
+def _expected(op, nranks, k, count, dtype):
+    ufunc = UFUNCS[op]
+    parts = (pattern(r, k, count, dtype) for r in range(nranks))
+    out = functools.reduce(ufunc, parts)
+    out.setflags(write=False)
+    return out
+
+
+def expected(op, nranks, k, count, dtype):
+    """Return the numpy truth for reducing pattern K over NRANKS with OP."""
+    return _expected(op, nranks, k, count, np.dtype(dtype).name)
+
+
+def count_errors(result, truth):
+    """Return how many elements of RESULT differ from TRUTH (or all if the
+    shapes differ)."""
+    result, truth = np.asarray(result), np.asarray(truth)
+    if result.shape != truth.shape:
+        return max(result.size, truth.size, 1)
+    return int(np.count_nonzero(result != truth))
+
+
+# -- OSU table ----------------------------------------------------------------
+
+class Table:
+    """Print an OSU table on rank 0: '#' header, fixed widths, flush per row.
+
+    COLUMNS holds (title, kind) pairs; kind is 'f' (latency, %20.2f),
+    'd' (iterations, %12d) or 's' (validation, %12s).
+    """
+
+    WIDTH = {"f": FIELD_WIDTH, "d": 12, "s": 12}
+
+    def __init__(self, columns, sized=True, out=None):
+        self.columns = columns
+        self.sized = sized
+        self.out = out or sys.stdout
+
+    def header(self, lines):
+        """Print the '#' preamble LINES and the column titles."""
+        for line in lines:
+            self._write(f"# {line}")
+        cells = [f"{t:>{self.WIDTH[k]}}" for t, k in self.columns]
+        if self.sized:
+            self._write(f"{'# Size':<10}" + "".join(cells))
+        else:
+            self._write("# " + "".join(cells)[2:])
+
+    def row(self, size, values):
+        """Print one row: SIZE (None for barrier) then VALUES in order."""
+        cells = [self._cell(v, k) for v, (_, k) in zip(values, self.columns)]
+        head = f"{size:<10d}" if self.sized else ""
+        self._write(head + "".join(cells))
+
+    def comment(self, line):
+        """Print one '#' line."""
+        self._write(f"# {line}")
+
+    def _cell(self, value, kind):
+        width = self.WIDTH[kind]
+        if value is None:
+            return f"{'-':>{width}}"
+        if kind == "f":
+            return f"{value:{width}.{FLOAT_PRECISION}f}"
+        return f"{value:>{width}}"
+
+    def _write(self, text):
+        print(text, file=self.out, flush=True)
+
+
+class Progress:
+    """An overwritten '[osu] ...' line on stderr, shown after a few seconds."""
+
+    def __init__(self, name, total, delay=2.0, enabled=True):
+        self.name, self.total, self.delay = name, total, delay
+        self.enabled = enabled
+        self.start = time.monotonic()
+        self.shown = 0
+
+    def update(self, index, size):
+        """Announce that size number INDEX (0-based) of the sweep starts."""
+        if not self.enabled or time.monotonic() - self.start < self.delay:
+            return
+        text = f"\r[osu] {self.name} {size} B ({index + 1}/{self.total})"
+        self.shown = max(self.shown, len(text))
+        sys.stderr.write(text.ljust(self.shown))
+        sys.stderr.flush()
+
+    def done(self):
+        """Erase the progress line, if one was shown."""
+        if self.shown:
+            sys.stderr.write("\r" + " " * self.shown + "\r")
+            sys.stderr.flush()
+
+
+# -- single-core memory reference ---------------------------------------------
+
+def _mean_us(fn, reps):
+    fn()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t) / reps * 1e6
+
+
+def memory_reference(size, dtype, reps):
+    """Time np.copyto and np.add(a, b, out=c) on SIZE bytes; return a dict."""
+    count = max(1, size // np.dtype(dtype).itemsize)
+    a = pattern(0, 0, count, dtype)
+    b = pattern(1, 1, count, dtype)
+    c = np.empty_like(a)
+    copy_us = _mean_us(functools.partial(np.copyto, c, a), reps)
+    add_us = _mean_us(functools.partial(np.add, a, b, out=c), reps)
+    return {"size": size, "dtype": np.dtype(dtype).name,
+            "iterations": reps, "memcpy_us": copy_us, "add_us": add_us,
+            "memcpy_GBps": size / copy_us / 1e3,
+            "add_GBps": size / add_us / 1e3}
+
+
+def reference_sizes(sizes):
+    """Return the sizes that get a memory reference: >= 64 KiB, or the
+    largest."""
+    big = [s for s in sizes if s >= 64 << 10]
+    return big or sizes[-1:]
+
+
+def reference_lines(refs):
+    """Return '#' lines (without '# ') describing the memory reference."""
+    if not refs:
+        return []
+    lines = ["reference: rank 0 alone (others idle in a barrier), "
+             f"{refs[0]['dtype']}, mean of each size's iterations",
+             f"{'ref Size':<10}{'memcpy(us)':>{FIELD_WIDTH}}"
+             f"{'GB/s':>10}{'add(us)':>{FIELD_WIDTH}}{'GB/s':>10}"]
+    for r in refs:
+        lines.append(f"{r['size']:<10d}{r['memcpy_us']:{FIELD_WIDTH}.2f}"
+                     f"{r['memcpy_GBps']:10.2f}{r['add_us']:{FIELD_WIDTH}.2f}"
+                     f"{r['add_GBps']:10.2f}")
+    return lines
+
+
+# -- JSON and plot -----------------------------------------------------------
+
+def write_json(path, doc):
+    """Write DOC to PATH as indented JSON."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2, default=str)
+        f.write("\n")
+
+
+def require_matplotlib():
+    """Return matplotlib.pyplot on the Agg backend, or say how to get it."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise RuntimeError("--plot needs matplotlib: pip install matplotlib"
+                           ) from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot(path, doc):
+    """Draw DOC's average latency per implementation, log-log, to PATH."""
+    plt = require_matplotlib()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    rows = doc["results"]
+    for key in doc["impls"]:
+        label = doc["labels"][key]
+        avg = [r[key]["avg_us"] for r in rows]
+        if rows[0]["size"] is None:
+            ax.bar([label], avg)
+            continue
+        sizes = [r["size"] for r in rows]
+        lo = [r[key]["min_us"] for r in rows]
+        hi = [r[key]["max_us"] for r in rows]
+        ax.plot(sizes, avg, marker="o", label=label)
+        ax.fill_between(sizes, lo, hi, alpha=0.2)
+    _decorate(ax, doc, sized=rows[0]["size"] is not None)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _decorate(ax, doc, sized):
+    ax.set_title(f"{doc['title']}, {doc['ranks']} ranks")
+    ax.set_ylabel("avg latency (us); band: min..max over ranks")
+    if sized:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(_size_label)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (B)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+
+
+def _size_label(value, _pos=None):
+    for unit in ("M", "K"):
+        if value >= UNITS[unit]:
+            return f"{value / UNITS[unit]:g}{unit}"
+    return f"{value:g}"

@@ -1,0 +1,109 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Merge ``bench.osu --json`` files from separate runs into one OSU table.
+
+MPI chooses its collective components once, at MPI init, so a peer such as
+Open MPI's coll/sm needs its own run:
+
+    mpiexec -n 2 python -m mpi4py -m bench.osu allreduce --json a.json
+    OMPI_MCA_coll_sm_priority=100 mpiexec -n 2 python -m mpi4py \\
+        -m bench.osu allreduce --impl mpi --label coll/sm --json b.json
+    python -m bench.compare a.json b.json
+
+Columns are named after each file's implementations (xhc, or the MPI
+column's --label); a repeated name gets the file's number.  Ratios are
+the first xhc column over every other column.  Columns from different
+files were NOT measured interleaved: on a noisy machine, differences below
+~30 % between them are noise.
+"""
+import argparse
+import json
+import sys
+
+if not __package__:  # run as a path: python bench/compare.py
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+
+from bench import _osu  # noqa: E402
+
+
+def load(paths):
+    """Return the JSON documents; fail if they measure different things."""
+    docs = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            docs.append(json.load(f))
+    kinds = {(d["benchmark"], d["ranks"]) for d in docs}
+    if len(kinds) != 1:
+        raise SystemExit(f"compare: files differ in benchmark or ranks: "
+                         f"{sorted(kinds, key=str)}")
+    return docs
+
+
+def columns(docs):
+    """Return (name, file index, impl key) for every measured column."""
+    cols, seen = [], set()
+    for i, doc in enumerate(docs):
+        for key in doc["impls"]:
+            name = doc["labels"][key]
+            if name in seen:
+                name = f"{name}#{i + 1}"
+            seen.add(name)
+            cols.append((name, i, key))
+    return cols
+
+
+def rows(docs, cols):
+    """Yield (size, latencies, ratios) for sizes present in every file."""
+    by_size = [{r["size"]: r for r in d["results"]} for d in docs]
+    xhc = next((c for c in cols if c[2] == "xhc"), None)
+    for size in by_size[0]:
+        if not all(size in b for b in by_size):
+            continue
+        lat = [by_size[i][size][key]["avg_us"] for _, i, key in cols]
+        ratios = []
+        if xhc is not None:
+            x = by_size[xhc[1]][size]["xhc"]["avg_us"]
+            ratios = [x / v for c, v in zip(cols, lat) if c != xhc]
+        yield size, lat, ratios
+
+
+def print_table(docs, paths, out=None):
+    """Print the merged OSU table to OUT (stdout)."""
+    cols = columns(docs)
+    titles = [(f"{name} Avg(us)", "f") for name, _, _ in cols]
+    xhc = next((c for c in cols if c[2] == "xhc"), None)
+    if xhc is not None:
+        titles += [(f"{xhc[0]}/{c[0]}", "f") for c in cols if c != xhc]
+    sized = docs[0]["results"][0]["size"] is not None
+    table = _osu.Table(titles, sized=sized, out=out)
+    table.header(preamble(docs, paths))
+    for size, lat, ratios in rows(docs, cols):
+        table.row(size, lat + ratios)
+
+
+def preamble(docs, paths):
+    """Return the '#' lines naming the merged runs."""
+    lines = [docs[0]["title"], f"ranks: {docs[0]['ranks']}"]
+    for i, (doc, path) in enumerate(zip(docs, paths), 1):
+        names = ", ".join(doc["labels"][k] for k in doc["impls"])
+        env = " ".join(f"{k}={v}" for k, v in doc.get("env", {}).items())
+        lines.append(f"file {i}: {path}: {names}"
+                     + (f" [{env}]" if env else ""))
+    lines.append("columns from different files were not interleaved: "
+                 "differences under ~30 % are noise")
+    return lines
+
+
+def main(argv=None):
+    """Entry point: merge the JSON files named on the command line."""
+    p = argparse.ArgumentParser(prog="bench.compare",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("files", nargs="+", metavar="FILE.json")
+    opts = p.parse_args(argv)
+    print_table(load(opts.files), opts.files)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Make the communicators that collectives go through, for both modes.
+
+``--coll xhc`` wraps each communicator in an ``xhc.Comm`` (creating one is
+collective over that communicator); ``--coll mpi`` uses the mpi4py
+communicator itself.  Either way the result is wrapped in a
+:class:`~.timers.TimedComm`.  Point-to-point traffic (ghost cells, block
+and dot migration) uses plain mpi4py communicators in both modes, so the
+two modes differ only in their collectives.
+"""
+from .timers import TimedComm
+
+
+class CommFactory:
+    """Create, track and free the collective communicators of one run."""
+
+    def __init__(self, mode, stats):
+        if mode not in ("xhc", "mpi"):
+            raise ValueError(f"--coll must be xhc or mpi, not {mode!r}")
+        self.mode = mode
+        self.stats = stats
+        self._xhc = None
+        self._owned = []      # (xhc.Comm or None, raw comm to Free or None)
+        if mode == "xhc":
+            import xhc
+            if not hasattr(xhc, "Comm"):
+                raise ImportError("xhc is importable but has no xhc.Comm yet")
+            self._xhc = xhc
+
+    def wrap(self, raw, label="", free_raw=False):
+        """Return a TimedComm over RAW (through xhc.Comm in xhc mode).
+
+        With FREE_RAW, RAW itself is freed by :meth:`free_all`.
+        """
+        inner = self._xhc.Comm(raw) if self._xhc is not None else raw
+        self._owned.append((inner if self._xhc is not None else None,
+                            raw if free_raw else None))
+        return TimedComm(inner, self.stats, label)
+
+    def xhc_paths(self):
+        """Calls per xhc path (\"fallback\" = handed to mpi4py), summed
+        over this rank's xhc.Comm objects; empty in mpi mode."""
+        out = {}
+        for xcomm, _ in self._owned:
+            if xcomm is not None:
+                for k, v in xcomm.stats.items():
+                    out[k] = out.get(k, 0) + int(v)
+        return out
+
+    def free_all(self):
+        """Release every xhc.Comm, then the communicators we created."""
+        for xcomm, _ in reversed(self._owned):
+            if xcomm is not None:
+                xcomm.free()
+        for _, raw in reversed(self._owned):
+            if raw is not None:       # xhc.Comm.free leaves it to us
+                raw.Free()
+        self._owned.clear()

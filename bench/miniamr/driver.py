@@ -1,0 +1,176 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The main loop (miniAMR's main.c + driver.c).
+
+Per time step: ``stages_per_ts`` stages; each stage, for each group of
+``comm_vars`` variables, exchanges ghost cells, applies the stencil and,
+every ``checksum_freq`` stages, checks the checksum against the previous
+one.  After each step the objects move and, every ``refine_freq`` steps,
+the mesh is refined (and load balanced).  Time 0 refines ``num_refine``
+times before the first step.
+"""
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+from . import checksum, options, report
+from . import objects as objmod
+from .balance import make_stages
+from .blocks import BlockStore, initial_values
+from .collectives import CommFactory
+from .comm import GhostExchange
+from .mesh import Mesh
+from .refine import refine
+from .stencil import stencil
+from .timers import CollStats, Timers, now
+
+PERMUTATIONS = ((0, 1, 2), (1, 2, 0), (2, 0, 1), (0, 2, 1), (1, 0, 2),
+                (2, 1, 0))
+
+
+class Run:
+    """State of one run on one rank."""
+
+    def __init__(self, o, raw):
+        self.o = o
+        self.raw = raw
+        self.rank, self.size = raw.rank, raw.size
+        self.stats = CollStats()
+        self._bufs = {}
+        self.timers = Timers()
+        self.factory = CommFactory(o.coll, self.stats)
+        self.world = self.factory.wrap(raw)
+        self.p2p = raw.Dup()            # point-to-point, same in both modes
+        options.broadcast(o, self.world)
+        self.objects = o.objects.copy()
+        self.counters = defaultdict(int, dict.fromkeys((
+            "refine_steps", "blocks_split", "blocks_merged", "moved_coarsen",
+            "sweeps_2to1", "load_balances", "blocks_moved_lb",
+            "interlevel_links", "interlevel_links_remote", "checksums"), 0))
+        self.local_max_b = 0
+        n3 = (o.nx, o.ny, o.nz)
+        self.mesh = Mesh.initial(o)
+        self.store = BlockStore(o.num_vars, n3)
+        keys = self.mesh.key[self.mesh.own(self.rank)]
+        self.store.rebuild(keys, keys, initial_values(o, keys, o.num_vars, n3))
+        self.local_max_b = len(keys)
+        self.ghost = GhostExchange(n3, o.stencil, self.p2p)
+        self.ghost.build(self.mesh, self.rank)
+        self.rcb_stages = make_stages(self)
+        self.exponent = checksum.scale_exponent(
+            int(np.prod(self.mesh.nroot)) * o.nx * o.ny * o.nz)
+        self.check = not (o.stencil == 27 and o.num_refine > 0
+                          and not o.uniform_refine)
+
+    def bufs(self, key, n, dtype=np.float64):
+        """A persistent (send, receive) pair of N-element arrays for KEY.
+
+        Reusing buffers, as a C code reuses its arrays, lets xhc.Comm keep
+        its per-buffer plan (and is what a real code does)."""
+        b = self._bufs.get(key)
+        if b is None or b[0].shape != (n,) or b[0].dtype != dtype:
+            b = self._bufs[key] = (np.zeros(n, dtype), np.zeros(n, dtype))
+        return b
+
+    def checksum(self, s, e):
+        from mpi4py import MPI
+        self.counters["checksums"] += 1
+        part, total = self.bufs(("checksum", s, e), e - s)
+        return checksum.global_checksum(self.world, self.store.A, s, e,
+                                        self.exponent, MPI.SUM, part, total)
+
+    def say(self, *a):
+        if self.rank == 0:
+            print(*a, flush=True)
+
+    def execute(self):
+        o, T = self.o, self.timers
+        calc = stencil(o.stencil)
+        history = []
+        if not self.check:
+            self.say("note: the 27-point stencil does not conserve the sum "
+                     "across refinement levels; checksums are not checked")
+        grid_sum = self.checksum(0, o.num_vars)
+        history.append({"ts": 0, "stage": -1, "var": 0,
+                        "values": grid_sum.tolist()})
+        t_start = last = now()
+        if o.num_refine or o.uniform_refine:
+            refine(self, 0)
+        comm_stage = 0
+        for ts in range(1, o.num_tsteps + 1):
+            for stage in range(o.stages_per_ts):
+                order = PERMUTATIONS[comm_stage % 6] if o.permute else (0, 1, 2)
+                for s in range(0, o.num_vars, o.comm_vars):
+                    e = min(s + o.comm_vars, o.num_vars)
+                    t1 = now()
+                    self.ghost.exchange(self.store.A, s, e, order)
+                    t2 = now()
+                    calc(self.store.A, s, e)
+                    t3 = now()
+                    T.add("comm", t2 - t1)
+                    T.add("stencil", t3 - t2)
+                    if o.checksum_freq and stage % o.checksum_freq == 0:
+                        sums = self.checksum(s, e)
+                        history.append({"ts": ts, "stage": stage, "var": s,
+                                        "values": sums.tolist()})
+                        if o.report_diffusion:
+                            self.say(f"{ts} stage {stage} vars {s}..{e - 1} "
+                                     f"sums {sums.tolist()}")
+                        bad = checksum.compare(sums, grid_sum[s:e], o.tol) \
+                            if self.check else []
+                        if bad:
+                            for v, new, old, rel in bad:
+                                self.say(f"Time step {ts} stage {stage} sum "
+                                         f"{new!r} (old {old!r}) variable "
+                                         f"{s + v} difference {rel:.3e} too "
+                                         f"large (tol {o.tol:g})")
+                            return 1
+                        grid_sum[s:e] = sums
+                        T.add("checksum", now() - t3)
+                comm_stage += 1
+            if o.num_refine and not o.uniform_refine:
+                t1 = now()
+                objmod.move(self.objects, 1.0)
+                T.add("refine", now() - t1)
+                if o.refine_freq and ts % o.refine_freq == 0:
+                    refine(self, ts)
+            t = now()
+            if not o.quiet and self.rank == 0 and t - t_start > 2.0 \
+                    and t - last > 1.0:
+                print(f"time step {ts} of {o.num_tsteps}", file=sys.stderr,
+                      flush=True)
+                last = t
+        total = now() - t_start
+        T.t["total"] = total
+        final = self.checksum(0, o.num_vars)
+        bad = checksum.compare(final, grid_sum, o.tol) if self.check else []
+        history.append({"ts": o.num_tsteps, "stage": -1, "var": 0,
+                        "values": final.tolist()})
+        rep = report.build(self, self.raw, total, history, final.tolist())
+        if self.rank == 0:
+            print(report.text(rep), flush=True)
+            if o.json:
+                report.write_json(rep, o.json)
+        if bad:
+            self.say(f"final checksum differs from the last check: {bad}")
+            return 1
+        return 0
+
+    def close(self):
+        self.factory.free_all()
+        self.p2p.Free()
+
+
+def main(argv=None):
+    from mpi4py import MPI
+    raw = MPI.COMM_WORLD
+    try:
+        o = options.parse(argv, raw.size)
+    except options.OptionError as e:
+        if raw.rank == 0:
+            print(f"bench.miniamr: error: {e}", file=sys.stderr)
+        return 2
+    run = Run(o, raw)
+    code = run.execute()
+    run.close()
+    return code

@@ -1,0 +1,125 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The end-of-run report (miniAMR's profile.c, much shortened).
+
+Gathered with the plain world communicator after timing stops, so the
+report itself is neither timed nor counted.  Rank 0 prints a ``Summary:``
+line as miniAMR does, the phase times (average and maximum over ranks),
+one line per collective (calls and bytes on rank 0, time average and
+maximum over ranks), mesh statistics and the final checksums; ``--json``
+writes the same as JSON.
+"""
+import json
+
+from .timers import PHASES
+
+# counters that differ per rank (the others are global)
+SUMMED = ("interlevel_links", "interlevel_links_remote", "moved_coarsen")
+
+LABELS = {
+    "total": "total",
+    "stencil": "stencil calculation",
+    "comm": "ghost-cell communication",
+    "checksum": "checksum (block sums + Allreduce)",
+    "refine": "refinement (incl. load balance)",
+    "balance": "  load balance (RCB + block moves)",
+    "plan": "  ghost plan rebuild",
+    "collectives": "time inside collectives (all)",
+}
+
+
+def build(run, raw, total, history, final):
+    mine = dict(run.timers.t)
+    mine["total"] = total
+    mine["collectives"] = run.stats.total_seconds()
+    per_rank = raw.gather((mine, run.stats.rec, len(run.mesh.own(run.rank)),
+                           dict(run.counters), run.factory.xhc_paths()),
+                          root=0)
+    if run.rank != 0:
+        return None
+    n = len(per_rank)
+    timers = {}
+    for k in (*PHASES, "collectives"):
+        vals = [p[0][k] for p in per_rank]
+        timers[k] = {"avg": sum(vals) / n, "max": max(vals)}
+    colls = {}
+    for key, (calls, nbytes, _) in sorted(per_rank[0][1].items()):
+        ts = [p[1].get(key, [0, 0, 0.0])[2] for p in per_rank]
+        colls[key] = {"calls": calls, "bytes": nbytes,
+                      "time_avg": sum(ts) / n, "time_max": max(ts)}
+    o = run.o
+    counters = dict(run.counters)
+    for k in SUMMED:              # per-rank counts: sum over the ranks
+        counters[k] = sum(p[3].get(k, 0) for p in per_rank)
+    paths = {}
+    for p in per_rank:
+        for k, v in p[4].items():
+            paths[k] = paths.get(k, 0) + v
+    return {
+        "program": "bench.miniamr",
+        "coll": o.coll,
+        "ranks": run.size,
+        "config": {k: getattr(o, k) for k in (
+            "npx", "npy", "npz", "init_x", "init_y", "init_z", "nx", "ny",
+            "nz", "num_vars", "comm_vars", "num_tsteps", "stages_per_ts",
+            "checksum_freq", "stencil", "num_refine", "block_change",
+            "uniform_refine", "refine_freq", "lb_opt", "inbalance",
+            "permute", "tol", "seed")} | {"objects": o.objects.tolist()},
+        "timers": timers,
+        "collectives": colls,
+        "mesh": {
+            "blocks_per_level": run.mesh.counts_per_level().tolist(),
+            "blocks": len(run.mesh),
+            "blocks_per_rank": [p[2] for p in per_rank],
+            "checksum_exponent": run.exponent,
+            **{k: int(v) for k, v in sorted(counters.items())},
+        },
+        "xhc_paths": paths,
+        "checksums": history,
+        "final_checksum": list(final),
+        "final_checksum_hex": [float(v).hex() for v in final],
+    }
+
+
+def text(rep):
+    t = rep["timers"]
+    tot = t["total"]["avg"] or 1.0
+    c = rep["config"]
+    m = rep["mesh"]
+    head = (f"miniAMR (numpy/mpi4py port), --coll {rep['coll']}, "
+            f"{rep['ranks']} ranks ({c['npx']}x{c['npy']}x{c['npz']}), "
+            f"blocks {c['nx']}x{c['ny']}x{c['nz']} cells, {c['num_vars']} "
+            f"vars, {c['num_tsteps']} steps x {c['stages_per_ts']} stages, "
+            f"checksum every {c['checksum_freq']}, {c['stencil']}-point "
+            "stencil")
+    summary = ("Summary: ranks {}, ts {}, time {:.3f}, calc {:.3f}, comm "
+               "{:.3f}, red {:.3f}, refine {:.3f}, coll {:.3f}").format(
+        rep["ranks"], c["num_tsteps"], t["total"]["avg"],
+        t["stencil"]["avg"], t["comm"]["avg"], t["checksum"]["avg"],
+        t["refine"]["avg"], t["collectives"]["avg"])
+    out = [head, summary, "",
+           (f"{'Timing (s, over ranks)':40s} {'avg':>9s} {'max':>9s} "
+            f"{'% avg':>7s}")]
+    for k in (*PHASES, "collectives"):
+        out.append(f"  {LABELS[k]:38s} {t[k]['avg']:9.4f} {t[k]['max']:9.4f}"
+                   f" {100.0 * t[k]['avg'] / tot:6.1f}%")
+    out += ["", (f"{'Collectives (calls, bytes: rank 0)':34s} {'calls':>8s} "
+                 f"{'bytes':>11s} {'avg s':>9s} {'max s':>9s}")]
+    for k, v in rep["collectives"].items():
+        out.append(f"  {k:32s} {v['calls']:8d} {v['bytes']:11d} "
+                   f"{v['time_avg']:9.4f} {v['time_max']:9.4f}")
+    mesh1 = (f"Mesh: {m['blocks']} blocks at the end, per level "
+             f"{m['blocks_per_level']}, per rank {m['blocks_per_rank']}")
+    mesh2 = (f"      refinement steps {m['refine_steps']}, blocks split "
+             f"{m['blocks_split']}, merged {m['blocks_merged']} groups, load "
+             f"balances {m['load_balances']}, blocks moved by load balance "
+             f"{m['blocks_moved_lb']}, 2:1 sweeps {m['sweeps_2to1']}, "
+             f"checksums {m['checksums']}")
+    sums = " ".join(f"{v:.15g}" for v in rep["final_checksum"])
+    out += ["", mesh1, mesh2, f"Final checksums: {sums}"]
+    return "\n".join(out)
+
+
+def write_json(rep, path):
+    with open(path, "w") as f:
+        json.dump(rep, f, indent=1)
+        f.write("\n")

@@ -1,0 +1,572 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""OSU-style latency benchmarks of xhc.Comm against the plain mpi4py comm.
+
+Run from the project root:
+
+    mpiexec -n 2 python -m mpi4py -m bench.osu allreduce -m 8:1M -f
+    mpiexec -n 2 python -m mpi4py -m bench.osu bcast --impl mpi -c
+    mpiexec -n 2 python -m mpi4py bench/osu.py barrier --json barrier.json
+
+Commands: bcast, allreduce, reduce, barrier.  OSU options: ``-m [MIN:]MAX``
+(bytes, K/M suffixes; default 1:1M for bcast, 8:1M for reductions),
+``-i ITER`` (1000) and ``-x WARMUP`` (100) for sizes up to 8 KiB; above,
+both are divided by 10 as in OSU (100 and 10 by default).  ``-f`` adds
+Min/Max/Iterations, ``-c`` validates every iteration.
+
+Method (OSU's C one): per iteration, fill the send buffer, call
+``Barrier()`` on the plain MPI communicator (the same barrier for both
+implementations), then ``t0 = MPI.Wtime(); op; t1 = MPI.Wtime()``.  Each
+rank's mean over the iterations goes to rank 0 with MIN, MAX and SUM
+reductions; "Avg" is SUM / ranks, Min/Max are over ranks.  With
+``--impl both`` (the default) each size runs the two implementations in
+alternating blocks (order ABBA...: xhc, MPI, MPI, xhc, ...) on separate
+buffers of the same size, so slow drift on a noisy machine hits both.
+
+Data: every rank holds NPAT=3 precomputed patterns per size (small
+integers, a function of rank, pattern number and index; exact in floats)
+and copies pattern ``i % 3`` into the whole send buffer before iteration i,
+outside the timed region.  Each call thus reads data written since the
+previous call (its cache lines were just dirtied by the owner), never a
+warm unchanged buffer, for the cost of one untimed memcpy.  With ``-c`` the
+receive buffer is also poisoned before each call, then compared with the
+numpy truth, and the send buffer is checked to be unchanged; a mismatch on
+any rank prints ``DATA VALIDATION ERROR`` and exits non-zero.
+
+A third column for another MPI configuration (for instance Open MPI's
+coll/sm, chosen only at MPI init): the MCA selection cannot change inside
+a running job, so run twice and merge the JSON files:
+
+    mpiexec -n 2 python -m mpi4py -m bench.osu allreduce --json a.json
+    OMPI_MCA_coll_sm_priority=100 mpiexec -n 2 python -m mpi4py \\
+        -m bench.osu allreduce --impl mpi --label coll/sm --json b.json
+    python -m bench.compare a.json b.json
+
+Columns merged from separate runs are not interleaved: on a noisy VM,
+differences under ~30 % between them are noise.
+"""
+import argparse
+import collections
+import functools
+import os
+import sys
+import time
+
+if not __package__:  # run as a path: python -m mpi4py bench/osu.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+
+import mpi4py  # noqa: E402
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+from bench import _osu  # noqa: E402
+
+Command = collections.namedtuple("Command", "title min_size data case")
+Impl = collections.namedtuple("Impl", "key label comm alloc")
+Ctx = collections.namedtuple("Ctx", "comm rank nranks opts dtype mpi_op")
+MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+ENV_PREFIXES = ("OMPI_MCA_coll", "MPIR_CVAR_", "XHC_")
+
+
+class BenchError(Exception):
+    """A failure every rank agrees on; rank 0 reports it, all exit 1."""
+
+
+class Case:
+    """One implementation's buffers and calls for one message size."""
+
+    __slots__ = ("run", "fill", "check", "i", "total", "errors")
+
+    def __init__(self, run, fill=lambda k: None, check=lambda k: 0):
+        self.run, self.fill, self.check = run, fill, check
+        self.i, self.total, self.errors = 0, 0.0, 0
+
+
+# -- the four commands --------------------------------------------------------
+
+def bcast_data(ctx, size):
+    """Return the root's patterns: what every rank must hold after Bcast."""
+    return [_osu.pattern(ctx.opts.root, k, size, np.uint8)
+            for k in range(_osu.NPAT)]
+
+
+def bcast_case(ctx, impl, pats):
+    """Return a Bcast case; non-roots check the root's pattern arrived."""
+    buf = impl.alloc(pats[0].shape, np.uint8)
+    buf.fill(_osu.poison(np.uint8))
+    is_root, validate = ctx.rank == ctx.opts.root, ctx.opts.validate
+
+    def fill(k):
+        if is_root:
+            np.copyto(buf, pats[k])
+        elif validate:
+            buf.fill(_osu.poison(np.uint8))
+    run = functools.partial(impl.comm.Bcast, buf, root=ctx.opts.root)
+    return Case(run, fill, lambda k: _osu.count_errors(buf, pats[k]))
+
+
+def reduce_data(ctx, size):
+    """Return (own send patterns, truths or None) for a reduction."""
+    count = size // ctx.dtype.itemsize
+    send = [_osu.pattern(ctx.rank, k, count, ctx.dtype)
+            for k in range(_osu.NPAT)]
+    truth = None
+    if ctx.opts.validate:
+        truth = [_osu.expected(ctx.opts.op, ctx.nranks, k, count, ctx.dtype)
+                 for k in range(_osu.NPAT)]
+    return send, truth
+
+
+def _reduction_buffers(ctx, impl, data):
+    send, truth = data
+    sbuf = impl.alloc(send[0].shape, ctx.dtype)
+    rbuf = impl.alloc(send[0].shape, ctx.dtype)
+    rbuf.fill(_osu.poison(ctx.dtype))
+    validate = ctx.opts.validate
+
+    def fill(k):
+        np.copyto(sbuf, send[k])
+        if validate:
+            rbuf.fill(_osu.poison(ctx.dtype))
+
+    def check(k, has_result=True):
+        bad = _osu.count_errors(sbuf, send[k])  # send buffer must survive
+        return bad + (_osu.count_errors(rbuf, truth[k]) if has_result else 0)
+    return sbuf, rbuf, fill, check
+
+
+def allreduce_case(ctx, impl, data):
+    """Return an Allreduce case; every rank checks the numpy truth."""
+    sbuf, rbuf, fill, check = _reduction_buffers(ctx, impl, data)
+    run = functools.partial(impl.comm.Allreduce, sbuf, rbuf, op=ctx.mpi_op)
+    return Case(run, fill, check)
+
+
+def reduce_case(ctx, impl, data):
+    """Return a Reduce case; the root checks the numpy truth."""
+    sbuf, rbuf, fill, check = _reduction_buffers(ctx, impl, data)
+    root = ctx.opts.root
+    run = functools.partial(impl.comm.Reduce, sbuf, rbuf, op=ctx.mpi_op,
+                            root=root)
+    return Case(run, fill,
+                functools.partial(check, has_result=ctx.rank == root))
+
+
+def barrier_data(ctx, size):
+    """Return nothing: a barrier moves no data."""
+    return None
+
+
+def barrier_case(ctx, impl, data):
+    """Return a Barrier case."""
+    return Case(impl.comm.Barrier)
+
+
+COMMANDS = {
+    "bcast": Command("Broadcast", 1, bcast_data, bcast_case),
+    "allreduce": Command("Allreduce", 8, reduce_data, allreduce_case),
+    "reduce": Command("Reduce", 8, reduce_data, reduce_case),
+    "barrier": Command("Barrier", None, barrier_data, barrier_case),
+}
+
+
+# -- options -----------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    """Print help and errors once (rank 0); every rank exits together."""
+
+    def _print_message(self, message, file=None):
+        if MPI.COMM_WORLD.rank == 0:
+            super()._print_message(message, file)
+
+    def exit(self, status=0, message=None):
+        if message:
+            self._print_message(message, sys.stderr)
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Barrier()  # rank 0 has printed before anyone exits
+        sys.exit(status)
+
+
+def parse_args(argv=None):
+    """Parse the command line (OSU's short options plus xhc's long ones)."""
+    p = _Parser(prog="bench.osu", description=__doc__.split("\n")[0],
+                epilog="run: mpiexec -n N python -m mpi4py -m bench.osu "
+                "COMMAND [options]")
+    p.add_argument("command", choices=COMMANDS)
+    p.add_argument("-m", "--message-size", metavar="[MIN:]MAX",
+                   help="bytes, K/M suffixes (1:1M bcast, 8:1M reductions)")
+    p.add_argument("-i", "--iterations", type=_positive, default=1000,
+                   help="timed iterations up to 8 KiB, /10 above (1000)")
+    p.add_argument("-x", "--warmup", type=_natural, default=100,
+                   help="warm-up iterations up to 8 KiB, /10 above (100)")
+    p.add_argument("-f", "--full", action="store_true",
+                   help="also print Min/Max latency and Iterations")
+    p.add_argument("-c", "--validation", dest="validate",
+                   action="store_true", help="check results every iteration")
+    p.add_argument("--impl", choices=("xhc", "mpi", "both"), default="both",
+                   help="both: interleaved, with an xhc/MPI ratio (default)")
+    p.add_argument("--shm", action="store_true",
+                   help="xhc buffers come from xcomm.empty (zero-copy)")
+    p.add_argument("--root", type=_natural, default=0,
+                   help="root of bcast and reduce (0)")
+    p.add_argument("--dtype", choices=_osu.DTYPES, default="float64",
+                   help="reduction element type (float64)")
+    p.add_argument("--op", choices=MPI_OPS, default="sum",
+                   help="reduction operation (sum)")
+    p.add_argument("--blocks", type=_positive, default=10,
+                   help="alternating blocks per size with --impl both")
+    p.add_argument("--label", default="MPI", help="name of the MPI column")
+    p.add_argument("--json", metavar="FILE",
+                   help="write every number (see bench.compare to merge)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="latency vs size, log-log (needs matplotlib)")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no '[osu] ...' progress line on stderr")
+    opts = p.parse_args(argv)
+    _check_opts(p, opts)
+    return opts
+
+
+def _positive(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not >= 1")
+    return value
+
+
+def _natural(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not >= 0")
+    return value
+
+
+def _check_opts(parser, opts):
+    if opts.shm and opts.impl == "mpi":
+        parser.error("--shm applies to xhc's buffers: use --impl xhc|both")
+    if opts.root >= MPI.COMM_WORLD.size:
+        parser.error(f"--root {opts.root}: only {MPI.COMM_WORLD.size} ranks")
+    try:
+        opts.sizes = _sizes(opts)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def _sizes(opts):
+    cmd = COMMANDS[opts.command]
+    if cmd.min_size is None:
+        return [None]
+    sizes = _osu.message_sizes(opts.message_size, cmd.min_size)
+    if opts.command != "bcast":
+        item = np.dtype(opts.dtype).itemsize
+        sizes = [s for s in sizes if s >= item]
+        if not sizes:
+            raise ValueError(f"no size holds one {opts.dtype} element")
+    return sizes
+
+
+# -- implementations ---------------------------------------------------------
+
+def xhc_version():
+    """Return xhc's version, or 0.1 while the package does not tell."""
+    try:
+        import xhc
+        return getattr(xhc, "__version__", "0.1")
+    except Exception:  # noqa: BLE001 - the header must print regardless
+        return "0.1"
+
+
+def make_impls(comm, opts):
+    """Return the implementations to measure, xhc first."""
+    impls = []
+    if opts.impl in ("xhc", "both"):
+        try:
+            import xhc
+            factory = xhc.Comm
+        except (ImportError, AttributeError) as exc:
+            raise BenchError(f"xhc is not usable ({exc}); "
+                             "try --impl mpi") from exc
+        xcomm = factory(comm)
+        alloc = xcomm.empty if opts.shm else np.empty
+        impls.append(Impl("xhc", "xhc", xcomm, alloc))
+    if opts.impl in ("mpi", "both"):
+        impls.append(Impl("mpi", opts.label, comm, np.empty))
+    return impls
+
+
+# -- measurement --------------------------------------------------------------
+
+def run_loop(case, n, sync, validate):
+    """Run N iterations of CASE; return the summed time of the calls."""
+    fill, run, check, wtime = case.fill, case.run, case.check, MPI.Wtime
+    total = 0.0
+    for _ in range(n):
+        k = case.i % _osu.NPAT
+        case.i += 1
+        fill(k)
+        sync()
+        t0 = wtime()
+        run()
+        t1 = wtime()
+        total += t1 - t0
+        if validate:
+            case.errors += check(k)
+    return total
+
+
+def time_cases(cases, iters, warmup, sync, opts):
+    """Warm up, then time CASES interleaved in ABBA blocks."""
+    for case in cases:
+        run_loop(case, warmup, sync, opts.validate)
+    for b, n in enumerate(_osu.split_blocks(iters, opts.blocks)):
+        for case in cases if b % 2 == 0 else cases[::-1]:
+            case.total += run_loop(case, n, sync, opts.validate)
+
+
+def reduce_stats(comm, total, iters):
+    """Return rank 0's dict of avg/min/max (us) over ranks' mean times."""
+    mean = total / iters * 1e6
+    lo = comm.reduce(mean, op=MPI.MIN, root=0)
+    hi = comm.reduce(mean, op=MPI.MAX, root=0)
+    tot = comm.reduce(mean, op=MPI.SUM, root=0)
+    if comm.rank != 0:
+        return None
+    return {"avg_us": tot / comm.size, "min_us": lo, "max_us": hi,
+            "iterations": iters}
+
+
+def idle_barrier(comm):
+    """Wait for all ranks without spinning a core (for the reference)."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(1e-4)
+
+
+# -- the run ------------------------------------------------------------------
+
+class Run:
+    """A sweep of one command over its sizes, printed and recorded."""
+
+    def __init__(self, comm, opts, impls):
+        self.comm, self.opts, self.impls = comm, opts, impls
+        self.cmd = COMMANDS[opts.command]
+        dtype = np.dtype("uint8" if opts.command == "bcast" else opts.dtype)
+        self.ctx = Ctx(comm, comm.rank, comm.size, opts, dtype,
+                       MPI_OPS[opts.op])
+        self.table = _osu.Table(table_columns(impls, opts),
+                                sized=opts.sizes[0] is not None)
+        self.doc = new_doc(self, opts)
+
+    def sweep(self):
+        """Measure every size, printing one row each; then the reference."""
+        if self.comm.rank == 0:
+            self.table.header(header_lines(self))
+        progress = _osu.Progress(self.opts.command, len(self.opts.sizes),
+                                 enabled=self.opts.progress
+                                 and self.comm.rank == 0)
+        try:
+            for index, size in enumerate(self.opts.sizes):
+                progress.update(index, size)
+                self.measure(size)
+        finally:
+            progress.done()
+        self.reference()
+
+    def measure(self, size):
+        """Time all implementations at SIZE; print and record the row."""
+        iters, warmup = _osu.loop_counts(size, self.opts.iterations,
+                                         self.opts.warmup)
+        data = self.cmd.data(self.ctx, size)
+        cases = [self.cmd.case(self.ctx, im, data) for im in self.impls]
+        time_cases(cases, iters, warmup, self.comm.Barrier, self.opts)
+        stats = [reduce_stats(self.comm, c.total, iters) for c in cases]
+        bad = [self.comm.allgather(c.errors) for c in cases]
+        if self.comm.rank == 0:
+            self.report(size, iters, warmup, stats, bad)
+        if any(any(b) for b in bad):
+            raise BenchError(validation_message(self, size, bad))
+
+    def report(self, size, iters, warmup, stats, bad):
+        """Print one table row on rank 0 and add it to the JSON record."""
+        entry = {"size": size, "iterations": iters, "warmup": warmup}
+        for im, st, b in zip(self.impls, stats, bad):
+            entry[im.key] = dict(st, errors=sum(b))
+        if len(stats) == 2:
+            entry["ratio"] = stats[0]["avg_us"] / stats[1]["avg_us"]
+        self.doc["results"].append(entry)
+        verdict = "Fail" if any(any(b) for b in bad) else "Pass"
+        self.table.row(size, row_values(stats, entry, self.opts, verdict))
+
+    def reference(self):
+        """Time memcpy/add on rank 0 alone while the others wait idle."""
+        if self.opts.sizes[0] is None:
+            return
+        if self.comm.rank == 0:
+            for size in _osu.reference_sizes(self.opts.sizes):
+                reps = max(5, _osu.loop_counts(size, self.opts.iterations,
+                                               self.opts.warmup)[0])
+                self.doc["reference"].append(
+                    _osu.memory_reference(size, self.ctx.dtype, reps))
+            for line in _osu.reference_lines(self.doc["reference"]):
+                self.table.comment(line)
+        idle_barrier(self.comm)
+
+
+def table_columns(impls, opts):
+    """Return the (title, kind) columns after '# Size'."""
+    if len(impls) == 1:
+        cols = [("Avg Latency(us)", "f")]
+        if opts.full:
+            cols += [("Min Latency(us)", "f"), ("Max Latency(us)", "f"),
+                     ("Iterations", "d")]
+    else:
+        kinds = ("Avg", "Min", "Max") if opts.full else ("Avg",)
+        cols = [(f"{im.label} {k}(us)", "f") for im in impls for k in kinds]
+        cols.append((f"xhc/{impls[1].label}", "f"))
+        if opts.full:
+            cols.append(("Iterations", "d"))
+    if opts.validate:
+        cols.append(("Validation", "s"))
+    return cols
+
+
+def row_values(stats, entry, opts, verdict):
+    """Return the row cells in table_columns order."""
+    keys = ("avg_us", "min_us", "max_us") if opts.full else ("avg_us",)
+    values = [st[k] for st in stats for k in keys]
+    if len(stats) == 2:
+        values.append(entry["ratio"])
+    if opts.full:
+        values.append(entry["iterations"])
+    if opts.validate:
+        values.append(verdict)
+    return values
+
+
+def validation_message(run, size, bad):
+    """Return the DATA VALIDATION ERROR text naming the failing ranks."""
+    parts = []
+    for im, errors in zip(run.impls, bad):
+        ranks = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
+        if ranks:
+            parts.append(f"{im.label} ({', '.join(ranks)} bad elements)")
+    where = f" at {size} B" if size is not None else ""
+    return (f"DATA VALIDATION ERROR: {run.opts.command}{where}: "
+            + "; ".join(parts))
+
+
+def mpi_description():
+    """Return the MPI library's first line, and mpi4py's/numpy's versions."""
+    lib = MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
+    return f"{lib}; mpi4py {mpi4py.__version__}; numpy {np.__version__}"
+
+
+def env_settings():
+    """Return the environment variables that select collective algorithms."""
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith(ENV_PREFIXES)}
+
+
+def _impl_name(impl):
+    if impl.key == "xhc":
+        return "xhc.Comm"
+    suffix = "" if impl.label == "MPI" else f" (as {impl.label})"
+    return f"mpi4py Comm{suffix}"
+
+
+def header_lines(run):
+    """Return the '#' preamble lines (without '# ')."""
+    o, doc = run.opts, run.doc
+    names = " vs ".join(_impl_name(im) for im in run.impls)
+    mode = ", interleaved in ABBA blocks" if len(run.impls) == 2 else ""
+    bufs = "; xhc buffers: xcomm.empty (shm)" if o.shm else ""
+    what = {"bcast": f"Datatype: uint8, root: {o.root}",
+            "barrier": "Datatype: none"}.get(
+                o.command, f"Datatype: {o.dtype}, op: {o.op.upper()}"
+                + (f", root: {o.root}" if o.command == "reduce" else ""))
+    lines = [doc["title"], f"impl: {names}{mode}{bufs}",
+             f"ranks: {doc['ranks']}", f"{what}.", f"mpi: {doc['mpi']}"]
+    lines += [f"env: {k}={v}" for k, v in doc["env"].items()]
+    lines.append("method: Barrier, then time each call; avg of per-rank "
+                 "means, min/max over ranks")
+    if len(run.impls) == 2:
+        lines.append(f"xhc/{run.impls[1].label}: ratio of the averages, "
+                     "below 1 when xhc is faster")
+    return lines
+
+
+def new_doc(run, opts):
+    """Return the JSON record, before any result."""
+    keep = ("command", "message_size", "iterations", "warmup", "full",
+            "validate", "impl", "shm", "root", "dtype", "op", "blocks",
+            "label", "sizes")
+    title = (f"OSU-style xhc {run.cmd.title} Latency Test v{xhc_version()}")
+    return {"benchmark": opts.command, "title": title,
+            "version": xhc_version(), "ranks": run.comm.size,
+            "impls": [im.key for im in run.impls],
+            "labels": {im.key: im.label for im in run.impls},
+            "units": "us", "mpi": mpi_description(), "env": env_settings(),
+            "options": {k: getattr(opts, k) for k in keep},
+            "results": [], "reference": []}
+
+
+def finish(run, xcomm, error=None):
+    """Write the JSON and plot on rank 0 (also after a validation error)."""
+    if run.comm.rank != 0:
+        return
+    if xcomm is not None:
+        run.doc["xhc_stats"] = dict(getattr(xcomm, "stats", {}) or {})
+    if error:
+        run.doc["error"] = error
+    if run.opts.json:
+        _osu.write_json(run.opts.json, run.doc)
+    if run.opts.plot and not error:
+        _osu.plot(run.opts.plot, run.doc)
+
+
+def _check_plot(comm, opts):
+    err = None
+    if opts.plot and comm.rank == 0:
+        try:
+            _osu.require_matplotlib()
+        except RuntimeError as exc:
+            err = str(exc)
+    err = comm.bcast(err, root=0)
+    if err:
+        raise BenchError(err)
+
+
+def benchmark(comm, opts):
+    """Run the benchmark OPTS asks for on COMM."""
+    _check_plot(comm, opts)
+    impls = make_impls(comm, opts)
+    xcomm = impls[0].comm if impls[0].key == "xhc" else None
+    run = Run(comm, opts, impls)
+    try:
+        run.sweep()
+    except BenchError as exc:
+        finish(run, xcomm, error=str(exc))
+        raise
+    else:
+        finish(run, xcomm)
+    finally:
+        if xcomm is not None:
+            xcomm.free()
+
+
+def main(argv=None):
+    """Entry point; return the process exit status."""
+    opts = parse_args(argv)
+    comm = MPI.COMM_WORLD
+    try:
+        benchmark(comm, opts)
+    except BenchError as exc:
+        if comm.rank == 0:
+            print(exc, file=sys.stderr, flush=True)
+        comm.Barrier()  # every rank failed alike: let rank 0 finish first
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

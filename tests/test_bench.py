@@ -1,0 +1,145 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Short runs of bench/osu.py on 2 ranks, and its MPI-free helpers."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for _p in (HERE, ROOT):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from mpirun import run_mpi  # noqa: E402
+
+from bench import _osu, compare  # noqa: E402
+
+IMPL = "both"
+SIZES = [8 << k for k in range(14)]  # -m 8:64K
+QUICK = ["-i", "20", "-x", "2", "-c", "--no-progress"]
+
+
+def run_osu(op, tmp_path, *extra, sizes="8:64K", impl=IMPL):
+    """Run bench.osu OP on 2 ranks; return (stdout, JSON document)."""
+    path = str(tmp_path / f"{op}.json")
+    args = ["-m", "bench.osu", op, *QUICK, "--impl", impl, "--json", path]
+    if sizes:
+        args += ["-m", sizes]
+    proc = run_mpi(2, args + list(extra), timeout=120)
+    with open(path, encoding="utf-8") as f:
+        return proc.stdout, json.load(f)
+
+
+def check_doc(doc, sizes, impl=IMPL):
+    """Assert DOC has a positive, error-free entry per size and impl."""
+    impls = ["xhc", "mpi"] if impl == "both" else [impl]
+    assert doc["impls"] == impls
+    assert doc["ranks"] == 2
+    assert [r["size"] for r in doc["results"]] == sizes
+    for row in doc["results"]:
+        assert row["iterations"] > 0
+        for key in impls:
+            st = row[key]
+            assert st["errors"] == 0
+            assert st["iterations"] == row["iterations"]
+            assert 0 < st["min_us"] <= st["avg_us"] <= st["max_us"]
+        if impl == "both":
+            assert row["ratio"] > 0
+
+
+@pytest.mark.parametrize("op", ["bcast", "allreduce", "reduce"])
+def test_osu_sized(op, tmp_path):
+    out, doc = run_osu(op, tmp_path)
+    check_doc(doc, SIZES)
+    assert "# ranks: 2" in out
+    assert out.count("Pass") == len(SIZES)
+    assert [r["size"] for r in doc["reference"]] == [65536]
+    assert all(r["memcpy_us"] > 0 and r["add_us"] > 0
+               for r in doc["reference"])
+
+
+def test_osu_barrier_as_path(tmp_path):
+    path = str(tmp_path / "barrier.json")
+    proc = run_mpi(2, ["bench/osu.py", "barrier", *QUICK, "-f",
+                       "--impl", IMPL, "--json", path], timeout=120)
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    check_doc(doc, [None])
+    assert "OSU-style xhc Barrier Latency Test" in proc.stdout
+    assert doc["reference"] == []
+
+
+def test_osu_shm(tmp_path):
+    _, doc = run_osu("allreduce", tmp_path, "--shm", "-f", sizes="8:1M",
+                     impl="both")
+    check_doc(doc, [8 << k for k in range(18)], impl="both")
+    assert doc["options"]["shm"] is True
+    assert isinstance(doc["xhc_stats"], dict)
+
+
+# -- in-process: validation, sizes, merging, plot dependency ------------------
+
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+@pytest.mark.parametrize("dtype", _osu.DTYPES)
+def test_expected_matches_numpy(op, dtype):
+    stack = np.stack([_osu.pattern(r, 2, 100, dtype) for r in range(5)])
+    truth = {"sum": stack.sum, "max": stack.max, "min": stack.min}[op](0)
+    got = _osu.expected(op, 5, 2, 100, dtype)
+    assert got.dtype == np.dtype(dtype)
+    assert _osu.count_errors(got, truth.astype(dtype)) == 0
+
+
+def test_validation_detects_corruption():
+    truth = _osu.expected("sum", 4, 1, 4096, "float64")
+    result = truth.copy()
+    assert _osu.count_errors(result, truth) == 0
+    result[1234] += 1.0
+    assert _osu.count_errors(result, truth) == 1
+    result[:] = _osu.poison(np.float64)  # a call that wrote nothing
+    assert _osu.count_errors(result, truth) == truth.size
+    assert _osu.count_errors(truth[:-1], truth) > 0
+    sent = [_osu.pattern(0, k, 256, np.uint8) for k in range(_osu.NPAT)]
+    assert _osu.count_errors(sent[0], sent[1]) == 256  # stale data is caught
+
+
+def test_message_sizes_and_counts():
+    assert _osu.message_sizes("8:64K", 1) == SIZES
+    assert _osu.message_sizes("4", 1) == [1, 2, 4]
+    assert _osu.message_sizes(None, 8)[-1] == 1 << 20
+    assert _osu.message_sizes("1M:", 8) == [1 << 20]
+    with pytest.raises(ValueError):
+        _osu.message_sizes("64:8", 1)
+    assert _osu.loop_counts(8192, 1000, 100) == (1000, 100)
+    assert _osu.loop_counts(16384, 1000, 100) == (100, 10)
+    assert _osu.loop_counts(16384, 20, 2) == (2, 1)
+    assert sum(_osu.split_blocks(7, 10)) == 7
+
+
+def _doc(label, impls, scale):
+    rows = [{"size": s, **{k: {"avg_us": scale * s} for k in impls}}
+            for s in (8, 16)]
+    return {"benchmark": "allreduce", "ranks": 2, "title": "t",
+            "impls": impls, "labels": {"xhc": "xhc", "mpi": label},
+            "results": rows}
+
+
+def test_compare_merges_runs(tmp_path, capsys):
+    paths = []
+    for name, doc in (("a", _doc("MPI", ["xhc", "mpi"], 1.0)),
+                      ("b", _doc("coll/sm", ["mpi"], 2.0))):
+        paths.append(str(tmp_path / f"{name}.json"))
+        _osu.write_json(paths[-1], doc)
+    assert compare.main(paths) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "coll/sm Avg(us)" in out[5] and "xhc/coll/sm" in out[5]
+    assert out[-1].split() == ["16", "16.00", "16.00", "32.00", "1.00",
+                               "0.50"]
+
+
+def test_plot_names_missing_matplotlib(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(RuntimeError, match="pip install matplotlib"):
+        _osu.require_matplotlib()

@@ -1,0 +1,150 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""bench.miniamr: the same checksums with --coll xhc and --coll mpi.
+
+One small problem (a sphere surface moving through a 2x2x2-block domain,
+two refinement levels, refinement every step, so blocks split, merge,
+move between ranks and meet across levels) runs on 1, 2, 4 and 8 ranks in
+both modes, and once as a plain serial ``python -m bench.miniamr``.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mpirun import MPI_ENV, ROOT, run_mpi
+
+sys.path.insert(0, ROOT)
+from bench.miniamr import checksum
+
+TOL = 1e-8
+PROBLEM = [
+    "--nx", "4", "--ny", "4", "--nz", "4", "--num_vars", "2",
+    "--num_tsteps", "4", "--stages_per_ts", "2", "--checksum_freq", "1",
+    "--num_refine", "2", "--refine_freq", "1",
+    "--num_objects", "1",
+    "--object", "2", "0", "0.3", "0.3", "0.3", "0.1", "0.05", "0.02",
+    "0.35", "0.35", "0.35", "0", "0", "0",
+    "--quiet",
+]
+# ranks -> npx npy npz, init_x init_y init_z: always 2x2x2 level-0 blocks
+DECOMP = {1: (1, 1, 1, 2, 2, 2), 2: (2, 1, 1, 1, 2, 2),
+          4: (2, 2, 1, 1, 1, 2), 8: (2, 2, 2, 1, 1, 1)}
+
+
+def decomp_args(n):
+    v = [str(x) for x in DECOMP[n]]
+    names = ("--npx", "--npy", "--npz", "--init_x", "--init_y", "--init_z")
+    return [a for pair in zip(names, v) for a in pair]
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def run(n, coll, tmp_path):
+    out = tmp_path / f"miniamr-{coll}-{n}.json"
+    run_mpi(n, ["-m", "bench.miniamr", "--coll", coll, *decomp_args(n),
+                *PROBLEM, "--json", str(out)], timeout=120)
+    return load(out)
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    """The reference: one process, no mpiexec (MPI singleton)."""
+    out = tmp_path_factory.mktemp("serial") / "miniamr-serial.json"
+    env = dict(os.environ, **MPI_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "bench.miniamr", "--coll", "mpi",
+           *decomp_args(1), *PROBLEM, "--json", str(out)]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True,
+                       timeout=120, check=False)
+    assert p.returncode == 0, f"{cmd} exited {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return load(out)
+
+
+def values(rep):
+    return [v for c in rep["checksums"] for v in c["values"]]
+
+
+def test_serial_run_refines_and_conserves(serial):
+    m = serial["mesh"]
+    assert m["refine_steps"] == 5                 # time 0 and every step
+    assert m["blocks_split"] > 0 and m["blocks_merged"] > 0
+    assert sum(1 for c in m["blocks_per_level"] if c) >= 2
+    assert m["interlevel_links"] > 0
+    assert len(serial["checksums"]) == 1 + 4 * 2 + 1
+    first = serial["checksums"][0]["values"]
+    assert checksum.compare(serial["final_checksum"], first, TOL) == []
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+def test_modes_agree(n, tmp_path, serial):
+    mpi = run(n, "mpi", tmp_path)
+    xhc = run(n, "xhc", tmp_path)
+    for rep in (mpi, xhc):
+        assert rep["ranks"] == n
+        m = rep["mesh"]
+        assert m["blocks_split"] > 0 and m["blocks_merged"] > 0
+        assert m["interlevel_links"] > 0
+        if n > 1:   # blocks moved by RCB; faces between levels across ranks
+            assert m["load_balances"] > 0 and m["blocks_moved_lb"] > 0
+            assert m["interlevel_links_remote"] > 0
+            assert rep["collectives"]["Scan"]["calls"] > 0
+            assert rep["collectives"]["Alltoall"]["calls"] > 0
+        if n >= 4:  # RCB's later stages run on Split sub-communicators
+            assert rep["collectives"]["Allreduce[rcb]"]["calls"] > 0
+        assert rep["collectives"]["Allreduce"]["calls"] >= len(
+            rep["checksums"])
+    # the same work, the same collective calls, in both modes
+    assert mpi["mesh"] == xhc["mesh"]
+    assert {k: v["calls"] for k, v in mpi["collectives"].items()} == \
+        {k: v["calls"] for k, v in xhc["collectives"].items()}
+    if n > 1:   # xhc really carried collectives, without falling back
+        paths = xhc["xhc_paths"]
+        assert sum(v for k, v in paths.items() if k != "fallback") > 0, paths
+        assert paths.get("fallback", 0) == 0, paths
+    # bit-identical between the modes (every checksum of the run)
+    assert mpi["checksums"] == xhc["checksums"]
+    assert mpi["final_checksum_hex"] == xhc["final_checksum_hex"]
+    # within tolerance of the serial run...
+    ref = values(serial)
+    for rep in (mpi, xhc):
+        got = values(rep)
+        assert len(got) == len(ref)
+        assert checksum.compare(got, ref, TOL) == []
+    # ...and in fact exact: block sums are rounded to a fixed-point grid
+    # before the Allreduce, so the decomposition does not matter either
+    assert values(mpi) == ref
+
+
+def test_compare_catches_a_wrong_checksum():
+    good = [246.98684689396444, 239.75268054334583]
+    assert checksum.compare(good, good, TOL) == []
+    assert checksum.compare([good[0] * (1 + 5e-9), good[1]], good, TOL) == []
+    bad = checksum.compare([good[0], good[1] * (1 + 1e-6)], good, TOL)
+    assert [b[0] for b in bad] == [1]
+    assert bad[0][3] == pytest.approx(1e-6, rel=1e-6)
+    assert [b[0] for b in checksum.compare([float("nan"), good[1]], good,
+                                           TOL)] == [0]
+    # the default --error_tol is miniAMR's 8, i.e. 1e-8
+    from bench.miniamr import options
+    o = options.parse(["--npx", "1", "--npy", "1", "--npz", "1"], 1)
+    assert o.tol == 1e-8
+
+
+def test_checksum_is_exact_in_any_order():
+    import numpy as np
+    rng = np.random.default_rng(7)
+    A = rng.random((2, 40, 6, 6, 6))
+    scale = 2.0 ** checksum.scale_exponent(40 * 64)
+    parts = [checksum.local_scaled(A[:, i:i + 5], 0, 2, scale)
+             for i in range(0, 40, 5)]
+    fwd = sum(parts)
+    rev = sum(reversed(parts))
+    assert (fwd == rev).all()
+    assert (fwd == checksum.local_scaled(A, 0, 2, scale)).all()
