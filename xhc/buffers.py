@@ -22,6 +22,9 @@ _DTYPES = {("i", 1): lib.XHC_INT8, ("i", 2): lib.XHC_INT16,
            ("u", 4): lib.XHC_UINT32, ("u", 8): lib.XHC_UINT64,
            ("f", 4): lib.XHC_FLOAT32, ("f", 8): lib.XHC_FLOAT64}
 NOT_REDUCIBLE = -1  # bytes that Bcast moves but no kernel reduces
+DTYPE_NAMES = {code: f"{'int' if k == 'i' else 'uint' if k == 'u' else 'float'}"
+               f"{8 * size}" for (k, size), code in _DTYPES.items()}
+DTYPE_NAMES[NOT_REDUCIBLE] = "bytes"
 
 
 class Unsupported(Exception):

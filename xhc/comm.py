@@ -6,7 +6,7 @@ import warnings
 
 from mpi4py import MPI
 
-from . import _core, config, hierarchy, topology
+from . import _core, config, debug, hierarchy, topology
 from ._xhc import ffi, lib
 from .buffers import NOT_REDUCIBLE, OP_NAMES, OPS, Unsupported, resolve
 from .errors import XhcError
@@ -27,7 +27,7 @@ class Comm:
 
     Creating one is collective over COMM.  Every attribute xhc does not
     define passes through to COMM.  Keywords (each also an XHC_* variable):
-    hierarchy, topology, cico_max, chunk_size, timeout, spin, copy.
+    hierarchy, topology, cico_max, chunk_size, timeout, spin, copy, debug.
     """
 
     def __init__(self, comm, *, hierarchy=None, topology=None, **tunables):
@@ -55,6 +55,8 @@ class Comm:
             return
         self._setup()
         self._state = "open"
+        if self._cfg["debug"]:
+            debug.install(self)
 
     def _ineligible(self):
         node = self._comm.Split_type(MPI.COMM_TYPE_SHARED)

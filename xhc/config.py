@@ -12,6 +12,7 @@ DEFAULTS = {
     "spin": 512,              # polls before a waiting rank yields
     "copy": "auto",           # large messages: auto | cma | cico
     "seq_start": 0,           # first sequence number (tests of wrap-around)
+    "debug": False,           # check arguments agree across ranks
 }
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -30,7 +31,8 @@ def parse_size(text):
 
 _PARSERS = {"cico_max": parse_size, "chunk_size": parse_size,
             "timeout": float, "spin": int, "copy": str.lower,
-            "seq_start": int}
+            "seq_start": int, "debug": lambda v: str(v).lower() in
+            ("1", "true", "yes", "on")}
 
 
 def resolve(**given):
