@@ -10,8 +10,9 @@
  *    run XHC_RING operations ahead.
  * 2. Large messages go down the same tree in rounds of chunk_size bytes,
  *    through two staging windows per rank: a parent stages chunk k while
- *    its children copy chunk k-1 out, and reuses a window once they have
- *    `taken` it.  The levels of the tree thus copy in a pipeline.
+ *    its children copy chunk k-1 out, and reuses a window once everyone
+ *    has `finished` the round before.  The levels of the tree thus copy in
+ *    a pipeline.
  * 3. A buffer in node shared memory (or any buffer, with CMA when asked)
  *    is not staged: children read it in place, following the parent's
  *    `ready` byte count, and the parent returns once they have acked.
@@ -90,9 +91,8 @@ static int xhc_pipe_round(xhc_ctx_t *ctx, struct xhc_pipe *p, size_t off,
     uint64_t t = ++ctx->round;
     const unsigned char *src;
     int rc = xhc_pipe_get(ctx, p, t, off, len, &src);
-    for (int i = 0; rc == 0 && p->stage_mine && i < p->v->nchild; i++)
-        rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, p->v->child[i])->taken.seq,
-                         t - 2, p->v->child[i]);
+    if (rc == 0 && p->stage_mine)
+        rc = xhc_stage_reserve(ctx, t);
     if (rc)
         return rc;
     if (p->stage_mine) {
@@ -105,28 +105,56 @@ static int xhc_pipe_round(xhc_ctx_t *ctx, struct xhc_pipe *p, size_t off,
     if (p->from && !p->stage_mine && p->v->nchild)
         /* Orders the chunk in my buffer before my children read it. */
         xhc_store_release(&mine->big.ready, off + len);
-    /* Orders my reads of my parent's slot before it reuses the slot. */
-    xhc_store_release(&mine->taken.seq, t);
+    /* Orders my reads of my parent's window before it reuses it. */
+    xhc_store_release(&mine->finished.seq, t);
     return 0;
+}
+
+/* Tell my children how to get this operation's data.  The ring line
+ * stays valid until they ack (the big line alone would not: a parent that
+ * stages returns at once and may reuse it for its next large operation). */
+static int xhc_bcast_announce(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p,
+                              int is_root)
+{
+    struct xhc_big_line *big = &xhc_ctl(ctx, ctx->rank)->big;
+    struct xhc_flag_line *line = xhc_line(ctx, ctx->rank, XHC_DOWN, seq);
+    int rc = xhc_ring_reserve(ctx, seq);
+    if (rc)
+        return rc;
+    xhc_src_describe(ctx, p->buf, &big->send);
+    p->stage_mine = xhc_stages(ctx, &big->send);
+    xhc_store_relaxed(&big->ready, is_root ? p->nbytes : 0);
+    /* Orders the description and ready count before the sequence number. */
+    xhc_store_release(&big->seq, seq);
+    line->nbytes = (uint64_t)p->stage_mine;
+    /* Orders the staging choice before children see the flag. */
+    xhc_store_release(&line->seq, seq);
+    return 0;
+}
+
+/* Learn from my parent's ring line whether it stages; if not, its big
+ * line describes its buffer, valid until I ack. */
+static int xhc_bcast_listen(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p)
+{
+    int parent = p->v->parent;
+    struct xhc_flag_line *line = xhc_line(ctx, parent, XHC_DOWN, seq);
+    int rc = xhc_wait_eq(ctx, &line->seq, seq, parent);
+    if (rc)
+        return rc;
+    p->staged_from = line->nbytes != 0;
+    p->from = &xhc_ctl(ctx, parent)->big;
+    return p->staged_from ? 0 : xhc_wait_eq(ctx, &p->from->seq, seq, parent);
 }
 
 static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
                            unsigned char *buf, size_t nbytes, int root)
 {
     uint64_t seq = ++ctx->seq;
-    struct xhc_big_line *big = &xhc_ctl(ctx, ctx->rank)->big;
     struct xhc_pipe p = { .buf = buf, .nbytes = nbytes, .v = v };
-    xhc_src_describe(ctx, buf, &big->send);
-    p.stage_mine = v->nchild && xhc_stages(ctx, &big->send);
-    xhc_store_relaxed(&big->ready, ctx->rank == root ? nbytes : 0);
-    /* Orders the description and ready count before the sequence number. */
-    xhc_store_release(&big->seq, seq);
-    int rc = 0;
-    if (ctx->rank != root) {
-        p.from = &xhc_ctl(ctx, v->parent)->big;
-        rc = xhc_wait_eq(ctx, &p.from->seq, seq, v->parent);
-        p.staged_from = xhc_stages(ctx, &p.from->send);
-    }
+    int rc = v->nchild ? xhc_bcast_announce(ctx, seq, &p, ctx->rank == root)
+                       : 0;
+    if (rc == 0 && ctx->rank != root)
+        rc = xhc_bcast_listen(ctx, seq, &p);
     size_t step = ctx->cfg.chunk_size;
     for (size_t off = 0; rc == 0 && off < nbytes; off += step)
         rc = xhc_pipe_round(ctx, &p, off, nbytes - off < step ? nbytes - off
@@ -135,7 +163,8 @@ static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
         return rc;
     xhc_ack(ctx, seq);
     /* Children that read my buffer in place must finish before I return. */
-    for (int i = 0; rc == 0 && !p.stage_mine && i < v->nchild; i++)
+    for (int i = 0; rc == 0 && v->nchild && !p.stage_mine && i < v->nchild;
+         i++)
         rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, v->child[i])->ack.seq, seq,
                          v->child[i]);
     return rc;

@@ -8,6 +8,10 @@
  *    operation SEQ - XHC_RING, so nobody still reads what it overwrites.
  * 3. At the end of each operation a rank stores its ack; large operations,
  *    whose peers read user buffers, also wait for everyone's ack.
+ * 4. Large operations move in rounds, counted across operations alike on
+ *    every rank, through two staging windows: a rank rewrites window
+ *    T % 2 only once every rank has `finished` round T - 2, i.e. read all
+ *    it reads in that round, whatever the operation was.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -89,7 +93,7 @@ int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
     struct xhc_rank_ctl *mine = xhc_ctl(ctx, rank);
     xhc_store_relaxed(&mine->staged.seq, cfg->seq_start);
     xhc_store_relaxed(&mine->reduced.seq, cfg->seq_start);
-    xhc_store_relaxed(&mine->taken.seq, cfg->seq_start);
+    xhc_store_relaxed(&mine->finished.seq, cfg->seq_start);
     /* Orders the round counters above with the ack: all are seen together. */
     xhc_store_release(&mine->ack.seq, cfg->seq_start);
     ctx->pids[rank] = getpid();
@@ -161,6 +165,17 @@ int xhc_ring_reserve(xhc_ctx_t *ctx, uint64_t seq)
             floor = a;
     }
     ctx->ack_floor = floor;
+    return 0;
+}
+
+/* Wait until everyone has finished round T - 2 (see 4.). */
+int xhc_stage_reserve(xhc_ctx_t *ctx, uint64_t t)
+{
+    for (int r = 0; r < ctx->nranks; r++) {
+        int rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, r)->finished.seq, t - 2, r);
+        if (rc)
+            return rc;
+    }
     return 0;
 }
 

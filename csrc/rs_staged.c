@@ -6,18 +6,18 @@
  * The vector goes in rounds of chunk_size bytes (a window); each window is
  * split into one part per rank, and rank i owns part i of every window.
  * Each round T (counted across operations, the same on every rank) uses
- * staging slot T % 2, so one round's copies overlap the next one's:
- * 1. Stage: once the owners have reduced round T-2 (they no longer read
- *    the slot), copy the window's other parts of my send buffer into my
- *    input slot and raise `staged`.  Arrays in node shared memory are not
+ * staging slot T % 2, so one round's copies overlap the next one's; a
+ * rank rewrites a slot once everyone has `finished` round T-2 (ctx.c):
+ * 1. Stage: copy the window's other parts of my send buffer into my input
+ *    slot and raise `staged`.  Arrays in node shared memory are not
  *    staged: owners read them in place.
  * 2. Reduce: once everyone has staged round T, fold part i of every rank's
  *    window in rank order (my own part straight from my send buffer) into
- *    my receive buffer, copy it to my result slot for the takers (after
- *    they took round T-2), and raise `reduced`.
+ *    my receive buffer, copy it to my result slot for the takers, and
+ *    raise `reduced`.
  * 3. Take: once owner j has reduced round T, copy its part from its result
  *    slot (or its shared receive array) into my receive buffer; raise
- *    `taken`.  Allreduce: every rank takes; Reduce: only the root.
+ *    `finished`.  Allreduce: every rank takes; Reduce: only the root.
  * 4. If anyone's buffer is read in place, all ack before returning.
  * Every rank does 1/P of the arithmetic, and the fold order per element
  * is fixed, so the result is identical on every rank and every run.
@@ -52,29 +52,11 @@ static size_t xhc_part(const struct xhc_rs *rs, int nranks, uint64_t w,
     return start + rs->part < count ? rs->part : count - *lo;
 }
 
-static int xhc_wait_all(xhc_ctx_t *ctx, int field, uint64_t want, int skip)
-{
-    for (int p = 0; p < ctx->nranks; p++) {
-        struct xhc_rank_ctl *c = xhc_ctl(ctx, p);
-        xhc_flag_t *f = field == 0 ? &c->staged.seq
-                        : field == 1 ? &c->reduced.seq : &c->taken.seq;
-        int rc = p == skip ? 0 : xhc_wait_ge(ctx, f, want, p);
-        if (rc)
-            return rc;
-    }
-    return 0;
-}
-
-enum { XHC_STAGED, XHC_REDUCED, XHC_TAKEN };
-
-static int xhc_stage(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
-                     uint64_t w)
+static void xhc_stage(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
+                      uint64_t w)
 {
     struct xhc_rank_ctl *mine = xhc_ctl(ctx, ctx->rank);
     if (!xhc_region_ptr(ctx, &mine->big.send)) {
-        int rc = xhc_wait_all(ctx, XHC_REDUCED, t - 2, ctx->rank);
-        if (rc)
-            return rc;
         unsigned char *slot = xhc_stage_in(ctx, ctx->rank, (int)(t % 2));
         size_t es = rs->red->esize;
         for (int i = 0; i < ctx->nranks; i++) {
@@ -86,7 +68,6 @@ static int xhc_stage(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
     }
     /* Orders my staged bytes before owners read them. */
     xhc_store_release(&mine->staged.seq, t);
-    return 0;
 }
 
 /* Where rank P's contribution to my part of window W is. */
@@ -110,9 +91,9 @@ static int xhc_reduce_part(xhc_ctx_t *ctx, const struct xhc_rs *rs,
     size_t es = rs->red->esize;
     int shared_out = xhc_region_ptr(ctx, &mine->big.recv) != NULL;
     int takers = rs->root < 0 || rs->root != ctx->rank;
-    int rc = xhc_wait_all(ctx, XHC_STAGED, t, ctx->rank);
-    if (rc == 0 && takers && !shared_out)
-        rc = xhc_wait_all(ctx, XHC_TAKEN, t - 2, ctx->rank);
+    int rc = 0;
+    for (int p = 0; rc == 0 && p < ctx->nranks; p++)
+        rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, p)->staged.seq, t, p);
     if (rc)
         return rc;
     unsigned char *res = xhc_stage_res(ctx, ctx->rank, (int)(t % 2));
@@ -145,8 +126,8 @@ static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
         src = src ? src + lo * es : xhc_stage_res(ctx, j, (int)(t % 2));
         memcpy(rs->rbuf + lo * es, src, n * es);
     }
-    /* Orders my reads of the result slots before owners reuse them. */
-    xhc_store_release(&xhc_ctl(ctx, ctx->rank)->taken.seq, t);
+    /* Orders all my reads of round T before their owners reuse them. */
+    xhc_store_release(&xhc_ctl(ctx, ctx->rank)->finished.seq, t);
     return 0;
 }
 
@@ -184,9 +165,11 @@ int xhc_rs_staged(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
     int rc = xhc_rs_meet(ctx, seq, &rs);
     for (uint64_t w = 0; rc == 0 && w < windows; w++) {
         uint64_t t = ++ctx->round;
-        rc = xhc_stage(ctx, &rs, t, w);
-        if (rc == 0)
-            rc = xhc_reduce_part(ctx, &rs, t, w);
+        rc = xhc_stage_reserve(ctx, t);
+        if (rc)
+            break;
+        xhc_stage(ctx, &rs, t, w);
+        rc = xhc_reduce_part(ctx, &rs, t, w);
         if (rc == 0)
             rc = xhc_take(ctx, &rs, t, w);
     }

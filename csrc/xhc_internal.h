@@ -52,9 +52,9 @@ struct xhc_rank_ctl {
     struct xhc_seq_line ack;             /* I finished operation SEQ */
     struct xhc_big_line big;             /* my user buffers, large ops */
     struct xhc_seq_line done;            /* my reduce-scatter slice is final */
-    struct xhc_seq_line staged;          /* rounds whose input I staged */
-    struct xhc_seq_line reduced;         /* rounds whose portion I reduced */
-    struct xhc_seq_line taken;           /* rounds whose results I took */
+    struct xhc_seq_line staged;          /* round whose input I staged */
+    struct xhc_seq_line reduced;         /* round whose part I reduced */
+    struct xhc_seq_line finished;        /* round of which I read all */
 };
 
 struct xhc_seg_header {
@@ -126,6 +126,7 @@ void xhc_hier_free(struct xhc_hier *h, int n);
 /* ctx.c */
 const struct xhc_view *xhc_view_get(xhc_ctx_t *ctx, int kind, int root);
 int xhc_ring_reserve(xhc_ctx_t *ctx, uint64_t seq);
+int xhc_stage_reserve(xhc_ctx_t *ctx, uint64_t t);
 int xhc_ack_all(xhc_ctx_t *ctx, uint64_t seq);
 void xhc_ack(xhc_ctx_t *ctx, uint64_t seq);
 

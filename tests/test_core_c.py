@@ -1,0 +1,39 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The C core under AddressSanitizer and UBSan, driven by forked processes."""
+import glob
+import os
+import shutil
+import subprocess
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(os.path.dirname(HERE), "csrc")
+SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+            "-fno-omit-frame-pointer"]
+
+
+@pytest.fixture(scope="module")
+def core_test(tmp_path_factory):
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.fail("no C compiler: install gcc (apt-get install gcc)")
+    exe = str(tmp_path_factory.mktemp("core") / "core_test")
+    cmd = [cc, "-std=c11", "-D_GNU_SOURCE", "-g", "-O1", "-Wall", "-Wextra",
+           "-Werror", *SANITIZE, "-I", CSRC, *sorted(glob.glob(CSRC + "/*.c")),
+           os.path.join(HERE, "c", "core_test.c"), "-o", exe, "-lrt", "-ldl"]
+    subprocess.run(cmd, check=True)
+    return exe
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 5])
+@pytest.mark.parametrize("shape", ["flat", "tree"])
+@pytest.mark.parametrize("seq_start", ["0", str(2**64 - 40)])
+def test_core_under_sanitizers(core_test, ranks, shape, seq_start):
+    env = dict(os.environ, XHC_SEQ_START=seq_start,
+               ASAN_OPTIONS="detect_leaks=1:abort_on_error=1")
+    out = subprocess.run([core_test, str(ranks), "120", shape], env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("ok:"), out.stdout
+    assert "runtime error" not in out.stderr, out.stderr
