@@ -112,9 +112,8 @@ static int xhc_pass_down(xhc_ctx_t *ctx, const struct xhc_view *v,
     return 0;
 }
 
-static int xhc_allreduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
-                               const void *sbuf, void *rbuf,
-                               const struct xhc_red *r)
+int xhc_allreduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
+                        const void *sbuf, void *rbuf, const struct xhc_red *r)
 {
     uint64_t seq = ++ctx->seq;
     const void *mine = sbuf;

@@ -157,6 +157,8 @@ int xhc_fold_children(xhc_ctx_t *ctx, const int *child, int nchild,
                       const void **mine);
 int xhc_publish_up(xhc_ctx_t *ctx, uint64_t seq, const struct xhc_red *r,
                    const void *value);
+int xhc_allreduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
+                        const void *sbuf, void *rbuf, const struct xhc_red *r);
 int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                const struct xhc_red *r, int root);
 
