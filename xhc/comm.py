@@ -171,6 +171,42 @@ class Comm:
         if rc:
             self._raise(rc, f"Reduce(root={root}, {p[5]} B)")
 
+    # -- persistent collectives (MPI-4 style) ---------------------------------
+    # All argument work happens in *_init; Start() is the C call alone.
+
+    def Barrier_init(self, info=None):
+        """A persistent Barrier; falls back to mpi4py's when not accelerated."""
+        if not self._usable():
+            return self._comm.Barrier_init(*_info(info))
+        return Request(functools.partial(_barrier, self._ctx), "Barrier", self)
+
+    def Bcast_init(self, buf, root=0, info=None):
+        """A persistent Bcast of BUF from ROOT."""
+        p = self._bcast_plan(buf)
+        if p is None:
+            return self._comm.Bcast_init(buf, root, *_info(info))
+        if not isinstance(root, int) or not 0 <= root < self._comm.size:
+            raise ValueError(f"Bcast_init: invalid root {root!r} for a "
+                             f"communicator of size {self._comm.size}")
+        call = functools.partial(_bcast, p[1], p[2], p[3], root)
+        return Request(call, f"Bcast(root={root}, {p[3]} B)", self)
+
+    def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):
+        """A persistent Allreduce of SENDBUF into RECVBUF."""
+        p = self._allreduce_plan(sendbuf, recvbuf, op)
+        if p is None:
+            return self._comm.Allreduce_init(sendbuf, recvbuf, op,
+                                             *_info(info))
+        return Request(p[3], f"Allreduce ({p[4]} B)", self)
+
+    def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=None):
+        """A persistent Reduce of SENDBUF into ROOT's RECVBUF."""
+        p = self._reduce_plan(sendbuf, recvbuf, op, root)
+        if p is None:
+            return self._comm.Reduce_init(sendbuf, recvbuf, op, root,
+                                          *_info(info))
+        return Request(p[4], f"Reduce(root={root}, {p[5]} B)", self)
+
     # -- plans: argument checks, off the hot path -----------------------------
 
     def _resolve(self, obj):
@@ -319,6 +355,47 @@ class Comm:
     def __repr__(self):
         return (f"<xhc.Comm rank {self._comm.rank} of {self._comm.size}, "
                 f"{self._state}>")
+
+
+def _info(info):
+    return () if info is None else (info,)
+
+
+class Request:
+    """A persistent collective: Start() runs it to completion, so Wait()
+    and Test() find it done.  The buffers stay referenced until Free()."""
+
+    def __init__(self, call, what, xcomm):
+        self._call = call
+        self._what = what
+        self._xcomm = xcomm
+
+    def Start(self):
+        """Run the collective (all ranks Start their matching requests)."""
+        call = self._call
+        if call is None:
+            raise XhcError(f"{self._what}: request already freed")
+        rc = call()
+        if rc:
+            self._xcomm._raise(rc, self._what)
+
+    def Wait(self, status=None):
+        """Return at once: Start() completed the operation."""
+        return True
+
+    def Test(self, status=None):
+        """True: Start() completed the operation."""
+        return True
+
+    def Free(self):
+        """Drop the buffers and the plan."""
+        self._call = None
+
+    @staticmethod
+    def Startall(requests):
+        """Start every request, in order."""
+        for req in requests:
+            req.Start()
 
 
 def _check_pair(s, r, op, name):
