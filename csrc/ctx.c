@@ -58,6 +58,24 @@ static int xhc_ctx_alloc(xhc_ctx_t *ctx)
     return ctx->pids && ctx->scratch && ctx->srcs ? 0 : -ENOMEM;
 }
 
+/* Start every flag I write at SEQ_START, so that no operation number but
+ * the ones to come can match a line never written (operation 0 comes
+ * round too, once the counter wraps). */
+static void xhc_flags_init(struct xhc_rank_ctl *mine, uint64_t start)
+{
+    for (int k = 0; k < XHC_RING; k++) {
+        xhc_store_relaxed(&mine->down[k].seq, start);
+        xhc_store_relaxed(&mine->up[k].seq, start);
+    }
+    xhc_store_relaxed(&mine->big.seq, start);
+    xhc_store_relaxed(&mine->done.seq, start);
+    xhc_store_relaxed(&mine->staged.seq, start);
+    xhc_store_relaxed(&mine->reduced.seq, start);
+    xhc_store_relaxed(&mine->finished.seq, start);
+    /* Orders all the flags above with the ack: seen together. */
+    xhc_store_release(&mine->ack.seq, start);
+}
+
 int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
                  int rank, int nranks, const xhc_config_t *cfg)
 {
@@ -90,12 +108,7 @@ int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
     ctx->slots = ctx->seg + xhc_slots_offset(nranks);
     ctx->stage = ctx->seg + xhc_stage_offset(nranks, cfg);
     ctx->round = cfg->seq_start;
-    struct xhc_rank_ctl *mine = xhc_ctl(ctx, rank);
-    xhc_store_relaxed(&mine->staged.seq, cfg->seq_start);
-    xhc_store_relaxed(&mine->reduced.seq, cfg->seq_start);
-    xhc_store_relaxed(&mine->finished.seq, cfg->seq_start);
-    /* Orders the round counters above with the ack: all are seen together. */
-    xhc_store_release(&mine->ack.seq, cfg->seq_start);
+    xhc_flags_init(xhc_ctl(ctx, rank), cfg->seq_start);
     ctx->pids[rank] = getpid();
     *out = ctx;
     return 0;

@@ -3,6 +3,7 @@
 import glob
 import os
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -32,8 +33,15 @@ def core_test(tmp_path_factory):
 def test_core_under_sanitizers(core_test, ranks, shape, seq_start):
     env = dict(os.environ, XHC_SEQ_START=seq_start,
                ASAN_OPTIONS="detect_leaks=1:abort_on_error=1")
-    out = subprocess.run([core_test, str(ranks), "120", shape], env=env,
-                         capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.startswith("ok:"), out.stdout
-    assert "runtime error" not in out.stderr, out.stderr
+    proc = subprocess.Popen([core_test, str(ranks), "120", shape], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the forked ranks too
+        out, err = proc.communicate()
+        pytest.fail(f"core_test hung\n{out}\n{err}")
+    assert proc.returncode == 0, out + err
+    assert out.startswith("ok:"), out
+    assert "runtime error" not in err, err

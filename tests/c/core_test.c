@@ -75,7 +75,8 @@ static int check_reduce(xhc_ctx_t *ctx, int rank, int n, size_t count,
 }
 
 static int child(const char *name, size_t size, int rank, int n, int iters,
-                 const int *groups, int nlevels, const xhc_config_t *cfg)
+                 const int *groups, int nlevels, const xhc_config_t *cfg,
+                 int opened)
 {
     static const size_t sizes[] = { 1, 14, 15, 300, 4100, 40000, 100001 };
     xhc_ctx_t *ctx;
@@ -84,6 +85,9 @@ static int child(const char *name, size_t size, int rank, int n, int iters,
     while ((rc = xhc_ctx_open(&ctx, name, size, rank, n, cfg))
            == XHC_ERR_SEGMENT && rank != 0)
         usleep(1000);
+    /* Tell the parent, which unlinks the segment once all have opened. */
+    if (write(opened, "x", 1) != 1)
+        return 1;
     CHECK(rc == 0, "open: %d", rc);
     for (int k = 0; k < XHC_NKINDS; k++)
         CHECK(xhc_ctx_set_hierarchy(ctx, k, nlevels, groups) == 0, "hier");
@@ -123,17 +127,25 @@ int main(int argc, char **argv)
     if (xhc_shm_create(name, size) != 0)
         return 2;
     pid_t pids[64];
+    int opened[2];
+    if (pipe(opened) != 0)
+        return 2;
     for (int r = 0; r < n; r++) {
         pids[r] = fork();
         if (pids[r] == 0)
-            _exit(child(name, size, r, n, iters, groups, tree ? 2 : 1, &cfg));
+            _exit(child(name, size, r, n, iters, groups, tree ? 2 : 1, &cfg,
+                        opened[1]));
     }
+    char byte;
+    for (int r = 0; r < n; r++)
+        if (read(opened[0], &byte, 1) != 1)
+            break;
+    xhc_shm_unlink(name);
     int failed = 0, status;
     for (int r = 0; r < n; r++) {
         waitpid(pids[r], &status, 0);
         failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
     }
-    xhc_shm_unlink(name);
     printf("%s: %d ranks, %d iterations, %s\n", failed ? "FAILED" : "ok", n,
            iters, tree ? "tree" : "flat");
     return failed;

@@ -1,0 +1,1496 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Correctness suites for xhc.Comm, run under MPI.
+
+    mpiexec -n N python -m mpi4py tests/mpi_cases/collectives.py \
+        --suite bcast[,allreduce,...] [--expect-levels K]
+
+Every rank can compute every other rank's input (a fixed hash of the case
+number and the rank), so each result is checked against numpy computed
+from all inputs and, outside the back-to-back `mixed` suite, against
+mpi4py's own collective on the wrapped communicator.  Integers and
+integer-valued floats must match bit for bit; floats with fractions match
+numpy within a tolerance, and every rank must hold the same bits (a hash
+of each Allreduce result is compared across ranks).
+
+Checks never fail on one rank alone: each case leaves a verdict, the
+verdicts are allgathered, and every rank raises the same AssertionError
+naming the first failing case and rank (python -m mpi4py then aborts).
+
+Sizes follow the configured thresholds (xcomm.info["config"] and
+lib.XHC_INLINE_MAX), so runs with small XHC_CICO_MAX / XHC_CHUNK_SIZE stay
+fast while still crossing every boundary.  XHC_HIERARCHY, XHC_TOPOLOGY,
+XHC_COPY and XHC_SEQ_START act through xhc itself.
+"""
+import argparse
+import hashlib
+import os
+import sys
+import time
+import warnings
+
+import numpy as np
+from mpi4py import MPI
+from xhc._xhc import lib
+
+import xhc
+
+MASK64 = (1 << 64) - 1
+INT_DTYPES = [np.dtype(c) for c in ("i1", "i2", "i4", "i8",
+                                    "u1", "u2", "u4", "u8")]
+FLOAT_DTYPES = [np.dtype("f4"), np.dtype("f8")]
+DTYPES = INT_DTYPES + FLOAT_DTYPES
+ARITH = ["SUM", "PROD", "MIN", "MAX"]
+BITLOGIC = ["LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"]
+OPS = ARITH + BITLOGIC
+INLINE = int(lib.XHC_INLINE_MAX)
+# A fraction-valued float variant of SUM: compared with a tolerance.
+NOISE = "SUM~"
+
+
+def ops_for(dtype):
+    return OPS if dtype.kind in "iu" else ARITH
+
+
+def mpi_op(name):
+    return getattr(MPI, name.rstrip("~"))
+
+
+# -- deterministic inputs --------------------------------------------------
+
+def seed_of(*parts):
+    """A 64-bit seed from small integers, the same in every process."""
+    h = 0x243F6A8885A308D3
+    for p in parts:
+        h = ((h ^ (int(p) & MASK64)) * 0x100000001B3 + 0x9E3779B97F4A7C15) \
+            & MASK64
+    return h
+
+
+def mix(seed, count):
+    """COUNT pseudo-random uint64 (splitmix64 of index + seed)."""
+    x = np.arange(count, dtype=np.uint64)
+    x *= np.uint64(0x9E3779B97F4A7C15)
+    x += np.uint64(seed & MASK64)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+_POOL = []
+
+
+def rand64(seed, count):
+    """COUNT pseudo-random uint64 that depend on SEED: a window of a fixed
+    random pool, at an offset chosen by SEED, XORed with SEED (one pass,
+    where mix() takes eight; large cases need all ranks' inputs)."""
+    if count < 4096:
+        return mix(seed, count)
+    if not _POOL:
+        _POOL.append(mix(0x5EED, 1 << 20))
+    pool = _POOL[0]
+    if count > len(pool) // 2:
+        return mix(seed, count)
+    off = (seed >> 7) % (len(pool) - count + 1)
+    return pool[off:off + count] ^ np.uint64(seed & MASK64)
+
+
+def pattern(seed, nbytes):
+    """NBYTES pseudo-random bytes."""
+    return rand64(seed, (nbytes + 7) // 8).view(np.uint8)[:nbytes].copy()
+
+
+def values(dtype, op, seed, count):
+    """Inputs of one rank for a reduction of OP over DTYPE."""
+    x = rand64(seed, count)
+    if dtype.kind == "f":
+        if op == NOISE:
+            return ((x >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+                    - 0.5).astype(dtype)
+        if op == "PROD":                      # {1, 2}: 2**P is exact
+            v = (x & np.uint64(1)).astype(np.int64) + 1
+        else:                                 # integers: exact sums
+            v = (x % np.uint64(2001)).astype(np.int64) - 1000
+        return v.astype(dtype)
+    if op == "PROD":                          # wraps mod 2**bits, like C
+        if dtype.kind == "i":
+            return np.array([-1, 1, 2], dtype)[(x % np.uint64(3))
+                                                .astype(np.intp)]
+        return ((x & np.uint64(1)) + np.uint64(1)).astype(dtype)
+    if op in ("LAND", "LOR", "LXOR"):         # a quarter zeros, any nonzero
+        v = (x >> np.uint64(2)).astype(dtype)
+        v[(x & np.uint64(3)) == 0] = 0
+        return v
+    return x.astype(dtype)                    # full range: SUM overflows
+
+
+def np_fold(op, arrays):
+    """Reduce ARRAYS (rank order) with OP as MPI defines it, in numpy."""
+    acc = arrays[0].copy()
+    dt = acc.dtype
+    for b in arrays[1:]:
+        if op in ("SUM", NOISE):
+            acc = acc + b
+        elif op == "PROD":
+            acc = acc * b
+        elif op == "MIN":
+            acc = np.minimum(acc, b)
+        elif op == "MAX":
+            acc = np.maximum(acc, b)
+        elif op == "LAND":
+            acc = np.logical_and(acc, b).astype(dt)
+        elif op == "LOR":
+            acc = np.logical_or(acc, b).astype(dt)
+        elif op == "LXOR":
+            acc = np.logical_xor(acc, b).astype(dt)
+        elif op == "BAND":
+            acc = acc & b
+        elif op == "BOR":
+            acc = acc | b
+        elif op == "BXOR":
+            acc = acc ^ b
+        else:
+            raise ValueError(op)
+    if len(arrays) == 1 and op in ("LAND", "LOR", "LXOR"):
+        # A single operand passes through unchanged, as in MPI.
+        return acc
+    return acc.astype(dt)
+
+
+def digest(buf):
+    return hashlib.blake2b(memoryview(buf).cast("B"), digest_size=8).digest()
+
+
+def raw(a):
+    """The bytes of an array or buffer, as a uint8 array (no copy)."""
+    if isinstance(a, np.ndarray):
+        return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    return np.frombuffer(memoryview(a).cast("B"), np.uint8)
+
+
+def same_bits(a, b):
+    return np.array_equal(raw(a), raw(b))
+
+
+def first_diff(got, want):
+    """Where GOT and WANT first differ, for the failure message."""
+    g, w = np.asarray(got).reshape(-1), np.asarray(want).reshape(-1)
+    if g.shape != w.shape or g.dtype != w.dtype:
+        return f"got {g.dtype}{g.shape}, want {w.dtype}{w.shape}"
+    if g.size == 0:
+        return "values differ"
+    gb = g.view(np.uint8).reshape(g.size, g.itemsize)
+    wb = w.view(np.uint8).reshape(w.size, w.itemsize)
+    bad = np.flatnonzero((gb != wb).any(axis=1))
+    if len(bad) == 0:
+        return "values differ"
+    i = bad[0]
+    return (f"{len(bad)} of {g.size} elements differ, first [{i}]: "
+            f"got {g[i]!r}, want {w[i]!r}")
+
+
+# -- collective verdicts ---------------------------------------------------
+
+class Verdicts:
+    """Per-case local verdicts, checked together on every rank."""
+
+    def __init__(self, comm, suite, every=256):
+        self.comm, self.suite, self.every = comm, suite, every
+        self.pending = []
+        self.count = 0
+
+    def case(self, desc, error=None, same=None):
+        """Record case DESC: ERROR (str) if this rank saw it fail; SAME,
+        a digest that must be equal on every rank that gives one."""
+        self.pending.append((desc, error, same))
+        self.count += 1
+        if len(self.pending) >= self.every:
+            self.flush()
+
+    def check(self, desc, cond, error):
+        self.case(desc, None if cond else error)
+
+    def flush(self):
+        everyone = self.comm.allgather(self.pending)
+        self.pending = []
+        failures = []
+        for i, (desc, _, _) in enumerate(everyone[0]):
+            digests = {}
+            for rank, mine in enumerate(everyone):
+                d, err, same = mine[i] if i < len(mine) else (None,) * 3
+                if d != desc:
+                    self.fail([(f"ranks ran different cases: rank 0 "
+                                f"{desc!r}, rank {rank} {d!r}")])
+                if err is not None:
+                    failures.append(f"{desc}: rank {rank}: {err}")
+                    break
+                if same is not None:
+                    digests.setdefault(same, []).append(rank)
+            if len(digests) > 1:
+                failures.append(f"{desc}: result bits differ across ranks "
+                                f"(groups of equal results: "
+                                f"{sorted(digests.values())})")
+        if failures:
+            self.fail(failures)
+
+    def fail(self, failures):
+        """Raise (on every rank alike) naming the first few failures."""
+        more = len(failures) - 8
+        raise AssertionError(
+            f"[suite {self.suite}, {self.comm.size} ranks] "
+            + "\n    ".join(failures[:8])
+            + (f"\n    ... and {more} more failing cases" if more > 0
+               else ""))
+
+
+# -- thresholds ------------------------------------------------------------
+
+class Sizes:
+    def __init__(self, xcomm):
+        cfg = xcomm.info["config"]
+        self.cico, self.chunk = cfg["cico_max"], cfg["chunk_size"]
+        self.copy = xcomm.info["copy"]
+        self.seq_start = cfg["seq_start"]
+        self.keys = set(xcomm.stats)
+
+    def bcast_bytes(self):
+        """Byte counts crossing every threshold, odd sizes, several MiB
+        (relative to chunk_size: 3 MiB + 7 by default)."""
+        out = [0, 1, 7, INLINE - 1, INLINE, INLINE + 1,
+               self.cico - 1, self.cico, self.cico + 1, 2 * self.cico + 13,
+               self.chunk - 1, self.chunk, self.chunk + 1,
+               3 * self.chunk + 5, 24 * self.chunk + 7]
+        return sorted({b for b in out if b >= 0})
+
+    def small_counts(self, es):
+        """Element counts up to just above cico_max bytes."""
+        out = {0, 1, 3, INLINE // es - 1, INLINE // es, INLINE // es + 1,
+               self.cico // es - 1, self.cico // es, self.cico // es + 1}
+        return sorted(c for c in out if c >= 0)
+
+    def large_counts(self, es, n):
+        """Around chunk_size, and just over a chunk per rank's
+        reduce-scatter slice (so a slice spans two chunks)."""
+        c = self.chunk // es
+        return [c - 1, c + 1, (n * (self.chunk + 3 * 64) + 5) // es]
+
+    def huge_count(self, es):
+        return (24 * self.chunk + 40) // es + 3
+
+    def path(self, kind, nbytes, size):
+        """The stats counter one call of KIND on NBYTES must raise."""
+        if size == 1 or nbytes == 0:
+            return None
+        if nbytes <= INLINE:
+            return kind + ".inline"
+        if nbytes <= self.cico:
+            return kind + ".cico"
+        return self.large_key(kind)
+
+    def large_key(self, kind):
+        """The counter of messages above cico_max: "KIND.large" (pipelined
+        or in place), or, in the older layout, "KIND.single" (single-copy)
+        with "KIND.cico" counting chunked copies when copy is cico."""
+        if kind + ".large" in self.keys:
+            return kind + ".large"
+        return kind + (".cico" if self.copy == "cico" else ".single")
+
+
+# -- Bcast -----------------------------------------------------------------
+
+BCAST_KINDS = ["u1", "i4", "f8", "c16", "2d-f4", "record", "bytearray",
+               "memoryview", "spec-double", "spec-count-int"]
+RECORD = np.dtype([("a", "i4"), ("b", "f8"), ("c", "u1")])  # 13 B, packed
+
+
+def make_bcast_buf(kind, nbytes, fill):
+    """A buffer of KIND holding about NBYTES, filled from FILL (uint8).
+
+    Returns (buffer argument, its bytes as a uint8 view, number of bytes the
+    collective moves, bytes that must stay untouched as (view, expected))."""
+    def typed(dt):
+        n = nbytes // dt.itemsize
+        a = np.empty(n, dt)
+        a.view(np.uint8)[:] = fill[:n * dt.itemsize]
+        return a
+    if kind in ("u1", "i4", "f8", "c16"):
+        a = typed(np.dtype(kind))
+        return a, raw(a), a.nbytes, None
+    if kind == "2d-f4":
+        n = nbytes // 4
+        cols = 7 if n % 7 == 0 and n else 1
+        a = typed(np.dtype("f4")).reshape(-1, cols)
+        return a, raw(a), a.nbytes, None
+    if kind == "record":                    # mpi4py has no type for it
+        a = typed(RECORD)
+        return a, raw(a), a.nbytes, None
+    if kind == "bytearray":
+        b = bytearray(fill[:nbytes].tobytes())
+        return b, np.frombuffer(b, np.uint8) if nbytes else raw(b), \
+            nbytes, None
+    if kind == "memoryview":
+        b = bytearray(fill[:nbytes].tobytes())
+        return memoryview(b), raw(b), nbytes, None
+    if kind == "spec-double":
+        a = typed(np.dtype("f8"))
+        return [a, MPI.DOUBLE], raw(a), a.nbytes, None
+    if kind == "spec-count-int":
+        count = nbytes // 4
+        a = np.empty(count + 3, np.int32)   # 3 ints beyond COUNT
+        a.view(np.uint8)[:] = np.resize(fill, a.nbytes)
+        tail = a[count:]
+        return [a, count, MPI.INT], raw(a)[:count * 4], count * 4, \
+            (tail, tail.copy())
+    raise ValueError(kind)
+
+
+def one_bcast(v, xcomm, comm, desc, kind, nbytes, root, seed, use_mpi=True):
+    rank = comm.rank
+    want = pattern(seed, nbytes)
+    fill = want if rank == root else want ^ np.uint8(0x5A)
+    buf, view, moved, keep = make_bcast_buf(kind, nbytes, fill)
+    xcomm.Bcast(buf, root=root)
+    err = None
+    if not np.array_equal(view, want[:moved]):
+        err = "xhc result differs from root's data: " + \
+            first_diff(view, want[:moved])
+    elif keep is not None and not np.array_equal(*keep):
+        err = "bytes beyond the spec's count were written"
+    if use_mpi:
+        buf2, view2, _, _ = make_bcast_buf(kind, nbytes, fill)
+        comm.Bcast(view2 if kind == "record" else buf2, root=root)
+        if err is None and not np.array_equal(view, view2):
+            err = "xhc result differs from mpi4py's Bcast"
+    v.case(desc, err, digest(view))
+
+
+def suite_bcast(xcomm, comm, v, sz, args):
+    n = comm.size
+    for root in range(n):
+        for i, nbytes in enumerate(sz.bcast_bytes()):
+            if args.quick and (i + root) % 2:
+                continue
+            kind = BCAST_KINDS[(i + root) % len(BCAST_KINDS)]
+            one_bcast(v, xcomm, comm, f"Bcast {kind} {nbytes} B root {root}",
+                      kind, nbytes, root, seed_of(1, root, i))
+    # Every kind at every size from the last root.
+    root = n - 1
+    for kind in BCAST_KINDS:
+        for i, nbytes in enumerate(sz.bcast_bytes()[:-1]):
+            if args.quick and i % 3:
+                continue
+            one_bcast(v, xcomm, comm, f"Bcast {kind} {nbytes} B root {root}",
+                      kind, nbytes, root, seed_of(2, i, len(kind)))
+    # Read-only buffers: refused on every rank, before any communication.
+    frozen = np.zeros(4)
+    frozen.flags.writeable = False
+    for ro in (bytes(64), frozen):
+        try:
+            xcomm.Bcast(ro, root=0)
+            err = "Bcast into a read-only buffer did not raise"
+        except ValueError:
+            err = None
+        v.case(f"Bcast read-only {type(ro).__name__}", err)
+    for bad in (-1, n):
+        try:
+            xcomm.Bcast(np.zeros(4), root=bad)
+            err = "no ValueError"
+        except ValueError:
+            err = None
+        v.case(f"Bcast root {bad} refused", err)
+    one_bcast(v, xcomm, comm, "Bcast after refusals", "u1", 100, 0,
+              seed_of(3))
+
+
+# -- Allreduce / Reduce ------------------------------------------------------
+
+def inputs_for(dtype, op, count, case, n):
+    return [values(dtype, op, seed_of(case, r, dtype.num), count)
+            for r in range(n)]
+
+
+def compare(got, want, op, dtype):
+    """None if GOT equals WANT (exactly, or within tolerance for NOISE)."""
+    if op == NOISE:
+        tol = 1e-4 if dtype == np.float32 else 1e-12
+        if got.shape == want.shape and np.allclose(got, want, rtol=tol,
+                                                   atol=tol):
+            return None
+        return "differs from numpy beyond tolerance: " + \
+            first_diff(got, want)
+    if same_bits(got, want):
+        return None
+    return first_diff(got, want)
+
+
+def one_allreduce(v, xcomm, comm, dtype, op, count, case, in_place,
+                  use_mpi=True, repeat=False):
+    n, rank = comm.size, comm.rank
+    ins = inputs_for(dtype, op, count, case, n)
+    want = np_fold(op, ins)
+    send = ins[rank].copy()
+    desc = (f"Allreduce {dtype.name} {op} count {count} "
+            f"({count * dtype.itemsize} B){' IN_PLACE' if in_place else ''}")
+    if in_place:
+        recv = send
+        xcomm.Allreduce(MPI.IN_PLACE, recv, op=mpi_op(op))
+    else:
+        recv = np.full(count, 0x5A, dtype) if dtype.kind != "f" else \
+            np.full(count, np.nan, dtype)
+        xcomm.Allreduce(send, recv, op=mpi_op(op))
+    err = compare(recv, want, op, dtype)
+    if err:
+        err = "vs numpy: " + err
+    elif not in_place and not same_bits(send, ins[rank]):
+        err = "the send buffer was modified"
+    if use_mpi:
+        ref = np.empty(count, dtype)
+        comm.Allreduce(ins[rank], ref, op=mpi_op(op))
+        if err is None and op != NOISE and not same_bits(recv, ref):
+            err = "vs mpi4py: " + first_diff(recv, ref)
+        if err is None and op == NOISE:
+            e = compare(recv, ref, op, dtype)
+            err = e and "vs mpi4py: " + e
+    if repeat and err is None:
+        again = np.empty(count, dtype)
+        xcomm.Allreduce(ins[rank], again, op=mpi_op(op))
+        if not same_bits(again, recv):
+            err = "not deterministic: a repeat gave other bits"
+    v.case(desc, err, digest(recv))
+
+
+def one_reduce(v, xcomm, comm, dtype, op, count, case, root, in_place,
+               nonroot_buf, use_mpi=True):
+    n, rank = comm.size, comm.rank
+    ins = inputs_for(dtype, op, count, case, n)
+    want = np_fold(op, ins) if rank == root else None
+    send = ins[rank].copy()
+    desc = (f"Reduce {dtype.name} {op} count {count} "
+            f"({count * dtype.itemsize} B) root {root}"
+            f"{' IN_PLACE' if in_place else ''}"
+            f"{' non-root recvbuf' if nonroot_buf else ''}")
+    guard = None
+    if rank == root:
+        if in_place:
+            recv = send
+            xcomm.Reduce(MPI.IN_PLACE, recv, op=mpi_op(op), root=root)
+        else:
+            recv = np.full(count, 0x33, dtype)
+            xcomm.Reduce(send, recv, op=mpi_op(op), root=root)
+    else:
+        recv = None
+        if nonroot_buf:
+            guard = np.full(count, 0x33, dtype)
+            recv = guard.copy()
+        xcomm.Reduce(send, recv, op=mpi_op(op), root=root)
+    err = None
+    if rank == root:
+        err = compare(recv, want, op, dtype)
+        err = err and "vs numpy: " + err
+    elif guard is not None and not same_bits(recv, guard):
+        err = "a non-root's receive buffer was written"
+    if err is None and not (rank == root and in_place) \
+            and not same_bits(send, ins[rank]):
+        err = "the send buffer was modified"
+    if use_mpi:
+        ref = np.empty(count, dtype) if rank == root else None
+        comm.Reduce(ins[rank], ref, op=mpi_op(op), root=root)
+        if err is None and rank == root:
+            e = compare(recv, ref, op, dtype)
+            err = e and "vs mpi4py: " + e
+    v.case(desc, err)
+
+
+def combos():
+    return [(dt, op) for dt in DTYPES for op in ops_for(dt)]
+
+
+def usage_errors(v, xcomm, comm):
+    """Float bitwise ops and mismatched buffers raise ValueError on every
+    rank, before any communication, and leave the communicator usable."""
+    f = np.ones(4)
+    for op in BITLOGIC:
+        for call in ("Allreduce", "Allreduce IN_PLACE", "Reduce"):
+            r = np.ones(4)
+            try:
+                if call == "Allreduce":
+                    xcomm.Allreduce(f, r, op=mpi_op(op))
+                elif call == "Allreduce IN_PLACE":
+                    xcomm.Allreduce(MPI.IN_PLACE, r, op=mpi_op(op))
+                else:
+                    xcomm.Reduce(f, r if comm.rank == 0 else None,
+                                 op=mpi_op(op), root=0)
+                err = "no ValueError"
+            except ValueError:
+                err = None
+            v.case(f"{call} float64 {op} refused", err)
+    for what, s, r in (("dtype", np.ones(4, "i4"), np.ones(4, "i8")),
+                       ("count", np.ones(4, "i4"), np.ones(5, "i4"))):
+        try:
+            xcomm.Allreduce(s, r)
+            err = "no ValueError"
+        except ValueError:
+            err = None
+        v.case(f"Allreduce mismatched {what} refused", err)
+    ro = np.ones(4, "i4")
+    ro.flags.writeable = False
+    try:
+        xcomm.Allreduce(np.ones(4, "i4"), ro)
+        err = "no ValueError"
+    except ValueError:
+        err = None
+    v.case("Allreduce into read-only refused", err)
+    one_allreduce(v, xcomm, comm, np.dtype("f8"), "SUM", 9, seed_of(4), False)
+
+
+def overflow_cases(v, xcomm, comm):
+    """Integer wrap-around, element by element, as mpi4py's MPI does it."""
+    for dt in INT_DTYPES:
+        info = np.iinfo(dt)
+        for op, val in (("SUM", info.max), ("SUM", info.min),
+                        ("SUM", info.max // 2 + 3),
+                        ("PROD", info.max // 3 + 5),
+                        ("PROD", info.min + 1 if dt.kind == "i" else 3)):
+            count = 5
+            send = np.full(count, val, dt)
+            send[1::2] = np.array(val // 7 + 1, dt)
+            for in_place in (False, True):
+                want = np_fold(op, [send] * comm.size)
+                ref = np.empty(count, dt)
+                comm.Allreduce(send, ref, op=mpi_op(op))
+                s = send.copy()
+                if in_place:
+                    xcomm.Allreduce(MPI.IN_PLACE, s, op=mpi_op(op))
+                    got = s
+                else:
+                    got = np.zeros(count, dt)
+                    xcomm.Allreduce(s, got, op=mpi_op(op))
+                err = None
+                if not same_bits(got, want):
+                    err = "vs numpy: " + first_diff(got, want)
+                elif not same_bits(got, ref):
+                    err = "vs mpi4py: " + first_diff(got, ref)
+                v.case(f"Allreduce overflow {dt.name} {op} of {val}"
+                       f"{' IN_PLACE' if in_place else ''}", err, digest(got))
+
+
+def suite_allreduce(xcomm, comm, v, sz, args):
+    n = comm.size
+    case = 0
+    for k, (dt, op) in enumerate(combos()):
+        for j, count in enumerate(sz.small_counts(dt.itemsize)):
+            if args.quick and (j + k) % 3:
+                continue
+            case += 1
+            one_allreduce(v, xcomm, comm, dt, op, count, seed_of(10, case),
+                          in_place=(j + k) % 3 == 0)
+    # Large sizes: SUM on every dtype at all three; one rotating op on
+    # every dtype and every op on int64 at one of them.
+    large = [(dt, "SUM", j) for dt in DTYPES for j in range(3)]
+    large += [(dt, ops_for(dt)[1 + k % (len(ops_for(dt)) - 1)], k % 3)
+              for k, dt in enumerate(DTYPES)]
+    large += [(np.dtype("i8"), op, k % 2)
+              for k, op in enumerate(OPS) if op != "SUM"]
+    if args.quick:
+        large = large[::3]
+    for k, (dt, op, j) in enumerate(large):
+        count = sz.large_counts(dt.itemsize, n)[j]
+        case += 1
+        one_allreduce(v, xcomm, comm, dt, op, count, seed_of(11, case),
+                      in_place=(j + k) % 2 == 0)
+    # Fractional floats: tolerance vs numpy, same bits everywhere, repeatable.
+    for dt in FLOAT_DTYPES:
+        counts = sz.small_counts(dt.itemsize) + \
+            sz.large_counts(dt.itemsize, n)
+        for j, count in enumerate(counts):
+            if args.quick and j % 2:
+                continue
+            case += 1
+            one_allreduce(v, xcomm, comm, dt, NOISE, count, seed_of(12, case),
+                          in_place=j % 2 == 1, repeat=True)
+    # Several MiB.
+    for k, (dt, op) in enumerate([(np.dtype("f8"), "SUM"),
+                                  (np.dtype("i4"), "BXOR"),
+                                  (np.dtype("u1"), "MAX"),
+                                  (np.dtype("f4"), NOISE)]):
+        case += 1
+        one_allreduce(v, xcomm, comm, dt, op, sz.huge_count(dt.itemsize),
+                      seed_of(13, case), in_place=k % 2 == 0)
+    overflow_cases(v, xcomm, comm)
+    usage_errors(v, xcomm, comm)
+
+
+def suite_reduce(xcomm, comm, v, sz, args):
+    n = comm.size
+    case = 0
+    allc = combos()
+    for root in range(n):
+        for k, (dt, op) in enumerate(allc):
+            if args.quick and (k + root) % 3:
+                continue
+            counts = sz.small_counts(dt.itemsize)
+            count = counts[(k + root) % len(counts)]
+            case += 1
+            one_reduce(v, xcomm, comm, dt, op, count, seed_of(20, case), root,
+                       in_place=(k + root) % 3 == 0,
+                       nonroot_buf=(k + root) % 4 == 1)
+        # Every small size at least once per root.
+        for j, count in enumerate(sz.small_counts(8)):
+            case += 1
+            one_reduce(v, xcomm, comm, np.dtype("i8"), "SUM", count,
+                       seed_of(21, case), root, in_place=j % 2 == 0,
+                       nonroot_buf=j % 3 == 0)
+        # Large: rotate dtype and op with the root.
+        for j, count in enumerate(sz.large_counts(4, n)):
+            dt, op = allc[(7 * root + 31 * j) % len(allc)]
+            count = count * 4 // dt.itemsize
+            case += 1
+            one_reduce(v, xcomm, comm, dt, op, count, seed_of(22, case), root,
+                       in_place=j % 2 == 1, nonroot_buf=j == 0)
+        case += 1
+        one_reduce(v, xcomm, comm, np.dtype("f8"), NOISE,
+                   sz.large_counts(8, n)[2], seed_of(23, case), root,
+                   in_place=root % 2 == 0, nonroot_buf=False)
+    for k, (dt, op) in enumerate([(np.dtype("f8"), "SUM"),
+                                  (np.dtype("u2"), "BOR")]):
+        root = (n - 1) * k
+        case += 1
+        one_reduce(v, xcomm, comm, dt, op, sz.huge_count(dt.itemsize),
+                   seed_of(24, case), root, in_place=k == 0,
+                   nonroot_buf=False)
+    # IN_PLACE on a non-root is a usage error, refused locally.
+    if n > 1:
+        try:
+            if comm.rank != 0:
+                xcomm.Reduce(MPI.IN_PLACE, np.ones(3), root=0)
+            err = None if comm.rank == 0 else "no ValueError"
+        except ValueError:
+            err = None
+        v.case("Reduce IN_PLACE on a non-root refused", err)
+    for bad in (-1, n, "0"):
+        try:
+            xcomm.Reduce(np.ones(3), np.ones(3), root=bad)
+            err = "no ValueError"
+        except ValueError:
+            err = None
+        v.case(f"Reduce root {bad!r} refused", err)
+
+
+# -- Barrier -----------------------------------------------------------------
+
+def peer_views(arr, size):
+    """Every rank's part of the shared allocation ARR belongs to."""
+    base = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    total = len(base)
+    stride = total // size
+    views = [np.frombuffer(base, arr.dtype, arr.size, offset=r * stride)
+             .reshape(arr.shape) for r in range(size)]
+    return views
+
+
+def address(a):
+    return a.__array_interface__["data"][0]
+
+
+def suite_barrier(xcomm, comm, v, sz, args):
+    n, rank = comm.size, comm.rank
+    iters = 600 if args.quick else 1500
+    mine = xcomm.zeros(2, np.int64)
+    views = peer_views(mine, n)
+    v.check("shared array layout", address(views[rank]) == address(mine),
+            "cannot locate the peers' parts of the shared array")
+    v.check("zeros() is zero", not mine.any(), "xcomm.zeros gave non-zeros")
+    v.flush()
+    barrier = xcomm.Barrier
+    if os.environ.get("XHC_TEST_SABOTAGE") == "barrier":
+        barrier = lambda: None
+    rng = np.random.default_rng(seed_of(30))
+    writers_of = rng.integers(1, 1 << n, size=iters) if n < 63 else None
+    delays = rng.integers(0, 40, size=(iters, n))
+    stamp = lambda i, w: i * 1000 + w + 1
+    barrier()
+    bad = None
+    for i in range(iters):
+        writers = [w for w in range(n) if writers_of[i] >> w & 1]
+        if rank in writers:
+            if delays[i, rank] == 0:       # a late writer now and then
+                time.sleep(0.002)
+            mine[i % 2] = stamp(i, rank)
+        barrier()
+        if bad is None:
+            for w in writers:
+                got = int(views[w][i % 2])
+                if got != stamp(i, w):
+                    bad = (f"iteration {i}: after Barrier, rank {w}'s write "
+                           f"{stamp(i, w)} reads as {got}")
+                    break
+            if bad is None and delays[i, rank] == 1:
+                time.sleep(0.002)          # a late reader now and then
+    v.case(f"Barrier orders shared-memory writes ({iters} rounds)", bad)
+    # Barrier's own path counter.
+    before = xcomm.stats["barrier"]
+    for _ in range(10):
+        xcomm.Barrier()
+    want = 10 if n > 1 else 0
+    got = xcomm.stats["barrier"] - before
+    v.check("Barrier path counter", got == want,
+            f"stats['barrier'] rose by {got}, want {want}")
+
+
+# -- mixed -------------------------------------------------------------------
+
+def suite_mixed(xcomm, comm, v, sz, args):
+    """Back-to-back operations with no MPI call in between; verdicts are
+    exchanged only every few hundred operations."""
+    n, rank = comm.size, comm.rank
+    nops = 1000 if args.quick else 3000
+    rng = np.random.default_rng(seed_of(40))
+    big_bytes = 3 * sz.chunk + 4 * sz.cico + 5
+    shared = xcomm.empty(big_bytes // 8 + 8, np.int64)
+    shared_in = xcomm.empty(big_bytes // 8 + 8, np.int64)
+    v.every = 400
+    allc = combos()
+    # Every draw up front (the same on every rank): little Python between
+    # the operations, so the ranks run as far ahead of each other as the
+    # core lets them.
+    kinds = rng.choice(["bcast", "allreduce", "reduce", "barrier"],
+                       size=nops, p=[0.3, 0.3, 0.3, 0.1])
+    size_class = rng.random(nops)
+    small = rng.integers(0, INLINE + 1, nops)
+    medium = rng.integers(INLINE + 1, sz.cico + 1, nops)
+    large = rng.integers(sz.cico + 1, big_bytes, nops)
+    roots = rng.integers(0, n, nops)
+    combo = rng.integers(0, len(allc), nops)
+    in_places = rng.integers(0, 2, nops)
+    zero_copies = rng.random(nops) < 0.2
+    for i in range(nops):
+        kind = kinds[i]
+        r = size_class[i]
+        nbytes = int(small[i] if r < 0.55 else medium[i] if r < 0.93
+                     else large[i])
+        root = int(roots[i])
+        dt, op = allc[combo[i]]
+        in_place = bool(in_places[i])
+        zero_copy = bool(zero_copies[i]) and dt == np.int64
+        case = seed_of(41, i)
+        if kind == "barrier":
+            xcomm.Barrier()
+            v.case(f"op {i}: Barrier")
+            continue
+        if kind == "bcast":
+            want = pattern(case, nbytes)
+            if zero_copy:
+                buf = shared.view(np.uint8)[:nbytes]
+                buf[:] = want if rank == root else want ^ np.uint8(0xFF)
+            else:
+                buf = want.copy() if rank == root else want ^ np.uint8(0xFF)
+            xcomm.Bcast(buf, root=root)
+            err = None if np.array_equal(buf, want) else \
+                "vs root's data: " + first_diff(buf, want)
+            v.case(f"op {i}: Bcast {nbytes} B root {root}"
+                   f"{' zero-copy' if zero_copy else ''}", err)
+            continue
+        count = nbytes // dt.itemsize
+        ins = inputs_for(dt, op, count, case, n)
+        send = ins[rank].copy()
+        if zero_copy:
+            send = shared_in[:count]
+            send[:] = ins[rank]
+        desc = (f"op {i}: {kind} {dt.name} {op} count {count} root {root}"
+                f"{' IN_PLACE' if in_place else ''}"
+                f"{' zero-copy' if zero_copy else ''}")
+        if kind == "allreduce":
+            if in_place:
+                recv = send
+                xcomm.Allreduce(MPI.IN_PLACE, recv, op=mpi_op(op))
+            else:
+                recv = shared[:count] if zero_copy else np.empty(count, dt)
+                xcomm.Allreduce(send, recv, op=mpi_op(op))
+            err = compare(recv, np_fold(op, ins), op, dt)
+            v.case(desc, err, digest(recv))
+            continue
+        if rank == root:
+            if in_place:
+                recv = send
+                xcomm.Reduce(MPI.IN_PLACE, recv, op=mpi_op(op), root=root)
+            else:
+                recv = shared[:count] if zero_copy else np.empty(count, dt)
+                xcomm.Reduce(send, recv, op=mpi_op(op), root=root)
+            err = compare(recv, np_fold(op, ins), op, dt)
+        else:
+            xcomm.Reduce(send, None, op=mpi_op(op), root=root)
+            err = None if same_bits(send, ins[rank]) else \
+                "the send buffer was modified"
+        v.case(desc, err)
+
+
+# -- sub-communicators, lifetime, passthrough --------------------------------
+
+def quick_checks(v, xc, c, tag, salt, world=True):
+    """A few checked operations on xc (wrapping c), against numpy; WORLD:
+    c holds every rank, so Allreduce results must match on all."""
+    n, rank = c.size, c.rank
+    for j, count in enumerate((3, 700, 5000)):
+        dt = np.dtype("i8")
+        ins = [values(dt, "SUM", seed_of(salt, j, r), count) for r in range(n)]
+        out = np.empty(count, dt)
+        xc.Allreduce(ins[rank], out)
+        v.case(f"{tag}: Allreduce {count}", compare(out, np_fold("SUM", ins),
+                                                    "SUM", dt),
+               digest(out) if world else None)
+        root = (j + salt) % n
+        want = pattern(seed_of(salt, j, 99), count)
+        buf = want.copy() if rank == root else np.zeros(count, np.uint8)
+        xc.Bcast(buf, root=root)
+        v.case(f"{tag}: Bcast {count}", None if np.array_equal(buf, want)
+               else f"root {root}: " + first_diff(buf, want))
+        recv = np.empty(count, dt) if rank == root else None
+        xc.Reduce(ins[rank], recv, op=MPI.MAX, root=root)
+        v.case(f"{tag}: Reduce MAX {count}",
+               compare(recv, np_fold("MAX", ins), "MAX", dt)
+               if rank == root else None)
+        xc.Barrier()
+
+
+def refuses_after_free(v, xc, tag):
+    calls = {
+        "Barrier": lambda: xc.Barrier(),
+        "Bcast": lambda: xc.Bcast(np.zeros(4), root=0),
+        "Bcast large": lambda: xc.Bcast(np.zeros(1 << 16), root=0),
+        "Allreduce": lambda: xc.Allreduce(np.ones(4), np.ones(4)),
+        "Allreduce IN_PLACE": lambda: xc.Allreduce(MPI.IN_PLACE, np.ones(4)),
+        "Reduce": lambda: xc.Reduce(np.ones(4), np.ones(4), root=0),
+        "empty": lambda: xc.empty(4),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+            err = "no XhcError"
+        except xhc.XhcError:
+            err = None
+        except Exception as e:  # noqa: BLE001 -- reported as the verdict
+            err = f"raised {type(e).__name__}: {e}"
+        v.case(f"{tag}: {name} after free() raises XhcError", err)
+
+
+def suite_subcomm(xcomm, comm, v, sz, args):
+    n, rank = comm.size, comm.rank
+    # Attribute passthrough.
+    v.check("passthrough rank", xcomm.rank == rank and xcomm.Get_rank() ==
+            rank, f"xcomm.rank {xcomm.rank}")
+    v.check("passthrough size", xcomm.Get_size() == n and xcomm.size == n,
+            f"xcomm.Get_size() {xcomm.Get_size()}")
+    got = xcomm.allgather(rank * 3)
+    v.check("passthrough allgather", got == [r * 3 for r in range(n)],
+            f"allgather gave {got}")
+    v.check("repr", f"rank {rank} of {n}" in repr(xcomm), repr(xcomm))
+    try:
+        xhc.Comm("not a communicator")
+        err = "no TypeError"
+    except TypeError:
+        err = None
+    v.case("xhc.Comm of a non-communicator raises TypeError", err)
+
+    dup = comm.Dup()
+    half = comm.Split(rank % 2, rank)
+    x1 = xhc.Comm(dup)
+    x2 = xhc.Comm(half)
+    v.check("Split half size", x2.Get_size() == len(range(rank % 2, n, 2)),
+            f"half of size {x2.Get_size()}")
+    # Interleaved: both alive, alternating, each checked.
+    for rnd in range(3):
+        quick_checks(v, x1, dup, f"Dup round {rnd}", 50 + rnd)
+        quick_checks(v, x2, half, f"Split half round {rnd}",
+                     60 + rnd + 10 * (rank % 2), world=False)
+    big = sz.huge_count(8) // 4
+    for rnd in range(2):
+        for xc, c, tag in ((x1, dup, "Dup"), (x2, half, "Split")):
+            ins = [values(np.dtype("f8"), "SUM", seed_of(70, rnd, r), big)
+                   for r in range(c.size)]
+            out = np.empty(big)
+            xc.Allreduce(ins[c.rank], out)
+            v.case(f"{tag} interleaved large Allreduce {rnd}",
+                   compare(out, np_fold("SUM", ins), "SUM", np.dtype("f8")),
+                   None)
+    x2.free()
+    refuses_after_free(v, x2, "Split")
+    x2.free()                               # a second free is harmless
+    quick_checks(v, x1, dup, "Dup after the Split's free", 80)
+    quick_checks(v, xcomm, comm, "world after both", 81)
+    x1.free()
+    refuses_after_free(v, x1, "Dup")
+    # The wrapped communicators remain usable.
+    v.check("Dup usable after free", dup.allreduce(1) == n, "dup broken")
+    half.Free()
+    dup.Free()
+    # Context manager.
+    with xhc.Comm(comm) as x3:
+        quick_checks(v, x3, comm, "with-block", 90)
+        arr = x3.zeros(16, np.int32)
+        arr[:] = rank
+        x3.Allreduce(MPI.IN_PLACE, arr)
+        v.check("with-block zero-copy Allreduce",
+                (arr == n * (n - 1) // 2).all(), f"got {arr[:4]}")
+    refuses_after_free(v, x3, "after with-block")
+    # COMM_SELF: one rank, always correct.
+    with xhc.Comm(MPI.COMM_SELF) as xs:
+        quick_checks(v, xs, MPI.COMM_SELF, "COMM_SELF", 91 + rank,
+                     world=False)
+    # Several at once, freed in creation order.
+    many = [xhc.Comm(comm) for _ in range(3)]
+    for k, xc in enumerate(many):
+        quick_checks(v, xc, comm, f"one of three #{k}", 92 + k)
+    for xc in many:
+        xc.free()
+    quick_checks(v, xcomm, comm, "world at the end", 99)
+
+
+# -- zero-copy arrays --------------------------------------------------------
+
+def suite_zerocopy(xcomm, comm, v, sz, args):
+    n, rank = comm.size, comm.rank
+
+    def delta(before, after, key):
+        return after.get(key, 0) - before.get(key, 0)
+
+    shapes = [(5,), (INLINE // 8 + 3,), (sz.cico // 8 - 1,), (3, sz.cico // 8),
+              (sz.chunk // 8 + 1,), (4, 3 * sz.chunk // 32 + 5),
+              (sz.huge_count(8),)]
+    for si, shape in enumerate(shapes):
+        for dt in (np.dtype("f8"), np.dtype("i4"), np.dtype("u1")):
+            count = int(np.prod(shape))
+            nbytes = count * dt.itemsize
+            a = xcomm.empty(shape, dt)
+            b = xcomm.empty(shape, dt)
+            v.check(f"empty{shape} {dt.name}", a.shape == shape and
+                    a.dtype == dt and a.flags.c_contiguous and
+                    a.flags.writeable, "wrong array from empty()")
+            tag = f"zero-copy {dt.name}{shape} ({nbytes} B)"
+            # Bcast from every root (the largest size from two).
+            roots = range(n) if si < len(shapes) - 1 else sorted({0, n - 1})
+            for root in roots:
+                want = pattern(seed_of(100, si, root, dt.num), nbytes)
+                raw(a)[:] = want if rank == root else want ^ np.uint8(1)
+                before = xcomm.stats
+                xcomm.Bcast(a, root=root)
+                after = xcomm.stats
+                err = None if np.array_equal(raw(a), want) else \
+                    first_diff(raw(a), want)
+                path = sz.path("bcast", nbytes, n)
+                if err is None and path and delta(before, after, path) != 1:
+                    err = f"stats[{path!r}] did not rise by one"
+                ref = np.empty(shape, dt)
+                raw(ref)[:] = want if rank == root else 0
+                comm.Bcast(ref, root=root)
+                if err is None and not same_bits(ref, a):
+                    err = "differs from mpi4py"
+                v.case(f"{tag}: Bcast root {root}", err, digest(a))
+            ops = ["SUM", "MAX"] if dt.kind == "f" else ["SUM", "BXOR"]
+            for k, op in enumerate(ops):
+                ins = [values(dt, op, seed_of(101, si, k, r), count)
+                       .reshape(shape) for r in range(n)]
+                want = np_fold(op, ins)
+                ref = np.empty(shape, dt)
+                comm.Allreduce(ins[rank], ref, op=mpi_op(op))
+                for mode in ("shared->shared", "IN_PLACE", "shared->private",
+                             "private->shared"):
+                    a[...] = ins[rank]
+                    before = xcomm.stats
+                    if mode == "IN_PLACE":
+                        out = a
+                        xcomm.Allreduce(MPI.IN_PLACE, a, op=mpi_op(op))
+                    elif mode == "shared->shared":
+                        out = b
+                        xcomm.Allreduce(a, b, op=mpi_op(op))
+                    elif mode == "shared->private":
+                        out = np.empty(shape, dt)
+                        xcomm.Allreduce(a, out, op=mpi_op(op))
+                    else:
+                        out = b
+                        xcomm.Allreduce(ins[rank].copy(), b, op=mpi_op(op))
+                    after = xcomm.stats
+                    err = compare(out, want, op, dt)
+                    err = err and "vs numpy: " + err
+                    if err is None and not same_bits(out, ref):
+                        err = "vs mpi4py: " + first_diff(out, ref)
+                    path = sz.path("allreduce", nbytes, n)
+                    if err is None and path and \
+                            delta(before, after, path) != 1:
+                        err = f"stats[{path!r}] did not rise by one"
+                    v.case(f"{tag}: Allreduce {op} {mode}", err, digest(out))
+                for root in sorted({0, n - 1, (si + k) % n}):
+                    a[...] = ins[rank]
+                    ip = (si + k + root) % 2 == 0   # IN_PLACE at the root
+                    in_place = rank == root and ip
+                    before = xcomm.stats
+                    if rank == root:
+                        out = a if in_place else b
+                        xcomm.Reduce(MPI.IN_PLACE if in_place else a, out,
+                                     op=mpi_op(op), root=root)
+                    else:
+                        out = None
+                        xcomm.Reduce(a, None, op=mpi_op(op), root=root)
+                    after = xcomm.stats
+                    err = None
+                    if rank == root:
+                        err = compare(out, want, op, dt)
+                    elif not same_bits(a, ins[rank]):
+                        err = "a non-root's shared send buffer was modified"
+                    path = sz.path("reduce", nbytes, n)
+                    if err is None and path and \
+                            delta(before, after, path) != 1:
+                        err = f"stats[{path!r}] did not rise by one"
+                    v.case(f"{tag}: Reduce {op} root {root}"
+                           f"{' IN_PLACE' if ip else ''}", err)
+    # The large-message (in-place) counters rose, on more than one rank.
+    st = xcomm.stats
+    large = {k: st[sz.large_key(k)] for k in ("bcast", "allreduce",
+                                               "reduce")}
+    ok = all(large.values()) if n > 1 else not any(large.values())
+    v.check("large-message path counters", ok,
+            f"copy={sz.copy}, {n} ranks: {large}")
+
+
+# -- fallback ----------------------------------------------------------------
+
+def suite_fallback(world, comm, v, sz, args):
+    """On a fresh communicator, so that every count below is exact."""
+    with xhc.Comm(comm) as xcomm:
+        fallback_cases(xcomm, comm, v)
+
+
+def fallback_cases(xcomm, comm, v):
+    n, rank = comm.size, comm.rank
+    dt2 = MPI.DOUBLE.Create_contiguous(2).Commit()
+
+    def user_sum(inbuf, outbuf, datatype):
+        code = "f8" if datatype == dt2 else datatype.tocode()
+        b = np.frombuffer(outbuf, code)
+        b += np.frombuffer(inbuf, code)
+
+    usum = MPI.Op.Create(user_sum, commute=True)
+    core_keys = [k for k in xcomm.stats if k != "fallback"]
+    expected_reasons = {}
+
+    def outcome(call):
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 -- compared with mpi4py's
+            return type(e).__name__
+        return None
+
+    def run(reason, fn, check, plain=None):
+        """Call FN (a fallback) twice; CHECK(rep) -> error or None.
+
+        PLAIN(rep) makes the same call on the plain communicator, on
+        scratch buffers: xhc must end the same way (mpi4py cannot take
+        non-contiguous arrays, for one: then both raise the same error)."""
+        for rep in range(2):
+            want = outcome(lambda rep=rep: plain(rep)) if plain else None
+            before = xcomm.stats
+            got = outcome(lambda rep=rep: fn(rep))
+            after = xcomm.stats
+            if got != want:
+                err = (f"xhc's call ended with {got or 'success'}, "
+                       f"mpi4py's with {want or 'success'}")
+            else:
+                err = None if got else check(rep)
+            if err is None and after["fallback"] != before["fallback"] + 1:
+                err = (f"stats['fallback'] went {before['fallback']} -> "
+                       f"{after['fallback']}, want +1")
+            if err is None and any(after[k] != before[k] for k in core_keys):
+                err = "a core path counter moved for a fallback call"
+            v.case(f"fallback {reason} #{rep}", err)
+        expected_reasons[reason] = 0
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # 1. Non-contiguous arrays.
+        base = np.zeros(40)
+        state = {}
+
+        def bc_nc(rep):
+            want = np.arange(20.0) * (rep + 2)
+            base[:] = -1
+            if rank == n - 1:
+                base[::2] = want
+            state["want"] = want
+            xcomm.Bcast(base[::2], root=n - 1)
+
+        run("Bcast: non-contiguous array", bc_nc,
+            lambda rep: None if np.array_equal(base[::2], state["want"]) and
+            (base[1::2] == -1).all() else f"got {base[:6]}",
+            lambda rep: comm.Bcast(np.zeros(40)[::2], root=n - 1))
+
+        ins = [np.arange(30, dtype=np.int64) * (r + 1) for r in range(n)]
+        total = np_fold("SUM", ins)
+        rbig = np.zeros(60, np.int64)
+
+        def ar_nc(rep):
+            rbig[:] = 7
+            xcomm.Allreduce(ins[rank], rbig[::2])
+
+        run("Allreduce: non-contiguous array", ar_nc,
+            lambda rep: None if np.array_equal(rbig[::2], total) and
+            (rbig[1::2] == 7).all() else f"got {rbig[:6]}",
+            lambda rep: comm.Allreduce(ins[rank], np.zeros(60, np.int64)[::2]))
+
+        sbig = np.zeros(60, np.int64)
+
+        def rd_nc(rep):
+            sbig[::2] = ins[rank]
+            rbig[:] = 0
+            xcomm.Reduce(sbig[::2], rbig[:30] if rank == 0 else None,
+                         op=MPI.SUM, root=0)
+
+        run("Reduce: non-contiguous array", rd_nc,
+            lambda rep: None if rank != 0 or np.array_equal(rbig[:30], total)
+            else f"got {rbig[:6]}",
+            lambda rep: comm.Reduce(np.zeros(60, np.int64)[::2],
+                                    np.zeros(30, np.int64) if rank == 0
+                                    else None, op=MPI.SUM, root=0))
+
+        # 2. A derived datatype in a buffer specification.
+        d = np.zeros(12)
+
+        def bc_dt(rep):
+            d[:] = np.arange(12.0) + rep if rank == 0 else -5
+            xcomm.Bcast([d, 6, dt2], root=0)
+
+        run("Bcast: derived datatype", bc_dt,
+            lambda rep: None if np.array_equal(d, np.arange(12.0) + rep)
+            else f"got {d[:4]}")
+
+        dins = [np.arange(8.0) * (r + 1) for r in range(n)]
+        dout = np.zeros(8)
+
+        def ar_dt(rep):
+            dout[:] = 0
+            xcomm.Allreduce([dins[rank], dt2], [dout, dt2], op=usum)
+
+        run("Allreduce: derived datatype", ar_dt,
+            lambda rep: None if np.array_equal(dout, np_fold("SUM", dins))
+            else f"got {dout}")
+
+        # 3. A user-defined op.
+        iout = np.zeros(30, np.int64)
+
+        def ar_user(rep):
+            iout[:] = 0
+            xcomm.Allreduce(ins[rank], iout, op=usum)
+
+        run("Allreduce: user-defined or MAXLOC/MINLOC op", ar_user,
+            lambda rep: None if np.array_equal(iout, total)
+            else f"got {iout[:4]}")
+
+        def rd_user(rep):
+            iout[:] = 0
+            xcomm.Reduce(ins[rank], iout if rank == n - 1 else None,
+                         op=usum, root=n - 1)
+
+        run("Reduce: user-defined or MAXLOC/MINLOC op", rd_user,
+            lambda rep: None if rank != n - 1 or np.array_equal(iout, total)
+            else f"got {iout[:4]}")
+
+        # 4. MAXLOC / MINLOC on a pair type.
+        vals = [(values(np.dtype("i4"), "SUM", seed_of(110, r), 17) % 5)
+                for r in range(n)]
+        pairs = np.empty((17, 2), np.int32)
+        pairs[:, 0] = vals[rank]
+        pairs[:, 1] = rank
+        stack = np.stack(vals)
+        loc_out = np.zeros((17, 2), np.int32)
+        for opname, pick in (("MAXLOC", np.max), ("MINLOC", np.min)):
+            best = pick(stack, axis=0)
+            where = np.argmax(stack == best, axis=0)  # lowest rank wins ties
+
+            def ar_loc(rep, opname=opname):
+                loc_out[:] = -9
+                xcomm.Allreduce([pairs, MPI.TWOINT], [loc_out, MPI.TWOINT],
+                                op=getattr(MPI, opname))
+
+            if opname == "MAXLOC":
+                run("Allreduce: datatype MPI_2INT", ar_loc,
+                    lambda rep, best=best, where=where:
+                    None if np.array_equal(loc_out[:, 0], best) and
+                    np.array_equal(loc_out[:, 1], where) else
+                    f"got {loc_out[:3].tolist()}")
+            else:
+                # Same reason again: counted, but warned about only once.
+                ar_loc(0)
+                ok = np.array_equal(loc_out[:, 0], best) and \
+                    np.array_equal(loc_out[:, 1], where)
+                v.check("fallback MINLOC MPI_2INT", ok,
+                        f"got {loc_out[:3].tolist()}")
+        # 5. A dtype without a kernel (bool) in Allreduce.
+        bins = [values(np.dtype("u1"), "LOR", seed_of(111, r), 9) > 0
+                for r in range(n)]
+        bout = np.zeros(9, bool)
+
+        def ar_bool(rep):
+            bout[:] = False
+            xcomm.Allreduce(bins[rank], bout, op=MPI.LOR)
+
+        run("Allreduce: datatype without a reduction kernel", ar_bool,
+            lambda rep: None if np.array_equal(bout, np.logical_or.reduce(
+                bins)) else f"got {bout}")
+
+    mine = [str(w.message) for w in caught
+            if issubclass(w.category, RuntimeWarning)
+            and str(w.message).startswith("xhc:")]
+    for reason in expected_reasons:
+        k = sum(reason in m for m in mine)
+        v.check(f"one warning for {reason!r}", k == 1,
+                f"{k} warnings mention it: {mine}")
+    v.check("no other warnings", len(mine) == len(expected_reasons),
+            f"{len(mine)} warnings for {len(expected_reasons)} reasons: "
+            f"{mine}")
+    want_fallbacks = 2 * len(expected_reasons) + 1
+    v.check("stats['fallback'] total", xcomm.stats["fallback"] ==
+            want_fallbacks, f"{xcomm.stats['fallback']} != {want_fallbacks}")
+    usum.Free()
+    dt2.Free()
+
+
+# -- stats -------------------------------------------------------------------
+
+def suite_stats(world, comm, v, sz, args):
+    """Every supported dtype, op and size class stays on the core (a fresh
+    communicator: its fallback count starts at 0 and must stay there)."""
+    with xhc.Comm(comm) as xcomm:
+        v.check("stats of a fresh communicator", not any(xcomm.stats.values()),
+                f"{xcomm.stats}")
+        stats_cases(xcomm, comm, v, sz)
+
+
+def stats_cases(xcomm, comm, v, sz):
+    n, rank = comm.size, comm.rank
+    start = xcomm.stats
+    expect = dict.fromkeys(start, 0)
+
+    def count(kind, nbytes):
+        path = sz.path(kind, nbytes, n)
+        if path:
+            expect[path] += 1
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        case = 0
+        for dt, op in combos():
+            es = dt.itemsize
+            for count_ in (0, 2, INLINE // es + 1, sz.cico // es + 3):
+                case += 1
+                one_allreduce(v, xcomm, comm, dt, op, count_,
+                              seed_of(120, case), in_place=case % 2 == 0,
+                              use_mpi=False)
+                count("allreduce", count_ * es)
+                root = case % n
+                one_reduce(v, xcomm, comm, dt, op, count_, seed_of(121, case),
+                           root, in_place=case % 3 == 0, nonroot_buf=False,
+                           use_mpi=False)
+                count("reduce", count_ * es)
+        for dt in DTYPES + [np.dtype("c8"), RECORD, np.dtype("?")]:
+            for count_ in (0, 1, INLINE // dt.itemsize + 1,
+                           sz.chunk // dt.itemsize + 1):
+                case += 1
+                root = case % n
+                want = pattern(seed_of(122, case), count_ * dt.itemsize)
+                buf = np.empty(count_, dt)
+                raw(buf)[:] = want if rank == root else want ^ np.uint8(3)
+                xcomm.Bcast(buf, root=root)
+                count("bcast", buf.nbytes)
+                v.case(f"stats Bcast {dt} x{count_}",
+                       None if np.array_equal(raw(buf), want) else
+                       first_diff(raw(buf), want))
+        for _ in range(5):
+            xcomm.Barrier()
+            if n > 1:
+                expect["barrier"] += 1
+    end = xcomm.stats
+    v.check("stats: no fallback", end["fallback"] == 0,
+            f"stats['fallback'] == {end['fallback']}")
+    mine = [str(w.message) for w in caught if "xhc" in str(w.message)]
+    v.check("stats: no warnings", not mine, f"warnings: {mine}")
+    for key in expect:
+        if key == "fallback":
+            continue
+        got = end[key] - start[key]
+        v.check(f"stats[{key!r}]", got == expect[key],
+                f"rose by {got}, want {expect[key]} (copy={sz.copy})")
+
+
+# -- sequence numbers through zero -------------------------------------------
+
+def suite_wrap(xcomm, comm, v, sz, args):
+    """Cross 2**64 -> 0 with the operation at sequence number 0 waiting on
+    flags nobody has written yet (their initial value is 0).
+
+    Each case opens a communicator whose next sequence number is 2**64 - K
+    + 1, runs K - 1 one-byte Bcasts from rank 0 (only rank 0 writes lines),
+    then the operation under test is number 0; the rank that supplies the
+    data arrives 0.1 s late, so a reader that takes a stale flag for a
+    published one reads garbage.  Then a few more checked operations.
+    Every target runs (an XhcError is recorded as its verdict); the
+    verdicts are checked at the end."""
+    n, rank = comm.size, comm.rank
+    K = 6
+    late = n - 1
+
+    def opened():
+        xc = xhc.Comm(comm, seq_start=(1 << 64) - K)
+        one = np.zeros(1, np.uint8)
+        for _ in range(K - 1):
+            xc.Bcast(one, root=0)
+        return xc
+
+    def number_zero(xc, t):
+        """Run target T as operation number 0; return an error or None."""
+        large = t.endswith("large")
+        nbytes = {"Bcast inline": 8, "Bcast cico": 1000}.get(
+            t, 3 * sz.chunk + 64 if large else 800)
+        if t == "Barrier":
+            mine = xc.zeros(1, np.int64)
+            views = peer_views(mine, n)
+            if rank == late:
+                time.sleep(0.1)
+                mine[0] = 42
+            xc.Barrier()
+            got = int(views[late][0])
+            return None if got == 42 else \
+                f"Barrier number 0 returned before rank {late} arrived"
+        if t.startswith("Bcast"):
+            want = pattern(seed_of(130, nbytes), nbytes)
+            buf = want.copy() if rank == late else np.zeros(nbytes, np.uint8)
+            if rank == late:
+                time.sleep(0.1)
+            xc.Bcast(buf, root=late)
+            return None if np.array_equal(buf, want) else \
+                "Bcast number 0: " + first_diff(buf, want)
+        dt = np.dtype("i8")
+        count = nbytes // 8
+        ins = [values(dt, "SUM", seed_of(131, r), count) for r in range(n)]
+        want = np_fold("SUM", ins)
+        if rank == late:
+            time.sleep(0.1)
+        if t.startswith("Allreduce"):
+            out = np.zeros(count, dt)
+            xc.Allreduce(ins[rank], out)
+        else:
+            out = np.zeros(count, dt) if rank == 0 else None
+            xc.Reduce(ins[rank], out, root=0)
+        if out is None:
+            return None
+        err = compare(out, want, "SUM", dt)
+        return err and f"{t.split()[0]} number 0: " + err
+
+    v.every = 10 ** 6       # one check at the end: every target runs
+    targets = ["Barrier", "Bcast inline", "Bcast cico", "Bcast large",
+               "Allreduce small", "Allreduce large", "Reduce small",
+               "Reduce large"]
+    for t in targets:
+        xc = opened()
+        seq = int(lib.xhc_seq(xc._ctx)) if n > 1 else None
+        v.check(f"wrap {t}: positioned", n == 1 or seq == (1 << 64) - 1,
+                f"sequence number {seq}")
+        try:
+            err = number_zero(xc, t)
+            raised = False
+        except xhc.XhcError as e:
+            err, raised = f"raised XhcError: {e}", True
+        v.case(f"wrap {t} at sequence number 0", err)
+        # After an error the communicator is no longer usable.
+        if not comm.allreduce(raised, op=MPI.LOR):
+            quick_checks(v, xc, comm, f"wrap {t}: after 0", 140)
+        xc.free()
+    v.flush()
+
+
+SUITES = {
+    "bcast": suite_bcast, "allreduce": suite_allreduce,
+    "reduce": suite_reduce, "barrier": suite_barrier, "mixed": suite_mixed,
+    "subcomm": suite_subcomm, "zerocopy": suite_zerocopy,
+    "fallback": suite_fallback, "stats": suite_stats, "wrap": suite_wrap,
+}
+
+
+def check_mpi_wraps(comm, v):
+    """mpi4py is a truth only if its integer SUM wraps like C and numpy.
+
+    Open MPI 5's op/avx component saturates 8- and 16-bit sums of 16 or
+    more elements (127 + 127 -> 127) while its scalar tail wraps;
+    tests/test_collectives.py runs with OMPI_MCA_op=^avx (the base ops)."""
+    for dt in ("i1", "u1", "i2", "u2"):
+        a = np.full(64, np.iinfo(dt).max, dt)
+        b = np.empty_like(a)
+        comm.Allreduce(a, b, op=MPI.SUM)
+        want = np_fold("SUM", [a] * comm.size)
+        v.check(f"mpi4py {dt} SUM wraps", same_bits(b, want),
+                f"mpi4py's own {dt} SUM overflow gives {b[0]}, not the "
+                f"wrapped {want[0]}: the MPI's op component saturates; run "
+                "with OMPI_MCA_op=^avx")
+    v.flush()
+
+
+def check_config(xcomm, comm, v, expect_levels):
+    """The variant under test really took effect."""
+    info = xcomm.info
+    env = os.environ
+    v.check("accelerated", bool(info) and "open" in repr(xcomm),
+            f"not accelerated: {xcomm!r}")
+    cfg = info["config"]
+    for key in ("cico_max", "chunk_size", "seq_start"):
+        if "XHC_" + key.upper() in env:
+            want = xhc.config.parse_size(env["XHC_" + key.upper()]) \
+                if key != "seq_start" else int(env["XHC_SEQ_START"])
+            v.check(f"config {key}", cfg[key] == want,
+                    f"{cfg[key]} != {want}")
+    if env.get("XHC_COPY") == "cico":
+        v.check("copy cico", info["copy"] == "cico", info["copy"])
+    if expect_levels:
+        depth = {k: len(lv) for k, lv in info["levels"].items()}
+        v.check("hierarchy depth", all(d == expect_levels
+                                       for d in depth.values()),
+                f"levels per operation {depth}, want {expect_levels}")
+    v.flush()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--suite", required=True,
+                   help="comma-separated: " + ", ".join(SUITES))
+    p.add_argument("--quick", action="store_true",
+                   help="a thinner selection of cases (for variants)")
+    p.add_argument("--expect-levels", type=int, default=0,
+                   help="every operation's hierarchy must have this many "
+                   "levels (node included)")
+    args = p.parse_args(argv)
+    names = [s.strip() for s in args.suite.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SUITES]
+    if unknown:
+        p.error(f"unknown suite(s) {unknown}")
+    comm = MPI.COMM_WORLD
+    xcomm = xhc.Comm(comm)
+    sz = Sizes(xcomm)
+    check_mpi_wraps(comm, Verdicts(comm, "mpi4py"))
+    check_config(xcomm, comm, Verdicts(comm, "config"), args.expect_levels)
+    for name in names:
+        t0 = time.perf_counter()
+        v = Verdicts(comm, name)
+        SUITES[name](xcomm, comm, v, sz, args)
+        v.flush()
+        if comm.rank == 0:
+            print(f"suite {name}: {v.count} cases passed on {comm.size} "
+                  f"ranks in {time.perf_counter() - t0:.2f} s "
+                  f"(copy={sz.copy}, cico_max={sz.cico}, "
+                  f"chunk={sz.chunk})", flush=True)
+    xcomm.free()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""xhc.Comm collectives under MPI, checked against numpy and mpi4py.
+
+Each test is one launch of tests/mpi_cases/collectives.py (see its
+docstring); a failed check raises the same AssertionError on every rank,
+``python -m mpi4py`` aborts the job, and run_mpi fails the test with the
+output.  Every suite runs at 1, 2, 3, 4 and 8 ranks in the default
+configuration; each XHC_* variant runs at two or more rank counts (the
+multi-level hierarchies at 8; above 4 ranks with a thinner selection of
+cases).
+"""
+import os
+import re
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from mpirun import run_mpi
+
+SCRIPT = "tests/mpi_cases/collectives.py"
+ALL_SUITES = ["bcast", "allreduce", "reduce", "barrier", "mixed", "subcomm",
+              "zerocopy", "fallback", "stats"]
+# Variants: all but fallback (no XHC_* setting changes what falls back).
+VARIANT_SUITES = ["bcast", "allreduce", "reduce", "barrier", "mixed",
+                  "subcomm", "zerocopy", "stats"]
+
+# Every run: the base reduction ops of Open MPI (its op/avx component
+# saturates 8- and 16-bit integer sums instead of wrapping, so mpi4py would
+# be no truth for overflow), and a peer timeout well below run_mpi's, so a
+# deadlock in the core ends as an XhcError naming the rank it waited for.
+BASE_ENV = {"OMPI_MCA_op": "^avx", "XHC_TIMEOUT": "15"}
+
+TOPOLOGY = "pack:2 numa:2 core:2 pu:1"
+SMALL = {"XHC_CICO_MAX": "256", "XHC_CHUNK_SIZE": "4K"}
+SEQ_START = {"XHC_SEQ_START": "18446744073709551000"}  # 2**64 - 616
+
+# (ranks, environment, levels every operation's hierarchy must have).
+VARIANTS = [
+    pytest.param(3, {"XHC_HIERARCHY": "virtual:2"}, 2, id="virtual2-n3"),
+    pytest.param(4, {"XHC_HIERARCHY": "virtual:2", "XHC_COPY": "cma"}, 2,
+                 id="virtual2+cma-n4"),
+    pytest.param(5, {"XHC_HIERARCHY": "virtual:2,virtual:4",
+                     "XHC_COPY": "cico"}, 3, id="virtual2,4+cico-n5"),
+    pytest.param(8, {"XHC_HIERARCHY": "virtual:2,virtual:4"}, 3,
+                 id="virtual2,4-n8"),
+    pytest.param(6, {"XHC_TOPOLOGY": TOPOLOGY, "XHC_COPY": "cma"}, 3,
+                 id="topology+cma-n6"),
+    pytest.param(8, {"XHC_TOPOLOGY": TOPOLOGY, **SMALL}, 3,
+                 id="topology+small-n8"),
+    pytest.param(3, {**SMALL, "XHC_COPY": "cico"}, 0, id="small+cico-n3"),
+    pytest.param(2, {"XHC_COPY": "cico"}, 0, id="cico-n2"),
+    pytest.param(2, {"XHC_COPY": "cma"}, 0, id="cma-n2"),
+    pytest.param(2, SEQ_START, 0, id="seqstart-n2"),
+    pytest.param(4, {**SEQ_START, **SMALL}, 0, id="seqstart+small-n4"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch):
+    """Runs see only the XHC_* settings a test gives them."""
+    for key in list(os.environ):
+        if key.startswith("XHC_") or key == "OMPI_MCA_op":
+            monkeypatch.delenv(key)
+
+
+def run_suites(n, suites, env=None, quick=False, levels=0, timeout=240):
+    """Run SUITES on N ranks; every one must report its cases passed."""
+    args = [SCRIPT, "--suite", ",".join(suites)]
+    if quick:
+        args.append("--quick")
+    if levels:
+        args += ["--expect-levels", str(levels)]
+    result = run_mpi(n, args, timeout=timeout, env={**BASE_ENV, **(env or {})})
+    for suite in suites:
+        m = re.search(rf"^suite {suite}: (\d+) cases passed on {n} ranks",
+                      result.stdout, re.MULTILINE)
+        assert m, f"suite {suite} did not report:\n{result.stdout}"
+        assert int(m.group(1)) > 0, f"suite {suite} ran no cases"
+    return result
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_every_suite_default_config(n):
+    run_suites(n, ALL_SUITES)
+
+
+@pytest.mark.parametrize("n,env,levels", VARIANTS)
+def test_variant(n, env, levels):
+    # Every case up to 4 ranks; a thinner selection above (time budget).
+    run_suites(n, VARIANT_SUITES, env=env, quick=n > 4, levels=levels)
+
+
+@pytest.mark.parametrize("n,env", [
+    pytest.param(2, {}, id="n2"),
+    pytest.param(3, {}, id="n3"),
+    pytest.param(2, {"XHC_COPY": "cma"}, id="cma-n2"),
+])
+def test_sequence_numbers_wrap_through_zero(n, env):
+    """The operation numbered 0 (after 2**64 - 1) must wait for its peers
+    like any other, whatever kind it is and whoever supplies the data."""
+    # Its waits are short (a 0.1 s late rank): a low timeout keeps a broken
+    # core from costing 15 s per stuck target.
+    run_suites(n, ["wrap"], env={**env, "XHC_TIMEOUT": "5"})
+
+
+def test_barrier_check_catches_a_missing_barrier():
+    """The barrier suite is no tautology: with Barrier replaced by a no-op
+    it fails, on every rank, with the case named."""
+    result = run_mpi(3, [SCRIPT, "--suite", "barrier"], timeout=120,
+                     env={**BASE_ENV, "XHC_TEST_SABOTAGE": "barrier"},
+                     check=False)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out
+    assert "AssertionError: [suite barrier, 3 ranks] Barrier orders " \
+        "shared-memory writes" in out, out
+    assert "suite barrier:" not in result.stdout

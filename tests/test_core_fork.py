@@ -1,0 +1,753 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The C core without MPI: the cffi module's constants and helpers, its
+argument checks, and forked processes hammering one segment.
+
+The fork tests create a segment, fork N children that each open it with
+their rank (rank 0 first: it writes the header), learn every child's pid
+through a pipe, and then run thousands of Barrier / Bcast / Allreduce /
+Reduce calls, checking a closed-form invariant after every one.  The parent
+unlinks the segment once all have it mapped, and fails the test on any
+child's non-zero exit or on a timeout (after killing the children).
+"""
+import contextlib
+import errno
+import json
+import mmap
+import os
+import re
+import secrets
+import select
+import signal
+import time
+import traceback
+
+import numpy as np
+import pytest
+from xhc._xhc import ffi, lib
+
+from xhc import _build
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+HEADER = os.path.join(ROOT, "csrc", "xhc.h")
+SHM_DIR = "/dev/shm"
+
+
+def _xhc_entries():
+    """Segments of xhc in /dev/shm: the front end's /xhc.<uid>.<hex>, and
+    xhc./xhc- names the tests give theirs."""
+    try:
+        return {e for e in os.listdir(SHM_DIR)
+                if e.startswith(("xhc.", "xhc-"))}
+    except FileNotFoundError:
+        return set()
+
+
+# Taken at collection, before any test of the session runs.
+SHM_BEFORE = _xhc_entries()
+
+
+def header_text():
+    with open(HEADER) as f:
+        return f.read()
+
+
+def cffi_region():
+    text = header_text()
+    begin, end = "/* cffi:begin */", "/* cffi:end */"
+    return text[text.index(begin) + len(begin):text.index(end)]
+
+
+def seg_name():
+    return f"/xhc.{os.getuid()}.test-{os.getpid()}-{secrets.token_hex(6)}"
+
+
+def make_config(copy="cico", cico_max=1024, chunk_size=4096, seq_start=0,
+                timeout=10.0, spin=64):
+    c = ffi.new("xhc_config_t *")
+    c.cico_max, c.chunk_size, c.seq_start = cico_max, chunk_size, seq_start
+    c.timeout, c.spin = timeout, spin
+    c.copy = {"cico": lib.XHC_COPY_CICO, "cma": lib.XHC_COPY_CMA}[copy]
+    return c
+
+
+def strerror(rc):
+    return ffi.string(lib.xhc_strerror(rc)).decode()
+
+
+# -- constants and helpers ---------------------------------------------------
+
+def test_header_defines_match_lib():
+    defines = re.findall(r"^#define\s+(XHC_\w+)\s+(-?\d+)", cffi_region(),
+                         re.MULTILINE)
+    assert len(defines) >= 11
+    for name, value in defines:
+        assert getattr(lib, name) == int(value), name
+    assert lib.XHC_INLINE_MAX == 112
+    assert lib.XHC_MAX_LEVELS == 8
+    assert lib.XHC_MAX_REGIONS == 64
+    assert lib.XHC_ERR_TIMEOUT == -5001 and lib.XHC_ERR_FREED == -5008
+
+
+def test_header_enums_match_lib():
+    enums = re.findall(r"enum\s+(xhc_\w+)\s*\{([^}]*)\}", cffi_region())
+    assert {name for name, _ in enums} >= {"xhc_dtype", "xhc_op", "xhc_kind",
+                                           "xhc_copy", "xhc_path"}
+    for name, body in enums:
+        members = [m.strip() for m in body.split(",") if m.strip()]
+        assert members, name
+        for index, member in enumerate(members):
+            assert "=" not in member, (name, member)
+            assert getattr(lib, member) == index, (name, member)
+    assert (lib.XHC_NDTYPES, lib.XHC_NOPS, lib.XHC_NKINDS) == (10, 10, 4)
+
+
+def error_codes():
+    return {name: value for name, value in
+            re.findall(r"^#define\s+(XHC_ERR_\w+)\s+(-\d+)", cffi_region(),
+                       re.MULTILINE)}
+
+
+def test_strerror_names_every_code():
+    codes = error_codes()
+    assert len(codes) == 8
+    messages = {}
+    for name in codes:
+        msg = strerror(getattr(lib, name))
+        assert msg and msg != "unknown error", name
+        assert "success" not in msg, name
+        messages[msg] = name
+    assert len(messages) == len(codes), "two codes share a message"
+    assert strerror(0) == "success"
+    for err in (errno.ENOENT, errno.ENOMEM, errno.EACCES):
+        assert strerror(-err) == os.strerror(err)
+
+
+def test_op_valid_and_dtype_size():
+    ints = [lib.XHC_INT8, lib.XHC_INT16, lib.XHC_INT32, lib.XHC_INT64,
+            lib.XHC_UINT8, lib.XHC_UINT16, lib.XHC_UINT32, lib.XHC_UINT64]
+    floats = [lib.XHC_FLOAT32, lib.XHC_FLOAT64]
+    arith = [lib.XHC_SUM, lib.XHC_PROD, lib.XHC_MIN, lib.XHC_MAX]
+    assert lib.xhc_op_valid(lib.XHC_FLOAT64, lib.XHC_BAND) == 0
+    for dt in ints + floats:
+        for op in range(lib.XHC_NOPS):
+            want = dt in ints or op in arith
+            assert bool(lib.xhc_op_valid(dt, op)) == want, (dt, op)
+        assert lib.xhc_op_valid(dt, lib.XHC_NOPS) == 0
+        assert lib.xhc_op_valid(dt, -1) == 0
+    assert lib.xhc_op_valid(lib.XHC_NDTYPES, lib.XHC_SUM) == 0
+    assert lib.xhc_op_valid(-1, lib.XHC_SUM) == 0
+    sizes = [1, 2, 4, 8, 1, 2, 4, 8, 4, 8]
+    assert [lib.xhc_dtype_size(d) for d in range(lib.XHC_NDTYPES)] == sizes
+    assert lib.xhc_dtype_size(lib.XHC_NDTYPES) == 0
+
+
+def test_cdef_of_reads_exactly_the_marked_region():
+    text = header_text()
+    region = _build.cdef_of(text)
+    assert region == cffi_region()
+    assert "#include" not in region and "#ifndef" not in region
+    assert "typedef struct xhc_ctx xhc_ctx_t;" in region
+    assert "xhc_strerror" in region
+    assert _build.cdef_of("int a;\n/* cffi:begin */int b;/* cffi:end */"
+                          "\nint c;") == "int b;"
+    assert _build.cdef_of("/* cffi:begin */\nx\ny\n/* cffi:end */") \
+        == "\nx\ny\n"
+    with pytest.raises(RuntimeError):
+        _build.cdef_of("int a; /* cffi:begin */ int b;")
+    # Every function of the region is in the built module.
+    for fn in re.findall(r"\b(xhc_\w+)\s*\(", region):
+        assert hasattr(lib, fn), fn
+
+
+def test_segment_size():
+    c = make_config()
+    sizes = [lib.xhc_segment_size(n, c) for n in (1, 2, 3, 8)]
+    assert all(s % 4096 == 0 for s in sizes)
+    assert sizes == sorted(sizes) and len(set(sizes)) == 4
+    # The slots hold 2 directions x 4 ring entries of cico_max per rank.
+    big = make_config(cico_max=1 << 16)
+    assert lib.xhc_segment_size(2, big) - lib.xhc_segment_size(2, c) >= \
+        2 * 2 * 4 * ((1 << 16) - 1024)
+
+
+# -- argument checks in one process ------------------------------------------
+
+class Segment:
+    """A created segment, unlinked on exit."""
+
+    def __init__(self, n, cfg):
+        self.name = seg_name().encode()
+        self.size = lib.xhc_segment_size(n, cfg)
+        assert lib.xhc_shm_create(self.name, self.size) == 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        lib.xhc_shm_unlink(self.name)
+
+
+def open_ctx(seg, rank, n, cfg):
+    out = ffi.new("xhc_ctx_t **")
+    rc = lib.xhc_ctx_open(out, seg.name, seg.size, rank, n, cfg)
+    return rc, out[0]
+
+
+def set_flat(ctx, n):
+    groups = ffi.new("int[]", [0] * n)
+    for kind in range(lib.XHC_NKINDS):
+        assert lib.xhc_ctx_set_hierarchy(ctx, kind, 1, groups) == 0
+
+
+def test_open_checks_its_arguments():
+    cfg = make_config()
+    with Segment(2, cfg) as seg:
+        out = ffi.new("xhc_ctx_t **")
+        assert lib.xhc_ctx_open(out, seg.name, seg.size + 4096, 0, 2, cfg) \
+            == lib.XHC_ERR_ARG
+        for rank, n in ((2, 2), (-1, 2), (0, 0)):
+            assert lib.xhc_ctx_open(out, seg.name, seg.size, rank, n, cfg) \
+                == lib.XHC_ERR_ARG, (rank, n)
+        for field, bad in (("cico_max", 100), ("cico_max", 1000),
+                           ("chunk_size", 2048), ("timeout", 0.0),
+                           ("copy", 7)):
+            c = make_config()
+            setattr(c, field, bad)
+            size = lib.xhc_segment_size(2, c)
+            assert lib.xhc_ctx_open(out, seg.name, size, 0, 2, c) == \
+                lib.XHC_ERR_ARG, field
+        # Rank 1 before rank 0 wrote the header: not a valid segment.
+        rc, _ = open_ctx(seg, 1, 2, cfg)
+        assert rc == lib.XHC_ERR_SEGMENT
+        rc, ctx0 = open_ctx(seg, 0, 2, cfg)
+        assert rc == 0
+        try:
+            rc, ctx1 = open_ctx(seg, 1, 2, cfg)
+            assert rc == 0
+            lib.xhc_ctx_close(ctx1)
+            # Another cico_max than the creator's: refused.
+            other = make_config(cico_max=2048)
+            name2 = seg.name  # same name, other layout size
+            size2 = lib.xhc_segment_size(2, other)
+            assert lib.xhc_ctx_open(out, name2, size2, 1, 2, other) == \
+                lib.XHC_ERR_SEGMENT
+        finally:
+            lib.xhc_ctx_close(ctx0)
+    missing = seg_name().encode()
+    assert lib.xhc_ctx_open(out, missing, seg.size, 0, 2, cfg) == -errno.ENOENT
+
+
+def test_collectives_check_their_arguments():
+    cfg = make_config()
+    buf = np.zeros(16)
+    p = ffi.from_buffer(buf)
+    null = ffi.NULL
+    # A freed (NULL) context.
+    assert lib.xhc_barrier(null) == lib.XHC_ERR_FREED
+    assert lib.xhc_bcast(null, p, 8, 0) == lib.XHC_ERR_FREED
+    assert lib.xhc_allreduce(null, p, p, 1, lib.XHC_FLOAT64, lib.XHC_SUM) \
+        == lib.XHC_ERR_FREED
+    assert lib.xhc_reduce(null, p, p, 1, lib.XHC_FLOAT64, lib.XHC_SUM, 0) \
+        == lib.XHC_ERR_FREED
+    with Segment(2, cfg) as seg:
+        rc, ctx = open_ctx(seg, 0, 2, cfg)
+        assert rc == 0
+        try:
+            # No hierarchy yet: nothing may wait on peers.
+            assert lib.xhc_barrier(ctx) == lib.XHC_ERR_HIERARCHY
+            assert lib.xhc_bcast(ctx, p, 8, 0) == lib.XHC_ERR_HIERARCHY
+            assert lib.xhc_allreduce(ctx, p, p, 2, lib.XHC_FLOAT64,
+                                     lib.XHC_SUM) == lib.XHC_ERR_HIERARCHY
+            # Malformed hierarchies.
+            split_top = ffi.new("int[]", [0, 1])
+            assert lib.xhc_ctx_set_hierarchy(ctx, lib.XHC_BCAST, 1,
+                                             split_top) == \
+                lib.XHC_ERR_HIERARCHY
+            flat = ffi.new("int[]", [0] * 2 * 9)
+            assert lib.xhc_ctx_set_hierarchy(ctx, lib.XHC_BCAST, 0, flat) == \
+                lib.XHC_ERR_HIERARCHY
+            assert lib.xhc_ctx_set_hierarchy(ctx, lib.XHC_BCAST, 9, flat) == \
+                lib.XHC_ERR_HIERARCHY
+            assert lib.xhc_ctx_set_hierarchy(ctx, lib.XHC_NKINDS, 1, flat) \
+                == lib.XHC_ERR_ARG
+            set_flat(ctx, 2)
+            # Bad roots, dtypes, ops: refused before any waiting.
+            assert lib.xhc_bcast(ctx, p, 8, 2) == lib.XHC_ERR_ARG
+            assert lib.xhc_bcast(ctx, p, 8, -1) == lib.XHC_ERR_ARG
+            assert lib.xhc_allreduce(ctx, p, p, 2, lib.XHC_FLOAT64,
+                                     lib.XHC_BAND) == lib.XHC_ERR_DTYPE_OP
+            assert lib.xhc_allreduce(ctx, p, p, 2, lib.XHC_NDTYPES,
+                                     lib.XHC_SUM) == lib.XHC_ERR_ARG
+            assert lib.xhc_allreduce(ctx, p, p, 2, lib.XHC_INT8,
+                                     lib.XHC_NOPS) == lib.XHC_ERR_ARG
+            assert lib.xhc_reduce(ctx, p, p, 2, lib.XHC_FLOAT32, lib.XHC_BXOR,
+                                  0) == lib.XHC_ERR_DTYPE_OP
+            assert lib.xhc_reduce(ctx, p, p, 2, lib.XHC_FLOAT64, lib.XHC_SUM,
+                                  5) == lib.XHC_ERR_ARG
+            assert lib.xhc_reduce(ctx, p, null, 2, lib.XHC_FLOAT64,
+                                  lib.XHC_SUM, 0) == lib.XHC_ERR_ARG
+            assert lib.xhc_ctx_set_copy(ctx, 3) == lib.XHC_ERR_ARG
+            assert lib.xhc_stat(ctx, lib.XHC_NPATHS) == 0
+            assert lib.xhc_stat(ctx, -1) == 0
+            # Zero bytes / elements: nothing to do, nobody to wait for.
+            assert lib.xhc_bcast(ctx, p, 0, 1) == 0
+            assert lib.xhc_allreduce(ctx, p, p, 0, lib.XHC_FLOAT64,
+                                     lib.XHC_SUM) == 0
+            assert lib.xhc_failed_rank(ctx) == -1
+        finally:
+            lib.xhc_ctx_close(ctx)
+
+
+def test_single_rank_context_needs_no_peer():
+    cfg = make_config()
+    with Segment(1, cfg) as seg:
+        rc, ctx = open_ctx(seg, 0, 1, cfg)
+        assert rc == 0
+        try:
+            set_flat(ctx, 1)
+            a = np.arange(1000, dtype=np.int64)
+            r = np.zeros_like(a)
+            assert lib.xhc_barrier(ctx) == 0
+            assert lib.xhc_bcast(ctx, ffi.from_buffer(a), a.nbytes, 0) == 0
+            assert lib.xhc_allreduce(ctx, ffi.from_buffer(a),
+                                     ffi.from_buffer(r), a.size,
+                                     lib.XHC_INT64, lib.XHC_SUM) == 0
+            assert np.array_equal(r, a)
+            r[:] = 0
+            assert lib.xhc_reduce(ctx, ffi.from_buffer(a), ffi.from_buffer(r),
+                                  a.size, lib.XHC_INT64, lib.XHC_MAX, 0) == 0
+            assert np.array_equal(r, a)
+        finally:
+            lib.xhc_ctx_close(ctx)
+
+
+@pytest.mark.parametrize("peer_pid", ["none", "dead"])
+def test_waiting_for_an_absent_peer_fails_and_names_it(peer_pid):
+    """Rank 0 of 2 alone: a timeout (no pid to watch) or, if rank 1's
+    process is gone, XHC_ERR_PEER_GONE long before the timeout."""
+    timeout = 0.5 if peer_pid == "none" else 20.0
+    cfg = make_config(timeout=timeout)
+    if peer_pid == "dead":
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    else:
+        pid = 0
+    with Segment(2, cfg) as seg:
+        rc, ctx = open_ctx(seg, 0, 2, cfg)
+        assert rc == 0
+        try:
+            set_flat(ctx, 2)
+            assert lib.xhc_ctx_set_pids(ctx, ffi.new("int64_t[]",
+                                                     [os.getpid(), pid])) == 0
+            t0 = time.monotonic()
+            rc = lib.xhc_barrier(ctx)
+            took = time.monotonic() - t0
+            want = lib.XHC_ERR_TIMEOUT if peer_pid == "none" else \
+                lib.XHC_ERR_PEER_GONE
+            assert rc == want, strerror(rc)
+            assert lib.xhc_failed_rank(ctx) == 1
+            if peer_pid == "none":
+                assert timeout * 0.9 <= took < timeout + 5
+            else:
+                assert took < 5
+        finally:
+            lib.xhc_ctx_close(ctx)
+
+
+# -- forked ranks -----------------------------------------------------------
+
+HIERARCHIES = {
+    "flat": lambda n: [[0] * n],
+    # Pairs under one node-wide group (a lone last rank when N is odd).
+    "pairs": lambda n: [[r // 2 for r in range(n)], [0] * n],
+    # Pairs, then halves, then the node.
+    "three": lambda n: [[r // 2 for r in range(n)],
+                        [r // 4 for r in range(n)], [0] * n],
+}
+
+
+def _send(fd, obj):
+    os.write(fd, (json.dumps(obj) + "\n").encode())
+
+
+class LineReader:
+    def __init__(self, fd):
+        self.fd, self.buf = fd, b""
+
+    def read(self, deadline):
+        """The next JSON line, or None at EOF or after DEADLINE."""
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if not ready:
+                return None
+            data = os.read(self.fd, 65536)
+            if not data:
+                return None
+            self.buf += data
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+
+def _check(rc, what):
+    if rc:
+        raise AssertionError(f"{what}: {strerror(rc)} ({rc})")
+
+
+def _sizes(cfg):
+    """Byte counts around every threshold of CFG."""
+    inline, cico, chunk = lib.XHC_INLINE_MAX, cfg.cico_max, cfg.chunk_size
+    out = [1, 8, inline - 1, inline, inline + 1, 500, cico - 8, cico,
+           cico + 8, chunk - 8, chunk + 8, 3 * chunk + 77, 0]
+    return sorted(set(out), key=out.index)
+
+
+def hammer(ctx, rank, n, iters, cfg, board):
+    """ITERS rounds of Barrier, Bcast, Allreduce and Reduce, each checked
+    against a closed form; raise AssertionError on the first mismatch."""
+    sizes = _sizes(cfg)
+    top = max(sizes)
+    pat = np.arange(top, dtype=np.int64)
+    slots = np.frombuffer(board, np.int64, 2 * n).reshape(2, n)
+    for it in range(iters):
+        # Barrier: my write before it is seen by everyone after it.
+        slots[it % 2, rank] = it + 1
+        _check(lib.xhc_barrier(ctx), f"barrier {it}")
+        seen = slots[it % 2].copy()
+        if not (seen == it + 1).all():
+            raise AssertionError(f"iteration {it}: after the barrier the "
+                                 f"board reads {seen.tolist()}")
+        # Bcast from a rotating root.
+        root = it % n
+        nbytes = sizes[it % len(sizes)]
+        want = ((pat[:nbytes] * 7 + it * 13 + root) & 0xFF).astype(np.uint8)
+        buf = want.copy() if rank == root else want ^ np.uint8(0xFF)
+        _check(lib.xhc_bcast(ctx, ffi.from_buffer(buf), nbytes, root),
+               f"bcast {it}")
+        if not np.array_equal(buf, want):
+            bad = int(np.flatnonzero(buf != want)[0])
+            raise AssertionError(f"iteration {it}: bcast of {nbytes} B from "
+                                 f"{root}: byte {bad} is {buf[bad]}, want "
+                                 f"{want[bad]}")
+        # Allreduce SUM of rank + it + j: n (it + j) + n (n - 1) / 2.
+        count = sizes[(it + 5) % len(sizes)] // 8
+        send = pat[:count] + (rank + it)
+        want = n * (pat[:count] + it) + n * (n - 1) // 2
+        recv = send if it % 3 == 0 else np.full(count, -1, np.int64)
+        _check(lib.xhc_allreduce(ctx, ffi.from_buffer(send),
+                                 ffi.from_buffer(recv), count, lib.XHC_INT64,
+                                 lib.XHC_SUM), f"allreduce {it}")
+        if not np.array_equal(recv, want):
+            bad = int(np.flatnonzero(recv != want)[0])
+            raise AssertionError(f"iteration {it}: allreduce SUM of {count}: "
+                                 f"[{bad}] is {recv[bad]}, want {want[bad]}"
+                                 f"{' (in place)' if it % 3 == 0 else ''}")
+        # Allreduce MAX of float32 1.5 rank - it: 1.5 (n - 1) - it.
+        count = sizes[(it + 2) % len(sizes)] // 4
+        send = np.full(count, 1.5 * rank - it, np.float32)
+        recv = np.zeros(count, np.float32)
+        _check(lib.xhc_allreduce(ctx, ffi.from_buffer(send),
+                                 ffi.from_buffer(recv), count,
+                                 lib.XHC_FLOAT32, lib.XHC_MAX),
+               f"allreduce max {it}")
+        if count and not (recv == np.float32(1.5 * (n - 1) - it)).all():
+            raise AssertionError(f"iteration {it}: allreduce MAX of {count} "
+                                 f"gives {recv[:4]}")
+        # Reduce BXOR to a rotating root: XOR of (rank + 1) * (j + it).
+        root = (it * 7 + 1) % n
+        count = sizes[(it + 9) % len(sizes)] // 4
+        base = (pat[:count] + it).astype(np.uint32)
+        send = base * np.uint32(rank + 1)
+        recv = np.zeros(count, np.uint32) if rank == root else None
+        _check(lib.xhc_reduce(ctx, ffi.from_buffer(send),
+                              ffi.from_buffer(recv) if recv is not None
+                              else ffi.NULL, count, lib.XHC_UINT32,
+                              lib.XHC_BXOR, root), f"reduce {it}")
+        if rank == root:
+            want = np.zeros(count, np.uint32)
+            for r in range(n):
+                want ^= base * np.uint32(r + 1)
+            if not np.array_equal(recv, want):
+                bad = int(np.flatnonzero(recv != want)[0])
+                raise AssertionError(f"iteration {it}: reduce BXOR of {count}"
+                                     f" to {root}: [{bad}] is {recv[bad]}, "
+                                     f"want {want[bad]}")
+
+
+def _bytes(seed, nbytes):
+    return ((np.arange(nbytes) * 7 + seed * 13) & 0xFF).astype(np.uint8)
+
+
+def _bcast_checked(ctx, rank, root, nbytes, seed, what):
+    want = _bytes(seed, nbytes)
+    buf = want.copy() if rank == root else want ^ np.uint8(0xFF)
+    _check(lib.xhc_bcast(ctx, ffi.from_buffer(buf), nbytes, root), what)
+    if not np.array_equal(buf, want):
+        bad = int(np.flatnonzero(buf != want)[0])
+        raise AssertionError(f"{what}: byte {bad} of {nbytes} is {buf[bad]}, "
+                             f"want {want[bad]}")
+
+
+def _allreduce_checked(ctx, rank, n, count, seed, what):
+    send = np.arange(count, dtype=np.int64) + rank + seed
+    recv = np.full(count, -1, np.int64)
+    want = n * (np.arange(count, dtype=np.int64) + seed) + n * (n - 1) // 2
+    _check(lib.xhc_allreduce(ctx, ffi.from_buffer(send), ffi.from_buffer(recv),
+                             count, lib.XHC_INT64, lib.XHC_SUM), what)
+    if not np.array_equal(recv, want):
+        bad = int(np.flatnonzero(recv != want)[0])
+        raise AssertionError(f"{what}: [{bad}] is {recv[bad]}, want "
+                             f"{want[bad]}")
+
+
+def late_child_large_bcasts(ctx, rank, n, iters, cfg, board):
+    """Two large Bcasts (over cico_max, private buffers) while the last rank
+    arrives late: the root must not overwrite the first one's announcement
+    before that rank has read it."""
+    for size in (cfg.cico_max + 5, 3 * cfg.chunk_size + 5):
+        if rank == n - 1:
+            time.sleep(0.3)
+        for k in range(3):
+            _bcast_checked(ctx, rank, 0, size, k,
+                           f"large bcast #{k} of {size} B (rank {n - 1} "
+                           "late)")
+        _check(lib.xhc_barrier(ctx), "barrier")
+
+
+def large_bcast_then_large_allreduce(ctx, rank, n, iters, cfg, board):
+    """A large Bcast of several chunks, then large Allreduces (and a large
+    Reduce): the reduce-scatter must not wait for rounds the Bcast used."""
+    _bcast_checked(ctx, rank, 0, 2 * cfg.chunk_size + 1, 1, "large bcast")
+    _check(lib.xhc_barrier(ctx), "barrier")
+    for k in range(3):
+        _allreduce_checked(ctx, rank, n, cfg.chunk_size // 8 * 2 + 3, k,
+                           f"large allreduce #{k} after a large bcast")
+
+
+def sequence_zero(ctx, rank, n, iters, cfg, board):
+    """seq_start = 2**64 - 3: two one-byte Bcasts from rank 0 (numbers
+    2**64 - 2 and 2**64 - 1), then a Bcast from the last rank, which comes
+    late, numbered 0.  Its children must wait for its data, not take the
+    never-written (zero) flag of that ring entry for number 0."""
+    for k in range(2):
+        _bcast_checked(ctx, rank, 0, 1, k, f"bcast #{k}")
+    if lib.xhc_seq(ctx) != (1 << 64) - 1:
+        raise AssertionError(f"at sequence number {lib.xhc_seq(ctx)}")
+    if rank == n - 1:
+        time.sleep(0.2)
+    _bcast_checked(ctx, rank, n - 1, 8, 2, "bcast number 0 (root late)")
+    for k in range(3, 12):
+        _bcast_checked(ctx, rank, k % n, 100, k, f"bcast number {k - 2}")
+        _allreduce_checked(ctx, rank, n, 5, k, "allreduce after the wrap")
+
+
+BODIES = {"hammer": None, "late-child-large-bcasts": late_child_large_bcasts,
+          "large-bcast-then-large-allreduce": large_bcast_then_large_allreduce,
+          "sequence-zero": sequence_zero}
+
+
+def child(rank, n, name, size, cfg_kw, hierarchy, iters, board, rfd, wfd,
+          body="hammer"):
+    """The body of forked rank RANK; returns its exit status."""
+    reader = LineReader(rfd)
+    msg = reader.read(time.monotonic() + 60)
+    if msg is None:
+        return 3
+    cfg = make_config(**cfg_kw)
+    out = ffi.new("xhc_ctx_t **")
+    rc = lib.xhc_ctx_open(out, name.encode(), size, rank, n, cfg)
+    if rc:
+        _send(wfd, {"error": f"open: {strerror(rc)}"})
+        return 1
+    ctx = out[0]
+    table = HIERARCHIES[hierarchy](n)
+    groups = ffi.new("int[]", [g for level in table for g in level])
+    for kind in range(lib.XHC_NKINDS):
+        _check(lib.xhc_ctx_set_hierarchy(ctx, kind, len(table), groups),
+               "hierarchy")
+    _check(lib.xhc_ctx_set_pids(ctx, ffi.new("int64_t[]", msg["pids"])),
+           "pids")
+    lib.xhc_ctx_probe_address(ctx)  # lets sibling ranks read us with CMA
+    _send(wfd, {"opened": rank})
+    if reader.read(time.monotonic() + 60) != "go":
+        return 3
+    t0 = time.monotonic()
+    (BODIES[body] or hammer)(ctx, rank, n, iters, cfg, board)
+    stats = [int(lib.xhc_stat(ctx, p)) for p in range(lib.XHC_NPATHS)]
+    _send(wfd, {"done": rank, "seconds": time.monotonic() - t0,
+                "stats": stats, "seq": int(lib.xhc_seq(ctx))})
+    lib.xhc_ctx_close(ctx)
+    return 0
+
+
+def run_forked(n, hierarchy, iters, timeout=90, body="hammer", **cfg_kw):
+    """Fork N ranks on one new segment, each running BODY (hammer by
+    default); return their final reports."""
+    cfg = make_config(**cfg_kw)
+    name = seg_name()
+    size = lib.xhc_segment_size(n, cfg)
+    assert lib.xhc_shm_create(name.encode(), size) == 0
+    unlinked = False
+    board = mmap.mmap(-1, 4096)  # shared with the children
+    kids, to_kid, from_kid = [], [], []
+    try:
+        for rank in range(n):
+            down_r, down_w = os.pipe()
+            up_r, up_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover -- runs in the child
+                status = 2
+                try:
+                    os.close(down_w)
+                    os.close(up_r)
+                    status = child(rank, n, name, size, cfg_kw, hierarchy,
+                                   iters, board, down_r, up_w, body)
+                except BaseException:  # noqa: BLE001 -- reported, exit 1
+                    with contextlib.suppress(OSError):
+                        _send(up_w, {"error": traceback.format_exc()})
+                    status = 1
+                finally:
+                    os._exit(status)
+            os.close(down_r)
+            os.close(up_w)
+            kids.append(pid)
+            to_kid.append(down_w)
+            from_kid.append(LineReader(up_r))
+        deadline = time.monotonic() + timeout
+        # Rank 0 opens first (it writes the header), then the others.
+        order = [[0], list(range(1, n))]
+        for group in order:
+            for rank in group:
+                _send(to_kid[rank], {"pids": kids})
+            for rank in group:
+                msg = from_kid[rank].read(deadline)
+                assert msg == {"opened": rank}, f"rank {rank}: {msg}"
+        # Everyone has it mapped: unlink, as the front end does.
+        assert lib.xhc_shm_unlink(name.encode()) == 0
+        unlinked = True
+        for fd in to_kid:
+            _send(fd, "go")
+        reports, failures = {}, []
+        for rank, pid in enumerate(kids):
+            msg = from_kid[rank].read(deadline)
+            status = None
+            while status is None and time.monotonic() < deadline:
+                got, st = os.waitpid(pid, os.WNOHANG)
+                if got:
+                    status = os.waitstatus_to_exitcode(st)
+                else:
+                    time.sleep(0.01)
+            if status is None:
+                failures.append(f"rank {rank} (pid {pid}) still running "
+                                f"after {timeout} s: {msg}")
+                break
+            kids[rank] = None
+            if status != 0 or not msg or "done" not in msg:
+                failures.append(f"rank {rank} exited {status}: {msg}")
+            else:
+                reports[rank] = msg
+        assert not failures, "\n".join(failures)
+        return reports
+    finally:
+        for pid in kids:
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                except (ProcessLookupError, ChildProcessError):
+                    pass
+        for fd in to_kid:
+            os.close(fd)
+        for reader in from_kid:
+            os.close(reader.fd)
+        if not unlinked:
+            lib.xhc_shm_unlink(name.encode())
+        board.close()
+
+
+def path_counters():
+    """{kind: [XHC_PATH_* of that kind]} from the header's enum."""
+    body = re.search(r"enum\s+xhc_path\s*\{([^}]*)\}", cffi_region()).group(1)
+    names = [m.strip() for m in body.split(",") if m.strip()]
+    out = {}
+    for name in names:
+        m = re.fullmatch(r"XHC_PATH_(BCAST|ALLREDUCE|REDUCE)_\w+", name)
+        if m:
+            out.setdefault(m.group(1).lower(), []).append(getattr(lib, name))
+    return out
+
+
+def check_reports(reports, n, iters, **cfg_kw):
+    """Every rank finished, at the same sequence number, and each call went
+    down exactly one path of its kind (no path counted twice or missed)."""
+    assert sorted(reports) == list(range(n))
+    seqs = {reports[r]["seq"] for r in range(n)}
+    assert len(seqs) == 1, f"ranks ended at different sequence numbers {seqs}"
+    sizes = _sizes(make_config(**cfg_kw))
+    L = len(sizes)
+    calls = {
+        "bcast": sum(sizes[i % L] > 0 for i in range(iters)),
+        "allreduce": sum(sizes[(i + 5) % L] // 8 > 0 for i in range(iters))
+        + sum(sizes[(i + 2) % L] // 4 > 0 for i in range(iters)),
+        "reduce": sum(sizes[(i + 9) % L] // 4 > 0 for i in range(iters)),
+    }
+    for rank in range(n):
+        st = reports[rank]["stats"]
+        assert st[lib.XHC_PATH_BARRIER] == iters, (rank, st)
+        for kind, paths in path_counters().items():
+            got = sum(st[p] for p in paths)
+            assert got == calls[kind], (rank, kind, got, calls[kind], st)
+            inline, cico = paths[0], paths[1]
+            assert st[inline] > 0 and st[cico] > 0, (rank, kind, st)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("hierarchy", ["flat", "pairs"])
+def test_forked_ranks_hammer_one_segment(n, hierarchy):
+    iters = 5000
+    reports = run_forked(n, hierarchy, iters)
+    check_reports(reports, n, iters)
+
+
+@pytest.mark.parametrize("n,hierarchy,kw", [
+    (4, "three", {}),
+    (3, "pairs", {"copy": "cma"}),
+    (4, "flat", {"copy": "cma", "cico_max": 4096, "chunk_size": 8192}),
+    (2, "flat", {"cico_max": 32 << 10, "chunk_size": 128 << 10}),
+], ids=["three-levels", "cma-pairs", "cma-flat", "default-sizes"])
+def test_forked_ranks_other_setups(n, hierarchy, kw):
+    iters = 300 if kw.get("chunk_size", 0) > 8192 else 1000
+    reports = run_forked(n, hierarchy, iters, **kw)
+    check_reports(reports, n, iters, **kw)
+
+
+@pytest.mark.parametrize("body,n,kw", [
+    pytest.param("late-child-large-bcasts", 2, {}, id="late-child-n2"),
+    pytest.param("late-child-large-bcasts", 3, {"copy": "cma"},
+                 id="late-child-cma-n3"),
+    pytest.param("large-bcast-then-large-allreduce", 2, {},
+                 id="bcast-then-allreduce-n2"),
+    pytest.param("large-bcast-then-large-allreduce", 3, {"copy": "cma"},
+                 id="bcast-then-allreduce-cma-n3"),
+    pytest.param("sequence-zero", 2, {"seq_start": (1 << 64) - 3},
+                 id="sequence-zero-n2"),
+    pytest.param("sequence-zero", 3, {"seq_start": (1 << 64) - 3},
+                 id="sequence-zero-n3"),
+])
+def test_forked_ranks_targeted_sequences(body, n, kw):
+    """Short, deterministic sequences around the ring and the pipeline."""
+    reports = run_forked(n, "flat", 0, body=body, **kw)
+    assert sorted(reports) == list(range(n))
+
+
+def test_no_shared_memory_left_behind():
+    """Last in this file, so after test_collectives.py too when both run:
+    no /dev/shm/xhc.* (or xhc-*) entry appeared that was not there when
+    the session collected its tests."""
+    left = _xhc_entries() - SHM_BEFORE
+    assert not left, f"left in {SHM_DIR}: {sorted(left)}"
