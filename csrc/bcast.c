@@ -121,7 +121,7 @@ static int xhc_bcast_announce(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p,
     int rc = xhc_ring_reserve(ctx, seq);
     if (rc)
         return rc;
-    xhc_src_describe(ctx, p->buf, &big->send);
+    xhc_src_describe(ctx, p->buf, p->nbytes, &big->send);
     p->stage_mine = xhc_stages(ctx, &big->send);
     xhc_store_relaxed(&big->ready, is_root ? p->nbytes : 0);
     /* Orders the description and ready count before the sequence number. */

@@ -18,11 +18,12 @@
 
 #include "xhc_internal.h"
 
-void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf,
+void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
                       struct xhc_src *src)
 {
     const unsigned char *p = buf;
     src->addr = (uint64_t)(uintptr_t)buf;
+    src->nbytes = nbytes;
     src->region = 0;
     src->offset = 0;
     for (int i = 0; i < ctx->nregions; i++) {
@@ -51,14 +52,32 @@ static int xhc_cma_read(pid_t pid, void *dst, uint64_t addr, size_t len)
     return 0;
 }
 
+/* [OFFSET, OFFSET+LEN) of a buffer in a shared region, read in place; NULL
+ * if SRC is not in one.  A span past the buffer's end (ranks that
+ * disagree on a size) sets *RC instead of reading another rank's data. */
+const unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
+                                     const struct xhc_src *src, size_t offset,
+                                     size_t len, int *rc)
+{
+    if (src->region <= 0 || src->region > ctx->nregions)
+        return NULL;
+    if (offset + len > src->nbytes) {
+        *rc = XHC_ERR_ARG;
+        return NULL;
+    }
+    return ctx->regions[src->region - 1].base + src->offset + offset;
+}
+
 /* Read LEN bytes at OFFSET of PEER's buffer SRC.  If the buffer can be
  * read in place and DIRECT is given, set *DIRECT and copy nothing. */
 int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
                   size_t offset, void *dst, size_t len, const void **direct)
 {
-    if (src->region > 0 && src->region <= ctx->nregions) {
-        const unsigned char *p = ctx->regions[src->region - 1].base
-                                 + src->offset + offset;
+    int rc = 0;
+    if (offset + len > src->nbytes)
+        return XHC_ERR_ARG;
+    const unsigned char *p = xhc_region_span(ctx, src, offset, len, &rc);
+    if (p) {
         if (direct)
             *direct = p;
         else
@@ -67,7 +86,7 @@ int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
     }
     if (direct)
         *direct = dst;
-    int rc = xhc_cma_read(ctx->pids[peer], dst, src->addr + offset, len);
+    rc = xhc_cma_read(ctx->pids[peer], dst, src->addr + offset, len);
     if (rc)
         ctx->failed_rank = peer;
     return rc;

@@ -50,11 +50,11 @@ static int xhc_rs_target(xhc_ctx_t *ctx, void *rbuf, const struct xhc_red *r,
 }
 
 static int xhc_rs_expose(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
-                         const void *target)
+                         const void *target, const struct xhc_red *r)
 {
     struct xhc_big_line *big = &xhc_ctl(ctx, ctx->rank)->big;
-    xhc_src_describe(ctx, sbuf, &big->send);
-    xhc_src_describe(ctx, target, &big->recv);
+    xhc_src_describe(ctx, sbuf, r->nbytes, &big->send);
+    xhc_src_describe(ctx, target, r->nbytes, &big->recv);
     /* Orders both descriptions before peers see the sequence number. */
     xhc_store_release(&big->seq, seq);
     return 0;
@@ -141,7 +141,7 @@ int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
     unsigned char *target;
     int rc = xhc_rs_target(ctx, whole ? rbuf : NULL, r, &target);
     if (rc == 0)
-        rc = xhc_rs_expose(ctx, seq, sbuf, target);
+        rc = xhc_rs_expose(ctx, seq, sbuf, target, r);
     if (rc == 0)
         rc = xhc_rs_reduce_mine(ctx, seq, sbuf, target, r);
     if (rc == 0 && whole)

@@ -33,12 +33,9 @@ struct xhc_rs {
     int in_place_reads;    /* some rank's buffer is read in place */
 };
 
-static const unsigned char *xhc_region_ptr(const xhc_ctx_t *ctx,
-                                           const struct xhc_src *src)
+static int xhc_in_region(const struct xhc_src *src)
 {
-    if (src->region <= 0 || src->region > ctx->nregions)
-        return NULL;
-    return ctx->regions[src->region - 1].base + src->offset;
+    return src->region > 0;
 }
 
 /* Elements [*LO, *LO + return) of window W owned by rank I. */
@@ -56,7 +53,7 @@ static void xhc_stage(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
                       uint64_t w)
 {
     struct xhc_rank_ctl *mine = xhc_ctl(ctx, ctx->rank);
-    if (!xhc_region_ptr(ctx, &mine->big.send)) {
+    if (!xhc_in_region(&mine->big.send)) {
         unsigned char *slot = xhc_stage_in(ctx, ctx->rank, (int)(t % 2));
         size_t es = rs->red->esize;
         for (int i = 0; i < ctx->nranks; i++) {
@@ -70,17 +67,18 @@ static void xhc_stage(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
     xhc_store_release(&mine->staged.seq, t);
 }
 
-/* Where rank P's contribution to my part of window W is. */
+/* Where rank P's contribution to my part [LO, LO+N) of round T is. */
 static const void *xhc_input(xhc_ctx_t *ctx, const struct xhc_rs *rs, int p,
-                             uint64_t t, size_t lo)
+                             uint64_t t, size_t lo, size_t n, int *rc)
 {
     size_t es = rs->red->esize;
     if (p == ctx->rank)
         return rs->sbuf + lo * es;
-    const unsigned char *shared = xhc_region_ptr(ctx, &xhc_ctl(ctx, p)->big.send);
-    if (shared)
-        return shared + lo * es;
-    return xhc_stage_in(ctx, p, (int)(t % 2)) + (size_t)ctx->rank * rs->part * es;
+    const struct xhc_src *send = &xhc_ctl(ctx, p)->big.send;
+    if (xhc_in_region(send))
+        return xhc_region_span(ctx, send, lo * es, n * es, rc);
+    return xhc_stage_in(ctx, p, (int)(t % 2))
+           + (size_t)ctx->rank * rs->part * es;
 }
 
 static int xhc_reduce_part(xhc_ctx_t *ctx, const struct xhc_rs *rs,
@@ -89,7 +87,7 @@ static int xhc_reduce_part(xhc_ctx_t *ctx, const struct xhc_rs *rs,
     struct xhc_rank_ctl *mine = xhc_ctl(ctx, ctx->rank);
     size_t lo, n = xhc_part(rs, ctx->nranks, w, ctx->rank, &lo);
     size_t es = rs->red->esize;
-    int shared_out = xhc_region_ptr(ctx, &mine->big.recv) != NULL;
+    int shared_out = xhc_in_region(&mine->big.recv);
     int takers = rs->root < 0 || rs->root != ctx->rank;
     int rc = 0;
     for (int p = 0; rc == 0 && p < ctx->nranks; p++)
@@ -98,8 +96,10 @@ static int xhc_reduce_part(xhc_ctx_t *ctx, const struct xhc_rs *rs,
         return rc;
     unsigned char *res = xhc_stage_res(ctx, ctx->rank, (int)(t % 2));
     unsigned char *dst = rs->rbuf ? rs->rbuf + lo * es : res;
-    for (int p = 0; p < ctx->nranks && n; p++)
-        ctx->srcs[p] = xhc_input(ctx, rs, p, t, lo);
+    for (int p = 0; rc == 0 && p < ctx->nranks && n; p++)
+        ctx->srcs[p] = xhc_input(ctx, rs, p, t, lo, n, &rc);
+    if (rc)
+        return rc;
     if (n)
         xhc_fold(dst, ctx->srcs, ctx->nranks, ctx->scratch, n, es,
                  rs->red->fn);
@@ -122,8 +122,12 @@ static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
         int rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, j)->reduced.seq, t, j);
         if (rc)
             return rc;
-        const unsigned char *src = xhc_region_ptr(ctx, &xhc_ctl(ctx, j)->big.recv);
-        src = src ? src + lo * es : xhc_stage_res(ctx, j, (int)(t % 2));
+        const struct xhc_src *recv = &xhc_ctl(ctx, j)->big.recv;
+        const unsigned char *src = xhc_stage_res(ctx, j, (int)(t % 2));
+        if (xhc_in_region(recv))
+            src = xhc_region_span(ctx, recv, lo * es, n * es, &rc);
+        if (rc)
+            return rc;
         memcpy(rs->rbuf + lo * es, src, n * es);
     }
     /* Orders all my reads of round T before their owners reuse them. */
@@ -135,8 +139,9 @@ static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
 static int xhc_rs_meet(xhc_ctx_t *ctx, uint64_t seq, struct xhc_rs *rs)
 {
     struct xhc_big_line *big = &xhc_ctl(ctx, ctx->rank)->big;
-    xhc_src_describe(ctx, rs->sbuf, &big->send);
-    xhc_src_describe(ctx, rs->rbuf, &big->recv);
+    xhc_src_describe(ctx, rs->sbuf, rs->red->nbytes, &big->send);
+    xhc_src_describe(ctx, rs->rbuf, rs->rbuf ? rs->red->nbytes : 0,
+                     &big->recv);
     /* Orders both descriptions before peers see the sequence number. */
     xhc_store_release(&big->seq, seq);
     for (int p = 0; p < ctx->nranks; p++) {

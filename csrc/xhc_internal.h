@@ -33,7 +33,8 @@ struct xhc_seq_line {
 struct xhc_src {
     uint64_t addr;
     uint64_t offset;
-    int32_t region; /* 1-based index into the regions; 0: none */
+    uint64_t nbytes; /* readers never read past it, whatever they think */
+    int32_t region;  /* 1-based index into the regions; 0: none */
     int32_t pad;
 };
 
@@ -135,8 +136,11 @@ int xhc_wait_eq(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want, int peer);
 int xhc_wait_ge(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want, int peer);
 
 /* copy.c */
-void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf,
+void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
                       struct xhc_src *src);
+const unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
+                                     const struct xhc_src *src, size_t offset,
+                                     size_t len, int *rc);
 int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
                   size_t offset, void *dst, size_t len,
                   const void **direct);
