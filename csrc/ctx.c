@@ -55,7 +55,10 @@ static int xhc_ctx_alloc(xhc_ctx_t *ctx)
                   ? ctx->cfg.chunk_size : ctx->cfg.cico_max;
     ctx->scratch = aligned_alloc(64, 3 * part);
     ctx->srcs = calloc((size_t)ctx->nranks + 1, sizeof(*ctx->srcs));
-    return ctx->pids && ctx->scratch && ctx->srcs ? 0 : -ENOMEM;
+    ctx->peer_send = calloc((size_t)ctx->nranks, sizeof(struct xhc_src));
+    ctx->peer_recv = calloc((size_t)ctx->nranks, sizeof(struct xhc_src));
+    return ctx->pids && ctx->scratch && ctx->srcs && ctx->peer_send
+           && ctx->peer_recv ? 0 : -ENOMEM;
 }
 
 /* Start every flag I write at SEQ_START, so that no operation number but
@@ -125,6 +128,8 @@ void xhc_ctx_close(xhc_ctx_t *ctx)
     free(ctx->pids);
     free(ctx->scratch);
     free(ctx->srcs);
+    free(ctx->peer_send);
+    free(ctx->peer_recv);
     free(ctx->slice);
     free(ctx);
 }

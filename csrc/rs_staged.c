@@ -53,7 +53,7 @@ static void xhc_stage(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
                       uint64_t w)
 {
     struct xhc_rank_ctl *mine = xhc_ctl(ctx, ctx->rank);
-    if (!xhc_in_region(&mine->big.send)) {
+    if (!xhc_in_region(&ctx->peer_send[ctx->rank])) {
         unsigned char *slot = xhc_stage_in(ctx, ctx->rank, (int)(t % 2));
         size_t es = rs->red->esize;
         for (int i = 0; i < ctx->nranks; i++) {
@@ -74,7 +74,7 @@ static const void *xhc_input(xhc_ctx_t *ctx, const struct xhc_rs *rs, int p,
     size_t es = rs->red->esize;
     if (p == ctx->rank)
         return rs->sbuf + lo * es;
-    const struct xhc_src *send = &xhc_ctl(ctx, p)->big.send;
+    const struct xhc_src *send = &ctx->peer_send[p];
     if (xhc_in_region(send))
         return xhc_region_span(ctx, send, lo * es, n * es, rc);
     return xhc_stage_in(ctx, p, (int)(t % 2))
@@ -87,7 +87,7 @@ static int xhc_reduce_part(xhc_ctx_t *ctx, const struct xhc_rs *rs,
     struct xhc_rank_ctl *mine = xhc_ctl(ctx, ctx->rank);
     size_t lo, n = xhc_part(rs, ctx->nranks, w, ctx->rank, &lo);
     size_t es = rs->red->esize;
-    int shared_out = xhc_in_region(&mine->big.recv);
+    int shared_out = xhc_in_region(&ctx->peer_recv[ctx->rank]);
     int takers = rs->root < 0 || rs->root != ctx->rank;
     int rc = 0;
     for (int p = 0; rc == 0 && p < ctx->nranks; p++)
@@ -122,7 +122,7 @@ static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
         int rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, j)->reduced.seq, t, j);
         if (rc)
             return rc;
-        const struct xhc_src *recv = &xhc_ctl(ctx, j)->big.recv;
+        const struct xhc_src *recv = &ctx->peer_recv[j];
         const unsigned char *src = xhc_stage_res(ctx, j, (int)(t % 2));
         if (xhc_in_region(recv))
             src = xhc_region_span(ctx, recv, lo * es, n * es, &rc);
@@ -135,7 +135,10 @@ static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
     return 0;
 }
 
-/* Publish my buffers, learn everyone's: who is read in place. */
+/* Publish my buffers and copy everyone's descriptions: a peer that has
+ * done its share may start its next operation and rewrite its big line
+ * while I still read its buffers.  (No peer can finish this operation
+ * before every rank has staged its first round, i.e. passed this point.) */
 static int xhc_rs_meet(xhc_ctx_t *ctx, uint64_t seq, struct xhc_rs *rs)
 {
     struct xhc_big_line *big = &xhc_ctl(ctx, ctx->rank)->big;
@@ -149,6 +152,8 @@ static int xhc_rs_meet(xhc_ctx_t *ctx, uint64_t seq, struct xhc_rs *rs)
         int rc = xhc_wait_eq(ctx, &pb->seq, seq, p);
         if (rc)
             return rc;
+        ctx->peer_send[p] = pb->send;
+        ctx->peer_recv[p] = pb->recv;
         if (pb->send.region > 0 || pb->recv.region > 0)
             rs->in_place_reads = 1;
     }

@@ -104,6 +104,8 @@ struct xhc_ctx {
     int nregions;
     unsigned char *scratch; /* private: 3 chunks for reductions */
     const void **srcs;      /* private: nranks + 1 fold sources */
+    struct xhc_src *peer_send, *peer_recv; /* private: peers' buffers, as
+                                              they were at this op's start */
     unsigned char *slice;   /* private: my reduce-scatter result (reduce) */
     size_t slice_size;
     uint64_t probe_word;

@@ -165,6 +165,14 @@ def shared_array(comm, ctx, shape, dtype):
     """
     dtype = np.dtype(dtype)
     count = int(np.prod(shape, dtype=np.int64))
+    # Every rank is here, and asks for the same, before rank 0 creates
+    # anything that a rank failing elsewhere could leave behind.
+    asks = comm.allgather((tuple(np.atleast_1d(shape).tolist()), dtype.str))
+    if any(a != asks[0] for a in asks):
+        bad = next(r for r, a in enumerate(asks) if a != asks[0])
+        raise ValueError(f"Comm.empty is collective: rank 0 asked for "
+                         f"{asks[0]}, rank {bad} for {asks[bad]}; pass the "
+                         "same shape and dtype on every rank")
     stride = max(4096, -(-count * dtype.itemsize // 4096) * 4096)
     total = stride * comm.size
     name, rc = None, 0

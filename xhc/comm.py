@@ -3,12 +3,14 @@
 import functools
 import os
 import warnings
+import weakref
 
 from mpi4py import MPI
 
 from . import _core, config, debug, hierarchy, topology
 from ._xhc import ffi, lib
-from .buffers import NOT_REDUCIBLE, OP_NAMES, OPS, Unsupported, resolve
+from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS,
+                      Unsupported, resolve)
 from .errors import XhcError
 
 _CACHE_MAX = 64           # plans kept per operation
@@ -38,6 +40,7 @@ class Comm:
         self._reduce_plans = {}
         self._plan_bytes = 0
         self._keep = []
+        self._requests = weakref.WeakSet()
         self._warned = set()
         self._fallbacks = 0
         self._why = ""
@@ -267,12 +270,16 @@ class Comm:
         is_root = self._comm.rank == root
         if sendbuf is _IN_PLACE and not is_root:
             raise ValueError("Reduce: IN_PLACE is only for the root")
-        r = self._resolve(recvbuf) if is_root else None
-        if is_root and r is None:
+        if sendbuf is _IN_PLACE:
+            s = r = self._resolve(recvbuf)
+        else:
+            s = self._resolve(sendbuf)
+            r = self._root_recv(s, recvbuf, op, root) if is_root else None
+        if s is None or (is_root and r is None):
             return None
-        s = r if sendbuf is _IN_PLACE else self._resolve(sendbuf)
-        if s is None or not self._reducible(op, s.dtype):
+        if not self._reducible(op, s.dtype):
             return None
+        _check_op(s, op, "Reduce")
         if is_root:
             _check_pair(s, r, op, "Reduce")
         call = functools.partial(_reduce, self._ctx, s.ptr,
@@ -284,6 +291,27 @@ class Comm:
             self._remember(self._reduce_plans, id(sendbuf), plan,
                            s.nbytes + (r.nbytes if r and r is not s else 0))
         return plan
+
+    def _root_recv(self, s, recvbuf, op, root):
+        """The root's receive buffer.  Only the root sees it, so if it is
+        bad the root still takes part in the Reduce, into scratch memory,
+        before it raises: the other ranks stay in step."""
+        try:
+            r = self._resolve(recvbuf)
+            if r is None and s is not None:
+                raise ValueError(f"Reduce: the root's receive buffer is a "
+                                 f"{self._why}, which the other ranks cannot "
+                                 "see; pass a contiguous array")
+            if r is not None and s is not None:
+                _check_pair(s, r, op, "Reduce")
+            return r
+        except (TypeError, ValueError):
+            if s is not None and id(op) in OPS and s.dtype != NOT_REDUCIBLE \
+                    and lib.xhc_op_valid(s.dtype, OPS[id(op)]):
+                scratch = ffi.new("char[]", max(s.nbytes, 1))
+                _reduce(self._ctx, s.ptr, scratch, s.count, s.dtype,
+                        OPS[id(op)], root)
+            raise
 
     def _reducible(self, op, dtype):
         if id(op) not in OPS:
@@ -334,6 +362,8 @@ class Comm:
                       self._reduce_plans):
             cache.clear()
         self._keep.clear()
+        for req in list(self._requests):
+            req.Free()
         self._state = "freed"
 
     def __enter__(self):
@@ -369,12 +399,14 @@ class Request:
         self._call = call
         self._what = what
         self._xcomm = xcomm
+        xcomm._requests.add(self)  # free() frees its requests
 
     def Start(self):
         """Run the collective (all ranks Start their matching requests)."""
         call = self._call
         if call is None:
-            raise XhcError(f"{self._what}: request already freed")
+            raise XhcError(f"{self._what}: request already freed (or its "
+                           "xhc.Comm: already freed)")
         rc = call()
         if rc:
             self._xcomm._raise(rc, self._what)
@@ -398,6 +430,14 @@ class Request:
             req.Start()
 
 
+def _check_op(s, op, name):
+    """Raise, naming the fix, if OP is not defined on S's dtype."""
+    if not lib.xhc_op_valid(s.dtype, OPS[id(op)]):
+        raise ValueError(f"{name}: MPI.{OP_NAMES[id(op)]} is not defined on "
+                         f"{DTYPE_NAMES[s.dtype]} data (MPI defines bitwise "
+                         "and logical ops on integers only)")
+
+
 def _check_pair(s, r, op, name):
     """Raise, naming the fix, if S and R cannot be reduced into R."""
     if not r.writable:
@@ -409,7 +449,4 @@ def _check_pair(s, r, op, name):
     if s.count != r.count:
         raise ValueError(f"{name}: send buffer has {s.count} elements, "
                          f"receive buffer {r.count}; make them equal")
-    if not lib.xhc_op_valid(r.dtype, OPS[id(op)]):
-        raise ValueError(f"{name}: MPI.{OP_NAMES[id(op)]} is not defined on "
-                         "floating-point data (MPI defines bitwise and "
-                         "logical ops on integers only)")
+    _check_op(r, op, name)

@@ -45,7 +45,7 @@ def _differences(sigs):
     first = sigs[0]
     out = []
     for rank, sig in enumerate(sigs[1:], 1):
-        for key in first.keys() | sig.keys():
+        for key in sorted(first.keys() | sig.keys()):
             if first.get(key) != sig.get(key):
                 out.append(f"{key}: rank 0 has {first.get(key)!r}, "
                            f"rank {rank} has {sig.get(key)!r}")

@@ -1,0 +1,590 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Failure and robustness cases of xhc.Comm, run under MPI.
+
+    mpiexec -n N python -m mpi4py tests/mpi_cases/failures.py SUITE[,SUITE]
+
+This script only reports; tests/test_failures.py judges.  Every line it
+means for the test starts with ``XHC-TEST``:
+
+    XHC-TEST SEGMENT <name>                 a shared-memory name xhc made
+    XHC-TEST SEGMODE <name> mode=0600 uid=U  the segment as created
+    XHC-TEST CASE <case> rank=R exc=<type|None> t=<s> msg=<text>
+    XHC-TEST AFTER <case> rank=R ok | bad msg=<what>
+    XHC-TEST <suite-specific marker> ...
+
+Suites:
+
+args          bad arguments, the same on every rank (wrong buffer type,
+              read-only receive buffer, size and dtype/op mismatches,
+              invalid roots, a freed xhc.Comm, an intercommunicator);
+              after each, a few correct collectives must still give the
+              right results (AFTER), proving no rank was left waiting.
+reduce-recv   bad Reduce receive buffers (significant at the root only).
+freed-requests  persistent requests started after their xhc.Comm is freed.
+debug         ranks that disagree, with debug=True;
+debug-env     the same with XHC_DEBUG=1 in the environment (must be set).
+empty         Comm.empty / Comm.zeros arrays used in collectives, one
+              communicator freed and one left open at exit.
+kill-small, kill-large   rank 2 SIGKILLs itself while ranks 0 and 1 are
+              in an Allreduce (3 ranks; run with XHC_TIMEOUT=5): the
+              survivors print DETECT and os._exit(0) without touching MPI.
+skip          rank 1 skips a Bcast that ranks 0 and 2 call, then all
+              call Barrier (3 ranks; XHC_TIMEOUT=3): SKIP per rank.
+abort-op, abort-empty, abort-setup   rank 1 raises (python -m mpi4py
+              then calls MPI_Abort) while the others are in an
+              Allreduce, in Comm.empty, or in xhc.Comm().
+gil           rank 0 counts in a thread while it waits in a collective
+              that rank 1 enters late (2 ranks).
+threads       two threads, each on its own xhc.Comm over a Dup().
+zc-reuse      private large Allreduce alternating with one on Comm.empty
+              arrays: the minimal form of a failure the soak found.
+"""
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import xhc
+from xhc import _core
+
+W = MPI.COMM_WORLD
+RANK, SIZE = W.rank, W.size
+
+
+def emit(*parts):
+    print("XHC-TEST", *parts, flush=True)
+
+
+def oneline(text):
+    return " ".join(str(text).split())
+
+
+# -- every shared-memory name xhc makes, and the segment it creates ---------
+
+_new_name = _core.new_name
+
+
+def _logged_name():
+    name = _new_name()
+    emit("SEGMENT", name)
+    return name
+
+
+class _LibProxy:
+    """_core's view of the C library: reports each segment as created."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def xhc_shm_create(self, name, size):
+        rc = self._lib.xhc_shm_create(name, size)
+        if rc == 0:
+            st = os.stat("/dev/shm/" + name.decode().lstrip("/"))
+            emit("SEGMODE", name.decode(), f"mode={st.st_mode & 0o777:04o}",
+                 f"uid={st.st_uid}")
+        return rc
+
+
+_core.new_name = _logged_name
+_core.lib = _LibProxy(_core.lib)
+
+
+# -- helpers ------------------------------------------------------------------
+
+def f8(n, value=0.0):
+    return np.full(n, value, np.float64)
+
+
+def readonly(a):
+    a.flags.writeable = False
+    return a
+
+
+def run_case(case, fn):
+    """Call FN; report the exception it raised (or None) and its time."""
+    t0 = time.monotonic()
+    exc = None
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 -- the test judges the type
+        exc = e
+    dt = time.monotonic() - t0
+    emit("CASE", case, f"rank={RANK}",
+         f"exc={type(exc).__name__ if exc else None}", f"t={dt:.3f}",
+         f"msg={oneline(exc) if exc else ''}")
+    return exc
+
+
+def still_works(xc, case):
+    """Correct collectives after an error: small and large Allreduce, Bcast,
+    Reduce and Barrier, every result checked.  Reports "ok" or what went
+    wrong; any rank's failure makes every rank replace XC (returned)."""
+    problem = None
+    try:
+        a = np.arange(7, dtype=np.int64) + RANK
+        out = np.empty_like(a)
+        xc.Allreduce(a, out, op=MPI.SUM)
+        want = np.arange(7, dtype=np.int64) * SIZE + SIZE * (SIZE - 1) // 2
+        if not np.array_equal(out, want):
+            problem = f"small Allreduce gave {out.tolist()}"
+        big = np.full(50000, RANK + 1.0)              # 400 KB: reduce-scatter
+        xc.Allreduce(MPI.IN_PLACE, big, op=MPI.SUM)
+        if not problem and not np.all(big == SIZE * (SIZE + 1) / 2):
+            problem = "large Allreduce gave wrong values"
+        b = np.full(9, RANK, np.int32)
+        xc.Bcast(b, root=SIZE - 1)
+        if not problem and not np.all(b == SIZE - 1):
+            problem = f"Bcast gave {b.tolist()}"
+        r = np.zeros(5, np.int64)
+        xc.Reduce(np.full(5, RANK + 1, np.int64), r, op=MPI.MAX, root=0)
+        if not problem and RANK == 0 and not np.all(r == SIZE):
+            problem = f"Reduce gave {r.tolist()}"
+        xc.Barrier()
+    except Exception as e:  # noqa: BLE001
+        problem = f"{type(e).__name__}: {oneline(e)}"
+    if problem:
+        emit("AFTER", case, f"rank={RANK}", "bad", f"msg={problem}")
+    else:
+        emit("AFTER", case, f"rank={RANK}", "ok")
+    # Back in step through MPI itself; a broken xhc.Comm is replaced.
+    if any(W.allgather(problem is not None)):
+        return xhc.Comm(W)
+    return xc
+
+
+def run_cases(xc, cases):
+    """Run each case on the current communicator: FN(xc)."""
+    for case, fn in cases:
+        run_case(case, lambda: fn(xc))
+        xc = still_works(xc, case)
+    return xc
+
+
+# -- args ---------------------------------------------------------------------
+
+def intercomm_case():
+    color = RANK % 2
+    local = W.Split(color, RANK)
+    inter = local.Create_intercomm(0, W, 1 - color, tag=77)
+    try:
+        xhc.Comm(inter)
+    finally:
+        inter.Free()
+        local.Free()
+
+
+def suite_args(xc):
+    n, last = SIZE, SIZE - 1
+    ro = readonly(f8(4))
+    freed = xhc.Comm(W)
+    freed.Allreduce(f8(4, 1.0), f8(4))     # leave plans behind, then free
+    freed.Bcast(f8(4))
+    freed.free()
+    with xhc.Comm(W) as closed:
+        closed.Barrier()
+
+    cases = [
+        ("bcast-none", lambda c: c.Bcast(None)),
+        ("bcast-object", lambda c: c.Bcast(object())),
+        ("bcast-readonly", lambda c: c.Bcast(readonly(f8(4)))),
+        ("bcast-bytes", lambda c: c.Bcast(b"12345678")),
+        ("bcast-root-size", lambda c: c.Bcast(f8(4), root=n)),
+        ("bcast-root-negative", lambda c: c.Bcast(f8(4), root=-1)),
+        ("bcast-root-size-large", lambda c: c.Bcast(f8(50000), root=n)),
+        ("allreduce-send-object", lambda c: c.Allreduce(object(), f8(4))),
+        ("allreduce-recv-str", lambda c: c.Allreduce(f8(4), "abcd")),
+        ("allreduce-recv-readonly", lambda c: c.Allreduce(f8(4), ro)),
+        ("allreduce-inplace-readonly",
+         lambda c: c.Allreduce(MPI.IN_PLACE, readonly(f8(4)))),
+        ("allreduce-recv-smaller", lambda c: c.Allreduce(f8(8), f8(4))),
+        ("allreduce-recv-larger", lambda c: c.Allreduce(f8(4), f8(8))),
+        ("allreduce-recv-larger-large",
+         lambda c: c.Allreduce(f8(50000), f8(50001))),
+        ("allreduce-band-float64",
+         lambda c: c.Allreduce(f8(4), f8(4), op=MPI.BAND)),
+        ("allreduce-lxor-float32",
+         lambda c: c.Allreduce(np.zeros(4, np.float32),
+                              np.zeros(4, np.float32), op=MPI.LXOR)),
+        ("allreduce-dtype-differs",
+         lambda c: c.Allreduce(np.zeros(4, np.float32), f8(4))),
+        ("reduce-send-object",
+         lambda c: c.Reduce(object(), f8(4), root=last)),
+        ("reduce-band-float64",
+         lambda c: c.Reduce(f8(4), f8(4), op=MPI.BAND, root=last)),
+        ("reduce-root-size", lambda c: c.Reduce(f8(4), f8(4), root=n)),
+        ("reduce-root-negative", lambda c: c.Reduce(f8(4), f8(4), root=-1)),
+        ("freed-barrier", lambda c: freed.Barrier()),
+        ("freed-bcast", lambda c: freed.Bcast(f8(4))),
+        ("freed-allreduce", lambda c: freed.Allreduce(f8(4, 1.0), f8(4))),
+        ("freed-reduce", lambda c: freed.Reduce(f8(4), f8(4), root=0)),
+        ("freed-empty", lambda c: freed.empty(16)),
+        ("freed-with-barrier", lambda c: closed.Barrier()),
+        ("intercomm", lambda c: intercomm_case()),
+        ("not-a-comm", lambda c: xhc.Comm(None)),
+    ]
+    return run_cases(xc, cases)
+
+
+def suite_reduce_recv(xc):
+    """Bad receive buffers of Reduce, whose receive buffer only the root
+    uses.  Every rank passes the same buffers, or (root-only) the others
+    pass None."""
+    last = SIZE - 1
+    ro = readonly(f8(4))
+
+    def root_only(buf):
+        return buf if RANK == last else None
+
+    cases = [
+        ("reduce-recv-readonly", lambda c: c.Reduce(f8(4), ro, root=last)),
+        ("reduce-recv-smaller", lambda c: c.Reduce(f8(8), f8(4), root=last)),
+        ("reduce-recv-larger", lambda c: c.Reduce(f8(4), f8(8), root=last)),
+        # Only the root's receive buffer is significant: the others pass None.
+        ("reduce-recv-readonly-root-only",
+         lambda c: c.Reduce(f8(4), root_only(ro), root=last)),
+        ("reduce-recv-larger-root-only",
+         lambda c: c.Reduce(f8(4), root_only(f8(8)), root=last)),
+    ]
+    return run_cases(xc, cases)
+
+
+def suite_freed_requests(xc):
+    """Persistent requests made before free(), started after it."""
+    def started_after_free(make):
+        def case(c):
+            other = xhc.Comm(W)
+            req = make(other)
+            req.Start()                       # works while open
+            other.free()
+            req.Start()
+        return case
+
+    cases = [
+        ("request-barrier", started_after_free(lambda c: c.Barrier_init())),
+        ("request-bcast",
+         started_after_free(lambda c: c.Bcast_init(f8(4), root=0))),
+        ("request-allreduce",
+         started_after_free(lambda c: c.Allreduce_init(f8(4, 1.0), f8(4)))),
+        ("request-reduce",
+         started_after_free(lambda c: c.Reduce_init(f8(4, 1.0), f8(4),
+                                                    root=0))),
+    ]
+    return run_cases(xc, cases)
+
+
+# -- debug --------------------------------------------------------------------
+
+def debug_cases():
+    last = SIZE - 1
+    odd = RANK == last            # the one rank that disagrees
+    n = 4 + odd
+    return [
+        ("debug-allreduce-count", lambda c: c.Allreduce(f8(n), f8(n))),
+        ("debug-allreduce-dtype",
+         lambda c: c.Allreduce(np.zeros(4, np.float32 if odd else np.float64),
+                              np.zeros(4, np.float32 if odd else np.float64))),
+        ("debug-allreduce-op",
+         lambda c: c.Allreduce(f8(4), f8(4), op=MPI.MAX if odd else MPI.SUM)),
+        ("debug-bcast-count", lambda c: c.Bcast(f8(n), root=0)),
+        ("debug-bcast-root", lambda c: c.Bcast(f8(4), root=1 if odd else 0)),
+        ("debug-reduce-root",
+         lambda c: c.Reduce(f8(4), f8(4), root=1 if odd else 0)),
+        ("debug-reduce-op",
+         lambda c: c.Reduce(f8(4), f8(4), op=MPI.MIN if odd else MPI.SUM,
+                           root=0)),
+        ("debug-reduce-count", lambda c: c.Reduce(f8(n), f8(n), root=0)),
+        ("debug-operation",
+         lambda c: c.Barrier() if odd else c.Allreduce(f8(4), f8(4))),
+    ]
+
+
+def suite_debug(xc):
+    dx = xhc.Comm(W, debug=True)
+    dx = run_cases(dx, debug_cases())
+    dx.free()
+    return xc
+
+
+def suite_debug_env(xc):
+    if os.environ.get("XHC_DEBUG") != "1":
+        raise SystemExit("suite debug-env needs XHC_DEBUG=1")
+    # xc was made without the keyword: the environment alone turns it on.
+    env_cases = [(case.replace("debug-", "debug-env-"), fn)
+                 for case, fn in debug_cases()]
+    return run_cases(xc, env_cases)
+
+
+# -- empty --------------------------------------------------------------------
+
+def suite_empty(xc):
+    ok = True
+    x1 = xhc.Comm(W)
+    a = x1.empty(1000)
+    z = x1.zeros((3, 5), np.int32)
+    big = x1.empty(300000, np.uint8)
+    a[:] = RANK + 1
+    x1.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+    ok &= bool(np.all(a == SIZE * (SIZE + 1) / 2))
+    big[:] = 7 if RANK == SIZE - 1 else 0
+    x1.Bcast(big, root=SIZE - 1)
+    ok &= bool(np.all(big == 7))
+    r = x1.zeros((3, 5), np.int32)
+    z[...] = RANK
+    x1.Reduce(z, r if RANK == 0 else None, op=MPI.MAX, root=0)
+    ok &= RANK != 0 or bool(np.all(r == SIZE - 1))
+    d = W.Dup()
+    x2 = xhc.Comm(d)
+    e = x2.empty(2048, np.int64)
+    e[:] = RANK
+    x2.Allreduce(MPI.IN_PLACE, e, op=MPI.MAX)
+    ok &= bool(np.all(e == SIZE - 1))
+    x2.free()
+    e[:] = 5                                   # the array outlives free()
+    ok &= bool(np.all(e == 5))
+    emit("EMPTY", f"rank={RANK}", "ok" if ok else "bad")
+    # x1 and its arrays are left for interpreter exit.
+    return xc
+
+
+# -- a rank that dies, a rank that does not come ------------------------------
+
+def suite_kill(xc, large):
+    count = 100000 if large else 4              # 800 KB or 32 B
+    arrays = [xc.empty(1000), xc.empty(count)]
+    arrays[0][:] = RANK
+    xc.Allreduce(MPI.IN_PLACE, arrays[0])
+    send, recv = f8(count, RANK + 1.0), f8(count)
+    xc.Allreduce(send, recv)
+    W.Barrier()
+    if RANK == 2:
+        time.sleep(0.3)                         # the others are waiting
+        emit("KILLING", f"rank={RANK}", f"pid={os.getpid()}")
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        xc.Allreduce(send, recv)
+        emit("NODETECT", f"rank={RANK}", f"t={time.monotonic() - t0:.3f}")
+        os._exit(1)
+    except Exception as e:  # noqa: BLE001
+        emit("DETECT", f"rank={RANK}", f"t={time.monotonic() - t0:.3f}",
+             f"exc={type(e).__name__}", f"msg={oneline(e)}")
+    os._exit(0)                                 # MPI is unusable now
+
+
+def suite_skip(xc):
+    buf = np.arange(4.0)
+    W.Barrier()
+    t0 = time.monotonic()
+    exc = None
+    try:
+        if RANK != 1:
+            xc.Bcast(buf, root=0)
+        xc.Barrier()
+    except Exception as e:  # noqa: BLE001
+        exc = e
+    emit("SKIP", f"rank={RANK}", f"t={time.monotonic() - t0:.3f}",
+         f"exc={type(exc).__name__ if exc else None}",
+         f"msg={oneline(exc) if exc else ''}")
+    # No process has died: MPI itself can still line the ranks up, so the
+    # rank that skipped stays alive until the others have timed out.
+    W.Barrier()
+    os._exit(0)
+
+
+def suite_abort(xc, where):
+    marker = f"deliberate failure on rank 1 ({where})"
+    if where == "abort-setup":
+        if RANK == 1:
+            time.sleep(0.5)
+            raise RuntimeError(marker)
+        xhc.Comm(W)
+    else:
+        x1 = xhc.Comm(W)
+        keep = x1.empty(100000)
+        keep[:] = RANK
+        x1.Allreduce(MPI.IN_PLACE, keep)
+        W.Barrier()
+        if RANK == 1:
+            time.sleep(0.5)
+            raise RuntimeError(marker)
+        if where == "abort-empty":
+            x1.empty(1000)
+        else:
+            x1.Allreduce(MPI.IN_PLACE, keep)
+    emit("ABORT-NOT-REACHED", f"rank={RANK}")
+    return xc
+
+
+# -- threads ------------------------------------------------------------------
+
+def suite_gil(xc):
+    """Rank 0 counts in a thread while it waits for rank 1 (0.3 s late)."""
+    count = [0]
+    stop = [False]
+
+    def counter():
+        while not stop[0]:
+            count[0] += 1
+
+    th = None
+    if RANK == 0:
+        th = threading.Thread(target=counter, daemon=True)
+        th.start()
+        c0 = count[0]
+        time.sleep(0.2)                        # sleep releases the GIL
+        rate = (count[0] - c0) / 0.2
+        emit("GIL-RATE", f"rank={RANK}", f"per_s={rate:.0f}")
+    ops = [("Barrier", lambda: xc.Barrier()),
+           ("Bcast", lambda: xc.Bcast(f8(4), root=1)),
+           ("Allreduce", lambda: xc.Allreduce(f8(100000), f8(100000))),
+           ("Reduce", lambda: xc.Reduce(f8(4), f8(4), root=0))]
+    for name, op in ops:
+        xc.Barrier()
+        if RANK == 0:
+            c0, t0 = count[0], time.monotonic()
+            op()
+            t, c = time.monotonic() - t0, count[0] - c0
+            emit("GIL", name, f"rank={RANK}", f"wait={t:.3f}",
+                 f"increments={c}")
+        else:
+            time.sleep(0.3)
+            op()
+    if th is not None:
+        stop[0] = True
+        th.join()
+    return xc
+
+
+def suite_threads(xc):
+    emit("THREAD-LEVEL", f"rank={RANK}",
+         f"multiple={MPI.Query_thread() == MPI.THREAD_MULTIPLE}")
+    dups = [W.Dup(), W.Dup()]
+    comms = [xhc.Comm(d, timeout=30) for d in dups]
+    results = {}
+
+    def work(tid):
+        xt = comms[tid]
+        rng = np.random.default_rng(100 + tid)     # the same on every rank
+        errors, done, exc = 0, 0, None
+        try:
+            for i in range(500):
+                n = int(rng.choice([1, 13, 600, 5000, 40000]))
+                if rng.random() < 0.5:
+                    dt = np.int64 if tid == 0 else np.float64
+                    a = np.full(n, (RANK + 1) * (i + 1) + tid, dt)
+                    r = np.empty(n, dt)
+                    xt.Allreduce(a, r, op=MPI.SUM)
+                    want = (i + 1) * SIZE * (SIZE + 1) // 2 + tid * SIZE
+                else:
+                    root = int(rng.integers(SIZE))
+                    r = np.full(n, 1000 * tid + i if RANK == root else -1,
+                                np.int32)
+                    xt.Bcast(r, root=root)
+                    want = 1000 * tid + i
+                errors += not np.all(r == want)
+                done += 1
+        except Exception as e:  # noqa: BLE001
+            exc = e
+        results[tid] = (done, errors, exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    for tid in range(2):
+        done, errors, exc = results.get(tid, (0, -1, "thread did not end"))
+        emit("THREADS", f"rank={RANK}", f"thread={tid}", f"ops={done}",
+             f"errors={errors}",
+             f"exc={type(exc).__name__ if exc else None}",
+             f"msg={oneline(exc) if exc else ''}")
+    for c in comms:
+        c.free()
+    for d in dups:
+        d.Free()
+    return xc
+
+
+# -- what the soak found ------------------------------------------------------
+
+def zc_phase(phase, n_private, n_shared, rounds):
+    """ROUNDS times: an Allreduce of private arrays of N_PRIVATE bytes, then
+    one of Comm.empty arrays of N_SHARED bytes, each checked."""
+    xz = xhc.Comm(W)
+    zs, zr = xz.empty(n_shared, np.uint8), xz.empty(n_shared, np.uint8)
+    want = SIZE * (SIZE + 1) // 2
+    wrong_private = wrong_shared = done = 0
+    exc = None
+    try:
+        for _ in range(rounds):
+            s = np.full(n_private, RANK + 1, np.uint8)
+            r = np.zeros(n_private, np.uint8)
+            xz.Allreduce(s, r, op=MPI.SUM)
+            wrong_private += bool(np.any(r != want))
+            zs[:] = RANK + 1
+            zr[:] = 0xA5
+            xz.Allreduce(zs, zr, op=MPI.SUM)
+            wrong_shared += bool(np.any(zr != want))
+            done += 1
+    except Exception as e:  # noqa: BLE001
+        exc = e
+    emit("ZC-REUSE", phase, f"rank={RANK}", f"rounds={done}/{rounds}",
+         f"wrong_private={wrong_private}", f"wrong_shared={wrong_shared}",
+         f"exc={type(exc).__name__ if exc else None}",
+         f"msg={oneline(exc) if exc else ''}")
+    W.Barrier()                    # back in step through MPI, whatever it was
+
+
+def suite_zc_reuse(xc):
+    """Large Allreduce (reduce-scatter path) of private arrays alternating
+    with one of Comm.empty arrays: of the same size, and smaller."""
+    zc_phase("same-size", 200000, 200000, 600)
+    zc_phase("smaller-shared", 200000, 100000, 600)
+    return xc
+
+
+SUITES = {
+    "args": suite_args,
+    "reduce-recv": suite_reduce_recv,
+    "freed-requests": suite_freed_requests,
+    "debug": suite_debug,
+    "debug-env": suite_debug_env,
+    "empty": suite_empty,
+    "kill-small": lambda xc: suite_kill(xc, large=False),
+    "kill-large": lambda xc: suite_kill(xc, large=True),
+    "skip": suite_skip,
+    "abort-op": lambda xc: suite_abort(xc, "abort-op"),
+    "abort-empty": lambda xc: suite_abort(xc, "abort-empty"),
+    "abort-setup": lambda xc: suite_abort(xc, "abort-setup"),
+    "gil": suite_gil,
+    "threads": suite_threads,
+    "zc-reuse": suite_zc_reuse,
+}
+
+
+def main(argv):
+    if len(argv) != 1:
+        raise SystemExit(f"usage: failures.py SUITE[,SUITE...] of "
+                         f"{', '.join(SUITES)}")
+    names = argv[0].split(",")
+    unknown = [s for s in names if s not in SUITES]
+    if unknown:
+        raise SystemExit(f"unknown suites {unknown}; use {list(SUITES)}")
+    xc = None
+    if names != ["abort-setup"]:
+        xc = xhc.Comm(W)
+    for name in names:
+        xc = SUITES[name](xc)
+        emit("DONE", name, f"rank={RANK}")
+    W.Barrier()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,568 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Robustness and security of the shared-memory core.
+
+1. Bad arguments raise a clear error on every rank before any rank waits
+   on another, and the communicator keeps working afterwards.
+2. Ranks that disagree: XHC_DEBUG names what differs, on every rank.
+3. A rank that dies, or never comes: the others raise, naming it.
+4. Nothing is left in /dev/shm, whatever happens; segments are 0600 and
+   their names unguessable.
+6. Threads: the GIL is released while a rank waits; two threads can drive
+   two xhc.Comm objects at once.
+(5, the soak, is tests/test_soak.py.)
+
+Each MPI launch runs tests/mpi_cases/failures.py, which only reports
+(``XHC-TEST`` lines, see its docstring); the judging is done here.  The
+launches are shared by the tests that read them (module fixtures), and
+every launch has a hard timeout, besides XHC_TIMEOUT inside.
+"""
+import contextlib
+import errno
+import os
+import re
+import signal
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from mpirun import run_mpi  # noqa: E402
+
+SCRIPT = "tests/mpi_cases/failures.py"
+SHM = "/dev/shm"
+NOBODY = 65534
+# Keep Open MPI's runtime from killing the survivors of a SIGKILLed rank
+# before they report (it would otherwise tear the job down at once).
+RECOVERABLE = {"PRTE_MCA_state_base_recoverable": "1"}
+
+
+def xhc_entries():
+    return {e for e in os.listdir(SHM) if e.startswith("xhc.")}
+
+
+@contextlib.contextmanager
+def no_xhc_environment():
+    """Launches see only the XHC_* settings a test gives them."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("XHC_")}
+    for k in saved:
+        del os.environ[k]
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def parse(rest):
+    """'pos k=v k=v msg=free text' -> ([pos...], {k: v, 'msg': text})."""
+    msg = None
+    if rest.startswith("msg="):
+        rest, msg = "", rest[4:]
+    elif " msg=" in rest:
+        rest, msg = rest.split(" msg=", 1)
+    pos, kv = [], {}
+    for tok in rest.split():
+        if "=" in tok:
+            k, v = tok.split("=", 1)
+            kv[k] = v
+        else:
+            pos.append(tok)
+    if msg is not None:
+        kv["msg"] = msg
+    kv["_pos"] = pos
+    return pos, kv
+
+
+class Launch:
+    """One mpiexec run of the failures script, with /dev/shm around it."""
+
+    def __init__(self, n, suites, env=None, timeout=120):
+        self.n, self.suites = n, suites
+        with no_xhc_environment():
+            self.before = xhc_entries()
+            self.result = run_mpi(n, [SCRIPT, ",".join(suites)],
+                                  timeout=timeout, env=env, check=False)
+            self.after = xhc_entries()
+        self.records = []
+        for line in self.result.stdout.splitlines():
+            if line.startswith("XHC-TEST "):
+                kind, _, rest = line[len("XHC-TEST "):].partition(" ")
+                pos, kv = parse(rest)
+                self.records.append((kind, pos, kv))
+
+    def output(self):
+        return (f"--- stdout\n{self.result.stdout[-8000:]}\n"
+                f"--- stderr\n{self.result.stderr[-4000:]}")
+
+    def get(self, kind, *pos):
+        """Records of KIND whose positional fields start with POS."""
+        return [kv for k, p, kv in self.records
+                if k == kind and tuple(p[:len(pos)]) == pos]
+
+    def by_rank(self, kind, *pos):
+        out = {}
+        for kv in self.get(kind, *pos):
+            rank = int(kv["rank"])
+            assert rank not in out, \
+                f"{kind} {pos} reported twice by rank {rank}"
+            out[rank] = kv
+        return out
+
+    def segments(self):
+        return [p[0] for k, p, kv in self.records if k == "SEGMENT"]
+
+
+def assert_nothing_left(launch, expect_segments=True):
+    """No segment the run made is in /dev/shm, and no new xhc.* entry."""
+    names = launch.segments()
+    if expect_segments:
+        assert names, "no segment was reported: nothing to check\n" + \
+            launch.output()
+    left = [n for n in names if os.path.exists(SHM + n)]
+    new = launch.after - launch.before
+    if new:
+        # Another xhc user's segment lives only between its create and
+        # unlink: look again before counting it.
+        time.sleep(0.5)
+        new = {e for e in new if os.path.exists(os.path.join(SHM, e))}
+    try:
+        assert not left, (f"{len(left)} of the {len(names)} segments this "
+                          f"run made are still in {SHM}: {left}\n"
+                          + launch.output())
+        assert not new, f"new {SHM} entries after the run: {sorted(new)}"
+    finally:
+        for n in left:                         # do not litter the machine
+            with contextlib.suppress(OSError):
+                os.unlink(SHM + n)
+
+
+def check_completed(launch):
+    """Exit code 0 and every suite DONE on every rank."""
+    assert launch.result.returncode == 0, launch.output()
+    for suite in launch.suites:
+        done = launch.by_rank("DONE", suite)
+        assert sorted(done) == list(range(launch.n)), \
+            f"suite {suite} did not finish on every rank\n" + launch.output()
+
+
+def check_case(launch, case, exc, pattern, every_rank=True, root=None):
+    """Each rank raised EXC matching PATTERN at once, then AFTER was ok."""
+    n = launch.n
+    cases = launch.by_rank("CASE", case)
+    assert sorted(cases) == list(range(n)), \
+        f"case {case}: ranks reported {sorted(cases)}\n" + launch.output()
+    raisers = range(n) if every_rank else [root]
+    for r in raisers:
+        kv = cases[r]
+        assert kv["exc"] == exc, \
+            f"case {case}, rank {r}: raised {kv['exc']} ({kv['msg']!r}), " \
+            f"want {exc}"
+        assert re.search(pattern, kv["msg"]), \
+            f"case {case}, rank {r}: message {kv['msg']!r} does not " \
+            f"match {pattern!r}"
+    for r in range(n):
+        # Raised (or returned) before any rank could wait on another.
+        assert float(cases[r]["t"]) < 1.0, \
+            f"case {case}, rank {r} took {cases[r]['t']} s: it waited"
+    after = launch.by_rank("AFTER", case)
+    assert sorted(after) == list(range(n)), \
+        f"case {case}: AFTER from ranks {sorted(after)}\n" + launch.output()
+    bad = {r: v.get("msg", "?") for r, v in after.items()
+           if v["_pos"][1:] != ["ok"]}
+    assert not bad, (f"case {case}: the communicator no longer works "
+                     f"afterwards: " + "; ".join(
+                         f"rank {r}: {m}" for r, m in sorted(bad.items())))
+
+
+# -- launches -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def args2():
+    return Launch(2, ["args", "gil", "threads"], env={"XHC_TIMEOUT": "10"})
+
+
+@pytest.fixture(scope="module")
+def args3():
+    return Launch(3, ["args", "debug", "empty"], env={"XHC_TIMEOUT": "10"})
+
+
+@pytest.fixture(scope="module")
+def reduce_recv3():
+    # A rank left behind shows as a timeout in AFTER: keep it short.
+    return Launch(3, ["reduce-recv"], env={"XHC_TIMEOUT": "2"})
+
+
+@pytest.fixture(scope="module")
+def debug_env3():
+    return Launch(3, ["debug-env"],
+                  env={"XHC_DEBUG": "1", "XHC_TIMEOUT": "10"})
+
+
+@pytest.fixture(scope="module")
+def freed_requests2():
+    return Launch(2, ["freed-requests"], env={"XHC_TIMEOUT": "10"})
+
+
+@pytest.fixture(scope="module", params=["kill-small", "kill-large"])
+def killed(request):
+    return Launch(3, [request.param], env={"XHC_TIMEOUT": "5", **RECOVERABLE},
+                  timeout=60)
+
+
+@pytest.fixture(scope="module")
+def skipped():
+    # One flat level: ranks 0 and 2 both wait on rank 1 directly.
+    return Launch(3, ["skip"], env={"XHC_TIMEOUT": "3",
+                                    "XHC_HIERARCHY": "node"}, timeout=60)
+
+
+# -- 1. bad arguments ---------------------------------------------------------
+
+ARG_CASES = [
+    ("bcast-none", "TypeError", r"NoneType is not a buffer"),
+    ("bcast-object", "TypeError", r"object is not a buffer"),
+    ("bcast-readonly", "ValueError", r"Bcast: the buffer is read-only"),
+    ("bcast-bytes", "ValueError", r"Bcast: the buffer is read-only"),
+    ("bcast-root-size", "ValueError",
+     r"Bcast: invalid root {n} for a communicator of size {n}"),
+    ("bcast-root-negative", "ValueError",
+     r"Bcast: invalid root -1 for a communicator of size {n}"),
+    ("bcast-root-size-large", "ValueError", r"Bcast: invalid root {n}\b"),
+    ("allreduce-send-object", "TypeError", r"object is not a buffer"),
+    ("allreduce-recv-str", "TypeError", r"str is not a buffer"),
+    ("allreduce-recv-readonly", "ValueError",
+     r"Allreduce: the receive buffer is read-only"),
+    ("allreduce-inplace-readonly", "ValueError",
+     r"Allreduce: the receive buffer is read-only"),
+    ("allreduce-recv-smaller", "ValueError",
+     r"send buffer has 8 elements, receive buffer 4"),
+    ("allreduce-recv-larger", "ValueError",
+     r"send buffer has 4 elements, receive buffer 8"),
+    ("allreduce-recv-larger-large", "ValueError",
+     r"send buffer has 50000 elements, receive buffer 50001"),
+    ("allreduce-band-float64", "ValueError", r"BAND .*float64"),
+    ("allreduce-lxor-float32", "ValueError", r"LXOR .*float32"),
+    ("allreduce-dtype-differs", "ValueError", r"differ in dtype"),
+    ("reduce-send-object", "TypeError", r"object is not a buffer"),
+    # Every rank, not only the root, should say which op and which data.
+    ("reduce-band-float64", "ValueError", r"BAND .*float64"),
+    ("reduce-root-size", "ValueError",
+     r"Reduce: invalid root {n} for a communicator of size {n}"),
+    ("reduce-root-negative", "ValueError", r"Reduce: invalid root -1"),
+    ("freed-barrier", "XhcError", r"^xhc\.Comm already freed$"),
+    ("freed-bcast", "XhcError", r"^xhc\.Comm already freed$"),
+    ("freed-allreduce", "XhcError", r"^xhc\.Comm already freed$"),
+    ("freed-reduce", "XhcError", r"^xhc\.Comm already freed$"),
+    ("freed-empty", "XhcError", r"already freed"),
+    ("freed-with-barrier", "XhcError", r"^xhc\.Comm already freed$"),
+    ("intercomm", "TypeError", r"needs an intra-communicator \(got Intercomm"),
+    ("not-a-comm", "TypeError", r"needs an intra-communicator"),
+]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("case,exc,pattern", ARG_CASES,
+                         ids=[c[0] for c in ARG_CASES])
+def test_bad_argument_raises_on_every_rank(request, n, case, exc, pattern):
+    launch = request.getfixturevalue(f"args{n}")
+    check_case(launch, case, exc, pattern.format(n=n))
+
+
+REDUCE_RECV_CASES = [
+    # (case, every rank passes the bad buffer, message)
+    ("reduce-recv-readonly", False, r"receive buffer is read-only"),
+    ("reduce-recv-smaller", False,
+     r"send buffer has 8 elements, receive buffer 4"),
+    ("reduce-recv-larger", False,
+     r"send buffer has 4 elements, receive buffer 8"),
+    ("reduce-recv-readonly-root-only", False, r"receive buffer is read-only"),
+    ("reduce-recv-larger-root-only", False,
+     r"send buffer has 4 elements, receive buffer 8"),
+]
+
+
+@pytest.mark.parametrize("case,every,pattern", REDUCE_RECV_CASES,
+                         ids=[c[0] for c in REDUCE_RECV_CASES])
+def test_bad_reduce_recvbuf_leaves_no_rank_behind(reduce_recv3, case, every,
+                                                  pattern):
+    """A bad receive buffer of Reduce (root 2).  Only the root's receive
+    buffer is significant (as in MPI), so only the root raises, whatever
+    the others pass; it still takes part in the Reduce, so the
+    communicator keeps working: no rank is left a Reduce ahead."""
+    check_case(reduce_recv3, case, "ValueError", pattern, every_rank=every,
+               root=reduce_recv3.n - 1)
+
+
+FREED_REQUESTS = ["request-barrier", "request-bcast", "request-allreduce",
+                  "request-reduce"]
+
+
+@pytest.mark.parametrize("case", FREED_REQUESTS)
+def test_persistent_request_of_freed_comm(freed_requests2, case):
+    """A request made by *_init and started after free(): the context it
+    points to is gone, so it must say so, not run on freed memory."""
+    check_case(freed_requests2, case, "XhcError", r"already freed")
+
+
+def test_argument_launches_complete(args2, args3, reduce_recv3, debug_env3):
+    for launch in (args2, args3, reduce_recv3, debug_env3):
+        check_completed(launch)
+
+
+# -- 2. ranks that disagree ---------------------------------------------------
+
+DEBUG_CASES = [
+    ("allreduce-count", "Allreduce",
+     "sendbuf: rank 0 has '4 x float64', rank 2 has '5 x float64'"),
+    ("allreduce-dtype", "Allreduce",
+     "sendbuf: rank 0 has '4 x float64', rank 2 has '4 x float32'"),
+    ("allreduce-op", "Allreduce", "op: rank 0 has 'SUM', rank 2 has 'MAX'"),
+    ("bcast-count", "Bcast",
+     "buffer: rank 0 has '32 bytes', rank 2 has '40 bytes'"),
+    ("bcast-root", "Bcast", "root: rank 0 has 0, rank 2 has 1"),
+    ("reduce-root", "Reduce", "root: rank 0 has 0, rank 2 has 1"),
+    ("reduce-op", "Reduce", "op: rank 0 has 'SUM', rank 2 has 'MIN'"),
+    ("reduce-count", "Reduce",
+     "sendbuf: rank 0 has '4 x float64', rank 2 has '5 x float64'"),
+    ("operation", "(Allreduce|Barrier)",
+     "operation: rank 0 has 'Allreduce', rank 2 has 'Barrier'"),
+]
+
+
+@pytest.mark.parametrize("how", ["keyword", "env"])
+@pytest.mark.parametrize("case,op,detail", DEBUG_CASES,
+                         ids=[c[0] for c in DEBUG_CASES])
+def test_debug_names_the_disagreement(request, how, case, op, detail):
+    """Rank 2 differs from ranks 0 and 1: with debug=True (keyword) or
+    XHC_DEBUG=1 (env) every rank raises XhcError naming the difference."""
+    launch = request.getfixturevalue("args3" if how == "keyword"
+                                     else "debug_env3")
+    name = f"debug-{case}" if how == "keyword" else f"debug-env-{case}"
+    check_case(launch, name, "XhcError",
+               rf"^XHC_DEBUG: ranks disagree on {op}: .*" + re.escape(detail))
+
+
+def test_skipped_bcast_ends_in_timeout(skipped):
+    """Rank 1 skips a Bcast that ranks 0 and 2 call; then all call Barrier.
+    Normal mode: every rank ends in a timeout naming whom it waited for
+    (rank 1 for those that called the Bcast), within XHC_TIMEOUT + 4 s,
+    rather than returning as if nothing happened."""
+    timeout = 3.0
+    rep = skipped.by_rank("SKIP")
+    assert sorted(rep) == [0, 1, 2], skipped.output()
+    for r, kv in sorted(rep.items()):
+        assert kv["exc"] == "XhcError", \
+            f"rank {r} returned {kv['exc']} ({kv['msg']!r}): a collective " \
+            "completed although a rank skipped one"
+        assert "did not arrive within the timeout" in kv["msg"], kv["msg"]
+        m = re.search(r"waiting for rank (\d+), pid \d+", kv["msg"])
+        assert m and int(m.group(1)) != r, kv["msg"]
+        if r != 1:
+            assert int(m.group(1)) == 1, \
+                f"rank {r} should wait for rank 1, the one that skipped: " \
+                f"{kv['msg']}"
+        t = float(kv["t"])
+        assert 0.9 * timeout <= t <= timeout + 4, \
+            f"rank {r} gave up after {t} s (XHC_TIMEOUT={timeout})"
+
+
+# -- 3. a rank that dies ------------------------------------------------------
+
+def test_dead_rank_is_named(killed):
+    """Rank 2 is SIGKILLed while ranks 0 and 1 wait for it in an Allreduce:
+    both raise XhcError naming rank 2 long before XHC_TIMEOUT (5 s)."""
+    assert killed.get("KILLING"), "rank 2 never got to kill itself\n" + \
+        killed.output()
+    assert not killed.get("NODETECT"), killed.output()
+    rep = killed.by_rank("DETECT")
+    assert sorted(rep) == [0, 1], \
+        f"survivors that reported: {sorted(rep)}\n" + killed.output()
+    for r, kv in rep.items():
+        assert kv["exc"] == "XhcError", kv
+        assert re.search(r"\brank 2\b", kv["msg"]), kv["msg"]
+        assert "exited" in kv["msg"], kv["msg"]
+        # 0.3 s of that is rank 2's sleep before it kills itself.
+        assert float(kv["t"]) < 2.5, f"rank {r} took {kv['t']} s"
+
+
+# -- 4. nothing left behind; private segments ---------------------------------
+
+def test_nothing_left_after_normal_exit(args3):
+    """args3 ends normally, one xhc.Comm freed and one (with Comm.empty
+    arrays, used in collectives) left open."""
+    check_completed(args3)
+    empty = args3.by_rank("EMPTY")
+    assert sorted(empty) == [0, 1, 2], args3.output()
+    assert all(kv["_pos"] == ["ok"] for kv in empty.values()), \
+        args3.get("EMPTY")
+    assert len(args3.segments()) >= 8, args3.segments()
+    assert_nothing_left(args3)
+
+
+def test_nothing_left_after_sigkill(killed):
+    assert len(killed.segments()) >= 3, killed.output()
+    assert_nothing_left(killed)
+
+
+@pytest.mark.parametrize("where", ["abort-op", "abort-empty", "abort-setup"])
+def test_nothing_left_after_exception(where):
+    """Rank 1 raises while the others are in an Allreduce (abort-op), in
+    Comm.empty (abort-empty) or in xhc.Comm() (abort-setup); python -m
+    mpi4py calls MPI_Abort, which kills them all."""
+    launch = Launch(3, [where], env={"XHC_TIMEOUT": "30"}, timeout=60)
+    out = launch.result.stdout + launch.result.stderr
+    assert launch.result.returncode != 0, launch.output()
+    assert f"RuntimeError: deliberate failure on rank 1 ({where})" in out, \
+        launch.output()
+    assert not launch.get("ABORT-NOT-REACHED"), launch.output()
+    assert_nothing_left(launch, expect_segments=where != "abort-setup")
+
+
+def test_segments_of_real_runs_are_private(args3):
+    """Every segment the runs made was 0600, owned by us, with a name of
+    96 random bits."""
+    names = args3.segments()
+    modes = {p[0]: kv for k, p, kv in args3.records if k == "SEGMODE"}
+    assert names and sorted(modes) == sorted(names), args3.output()
+    for name in names:
+        assert modes[name]["mode"] == "0600", (name, modes[name])
+        assert int(modes[name]["uid"]) == os.getuid(), (name, modes[name])
+        assert re.fullmatch(rf"/xhc\.{os.getuid()}\.[0-9a-f]{{24,}}", name), \
+            name
+    assert len(set(names)) == len(names)
+
+
+def _open_as_nobody(name, lib):
+    """In a child that became user nobody, try to open NAME; return
+    (exit status, what the child wrote)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                    # the child
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            fd = lib.xhc_shm_open(name.encode())
+            os.write(w, f"uid={os.getuid()} rc={fd}".encode())
+            code = 0
+        except BaseException as e:  # noqa: BLE001
+            with contextlib.suppress(BaseException):
+                os.write(w, f"error {e!r}".encode())
+        os._exit(code)
+    os.close(w)
+    deadline = time.monotonic() + 20
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the child opening the segment as nobody hung")
+        time.sleep(0.01)
+    with os.fdopen(r) as f:
+        text = f.read()
+    return os.waitstatus_to_exitcode(status), text
+
+
+def test_new_segment_is_private_and_unguessable():
+    """In-process, no MPI: names differ and carry >= 96 random bits; the
+    segment is created 0600 (O_EXCL), and another user cannot open it."""
+    from xhc import _core
+    from xhc._xhc import lib
+
+    a, b = _core.new_name(), _core.new_name()
+    assert a != b
+    tails = []
+    for name in [a, b] + [_core.new_name() for _ in range(1000)]:
+        m = re.fullmatch(r"/xhc\.(\d+)\.([0-9a-f]+)", name)
+        assert m, name
+        assert int(m.group(1)) == os.getuid()
+        assert 4 * len(m.group(2)) >= 96, name
+        tails.append(m.group(2))
+    assert len(set(tails)) == len(tails)
+    # Random in every digit, not a counter or a clock behind a prefix.
+    for i in range(24):
+        assert len({t[i] for t in tails}) >= 12, f"hex digit {i} barely varies"
+
+    assert lib.xhc_shm_create(a.encode(), 4096) == 0
+    try:
+        st = os.stat(SHM + a)
+        assert st.st_mode & 0o777 == 0o600, oct(st.st_mode)
+        assert st.st_uid == os.getuid()
+        # O_EXCL: a name that exists (e.g. planted by someone) is refused.
+        assert lib.xhc_shm_create(a.encode(), 4096) == -errno.EEXIST
+        fd = lib.xhc_shm_open(a.encode())
+        assert fd >= 0, fd                       # the owner can open it
+        os.close(fd)
+        assert os.getuid() == 0, "switching to user nobody needs root"
+        code, text = _open_as_nobody(a, lib)
+        assert code == 0, f"child failed: {text}"
+        assert text == f"uid={NOBODY} rc={-errno.EACCES}", text
+    finally:
+        lib.xhc_shm_unlink(a.encode())
+    assert not os.path.exists(SHM + a)
+
+
+# -- 6. threads ---------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["Barrier", "Bcast", "Allreduce", "Reduce"])
+def test_gil_released_while_waiting(args2, op):
+    """Rank 0 waits ~0.3 s for rank 1 inside OP while a Python thread of
+    rank 0 counts: the count must advance as if nothing held the GIL."""
+    rate = args2.get("GIL-RATE")
+    assert rate, args2.output()
+    per_s = float(rate[0]["per_s"])
+    rep = args2.get("GIL", op)
+    assert len(rep) == 1, args2.output()
+    wait, inc = float(rep[0]["wait"]), int(rep[0]["increments"])
+    assert wait >= 0.2, f"{op}: rank 0 waited only {wait} s: nothing to show"
+    assert inc > 10000, f"{op}: {inc} increments during a {wait} s wait"
+    # Holding the GIL would allow at most a switch interval (5 ms) of it.
+    assert inc > 0.2 * per_s * wait, \
+        f"{op}: {inc} increments in {wait} s, {per_s:.0f}/s when free"
+
+
+def test_threads_on_two_dup_communicators(args2):
+    levels = args2.by_rank("THREAD-LEVEL")
+    assert sorted(levels) == [0, 1], args2.output()
+    assert all(kv["multiple"] == "True" for kv in levels.values()), levels
+    rep = args2.get("THREADS")
+    assert sorted((int(kv["rank"]), int(kv["thread"])) for kv in rep) == \
+        [(0, 0), (0, 1), (1, 0), (1, 1)], args2.output()
+    for kv in rep:
+        assert kv["exc"] == "None", kv
+        assert int(kv["ops"]) == 500, kv
+        assert int(kv["errors"]) == 0, kv
+
+
+# -- found by the soak --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def zc_reuse3():
+    return Launch(3, ["zc-reuse"], env={"XHC_TIMEOUT": "5"}, timeout=90)
+
+
+@pytest.mark.parametrize("phase", ["same-size", "smaller-shared"])
+def test_zero_copy_allreduce_after_private_allreduce(zc_reuse3, phase):
+    """A large Allreduce of private arrays, then one of Comm.empty arrays
+    (of the same size, or smaller), 600 times at 3 ranks: each must give
+    its own result, without error.  (The minimal form of the failures
+    bench/soak.py found.)"""
+    check_completed(zc_reuse3)
+    rep = zc_reuse3.by_rank("ZC-REUSE", phase)
+    assert sorted(rep) == [0, 1, 2], zc_reuse3.output()
+    for r, kv in sorted(rep.items()):
+        assert kv["exc"] == "None", \
+            f"rank {r}, after {kv['rounds']} rounds: {kv['exc']}: {kv['msg']}"
+        done, rounds = kv["rounds"].split("/")
+        assert done == rounds, kv
+        assert int(kv["wrong_private"]) == 0 and \
+            int(kv["wrong_shared"]) == 0, \
+            f"rank {r}: {kv['wrong_private']} wrong private and " \
+            f"{kv['wrong_shared']} wrong shared results in {rounds} rounds"
