@@ -44,7 +44,7 @@ class Comm:
         self._warned = set()
         self._fallbacks = 0
         self._why = ""
-        self.info = {}
+        self.xhc_info = {}
         if not isinstance(comm, MPI.Intracomm) or comm.Is_inter():
             raise TypeError("xhc.Comm needs an intra-communicator (got "
                             f"{type(comm).__name__}); wrap a communicator "
@@ -90,7 +90,7 @@ class Comm:
             lib.xhc_ctx_close(self._ctx)
             self._ctx = ffi.NULL
             raise
-        self.info = {"copy": copy, "copy_reason": why,
+        self.xhc_info = {"copy": copy, "copy_reason": why,
                      "levels": self._levels, "config": dict(cfg)}
 
     def _spin_for_load(self, spin):
@@ -377,14 +377,31 @@ class Comm:
         if ctx:
             lib.xhc_ctx_close(ctx)
 
-    def __getattr__(self, name):
-        if name.startswith("__") or name == "_comm":
-            raise AttributeError(name)
-        return getattr(self._comm, name)
-
     def __repr__(self):
         return (f"<xhc.Comm rank {self._comm.rank} of {self._comm.size}, "
                 f"{self._state}>")
+
+
+def _forwarder(name):
+    """An attribute of Comm that is NAME of the wrapped communicator."""
+    def get(self):
+        return getattr(self._comm, name)
+    return property(get, doc=f"The wrapped communicator's {name}.")
+
+
+def _add_passthrough(cls, comm_type):
+    """Give CLS every public attribute of COMM_TYPE it does not define.
+
+    Forwarding through properties, not __getattr__, keeps Python's fast
+    method calls on the collectives (a class with __getattr__ loses them).
+    """
+    for name in dir(comm_type):
+        if not name.startswith("_") and not hasattr(cls, name):
+            setattr(cls, name, _forwarder(name))
+    return cls
+
+
+_add_passthrough(Comm, MPI.Intracomm)
 
 
 def _info(info):

@@ -16,7 +16,7 @@ Checks never fail on one rank alone: each case leaves a verdict, the
 verdicts are allgathered, and every rank raises the same AssertionError
 naming the first failing case and rank (python -m mpi4py then aborts).
 
-Sizes follow the configured thresholds (xcomm.info["config"] and
+Sizes follow the configured thresholds (xcomm.xhc_info["config"] and
 lib.XHC_INLINE_MAX), so runs with small XHC_CICO_MAX / XHC_CHUNK_SIZE stay
 fast while still crossing every boundary.  XHC_HIERARCHY, XHC_TOPOLOGY,
 XHC_COPY and XHC_SEQ_START act through xhc itself.
@@ -249,9 +249,9 @@ class Verdicts:
 
 class Sizes:
     def __init__(self, xcomm):
-        cfg = xcomm.info["config"]
+        cfg = xcomm.xhc_info["config"]
         self.cico, self.chunk = cfg["cico_max"], cfg["chunk_size"]
-        self.copy = xcomm.info["copy"]
+        self.copy = xcomm.xhc_info["copy"]
         self.seq_start = cfg["seq_start"]
         self.keys = set(xcomm.stats)
 
@@ -1439,7 +1439,7 @@ def check_mpi_wraps(comm, v):
 
 def check_config(xcomm, comm, v, expect_levels):
     """The variant under test really took effect."""
-    info = xcomm.info
+    info = xcomm.xhc_info
     env = os.environ
     v.check("accelerated", bool(info) and "open" in repr(xcomm),
             f"not accelerated: {xcomm!r}")
