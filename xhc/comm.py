@@ -274,14 +274,12 @@ class Comm:
             s = r = self._resolve(recvbuf)
         else:
             s = self._resolve(sendbuf)
-            r = self._root_recv(s, recvbuf, op, root) if is_root else None
-        if s is None or (is_root and r is None):
-            return None
-        if not self._reducible(op, s.dtype):
+        if s is None or not self._reducible(op, s.dtype):
             return None
         _check_op(s, op, "Reduce")
+        r = None
         if is_root:
-            _check_pair(s, r, op, "Reduce")
+            r = self._root_recv(s, recvbuf, op, root, sendbuf is _IN_PLACE)
         call = functools.partial(_reduce, self._ctx, s.ptr,
                                  r.ptr if r else ffi.NULL, s.count, s.dtype,
                                  OPS[id(op)], root)
@@ -292,25 +290,22 @@ class Comm:
                            s.nbytes + (r.nbytes if r and r is not s else 0))
         return plan
 
-    def _root_recv(self, s, recvbuf, op, root):
+    def _root_recv(self, s, recvbuf, op, root, in_place):
         """The root's receive buffer.  Only the root sees it, so if it is
         bad the root still takes part in the Reduce, into scratch memory,
         before it raises: the other ranks stay in step."""
         try:
-            r = self._resolve(recvbuf)
-            if r is None and s is not None:
+            r = s if in_place else self._resolve(recvbuf)
+            if r is None:
                 raise ValueError(f"Reduce: the root's receive buffer is a "
                                  f"{self._why}, which the other ranks cannot "
                                  "see; pass a contiguous array")
-            if r is not None and s is not None:
-                _check_pair(s, r, op, "Reduce")
+            _check_pair(s, r, op, "Reduce")
             return r
         except (TypeError, ValueError):
-            if s is not None and id(op) in OPS and s.dtype != NOT_REDUCIBLE \
-                    and lib.xhc_op_valid(s.dtype, OPS[id(op)]):
-                scratch = ffi.new("char[]", max(s.nbytes, 1))
-                _reduce(self._ctx, s.ptr, scratch, s.count, s.dtype,
-                        OPS[id(op)], root)
+            scratch = ffi.new("char[]", max(s.nbytes, 1))
+            _reduce(self._ctx, s.ptr, scratch, s.count, s.dtype, OPS[id(op)],
+                    root)
             raise
 
     def _reducible(self, op, dtype):
