@@ -132,32 +132,42 @@ int xhc_allreduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
     return rc;
 }
 
-int xhc_allreduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
-                  size_t count, int dtype, int op)
+/* What Allreduce and Reduce share: checks, the trivial cases, and the
+ * choice of path by size.  ROOT < 0: everyone gets the result. */
+int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
+                  size_t count, int dtype, int op, int root,
+                  xhc_small_fn small)
 {
-    if (!ctx)
-        return XHC_ERR_FREED;
     struct xhc_red r;
     int rc = xhc_red_init(&r, count, dtype, op);
-    if (rc)
+    if (rc || count == 0)
         return rc;
-    if (count == 0)
-        return 0;
     if (ctx->nranks == 1) {
         if (rbuf != sbuf)
             memcpy(rbuf, sbuf, r.nbytes);
         return 0;
     }
-    const struct xhc_view *v = xhc_view_get(ctx, XHC_ALLREDUCE, 0);
+    const struct xhc_view *v = xhc_view_get(ctx, kind, root < 0 ? 0 : root);
     if (!v)
         return XHC_ERR_HIERARCHY;
+    /* The three paths of each reduction are consecutive in xhc_path. */
+    int path = kind == XHC_ALLREDUCE ? XHC_PATH_ALLREDUCE_INLINE
+                                     : XHC_PATH_REDUCE_INLINE;
     if (r.nbytes <= ctx->cfg.cico_max) {
-        ctx->stats[r.nbytes <= XHC_INLINE_MAX ? XHC_PATH_ALLREDUCE_INLINE
-                                              : XHC_PATH_ALLREDUCE_CICO]++;
-        return xhc_allreduce_small(ctx, v, sbuf, rbuf, &r);
+        ctx->stats[path + (r.nbytes > XHC_INLINE_MAX)]++;
+        return small(ctx, v, sbuf, rbuf, &r);
     }
-    ctx->stats[XHC_PATH_ALLREDUCE_LARGE]++;
+    ctx->stats[path + 2]++;
     if (ctx->cfg.copy == XHC_COPY_CMA)
-        return xhc_rs_run(ctx, sbuf, rbuf, &r, -1);
-    return xhc_rs_staged(ctx, sbuf, rbuf, &r, -1);
+        return xhc_rs_run(ctx, sbuf, rbuf, &r, root);
+    return xhc_rs_staged(ctx, sbuf, rbuf, &r, root);
+}
+
+int xhc_allreduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
+                  size_t count, int dtype, int op)
+{
+    if (!ctx)
+        return XHC_ERR_FREED;
+    return xhc_reduction(ctx, XHC_ALLREDUCE, sbuf, rbuf, count, dtype, op,
+                         -1, xhc_allreduce_small);
 }

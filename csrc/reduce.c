@@ -37,30 +37,9 @@ int xhc_reduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf, size_t count,
 {
     if (!ctx)
         return XHC_ERR_FREED;
-    struct xhc_red r;
-    int rc = xhc_red_init(&r, count, dtype, op);
-    if (rc)
-        return rc;
     if (root < 0 || root >= ctx->nranks
         || (root == ctx->rank && !rbuf && count))
         return XHC_ERR_ARG;
-    if (count == 0)
-        return 0;
-    if (ctx->nranks == 1) {
-        if (rbuf != sbuf)
-            memcpy(rbuf, sbuf, r.nbytes);
-        return 0;
-    }
-    const struct xhc_view *v = xhc_view_get(ctx, XHC_REDUCE, root);
-    if (!v)
-        return XHC_ERR_HIERARCHY;
-    if (r.nbytes <= ctx->cfg.cico_max) {
-        ctx->stats[r.nbytes <= XHC_INLINE_MAX ? XHC_PATH_REDUCE_INLINE
-                                              : XHC_PATH_REDUCE_CICO]++;
-        return xhc_reduce_small(ctx, v, sbuf, rbuf, &r);
-    }
-    ctx->stats[XHC_PATH_REDUCE_LARGE]++;
-    if (ctx->cfg.copy == XHC_COPY_CMA)
-        return xhc_rs_run(ctx, sbuf, rbuf, &r, root);
-    return xhc_rs_staged(ctx, sbuf, rbuf, &r, root);
+    return xhc_reduction(ctx, XHC_REDUCE, sbuf, rbuf, count, dtype, op, root,
+                         xhc_reduce_small);
 }

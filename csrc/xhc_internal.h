@@ -165,6 +165,12 @@ int xhc_publish_up(xhc_ctx_t *ctx, uint64_t seq, const struct xhc_red *r,
                    const void *value);
 int xhc_allreduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
                         const void *sbuf, void *rbuf, const struct xhc_red *r);
+typedef int (*xhc_small_fn)(xhc_ctx_t *ctx, const struct xhc_view *v,
+                            const void *sbuf, void *rbuf,
+                            const struct xhc_red *r);
+int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
+                  size_t count, int dtype, int op, int root,
+                  xhc_small_fn small);
 int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                const struct xhc_red *r, int root);
 
