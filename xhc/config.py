@@ -7,7 +7,7 @@ from .hierarchy import DEFAULTS as HIERARCHY_DEFAULTS
 
 DEFAULTS = {
     "cico_max": 32 << 10,     # largest message copied through the segment
-    "chunk_size": 128 << 10,  # pipelining and reduce-scatter chunk
+    "chunk_size": 256 << 10,  # pipelining and reduce-scatter window
     "timeout": 120.0,         # seconds to wait for a peer before failing
     "spin": 512,              # polls before a waiting rank yields
     "copy": "auto",           # large messages: auto | cma | cico
