@@ -160,6 +160,17 @@ static int xhc_rs_meet(xhc_ctx_t *ctx, uint64_t seq, struct xhc_rs *rs)
     return 0;
 }
 
+/* Elements of one owner's part of a window: the staging part, or less,
+ * so that a vector smaller than a window still spreads over every rank. */
+static size_t xhc_rs_part(const xhc_ctx_t *ctx, const struct xhc_red *r)
+{
+    size_t line = 64 / r->esize;
+    size_t most = xhc_stage_part(ctx->nranks, &ctx->cfg) / r->esize;
+    size_t even = (r->count + (size_t)ctx->nranks - 1) / (size_t)ctx->nranks;
+    even = (even + line - 1) / line * line;
+    return even < most ? even : most;
+}
+
 int xhc_rs_staged(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                   const struct xhc_red *r, int root)
 {
@@ -167,7 +178,7 @@ int xhc_rs_staged(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
     struct xhc_rs rs = {
         .red = r, .sbuf = sbuf,
         .rbuf = root < 0 || root == ctx->rank ? rbuf : NULL,
-        .part = xhc_stage_part(ctx->nranks, &ctx->cfg) / r->esize,
+        .part = xhc_rs_part(ctx, r),
         .root = root,
     };
     size_t window = rs.part * (size_t)ctx->nranks;
