@@ -50,6 +50,8 @@ class Comm:
                             f"{type(comm).__name__}); wrap a communicator "
                             "such as MPI.COMM_WORLD or one from Split()")
         self._cfg = config.resolve(**tunables)
+        self._spin_given = (tunables.get("spin") is not None
+                            or "XHC_SPIN" in os.environ)
         self._specs = config.hierarchies(hierarchy)
         self._topology = topology
         reason = self._ineligible()
@@ -91,13 +93,14 @@ class Comm:
             self._ctx = ffi.NULL
             raise
         self.xhc_info = {"copy": copy, "copy_reason": why,
-                     "levels": self._levels, "config": dict(cfg)}
+                         "levels": self._levels, "config": dict(cfg)}
 
     def _spin_for_load(self, spin):
-        """Yield almost at once when the node runs more ranks than cores."""
+        """Yield almost at once when the node runs more ranks than cores,
+        unless the user chose the spin count."""
         cpus = self._comm.allgather(sorted(os.sched_getaffinity(0)))
         ncpu = len(set().union(*map(set, cpus)))
-        if self._comm.size > ncpu and "XHC_SPIN" not in os.environ:
+        if self._comm.size > ncpu and not self._spin_given:
             return min(spin, 16)
         return spin
 
@@ -223,12 +226,15 @@ class Comm:
         """Keep PLAN, within a budget of buffer bytes kept alive."""
         if (self._plan_bytes + nbytes > _CACHE_BYTES
                 or len(plans) >= _CACHE_MAX):
-            for cache in (self._bcast_plans, self._allreduce_plans,
-                          self._reduce_plans):
-                cache.clear()
-            self._plan_bytes = 0
+            self._forget_plans()
         plans[key] = plan
         self._plan_bytes += nbytes
+
+    def _forget_plans(self):
+        for plans in (self._bcast_plans, self._allreduce_plans,
+                      self._reduce_plans):
+            plans.clear()
+        self._plan_bytes = 0
 
     def _bcast_plan(self, buf):
         if not self._usable():
@@ -353,9 +359,7 @@ class Comm:
         if self._ctx:
             lib.xhc_ctx_close(self._ctx)
         self._ctx = ffi.NULL
-        for cache in (self._bcast_plans, self._allreduce_plans,
-                      self._reduce_plans):
-            cache.clear()
+        self._forget_plans()
         self._keep.clear()
         for req in list(self._requests):
             req.Free()
