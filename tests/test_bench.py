@@ -143,3 +143,22 @@ def test_plot_names_missing_matplotlib(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(RuntimeError, match="pip install matplotlib"):
         _osu.require_matplotlib()
+
+
+def test_readme_main_command_runs_a_validated_sweep():
+    """`python -m bench` (the README's main command) launches mpiexec
+    itself, with the environment a root user needs, and validates."""
+    import subprocess
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PRTE_"))}
+    env["PYTHONPATH"] = ROOT
+    out = subprocess.run([sys.executable, "-m", "bench", "barrier",
+                          "allreduce", "--extra", "-m 8:64K -i 20 -x 2"],
+                         cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Barrier Latency Test" in out.stdout
+    rows = [line.split() for line in out.stdout.splitlines()
+            if line[:1].isdigit()]
+    assert [int(r[0]) for r in rows] == [8 << k for k in range(14)]
+    assert all(r[-1] == "Pass" for r in rows), out.stdout
