@@ -84,6 +84,21 @@ uintptr_t xhc_ctx_probe_address(xhc_ctx_t *ctx);
 int xhc_cma_probe(xhc_ctx_t *ctx, int peer, uintptr_t address);
 void xhc_ctx_close(xhc_ctx_t *ctx);
 
+/* One collective described once, run many times: the front end keeps a
+ * call per buffer, so each run passes a single pointer. */
+typedef struct xhc_call {
+    xhc_ctx_t *ctx;
+    const void *sbuf; /* Allreduce, Reduce: send buffer */
+    void *rbuf;       /* Bcast: the buffer; reductions: receive buffer */
+    size_t count;     /* Bcast: bytes; reductions: elements */
+    int32_t kind;     /* an xhc_kind */
+    int32_t dtype;
+    int32_t op;
+    int32_t root;
+} xhc_call_t;
+
+int xhc_run(const xhc_call_t *call);
+
 int xhc_barrier(xhc_ctx_t *ctx);
 int xhc_bcast(xhc_ctx_t *ctx, void *buf, size_t nbytes, int root);
 int xhc_allreduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,

@@ -17,8 +17,7 @@ _CACHE_MAX = 64           # plans kept per operation
 _CACHE_BYTES = 256 << 20  # buffer bytes the plans may keep alive
 _NOT_ACCELERATED = "communicator not accelerated"
 _IN_PLACE = MPI.IN_PLACE
-_bcast = lib.xhc_bcast
-_allreduce = lib.xhc_allreduce
+_run = lib.xhc_run
 _reduce = lib.xhc_reduce
 _barrier = lib.xhc_barrier
 
@@ -146,12 +145,12 @@ class Comm:
             p = self._bcast_plan(buf)
             if p is None:
                 return self._fallback("Bcast", buf, root)
-        rc = _bcast(p[1], p[2], p[3], root)
+        if p[3] != root:
+            p[1].root = self._root_arg(root, "Bcast")
+            p[3] = root
+        rc = p[2]()
         if rc:
-            if rc == lib.XHC_ERR_ARG:
-                raise ValueError(f"Bcast: invalid root {root!r} for a "
-                                 f"communicator of size {self._comm.size}")
-            self._raise(rc, f"Bcast(root={root}, {p[3]} B)")
+            self._raise(rc, f"Bcast(root={root}, {p[1].count} B)")
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Reduce SENDBUF over all ranks into RECVBUF (IN_PLACE allowed)."""
@@ -163,7 +162,7 @@ class Comm:
                 return self._fallback("Allreduce", sendbuf, recvbuf, op)
         rc = p[3]()
         if rc:
-            self._raise(rc, f"Allreduce ({p[4]} B)")
+            self._raise(rc, f"Allreduce ({p[4].count} elements)")
 
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
         """Reduce SENDBUF over all ranks into ROOT's RECVBUF."""
@@ -175,7 +174,7 @@ class Comm:
                 return self._fallback("Reduce", sendbuf, recvbuf, op, root)
         rc = p[4]()
         if rc:
-            self._raise(rc, f"Reduce(root={root}, {p[5]} B)")
+            self._raise(rc, f"Reduce(root={root}, {p[5].count} elements)")
 
     # -- persistent collectives (MPI-4 style) ---------------------------------
     # All argument work happens in *_init; Start() is the C call alone.
@@ -188,14 +187,11 @@ class Comm:
 
     def Bcast_init(self, buf, root=0, info=None):
         """A persistent Bcast of BUF from ROOT."""
-        p = self._bcast_plan(buf)
+        p = self._bcast_plan(buf, remember=False)
         if p is None:
             return self._comm.Bcast_init(buf, root, *_info(info))
-        if not isinstance(root, int) or not 0 <= root < self._comm.size:
-            raise ValueError(f"Bcast_init: invalid root {root!r} for a "
-                             f"communicator of size {self._comm.size}")
-        call = functools.partial(_bcast, p[1], p[2], p[3], root)
-        return Request(call, f"Bcast(root={root}, {p[3]} B)", self)
+        p[1].root = self._root_arg(root, "Bcast_init")
+        return Request(p[2], f"Bcast(root={root}, {p[1].count} B)", self, p)
 
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):
         """A persistent Allreduce of SENDBUF into RECVBUF."""
@@ -203,7 +199,7 @@ class Comm:
         if p is None:
             return self._comm.Allreduce_init(sendbuf, recvbuf, op,
                                              *_info(info))
-        return Request(p[3], f"Allreduce ({p[4]} B)", self)
+        return Request(p[3], f"Allreduce ({p[4].count} elements)", self, p)
 
     def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=None):
         """A persistent Reduce of SENDBUF into ROOT's RECVBUF."""
@@ -211,7 +207,8 @@ class Comm:
         if p is None:
             return self._comm.Reduce_init(sendbuf, recvbuf, op, root,
                                           *_info(info))
-        return Request(p[4], f"Reduce(root={root}, {p[5]} B)", self)
+        return Request(p[4], f"Reduce(root={root}, {p[5].count} elements)",
+                       self, p)
 
     # -- plans: argument checks, off the hot path -----------------------------
 
@@ -236,7 +233,14 @@ class Comm:
             plans.clear()
         self._plan_bytes = 0
 
-    def _bcast_plan(self, buf):
+    def _root_arg(self, root, name):
+        if not isinstance(root, int) or not 0 <= root < self._comm.size:
+            raise ValueError(f"{name}: invalid root {root!r} for a "
+                             f"communicator of size {self._comm.size}")
+        return root
+
+    def _bcast_plan(self, buf, remember=True):
+        """[buf, call, run, root, buffer]: a list, as the root may change."""
         if not self._usable():
             return None
         b = self._resolve(buf)
@@ -245,8 +249,9 @@ class Comm:
         if not b.writable:
             raise ValueError("Bcast: the buffer is read-only; pass a "
                              "writable array")
-        plan = (buf, self._ctx, b.ptr, b.nbytes)
-        if not isinstance(buf, (list, tuple)):
+        call, run = _call(self._ctx, lib.XHC_BCAST, None, b, b.nbytes)
+        plan = [buf, call, run, 0, b]
+        if remember and not isinstance(buf, (list, tuple)):
             self._remember(self._bcast_plans, id(buf), plan, b.nbytes)
         return plan
 
@@ -258,9 +263,9 @@ class Comm:
         if s is None or not self._reducible(op, r.dtype):
             return None
         _check_pair(s, r, op, "Allreduce")
-        call = functools.partial(_allreduce, self._ctx, s.ptr, r.ptr, r.count,
-                                 r.dtype, OPS[id(op)])
-        plan = (sendbuf, recvbuf, op, call, r.nbytes)
+        call, run = _call(self._ctx, lib.XHC_ALLREDUCE, s, r, r.count,
+                          r.dtype, OPS[id(op)])
+        plan = (sendbuf, recvbuf, op, run, call, s, r)
         if not isinstance(recvbuf, (list, tuple)) \
                 and not isinstance(sendbuf, (list, tuple)):
             self._remember(self._allreduce_plans, id(recvbuf), plan,
@@ -286,10 +291,9 @@ class Comm:
         r = None
         if is_root:
             r = self._root_recv(s, recvbuf, op, root, sendbuf is _IN_PLACE)
-        call = functools.partial(_reduce, self._ctx, s.ptr,
-                                 r.ptr if r else ffi.NULL, s.count, s.dtype,
-                                 OPS[id(op)], root)
-        plan = (sendbuf, recvbuf, op, root, call, s.nbytes)
+        call, run = _call(self._ctx, lib.XHC_REDUCE, s, r, s.count, s.dtype,
+                          OPS[id(op)], root)
+        plan = (sendbuf, recvbuf, op, root, run, call, s, r)
         if not isinstance(sendbuf, (list, tuple)) \
                 and not isinstance(recvbuf, (list, tuple)):
             self._remember(self._reduce_plans, id(sendbuf), plan,
@@ -381,6 +385,17 @@ class Comm:
                 f"{self._state}>")
 
 
+def _call(ctx, kind, s, r, count, dtype=0, op=0, root=0):
+    """An xhc_call for buffers S and R (Buffer or None), and its runner.
+    The plan that keeps them also keeps S and R, whose pointers it holds."""
+    call = ffi.new("xhc_call_t *")
+    call.ctx, call.kind, call.count = ctx, kind, count
+    call.dtype, call.op, call.root = dtype, op, root
+    call.sbuf = s.ptr if s is not None else ffi.NULL
+    call.rbuf = r.ptr if r is not None else ffi.NULL
+    return call, functools.partial(_run, call)
+
+
 def _forwarder(name):
     """An attribute of Comm that is NAME of the wrapped communicator."""
     def get(self):
@@ -411,10 +426,11 @@ class Request:
     """A persistent collective: Start() runs it to completion, so Wait()
     and Test() find it done.  The buffers stay referenced until Free()."""
 
-    def __init__(self, call, what, xcomm):
+    def __init__(self, call, what, xcomm, plan=None):
         self._call = call
         self._what = what
         self._xcomm = xcomm
+        self._plan = plan  # keeps the buffers the call points to
         xcomm._requests.add(self)  # free() frees its requests
 
     def Start(self):
@@ -438,6 +454,7 @@ class Request:
     def Free(self):
         """Drop the buffers and the plan."""
         self._call = None
+        self._plan = None
 
     @staticmethod
     def Startall(requests):
