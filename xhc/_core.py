@@ -13,7 +13,6 @@ KINDS = {"barrier": lib.XHC_BARRIER, "bcast": lib.XHC_BCAST,
          "allreduce": lib.XHC_ALLREDUCE, "reduce": lib.XHC_REDUCE}
 COPY = {"cico": lib.XHC_COPY_CICO, "cma": lib.XHC_COPY_CMA,
         "xpmem": lib.XHC_COPY_XPMEM}
-COPY_NAMES = {v: k for k, v in COPY.items()}
 PATHS = {
     "barrier": lib.XHC_PATH_BARRIER,
     "bcast.inline": lib.XHC_PATH_BCAST_INLINE,
