@@ -36,6 +36,32 @@ void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
     }
 }
 
+/* Publish my send and receive buffers for operation SEQ, then copy every
+ * rank's descriptions into ctx->peer_send/peer_recv: a peer that has done
+ * its share may start its next operation and rewrite its big line while
+ * I still read its buffers.  Sets *IN_PLACE if anyone's buffer is read
+ * in place from a shared region. */
+int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
+             size_t nbytes, int *in_place)
+{
+    struct xhc_big_line *big = &xhc_ctl(ctx, ctx->rank)->big;
+    xhc_src_describe(ctx, sbuf, nbytes, &big->send);
+    xhc_src_describe(ctx, rbuf, rbuf ? nbytes : 0, &big->recv);
+    /* Orders both descriptions before peers see the sequence number. */
+    xhc_store_release(&big->seq, seq);
+    *in_place = 0;
+    for (int p = 0; p < ctx->nranks; p++) {
+        struct xhc_big_line *pb = &xhc_ctl(ctx, p)->big;
+        int rc = xhc_wait_eq(ctx, &pb->seq, seq, p);
+        if (rc)
+            return rc;
+        ctx->peer_send[p] = pb->send;
+        ctx->peer_recv[p] = pb->recv;
+        *in_place |= pb->send.region > 0 || pb->recv.region > 0;
+    }
+    return 0;
+}
+
 static int xhc_cma_read(pid_t pid, void *dst, uint64_t addr, size_t len)
 {
     while (len) {

@@ -49,17 +49,6 @@ static int xhc_rs_target(xhc_ctx_t *ctx, void *rbuf, const struct xhc_red *r,
     return 0;
 }
 
-static int xhc_rs_expose(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
-                         const void *target, const struct xhc_red *r)
-{
-    struct xhc_big_line *big = &xhc_ctl(ctx, ctx->rank)->big;
-    xhc_src_describe(ctx, sbuf, r->nbytes, &big->send);
-    xhc_src_describe(ctx, target, r->nbytes, &big->recv);
-    /* Orders both descriptions before peers see the sequence number. */
-    xhc_store_release(&big->seq, seq);
-    return 0;
-}
-
 /* Step 2 for one chunk [LO, LO+N) of my slice, into DST. */
 static int xhc_rs_chunk(xhc_ctx_t *ctx, const unsigned char *sbuf,
                         unsigned char *dst, size_t lo, size_t n,
@@ -73,7 +62,7 @@ static int xhc_rs_chunk(xhc_ctx_t *ctx, const unsigned char *sbuf,
     for (int p = 0; p < ctx->nranks; p++) {
         const void *x = sbuf + off;
         if (p != ctx->rank) {
-            int rc = xhc_peer_read(ctx, p, &xhc_ctl(ctx, p)->big.send, off,
+            int rc = xhc_peer_read(ctx, p, &ctx->peer_send[p], off,
                                    tmp[p & 1], len, &x);
             if (rc)
                 return rc;
@@ -93,11 +82,6 @@ static int xhc_rs_reduce_mine(xhc_ctx_t *ctx, uint64_t seq,
                               const struct xhc_red *r)
 {
     size_t lo, hi, step = ctx->cfg.chunk_size / r->esize;
-    for (int p = 0; p < ctx->nranks; p++) {
-        int rc = xhc_wait_eq(ctx, &xhc_ctl(ctx, p)->big.seq, seq, p);
-        if (rc)
-            return rc;
-    }
     xhc_slice(ctx, r, ctx->rank, &lo, &hi);
     for (size_t at = lo; at < hi; at += step) {
         int rc = xhc_rs_chunk(ctx, sbuf, dst, at,
@@ -122,7 +106,7 @@ static int xhc_rs_gather(xhc_ctx_t *ctx, uint64_t seq, unsigned char *rbuf,
             continue;
         int rc = xhc_wait_eq(ctx, &xhc_ctl(ctx, p)->done.seq, seq, p);
         if (rc == 0)
-            rc = xhc_peer_read(ctx, p, &xhc_ctl(ctx, p)->big.recv,
+            rc = xhc_peer_read(ctx, p, &ctx->peer_recv[p],
                                lo * r->esize, rbuf + lo * r->esize,
                                (hi - lo) * r->esize, NULL);
         if (rc)
@@ -139,9 +123,10 @@ int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
     uint64_t seq = ++ctx->seq;
     int whole = root < 0 || root == ctx->rank;
     unsigned char *target;
+    int in_place;
     int rc = xhc_rs_target(ctx, whole ? rbuf : NULL, r, &target);
     if (rc == 0)
-        rc = xhc_rs_expose(ctx, seq, sbuf, target, r);
+        rc = xhc_meet(ctx, seq, sbuf, target, r->nbytes, &in_place);
     if (rc == 0)
         rc = xhc_rs_reduce_mine(ctx, seq, sbuf, target, r);
     if (rc == 0 && whole)

@@ -135,31 +135,6 @@ static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
     return 0;
 }
 
-/* Publish my buffers and copy everyone's descriptions: a peer that has
- * done its share may start its next operation and rewrite its big line
- * while I still read its buffers.  (No peer can finish this operation
- * before every rank has staged its first round, i.e. passed this point.) */
-static int xhc_rs_meet(xhc_ctx_t *ctx, uint64_t seq, struct xhc_rs *rs)
-{
-    struct xhc_big_line *big = &xhc_ctl(ctx, ctx->rank)->big;
-    xhc_src_describe(ctx, rs->sbuf, rs->red->nbytes, &big->send);
-    xhc_src_describe(ctx, rs->rbuf, rs->rbuf ? rs->red->nbytes : 0,
-                     &big->recv);
-    /* Orders both descriptions before peers see the sequence number. */
-    xhc_store_release(&big->seq, seq);
-    for (int p = 0; p < ctx->nranks; p++) {
-        struct xhc_big_line *pb = &xhc_ctl(ctx, p)->big;
-        int rc = xhc_wait_eq(ctx, &pb->seq, seq, p);
-        if (rc)
-            return rc;
-        ctx->peer_send[p] = pb->send;
-        ctx->peer_recv[p] = pb->recv;
-        if (pb->send.region > 0 || pb->recv.region > 0)
-            rs->in_place_reads = 1;
-    }
-    return 0;
-}
-
 /* Elements of one owner's part of a window: the staging part, or less,
  * so that a vector smaller than a window still spreads over every rank. */
 static size_t xhc_rs_part(const xhc_ctx_t *ctx, const struct xhc_red *r)
@@ -183,7 +158,10 @@ int xhc_rs_staged(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
     };
     size_t window = rs.part * (size_t)ctx->nranks;
     uint64_t windows = (r->count + window - 1) / window;
-    int rc = xhc_rs_meet(ctx, seq, &rs);
+    /* No peer can finish this operation (and rewrite its big line)
+     * before every rank has staged its first round, i.e. met. */
+    int rc = xhc_meet(ctx, seq, sbuf, rs.rbuf, r->nbytes,
+                      &rs.in_place_reads);
     for (uint64_t w = 0; rc == 0 && w < windows; w++) {
         uint64_t t = ++ctx->round;
         rc = xhc_stage_reserve(ctx, t);

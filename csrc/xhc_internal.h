@@ -143,6 +143,8 @@ void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
 const unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
                                      const struct xhc_src *src, size_t offset,
                                      size_t len, int *rc);
+int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
+             size_t nbytes, int *in_place);
 int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
                   size_t offset, void *dst, size_t len,
                   const void **direct);
