@@ -100,6 +100,11 @@ def test_modes_agree(n, tmp_path, serial):
             assert rep["collectives"]["Allreduce[rcb]"]["calls"] > 0
         assert rep["collectives"]["Allreduce"]["calls"] >= len(
             rep["checksums"])
+        # the cost after the last arrival is a part of the time inside
+        t = rep["timers"]
+        assert 0 < t["coll_cost"]["avg"] <= t["collectives"]["avg"]
+        for v in rep["collectives"].values():
+            assert 0 <= v["cost_avg"] <= v["time_avg"]
     # the same work, the same collective calls, in both modes
     assert mpi["mesh"] == xhc["mesh"]
     assert {k: v["calls"] for k, v in mpi["collectives"].items()} == \

@@ -21,6 +21,7 @@ class CommFactory:
         self.stats = stats
         self._xhc = None
         self._owned = []      # (xhc.Comm or None, raw comm to Free or None)
+        self._timed = []      # every TimedComm, in creation order
         if mode == "xhc":
             import xhc
             if not hasattr(xhc, "Comm"):
@@ -35,7 +36,20 @@ class CommFactory:
         inner = self._xhc.Comm(raw) if self._xhc is not None else raw
         self._owned.append((inner if self._xhc is not None else None,
                             raw if free_raw else None))
-        return TimedComm(inner, self.stats, label)
+        timed = TimedComm(inner, self.stats, label)
+        self._timed.append(timed)
+        return timed
+
+    def after_last_arrival(self):
+        """Collective: {key: seconds} this rank spent in collectives after
+        the last member rank arrived, over every communicator.  Ranks made
+        the same communicators in the same order, so visiting them in
+        creation order meets each with all its members."""
+        out = {}
+        for timed in self._timed:
+            for k, v in timed.after_last_arrival().items():
+                out[k] = out.get(k, 0.0) + v
+        return out
 
     def xhc_paths(self):
         """Calls per xhc path (\"fallback\" = handed to mpi4py), summed
@@ -56,3 +70,4 @@ class CommFactory:
             if raw is not None:       # xhc.Comm.free leaves it to us
                 raw.Free()
         self._owned.clear()
+        self._timed.clear()

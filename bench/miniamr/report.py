@@ -2,11 +2,11 @@
 """The end-of-run report (miniAMR's profile.c, much shortened).
 
 Gathered with the plain world communicator after timing stops, so the
-report itself is neither timed nor counted.  Rank 0 prints a ``Summary:``
-line as miniAMR does, the phase times (average and maximum over ranks),
-one line per collective (calls and bytes on rank 0, time average and
-maximum over ranks), mesh statistics and the final checksums; ``--json``
-writes the same as JSON.
+report itself is neither timed nor counted. Rank 0 prints a ``Summary:``
+line as miniAMR does, the phase times (average and maximum over ranks), one
+line per collective (calls and bytes on rank 0, time average and maximum
+over ranks, and the average time after the last rank arrived), mesh
+statistics and the final checksums; ``--json`` writes the same as JSON.
 """
 import json
 
@@ -24,35 +24,41 @@ LABELS = {
     "balance": "  load balance (RCB + block moves)",
     "plan": "  ghost plan rebuild",
     "collectives": "time inside collectives (all)",
+    "coll_cost": "  after the last rank arrived",
 }
+TIMERS = (*PHASES, "collectives", "coll_cost")
 
 
 def build(run, raw, total, history, final):
     mine = dict(run.timers.t)
     mine["total"] = total
     mine["collectives"] = run.stats.total_seconds()
-    per_rank = raw.gather((mine, run.stats.rec, len(run.mesh.own(run.rank)),
-                           dict(run.counters), run.factory.xhc_paths()),
-                          root=0)
+    cost = run.factory.after_last_arrival()
+    mine["coll_cost"] = sum(cost.values())
+    per_rank = raw.gather((mine, run.stats.rec, cost,
+                           len(run.mesh.own(run.rank)), dict(run.counters),
+                           run.factory.xhc_paths()), root=0)
     if run.rank != 0:
         return None
     n = len(per_rank)
     timers = {}
-    for k in (*PHASES, "collectives"):
+    for k in TIMERS:
         vals = [p[0][k] for p in per_rank]
         timers[k] = {"avg": sum(vals) / n, "max": max(vals)}
     colls = {}
     for key, (calls, nbytes, _) in sorted(per_rank[0][1].items()):
         ts = [p[1].get(key, [0, 0, 0.0])[2] for p in per_rank]
+        cs = [p[2].get(key, 0.0) for p in per_rank]
         colls[key] = {"calls": calls, "bytes": nbytes,
-                      "time_avg": sum(ts) / n, "time_max": max(ts)}
+                      "time_avg": sum(ts) / n, "time_max": max(ts),
+                      "cost_avg": sum(cs) / n, "cost_max": max(cs)}
     o = run.o
     counters = dict(run.counters)
     for k in SUMMED:              # per-rank counts: sum over the ranks
-        counters[k] = sum(p[3].get(k, 0) for p in per_rank)
+        counters[k] = sum(p[4].get(k, 0) for p in per_rank)
     paths = {}
     for p in per_rank:
-        for k, v in p[4].items():
+        for k, v in p[5].items():
             paths[k] = paths.get(k, 0) + v
     return {
         "program": "bench.miniamr",
@@ -69,7 +75,7 @@ def build(run, raw, total, history, final):
         "mesh": {
             "blocks_per_level": run.mesh.counts_per_level().tolist(),
             "blocks": len(run.mesh),
-            "blocks_per_rank": [p[2] for p in per_rank],
+            "blocks_per_rank": [p[3] for p in per_rank],
             "checksum_exponent": run.exponent,
             **{k: int(v) for k, v in sorted(counters.items())},
         },
@@ -99,14 +105,16 @@ def text(rep):
     out = [head, summary, "",
            (f"{'Timing (s, over ranks)':40s} {'avg':>9s} {'max':>9s} "
             f"{'% avg':>7s}")]
-    for k in (*PHASES, "collectives"):
+    for k in TIMERS:
         out.append(f"  {LABELS[k]:38s} {t[k]['avg']:9.4f} {t[k]['max']:9.4f}"
                    f" {100.0 * t[k]['avg'] / tot:6.1f}%")
     out += ["", (f"{'Collectives (calls, bytes: rank 0)':34s} {'calls':>8s} "
-                 f"{'bytes':>11s} {'avg s':>9s} {'max s':>9s}")]
+                 f"{'bytes':>11s} {'avg s':>9s} {'max s':>9s} "
+                 f"{'after last':>10s}")]
     for k, v in rep["collectives"].items():
         out.append(f"  {k:32s} {v['calls']:8d} {v['bytes']:11d} "
-                   f"{v['time_avg']:9.4f} {v['time_max']:9.4f}")
+                   f"{v['time_avg']:9.4f} {v['time_max']:9.4f} "
+                   f"{v['cost_avg']:10.4f}")
     mesh1 = (f"Mesh: {m['blocks']} blocks at the end, per level "
              f"{m['blocks_per_level']}, per rank {m['blocks_per_rank']}")
     mesh2 = (f"      refinement steps {m['refine_steps']}, blocks split "

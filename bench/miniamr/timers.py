@@ -1,4 +1,3 @@
-# SPDX-License-Identifier: BSD-3-Clause
 """Phase timers, and a thin proxy that times every collective call.
 
 The proxy wraps either an ``xhc.Comm`` or a plain mpi4py communicator, so
@@ -7,8 +6,18 @@ both ``--coll`` modes are measured the same way.  It counts calls, bytes
 per collective name, with the communicator's label appended for
 sub-communicators (``Allreduce[rcb]``).  Every other attribute passes
 through to the wrapped object.
+
+Two times are kept per call.  *Inside* is entry to return, as a profiler
+sees it: mostly waiting for the slowest rank to arrive when the work
+between collectives is unbalanced.  *After last arrival* is return minus
+the latest entry of any member rank (0 if this rank returned first, as a
+Bcast root may): what the collective itself costs once everyone is
+there.  ``time.perf_counter`` is CLOCK_MONOTONIC, one clock for every
+process of a node, so entries of different ranks compare directly.
 """
 import time
+
+import numpy as np
 
 now = time.perf_counter
 
@@ -67,6 +76,7 @@ class TimedComm:
         self._k = {name: name + sfx for name in (
             "Allreduce", "Reduce", "Bcast", "Barrier", "Scan", "Exscan",
             "Alltoall", "Allgather", "Gather", "Split", "Dup")}
+        self._keys, self._enter, self._leave = [], [], []
 
     @property
     def inner(self):
@@ -76,13 +86,39 @@ class TimedComm:
     def __getattr__(self, name):
         return getattr(self._c, name)
 
+    def _log(self, name, nbytes, t0):
+        t1 = now()
+        key = self._k[name]
+        self._stats.add(key, nbytes, t1 - t0)
+        self._keys.append(key)
+        self._enter.append(t0)
+        self._leave.append(t1)
+
+    def after_last_arrival(self):
+        """Collective over the wrapped communicator, untimed: return
+        {key: seconds} this rank spent in each collective after the last
+        member had entered it."""
+        n = len(self._enter)
+        counts = self._c.allgather(n)
+        if any(c != n for c in counts):
+            raise RuntimeError(f"collective counts differ between ranks "
+                               f"{counts} on {self._label or 'world'}")
+        enter = np.array(self._enter, dtype=np.float64)
+        every = np.empty((len(counts), n), dtype=np.float64)
+        self._c.Allgather(enter, every)
+        cost = np.maximum(np.array(self._leave) - every.max(axis=0), 0.0)
+        out = {}
+        for key, c in zip(self._keys, cost.tolist()):
+            out[key] = out.get(key, 0.0) + c
+        return out
+
     def Allreduce(self, sendbuf, recvbuf, op=None):
         t = now()
         if op is None:
             self._c.Allreduce(sendbuf, recvbuf)
         else:
             self._c.Allreduce(sendbuf, recvbuf, op=op)
-        self._stats.add(self._k["Allreduce"], _nbytes(recvbuf), now() - t)
+        self._log("Allreduce", _nbytes(recvbuf), t)
 
     def Reduce(self, sendbuf, recvbuf, op=None, root=0):
         t = now()
@@ -90,17 +126,17 @@ class TimedComm:
             self._c.Reduce(sendbuf, recvbuf, root=root)
         else:
             self._c.Reduce(sendbuf, recvbuf, op=op, root=root)
-        self._stats.add(self._k["Reduce"], _nbytes(sendbuf), now() - t)
+        self._log("Reduce", _nbytes(sendbuf), t)
 
     def Bcast(self, buf, root=0):
         t = now()
         self._c.Bcast(buf, root=root)
-        self._stats.add(self._k["Bcast"], _nbytes(buf), now() - t)
+        self._log("Bcast", _nbytes(buf), t)
 
     def Barrier(self):
         t = now()
         self._c.Barrier()
-        self._stats.add(self._k["Barrier"], 0, now() - t)
+        self._log("Barrier", 0, t)
 
     def Scan(self, sendbuf, recvbuf, op=None):
         t = now()
@@ -108,20 +144,20 @@ class TimedComm:
             self._c.Scan(sendbuf, recvbuf)
         else:
             self._c.Scan(sendbuf, recvbuf, op=op)
-        self._stats.add(self._k["Scan"], _nbytes(recvbuf), now() - t)
+        self._log("Scan", _nbytes(recvbuf), t)
 
     def Alltoall(self, sendbuf, recvbuf):
         t = now()
         self._c.Alltoall(sendbuf, recvbuf)
-        self._stats.add(self._k["Alltoall"], _nbytes(sendbuf), now() - t)
+        self._log("Alltoall", _nbytes(sendbuf), t)
 
     def Allgather(self, sendbuf, recvbuf):
         t = now()
         self._c.Allgather(sendbuf, recvbuf)
-        self._stats.add(self._k["Allgather"], _nbytes(recvbuf), now() - t)
+        self._log("Allgather", _nbytes(recvbuf), t)
 
     def Split(self, color=0, key=0):
         t = now()
         new = self._c.Split(color, key)
-        self._stats.add(self._k["Split"], 0, now() - t)
+        self._log("Split", 0, t)
         return new
