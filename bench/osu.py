@@ -15,12 +15,14 @@ Min/Max/Iterations, ``-c`` validates every iteration.
 
 Method (OSU's C one): per iteration, fill the send buffer, call
 ``Barrier()`` on the plain MPI communicator (the same barrier for both
-implementations), then ``t0 = MPI.Wtime(); op; t1 = MPI.Wtime()``.  Each
-rank's mean over the iterations goes to rank 0 with MIN, MAX and SUM
-reductions; "Avg" is SUM / ranks, Min/Max are over ranks.  With
-``--impl both`` (the default) each size runs the two implementations in
-alternating blocks (order ABBA...: xhc, MPI, MPI, xhc, ...) on separate
-buffers of the same size, so slow drift on a noisy machine hits both.
+implementations; ``--sync own`` uses each implementation's own barrier
+instead, as osu_* does when xhc is the MPI's collective component), then
+``t0 = MPI.Wtime(); op; t1 = MPI.Wtime()``. Each rank's mean over the
+iterations goes to rank 0 with MIN, MAX and SUM reductions; "Avg" is SUM /
+ranks, Min/Max are over ranks. With ``--impl both`` (the default) each size
+runs the two implementations in alternating blocks (order ABBA...: xhc,
+MPI, MPI, xhc, ...) on separate buffers of the same size, so slow drift on
+a noisy machine hits both.
 
 Data: every rank holds NPAT=3 precomputed patterns per size (small
 integers, a function of rank, pattern number and index; exact in floats)
@@ -75,11 +77,12 @@ class BenchError(Exception):
 class Case:
     """One implementation's buffers and calls for one message size."""
 
-    __slots__ = ("run", "fill", "check", "i", "total", "errors")
+    __slots__ = ("run", "fill", "check", "i", "total", "errors", "sync")
 
     def __init__(self, run, fill=lambda k: None, check=lambda k: 0):
         self.run, self.fill, self.check = run, fill, check
         self.i, self.total, self.errors = 0, 0.0, 0
+        self.sync = None  # the barrier before each call; set by measure()
 
 
 # -- the four commands --------------------------------------------------------
@@ -215,6 +218,11 @@ def parse_args(argv=None):
                    help="reduction operation (sum)")
     p.add_argument("--blocks", type=_positive, default=10,
                    help="alternating blocks per size with --impl both")
+    p.add_argument("--sync", choices=("mpi", "own"), default="mpi",
+                   help="barrier before each timed call: the plain MPI "
+                   "one for both (default), or each implementation's own, "
+                   "as osu_* measures when xhc replaces the MPI's "
+                   "collectives")
     p.add_argument("--label", default="MPI", help="name of the MPI column")
     p.add_argument("--json", metavar="FILE",
                    help="write every number (see bench.compare to merge)")
@@ -296,9 +304,10 @@ def make_impls(comm, opts):
 
 # -- measurement --------------------------------------------------------------
 
-def run_loop(case, n, sync, validate):
+def run_loop(case, n, validate):
     """Run N iterations of CASE; return the summed time of the calls."""
     fill, run, check, wtime = case.fill, case.run, case.check, MPI.Wtime
+    sync = case.sync
     total = 0.0
     for _ in range(n):
         k = case.i % _osu.NPAT
@@ -314,13 +323,13 @@ def run_loop(case, n, sync, validate):
     return total
 
 
-def time_cases(cases, iters, warmup, sync, opts):
+def time_cases(cases, iters, warmup, opts):
     """Warm up, then time CASES interleaved in ABBA blocks."""
     for case in cases:
-        run_loop(case, warmup, sync, opts.validate)
+        run_loop(case, warmup, opts.validate)
     for b, n in enumerate(_osu.split_blocks(iters, opts.blocks)):
         for case in cases if b % 2 == 0 else cases[::-1]:
-            case.total += run_loop(case, n, sync, opts.validate)
+            case.total += run_loop(case, n, opts.validate)
 
 
 def reduce_stats(comm, total, iters):
@@ -378,7 +387,10 @@ class Run:
                                          self.opts.warmup)
         data = self.cmd.data(self.ctx, size)
         cases = [self.cmd.case(self.ctx, im, data) for im in self.impls]
-        time_cases(cases, iters, warmup, self.comm.Barrier, self.opts)
+        for case, im in zip(cases, self.impls):
+            own = self.opts.sync == "own"
+            case.sync = im.comm.Barrier if own else self.comm.Barrier
+        time_cases(cases, iters, warmup, self.opts)
         stats = [reduce_stats(self.comm, c.total, iters) for c in cases]
         bad = [self.comm.allgather(c.errors) for c in cases]
         if self.comm.rank == 0:
@@ -487,7 +499,9 @@ def header_lines(run):
     lines = [doc["title"], f"impl: {names}{mode}{bufs}",
              f"ranks: {doc['ranks']}", f"{what}.", f"mpi: {doc['mpi']}"]
     lines += [f"env: {k}={v}" for k, v in doc["env"].items()]
-    lines.append("method: Barrier, then time each call; avg of per-rank "
+    sync = ("the plain MPI Barrier" if o.sync == "mpi"
+            else "each implementation's own Barrier")
+    lines.append(f"method: {sync}, then time each call; avg of per-rank "
                  "means, min/max over ranks")
     if len(run.impls) == 2:
         lines.append(f"xhc/{run.impls[1].label}: ratio of the averages, "
@@ -498,7 +512,7 @@ def header_lines(run):
 def new_doc(run, opts):
     """Return the JSON record, before any result."""
     keep = ("command", "message_size", "iterations", "warmup", "full",
-            "validate", "impl", "shm", "root", "dtype", "op", "blocks",
+            "validate", "impl", "shm", "sync", "root", "dtype", "op", "blocks",
             "label", "sizes")
     title = (f"OSU-style xhc {run.cmd.title} Latency Test v{xhc_version()}")
     return {"benchmark": opts.command, "title": title,
