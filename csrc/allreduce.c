@@ -15,7 +15,7 @@
  * Large messages: a reduce-scatter in which every rank reduces 1/P of
  * the vector, then takes the other parts from their owners: pipelined
  * through staging in the segment (rs_staged.c; arrays in node shared
- * memory are read in place), or read with CMA when asked (rs.c).
+ * memory are read in place), or read with CMA or XPMEM (rs.c).
  */
 #include "xhc_internal.h"
 
@@ -158,7 +158,7 @@ int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
         return small(ctx, v, sbuf, rbuf, &r);
     }
     ctx->stats[path + 2]++;
-    if (ctx->cfg.copy == XHC_COPY_CMA)
+    if (xhc_single_copy(ctx))
         return xhc_rs_run(ctx, sbuf, rbuf, &r, root);
     return xhc_rs_staged(ctx, sbuf, rbuf, &r, root);
 }

@@ -13,7 +13,7 @@
  *    its children copy chunk k-1 out, and reuses a window once everyone
  *    has `finished` the round before.  The levels of the tree thus copy in
  *    a pipeline.
- * 3. A buffer in node shared memory (or any buffer, with CMA when asked)
+ * 3. A buffer in node shared memory (or any buffer, with CMA or XPMEM)
  *    is not staged: children read it in place, following the parent's
  *    `ready` byte count, and the parent returns once they have acked.
  */
@@ -49,10 +49,10 @@ static int xhc_bcast_small(xhc_ctx_t *ctx, const struct xhc_view *v,
 
 /* Large messages move in rounds of chunk_size bytes.  A rank stages for
  * its children (through its input windows) unless they can read its
- * buffer in place: from node shared memory, or with CMA when asked. */
+ * buffer in place: from node shared memory, or with CMA or XPMEM. */
 static int xhc_stages(const xhc_ctx_t *ctx, const struct xhc_src *src)
 {
-    return src->region == 0 && ctx->cfg.copy != XHC_COPY_CMA;
+    return src->region == 0 && !xhc_single_copy(ctx);
 }
 
 struct xhc_pipe {

@@ -5,12 +5,11 @@
  *    in node shared memory) is described by region and offset; every rank
  *    registered the same regions in the same order, so a reader finds it
  *    in its own mapping and reads it in place: zero copies to get there.
- * 2. Any other buffer is described by its address and read with one
- *    process_vm_readv (CMA): a single copy, kernel to kernel.
- * 3. XPMEM is detected (/dev/xpmem and libxpmem) but not used yet: CMA
- *    serves where it would.
+ * 2. Any other buffer is described by its address.  In XPMEM mode the
+ *    reader attaches it (xpmem.c) and reads it in place, like a shared
+ *    region; otherwise one process_vm_readv (CMA) copies it, kernel to
+ *    kernel.  Either way a single copy.
  */
-#include <dlfcn.h>
 #include <errno.h>
 #include <sys/prctl.h>
 #include <sys/uio.h>
@@ -103,6 +102,14 @@ int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
     if (offset + len > src->nbytes)
         return XHC_ERR_ARG;
     const unsigned char *p = xhc_region_span(ctx, src, offset, len, &rc);
+    /* XPMEM cannot attach nothing, and nothing needs no attachment. */
+    if (!p && len && ctx->cfg.copy == XHC_COPY_XPMEM) {
+        rc = xhc_xpmem_span(ctx, peer, src, offset, &p);
+        if (rc) {
+            ctx->failed_rank = peer;
+            return rc;
+        }
+    }
     if (p) {
         if (direct)
             *direct = p;
@@ -118,12 +125,13 @@ int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
     return rc;
 }
 
+/* Where peers find my probe word (set at open), and let them read it
+ * with CMA. */
 uintptr_t xhc_ctx_probe_address(xhc_ctx_t *ctx)
 {
     /* Yama's ptrace_scope=1 lets only ancestors read us; ranks are
      * siblings, so allow any process of ours (same uid still required). */
     prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-    ctx->probe_word = 0x78686370726f6265ull ^ (uint64_t)ctx->rank;
     return (uintptr_t)&ctx->probe_word;
 }
 
@@ -134,7 +142,7 @@ int xhc_cma_probe(xhc_ctx_t *ctx, int peer, uintptr_t address)
     int rc = xhc_cma_read(ctx->pids[peer], &word, address, sizeof(word));
     if (rc)
         return rc;
-    return word == (0x78686370726f6265ull ^ (uint64_t)peer) ? 0 : XHC_ERR_COPY;
+    return word == xhc_probe_value(peer) ? 0 : XHC_ERR_COPY;
 }
 
 /* Is process_vm_readv usable at all here (no seccomp filter against it)? */
@@ -144,17 +152,4 @@ int xhc_cma_selftest(void)
     int rc = xhc_cma_read(getpid(), &dst, (uint64_t)(uintptr_t)&src,
                           sizeof(dst));
     return rc ? rc : (dst == src ? 0 : XHC_ERR_COPY);
-}
-
-int xhc_xpmem_present(void)
-{
-    if (access("/dev/xpmem", R_OK | W_OK) != 0)
-        return 0;
-    void *lib = dlopen("libxpmem.so", RTLD_LAZY | RTLD_LOCAL);
-    if (!lib)
-        lib = dlopen("libxpmem.so.0", RTLD_LAZY | RTLD_LOCAL);
-    if (!lib)
-        return 0;
-    dlclose(lib);
-    return 1;
 }

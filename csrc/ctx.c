@@ -26,7 +26,8 @@ static int xhc_config_check(const xhc_config_t *cfg)
         return XHC_ERR_ARG;
     if (cfg->chunk_size < 4096 || cfg->chunk_size % 64 != 0)
         return XHC_ERR_ARG;
-    if (!(cfg->timeout > 0) || cfg->copy < 0 || cfg->copy > XHC_COPY_XPMEM)
+    /* XPMEM needs every rank's segment: only xhc_ctx_set_xpmem sets it. */
+    if (!(cfg->timeout > 0) || cfg->copy < 0 || cfg->copy > XHC_COPY_CMA)
         return XHC_ERR_ARG;
     return 0;
 }
@@ -96,6 +97,7 @@ int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
     ctx->cfg = *cfg;
     ctx->seq = ctx->ack_floor = cfg->seq_start;
     ctx->failed_rank = -1;
+    ctx->probe_word = xhc_probe_value(rank);
     rc = xhc_shm_map(name, size, &ctx->seg);
     if (rc == 0) {
         ctx->seg_size = size;
@@ -121,6 +123,7 @@ void xhc_ctx_close(xhc_ctx_t *ctx)
 {
     if (!ctx)
         return;
+    xhc_xpmem_close(ctx);
     for (int k = 0; k < XHC_NKINDS; k++)
         xhc_hier_free(&ctx->hier[k], ctx->nranks);
     if (ctx->seg)
@@ -151,8 +154,12 @@ int xhc_ctx_set_pids(xhc_ctx_t *ctx, const int64_t *pids)
 
 int xhc_ctx_set_copy(xhc_ctx_t *ctx, int copy)
 {
-    if (copy < 0 || copy > XHC_COPY_XPMEM)
+    if (copy < 0 || copy > XHC_COPY_XPMEM
+        || (copy == XHC_COPY_XPMEM && !ctx->xp.segids))
         return XHC_ERR_ARG;
+    /* My XPMEM segment exposes all my memory: keep it only while used. */
+    if (copy != XHC_COPY_XPMEM)
+        xhc_xpmem_close(ctx);
     ctx->cfg.copy = copy;
     return 0;
 }

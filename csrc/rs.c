@@ -7,8 +7,9 @@
  *    memory), then raises `big.seq`.
  * 2. Rank i owns slice i (whole 64-byte lines, the last one shorter).  For
  *    each chunk of it, rank i reads the chunk of every rank's send buffer
- *    in rank order (in place from node shared memory, else by CMA into a
- *    private buffer) and folds them into its result slice.
+ *    in rank order (in place from node shared memory or through XPMEM,
+ *    else by CMA into a private buffer) and folds them into its result
+ *    slice.
  * 3. It raises `done`.  Every rank that wants the whole result (all for
  *    Allreduce, the root for Reduce) copies each other slice from its
  *    owner once that owner is done; an in-place receive buffer is safe,

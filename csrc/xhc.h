@@ -82,6 +82,12 @@ int xhc_ctx_set_copy(xhc_ctx_t *ctx, int copy);
 int xhc_ctx_add_region(xhc_ctx_t *ctx, void *base, size_t size);
 uintptr_t xhc_ctx_probe_address(xhc_ctx_t *ctx);
 int xhc_cma_probe(xhc_ctx_t *ctx, int peer, uintptr_t address);
+/* XPMEM, collectively: every rank makes its segment, the front end
+ * allgathers the segment ids (and probe addresses), every rank sets them
+ * all, which switches its copy mode to XHC_COPY_XPMEM. */
+int xhc_ctx_xpmem_make(xhc_ctx_t *ctx, int64_t *segid, uintptr_t *probe);
+int xhc_ctx_set_xpmem(xhc_ctx_t *ctx, const int64_t *segids);
+int xhc_xpmem_probe(xhc_ctx_t *ctx, int peer, uintptr_t address);
 void xhc_ctx_close(xhc_ctx_t *ctx);
 
 /* One collective described once, run many times: the front end keeps a
@@ -111,6 +117,7 @@ uint64_t xhc_stat(const xhc_ctx_t *ctx, int path);
 uint64_t xhc_seq(const xhc_ctx_t *ctx);
 size_t xhc_dtype_size(int dtype);
 int xhc_op_valid(int dtype, int op);
+int xhc_xpmem_check(void);
 int xhc_xpmem_present(void);
 int xhc_cma_selftest(void);
 const char *xhc_strerror(int code);

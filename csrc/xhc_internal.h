@@ -29,7 +29,8 @@ struct xhc_seq_line {
 } XHC_ALIGNED;
 
 /* Where peers find one of my buffers: a registered shared region (read
- * in place) or, failing that, my virtual address (read with CMA). */
+ * in place) or, failing that, my virtual address (read with CMA or
+ * through XPMEM). */
 struct xhc_src {
     uint64_t addr;
     uint64_t offset;
@@ -87,6 +88,26 @@ struct xhc_region {
     size_t size;
 };
 
+#define XHC_XPMEM_CACHE 8 /* attachments kept per peer */
+
+/* One XPMEM attachment: a peer's pages [BASE, BASE + SIZE), mapped here
+ * at MAP. */
+struct xhc_att {
+    uint64_t base, size;
+    unsigned char *map;
+    uint64_t used; /* xhc_xpmem.clock at its last use; 0: slot empty */
+};
+
+/* XPMEM: my segment, and per peer its segment, my access permit to it
+ * and my attachments of it (XHC_XPMEM_CACHE slots). */
+struct xhc_xpmem {
+    int64_t segid;       /* my whole address space; 0: not made */
+    int64_t *segids;     /* per rank; NULL until xhc_ctx_set_xpmem */
+    int64_t *apids;      /* per rank; 0 until my first read of it */
+    struct xhc_att *att; /* nranks x XHC_XPMEM_CACHE */
+    uint64_t clock;
+};
+
 struct xhc_ctx {
     unsigned char *seg;
     size_t seg_size;
@@ -108,6 +129,7 @@ struct xhc_ctx {
                                               they were at this op's start */
     unsigned char *slice;   /* private: my reduce-scatter result (reduce) */
     size_t slice_size;
+    struct xhc_xpmem xp;
     uint64_t probe_word;
     int failed_rank;
     uint64_t stats[XHC_NPATHS];
@@ -149,6 +171,11 @@ int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
                   size_t offset, void *dst, size_t len,
                   const void **direct);
 
+/* xpmem.c */
+int xhc_xpmem_span(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
+                   size_t offset, const unsigned char **out);
+void xhc_xpmem_close(xhc_ctx_t *ctx);
+
 /* reduce_ops.c */
 xhc_reduce_fn xhc_reduce_fn_get(int dtype, int op);
 void xhc_fold(void *dst, const void *const *srcs, int nsrc, void *acc,
@@ -179,6 +206,20 @@ int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
 /* rs_staged.c */
 int xhc_rs_staged(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                   const struct xhc_red *r, int root);
+
+/* Do peers read private buffers in place (one copy: CMA or XPMEM) rather
+ * than through staging in the segment?  Bcast and the reductions pick
+ * their large-message algorithm by this. */
+static inline int xhc_single_copy(const xhc_ctx_t *ctx)
+{
+    return ctx->cfg.copy == XHC_COPY_CMA || ctx->cfg.copy == XHC_COPY_XPMEM;
+}
+
+/* The word RANK keeps for peers' probe reads (CMA or XPMEM). */
+static inline uint64_t xhc_probe_value(int rank)
+{
+    return 0x78686370726f6265ull ^ (uint64_t)rank; /* "xhcprobe" */
+}
 
 static inline struct xhc_rank_ctl *xhc_ctl(xhc_ctx_t *ctx, int rank)
 {

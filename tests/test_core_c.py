@@ -22,7 +22,8 @@ def core_test(tmp_path_factory):
     exe = str(tmp_path_factory.mktemp("core") / "core_test")
     cmd = [cc, "-std=c11", "-D_GNU_SOURCE", "-g", "-O1", "-Wall", "-Wextra",
            "-Werror", *SANITIZE, "-I", CSRC, *sorted(glob.glob(CSRC + "/*.c")),
-           os.path.join(HERE, "c", "core_test.c"), "-o", exe, "-lrt", "-ldl"]
+           os.path.join(HERE, "c", "core_test.c"), "-o", exe, "-lrt", "-ldl",
+           "-lpthread"]
     subprocess.run(cmd, check=True)
     return exe
 

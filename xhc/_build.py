@@ -32,7 +32,7 @@ def build_ffi():
         include_dirs=[os.path.relpath(CSRC)],
         define_macros=[("_GNU_SOURCE", None)],
         extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", *extra],
-        libraries=["rt", "dl"],
+        libraries=["rt", "dl", "pthread"],
     )
     return ffi
 

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Set up the C core for a communicator, and turn its codes into errors."""
+import errno
 import mmap
 import os
 import secrets
@@ -38,6 +39,8 @@ def error(rc, what, ctx=None, pids=None):
         if rc == lib.XHC_ERR_TIMEOUT:
             msg += "; raise XHC_TIMEOUT if it is only slow"
         msg += ")"
+    if rc == lib.XHC_ERR_COPY and ctx and lib.xhc_failed_rank(ctx) >= 0:
+        msg += f" (reading rank {lib.xhc_failed_rank(ctx)})"
     if rc == lib.XHC_ERR_FREED:
         return XhcError("xhc.Comm already freed", rc)
     if rc in _USAGE:
@@ -110,19 +113,57 @@ def set_hierarchy(ctx, kind, table):
           f"setting the {kind} hierarchy")
 
 
-def choose_copy(comm, ctx, wanted):
-    """Pick the mechanism for large private buffers, and say why.
+_CICO_WHY = ("pipelined copy-in-copy-out through the segment; arrays "
+             "from Comm.empty are read in place")
+_XPMEM_WHY = "peers' buffers are attached and read in place: one copy"
+_XPMEM_FIX = ("unset XHC_COPY, or install and load XPMEM (the xpmem "
+              "kernel module and libxpmem)")
 
-    Staging through the segment is the default: two memcpys that overlap
-    in a pipeline beat one process_vm_readv, which pins every page (it
-    measured 4x slower than memcpy per byte here).  CMA is used when asked
-    and every pair of ranks can use it.
-    """
-    pids = comm.allgather(os.getpid())
-    check(lib.xhc_ctx_set_pids(ctx, ffi.new("int64_t[]", pids)), "pids")
-    if wanted != "cma":
-        return "cico", ("pipelined copy-in-copy-out through the segment"
-                        "; arrays from Comm.empty are read in place"), pids
+
+def xpmem_status_text(status):
+    """Why XPMEM is unusable here, for xhc_xpmem_check()'s STATUS."""
+    if status == -errno.ENOENT:
+        return "libxpmem not found"
+    if status == -errno.ENODEV:
+        return "libxpmem found but /dev/xpmem does not work (is the xpmem " \
+               "kernel module loaded?)"
+    return ffi.string(lib.xhc_strerror(status)).decode()
+
+
+def _xpmem_probe(comm, ctx, got):
+    """Collective: hand every rank's segment to the core and read a peer
+    through XPMEM.  Return None if it works everywhere, else why not."""
+    rc = lib.xhc_ctx_set_xpmem(ctx, ffi.new("int64_t[]", [g[1] for g in got]))
+    collective_check(comm, rc, "setting up XPMEM")
+    peer = (comm.rank + 1) % comm.size
+    rc = lib.xhc_xpmem_probe(ctx, peer, got[peer][2]) if comm.size > 1 else 0
+    bad = [(r, code) for r, code in enumerate(comm.allgather(rc)) if code]
+    if not bad:
+        return None
+    rank, code = bad[0]
+    return (f"rank {rank} cannot read rank {(rank + 1) % comm.size} "
+            f"through XPMEM: {ffi.string(lib.xhc_strerror(code)).decode()}")
+
+
+def _setup_xpmem(comm, ctx):
+    """Collective: switch every rank to XPMEM and return None, or return
+    why not (the core then stays in copy-in-copy-out mode)."""
+    segid, probe = ffi.new("int64_t *"), ffi.new("uintptr_t *")
+    rc = lib.xhc_ctx_xpmem_make(ctx, segid, probe)
+    got = comm.allgather((rc, segid[0], int(probe[0])))
+    bad = [(r, code) for r, (code, _, _) in enumerate(got) if code]
+    if bad:
+        why = f"rank {bad[0][0]}: {xpmem_status_text(bad[0][1])}"
+    else:
+        why = _xpmem_probe(comm, ctx, got)
+    if why:
+        # Drops my segment: it would expose all my memory, for nothing.
+        check(lib.xhc_ctx_set_copy(ctx, COPY["cico"]), "leaving XPMEM")
+    return why
+
+
+def _setup_cma(comm, ctx):
+    """Collective: switch to CMA if every rank can read its neighbour."""
     addrs = comm.allgather(int(lib.xhc_ctx_probe_address(ctx)))
     comm.Barrier()
     peer = (comm.rank + 1) % comm.size
@@ -131,15 +172,40 @@ def choose_copy(comm, ctx, wanted):
         raise XhcError("XHC_COPY=cma: process_vm_readv between ranks is not "
                        "permitted (ptrace rules); unset XHC_COPY")
     check(lib.xhc_ctx_set_copy(ctx, COPY["cma"]), "choosing CMA")
-    return "cma", "requested; process_vm_readv works between all ranks", pids
+    return "cma", "requested; process_vm_readv works between all ranks"
+
+
+def choose_copy(comm, ctx, wanted):
+    """Pick the mechanism for large private buffers, and say why.
+
+    XPMEM, when every rank has it, maps peers' buffers and reads them in
+    place: one copy, no page pinning per call.  Without it, staging
+    through the segment is the default: two memcpys that overlap in a
+    pipeline beat one process_vm_readv, which pins every page (it measured
+    4x slower than memcpy per byte here).  CMA is used when asked and
+    every pair of ranks can use it.
+    """
+    pids = comm.allgather(os.getpid())
+    check(lib.xhc_ctx_set_pids(ctx, ffi.new("int64_t[]", pids)), "pids")
+    if wanted == "cma":
+        return (*_setup_cma(comm, ctx), pids)
+    if wanted == "cico":
+        return "cico", _CICO_WHY, pids
+    why = _setup_xpmem(comm, ctx)
+    if why is None:
+        return "xpmem", "XPMEM works between all ranks; " + _XPMEM_WHY, pids
+    if wanted == "xpmem":
+        raise XhcError(f"XHC_COPY=xpmem: XPMEM is unavailable ({why}); "
+                       f"{_XPMEM_FIX}")
+    return "cico", f"{_CICO_WHY} (no XPMEM: {why})", pids
 
 
 def transport_info():
     """Return (mechanism, reason) for large private buffers, without MPI."""
-    if lib.xhc_xpmem_present():
-        xp = "XPMEM present but not used yet; "
-    else:
-        xp = "no /dev/xpmem; "
+    status = lib.xhc_xpmem_check()
+    if status == 0:
+        return "xpmem", "libxpmem and /dev/xpmem work; " + _XPMEM_WHY
+    xp = f"no XPMEM: {xpmem_status_text(status)}; "
     rc = lib.xhc_cma_selftest()
     if rc:
         return "cico", xp + "process_vm_readv unusable: " + \

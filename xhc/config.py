@@ -10,7 +10,7 @@ DEFAULTS = {
     "chunk_size": 256 << 10,  # pipelining and reduce-scatter window
     "timeout": 120.0,         # seconds to wait for a peer before failing
     "spin": 512,              # polls before a waiting rank yields
-    "copy": "auto",           # large messages: auto | cma | cico
+    "copy": "auto",           # large messages: auto | xpmem | cma | cico
     "seq_start": 0,           # first sequence number (tests of wrap-around)
     "debug": False,           # check arguments agree across ranks
 }
@@ -58,8 +58,8 @@ def _validate(cfg):
         raise ValueError("chunk_size must be a multiple of 64, at least 4K")
     if cfg["timeout"] <= 0:
         raise ValueError("timeout must be positive (seconds)")
-    if cfg["copy"] not in ("auto", "cma", "cico"):
-        raise ValueError("copy must be auto, cma or cico")
+    if cfg["copy"] not in ("auto", "xpmem", "cma", "cico"):
+        raise ValueError("copy must be auto, xpmem, cma or cico")
 
 
 def hierarchies(hierarchy=None):
