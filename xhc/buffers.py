@@ -44,18 +44,25 @@ class Buffer:
         self.writable = writable
 
 
+_CODES = {}  # numpy dtype -> code, filled as dtypes are met
+
+
 def dtype_code(dtype):
     """The core's code for a numpy dtype, or NOT_REDUCIBLE."""
-    if not dtype.isnative:
-        return NOT_REDUCIBLE
-    return _DTYPES.get((dtype.kind, dtype.itemsize), NOT_REDUCIBLE)
+    code = _CODES.get(dtype)
+    if code is None:
+        code = NOT_REDUCIBLE
+        if dtype.isnative:
+            code = _DTYPES.get((dtype.kind, dtype.itemsize), NOT_REDUCIBLE)
+        _CODES[dtype] = code
+    return code
 
 
 def _of_array(arr):
-    if not arr.flags.c_contiguous:
+    flags = arr.flags
+    if not flags.c_contiguous:
         raise Unsupported("non-contiguous array")
-    return Buffer(arr, arr.reshape(-1), dtype_code(arr.dtype),
-                  arr.flags.writeable)
+    return Buffer(arr, arr, dtype_code(arr.dtype), flags.writeable)
 
 
 def _of_spec(spec):

@@ -20,6 +20,7 @@ _IN_PLACE = MPI.IN_PLACE
 _run = lib.xhc_run
 _reduce = lib.xhc_reduce
 _barrier = lib.xhc_barrier
+_CALL_T = ffi.typeof("xhc_call_t *")  # field order: see csrc/xhc.h
 
 
 class Comm:
@@ -388,11 +389,9 @@ class Comm:
 def _call(ctx, kind, s, r, count, dtype=0, op=0, root=0):
     """An xhc_call for buffers S and R (Buffer or None), and its runner.
     The plan that keeps them also keeps S and R, whose pointers it holds."""
-    call = ffi.new("xhc_call_t *")
-    call.ctx, call.kind, call.count = ctx, kind, count
-    call.dtype, call.op, call.root = dtype, op, root
-    call.sbuf = s.ptr if s is not None else ffi.NULL
-    call.rbuf = r.ptr if r is not None else ffi.NULL
+    call = ffi.new(_CALL_T, [
+        ctx, s.ptr if s is not None else ffi.NULL,
+        r.ptr if r is not None else ffi.NULL, count, kind, dtype, op, root])
     return call, functools.partial(_run, call)
 
 
