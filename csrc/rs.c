@@ -116,6 +116,19 @@ static int xhc_rs_gather(xhc_ctx_t *ctx, uint64_t seq, unsigned char *rbuf,
     return 0;
 }
 
+/* Steps 2-4, once every rank's buffers are known for SEQ: fold my slice
+ * into TARGET, gather the others' slices if I want the WHOLE result. */
+int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
+               unsigned char *target, const struct xhc_red *r, int whole)
+{
+    int rc = xhc_rs_reduce_mine(ctx, seq, sbuf, target, r);
+    if (rc == 0 && whole)
+        rc = xhc_rs_gather(ctx, seq, target, r);
+    if (rc == 0)
+        rc = xhc_ack_all(ctx, seq);
+    return rc;
+}
+
 /* Reduce SBUF over all ranks; the whole result lands in RBUF on every rank
  * (ROOT < 0) or on ROOT only. */
 int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
@@ -128,11 +141,5 @@ int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
     int rc = xhc_rs_target(ctx, whole ? rbuf : NULL, r, &target);
     if (rc == 0)
         rc = xhc_meet(ctx, seq, sbuf, target, r->nbytes, &in_place);
-    if (rc == 0)
-        rc = xhc_rs_reduce_mine(ctx, seq, sbuf, target, r);
-    if (rc == 0 && whole)
-        rc = xhc_rs_gather(ctx, seq, target, r);
-    if (rc == 0)
-        rc = xhc_ack_all(ctx, seq);
-    return rc;
+    return rc ? rc : xhc_rs_met(ctx, seq, sbuf, target, r, whole);
 }

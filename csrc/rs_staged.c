@@ -19,6 +19,9 @@
  *    slot (or its shared receive array) into my receive buffer; raise
  *    `finished`.  Allreduce: every rank takes; Reduce: only the root.
  * 4. If anyone's buffer is read in place, all ack before returning.
+ * An Allreduce whose every buffer is in node shared memory needs no
+ * staging at all: it runs rs.c's single-copy rounds, reading in place,
+ * with two synchronisations in all instead of three per window.
  * Every rank does 1/P of the arithmetic, and the fold order per element
  * is fixed, so the result is identical on every rank and every run.
  */
@@ -135,6 +138,16 @@ static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
     return 0;
 }
 
+/* Is every rank's send and receive buffer in node shared memory? */
+static int xhc_all_shared(const xhc_ctx_t *ctx)
+{
+    for (int p = 0; p < ctx->nranks; p++)
+        if (!xhc_in_region(&ctx->peer_send[p])
+            || !xhc_in_region(&ctx->peer_recv[p]))
+            return 0;
+    return 1;
+}
+
 /* Elements of one owner's part of a window: the staging part, or less,
  * so that a vector smaller than a window still spreads over every rank. */
 static size_t xhc_rs_part(const xhc_ctx_t *ctx, const struct xhc_red *r)
@@ -162,6 +175,8 @@ int xhc_rs_staged(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
      * before every rank has staged its first round, i.e. met. */
     int rc = xhc_meet(ctx, seq, sbuf, rs.rbuf, r->nbytes,
                       &rs.in_place_reads);
+    if (rc == 0 && root < 0 && xhc_all_shared(ctx))
+        return xhc_rs_met(ctx, seq, sbuf, rbuf, r, 1);
     for (uint64_t w = 0; rc == 0 && w < windows; w++) {
         uint64_t t = ++ctx->round;
         rc = xhc_stage_reserve(ctx, t);

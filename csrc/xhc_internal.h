@@ -200,6 +200,8 @@ typedef int (*xhc_small_fn)(xhc_ctx_t *ctx, const struct xhc_view *v,
 int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
                   size_t count, int dtype, int op, int root,
                   xhc_small_fn small);
+int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
+               unsigned char *target, const struct xhc_red *r, int whole);
 int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                const struct xhc_red *r, int root);
 
