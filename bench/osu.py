@@ -104,7 +104,7 @@ def bcast_case(ctx, impl, pats):
             np.copyto(buf, pats[k])
         elif validate:
             buf.fill(_osu.poison(np.uint8))
-    run = functools.partial(impl.comm.Bcast, buf, root=ctx.opts.root)
+    run = functools.partial(impl.comm.Bcast, buf, ctx.opts.root)
     return Case(run, fill, lambda k: _osu.count_errors(buf, pats[k]))
 
 
@@ -141,7 +141,7 @@ def _reduction_buffers(ctx, impl, data):
 def allreduce_case(ctx, impl, data):
     """Return an Allreduce case; every rank checks the numpy truth."""
     sbuf, rbuf, fill, check = _reduction_buffers(ctx, impl, data)
-    run = functools.partial(impl.comm.Allreduce, sbuf, rbuf, op=ctx.mpi_op)
+    run = functools.partial(impl.comm.Allreduce, sbuf, rbuf, ctx.mpi_op)
     return Case(run, fill, check)
 
 
@@ -149,8 +149,7 @@ def reduce_case(ctx, impl, data):
     """Return a Reduce case; the root checks the numpy truth."""
     sbuf, rbuf, fill, check = _reduction_buffers(ctx, impl, data)
     root = ctx.opts.root
-    run = functools.partial(impl.comm.Reduce, sbuf, rbuf, op=ctx.mpi_op,
-                            root=root)
+    run = functools.partial(impl.comm.Reduce, sbuf, rbuf, ctx.mpi_op, root)
     return Case(run, fill,
                 functools.partial(check, has_result=ctx.rank == root))
 
@@ -305,7 +304,11 @@ def make_impls(comm, opts):
 # -- measurement --------------------------------------------------------------
 
 def run_loop(case, n, validate):
-    """Run N iterations of CASE; return the summed time of the calls."""
+    """Run N iterations of CASE; return the summed time of the calls.
+
+    CASE.run is a partial with positional arguments only: keyword
+    arguments would cost about 0.12 us more per timed call, for either
+    implementation, where OSU's C loop costs nothing."""
     fill, run, check, wtime = case.fill, case.run, case.check, MPI.Wtime
     sync = case.sync
     total = 0.0
