@@ -1,5 +1,10 @@
 # SPDX-License-Identifier: BSD-3-Clause
-# cffi_modules is a setup() keyword of cffi's setuptools plugin.
-from setuptools import setup
+# cffi_modules is a setup() keyword of cffi's setuptools plugin; the C
+# core is the cffi module, xhc/_hot.c the per-call path of xhc.Comm.
+from setuptools import Extension, setup
 
-setup(cffi_modules=["xhc/_build.py:ffibuilder"])
+setup(
+    cffi_modules=["xhc/_build.py:ffibuilder"],
+    ext_modules=[Extension("xhc._hot", ["xhc/_hot.c"],
+                           extra_compile_args=["-O2", "-Wall", "-Wextra"])],
+)

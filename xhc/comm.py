@@ -8,6 +8,7 @@ import weakref
 from mpi4py import MPI
 
 from . import _core, config, debug, hierarchy, topology
+from ._hot import HotComm
 from ._xhc import ffi, lib
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS,
                       Unsupported, resolve)
@@ -21,9 +22,11 @@ _run = lib.xhc_run
 _reduce = lib.xhc_reduce
 _barrier = lib.xhc_barrier
 _CALL_T = ffi.typeof("xhc_call_t *")  # field order: see csrc/xhc.h
+_run_fn = ffi.addressof(lib, "xhc_run")
+_barrier_fn = ffi.addressof(lib, "xhc_barrier")
 
 
-class Comm:
+class Comm(HotComm):
     """Wrap an mpi4py intra-communicator; accelerate Bcast, Barrier,
     Allreduce and Reduce through node shared memory.
 
@@ -60,6 +63,7 @@ class Comm:
             return
         self._setup()
         self._state = "open"
+        self._bind(self._ctx)
         if self._cfg["debug"]:
             debug.install(self)
 
@@ -128,10 +132,12 @@ class Comm:
         return self._state == "open"
 
     # -- collectives --------------------------------------------------------
-    # Each fast path is one dict lookup and identity checks, then the C
-    # call: the argument work is done once per buffer, in a plan.
+    # Bcast, Barrier, Allreduce and Reduce are HotComm's (xhc/_hot.c): a
+    # call with the buffers, op and root of a plan runs it without the
+    # interpreter.  Any other call comes here, to the same name with an
+    # underscore, which makes the plan (or falls back) and runs it.
 
-    def Barrier(self):
+    def _Barrier(self):
         """Block until every rank has called Barrier."""
         rc = _barrier(self._ctx)
         if rc:
@@ -139,21 +145,22 @@ class Comm:
                 return self._fallback("Barrier")
             self._raise(rc, "Barrier")
 
-    def Bcast(self, buf, root=0):
+    def _Bcast(self, buf, root=0):
         """Broadcast BUF from ROOT, as mpi4py's Comm.Bcast."""
         p = self._bcast_plans.get(id(buf))
         if p is None or p[0] is not buf:
             p = self._bcast_plan(buf)
             if p is None:
                 return self._fallback("Bcast", buf, root)
-        if p[3] != root:
-            p[1].root = self._root_arg(root, "Bcast")
-            p[3] = root
-        rc = p[2]()
+        if p[1] != root:
+            p[2].root = self._root_arg(root, "Bcast")
+            p = (*p[:1], root, *p[2:])
+            self._bcast_plans[id(buf)] = p
+        rc = p[3]()
         if rc:
-            self._raise(rc, f"Bcast(root={root}, {p[1].count} B)")
+            self._failed("_Bcast", rc, (buf, root))
 
-    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+    def _Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Reduce SENDBUF over all ranks into RECVBUF (IN_PLACE allowed)."""
         p = self._allreduce_plans.get(id(recvbuf))
         if (p is None or p[1] is not recvbuf or p[0] is not sendbuf
@@ -163,9 +170,9 @@ class Comm:
                 return self._fallback("Allreduce", sendbuf, recvbuf, op)
         rc = p[3]()
         if rc:
-            self._raise(rc, f"Allreduce ({p[4].count} elements)")
+            self._failed("_Allreduce", rc, (sendbuf, recvbuf, op))
 
-    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
+    def _Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
         """Reduce SENDBUF over all ranks into ROOT's RECVBUF."""
         p = self._reduce_plans.get(id(sendbuf))
         if (p is None or p[0] is not sendbuf or p[1] is not recvbuf
@@ -175,7 +182,17 @@ class Comm:
                 return self._fallback("Reduce", sendbuf, recvbuf, op, root)
         rc = p[4]()
         if rc:
-            self._raise(rc, f"Reduce(root={root}, {p[5].count} elements)")
+            self._failed("_Reduce", rc, (sendbuf, recvbuf, op, root))
+
+    def _failed(self, name, rc, args):
+        """Raise for error RC of collective NAME called with ARGS."""
+        if name == "_Barrier":
+            self._raise(rc, "Barrier")
+        buf = args[1] if name == "_Allreduce" else args[0]
+        what = [f"root={args[-1]}"] if name != "_Allreduce" else []
+        if hasattr(buf, "nbytes"):
+            what.append(f"{buf.nbytes} B")
+        self._raise(rc, f"{name[1:]}({', '.join(what)})")
 
     # -- persistent collectives (MPI-4 style) ---------------------------------
     # All argument work happens in *_init; Start() is the C call alone.
@@ -191,8 +208,8 @@ class Comm:
         p = self._bcast_plan(buf, remember=False)
         if p is None:
             return self._comm.Bcast_init(buf, root, *_info(info))
-        p[1].root = self._root_arg(root, "Bcast_init")
-        return Request(p[2], f"Bcast(root={root}, {p[1].count} B)", self, p)
+        p[2].root = self._root_arg(root, "Bcast_init")
+        return Request(p[3], f"Bcast(root={root}, {p[2].count} B)", self, p)
 
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):
         """A persistent Allreduce of SENDBUF into RECVBUF."""
@@ -241,7 +258,7 @@ class Comm:
         return root
 
     def _bcast_plan(self, buf, remember=True):
-        """[buf, call, run, root, buffer]: a list, as the root may change."""
+        """(buf, root, call, run, buffer, call address)."""
         if not self._usable():
             return None
         b = self._resolve(buf)
@@ -251,7 +268,7 @@ class Comm:
             raise ValueError("Bcast: the buffer is read-only; pass a "
                              "writable array")
         call, run = _call(self._ctx, lib.XHC_BCAST, None, b, b.nbytes)
-        plan = [buf, call, run, 0, b]
+        plan = (buf, 0, call, run, b, _address(call))
         if remember and not isinstance(buf, (list, tuple)):
             self._remember(self._bcast_plans, id(buf), plan, b.nbytes)
         return plan
@@ -266,7 +283,7 @@ class Comm:
         _check_pair(s, r, op, "Allreduce")
         call, run = _call(self._ctx, lib.XHC_ALLREDUCE, s, r, r.count,
                           r.dtype, OPS[id(op)])
-        plan = (sendbuf, recvbuf, op, run, call, s, r)
+        plan = (sendbuf, recvbuf, op, run, call, s, r, _address(call))
         if not isinstance(recvbuf, (list, tuple)) \
                 and not isinstance(sendbuf, (list, tuple)):
             self._remember(self._allreduce_plans, id(recvbuf), plan,
@@ -294,7 +311,7 @@ class Comm:
             r = self._root_recv(s, recvbuf, op, root, sendbuf is _IN_PLACE)
         call, run = _call(self._ctx, lib.XHC_REDUCE, s, r, s.count, s.dtype,
                           OPS[id(op)], root)
-        plan = (sendbuf, recvbuf, op, root, run, call, s, r)
+        plan = (sendbuf, recvbuf, op, root, run, call, s, r, _address(call))
         if not isinstance(sendbuf, (list, tuple)) \
                 and not isinstance(recvbuf, (list, tuple)):
             self._remember(self._reduce_plans, id(sendbuf), plan,
@@ -359,8 +376,15 @@ class Comm:
                        for k, v in _core.PATHS.items())
         return out
 
+    def _bind(self, ctx):
+        """Let HotComm run plans on CTX (NULL: send every call here)."""
+        self._hot_bind(_address(ctx), _address(_run_fn), _address(_barrier_fn),
+                       self._bcast_plans, self._allreduce_plans,
+                       self._reduce_plans, MPI.SUM)
+
     def free(self):
         """Release the shared memory; the wrapped communicator stays."""
+        self._bind(ffi.NULL)
         if self._ctx:
             lib.xhc_ctx_close(self._ctx)
         self._ctx = ffi.NULL
@@ -393,6 +417,11 @@ def _call(ctx, kind, s, r, count, dtype=0, op=0, root=0):
         ctx, s.ptr if s is not None else ffi.NULL,
         r.ptr if r is not None else ffi.NULL, count, kind, dtype, op, root])
     return call, functools.partial(_run, call)
+
+
+def _address(cdata):
+    """A C pointer as a Python int, for xhc/_hot.c."""
+    return int(ffi.cast("uintptr_t", cdata))
 
 
 def _forwarder(name):

@@ -54,7 +54,10 @@ def _differences(sigs):
 
 def checked(xcomm, name, call):
     """Wrap the collective CALL so ranks first agree on its arguments."""
-    sig = _SIGNATURES.setdefault(name, inspect.signature(call))
+    # The C methods have no signature; their Python twins (_Bcast, ...)
+    # take the same arguments.
+    sig = _SIGNATURES.setdefault(
+        name, inspect.signature(getattr(xcomm, "_" + name)))
 
     def wrapper(*args, **kwargs):
         bound = sig.bind(*args, **kwargs)

@@ -1325,6 +1325,86 @@ def stats_cases(xcomm, comm, v, sz):
                 f"rose by {got}, want {expect[key]} (copy={sz.copy})")
 
 
+# -- the per-call path (xhc/_hot.c) ---------------------------------------------
+
+def suite_calls(xcomm, comm, v, sz, args):
+    """Every way of spelling a call, on buffers whose plans exist, so the
+    C path decides: positional and keyword arguments, defaults, a root or
+    op or send buffer that changes between calls on the same buffers, and
+    bad arguments, which must raise TypeError as mpi4py's do."""
+    n, rank = comm.size, comm.rank
+    dt = np.dtype("i8")
+    count = 5
+    buf = np.zeros(8, np.uint8)
+    send, send2, recv = (np.zeros(count, dt) for _ in range(3))
+    forms = [
+        ("Bcast(buf, root)", lambda r: xcomm.Bcast(buf, r)),
+        ("Bcast(buf, root=)", lambda r: xcomm.Bcast(buf, root=r)),
+        ("Bcast(buf=, root=)", lambda r: xcomm.Bcast(buf=buf, root=r)),
+        ("Bcast(buf) from 0", None),
+    ]
+    for i in range(3 * n + 3):               # roots alternate, plans reused
+        name, call = forms[i % len(forms)]
+        root = (i * 5 + 1) % n if call else 0
+        want = pattern(seed_of(150, i), buf.nbytes)
+        buf[:] = want if rank == root else want ^ np.uint8(0x5A)
+        call(root) if call else xcomm.Bcast(buf)
+        v.case(f"calls {name} root {root} #{i}",
+               None if np.array_equal(buf, want) else first_diff(buf, want))
+    ops = ["SUM", "MAX", "SUM", "BXOR"]
+    for i in range(12):
+        op = ops[i % len(ops)]
+        ins = [values(dt, op, seed_of(151, i, r), count) for r in range(n)]
+        src = send if i % 3 else send2
+        src[:] = ins[rank]
+        want = np_fold(op, ins)
+        form = i % 4
+        if form == 0:
+            xcomm.Allreduce(src, recv, mpi_op(op))
+        elif form == 1:
+            xcomm.Allreduce(sendbuf=src, recvbuf=recv, op=mpi_op(op))
+        elif form == 2:
+            xcomm.Allreduce(src, recv, op=mpi_op(op))
+        else:
+            recv[:] = src
+            xcomm.Allreduce(MPI.IN_PLACE, recv, mpi_op(op))
+        v.case(f"calls Allreduce form {form} {op} #{i}",
+               compare(recv, want, op, dt))
+        if op == "SUM":
+            recv[:] = 0
+            xcomm.Allreduce(src, recv)          # the default op
+            v.case(f"calls Allreduce default op #{i}",
+                   compare(recv, want, op, dt))
+        root = i % n
+        out = np.zeros(count, dt)
+        if i % 2:
+            xcomm.Reduce(src, out if rank == root else None, mpi_op(op),
+                         root)
+        else:
+            xcomm.Reduce(sendbuf=src, recvbuf=out if rank == root else None,
+                         op=mpi_op(op), root=root)
+        v.case(f"calls Reduce root {root} {op} #{i}",
+               compare(out, want, op, dt) if rank == root else None)
+    v.check("calls: one plan per buffer", len(xcomm._bcast_plans) <= 1,
+            f"{len(xcomm._bcast_plans)} Bcast plans for one buffer")
+    bad = [("Bcast()", lambda: xcomm.Bcast()),
+           ("Bcast(buf, 0, 1)", lambda: xcomm.Bcast(buf, 0, 1)),
+           ("Bcast(buf, rot=0)", lambda: xcomm.Bcast(buf, rot=0)),
+           ("Allreduce(send)", lambda: xcomm.Allreduce(send)),
+           ("Reduce(send, recv, op=SUM, root=0, x=1)",
+            lambda: xcomm.Reduce(send, recv, op=MPI.SUM, root=0, x=1)),
+           ("Barrier(1)", lambda: xcomm.Barrier(1))]
+    for desc, call in bad:
+        try:
+            call()
+            err = "no TypeError"
+        except TypeError:
+            err = None
+        v.case(f"calls {desc} raises TypeError", err)
+    xcomm.Barrier()
+    v.flush()
+
+
 # -- sequence numbers through zero -------------------------------------------
 
 def suite_wrap(xcomm, comm, v, sz, args):
@@ -1416,6 +1496,7 @@ SUITES = {
     "reduce": suite_reduce, "barrier": suite_barrier, "mixed": suite_mixed,
     "subcomm": suite_subcomm, "zerocopy": suite_zerocopy,
     "fallback": suite_fallback, "stats": suite_stats, "wrap": suite_wrap,
+    "calls": suite_calls,
 }
 
 

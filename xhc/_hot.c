@@ -1,0 +1,308 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* _hot.c: the per-call path of xhc.Comm's four collectives, in C.
+ *
+ * 1. xhc.Comm derives from HotComm.  Its Python code builds a plan per
+ *    buffer (the core's xhc_call, kept alive by the plan) and binds the
+ *    plan dictionaries, the context and the core's entry points here.
+ * 2. A call looks its plan up by id() of the keying buffer, checks that
+ *    the plan was made for exactly these arguments (identity of buffers
+ *    and op, equality of root), releases the GIL and runs the call.
+ * 3. Anything else (a new buffer, another root, keywords spelt
+ *    differently, an error code, a freed or fallback communicator) goes to
+ *    the Python method of the same name with a leading underscore, which
+ *    makes the plan or raises.  So this file holds no policy at all: it
+ *    only skips the interpreter on the call that was seen before.
+ * The core is reached through function pointers handed over by cffi, so
+ * this module links against nothing but Python.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+
+typedef int (*xhc_run_fn)(const void *call);
+typedef int (*xhc_barrier_fn)(void *ctx);
+
+enum { BCAST, ALLREDUCE, REDUCE, NPLANS };
+
+typedef struct {
+    PyObject_HEAD
+    void *ctx;               /* NULL: every call takes the Python path */
+    xhc_run_fn run;
+    xhc_barrier_fn barrier;
+    PyObject *plans[NPLANS]; /* dicts: id(buffer) -> plan */
+    PyObject *sum;           /* MPI.SUM, the default op */
+} HotComm;
+
+/* The plan's layout, fixed by xhc/comm.py: the arguments it was made for
+ * first, the address of its xhc_call last. */
+static const int NKEYS[NPLANS] = { 1, 3, 3 };   /* identity-checked */
+static const int ROOT_AT[NPLANS] = { 1, -1, 3 }; /* equality-checked */
+
+static PyObject *slow(PyObject *self, const char *name, PyObject *const *args,
+                      size_t nargsf, PyObject *kwnames)
+{
+    PyObject *meth = PyUnicode_FromString(name);
+    if (!meth)
+        return NULL;
+    PyObject *stack[8];
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (n + nkw > 7) {
+        Py_DECREF(meth);
+        PyErr_SetString(PyExc_TypeError, "too many arguments");
+        return NULL;
+    }
+    stack[0] = self;
+    for (Py_ssize_t i = 0; i < n + nkw; i++)
+        stack[i + 1] = args[i];
+    PyObject *res = PyObject_VectorcallMethod(meth, stack, (size_t)(n + 1),
+                                              kwnames);
+    Py_DECREF(meth);
+    return res;
+}
+
+/* The address of the xhc_call of the plan for ARGV (the arguments in the
+ * method's order), or NULL if there is none that fits exactly. */
+static void *plan_call(HotComm *h, int kind, PyObject *const *argv)
+{
+    PyObject *key = PyLong_FromVoidPtr(argv[kind == BCAST ? 0
+                                            : kind == ALLREDUCE ? 1 : 0]);
+    if (!key)
+        return NULL;
+    PyObject *plan = PyDict_GetItemWithError(h->plans[kind], key);
+    Py_DECREF(key);
+    if (!plan || !PyTuple_CheckExact(plan))
+        return NULL;
+    Py_ssize_t size = PyTuple_GET_SIZE(plan);
+    for (int i = 0; i < NKEYS[kind]; i++)
+        if (PyTuple_GET_ITEM(plan, i) != argv[i])
+            return NULL;
+    int r = ROOT_AT[kind];
+    if (r >= 0) {
+        PyObject *mine = PyTuple_GET_ITEM(plan, r);
+        if (mine != argv[r]
+            && PyObject_RichCompareBool(mine, argv[r], Py_EQ) != 1)
+            return NULL;
+    }
+    return PyLong_AsVoidPtr(PyTuple_GET_ITEM(plan, size - 1));
+}
+
+/* Put positional ARGS and keyword arguments named as in NAMES into ARGV
+ * (defaults left as they were); 0 if anything else was passed. */
+static int take_args(PyObject *const *args, size_t nargsf, PyObject *kwnames,
+                     const char *const *names, int nnames, PyObject **argv)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n > nnames)
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        argv[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *kw = PyTuple_GET_ITEM(kwnames, k);
+        int at = -1;
+        for (int i = (int)n; i < nnames && at < 0; i++)
+            if (PyUnicode_CompareWithASCIIString(kw, names[i]) == 0)
+                at = i;
+        if (at < 0)
+            return 0;
+        argv[at] = args[n + k];
+    }
+    return 1;
+}
+
+static const int NARGS[NPLANS] = { 2, 3, 4 };
+
+/* Hand error RC of NAME, called with the NARGV arguments ARGV, to
+ * Comm._failed, which raises. */
+static PyObject *failed(HotComm *h, const char *name, int rc,
+                        PyObject **argv, int nargv)
+{
+    PyObject *tuple = PyTuple_New(nargv);
+    if (!tuple)
+        return NULL;
+    for (int i = 0; i < nargv; i++) {
+        Py_INCREF(argv[i]);
+        PyTuple_SET_ITEM(tuple, i, argv[i]);
+    }
+    PyObject *res = PyObject_CallMethod((PyObject *)h, "_failed", "siO",
+                                        name, rc, tuple);
+    Py_DECREF(tuple);
+    return res;
+}
+
+static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
+                             const char *name, PyObject *const *args,
+                             size_t nargsf, PyObject *kwnames)
+{
+    void *call = h->ctx ? plan_call(h, kind, argv) : NULL;
+    if (!call) {
+        if (PyErr_Occurred())
+            return NULL;
+        return slow((PyObject *)h, name, args, nargsf, kwnames);
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = h->run(call);
+    Py_END_ALLOW_THREADS
+    if (rc == 0)
+        Py_RETURN_NONE;
+    return failed(h, name, rc, argv, NARGS[kind]);
+}
+
+static PyObject *hot_bcast(HotComm *h, PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames)
+{
+    static const char *const names[] = { "buf", "root" };
+    PyObject *zero = PyLong_FromLong(0); /* a cached small int */
+    PyObject *argv[2] = { NULL, zero };
+    Py_DECREF(zero);
+    if (!take_args(args, nargsf, kwnames, names, 2, argv) || !argv[0])
+        return slow((PyObject *)h, "_Bcast", args, nargsf, kwnames);
+    return run_or_slow(h, BCAST, argv, "_Bcast", args, nargsf, kwnames);
+}
+
+static PyObject *hot_allreduce(HotComm *h, PyObject *const *args,
+                               size_t nargsf, PyObject *kwnames)
+{
+    static const char *const names[] = { "sendbuf", "recvbuf", "op" };
+    PyObject *argv[3] = { NULL, NULL, h->sum };
+    if (!take_args(args, nargsf, kwnames, names, 3, argv) || !argv[1])
+        return slow((PyObject *)h, "_Allreduce", args, nargsf, kwnames);
+    return run_or_slow(h, ALLREDUCE, argv, "_Allreduce", args, nargsf,
+                       kwnames);
+}
+
+static PyObject *hot_reduce(HotComm *h, PyObject *const *args, size_t nargsf,
+                            PyObject *kwnames)
+{
+    static const char *const names[] = { "sendbuf", "recvbuf", "op",
+                                         "root" };
+    PyObject *zero = PyLong_FromLong(0);
+    PyObject *argv[4] = { NULL, NULL, h->sum, zero };
+    Py_DECREF(zero);
+    if (!take_args(args, nargsf, kwnames, names, 4, argv) || !argv[1])
+        return slow((PyObject *)h, "_Reduce", args, nargsf, kwnames);
+    return run_or_slow(h, REDUCE, argv, "_Reduce", args, nargsf, kwnames);
+}
+
+static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
+                             size_t nargsf, PyObject *kwnames)
+{
+    if (!h->ctx || PyVectorcall_NARGS(nargsf) || kwnames)
+        return slow((PyObject *)h, "_Barrier", args, nargsf, kwnames);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = h->barrier(h->ctx);
+    Py_END_ALLOW_THREADS
+    if (rc == 0)
+        Py_RETURN_NONE;
+    return failed(h, "_Barrier", rc, NULL, 0);
+}
+
+/* _hot_bind(ctx, run, barrier, bcast_plans, allreduce_plans,
+ *           reduce_plans, sum): addresses as ints; ctx 0 unbinds. */
+static PyObject *hot_bind(HotComm *h, PyObject *args)
+{
+    unsigned long long ctx, run, barrier;
+    PyObject *p[NPLANS], *sum;
+    if (!PyArg_ParseTuple(args, "KKKO!O!O!O", &ctx, &run, &barrier,
+                          &PyDict_Type, &p[0], &PyDict_Type, &p[1],
+                          &PyDict_Type, &p[2], &sum))
+        return NULL;
+    for (int i = 0; i < NPLANS; i++) {
+        Py_INCREF(p[i]);
+        Py_XSETREF(h->plans[i], p[i]);
+    }
+    Py_INCREF(sum);
+    Py_XSETREF(h->sum, sum);
+    h->run = (xhc_run_fn)(uintptr_t)run;
+    h->barrier = (xhc_barrier_fn)(uintptr_t)barrier;
+    h->ctx = h->run && h->barrier ? (void *)(uintptr_t)ctx : NULL;
+    Py_RETURN_NONE;
+}
+
+static int hot_traverse(HotComm *h, visitproc visit, void *arg)
+{
+    for (int i = 0; i < NPLANS; i++)
+        Py_VISIT(h->plans[i]);
+    Py_VISIT(h->sum);
+    Py_VISIT(Py_TYPE(h));
+    return 0;
+}
+
+static int hot_clear(HotComm *h)
+{
+    h->ctx = NULL;
+    for (int i = 0; i < NPLANS; i++)
+        Py_CLEAR(h->plans[i]);
+    Py_CLEAR(h->sum);
+    return 0;
+}
+
+static void hot_dealloc(HotComm *h)
+{
+    PyTypeObject *tp = Py_TYPE(h);
+    PyObject_GC_UnTrack(h);
+    hot_clear(h);
+    tp->tp_free((PyObject *)h);
+    Py_DECREF(tp);
+}
+
+#define FAST (METH_FASTCALL | METH_KEYWORDS)
+static PyMethodDef hot_methods[] = {
+    {"Bcast", (PyCFunction)(void (*)(void))hot_bcast, FAST,
+     "Broadcast BUF from ROOT, as mpi4py's Comm.Bcast."},
+    {"Allreduce", (PyCFunction)(void (*)(void))hot_allreduce, FAST,
+     "Reduce SENDBUF over all ranks into RECVBUF (IN_PLACE allowed)."},
+    {"Reduce", (PyCFunction)(void (*)(void))hot_reduce, FAST,
+     "Reduce SENDBUF over all ranks into ROOT's RECVBUF."},
+    {"Barrier", (PyCFunction)(void (*)(void))hot_barrier, FAST,
+     "Block until every rank has called Barrier."},
+    {"_hot_bind", (PyCFunction)hot_bind, METH_VARARGS,
+     "Bind the context, the core's entry points and the plan dicts."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot hot_slots[] = {
+    {Py_tp_doc, "The per-call path of xhc.Comm's collectives."},
+    {Py_tp_methods, hot_methods},
+    {Py_tp_traverse, hot_traverse},
+    {Py_tp_clear, hot_clear},
+    {Py_tp_dealloc, hot_dealloc},
+    {0, NULL},
+};
+
+static PyType_Spec hot_spec = {
+    "xhc._hot.HotComm", sizeof(HotComm), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    hot_slots,
+};
+
+static int hot_exec(PyObject *m)
+{
+    PyObject *tp = PyType_FromSpec(&hot_spec);
+    if (!tp)
+        return -1;
+    if (PyModule_AddObject(m, "HotComm", tp) < 0) {
+        Py_DECREF(tp);
+        return -1;
+    }
+    return 0;
+}
+
+static PyModuleDef_Slot hot_module_slots[] = {
+    {Py_mod_exec, hot_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef hot_module = {
+    PyModuleDef_HEAD_INIT, "xhc._hot",
+    "The per-call path of xhc.Comm's collectives.", 0, NULL,
+    hot_module_slots, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__hot(void)
+{
+    return PyModuleDef_Init(&hot_module);
+}
