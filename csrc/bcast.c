@@ -100,7 +100,9 @@ static int xhc_pipe_round(xhc_ctx_t *ctx, struct xhc_pipe *p, size_t off,
         /* Orders the staged chunk before my children read it. */
         xhc_store_release(&mine->staged.seq, t);
     }
-    if (src != p->buf + off)
+    if (src != p->buf + off && p->nbytes >= XHC_STREAM_MIN)
+        xhc_copy_stream(p->buf + off, src, len);
+    else if (src != p->buf + off)
         memcpy(p->buf + off, src, len);
     if (p->from && !p->stage_mine && p->v->nchild)
         /* Orders the chunk in my buffer before my children read it. */

@@ -10,6 +10,9 @@
  *    region; otherwise one process_vm_readv (CMA) copies it, kernel to
  *    kernel.  Either way a single copy.
  */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <errno.h>
 #include <sys/prctl.h>
 #include <sys/uio.h>
@@ -127,6 +130,37 @@ int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
 
 /* Where peers find my probe word (set at open), and let them read it
  * with CMA. */
+/* Copy LEN bytes to DST with non-temporal stores where the CPU has them.
+ * For a destination too large to stay in cache this skips reading every
+ * line before overwriting it: a third less memory traffic. */
+void xhc_copy_stream(void *dst, const void *src, size_t len)
+{
+#if defined(__SSE2__)
+    unsigned char *d = dst;
+    const unsigned char *s = src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    head = head < len ? head : len;
+    memcpy(d, s, head);
+    d += head, s += head, len -= head;
+    for (; len >= 64; len -= 64, d += 64, s += 64) {
+        const __m128i *in = (const __m128i *)(const void *)s;
+        __m128i *out = (__m128i *)(void *)d;
+        __m128i a = _mm_loadu_si128(in), b = _mm_loadu_si128(in + 1);
+        __m128i c = _mm_loadu_si128(in + 2), e = _mm_loadu_si128(in + 3);
+        _mm_stream_si128(out, a);
+        _mm_stream_si128(out + 1, b);
+        _mm_stream_si128(out + 2, c);
+        _mm_stream_si128(out + 3, e);
+    }
+    memcpy(d, s, len);
+    /* Streaming stores are weakly ordered: complete them before any later
+     * release store publishes the bytes. */
+    _mm_sfence();
+#else
+    memcpy(dst, src, len);
+#endif
+}
+
 uintptr_t xhc_ctx_probe_address(xhc_ctx_t *ctx)
 {
     /* Yama's ptrace_scope=1 lets only ancestors read us; ranks are

@@ -13,6 +13,9 @@
 #define XHC_RING 4   /* small ops a rank may run ahead of the slowest */
 #define XHC_ALIGNED __attribute__((aligned(XHC_LINE)))
 #define XHC_MAGIC 0x7868632d73686d31ull /* "xhc-shm1" */
+/* Messages from this size on are copied out with streaming stores: their
+ * destination would not stay in cache anyway. */
+#define XHC_STREAM_MIN ((size_t)16 << 20)
 
 /* A flag with data: single writer (the owning rank), read by its tree
  * neighbours.  SEQ announces that NBYTES of DATA (or of the matching
@@ -167,6 +170,7 @@ const unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
                                      size_t len, int *rc);
 int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
              size_t nbytes, int *in_place);
+void xhc_copy_stream(void *dst, const void *src, size_t len);
 int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
                   size_t offset, void *dst, size_t len,
                   const void **direct);
