@@ -264,6 +264,9 @@ def case_attach_fails(n):
             a = np.ones(1 << 16)
             rc = lib.xhc_allreduce(ctx, ffi.from_buffer(a), ffi.from_buffer(a),
                                    a.size, lib.XHC_FLOAT64, lib.XHC_SUM)
+            # Every rank has tried its peer before any removes its segment:
+            # a get after the removal would fail for another reason.
+            comm.Barrier()
             return {"rc": rc, "failed": lib.xhc_failed_rank(ctx),
                     "msg": str(_core.error(rc, "allreduce", ctx))}
         finally:
