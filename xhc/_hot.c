@@ -77,13 +77,14 @@ static void *plan_call(HotComm *h, int kind, PyObject *const *argv)
     for (int i = 0; i < NKEYS[kind]; i++)
         if (PyTuple_GET_ITEM(plan, i) != argv[i])
             return NULL;
+    /* Roots are ints: small ones are cached objects, so identity decides
+     * almost always; anything but an exact int goes to Python's checks. */
     int r = ROOT_AT[kind];
-    if (r >= 0) {
-        PyObject *mine = PyTuple_GET_ITEM(plan, r);
-        if (mine != argv[r]
-            && PyObject_RichCompareBool(mine, argv[r], Py_EQ) != 1)
-            return NULL;
-    }
+    if (r >= 0 && PyTuple_GET_ITEM(plan, r) != argv[r]
+        && (!PyLong_CheckExact(argv[r])
+            || PyObject_RichCompareBool(PyTuple_GET_ITEM(plan, r), argv[r],
+                                        Py_EQ) != 1))
+        return NULL;
     return PyLong_AsVoidPtr(PyTuple_GET_ITEM(plan, size - 1));
 }
 

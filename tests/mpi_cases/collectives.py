@@ -1421,6 +1421,13 @@ def suite_calls(xcomm, comm, v, sz, args):
         except TypeError:
             err = None
         v.case(f"calls {desc} raises TypeError", err)
+    # A root that only compares equal to the plan's is checked by Python.
+    try:
+        xcomm.Bcast(buf, float(n - 1))
+        err = "no error"
+    except (TypeError, ValueError):
+        err = None
+    v.case("calls Bcast(buf, float root) raises", err)
     xcomm.Barrier()
     v.flush()
 
