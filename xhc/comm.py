@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """xhc.Comm: an mpi4py intra-communicator with shared-memory collectives."""
 import functools
+import operator
 import os
 import warnings
 import weakref
@@ -152,10 +153,12 @@ class Comm(HotComm):
             p = self._bcast_plan(buf)
             if p is None:
                 return self._fallback("Bcast", buf, root)
-        if p[1] != root:
-            p[2].root = self._root_arg(root, "Bcast")
-            p = (*p[:1], root, *p[2:])
-            self._bcast_plans[id(buf)] = p
+        if p[1] is not root:
+            r = self._root_arg(root, "Bcast")
+            if p[1] != r:
+                p[2].root = r
+                p = (p[0], r, *p[2:])
+                self._bcast_plans[id(buf)] = p
         rc = p[3]()
         if rc:
             self._failed("_Bcast", rc, (buf, root))
@@ -252,10 +255,17 @@ class Comm(HotComm):
         self._plan_bytes = 0
 
     def _root_arg(self, root, name):
-        if not isinstance(root, int) or not 0 <= root < self._comm.size:
+        """ROOT as an int (numpy ints too, as mpi4py takes them), or a
+        ValueError naming the valid range."""
+        try:
+            r = operator.index(root)
+        except TypeError:
+            r = -1
+        if not 0 <= r < self._comm.size:
             raise ValueError(f"{name}: invalid root {root!r} for a "
-                             f"communicator of size {self._comm.size}")
-        return root
+                             f"communicator of size {self._comm.size}; pass "
+                             f"an int from 0 to {self._comm.size - 1}")
+        return r
 
     def _bcast_plan(self, buf, remember=True):
         """(buf, root, call, run, buffer, call address)."""
@@ -293,9 +303,7 @@ class Comm(HotComm):
     def _reduce_plan(self, sendbuf, recvbuf, op, root):
         if not self._usable():
             return None
-        if not isinstance(root, int) or not 0 <= root < self._comm.size:
-            raise ValueError(f"Reduce: invalid root {root!r} for a "
-                             f"communicator of size {self._comm.size}")
+        root = self._root_arg(root, "Reduce")
         is_root = self._comm.rank == root
         if sendbuf is _IN_PLACE and not is_root:
             raise ValueError("Reduce: IN_PLACE is only for the root")

@@ -1428,6 +1428,11 @@ def suite_calls(xcomm, comm, v, sz, args):
     except (TypeError, ValueError):
         err = None
     v.case("calls Bcast(buf, float root) raises", err)
+    want = pattern(seed_of(154), buf.nbytes)
+    buf[:] = want if rank == n - 1 else 0
+    xcomm.Bcast(buf, np.int64(n - 1))           # as mpi4py takes it
+    v.case("calls Bcast(buf, numpy int root)",
+           None if np.array_equal(buf, want) else first_diff(buf, want))
     xcomm.Barrier()
     v.flush()
 
