@@ -33,13 +33,25 @@ def mpiexec():
     return exe
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """The options; no OP means every collective."""
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("-n", "--ranks", type=int, default=2)
-    ap.add_argument("ops", nargs="*", default=list(SWEEPS),
-                    choices=list(SWEEPS), metavar="OP")
+    # Checked here, not with choices=: argparse (3.11) checks the empty
+    # default of nargs="*" against the choices and refuses it.
+    ap.add_argument("ops", nargs="*", metavar="OP",
+                    help=f"any of {', '.join(SWEEPS)} (default: all)")
     ap.add_argument("--extra", default="", help="more bench.osu options")
     args = ap.parse_args(argv)
+    bad = [op for op in args.ops if op not in SWEEPS]
+    if bad:
+        ap.error(f"unknown OP {bad[0]!r}: choose from {', '.join(SWEEPS)}")
+    args.ops = args.ops or list(SWEEPS)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     env = {**ROOT_ENV, **os.environ}
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for op in args.ops:

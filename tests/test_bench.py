@@ -152,13 +152,23 @@ def test_readme_main_command_runs_a_validated_sweep():
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_", "PRTE_"))}
     env["PYTHONPATH"] = ROOT
-    out = subprocess.run([sys.executable, "-m", "bench", "barrier",
-                          "allreduce", "--extra", "-m 8:64K -i 20 -x 2"],
+    # No OP, as in the README: every collective, here on small sizes.
+    out = subprocess.run([sys.executable, "-m", "bench",
+                          "--extra", "-m 8:64K -i 20 -x 2"],
                          cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=180)
+                         timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "Barrier Latency Test" in out.stdout
+    for title in ("Barrier", "Broadcast", "Allreduce", "Reduce"):
+        assert f"{title} Latency Test" in out.stdout, out.stdout
     rows = [line.split() for line in out.stdout.splitlines()
             if line[:1].isdigit()]
-    assert [int(r[0]) for r in rows] == [8 << k for k in range(14)]
+    assert [int(r[0]) for r in rows] == [8 << k for k in range(14)] * 3
     assert all(r[-1] == "Pass" for r in rows), out.stdout
+
+
+def test_bench_main_options():
+    from bench.__main__ import SWEEPS, parse_args
+    assert parse_args([]).ops == list(SWEEPS)
+    assert parse_args(["-n", "4", "bcast"]).ops == ["bcast"]
+    with pytest.raises(SystemExit):
+        parse_args(["bogus"])
