@@ -61,19 +61,19 @@ static PyObject *slow(PyObject *self, const char *name, PyObject *const *args,
     return res;
 }
 
-/* The address of the xhc_call of the plan for ARGV (the arguments in the
- * method's order), or NULL if there is none that fits exactly. */
-static void *plan_call(HotComm *h, int kind, PyObject *const *argv)
+/* The plan for ARGV (the arguments in the method's order), a borrowed
+ * reference, or NULL if there is none that fits exactly. */
+static PyObject *plan_for(HotComm *h, int kind, PyObject *const *argv)
 {
-    PyObject *key = PyLong_FromVoidPtr(argv[kind == BCAST ? 0
-                                            : kind == ALLREDUCE ? 1 : 0]);
+    /* id() of the keying buffer: Allreduce's receive buffer (its send
+     * buffer may be IN_PLACE), else the first argument. */
+    PyObject *key = PyLong_FromVoidPtr(argv[kind == ALLREDUCE ? 1 : 0]);
     if (!key)
         return NULL;
     PyObject *plan = PyDict_GetItemWithError(h->plans[kind], key);
     Py_DECREF(key);
     if (!plan || !PyTuple_CheckExact(plan))
         return NULL;
-    Py_ssize_t size = PyTuple_GET_SIZE(plan);
     for (int i = 0; i < NKEYS[kind]; i++)
         if (PyTuple_GET_ITEM(plan, i) != argv[i])
             return NULL;
@@ -85,7 +85,7 @@ static void *plan_call(HotComm *h, int kind, PyObject *const *argv)
             || PyObject_RichCompareBool(PyTuple_GET_ITEM(plan, r), argv[r],
                                         Py_EQ) != 1))
         return NULL;
-    return PyLong_AsVoidPtr(PyTuple_GET_ITEM(plan, size - 1));
+    return plan;
 }
 
 /* Put positional ARGS and keyword arguments named as in NAMES into ARGV
@@ -136,16 +136,24 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
                              const char *name, PyObject *const *args,
                              size_t nargsf, PyObject *kwnames)
 {
-    void *call = h->ctx ? plan_call(h, kind, argv) : NULL;
-    if (!call) {
+    PyObject *plan = h->ctx ? plan_for(h, kind, argv) : NULL;
+    if (!plan) {
         if (PyErr_Occurred())
             return NULL;
         return slow((PyObject *)h, name, args, nargsf, kwnames);
     }
+    void *call = PyLong_AsVoidPtr(PyTuple_GET_ITEM(plan,
+                                                   PyTuple_GET_SIZE(plan) - 1));
+    if (!call)
+        return NULL;
+    /* The plan keeps the call and its buffers alive; hold it while the
+     * GIL is released, whatever another thread does to the plans. */
+    Py_INCREF(plan);
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = h->run(call);
     Py_END_ALLOW_THREADS
+    Py_DECREF(plan);
     if (rc == 0)
         Py_RETURN_NONE;
     return failed(h, name, rc, argv, NARGS[kind]);
