@@ -164,6 +164,13 @@ int xhc_ctx_set_copy(xhc_ctx_t *ctx, int copy)
     return 0;
 }
 
+int xhc_ctx_set_block_hook(xhc_ctx_t *ctx, void (*hook)(void *), void *arg)
+{
+    ctx->block_hook = hook;
+    ctx->block_arg = arg;
+    return 0;
+}
+
 int xhc_ctx_add_region(xhc_ctx_t *ctx, void *base, size_t size)
 {
     if (ctx->nregions == XHC_MAX_REGIONS)

@@ -4,7 +4,9 @@
  * 1. Poll the flag CFG.spin times with a pause hint: the common case on a
  *    core of its own, answered within a microsecond.
  * 2. Then yield the CPU between polls, so that more ranks than cores (or
- *    another thread of this process) keep making progress.
+ *    another thread of this process) keep making progress; first tell
+ *    the front end (block_hook), which may release a lock such as the
+ *    GIL that other threads need.
  * 3. While yielding, read the clock every few polls: past CFG.timeout, or
  *    once the peer's process is gone, give up with an error that names it.
  */
@@ -41,6 +43,8 @@ static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
                          int peer, int exact)
 {
     double deadline = xhc_now() + ctx->cfg.timeout;
+    if (ctx->block_hook)
+        ctx->block_hook(ctx->block_arg);
     for (unsigned polls = 1;; polls++) {
         sched_yield();
         if (xhc_reached(flag, want, exact))

@@ -79,6 +79,10 @@ int xhc_ctx_set_hierarchy(xhc_ctx_t *ctx, int kind, int nlevels,
                           const int *groups);
 int xhc_ctx_set_pids(xhc_ctx_t *ctx, const int64_t *pids);
 int xhc_ctx_set_copy(xhc_ctx_t *ctx, int copy);
+/* Called (with ARG) when a wait stops spinning and starts yielding the
+ * CPU, at most a few times per collective: a front end that holds a
+ * lock other threads need (Python's GIL) lets go of it there. */
+int xhc_ctx_set_block_hook(xhc_ctx_t *ctx, void (*hook)(void *), void *arg);
 int xhc_ctx_add_region(xhc_ctx_t *ctx, void *base, size_t size);
 uintptr_t xhc_ctx_probe_address(xhc_ctx_t *ctx);
 int xhc_cma_probe(xhc_ctx_t *ctx, int peer, uintptr_t address);

@@ -135,6 +135,8 @@ struct xhc_ctx {
     struct xhc_xpmem xp;
     uint64_t probe_word;
     int failed_rank;
+    void (*block_hook)(void *); /* see xhc_ctx_set_block_hook */
+    void *block_arg;
     uint64_t stats[XHC_NPATHS];
 };
 

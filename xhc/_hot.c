@@ -12,12 +12,16 @@
  *    the Python method of the same name with a leading underscore, which
  *    makes the plan or raises.  So this file holds no policy at all: it
  *    only skips the interpreter on the call that was seen before.
+ * 4. The GIL stays held while the collective spins; if a wait goes on
+ *    long enough to yield the CPU, the core's block hook releases it, so
+ *    other threads run, and it is taken back before returning.
  * The core is reached through function pointers handed over by cffi, so
  * this module links against nothing but Python.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <string.h>
 
 typedef int (*xhc_run_fn)(const void *call);
 typedef int (*xhc_barrier_fn)(void *ctx);
@@ -114,6 +118,33 @@ static int take_args(PyObject *const *args, size_t nargsf, PyObject *kwnames,
 
 static const int NARGS[NPLANS] = { 2, 3, 4 };
 
+/* Set while this thread runs a collective from here, GIL held; the block
+ * hook then releases the GIL into hot_released. */
+static _Thread_local int hot_running;
+static _Thread_local PyThreadState *hot_released;
+
+/* The core's block hook (xhc_ctx_set_block_hook).  Calls that came
+ * through cffi released the GIL already: hot_running is 0 for them. */
+static void hot_block(void *arg)
+{
+    (void)arg;
+    if (hot_running && !hot_released)
+        hot_released = PyEval_SaveThread();
+}
+
+/* Run CALL (NULL: a barrier) with the GIL held until the core blocks. */
+static int hot_call(HotComm *h, void *call)
+{
+    hot_running = 1;
+    int rc = call ? h->run(call) : h->barrier(h->ctx);
+    hot_running = 0;
+    if (hot_released) {
+        PyEval_RestoreThread(hot_released);
+        hot_released = NULL;
+    }
+    return rc;
+}
+
 /* Hand error RC of NAME, called with the NARGV arguments ARGV, to
  * Comm._failed, which raises. */
 static PyObject *failed(HotComm *h, const char *name, int rc,
@@ -146,13 +177,10 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
                                                    PyTuple_GET_SIZE(plan) - 1));
     if (!call)
         return NULL;
-    /* The plan keeps the call and its buffers alive; hold it while the
+    /* The plan keeps the call and its buffers alive; hold it in case the
      * GIL is released, whatever another thread does to the plans. */
     Py_INCREF(plan);
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = h->run(call);
-    Py_END_ALLOW_THREADS
+    int rc = hot_call(h, call);
     Py_DECREF(plan);
     if (rc == 0)
         Py_RETURN_NONE;
@@ -200,10 +228,7 @@ static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
 {
     if (!h->ctx || PyVectorcall_NARGS(nargsf) || kwnames)
         return slow((PyObject *)h, "_Barrier", args, nargsf, kwnames);
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = h->barrier(h->ctx);
-    Py_END_ALLOW_THREADS
+    int rc = hot_call(h, NULL);
     if (rc == 0)
         Py_RETURN_NONE;
     return failed(h, "_Barrier", rc, NULL, 0);
@@ -295,6 +320,14 @@ static int hot_exec(PyObject *m)
         return -1;
     if (PyModule_AddObject(m, "HotComm", tp) < 0) {
         Py_DECREF(tp);
+        return -1;
+    }
+    void (*hook)(void *) = hot_block;
+    void *addr;
+    memcpy(&addr, &hook, sizeof(addr)); /* POSIX: same bits */
+    PyObject *a = PyLong_FromVoidPtr(addr);
+    if (!a || PyModule_AddObject(m, "block_hook", a) < 0) {
+        Py_XDECREF(a);
         return -1;
     }
     return 0;

@@ -9,7 +9,7 @@ import weakref
 from mpi4py import MPI
 
 from . import _core, config, debug, hierarchy, topology
-from ._hot import HotComm
+from ._hot import HotComm, block_hook
 from ._xhc import ffi, lib
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS,
                       Unsupported, resolve)
@@ -25,6 +25,7 @@ _barrier = lib.xhc_barrier
 _CALL_T = ffi.typeof("xhc_call_t *")  # field order: see csrc/xhc.h
 _run_fn = ffi.addressof(lib, "xhc_run")
 _barrier_fn = ffi.addressof(lib, "xhc_barrier")
+_BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
 
 
 class Comm(HotComm):
@@ -386,6 +387,8 @@ class Comm(HotComm):
 
     def _bind(self, ctx):
         """Let HotComm run plans on CTX (NULL: send every call here)."""
+        if ctx:
+            lib.xhc_ctx_set_block_hook(ctx, _BLOCK_HOOK, ffi.NULL)
         self._hot_bind(_address(ctx), _address(_run_fn), _address(_barrier_fn),
                        self._bcast_plans, self._allreduce_plans,
                        self._reduce_plans, MPI.SUM)

@@ -441,21 +441,25 @@ def suite_gil(xc):
         time.sleep(0.2)                        # sleep releases the GIL
         rate = (count[0] - c0) / 0.2
         emit("GIL-RATE", f"rank={RANK}", f"per_s={rate:.0f}")
+    # Each op twice: on new buffers (the Python path makes a plan), then
+    # on the same buffers again (the C per-call path runs the plan).
+    b4, b4r, big, bigr = f8(4), f8(4), f8(100000), f8(100000)
     ops = [("Barrier", lambda: xc.Barrier()),
-           ("Bcast", lambda: xc.Bcast(f8(4), root=1)),
-           ("Allreduce", lambda: xc.Allreduce(f8(100000), f8(100000))),
-           ("Reduce", lambda: xc.Reduce(f8(4), f8(4), root=0))]
-    for name, op in ops:
-        xc.Barrier()
-        if RANK == 0:
-            c0, t0 = count[0], time.monotonic()
-            op()
-            t, c = time.monotonic() - t0, count[0] - c0
-            emit("GIL", name, f"rank={RANK}", f"wait={t:.3f}",
-                 f"increments={c}")
-        else:
-            time.sleep(0.3)
-            op()
+           ("Bcast", lambda: xc.Bcast(b4, root=1)),
+           ("Allreduce", lambda: xc.Allreduce(big, bigr)),
+           ("Reduce", lambda: xc.Reduce(b4, b4r, root=0))]
+    for path in ("first", "planned"):
+        for name, op in ops:
+            xc.Barrier()
+            if RANK == 0:
+                c0, t0 = count[0], time.monotonic()
+                op()
+                t, c = time.monotonic() - t0, count[0] - c0
+                emit("GIL", name, path, f"rank={RANK}", f"wait={t:.3f}",
+                     f"increments={c}")
+            else:
+                time.sleep(0.3)
+                op()
     if th is not None:
         stop[0] = True
         th.join()
