@@ -35,11 +35,26 @@ typedef struct {
     xhc_barrier_fn barrier;
     PyObject *plans[NPLANS]; /* dicts: id(buffer) -> plan */
     PyObject *sum;           /* MPI.SUM, the default op */
+    PyObject *zero;          /* 0, the default root */
 } HotComm;
 
 /* The plan's layout, fixed by xhc/comm.py: the arguments it was made for
  * first, the address of its xhc_call last. */
 static const int NKEYS[NPLANS] = { 1, 3, 3 };   /* identity-checked */
+
+/* Each collective's arguments in order, named as mpi4py names them, with
+ * their kinds ('b' a buffer, required; 'r' the root, default 0; 'o' the
+ * op, default MPI.SUM), and its Python twin. */
+static const struct {
+    const char *twin;
+    int nargs;
+    const char *names[4];
+    const char *kinds;
+} KIND[NPLANS] = {
+    {"_Bcast", 2, {"buf", "root"}, "br"},
+    {"_Allreduce", 3, {"sendbuf", "recvbuf", "op"}, "bbo"},
+    {"_Reduce", 4, {"sendbuf", "recvbuf", "op", "root"}, "bbor"},
+};
 static const int ROOT_AT[NPLANS] = { 1, -1, 3 }; /* equality-checked */
 
 static PyObject *slow(PyObject *self, const char *name, PyObject *const *args,
@@ -116,8 +131,6 @@ static int take_args(PyObject *const *args, size_t nargsf, PyObject *kwnames,
     return 1;
 }
 
-static const int NARGS[NPLANS] = { 2, 3, 4 };
-
 /* Set while this thread runs a collective from here, GIL held; the block
  * hook then releases the GIL into hot_released. */
 static _Thread_local int hot_running;
@@ -164,9 +177,10 @@ static PyObject *failed(HotComm *h, const char *name, int rc,
 }
 
 static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
-                             const char *name, PyObject *const *args,
-                             size_t nargsf, PyObject *kwnames)
+                             PyObject *const *args, size_t nargsf,
+                             PyObject *kwnames)
 {
+    const char *name = KIND[kind].twin;
     PyObject *plan = h->ctx ? plan_for(h, kind, argv) : NULL;
     if (!plan) {
         if (PyErr_Occurred())
@@ -184,43 +198,43 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
     Py_DECREF(plan);
     if (rc == 0)
         Py_RETURN_NONE;
-    return failed(h, name, rc, argv, NARGS[kind]);
+    return failed(h, name, rc, argv, KIND[kind].nargs);
+}
+
+/* Bcast, Allreduce or Reduce (KIND), as called from Python. */
+static PyObject *hot_collective(HotComm *h, int kind, PyObject *const *args,
+                                size_t nargsf, PyObject *kwnames)
+{
+    PyObject *argv[4];
+    int n = KIND[kind].nargs;
+    for (int i = 0; i < n; i++) {
+        char k = KIND[kind].kinds[i];
+        argv[i] = k == 'r' ? h->zero : k == 'o' ? h->sum : NULL;
+    }
+    int given = take_args(args, nargsf, kwnames, KIND[kind].names, n, argv);
+    for (int i = 0; i < n; i++)
+        given &= argv[i] != NULL;
+    if (!given)
+        return slow((PyObject *)h, KIND[kind].twin, args, nargsf, kwnames);
+    return run_or_slow(h, kind, argv, args, nargsf, kwnames);
 }
 
 static PyObject *hot_bcast(HotComm *h, PyObject *const *args, size_t nargsf,
                            PyObject *kwnames)
 {
-    static const char *const names[] = { "buf", "root" };
-    PyObject *zero = PyLong_FromLong(0); /* a cached small int */
-    PyObject *argv[2] = { NULL, zero };
-    Py_DECREF(zero);
-    if (!take_args(args, nargsf, kwnames, names, 2, argv) || !argv[0])
-        return slow((PyObject *)h, "_Bcast", args, nargsf, kwnames);
-    return run_or_slow(h, BCAST, argv, "_Bcast", args, nargsf, kwnames);
+    return hot_collective(h, BCAST, args, nargsf, kwnames);
 }
 
 static PyObject *hot_allreduce(HotComm *h, PyObject *const *args,
                                size_t nargsf, PyObject *kwnames)
 {
-    static const char *const names[] = { "sendbuf", "recvbuf", "op" };
-    PyObject *argv[3] = { NULL, NULL, h->sum };
-    if (!take_args(args, nargsf, kwnames, names, 3, argv) || !argv[1])
-        return slow((PyObject *)h, "_Allreduce", args, nargsf, kwnames);
-    return run_or_slow(h, ALLREDUCE, argv, "_Allreduce", args, nargsf,
-                       kwnames);
+    return hot_collective(h, ALLREDUCE, args, nargsf, kwnames);
 }
 
 static PyObject *hot_reduce(HotComm *h, PyObject *const *args, size_t nargsf,
                             PyObject *kwnames)
 {
-    static const char *const names[] = { "sendbuf", "recvbuf", "op",
-                                         "root" };
-    PyObject *zero = PyLong_FromLong(0);
-    PyObject *argv[4] = { NULL, NULL, h->sum, zero };
-    Py_DECREF(zero);
-    if (!take_args(args, nargsf, kwnames, names, 4, argv) || !argv[1])
-        return slow((PyObject *)h, "_Reduce", args, nargsf, kwnames);
-    return run_or_slow(h, REDUCE, argv, "_Reduce", args, nargsf, kwnames);
+    return hot_collective(h, REDUCE, args, nargsf, kwnames);
 }
 
 static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
@@ -250,6 +264,8 @@ static PyObject *hot_bind(HotComm *h, PyObject *args)
     }
     Py_INCREF(sum);
     Py_XSETREF(h->sum, sum);
+    if (!h->zero && !(h->zero = PyLong_FromLong(0)))
+        return NULL;
     h->run = (xhc_run_fn)(uintptr_t)run;
     h->barrier = (xhc_barrier_fn)(uintptr_t)barrier;
     h->ctx = h->run && h->barrier ? (void *)(uintptr_t)ctx : NULL;
@@ -261,6 +277,7 @@ static int hot_traverse(HotComm *h, visitproc visit, void *arg)
     for (int i = 0; i < NPLANS; i++)
         Py_VISIT(h->plans[i]);
     Py_VISIT(h->sum);
+    Py_VISIT(h->zero);
     Py_VISIT(Py_TYPE(h));
     return 0;
 }
@@ -271,6 +288,7 @@ static int hot_clear(HotComm *h)
     for (int i = 0; i < NPLANS; i++)
         Py_CLEAR(h->plans[i]);
     Py_CLEAR(h->sum);
+    Py_CLEAR(h->zero);
     return 0;
 }
 
