@@ -399,6 +399,14 @@ def _check(rc, what):
         raise AssertionError(f"{what}: {strerror(rc)} ({rc})")
 
 
+def _expect_equal(got, want, what):
+    """Raise naming WHAT and the first element where GOT differs."""
+    if not np.array_equal(got, want):
+        bad = int(np.flatnonzero(got != want)[0])
+        raise AssertionError(f"{what}: [{bad}] is {got[bad]}, want "
+                             f"{want[bad]}")
+
+
 def _sizes(cfg):
     """Byte counts around every threshold of CFG."""
     inline, cico, chunk = lib.XHC_INLINE_MAX, cfg.cico_max, cfg.chunk_size
@@ -429,11 +437,8 @@ def hammer(ctx, rank, n, iters, cfg, board):
         buf = want.copy() if rank == root else want ^ np.uint8(0xFF)
         _check(lib.xhc_bcast(ctx, ffi.from_buffer(buf), nbytes, root),
                f"bcast {it}")
-        if not np.array_equal(buf, want):
-            bad = int(np.flatnonzero(buf != want)[0])
-            raise AssertionError(f"iteration {it}: bcast of {nbytes} B from "
-                                 f"{root}: byte {bad} is {buf[bad]}, want "
-                                 f"{want[bad]}")
+        _expect_equal(buf, want, f"iteration {it}: bcast of {nbytes} B "
+                      f"from {root}")
         # Allreduce SUM of rank + it + j: n (it + j) + n (n - 1) / 2.
         count = sizes[(it + 5) % len(sizes)] // 8
         send = pat[:count] + (rank + it)
@@ -442,11 +447,8 @@ def hammer(ctx, rank, n, iters, cfg, board):
         _check(lib.xhc_allreduce(ctx, ffi.from_buffer(send),
                                  ffi.from_buffer(recv), count, lib.XHC_INT64,
                                  lib.XHC_SUM), f"allreduce {it}")
-        if not np.array_equal(recv, want):
-            bad = int(np.flatnonzero(recv != want)[0])
-            raise AssertionError(f"iteration {it}: allreduce SUM of {count}: "
-                                 f"[{bad}] is {recv[bad]}, want {want[bad]}"
-                                 f"{' (in place)' if it % 3 == 0 else ''}")
+        _expect_equal(recv, want, f"iteration {it}: allreduce SUM of "
+                      f"{count}{' (in place)' if it % 3 == 0 else ''}")
         # Allreduce MAX of float32 1.5 rank - it: 1.5 (n - 1) - it.
         count = sizes[(it + 2) % len(sizes)] // 4
         send = np.full(count, 1.5 * rank - it, np.float32)
@@ -472,11 +474,8 @@ def hammer(ctx, rank, n, iters, cfg, board):
             want = np.zeros(count, np.uint32)
             for r in range(n):
                 want ^= base * np.uint32(r + 1)
-            if not np.array_equal(recv, want):
-                bad = int(np.flatnonzero(recv != want)[0])
-                raise AssertionError(f"iteration {it}: reduce BXOR of {count}"
-                                     f" to {root}: [{bad}] is {recv[bad]}, "
-                                     f"want {want[bad]}")
+            _expect_equal(recv, want, f"iteration {it}: reduce BXOR of "
+                          f"{count} to {root}")
 
 
 def _bytes(seed, nbytes):
@@ -487,10 +486,7 @@ def _bcast_checked(ctx, rank, root, nbytes, seed, what):
     want = _bytes(seed, nbytes)
     buf = want.copy() if rank == root else want ^ np.uint8(0xFF)
     _check(lib.xhc_bcast(ctx, ffi.from_buffer(buf), nbytes, root), what)
-    if not np.array_equal(buf, want):
-        bad = int(np.flatnonzero(buf != want)[0])
-        raise AssertionError(f"{what}: byte {bad} of {nbytes} is {buf[bad]}, "
-                             f"want {want[bad]}")
+    _expect_equal(buf, want, f"{what} ({nbytes} B)")
 
 
 def _allreduce_checked(ctx, rank, n, count, seed, what):
@@ -499,10 +495,7 @@ def _allreduce_checked(ctx, rank, n, count, seed, what):
     want = n * (np.arange(count, dtype=np.int64) + seed) + n * (n - 1) // 2
     _check(lib.xhc_allreduce(ctx, ffi.from_buffer(send), ffi.from_buffer(recv),
                              count, lib.XHC_INT64, lib.XHC_SUM), what)
-    if not np.array_equal(recv, want):
-        bad = int(np.flatnonzero(recv != want)[0])
-        raise AssertionError(f"{what}: [{bad}] is {recv[bad]}, want "
-                             f"{want[bad]}")
+    _expect_equal(recv, want, what)
 
 
 def late_child_large_bcasts(ctx, rank, n, iters, cfg, board):
