@@ -390,8 +390,8 @@ class Run:
                                          self.opts.warmup)
         data = self.cmd.data(self.ctx, size)
         cases = [self.cmd.case(self.ctx, im, data) for im in self.impls]
+        own = self.opts.sync == "own"
         for case, im in zip(cases, self.impls):
-            own = self.opts.sync == "own"
             case.sync = im.comm.Barrier if own else self.comm.Barrier
         time_cases(cases, iters, warmup, self.opts)
         stats = [reduce_stats(self.comm, c.total, iters) for c in cases]
