@@ -63,7 +63,7 @@ int xhc_publish_up(xhc_ctx_t *ctx, uint64_t seq, const struct xhc_red *r,
         memcpy(dst, value, r->nbytes);
     line->nbytes = r->nbytes;
     /* Orders the value's bytes before readers see the flag. */
-    xhc_store_release(&line->seq, seq);
+    xhc_publish(ctx, &line->seq, seq);
     return 0;
 }
 
@@ -107,7 +107,7 @@ static int xhc_pass_down(xhc_ctx_t *ctx, const struct xhc_view *v,
                r->nbytes);
         line->nbytes = r->nbytes;
         /* Orders the result's bytes before children see the flag. */
-        xhc_store_release(&line->seq, seq);
+        xhc_publish(ctx, &line->seq, seq);
     }
     return 0;
 }

@@ -9,10 +9,10 @@
  *    from their parent.  Nobody waits for readers: the ring lets the root
  *    run XHC_RING operations ahead.
  * 2. Large messages go down the same tree in rounds of chunk_size bytes,
- *    through two staging windows per rank: a parent stages chunk k while
- *    its children copy chunk k-1 out, and reuses a window once everyone
- *    has `finished` the round before.  The levels of the tree thus copy in
- *    a pipeline.
+ *    through cfg.windows staging windows per rank: a parent stages chunk
+ *    k while its children copy earlier ones out, and reuses a window once
+ *    everyone has `finished` the round that last used it.  The levels of
+ *    the tree thus copy in a pipeline.
  * 3. A buffer in node shared memory (or any buffer, with CMA or XPMEM)
  *    is not staged: children read it in place, following the parent's
  *    `ready` byte count, and the parent returns once they have acked.
@@ -38,7 +38,7 @@ static int xhc_bcast_small(xhc_ctx_t *ctx, const struct xhc_view *v,
         memcpy(dst, src, nbytes);
         mine->nbytes = nbytes;
         /* Orders the payload copy before children see the flag. */
-        xhc_store_release(&mine->seq, seq);
+        xhc_publish(ctx, &mine->seq, seq);
         src = dst;
     }
     if (src != buf)
@@ -76,7 +76,7 @@ static int xhc_pipe_get(xhc_ctx_t *ctx, struct xhc_pipe *p, uint64_t t,
     if (p->staged_from) {
         int rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, parent)->staged.seq, t,
                              parent);
-        *out = xhc_stage_in(ctx, parent, (int)(t % 2));
+        *out = xhc_bcast_window(ctx, parent, t);
         return rc;
     }
     int rc = xhc_wait_ge(ctx, &p->from->ready, off + len, parent);
@@ -92,13 +92,13 @@ static int xhc_pipe_round(xhc_ctx_t *ctx, struct xhc_pipe *p, size_t off,
     const unsigned char *src;
     int rc = xhc_pipe_get(ctx, p, t, off, len, &src);
     if (rc == 0 && p->stage_mine)
-        rc = xhc_stage_reserve(ctx, t);
+        rc = xhc_stage_reserve(ctx, t, ctx->cfg.windows);
     if (rc)
         return rc;
     if (p->stage_mine) {
-        memcpy(xhc_stage_in(ctx, ctx->rank, (int)(t % 2)), src, len);
+        memcpy(xhc_bcast_window(ctx, ctx->rank, t), src, len);
         /* Orders the staged chunk before my children read it. */
-        xhc_store_release(&mine->staged.seq, t);
+        xhc_publish(ctx, &mine->staged.seq, t);
     }
     if (src != p->buf + off && p->nbytes >= XHC_STREAM_MIN)
         xhc_copy_stream(p->buf + off, src, len);
@@ -106,9 +106,9 @@ static int xhc_pipe_round(xhc_ctx_t *ctx, struct xhc_pipe *p, size_t off,
         memcpy(p->buf + off, src, len);
     if (p->from && !p->stage_mine && p->v->nchild)
         /* Orders the chunk in my buffer before my children read it. */
-        xhc_store_release(&mine->big.ready, off + len);
+        xhc_publish(ctx, &mine->big.ready, off + len);
     /* Orders my reads of my parent's window before it reuses it. */
-    xhc_store_release(&mine->finished.seq, t);
+    xhc_publish(ctx, &mine->finished.seq, t);
     return 0;
 }
 
@@ -127,10 +127,10 @@ static int xhc_bcast_announce(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p,
     p->stage_mine = xhc_stages(ctx, &big->send);
     xhc_store_relaxed(&big->ready, is_root ? p->nbytes : 0);
     /* Orders the description and ready count before the sequence number. */
-    xhc_store_release(&big->seq, seq);
+    xhc_publish(ctx, &big->seq, seq);
     line->nbytes = (uint64_t)p->stage_mine;
     /* Orders the staging choice before children see the flag. */
-    xhc_store_release(&line->seq, seq);
+    xhc_publish(ctx, &line->seq, seq);
     return 0;
 }
 

@@ -50,7 +50,7 @@ int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
     xhc_src_describe(ctx, sbuf, nbytes, &big->send);
     xhc_src_describe(ctx, rbuf, rbuf ? nbytes : 0, &big->recv);
     /* Orders both descriptions before peers see the sequence number. */
-    xhc_store_release(&big->seq, seq);
+    xhc_publish(ctx, &big->seq, seq);
     *in_place = 0;
     for (int p = 0; p < ctx->nranks; p++) {
         struct xhc_big_line *pb = &xhc_ctl(ctx, p)->big;

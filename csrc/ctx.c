@@ -9,9 +9,11 @@
  * 3. At the end of each operation a rank stores its ack; large operations,
  *    whose peers read user buffers, also wait for everyone's ack.
  * 4. Large operations move in rounds, counted across operations alike on
- *    every rank, through two staging windows: a rank rewrites window
- *    T % 2 only once every rank has `finished` round T - 2, i.e. read all
- *    it reads in that round, whatever the operation was.
+ *    every rank, through W staging windows (XHC_RS_WINDOWS for
+ *    reduce-scatter, cfg.windows for Bcast, each its own): a rank rewrites
+ *    window T % W only once every rank has `finished` round T - W, i.e.
+ *    read all it reads in that round, whatever the operation was.  The
+ *    last round that used the window is no later.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -26,6 +28,8 @@ static int xhc_config_check(const xhc_config_t *cfg)
         return XHC_ERR_ARG;
     if (cfg->chunk_size < 4096 || cfg->chunk_size % 64 != 0)
         return XHC_ERR_ARG;
+    if (cfg->windows < 2)
+        return XHC_ERR_ARG;
     /* XPMEM needs every rank's segment: only xhc_ctx_set_xpmem sets it. */
     if (!(cfg->timeout > 0) || cfg->copy < 0 || cfg->copy > XHC_COPY_CMA)
         return XHC_ERR_ARG;
@@ -39,12 +43,14 @@ static int xhc_header_check(xhc_ctx_t *ctx)
         hdr->magic = XHC_MAGIC;
         hdr->nranks = (uint64_t)ctx->nranks;
         hdr->cico_max = ctx->cfg.cico_max;
+        hdr->windows = ctx->cfg.windows;
         return 0;
     }
     /* Rank 0 wrote the header before the front end's barrier that
      * precedes any other rank's open. */
     if (hdr->magic != XHC_MAGIC || hdr->nranks != (uint64_t)ctx->nranks
-        || hdr->cico_max != ctx->cfg.cico_max)
+        || hdr->cico_max != ctx->cfg.cico_max
+        || hdr->windows != ctx->cfg.windows)
         return XHC_ERR_SEGMENT;
     return 0;
 }
@@ -112,6 +118,7 @@ int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
     ctx->ctl = (struct xhc_rank_ctl *)(ctx->seg + sizeof(struct xhc_seg_header));
     ctx->slots = ctx->seg + xhc_slots_offset(nranks);
     ctx->stage = ctx->seg + xhc_stage_offset(nranks, cfg);
+    ctx->bstage = ctx->seg + xhc_bstage_offset(nranks, cfg);
     ctx->round = cfg->seq_start;
     xhc_flags_init(xhc_ctl(ctx, rank), cfg->seq_start);
     ctx->pids[rank] = getpid();
@@ -200,11 +207,12 @@ int xhc_ring_reserve(xhc_ctx_t *ctx, uint64_t seq)
     return 0;
 }
 
-/* Wait until everyone has finished round T - 2 (see 4.). */
-int xhc_stage_reserve(xhc_ctx_t *ctx, uint64_t t)
+/* Wait until everyone has finished round T - DEPTH (see 4.). */
+int xhc_stage_reserve(xhc_ctx_t *ctx, uint64_t t, uint64_t depth)
 {
     for (int r = 0; r < ctx->nranks; r++) {
-        int rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, r)->finished.seq, t - 2, r);
+        int rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, r)->finished.seq,
+                             t - depth, r);
         if (rc)
             return rc;
     }
@@ -214,7 +222,7 @@ int xhc_stage_reserve(xhc_ctx_t *ctx, uint64_t t)
 void xhc_ack(xhc_ctx_t *ctx, uint64_t seq)
 {
     /* Orders all my reads of peers' data for SEQ before peers reuse it. */
-    xhc_store_release(&xhc_ctl(ctx, ctx->rank)->ack.seq, seq);
+    xhc_publish(ctx, &xhc_ctl(ctx, ctx->rank)->ack.seq, seq);
 }
 
 /* Ack SEQ, then wait until everyone has: nobody reads my buffers after. */

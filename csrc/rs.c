@@ -91,7 +91,7 @@ static int xhc_rs_reduce_mine(xhc_ctx_t *ctx, uint64_t seq,
             return rc;
     }
     /* Orders my slice's bytes before readers see `done`. */
-    xhc_store_release(&xhc_ctl(ctx, ctx->rank)->done.seq, seq);
+    xhc_publish(ctx, &xhc_ctl(ctx, ctx->rank)->done.seq, seq);
     return 0;
 }
 

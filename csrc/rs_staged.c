@@ -70,7 +70,7 @@ static void xhc_stage(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
 {
     struct xhc_rank_ctl *mine = xhc_ctl(ctx, ctx->rank);
     if (!xhc_in_region(&ctx->peer_send[ctx->rank])) {
-        unsigned char *slot = xhc_stage_in(ctx, ctx->rank, (int)(t % 2));
+        unsigned char *slot = xhc_stage_in(ctx, ctx->rank, t);
         size_t es = rs->red->esize;
         for (int i = 0; i < ctx->nranks; i++) {
             size_t lo, n = xhc_part(rs, ctx->nranks, w, i, &lo);
@@ -80,7 +80,7 @@ static void xhc_stage(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
         }
     }
     /* Orders my staged bytes before owners read them. */
-    xhc_store_release(&mine->staged.seq, t);
+    xhc_publish(ctx, &mine->staged.seq, t);
 }
 
 /* Where rank P's contribution to my part [LO, LO+N) of round T is. */
@@ -93,7 +93,7 @@ static const void *xhc_input(xhc_ctx_t *ctx, const struct xhc_rs *rs, int p,
     const struct xhc_src *send = &ctx->peer_send[p];
     if (xhc_in_region(send))
         return xhc_region_span(ctx, send, lo * es, n * es, rc);
-    return xhc_stage_in(ctx, p, (int)(t % 2))
+    return xhc_stage_in(ctx, p, t)
            + xhc_part_at(rs, ctx->rank) * es;
 }
 
@@ -110,7 +110,7 @@ static int xhc_reduce_part(xhc_ctx_t *ctx, const struct xhc_rs *rs,
         rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, p)->staged.seq, t, p);
     if (rc)
         return rc;
-    unsigned char *res = xhc_stage_res(ctx, ctx->rank, (int)(t % 2));
+    unsigned char *res = xhc_stage_res(ctx, ctx->rank, t);
     unsigned char *dst = rs->rbuf ? rs->rbuf + lo * es : res;
     for (int p = 0; rc == 0 && p < ctx->nranks && n; p++)
         ctx->srcs[p] = xhc_input(ctx, rs, p, t, lo, n, &rc);
@@ -122,7 +122,7 @@ static int xhc_reduce_part(xhc_ctx_t *ctx, const struct xhc_rs *rs,
     if (n && takers && !shared_out && dst != res)
         memcpy(res, dst, n * es);
     /* Orders my part's result before takers read it. */
-    xhc_store_release(&mine->reduced.seq, t);
+    xhc_publish(ctx, &mine->reduced.seq, t);
     return 0;
 }
 
@@ -139,7 +139,7 @@ static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
         if (rc)
             return rc;
         const struct xhc_src *recv = &ctx->peer_recv[j];
-        const unsigned char *src = xhc_stage_res(ctx, j, (int)(t % 2));
+        const unsigned char *src = xhc_stage_res(ctx, j, t);
         if (xhc_in_region(recv))
             src = xhc_region_span(ctx, recv, lo * es, n * es, &rc);
         if (rc)
@@ -147,7 +147,7 @@ static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
         memcpy(rs->rbuf + lo * es, src, n * es);
     }
     /* Orders all my reads of round T before their owners reuse them. */
-    xhc_store_release(&xhc_ctl(ctx, ctx->rank)->finished.seq, t);
+    xhc_publish(ctx, &xhc_ctl(ctx, ctx->rank)->finished.seq, t);
     return 0;
 }
 
@@ -193,7 +193,7 @@ int xhc_rs_staged(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
         return xhc_rs_met(ctx, seq, sbuf, rbuf, r, 1);
     for (uint64_t w = 0; rc == 0 && w < windows; w++) {
         uint64_t t = ++ctx->round;
-        rc = xhc_stage_reserve(ctx, t);
+        rc = xhc_stage_reserve(ctx, t, XHC_RS_WINDOWS);
         if (rc)
             break;
         xhc_stage(ctx, &rs, t, w);

@@ -20,7 +20,7 @@ static size_t xhc_round_up(size_t n, size_t to)
 }
 
 /* Layout: header and control blocks; the small-message slots; the
- * reduce-scatter staging.  Each part starts on a page. */
+ * reduce-scatter staging; the Bcast staging.  Each starts on a page. */
 size_t xhc_slots_offset(int nranks)
 {
     return xhc_round_up(sizeof(struct xhc_seg_header)
@@ -40,11 +40,17 @@ size_t xhc_stage_part(int nranks, const xhc_config_t *cfg)
     return part ? part : 64;
 }
 
+size_t xhc_bstage_offset(int nranks, const xhc_config_t *cfg)
+{
+    size_t stage = (size_t)nranks * XHC_RS_WINDOWS
+                   * (cfg->chunk_size + xhc_stage_part(nranks, cfg));
+    return xhc_stage_offset(nranks, cfg) + xhc_round_up(stage, 4096);
+}
+
 size_t xhc_segment_size(int nranks, const xhc_config_t *cfg)
 {
-    size_t stage = (size_t)nranks
-                   * (2 * cfg->chunk_size + 2 * xhc_stage_part(nranks, cfg));
-    return xhc_stage_offset(nranks, cfg) + xhc_round_up(stage, 4096);
+    size_t stage = (size_t)nranks * cfg->windows * cfg->chunk_size;
+    return xhc_bstage_offset(nranks, cfg) + xhc_round_up(stage, 4096);
 }
 
 int xhc_shm_create(const char *name, size_t size)

@@ -7,17 +7,31 @@
  *    another thread of this process) keep making progress; first tell
  *    the front end (block_hook), which may release a lock such as the
  *    GIL that other threads need.
- * 3. While yielding, read the clock every few polls: past CFG.timeout, or
- *    once the peer's process is gone, give up with an error that names it.
+ * 3. After CFG.sleep yields (if not 0: the node runs more ranks than
+ *    cores), sleep in the kernel on the flag's word instead: count myself
+ *    in the writer's wake line, re-read the flag, futex-wait on the value
+ *    read.  The writer, after each publish, wakes the flag's sleepers if
+ *    its count is not 0 (xhc_publish).  A sleeping rank leaves its core
+ *    to the ranks that still work, and the kernel runs it as soon as it
+ *    is woken, instead of whenever a busy core-mate's time slice ends.
+ * 4. While yielding or sleeping, read the clock every few polls: past
+ *    CFG.timeout, or once the peer's process is gone, give up with an
+ *    error that names it.
  */
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "xhc_internal.h"
 
 #define XHC_YIELDS_PER_CHECK 64
+#define XHC_SLEEPS_PER_CHECK 4
+#define XHC_SLEEP_NS 20000000 /* a sleep's bound: liveness checks go on */
 
 static double xhc_now(void)
 {
@@ -39,17 +53,60 @@ static int xhc_reached(xhc_flag_t *flag, uint64_t want, int exact)
     return exact ? v == want : xhc_seq_reached(v, want);
 }
 
+/* The futex word of FLAG: its low 32 bits, which change with every new
+ * sequence number. */
+static uint32_t *xhc_futex_word(xhc_flag_t *flag)
+{
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return (uint32_t *)flag + 1;
+#else
+    return (uint32_t *)flag;
+#endif
+}
+
+void xhc_wake(xhc_ctx_t *ctx, xhc_flag_t *flag)
+{
+    _Atomic uint32_t *sleepers = &xhc_ctl(ctx, ctx->rank)->wake.sleepers;
+    /* Orders my publish of FLAG before my read of the count: a sleeper
+     * either is counted here or reads the new value itself. */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(sleepers, memory_order_relaxed))
+        syscall(SYS_futex, xhc_futex_word(flag), FUTEX_WAKE, INT_MAX,
+                NULL, NULL, 0);
+}
+
+/* Sleep until FLAG (PEER's) changes, unless it has reached WANT, or until
+ * a bound passes. */
+static void xhc_sleep(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
+                     int peer, int exact)
+{
+    static const struct timespec bound = {0, XHC_SLEEP_NS};
+    _Atomic uint32_t *sleepers = &xhc_ctl(ctx, peer)->wake.sleepers;
+    /* Orders my count before my re-read of FLAG (see xhc_wake). */
+    atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
+    uint64_t v = atomic_load_explicit(flag, memory_order_seq_cst);
+    if (!(exact ? v == want : xhc_seq_reached(v, want)))
+        syscall(SYS_futex, xhc_futex_word(flag), FUTEX_WAIT, (uint32_t)v,
+                &bound, NULL, 0);
+    atomic_fetch_sub_explicit(sleepers, 1, memory_order_relaxed);
+}
+
 static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
                          int peer, int exact)
 {
     double deadline = xhc_now() + ctx->cfg.timeout;
     if (ctx->block_hook)
         ctx->block_hook(ctx->block_arg);
+    uint32_t sleep = ctx->cfg.sleep;
     for (unsigned polls = 1;; polls++) {
-        sched_yield();
+        int asleep = sleep && polls > sleep;
+        if (asleep)
+            xhc_sleep(ctx, flag, want, peer, exact);
+        else
+            sched_yield();
         if (xhc_reached(flag, want, exact))
             return 0;
-        if (polls % XHC_YIELDS_PER_CHECK)
+        if (polls % (asleep ? XHC_SLEEPS_PER_CHECK : XHC_YIELDS_PER_CHECK))
             continue;
         int gone = !xhc_peer_alive(ctx, peer);
         if (gone || xhc_now() > deadline) {

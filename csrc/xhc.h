@@ -65,6 +65,9 @@ typedef struct xhc_config {
     uint64_t seq_start;  /* first sequence number minus one (tests) */
     double timeout;      /* seconds a rank waits for a peer */
     uint32_t spin;       /* polls before a waiting rank yields the CPU */
+    uint32_t sleep;      /* yields before it sleeps until woken; 0: never.
+                            Every rank must pass the same value. */
+    uint32_t windows;    /* staging windows per rank, at least 2 */
     int32_t copy;        /* an xhc_copy: the large-message mechanism */
 } xhc_config_t;
 

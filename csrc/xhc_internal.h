@@ -11,6 +11,7 @@
 
 #define XHC_LINE 128 /* two cache lines: defeats adjacent-line prefetch */
 #define XHC_RING 4   /* small ops a rank may run ahead of the slowest */
+#define XHC_RS_WINDOWS 2 /* reduce-scatter staging windows per rank */
 #define XHC_ALIGNED __attribute__((aligned(XHC_LINE)))
 #define XHC_MAGIC 0x7868632d73686d31ull /* "xhc-shm1" */
 /* Messages from this size on are copied out with streaming stores: their
@@ -29,6 +30,13 @@ _Static_assert(sizeof(struct xhc_flag_line) == XHC_LINE, "one line");
 
 struct xhc_seq_line {
     xhc_flag_t seq;
+} XHC_ALIGNED;
+
+/* Ranks asleep on one of my flags (cfg.sleep): the one counter several
+ * ranks write, each only on its way into and out of the kernel; I read
+ * it after every publish and wake the flag's sleepers if it is not 0. */
+struct xhc_wake_line {
+    _Atomic uint32_t sleepers;
 } XHC_ALIGNED;
 
 /* Where peers find one of my buffers: a registered shared region (read
@@ -60,12 +68,14 @@ struct xhc_rank_ctl {
     struct xhc_seq_line staged;          /* round whose input I staged */
     struct xhc_seq_line reduced;         /* round whose part I reduced */
     struct xhc_seq_line finished;        /* round of which I read all */
+    struct xhc_wake_line wake;           /* written by my sleeping readers */
 };
 
 struct xhc_seg_header {
     uint64_t magic;
     uint64_t nranks;
     uint64_t cico_max;
+    uint64_t windows;
 } XHC_ALIGNED;
 
 enum { XHC_DOWN, XHC_UP };
@@ -116,7 +126,8 @@ struct xhc_ctx {
     size_t seg_size;
     struct xhc_rank_ctl *ctl;
     unsigned char *slots;
-    unsigned char *stage;   /* per rank: 2 input windows, 2 result parts */
+    unsigned char *stage;   /* per rank: reduce-scatter windows, parts */
+    unsigned char *bstage;  /* per rank: cfg.windows Bcast windows */
     int rank, nranks;
     xhc_config_t cfg;
     uint64_t seq;       /* the last operation this rank started */
@@ -140,12 +151,24 @@ struct xhc_ctx {
     uint64_t stats[XHC_NPATHS];
 };
 
+void xhc_wake(xhc_ctx_t *ctx, xhc_flag_t *flag); /* wait.c */
+
+/* Publish V in FLAG, one of mine: every write before it is visible to a
+ * reader that sees V; a reader asleep on FLAG is woken. */
+static inline void xhc_publish(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t v)
+{
+    xhc_store_release(flag, v);
+    if (ctx->cfg.sleep)
+        xhc_wake(ctx, flag);
+}
+
 typedef void (*xhc_reduce_fn)(void *dst, const void *a, const void *b,
                               size_t count);
 
 /* shm.c */
 size_t xhc_slots_offset(int nranks);
 size_t xhc_stage_offset(int nranks, const xhc_config_t *cfg);
+size_t xhc_bstage_offset(int nranks, const xhc_config_t *cfg);
 size_t xhc_stage_part(int nranks, const xhc_config_t *cfg);
 int xhc_shm_map(const char *name, size_t size, unsigned char **out);
 
@@ -156,7 +179,7 @@ void xhc_hier_free(struct xhc_hier *h, int n);
 /* ctx.c */
 const struct xhc_view *xhc_view_get(xhc_ctx_t *ctx, int kind, int root);
 int xhc_ring_reserve(xhc_ctx_t *ctx, uint64_t seq);
-int xhc_stage_reserve(xhc_ctx_t *ctx, uint64_t t);
+int xhc_stage_reserve(xhc_ctx_t *ctx, uint64_t t, uint64_t depth);
 int xhc_ack_all(xhc_ctx_t *ctx, uint64_t seq);
 void xhc_ack(xhc_ctx_t *ctx, uint64_t seq);
 
@@ -258,19 +281,36 @@ static inline unsigned char *xhc_payload(xhc_ctx_t *ctx, int rank, int dir,
     return xhc_slot(ctx, rank, dir, seq);
 }
 
-/* RANK's staging: input window SLOT (chunk_size bytes), or its result
- * part SLOT (chunk_size / nranks bytes, whole 64-byte lines). */
-static inline unsigned char *xhc_stage_in(xhc_ctx_t *ctx, int rank, int slot)
+/* RANK's reduce-scatter staging for round T: its input window
+ * (chunk_size bytes) or its result part (chunk_size / nranks bytes, whole
+ * 64-byte lines), one of XHC_RS_WINDOWS of each: few, so they stay in
+ * cache. */
+static inline unsigned char *xhc_stage_in(xhc_ctx_t *ctx, int rank,
+                                          uint64_t t)
 {
     size_t part = xhc_stage_part(ctx->nranks, &ctx->cfg);
-    size_t per_rank = 2 * ctx->cfg.chunk_size + 2 * part;
-    return ctx->stage + (size_t)rank * per_rank + slot * ctx->cfg.chunk_size;
+    size_t per_rank = XHC_RS_WINDOWS * (ctx->cfg.chunk_size + part);
+    return ctx->stage + (size_t)rank * per_rank
+           + (size_t)(t % XHC_RS_WINDOWS) * ctx->cfg.chunk_size;
 }
 
-static inline unsigned char *xhc_stage_res(xhc_ctx_t *ctx, int rank, int slot)
+static inline unsigned char *xhc_stage_res(xhc_ctx_t *ctx, int rank,
+                                           uint64_t t)
 {
     size_t part = xhc_stage_part(ctx->nranks, &ctx->cfg);
-    return xhc_stage_in(ctx, rank, 0) + 2 * ctx->cfg.chunk_size + slot * part;
+    return xhc_stage_in(ctx, rank, 0)
+           + XHC_RS_WINDOWS * ctx->cfg.chunk_size
+           + (size_t)(t % XHC_RS_WINDOWS) * part;
+}
+
+/* RANK's Bcast staging window for round T, one of cfg.windows: as many
+ * as the root may run ahead of a reader that is not scheduled. */
+static inline unsigned char *xhc_bcast_window(xhc_ctx_t *ctx, int rank,
+                                              uint64_t t)
+{
+    size_t w = ctx->cfg.windows;
+    return ctx->bstage
+           + ((size_t)rank * w + (size_t)(t % w)) * ctx->cfg.chunk_size;
 }
 
 #endif

@@ -55,6 +55,8 @@ VARIANTS = [
     pytest.param(2, {"XHC_COPY": "cico"}, 0, id="cico-n2"),
     pytest.param(2, {"XHC_COPY": "cma"}, 0, id="cma-n2"),
     pytest.param(2, SEQ_START, 0, id="seqstart-n2"),
+    pytest.param(3, {"XHC_SLEEP": "1", "XHC_WINDOWS": "3", **SMALL}, 0,
+                 id="sleep+windows3+small-n3"),
     pytest.param(4, {**SEQ_START, **SMALL}, 0, id="seqstart+small-n4"),
 ]
 

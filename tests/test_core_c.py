@@ -28,11 +28,19 @@ def core_test(tmp_path_factory):
     return exe
 
 
-@pytest.mark.parametrize("ranks", [2, 3, 5])
-@pytest.mark.parametrize("shape", ["flat", "tree"])
-@pytest.mark.parametrize("seq_start", ["0", str(2**64 - 40)])
-def test_core_under_sanitizers(core_test, ranks, shape, seq_start):
-    env = dict(os.environ, XHC_SEQ_START=seq_start,
+WRAP = str(2**64 - 40)
+# How ranks wait: spin then yield, with two Bcast windows; or, as on a
+# crowded node, sleep after one yield, with an odd number of windows.
+WAITS = {"yield": {"XHC_SLEEP": "0", "XHC_WINDOWS": "2"},
+         "sleep": {"XHC_SLEEP": "1", "XHC_WINDOWS": "3"}}
+
+
+@pytest.mark.parametrize("ranks, shape, seq_start, waits", [
+    *[(r, s, q, "yield") for r in (2, 3, 5) for s in ("flat", "tree")
+      for q in ("0", WRAP)],
+    *[(r, s, WRAP, "sleep") for r in (3, 5) for s in ("flat", "tree")]])
+def test_core_under_sanitizers(core_test, ranks, shape, seq_start, waits):
+    env = dict(os.environ, XHC_SEQ_START=seq_start, **WAITS[waits],
                ASAN_OPTIONS="detect_leaks=1:abort_on_error=1")
     proc = subprocess.Popen([core_test, str(ranks), "120", shape], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,

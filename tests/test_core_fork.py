@@ -63,10 +63,10 @@ def seg_name():
 
 
 def make_config(copy="cico", cico_max=1024, chunk_size=4096, seq_start=0,
-                timeout=10.0, spin=64):
+                timeout=10.0, spin=64, sleep=0, windows=2):
     c = ffi.new("xhc_config_t *")
     c.cico_max, c.chunk_size, c.seq_start = cico_max, chunk_size, seq_start
-    c.timeout, c.spin = timeout, spin
+    c.timeout, c.spin, c.sleep, c.windows = timeout, spin, sleep, windows
     c.copy = {"cico": lib.XHC_COPY_CICO, "cma": lib.XHC_COPY_CMA}[copy]
     return c
 

@@ -260,6 +260,10 @@ ARG_CASES = [
     ("freed-with-barrier", "XhcError", r"^xhc\.Comm already freed$"),
     ("intercomm", "TypeError", r"needs an intra-communicator \(got Intercomm"),
     ("not-a-comm", "TypeError", r"needs an intra-communicator"),
+    ("sleep-differs", "ValueError",
+     r"different sleep values .*: set XHC_SLEEP \(or sleep=\) alike"),
+    ("windows-differs", "ValueError", r"different windows values"),
+    ("windows-one", "ValueError", r"windows must be auto or 2 to 64"),
 ]
 
 

@@ -111,7 +111,7 @@ def open_rank(comm, wanted, hierarchy="flat", **cfg):
     """This rank's context on the group's segment, with copy mode WANTED
     chosen as xhc.Comm does; returns (ctx, copy, why)."""
     full = {"cico_max": 4096, "chunk_size": 16384, "seq_start": 0,
-            "timeout": 20.0, "spin": 64, **cfg}
+            "timeout": 20.0, "spin": 64, "sleep": 0, "windows": 2, **cfg}
     ctx = _core.open_context(comm, _core.make_config(full))
     try:
         for kind in _core.KINDS:
@@ -505,6 +505,7 @@ def test_xpmem_is_never_the_opening_mode():
     """XPMEM needs every rank's segment: a context cannot open in it."""
     c = ffi.new("xhc_config_t *")
     c.cico_max, c.chunk_size, c.timeout, c.spin = 1024, 4096, 1.0, 1
+    c.windows = 2
     c.copy = lib.XHC_COPY_XPMEM
     out = ffi.new("xhc_ctx_t **")
     size = lib.xhc_segment_size(1, c)

@@ -102,7 +102,8 @@ def make_config(cfg):
     c = ffi.new("xhc_config_t *")
     c.cico_max, c.chunk_size = cfg["cico_max"], cfg["chunk_size"]
     c.seq_start, c.timeout = cfg["seq_start"], cfg["timeout"]
-    c.spin, c.copy = cfg["spin"], COPY["cico"]
+    c.spin, c.sleep, c.copy = cfg["spin"], cfg["sleep"], COPY["cico"]
+    c.windows = cfg["windows"]
     return c
 
 

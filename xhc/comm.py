@@ -28,13 +28,20 @@ _barrier_fn = ffi.addressof(lib, "xhc_barrier")
 _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
 
 
+# The automatic sleep (yields before a waiting rank sleeps; 0: never) and
+# windows (staging depth), when ranks outnumber cores and when not.
+_CROWDED = {"sleep": 4, "windows": 16}
+_ALONE = {"sleep": 0, "windows": 2}
+
+
 class Comm(HotComm):
     """Wrap an mpi4py intra-communicator; accelerate Bcast, Barrier,
     Allreduce and Reduce through node shared memory.
 
     Creating one is collective over COMM.  Every attribute xhc does not
     define passes through to COMM.  Keywords (each also an XHC_* variable):
-    hierarchy, topology, cico_max, chunk_size, timeout, spin, copy, debug.
+    hierarchy, topology, cico_max, chunk_size, timeout, spin, sleep, copy,
+    debug.
     """
 
     def __init__(self, comm, *, hierarchy=None, topology=None, **tunables):
@@ -83,7 +90,7 @@ class Comm(HotComm):
         local = topology.local_locality(self._topology,
                                         index=MPI.COMM_WORLD.rank)
         localities = comm.allgather(local)
-        cfg["spin"] = self._spin_for_load(cfg["spin"])
+        self._fit_to_load(cfg)
         self._levels = {
             kind: hierarchy.build(localities, hierarchy.parse_levels(spec))
             for kind, spec in self._specs.items()}
@@ -101,14 +108,28 @@ class Comm(HotComm):
         self.xhc_info = {"copy": copy, "copy_reason": why,
                          "levels": self._levels, "config": dict(cfg)}
 
-    def _spin_for_load(self, spin):
-        """Yield almost at once when the node runs more ranks than cores,
-        unless the user chose the spin count."""
-        cpus = self._comm.allgather(sorted(os.sched_getaffinity(0)))
-        ncpu = len(set().union(*map(set, cpus)))
-        if self._comm.size > ncpu and not self._spin_given:
-            return min(spin, 16)
-        return spin
+    def _fit_to_load(self, cfg):
+        """When the node runs more ranks than cores, yield almost at once,
+        sleep soon after and stage deeper, so that a rank seldom waits for
+        one that is not running (what the user chose stands).  Sleeping
+        and staging must be alike on every rank."""
+        shared = ("sleep", "windows")
+        mine = (sorted(os.sched_getaffinity(0)), [cfg[k] for k in shared])
+        everyone = self._comm.allgather(mine)
+        for i, key in enumerate(shared):
+            values = {str(chosen[i]) for _, chosen in everyone}
+            if len(values) > 1:
+                raise ValueError(
+                    f"xhc: ranks were given different {key} values "
+                    f"{sorted(values)}: set XHC_{key.upper()} (or {key}=) "
+                    "alike on every rank")
+        ncpu = len(set().union(*(set(cpus) for cpus, _ in everyone)))
+        crowded = self._comm.size > ncpu
+        if crowded and not self._spin_given:
+            cfg["spin"] = min(cfg["spin"], 16)
+        for key, value in (_CROWDED if crowded else _ALONE).items():
+            if cfg[key] == "auto":
+                cfg[key] = value
 
     # -- errors and fallback ------------------------------------------------
 

@@ -10,6 +10,8 @@ DEFAULTS = {
     "chunk_size": 256 << 10,  # pipelining and reduce-scatter window
     "timeout": 120.0,         # seconds to wait for a peer before failing
     "spin": 512,              # polls before a waiting rank yields
+    "sleep": "auto",          # yields before it sleeps; 0: never
+    "windows": "auto",        # staging windows per rank (large messages)
     "copy": "auto",           # large messages: auto | xpmem | cma | cico
     "seq_start": 0,           # first sequence number (tests of wrap-around)
     "debug": False,           # check arguments agree across ranks
@@ -29,8 +31,13 @@ def parse_size(text):
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
+def _auto_or_int(text):
+    return "auto" if str(text).lower() == "auto" else int(text)
+
+
 _PARSERS = {"cico_max": parse_size, "chunk_size": parse_size,
             "timeout": float, "spin": int, "copy": str.lower,
+            "sleep": _auto_or_int, "windows": _auto_or_int,
             "seq_start": int, "debug": lambda v: str(v).lower() in
             ("1", "true", "yes", "on")}
 
@@ -58,6 +65,12 @@ def _validate(cfg):
         raise ValueError("chunk_size must be a multiple of 64, at least 4K")
     if cfg["timeout"] <= 0:
         raise ValueError("timeout must be positive (seconds)")
+    if cfg["spin"] < 0:
+        raise ValueError("spin must be 0 or more")
+    if cfg["sleep"] != "auto" and not 0 <= cfg["sleep"] < 2**32:
+        raise ValueError("sleep must be auto, 0 (never) or a count of yields")
+    if cfg["windows"] != "auto" and not 2 <= cfg["windows"] <= 64:
+        raise ValueError("windows must be auto or 2 to 64")
     if cfg["copy"] not in ("auto", "xpmem", "cma", "cico"):
         raise ValueError("copy must be auto, xpmem, cma or cico")
 

@@ -113,9 +113,13 @@ int main(int argc, char **argv)
     int tree = argc > 3 && strcmp(argv[3], "tree") == 0;
     xhc_config_t cfg = { .cico_max = 4096, .chunk_size = 8192,
                          .seq_start = (uint64_t)-40, .timeout = 20,
-                         .spin = 16, .copy = XHC_COPY_CICO };
+                         .spin = 16, .windows = 2, .copy = XHC_COPY_CICO };
     if (getenv("XHC_SEQ_START"))
         cfg.seq_start = strtoull(getenv("XHC_SEQ_START"), NULL, 0);
+    if (getenv("XHC_SLEEP"))
+        cfg.sleep = (uint32_t)atoi(getenv("XHC_SLEEP"));
+    if (getenv("XHC_WINDOWS"))
+        cfg.windows = (uint32_t)atoi(getenv("XHC_WINDOWS"));
     int groups[2 * 64];
     for (int r = 0; r < n; r++) {
         groups[r] = tree ? r / 2 : 0;

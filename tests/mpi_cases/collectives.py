@@ -1563,6 +1563,19 @@ def check_config(xcomm, comm, v, expect_levels):
                 if key != "seq_start" else int(env["XHC_SEQ_START"])
             v.check(f"config {key}", cfg[key] == want,
                     f"{cfg[key]} != {want}")
+    cpus = comm.allgather(sorted(os.sched_getaffinity(0)))
+    crowded = comm.size > len(set().union(*map(set, cpus)))
+    # Sleeping and deeper Bcast staging: on their own only on a crowded
+    # node, where they differ from what an uncrowded one gets.
+    for key, uncrowded in (("sleep", 0), ("windows", 2)):
+        given = env.get("XHC_" + key.upper())
+        if given is not None:
+            v.check(f"config {key}", cfg[key] == int(given),
+                    f"{cfg[key]} != {given}")
+        else:
+            v.check(f"config {key} auto", (cfg[key] != uncrowded) == crowded,
+                    f"{cfg[key]} with {comm.size} ranks on cpus "
+                    f"{sorted(set().union(*map(set, cpus)))}")
     if env.get("XHC_COPY") == "cico":
         v.check("copy cico", info["copy"] == "cico", info["copy"])
     if expect_levels:

@@ -228,6 +228,9 @@ def suite_args(xc):
         ("freed-with-barrier", lambda c: closed.Barrier()),
         ("intercomm", lambda c: intercomm_case()),
         ("not-a-comm", lambda c: xhc.Comm(None)),
+        ("sleep-differs", lambda c: xhc.Comm(W, sleep=RANK)),
+        ("windows-differs", lambda c: xhc.Comm(W, windows=2 + RANK)),
+        ("windows-one", lambda c: xhc.Comm(W, windows=1)),
     ]
     return run_cases(xc, cases)
 
