@@ -90,7 +90,10 @@ int xhc_shm_map(const char *name, size_t size, unsigned char **out)
         close(fd);
         return XHC_ERR_SEGMENT;
     }
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    /* Populate: page faults at the first use of each window would
+     * otherwise land inside the first collectives that reach it. */
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_POPULATE, fd, 0);
     int err = errno;
     close(fd);
     if (p == MAP_FAILED)

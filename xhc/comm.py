@@ -30,7 +30,7 @@ _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
 
 # The automatic sleep (yields before a waiting rank sleeps; 0: never) and
 # windows (staging depth), when ranks outnumber cores and when not.
-_CROWDED = {"sleep": 4, "windows": 16}
+_CROWDED = {"sleep": 256, "windows": 16}
 _ALONE = {"sleep": 0, "windows": 2}
 
 
