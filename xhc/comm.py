@@ -28,10 +28,10 @@ _barrier_fn = ffi.addressof(lib, "xhc_barrier")
 _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
 
 
-# The automatic sleep (yields before a waiting rank sleeps; 0: never) and
-# windows (staging depth), when ranks outnumber cores and when not.
-_CROWDED = {"sleep": 256, "windows": 16}
-_ALONE = {"sleep": 0, "windows": 2}
+# The automatic Bcast staging depth, when ranks outnumber cores and when
+# not.
+_CROWDED = {"windows": 16}
+_ALONE = {"windows": 2}
 
 
 class Comm(HotComm):
@@ -109,10 +109,10 @@ class Comm(HotComm):
                          "levels": self._levels, "config": dict(cfg)}
 
     def _fit_to_load(self, cfg):
-        """When the node runs more ranks than cores, yield almost at once,
-        sleep soon after and stage deeper, so that a rank seldom waits for
-        one that is not running (what the user chose stands).  Sleeping
-        and staging must be alike on every rank."""
+        """When the node runs more ranks than cores, yield almost at once
+        and stage deeper, so that a rank seldom waits for one that is not
+        running (what the user chose stands).  Sleeping and staging must
+        be alike on every rank."""
         shared = ("sleep", "windows")
         mine = (sorted(os.sched_getaffinity(0)), [cfg[k] for k in shared])
         everyone = self._comm.allgather(mine)

@@ -10,7 +10,7 @@ DEFAULTS = {
     "chunk_size": 256 << 10,  # pipelining and reduce-scatter window
     "timeout": 120.0,         # seconds to wait for a peer before failing
     "spin": 512,              # polls before a waiting rank yields
-    "sleep": "auto",          # yields before it sleeps; 0: never
+    "sleep": 0,               # yields before a waiting rank sleeps; 0: never
     "windows": "auto",        # staging windows per rank (large messages)
     "copy": "auto",           # large messages: auto | xpmem | cma | cico
     "seq_start": 0,           # first sequence number (tests of wrap-around)
@@ -37,7 +37,7 @@ def _auto_or_int(text):
 
 _PARSERS = {"cico_max": parse_size, "chunk_size": parse_size,
             "timeout": float, "spin": int, "copy": str.lower,
-            "sleep": _auto_or_int, "windows": _auto_or_int,
+            "sleep": int, "windows": _auto_or_int,
             "seq_start": int, "debug": lambda v: str(v).lower() in
             ("1", "true", "yes", "on")}
 
@@ -67,8 +67,8 @@ def _validate(cfg):
         raise ValueError("timeout must be positive (seconds)")
     if cfg["spin"] < 0:
         raise ValueError("spin must be 0 or more")
-    if cfg["sleep"] != "auto" and not 0 <= cfg["sleep"] < 2**32:
-        raise ValueError("sleep must be auto, 0 (never) or a count of yields")
+    if not 0 <= cfg["sleep"] < 2**32:
+        raise ValueError("sleep must be 0 (never) or a count of yields")
     if cfg["windows"] != "auto" and not 2 <= cfg["windows"] <= 64:
         raise ValueError("windows must be auto or 2 to 64")
     if cfg["copy"] not in ("auto", "xpmem", "cma", "cico"):

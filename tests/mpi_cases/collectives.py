@@ -1565,17 +1565,17 @@ def check_config(xcomm, comm, v, expect_levels):
                     f"{cfg[key]} != {want}")
     cpus = comm.allgather(sorted(os.sched_getaffinity(0)))
     crowded = comm.size > len(set().union(*map(set, cpus)))
-    # Sleeping and deeper Bcast staging: on their own only on a crowded
-    # node, where they differ from what an uncrowded one gets.
-    for key, uncrowded in (("sleep", 0), ("windows", 2)):
+    for key in ("sleep", "windows"):
         given = env.get("XHC_" + key.upper())
         if given is not None:
             v.check(f"config {key}", cfg[key] == int(given),
                     f"{cfg[key]} != {given}")
-        else:
-            v.check(f"config {key} auto", (cfg[key] != uncrowded) == crowded,
-                    f"{cfg[key]} with {comm.size} ranks on cpus "
-                    f"{sorted(set().union(*map(set, cpus)))}")
+    if "XHC_SLEEP" not in env:
+        v.check("config sleep default", cfg["sleep"] == 0, cfg["sleep"])
+    if "XHC_WINDOWS" not in env:  # deeper Bcast staging on a crowded node
+        v.check("config windows auto", (cfg["windows"] > 2) == crowded,
+                f"{cfg['windows']} with {comm.size} ranks on cpus "
+                f"{sorted(set().union(*map(set, cpus)))}")
     if env.get("XHC_COPY") == "cico":
         v.check("copy cico", info["copy"] == "cico", info["copy"])
     if expect_levels:
