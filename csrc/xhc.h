@@ -67,7 +67,7 @@ typedef struct xhc_config {
     uint32_t spin;       /* polls before a waiting rank yields the CPU */
     uint32_t sleep;      /* yields before it sleeps until woken; 0: never.
                             Every rank must pass the same value. */
-    uint32_t windows;    /* staging windows per rank, at least 2 */
+    uint32_t windows;    /* Bcast staging windows per rank, at least 2 */
     int32_t copy;        /* an xhc_copy: the large-message mechanism */
 } xhc_config_t;
 
