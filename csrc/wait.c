@@ -7,13 +7,12 @@
  *    another thread of this process) keep making progress; first tell
  *    the front end (block_hook), which may release a lock such as the
  *    GIL that other threads need.
- * 3. After CFG.sleep yields (if not 0: the node runs more ranks than
- *    cores), sleep in the kernel on the flag's word instead: count myself
- *    in the writer's wake line, re-read the flag, futex-wait on the value
- *    read.  The writer, after each publish, wakes the flag's sleepers if
- *    its count is not 0 (xhc_publish).  A sleeping rank leaves its core
- *    to the ranks that still work, and the kernel runs it as soon as it
- *    is woken, instead of whenever a busy core-mate's time slice ends.
+ * 3. After CFG.sleep yields (if not 0), sleep in the kernel on the flag's
+ *    word instead: count myself in the writer's wake line, re-read the
+ *    flag, futex-wait on the value read.  The writer, after each publish,
+ *    wakes the flag's sleepers if its count is not 0 (xhc_publish).  A
+ *    sleeping rank, unlike a yielding one, leaves its core to the ranks
+ *    that still work.
  * 4. While yielding or sleeping, read the clock every few polls: past
  *    CFG.timeout, or once the peer's process is gone, give up with an
  *    error that names it.
@@ -46,11 +45,15 @@ static int xhc_peer_alive(const xhc_ctx_t *ctx, int peer)
     return pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH;
 }
 
+static int xhc_value_reached(uint64_t v, uint64_t want, int exact)
+{
+    return exact ? v == want : xhc_seq_reached(v, want);
+}
+
 static int xhc_reached(xhc_flag_t *flag, uint64_t want, int exact)
 {
     /* Acquire: what the peer wrote before publishing WANT is visible. */
-    uint64_t v = xhc_load_acquire(flag);
-    return exact ? v == want : xhc_seq_reached(v, want);
+    return xhc_value_reached(xhc_load_acquire(flag), want, exact);
 }
 
 /* The futex word of FLAG: its low 32 bits, which change with every new
@@ -85,7 +88,7 @@ static void xhc_sleep(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
     /* Orders my count before my re-read of FLAG (see xhc_wake). */
     atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
     uint64_t v = atomic_load_explicit(flag, memory_order_seq_cst);
-    if (!(exact ? v == want : xhc_seq_reached(v, want)))
+    if (!xhc_value_reached(v, want, exact))
         syscall(SYS_futex, xhc_futex_word(flag), FUTEX_WAIT, (uint32_t)v,
                 &bound, NULL, 0);
     atomic_fetch_sub_explicit(sleepers, 1, memory_order_relaxed);
