@@ -100,7 +100,8 @@ static int xhc_pipe_round(xhc_ctx_t *ctx, struct xhc_pipe *p, size_t off,
         /* Orders the staged chunk before my children read it. */
         xhc_publish(ctx, &mine->staged.seq, t);
     }
-    if (src != p->buf + off && p->nbytes >= XHC_STREAM_MIN)
+    if (src != p->buf + off
+        && p->nbytes * (size_t)ctx->nranks >= XHC_STREAM_FOOTPRINT)
         xhc_copy_stream(p->buf + off, src, len);
     else if (src != p->buf + off)
         memcpy(p->buf + off, src, len);

@@ -14,9 +14,10 @@
 #define XHC_RS_WINDOWS 2 /* reduce-scatter staging windows per rank */
 #define XHC_ALIGNED __attribute__((aligned(XHC_LINE)))
 #define XHC_MAGIC 0x7868632d73686d31ull /* "xhc-shm1" */
-/* Messages from this size on are copied out with streaming stores: their
- * destination would not stay in cache anyway. */
-#define XHC_STREAM_MIN ((size_t)16 << 20)
+/* A Bcast is copied out with streaming stores once the ranks' receive
+ * buffers together reach this size (a large L3): they would not stay in
+ * cache anyway, and streaming skips reading each line before writing. */
+#define XHC_STREAM_FOOTPRINT ((size_t)32 << 20)
 
 /* A flag with data: single writer (the owning rank), read by its tree
  * neighbours.  SEQ announces that NBYTES of DATA (or of the matching

@@ -28,10 +28,9 @@ _barrier_fn = ffi.addressof(lib, "xhc_barrier")
 _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
 
 
-# The automatic Bcast staging depth, when ranks outnumber cores and when
-# not.
-_CROWDED = {"windows": 16}
-_ALONE = {"windows": 2}
+# Bcast staging depth when ranks outnumber cores: windows per rank, at
+# most 32 and within 64 MiB for the node (at least 2).
+_CROWDED_WINDOWS, _CROWDED_STAGING = 32, 64 << 20
 
 
 class Comm(HotComm):
@@ -127,9 +126,10 @@ class Comm(HotComm):
         crowded = self._comm.size > ncpu
         if crowded and not self._spin_given:
             cfg["spin"] = min(cfg["spin"], 16)
-        for key, value in (_CROWDED if crowded else _ALONE).items():
-            if cfg[key] == "auto":
-                cfg[key] = value
+        if cfg["windows"] == "auto":
+            fit = _CROWDED_STAGING // (self._comm.size * cfg["chunk_size"])
+            cfg["windows"] = max(2, min(_CROWDED_WINDOWS, fit)) if crowded \
+                else 2
 
     # -- errors and fallback ------------------------------------------------
 
