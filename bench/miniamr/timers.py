@@ -86,10 +86,11 @@ class TimedComm:
     def __getattr__(self, name):
         return getattr(self._c, name)
 
-    def _log(self, name, nbytes, t0):
-        t1 = now()
+    def _log(self, name, buf, t0, t1):
+        # T1 is read by the caller as the call returns, before this
+        # bookkeeping, which would otherwise count as collective time.
         key = self._k[name]
-        self._stats.add(key, nbytes, t1 - t0)
+        self._stats.add(key, _nbytes(buf), t1 - t0)
         self._keys.append(key)
         self._enter.append(t0)
         self._leave.append(t1)
@@ -118,7 +119,7 @@ class TimedComm:
             self._c.Allreduce(sendbuf, recvbuf)
         else:
             self._c.Allreduce(sendbuf, recvbuf, op=op)
-        self._log("Allreduce", _nbytes(recvbuf), t)
+        self._log("Allreduce", recvbuf, t, now())
 
     def Reduce(self, sendbuf, recvbuf, op=None, root=0):
         t = now()
@@ -126,17 +127,17 @@ class TimedComm:
             self._c.Reduce(sendbuf, recvbuf, root=root)
         else:
             self._c.Reduce(sendbuf, recvbuf, op=op, root=root)
-        self._log("Reduce", _nbytes(sendbuf), t)
+        self._log("Reduce", sendbuf, t, now())
 
     def Bcast(self, buf, root=0):
         t = now()
         self._c.Bcast(buf, root=root)
-        self._log("Bcast", _nbytes(buf), t)
+        self._log("Bcast", buf, t, now())
 
     def Barrier(self):
         t = now()
         self._c.Barrier()
-        self._log("Barrier", 0, t)
+        self._log("Barrier", None, t, now())
 
     def Scan(self, sendbuf, recvbuf, op=None):
         t = now()
@@ -144,20 +145,20 @@ class TimedComm:
             self._c.Scan(sendbuf, recvbuf)
         else:
             self._c.Scan(sendbuf, recvbuf, op=op)
-        self._log("Scan", _nbytes(recvbuf), t)
+        self._log("Scan", recvbuf, t, now())
 
     def Alltoall(self, sendbuf, recvbuf):
         t = now()
         self._c.Alltoall(sendbuf, recvbuf)
-        self._log("Alltoall", _nbytes(sendbuf), t)
+        self._log("Alltoall", sendbuf, t, now())
 
     def Allgather(self, sendbuf, recvbuf):
         t = now()
         self._c.Allgather(sendbuf, recvbuf)
-        self._log("Allgather", _nbytes(recvbuf), t)
+        self._log("Allgather", recvbuf, t, now())
 
     def Split(self, color=0, key=0):
         t = now()
         new = self._c.Split(color, key)
-        self._log("Split", 0, t)
+        self._log("Split", None, t, now())
         return new
