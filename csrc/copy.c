@@ -83,7 +83,7 @@ static int xhc_cma_read(pid_t pid, void *dst, uint64_t addr, size_t len)
 /* [OFFSET, OFFSET+LEN) of a buffer in a shared region, read in place; NULL
  * if SRC is not in one.  A span past the buffer's end (ranks that
  * disagree on a size) sets *RC instead of reading another rank's data. */
-const unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
+unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
                                      const struct xhc_src *src, size_t offset,
                                      size_t len, int *rc)
 {

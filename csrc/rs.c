@@ -14,6 +14,12 @@
  *    Allreduce, the root for Reduce) copies each other slice from its
  *    owner once that owner is done; an in-place receive buffer is safe,
  *    since an owner is done only after it has read everyone's slice.
+ *    When every rank wants it and every receive buffer is in node shared
+ *    memory, the owner pushes instead: it copies each folded chunk, still
+ *    in cache, into every peer's receive buffer before it is done, and
+ *    ranks only wait for all owners to be done.  Each result byte then
+ *    crosses memory once less.  In place is still safe: an owner writes
+ *    only the chunk of its slice it has just read.
  * 4. All ack, and wait for all acks: peers read our buffers until then.
  */
 #include <errno.h>
@@ -78,15 +84,33 @@ static int xhc_rs_chunk(xhc_ctx_t *ctx, const unsigned char *sbuf,
     return 0;
 }
 
+/* Step 3, pushing: copy my folded bytes [OFF, OFF+LEN) of SRC into every
+ * peer's receive buffer. */
+static int xhc_rs_push(xhc_ctx_t *ctx, const unsigned char *src, size_t off,
+                       size_t len)
+{
+    for (int k = 1; k < ctx->nranks; k++) {
+        int p = (ctx->rank + k) % ctx->nranks, rc = 0;
+        unsigned char *to = xhc_region_span(ctx, &ctx->peer_recv[p], off,
+                                            len, &rc);
+        if (!to)
+            return rc ? rc : XHC_ERR_ARG;
+        memcpy(to, src + off, len);
+    }
+    return 0;
+}
+
 static int xhc_rs_reduce_mine(xhc_ctx_t *ctx, uint64_t seq,
                               const unsigned char *sbuf, unsigned char *dst,
-                              const struct xhc_red *r)
+                              const struct xhc_red *r, int push)
 {
     size_t lo, hi, step = ctx->cfg.chunk_size / r->esize;
     xhc_slice(ctx, r, ctx->rank, &lo, &hi);
     for (size_t at = lo; at < hi; at += step) {
-        int rc = xhc_rs_chunk(ctx, sbuf, dst, at,
-                              hi - at < step ? hi - at : step, r);
+        size_t n = hi - at < step ? hi - at : step;
+        int rc = xhc_rs_chunk(ctx, sbuf, dst, at, n, r);
+        if (rc == 0 && push)
+            rc = xhc_rs_push(ctx, dst, at * r->esize, n * r->esize);
         if (rc)
             return rc;
     }
@@ -95,9 +119,10 @@ static int xhc_rs_reduce_mine(xhc_ctx_t *ctx, uint64_t seq,
     return 0;
 }
 
-/* Step 3: copy every other rank's finished slice into RBUF. */
+/* Step 3: copy every other rank's finished slice into RBUF, or, if the
+ * owners PUSHED them, wait until they are all there. */
 static int xhc_rs_gather(xhc_ctx_t *ctx, uint64_t seq, unsigned char *rbuf,
-                         const struct xhc_red *r)
+                         const struct xhc_red *r, int pushed)
 {
     for (int k = 1; k < ctx->nranks; k++) {
         int p = (ctx->rank + k) % ctx->nranks;
@@ -106,7 +131,7 @@ static int xhc_rs_gather(xhc_ctx_t *ctx, uint64_t seq, unsigned char *rbuf,
         if (hi == lo)
             continue;
         int rc = xhc_wait_eq(ctx, &xhc_ctl(ctx, p)->done.seq, seq, p);
-        if (rc == 0)
+        if (rc == 0 && !pushed)
             rc = xhc_peer_read(ctx, p, &ctx->peer_recv[p],
                                lo * r->esize, rbuf + lo * r->esize,
                                (hi - lo) * r->esize, NULL);
@@ -116,14 +141,26 @@ static int xhc_rs_gather(xhc_ctx_t *ctx, uint64_t seq, unsigned char *rbuf,
     return 0;
 }
 
-/* Steps 2-4, once every rank's buffers are known for SEQ: fold my slice
- * into TARGET, gather the others' slices if I want the WHOLE result. */
-int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
-               unsigned char *target, const struct xhc_red *r, int whole)
+/* Is every rank's receive buffer in node shared memory (as of xhc_meet)? */
+int xhc_recvs_shared(const xhc_ctx_t *ctx)
 {
-    int rc = xhc_rs_reduce_mine(ctx, seq, sbuf, target, r);
+    for (int p = 0; p < ctx->nranks; p++)
+        if (ctx->peer_recv[p].region <= 0)
+            return 0;
+    return 1;
+}
+
+/* Steps 2-4, once every rank's buffers are known for SEQ: fold my slice
+ * into TARGET, gather the others' slices if I want the WHOLE result.
+ * PUSH (the same on every rank): every rank wants it, and every receive
+ * buffer is in node shared memory. */
+int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
+               unsigned char *target, const struct xhc_red *r, int whole,
+               int push)
+{
+    int rc = xhc_rs_reduce_mine(ctx, seq, sbuf, target, r, push);
     if (rc == 0 && whole)
-        rc = xhc_rs_gather(ctx, seq, target, r);
+        rc = xhc_rs_gather(ctx, seq, target, r, push);
     if (rc == 0)
         rc = xhc_ack_all(ctx, seq);
     return rc;
@@ -141,5 +178,6 @@ int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
     int rc = xhc_rs_target(ctx, whole ? rbuf : NULL, r, &target);
     if (rc == 0)
         rc = xhc_meet(ctx, seq, sbuf, target, r->nbytes, &in_place);
-    return rc ? rc : xhc_rs_met(ctx, seq, sbuf, target, r, whole);
+    return rc ? rc : xhc_rs_met(ctx, seq, sbuf, target, r, whole,
+                                root < 0 && xhc_recvs_shared(ctx));
 }

@@ -155,10 +155,9 @@ static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
 static int xhc_all_shared(const xhc_ctx_t *ctx)
 {
     for (int p = 0; p < ctx->nranks; p++)
-        if (!xhc_in_region(&ctx->peer_send[p])
-            || !xhc_in_region(&ctx->peer_recv[p]))
+        if (!xhc_in_region(&ctx->peer_send[p]))
             return 0;
-    return 1;
+    return xhc_recvs_shared(ctx);
 }
 
 /* Elements of one owner's part of a window: the staging part, or less,
@@ -190,7 +189,7 @@ int xhc_rs_staged(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
     int rc = xhc_meet(ctx, seq, sbuf, rs.rbuf, r->nbytes,
                       &rs.in_place_reads);
     if (rc == 0 && root < 0 && xhc_all_shared(ctx))
-        return xhc_rs_met(ctx, seq, sbuf, rbuf, r, 1);
+        return xhc_rs_met(ctx, seq, sbuf, rbuf, r, 1, 1);
     for (uint64_t w = 0; rc == 0 && w < windows; w++) {
         uint64_t t = ++ctx->round;
         rc = xhc_stage_reserve(ctx, t, XHC_RS_WINDOWS);

@@ -191,7 +191,7 @@ int xhc_wait_ge(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want, int peer);
 /* copy.c */
 void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
                       struct xhc_src *src);
-const unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
+unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
                                      const struct xhc_src *src, size_t offset,
                                      size_t len, int *rc);
 int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
@@ -231,7 +231,9 @@ int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
                   size_t count, int dtype, int op, int root,
                   xhc_small_fn small);
 int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
-               unsigned char *target, const struct xhc_red *r, int whole);
+               unsigned char *target, const struct xhc_red *r, int whole,
+               int push);
+int xhc_recvs_shared(const xhc_ctx_t *ctx);
 int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                const struct xhc_red *r, int root);
 

@@ -999,7 +999,7 @@ def suite_zerocopy(xcomm, comm, v, sz, args):
                 ref = np.empty(shape, dt)
                 comm.Allreduce(ins[rank], ref, op=mpi_op(op))
                 for mode in ("shared->shared", "IN_PLACE", "shared->private",
-                             "private->shared"):
+                             "private->shared", "shared->mixed"):
                     a[...] = ins[rank]
                     before = xcomm.stats
                     if mode == "IN_PLACE":
@@ -1010,6 +1010,9 @@ def suite_zerocopy(xcomm, comm, v, sz, args):
                         xcomm.Allreduce(a, b, op=mpi_op(op))
                     elif mode == "shared->private":
                         out = np.empty(shape, dt)
+                        xcomm.Allreduce(a, out, op=mpi_op(op))
+                    elif mode == "shared->mixed":  # odd ranks: private
+                        out = b if rank % 2 == 0 else np.empty(shape, dt)
                         xcomm.Allreduce(a, out, op=mpi_op(op))
                     else:
                         out = b
