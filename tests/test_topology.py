@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 
+from mpirun import run_mpi
 from xhc import hierarchy, topology
 from xhc.errors import XhcError
 from xhc.hierarchy import DEFAULTS, build
@@ -214,3 +215,23 @@ def test_info_text_and_errors():
     assert "l3" in proc.stdout and "{0-7}" in proc.stdout
     proc = run_info("--topology", XML, "--ranks", "8", "--hierarchy", "l4")
     assert proc.returncode == 1 and "accepted" in proc.stderr
+
+
+@pytest.mark.parametrize("n, env", [(2, {}), (4, {}),
+                                    (4, {"XHC_WINDOWS": "5", "XHC_SPIN": "99",
+                                         "XHC_SLEEP": "7"})])
+def test_info_reports_waiting_for_the_load(n, env):
+    """Under MPI, info says how ranks will wait and stage: deeper Bcast
+    staging and a short spin only when the ranks outnumber their CPUs,
+    and what the user set always wins."""
+    env = {"XHC_TOPOLOGY": "", **env}
+    proc = run_mpi(n, ["-m", "xhc", "info", "--json"], env=env, timeout=90)
+    w = json.loads(proc.stdout.strip().splitlines()[-1])["waiting"]
+    assert w["ranks"] == n and 1 <= w["cpus"] <= os.cpu_count()
+    assert w["crowded"] == (n > w["cpus"])
+    if env.get("XHC_WINDOWS"):
+        assert (w["bcast_windows"], w["spin"], w["sleep"]) == (5, 99, 7)
+    elif w["crowded"]:
+        assert w["bcast_windows"] > 2 and w["spin"] <= 16 and w["sleep"] == 0
+    else:
+        assert (w["bcast_windows"], w["spin"], w["sleep"]) == (2, 512, 0)

@@ -5,6 +5,7 @@ import json
 import os
 import sys
 
+from . import config
 from .errors import XhcError
 from .hierarchy import DEFAULTS, build, parse_levels
 from .topology import describe, local_locality
@@ -58,6 +59,24 @@ def _transport():
     return name, reason
 
 
+def _waiting(nranks, cpu_sets):
+    """How ranks wait and stage, as xhc.Comm settles it for this load."""
+    cfg = config.resolve()
+    ncpu = len(set().union(*map(set, cpu_sets)))
+    crowded = config.fit_to_load(cfg, nranks, ncpu, "XHC_SPIN" in os.environ)
+    return {"ranks": nranks, "cpus": ncpu, "crowded": crowded,
+            "spin": cfg["spin"], "sleep": cfg["sleep"],
+            "bcast_windows": cfg["windows"]}
+
+
+def _waiting_text(w):
+    sleep = "after %d yields" % w["sleep"] if w["sleep"] else "never"
+    return ("waiting: %d ranks on %d CPUs%s: spin %d polls, then yield; "
+            "sleep %s; Bcast staging %d windows per rank"
+            % (w["ranks"], w["cpus"], " (crowded)" if w["crowded"] else "",
+               w["spin"], sleep, w["bcast_windows"]))
+
+
 def _offline(args):
     """Hierarchy of --ranks simulated ranks placed on --topology cores."""
     if args.topology is None and not os.environ.get("XHC_TOPOLOGY"):
@@ -83,15 +102,18 @@ def _online(args):
         raise XhcError("mpi4py not found: pip install mpi4py (or 'xhc[openmpi]')")
     comm = MPI.COMM_WORLD
     localities = comm.allgather(local_locality(args.topology, index=comm.Get_rank()))
+    cpu_sets = comm.allgather(sorted(os.sched_getaffinity(0)))
     if comm.Get_rank() != 0:
         return 0
+    waiting = _waiting(len(localities), cpu_sets)
     ops = [args.op] if args.op else list(DEFAULTS)
     hierarchies = {op: build(localities, parse_levels(_level_spec(args, op))) for op in ops}
     name, reason = _transport()
     if args.json:
         print(json.dumps({"machine": describe(args.topology), "ranks": len(localities),
                           "hierarchies": {op: _levels_json(h) for op, h in hierarchies.items()},
-                          "transport": {"name": name, "reason": reason}}))
+                          "transport": {"name": name, "reason": reason},
+                          "waiting": waiting}))
         return 0
     print(describe(args.topology))
     print("ranks: %d" % len(localities))
@@ -99,6 +121,7 @@ def _online(args):
         print("%s (%s):" % (op, _level_spec(args, op) or "flat"))
         print("\n".join(_levels_text(levels)))
     print("data movement: %s (%s)" % (name, reason))
+    print(_waiting_text(waiting))
     return 0
 
 

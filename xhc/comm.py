@@ -28,11 +28,6 @@ _barrier_fn = ffi.addressof(lib, "xhc_barrier")
 _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
 
 
-# Bcast staging depth when ranks outnumber cores: windows per rank, at
-# most 32 and within 64 MiB for the node (at least 2).
-_CROWDED_WINDOWS, _CROWDED_STAGING = 32, 64 << 20
-
-
 class Comm(HotComm):
     """Wrap an mpi4py intra-communicator; accelerate Bcast, Barrier,
     Allreduce and Reduce through node shared memory.
@@ -108,10 +103,9 @@ class Comm(HotComm):
                          "levels": self._levels, "config": dict(cfg)}
 
     def _fit_to_load(self, cfg):
-        """When the node runs more ranks than cores, yield almost at once
-        and stage deeper, so that a rank seldom waits for one that is not
-        running (what the user chose stands).  Sleeping and staging must
-        be alike on every rank."""
+        """Settle the waiting and staging tunables for the node's load
+        (config.fit_to_load); sleeping and staging must be alike on every
+        rank."""
         shared = ("sleep", "windows")
         mine = (sorted(os.sched_getaffinity(0)), [cfg[k] for k in shared])
         everyone = self._comm.allgather(mine)
@@ -123,13 +117,7 @@ class Comm(HotComm):
                     f"{sorted(values)}: set XHC_{key.upper()} (or {key}=) "
                     "alike on every rank")
         ncpu = len(set().union(*(set(cpus) for cpus, _ in everyone)))
-        crowded = self._comm.size > ncpu
-        if crowded and not self._spin_given:
-            cfg["spin"] = min(cfg["spin"], 16)
-        if cfg["windows"] == "auto":
-            fit = _CROWDED_STAGING // (self._comm.size * cfg["chunk_size"])
-            cfg["windows"] = max(2, min(_CROWDED_WINDOWS, fit)) if crowded \
-                else 2
+        config.fit_to_load(cfg, self._comm.size, ncpu, self._spin_given)
 
     # -- errors and fallback ------------------------------------------------
 

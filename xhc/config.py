@@ -31,14 +31,21 @@ def parse_size(text):
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
+def _whole(text):
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+
+
 def _auto_or_int(text):
-    return "auto" if str(text).lower() == "auto" else int(text)
+    return "auto" if str(text).lower() == "auto" else _whole(text)
 
 
 _PARSERS = {"cico_max": parse_size, "chunk_size": parse_size,
-            "timeout": float, "spin": int, "copy": str.lower,
-            "sleep": int, "windows": _auto_or_int,
-            "seq_start": int, "debug": lambda v: str(v).lower() in
+            "timeout": float, "spin": _whole, "copy": str.lower,
+            "sleep": _whole, "windows": _auto_or_int,
+            "seq_start": _whole, "debug": lambda v: str(v).lower() in
             ("1", "true", "yes", "on")}
 
 
@@ -73,6 +80,28 @@ def _validate(cfg):
         raise ValueError("windows must be auto or 2 to 64")
     if cfg["copy"] not in ("auto", "xpmem", "cma", "cico"):
         raise ValueError("copy must be auto, xpmem, cma or cico")
+
+
+# Bcast staging depth when ranks outnumber CPUs: windows per rank, at most
+# 32 and within 64 MiB for the node.
+_CROWDED_WINDOWS, _CROWDED_STAGING = 32, 64 << 20
+
+
+def fit_to_load(cfg, nranks, ncpu, spin_given=False):
+    """Settle CFG for NRANKS ranks on NCPU CPUs; return True if crowded.
+
+    When ranks outnumber the CPUs, a waiting rank yields almost at once
+    and Bcast stages deeper, so that a rank seldom waits for one that is
+    not running.  What the user chose stands.
+    """
+    crowded = nranks > ncpu
+    if crowded and not spin_given:
+        cfg["spin"] = min(cfg["spin"], 16)
+    if cfg["windows"] == "auto":
+        fit = _CROWDED_STAGING // (nranks * cfg["chunk_size"])
+        cfg["windows"] = max(2, min(_CROWDED_WINDOWS, fit)) if crowded \
+            else 2
+    return crowded
 
 
 def hierarchies(hierarchy=None):

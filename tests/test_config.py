@@ -1,0 +1,57 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Tunables: parsing, validation, and how they settle for the node's load."""
+import os
+
+import pytest
+
+from xhc import config
+
+
+@pytest.fixture(autouse=True)
+def _no_xhc_environment(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("XHC_"):
+            monkeypatch.delenv(key)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("sleep", "soon", r"XHC_SLEEP\): 'soon' is not a whole number"),
+    ("sleep", "-1", r"sleep must be 0 \(never\) or a count of yields"),
+    ("windows", "many", r"XHC_WINDOWS\): 'many' is not a whole number"),
+    ("windows", "1", r"windows must be auto or 2 to 64"),
+    ("windows", "65", r"windows must be auto or 2 to 64"),
+    ("spin", "-3", r"spin must be 0 or more"),
+])
+def test_bad_values_name_the_variable(monkeypatch, key, value, message):
+    monkeypatch.setenv("XHC_" + key.upper(), value)
+    with pytest.raises(ValueError, match=message):
+        config.resolve()
+
+
+def test_keyword_wins_over_environment(monkeypatch):
+    monkeypatch.setenv("XHC_WINDOWS", "9")
+    assert config.resolve()["windows"] == 9
+    assert config.resolve(windows="AUTO")["windows"] == "auto"
+    assert config.resolve(windows=4, sleep=256)["windows"] == 4
+
+
+@pytest.mark.parametrize("nranks, ncpu, chunk, windows, spin", [
+    (2, 2, 256 << 10, 2, 512),     # one rank per CPU: as configured
+    (1, 64, 256 << 10, 2, 512),
+    (4, 2, 256 << 10, 32, 16),     # crowded: deep Bcast staging, short spin
+    (8, 2, 256 << 10, 32, 16),     # 8 x 32 x 256 KiB = 64 MiB
+    (16, 8, 256 << 10, 16, 16),    # the node's 64 MiB caps the depth
+    (128, 64, 256 << 10, 2, 16),   # never fewer than 2
+    (8, 2, 1 << 20, 8, 16),        # larger chunks, fewer windows
+])
+def test_fit_to_load(nranks, ncpu, chunk, windows, spin):
+    cfg = config.resolve(chunk_size=chunk)
+    crowded = config.fit_to_load(cfg, nranks, ncpu)
+    assert crowded == (nranks > ncpu)
+    assert (cfg["windows"], cfg["spin"], cfg["sleep"]) == (windows, spin, 0)
+
+
+def test_fit_to_load_keeps_what_the_user_chose():
+    cfg = config.resolve(windows=3, spin=700, sleep=5)
+    assert config.fit_to_load(cfg, 8, 2, spin_given=True)
+    assert (cfg["windows"], cfg["spin"], cfg["sleep"]) == (3, 700, 5)
