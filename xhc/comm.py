@@ -34,8 +34,8 @@ class Comm(HotComm):
 
     Creating one is collective over COMM.  Every attribute xhc does not
     define passes through to COMM.  Keywords (each also an XHC_* variable):
-    hierarchy, topology, cico_max, chunk_size, timeout, spin, sleep, copy,
-    debug.
+    hierarchy, topology, cico_max, chunk_size, timeout, spin, sleep,
+    windows, copy, debug.
     """
 
     def __init__(self, comm, *, hierarchy=None, topology=None, **tunables):

@@ -11,7 +11,7 @@ DEFAULTS = {
     "timeout": 120.0,         # seconds to wait for a peer before failing
     "spin": 512,              # polls before a waiting rank yields
     "sleep": 0,               # yields before a waiting rank sleeps; 0: never
-    "windows": "auto",        # staging windows per rank (large messages)
+    "windows": "auto",        # Bcast staging windows per rank
     "copy": "auto",           # large messages: auto | xpmem | cma | cico
     "seq_start": 0,           # first sequence number (tests of wrap-around)
     "debug": False,           # check arguments agree across ranks
