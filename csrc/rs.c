@@ -87,7 +87,7 @@ static int xhc_rs_chunk(xhc_ctx_t *ctx, const unsigned char *sbuf,
 /* Step 3, pushing: copy my folded bytes [OFF, OFF+LEN) of SRC into every
  * peer's receive buffer. */
 static int xhc_rs_push(xhc_ctx_t *ctx, const unsigned char *src, size_t off,
-                       size_t len)
+                       size_t len, int stream)
 {
     for (int k = 1; k < ctx->nranks; k++) {
         int p = (ctx->rank + k) % ctx->nranks, rc = 0;
@@ -95,7 +95,10 @@ static int xhc_rs_push(xhc_ctx_t *ctx, const unsigned char *src, size_t off,
                                             len, &rc);
         if (!to)
             return rc ? rc : XHC_ERR_ARG;
-        memcpy(to, src + off, len);
+        if (stream)
+            xhc_copy_stream(to, src + off, len);
+        else
+            memcpy(to, src + off, len);
     }
     return 0;
 }
@@ -110,7 +113,9 @@ static int xhc_rs_reduce_mine(xhc_ctx_t *ctx, uint64_t seq,
         size_t n = hi - at < step ? hi - at : step;
         int rc = xhc_rs_chunk(ctx, sbuf, dst, at, n, r);
         if (rc == 0 && push)
-            rc = xhc_rs_push(ctx, dst, at * r->esize, n * r->esize);
+            rc = xhc_rs_push(ctx, dst, at * r->esize, n * r->esize,
+                             r->nbytes * (size_t)ctx->nranks
+                             >= XHC_STREAM_FOOTPRINT);
         if (rc)
             return rc;
     }
