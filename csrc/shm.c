@@ -2,7 +2,9 @@
 /* shm.c: the node-wide segment: its size, creation, opening, unlinking.
  *
  * 1. One rank creates the segment (O_EXCL, mode 0600, a name the front end
- *    makes unguessable) and sizes it; the kernel hands out zeroed pages.
+ *    makes unguessable), sizes it and reserves its pages, so that a full
+ *    /dev/shm is an error now rather than a SIGBUS at a later touch; the
+ *    kernel hands out zeroed pages.
  * 2. Every rank opens and maps it (xhc_ctx_open), then the creator unlinks
  *    it at once, so no crash afterwards can leave it in /dev/shm.
  */
@@ -10,6 +12,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "xhc_internal.h"
@@ -53,19 +56,31 @@ size_t xhc_segment_size(int nranks, const xhc_config_t *cfg)
     return xhc_bstage_offset(nranks, cfg) + xhc_round_up(stage, 4096);
 }
 
+/* Size FD to SIZE bytes and reserve them: -ENOSPC at once if the file
+ * system has not that much free (reserving would first fill it). */
+static int xhc_shm_reserve(int fd, size_t size)
+{
+    struct statvfs vfs;
+    if (fstatvfs(fd, &vfs) == 0
+        && (unsigned long long)vfs.f_bavail * vfs.f_frsize < size)
+        return -ENOSPC;
+    if (ftruncate(fd, (off_t)size) != 0)
+        return -errno;
+    int err = posix_fallocate(fd, 0, (off_t)size);
+    /* A file system that cannot reserve still works, as before. */
+    return err == EINVAL || err == EOPNOTSUPP ? 0 : -err;
+}
+
 int xhc_shm_create(const char *name, size_t size)
 {
     int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0)
         return -errno;
-    if (ftruncate(fd, (off_t)size) != 0) {
-        int err = -errno;
-        close(fd);
-        shm_unlink(name);
-        return err;
-    }
+    int err = xhc_shm_reserve(fd, size);
     close(fd);
-    return 0;
+    if (err)
+        shm_unlink(name);
+    return err;
 }
 
 int xhc_shm_open(const char *name)

@@ -41,6 +41,9 @@ def error(rc, what, ctx=None, pids=None):
         msg += ")"
     if rc == lib.XHC_ERR_COPY and ctx and lib.xhc_failed_rank(ctx) >= 0:
         msg += f" (reading rank {lib.xhc_failed_rank(ctx)})"
+    if rc == -errno.ENOSPC:
+        msg += (" (/dev/shm has not that much free: free space there, "
+                "mount it larger, or use smaller arrays)")
     if rc == lib.XHC_ERR_FREED:
         return XhcError("xhc.Comm already freed", rc)
     if rc in _USAGE:

@@ -89,6 +89,8 @@ class _LibProxy:
             st = os.stat("/dev/shm/" + name.decode().lstrip("/"))
             emit("SEGMODE", name.decode(), f"mode={st.st_mode & 0o777:04o}",
                  f"uid={st.st_uid}")
+        else:
+            emit("SEGFAIL", name.decode(), f"rc={rc}")
         return rc
 
 
@@ -180,6 +182,12 @@ def intercomm_case():
         local.Free()
 
 
+def more_than_shm_free():
+    """A size /dev/shm cannot hold, the same on every rank."""
+    vfs = os.statvfs("/dev/shm")
+    return W.bcast(vfs.f_bavail * vfs.f_frsize + (1 << 30))
+
+
 def suite_args(xc):
     n, last = SIZE, SIZE - 1
     ro = readonly(f8(4))
@@ -231,6 +239,7 @@ def suite_args(xc):
         ("sleep-differs", lambda c: xhc.Comm(W, sleep=RANK)),
         ("windows-differs", lambda c: xhc.Comm(W, windows=2 + RANK)),
         ("windows-one", lambda c: xhc.Comm(W, windows=1)),
+        ("empty-too-large", lambda c: c.empty(more_than_shm_free(), np.uint8)),
     ]
     return run_cases(xc, cases)
 
