@@ -52,7 +52,7 @@ static int xhc_bcast_small(xhc_ctx_t *ctx, const struct xhc_view *v,
  * buffer in place: from node shared memory, or with CMA or XPMEM. */
 static int xhc_stages(const xhc_ctx_t *ctx, const struct xhc_src *src)
 {
-    return src->region == 0 && !xhc_single_copy(ctx);
+    return !xhc_in_region(src) && !xhc_single_copy(ctx);
 }
 
 struct xhc_pipe {

@@ -59,7 +59,7 @@ int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
             return rc;
         ctx->peer_send[p] = pb->send;
         ctx->peer_recv[p] = pb->recv;
-        *in_place |= pb->send.region > 0 || pb->recv.region > 0;
+        *in_place |= xhc_in_region(&pb->send) || xhc_in_region(&pb->recv);
     }
     return 0;
 }
@@ -84,8 +84,8 @@ static int xhc_cma_read(pid_t pid, void *dst, uint64_t addr, size_t len)
  * if SRC is not in one.  A span past the buffer's end (ranks that
  * disagree on a size) sets *RC instead of reading another rank's data. */
 unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
-                                     const struct xhc_src *src, size_t offset,
-                                     size_t len, int *rc)
+                               const struct xhc_src *src, size_t offset,
+                               size_t len, int *rc)
 {
     if (src->region <= 0 || src->region > ctx->nregions)
         return NULL;
@@ -128,8 +128,6 @@ int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
     return rc;
 }
 
-/* Where peers find my probe word (set at open), and let them read it
- * with CMA. */
 /* Copy LEN bytes to DST with non-temporal stores where the CPU has them.
  * For a destination too large to stay in cache this skips reading every
  * line before overwriting it: a third less memory traffic. */
@@ -161,6 +159,8 @@ void xhc_copy_stream(void *dst, const void *src, size_t len)
 #endif
 }
 
+/* Where peers find my probe word (set at open), and let them read it
+ * with CMA. */
 uintptr_t xhc_ctx_probe_address(xhc_ctx_t *ctx)
 {
     /* Yama's ptrace_scope=1 lets only ancestors read us; ranks are

@@ -150,7 +150,7 @@ static int xhc_rs_gather(xhc_ctx_t *ctx, uint64_t seq, unsigned char *rbuf,
 int xhc_recvs_shared(const xhc_ctx_t *ctx)
 {
     for (int p = 0; p < ctx->nranks; p++)
-        if (ctx->peer_recv[p].region <= 0)
+        if (!xhc_in_region(&ctx->peer_recv[p]))
             return 0;
     return 1;
 }

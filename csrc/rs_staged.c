@@ -48,11 +48,6 @@ static size_t xhc_part_at(const struct xhc_rs *rs, int i)
     return rs->sole < 0 ? (size_t)i * rs->part : 0;
 }
 
-static int xhc_in_region(const struct xhc_src *src)
-{
-    return src->region > 0;
-}
-
 /* Elements [*LO, *LO + return) of window W owned by rank I. */
 static size_t xhc_part(const struct xhc_rs *rs, int nranks, uint64_t w,
                        int i, size_t *lo)

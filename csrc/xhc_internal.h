@@ -192,8 +192,8 @@ int xhc_wait_ge(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want, int peer);
 void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
                       struct xhc_src *src);
 unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
-                                     const struct xhc_src *src, size_t offset,
-                                     size_t len, int *rc);
+                               const struct xhc_src *src, size_t offset,
+                               size_t len, int *rc);
 int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
              size_t nbytes, int *in_place);
 void xhc_copy_stream(void *dst, const void *src, size_t len);
@@ -247,6 +247,12 @@ int xhc_rs_staged(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
 static inline int xhc_single_copy(const xhc_ctx_t *ctx)
 {
     return ctx->cfg.copy == XHC_COPY_CMA || ctx->cfg.copy == XHC_COPY_XPMEM;
+}
+
+/* Is SRC a buffer in a registered shared region (read in place)? */
+static inline int xhc_in_region(const struct xhc_src *src)
+{
+    return src->region > 0;
 }
 
 /* The word RANK keeps for peers' probe reads (CMA or XPMEM). */
