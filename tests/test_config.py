@@ -46,12 +46,15 @@ def test_keyword_wins_over_environment(monkeypatch):
 ])
 def test_fit_to_load(nranks, ncpu, chunk, windows, spin):
     cfg = config.resolve(chunk_size=chunk)
-    crowded = config.fit_to_load(cfg, nranks, ncpu)
-    assert crowded == (nranks > ncpu)
+    # Ranks bound round-robin to the CPUs, as mpiexec --bind-to core would.
+    cpu_sets = [[r % ncpu] for r in range(nranks)]
+    crowded, cpus = config.fit_to_load(cfg, cpu_sets)
+    assert crowded == (nranks > ncpu) and cpus == min(nranks, ncpu)
     assert (cfg["windows"], cfg["spin"], cfg["sleep"]) == (windows, spin, 0)
 
 
 def test_fit_to_load_keeps_what_the_user_chose():
     cfg = config.resolve(windows=3, spin=700, sleep=5)
-    assert config.fit_to_load(cfg, 8, 2, spin_given=True)
+    assert config.fit_to_load(cfg, [[0, 1]] * 8, spin_given=True) == \
+        (True, 2)
     assert (cfg["windows"], cfg["spin"], cfg["sleep"]) == (3, 700, 5)

@@ -59,12 +59,11 @@ def _transport():
     return name, reason
 
 
-def _waiting(nranks, cpu_sets):
+def _waiting(cpu_sets):
     """How ranks wait and stage, as xhc.Comm settles it for this load."""
     cfg = config.resolve()
-    ncpu = len(set().union(*map(set, cpu_sets)))
-    crowded = config.fit_to_load(cfg, nranks, ncpu, "XHC_SPIN" in os.environ)
-    return {"ranks": nranks, "cpus": ncpu, "crowded": crowded,
+    crowded, ncpu = config.fit_to_load(cfg, cpu_sets, "XHC_SPIN" in os.environ)
+    return {"ranks": len(cpu_sets), "cpus": ncpu, "crowded": crowded,
             "spin": cfg["spin"], "sleep": cfg["sleep"],
             "bcast_windows": cfg["windows"]}
 
@@ -105,7 +104,7 @@ def _online(args):
     cpu_sets = comm.allgather(sorted(os.sched_getaffinity(0)))
     if comm.Get_rank() != 0:
         return 0
-    waiting = _waiting(len(localities), cpu_sets)
+    waiting = _waiting(cpu_sets)
     ops = [args.op] if args.op else list(DEFAULTS)
     hierarchies = {op: build(localities, parse_levels(_level_spec(args, op))) for op in ops}
     name, reason = _transport()

@@ -116,8 +116,8 @@ class Comm(HotComm):
                     f"xhc: ranks were given different {key} values "
                     f"{sorted(values)}: set XHC_{key.upper()} (or {key}=) "
                     "alike on every rank")
-        ncpu = len(set().union(*(set(cpus) for cpus, _ in everyone)))
-        config.fit_to_load(cfg, self._comm.size, ncpu, self._spin_given)
+        config.fit_to_load(cfg, [cpus for cpus, _ in everyone],
+                           self._spin_given)
 
     # -- errors and fallback ------------------------------------------------
 

@@ -87,13 +87,15 @@ def _validate(cfg):
 _CROWDED_WINDOWS, _CROWDED_STAGING = 32, 64 << 20
 
 
-def fit_to_load(cfg, nranks, ncpu, spin_given=False):
-    """Settle CFG for NRANKS ranks on NCPU CPUs; return True if crowded.
+def fit_to_load(cfg, cpu_sets, spin_given=False):
+    """Settle CFG for ranks with the CPU affinities CPU_SETS (one per
+    rank); return (crowded, number of CPUs they may run on).
 
-    When ranks outnumber the CPUs, a waiting rank yields almost at once
+    When ranks outnumber those CPUs, a waiting rank yields almost at once
     and Bcast stages deeper, so that a rank seldom waits for one that is
     not running.  What the user chose stands.
     """
+    nranks, ncpu = len(cpu_sets), len(set().union(*map(set, cpu_sets)))
     crowded = nranks > ncpu
     if crowded and not spin_given:
         cfg["spin"] = min(cfg["spin"], 16)
@@ -101,7 +103,7 @@ def fit_to_load(cfg, nranks, ncpu, spin_given=False):
         fit = _CROWDED_STAGING // (nranks * cfg["chunk_size"])
         cfg["windows"] = max(2, min(_CROWDED_WINDOWS, fit)) if crowded \
             else 2
-    return crowded
+    return crowded, ncpu
 
 
 def hierarchies(hierarchy=None):
