@@ -116,6 +116,116 @@ def _cat(chunks):
     return np.concatenate(chunks)
 
 
+class _Planner:
+    """One rank's ghost-exchange plan, collected face by face.
+
+    ``loc[d]`` holds the on-rank copies of phase D (flat index chunks);
+    ``remote[d][(partner, "s"|"r", type)]`` the links with other ranks, as
+    lists of (keys, index matrices) that are sorted by key afterwards.
+    """
+
+    def __init__(self, pat, mesh, rank):
+        self.P, self.mesh, self.rank = pat, mesh, rank
+        self.own = mesh.own(rank)
+        self.n = len(mesh)
+        self.slot = np.full(self.n, -1, np.int64)
+        self.slot[self.own] = np.arange(len(self.own))
+        self.loc = [{k: [] for k in ("copy_dst", "copy_src", "f2c_dst",
+                                     "f2c_src", "c2f_dst", "c2f_src")}
+                    for _ in range(3)]
+        self.remote = [{} for _ in range(3)]
+        self.stats = dict.fromkeys(("local", "remote", "boundary",
+                                    "interlevel", "interlevel_remote"), 0)
+
+    def idx(self, slots, qoff, pat):
+        if not len(slots):
+            return np.zeros((0, len(pat)), np.int64)
+        return (slots[:, None] * self.P.BS + np.asarray(qoff)[..., None]
+                + pat[None, :])
+
+    def idx4(self, slots, pat4):          # -> (m, 4, k)
+        return slots[:, None, None] * self.P.BS + pat4[None, :, :]
+
+    def face(self, f):
+        """Plan face F of every block of this rank."""
+        kind, nbr = self.mesh.face_neighbors(self.own, f)
+        r = np.flatnonzero(kind == BOUNDARY)       # reflect
+        self.local(f, "copy", self.idx(r, 0, self.P.same_dst[f]),
+                   self.idx(r, 0, self.P.bc_src[f]))
+        self.stats["boundary"] += len(r)
+        r = np.flatnonzero(kind == SAME)
+        self.same(f, r, nbr[r, 0])
+        r = np.flatnonzero(kind == COARSER)
+        self.fine_side(f, r, nbr[r, 0])
+        r = np.flatnonzero(kind == FINER)
+        for q in range(4):
+            self.coarse_side(f, q, r, nbr[r, q])
+
+    def local(self, f, what, dst, src):
+        L = self.loc[f >> 1]
+        L[what + "_dst"].append(dst.ravel())
+        L[what + "_src"].append(src if what == "f2c" else src.ravel())
+
+    def split(self, r, nb):
+        """Blocks R with neighbours NB: which neighbours are on this rank,
+        and the blocks and neighbours that are not."""
+        here = self.mesh.owner[nb] == self.rank
+        self.stats["local"] += int(here.sum())
+        self.stats["remote"] += int(len(r) - here.sum())
+        return here, r[~here], nb[~here]
+
+    def links(self, f, rr, nn, recv, send):
+        """Links of face F between my blocks RR and remote neighbours NN:
+        RECV and SEND are (link type, index matrix)."""
+        d, mine = f >> 1, self.own[rr]
+        n, owner = self.n, self.mesh.owner[nn]
+        for side, (typ, mats), (a, rf, b) in (("r", recv, (mine, f, nn)),
+                                              ("s", send, (nn, f ^ 1, mine))):
+            keys = ((typ * n + a) * 6 + rf) * n + b
+            for p in np.unique(owner).tolist():
+                sel = owner == p
+                self.remote[d].setdefault((p, side, typ), []).append(
+                    (keys[sel], mats[sel]))
+
+    def same(self, f, r, nb):
+        P = self.P
+        here, rr, nn = self.split(r, nb)
+        self.local(f, "copy", self.idx(r[here], 0, P.same_dst[f]),
+                   self.idx(self.slot[nb[here]], 0, P.same_src[f]))
+        self.links(f, rr, nn, (T_SAME, self.idx(rr, 0, P.same_dst[f])),
+                   (T_SAME, self.idx(rr, 0, P.same_src[f ^ 1])))
+
+    def fine_side(self, f, r, nb):
+        """Blocks R are the fine side of face F; NB their coarse neighbour."""
+        P = self.P
+        t1, t2 = TANGENTS[f >> 1]
+        pos = self.mesh.pos[self.own[r]]
+        myq = (pos[:, t1] & 1) * 2 + (pos[:, t2] & 1)
+        here, rr, nn = self.split(r, nb)
+        self.local(f, "c2f", self.idx(r[here], 0, P.c2f_dst[f]),
+                   self.idx(self.slot[nb[here]], P.qoff[f][myq[here]],
+                            P.c2f_src[f][P.c2f_rep[f]]))
+        self.links(f, rr, nn, (T_C2F, self.idx(rr, 0, P.c2f_dst[f])),
+                   (T_F2C, self.idx4(rr, P.f2c_src4[f ^ 1])))
+        self.interlevel(r, rr)
+
+    def coarse_side(self, f, q, r, nb):
+        """Blocks R are the coarse side of face F; NB their quarter-Q
+        fine neighbour."""
+        P = self.P
+        here, rr, nn = self.split(r, nb)
+        self.local(f, "f2c", self.idx(r[here], P.qoff[f][q], P.f2c_dst[f]),
+                   self.idx4(self.slot[nb[here]], P.f2c_src4[f]))
+        self.links(f, rr, nn,
+                   (T_F2C, self.idx(rr, P.qoff[f][q], P.f2c_dst[f])),
+                   (T_C2F, self.idx(rr, P.qoff[f ^ 1][q], P.c2f_src[f ^ 1])))
+        self.interlevel(r, rr)
+
+    def interlevel(self, r, rr):
+        self.stats["interlevel"] += len(r)
+        self.stats["interlevel_remote"] += len(rr)
+
+
 class GhostExchange:
     """Plan and perform the ghost-cell exchange of one rank."""
 
@@ -127,119 +237,28 @@ class GhostExchange:
 
     # -- planning -------------------------------------------------------------
     def build(self, mesh, rank):
-        P = self.pat
-        BS = P.BS
-        own = mesh.own(rank)
-        n = len(mesh)
-        slot = np.full(n, -1, np.int64)
-        slot[own] = np.arange(len(own))
-        owner = mesh.owner
-        loc = [{k: [] for k in ("copy_dst", "copy_src", "f2c_dst",
-                                "f2c_src", "c2f_dst", "c2f_src")}
-               for _ in range(3)]
-        # remote[d][(partner, "s"|"r", type)] -> list of (keys, mats[, pat])
-        remote = [{} for _ in range(3)]
-        stats = {"local": 0, "remote": 0, "boundary": 0, "interlevel": 0,
-                 "interlevel_remote": 0}
-
-        def idx(slots, qoff, pat):
-            return (slots[:, None] * BS + np.asarray(qoff)[..., None]
-                    + pat[None, :]) if len(slots) else \
-                np.zeros((0, len(pat)), np.int64)
-
-        def idx4(slots, pat4):          # -> (m, 4, k)
-            return slots[:, None, None] * BS + pat4[None, :, :]
-
-        def key(typ, recv, rf, send):
-            return ((typ * n + recv) * 6 + rf) * n + send
-
-        def add_remote(d, partners, side, typ, keys, mats):
-            for p in np.unique(partners).tolist():
-                sel = partners == p
-                remote[d].setdefault((p, side, typ), []).append(
-                    (keys[sel], mats[sel]))
-
+        plan = _Planner(self.pat, mesh, rank)
         for f in range(6):
-            d = f >> 1
-            t1, t2 = TANGENTS[d]
-            fo = f ^ 1
-            L = loc[d]
-            kind, nbr = mesh.face_neighbors(own, f)
-            # domain boundary: reflect
-            r = np.flatnonzero(kind == BOUNDARY)
-            L["copy_dst"].append(idx(r, 0, P.same_dst[f]).ravel())
-            L["copy_src"].append(idx(r, 0, P.bc_src[f]).ravel())
-            stats["boundary"] += len(r)
-            # same level
-            r = np.flatnonzero(kind == SAME)
-            nb = nbr[r, 0]
-            here = owner[nb] == rank
-            L["copy_dst"].append(idx(r[here], 0, P.same_dst[f]).ravel())
-            L["copy_src"].append(idx(slot[nb[here]], 0, P.same_src[f]).ravel())
-            rr, nn = r[~here], nb[~here]
-            pp = owner[nn]
-            add_remote(d, pp, "r", T_SAME, key(T_SAME, own[rr], f, nn),
-                       idx(rr, 0, P.same_dst[f]))
-            add_remote(d, pp, "s", T_SAME, key(T_SAME, nn, fo, own[rr]),
-                       idx(rr, 0, P.same_src[fo]))
-            stats["local"] += int(here.sum())
-            stats["remote"] += len(rr)
-            # coarser neighbour: this block is the fine side
-            r = np.flatnonzero(kind == COARSER)
-            nb = nbr[r, 0]
-            myq = (mesh.pos[own[r], t1] & 1) * 2 + (mesh.pos[own[r], t2] & 1)
-            here = owner[nb] == rank
-            L["c2f_dst"].append(idx(r[here], 0, P.c2f_dst[f]).ravel())
-            L["c2f_src"].append(idx(slot[nb[here]], P.qoff[f][myq[here]],
-                                    P.c2f_src[f][P.c2f_rep[f]]).ravel())
-            rr, nn = r[~here], nb[~here]
-            pp = owner[nn]
-            add_remote(d, pp, "r", T_C2F, key(T_C2F, own[rr], f, nn),
-                       idx(rr, 0, P.c2f_dst[f]))
-            add_remote(d, pp, "s", T_F2C, key(T_F2C, nn, fo, own[rr]),
-                       idx4(rr, P.f2c_src4[fo]))
-            stats["interlevel"] += len(r)
-            stats["interlevel_remote"] += len(rr)
-            stats["local"] += int(here.sum())
-            stats["remote"] += len(rr)
-            # finer neighbours: this block is the coarse side, 4 quarters
-            r = np.flatnonzero(kind == FINER)
-            for q in range(4):
-                nb = nbr[r, q]
-                here = owner[nb] == rank
-                L["f2c_dst"].append(idx(r[here], P.qoff[f][q],
-                                        P.f2c_dst[f]).ravel())
-                L["f2c_src"].append(idx4(slot[nb[here]], P.f2c_src4[f]))
-                rr, nn = r[~here], nb[~here]
-                pp = owner[nn]
-                add_remote(d, pp, "r", T_F2C, key(T_F2C, own[rr], f, nn),
-                           idx(rr, P.qoff[f][q], P.f2c_dst[f]))
-                add_remote(d, pp, "s", T_C2F, key(T_C2F, nn, fo, own[rr]),
-                           idx(rr, P.qoff[fo][q], P.c2f_src[fo]))
-                stats["interlevel"] += len(r)
-                stats["interlevel_remote"] += len(rr)
-                stats["local"] += int(here.sum())
-                stats["remote"] += len(rr)
+            plan.face(f)
+        self.phases = [self._phase(plan, d) for d in range(3)]
+        self.links = plan.stats
 
-        self.phases = []
-        for d in range(3):
-            L = loc[d]
-            ph = _Phase()
-            ph.copy_dst = _cat(L["copy_dst"])
-            ph.copy_src = _cat(L["copy_src"])
-            ph.c2f_dst = _cat(L["c2f_dst"])
-            ph.c2f_src = _cat(L["c2f_src"])
-            ph.f2c_dst = _cat(L["f2c_dst"])
-            f2c = [m for m in L["f2c_src"] if len(m)]
-            ph.f2c_src = (np.concatenate(f2c).transpose(1, 0, 2).ravel()
-                          if f2c else np.zeros(0, np.int64))
-            ph.partners = []
-            for p in sorted({k[0] for k in remote[d]}):
-                ph.partners.append(self._partner(p, remote[d], P, d))
-            ph.n_local = len(ph.copy_dst) + len(ph.c2f_dst) + len(ph.f2c_dst)
-            ph.n_remote = sum(pr.rlen for pr in ph.partners)
-            self.phases.append(ph)
-        self.links = stats
+    def _phase(self, plan, d):
+        L = plan.loc[d]
+        ph = _Phase()
+        ph.copy_dst = _cat(L["copy_dst"])
+        ph.copy_src = _cat(L["copy_src"])
+        ph.c2f_dst = _cat(L["c2f_dst"])
+        ph.c2f_src = _cat(L["c2f_src"])
+        ph.f2c_dst = _cat(L["f2c_dst"])
+        f2c = [m for m in L["f2c_src"] if len(m)]
+        ph.f2c_src = (np.concatenate(f2c).transpose(1, 0, 2).ravel()
+                      if f2c else np.zeros(0, np.int64))
+        ph.partners = [self._partner(p, plan.remote[d], self.pat, d)
+                       for p in sorted({k[0] for k in plan.remote[d]})]
+        ph.n_local = len(ph.copy_dst) + len(ph.c2f_dst) + len(ph.f2c_dst)
+        ph.n_remote = sum(pr.rlen for pr in ph.partners)
+        return ph
 
     @staticmethod
     def _sorted(chunks):
