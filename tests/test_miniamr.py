@@ -52,19 +52,32 @@ def run(n, coll, tmp_path):
     return load(out)
 
 
-@pytest.fixture(scope="module")
-def serial(tmp_path_factory):
-    """The reference: one process, no mpiexec (MPI singleton)."""
-    out = tmp_path_factory.mktemp("serial") / "miniamr-serial.json"
+def run_serial(*args):
+    """One process, no mpiexec (MPI singleton): the finished process."""
     env = dict(os.environ, **MPI_ENV)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (ROOT, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "bench.miniamr", "--coll", "mpi",
-           *decomp_args(1), *PROBLEM, "--json", str(out)]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True,
-                       timeout=120, check=False)
-    assert p.returncode == 0, f"{cmd} exited {p.returncode}\n{p.stdout}\n{p.stderr}"
+           *decomp_args(1), *PROBLEM, *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    """The reference run."""
+    out = tmp_path_factory.mktemp("serial") / "miniamr-serial.json"
+    p = run_serial("--json", str(out))
+    assert p.returncode == 0, f"{p.args} exited {p.returncode}\n{p.stdout}\n{p.stderr}"
     return load(out)
+
+
+def test_a_checksum_beyond_the_tolerance_fails_the_run():
+    # the sums move by ~1e-15 relative per stage: beyond a tolerance of 1e-30
+    p = run_serial("--num_tsteps", "1", "--error_tol", "30")
+    assert p.returncode == 1, p.stderr
+    assert "Time step 1 stage 0 sum" in p.stdout
+    assert "too large (tol 1e-30)" in p.stdout
 
 
 def values(rep):

@@ -84,8 +84,8 @@ class Run:
             print(*a, flush=True)
 
     def execute(self):
-        o, T = self.o, self.timers
-        calc = stencil(o.stencil)
+        o = self.o
+        self.calc = stencil(o.stencil)
         history = []
         if not self.check:
             self.say("note: the 27-point stencil does not conserve the sum "
@@ -100,48 +100,77 @@ class Run:
         for ts in range(1, o.num_tsteps + 1):
             for stage in range(o.stages_per_ts):
                 order = PERMUTATIONS[comm_stage % 6] if o.permute else (0, 1, 2)
-                for s in range(0, o.num_vars, o.comm_vars):
-                    e = min(s + o.comm_vars, o.num_vars)
-                    t1 = now()
-                    self.ghost.exchange(self.store.A, s, e, order)
-                    t2 = now()
-                    calc(self.store.A, s, e)
-                    t3 = now()
-                    T.add("comm", t2 - t1)
-                    T.add("stencil", t3 - t2)
-                    if o.checksum_freq and stage % o.checksum_freq == 0:
-                        sums = self.checksum(s, e)
-                        history.append({"ts": ts, "stage": stage, "var": s,
-                                        "values": sums.tolist()})
-                        if o.report_diffusion:
-                            self.say(f"{ts} stage {stage} vars {s}..{e - 1} "
-                                     f"sums {sums.tolist()}")
-                        bad = checksum.compare(sums, grid_sum[s:e], o.tol) \
-                            if self.check else []
-                        if bad:
-                            for v, new, old, rel in bad:
-                                self.say(f"Time step {ts} stage {stage} sum "
-                                         f"{new!r} (old {old!r}) variable "
-                                         f"{s + v} difference {rel:.3e} too "
-                                         f"large (tol {o.tol:g})")
-                            return 1
-                        grid_sum[s:e] = sums
-                        T.add("checksum", now() - t3)
+                if not self.run_stage(ts, stage, order, grid_sum, history):
+                    return 1
                 comm_stage += 1
-            if o.num_refine and not o.uniform_refine:
-                t1 = now()
-                objmod.move(self.objects, 1.0)
-                T.add("refine", now() - t1)
-                if o.refine_freq and ts % o.refine_freq == 0:
-                    refine(self, ts)
-            t = now()
-            if not o.quiet and self.rank == 0 and t - t_start > 2.0 \
-                    and t - last > 1.0:
-                print(f"time step {ts} of {o.num_tsteps}", file=sys.stderr,
-                      flush=True)
-                last = t
+            self.move_and_refine(ts)
+            last = self.progress(ts, t_start, last)
         total = now() - t_start
-        T.t["total"] = total
+        self.timers.t["total"] = total
+        return self.finish(total, grid_sum, history)
+
+    def run_stage(self, ts, stage, order, grid_sum, history):
+        """One stage over every variable group; False if a checksum moved
+        too far."""
+        o, T = self.o, self.timers
+        for s in range(0, o.num_vars, o.comm_vars):
+            e = min(s + o.comm_vars, o.num_vars)
+            t1 = now()
+            self.ghost.exchange(self.store.A, s, e, order)
+            t2 = now()
+            self.calc(self.store.A, s, e)
+            t3 = now()
+            T.add("comm", t2 - t1)
+            T.add("stencil", t3 - t2)
+            if o.checksum_freq and stage % o.checksum_freq == 0:
+                if not self.check_stage(ts, stage, s, e, grid_sum, history):
+                    return False
+                T.add("checksum", now() - t3)
+        return True
+
+    def check_stage(self, ts, stage, s, e, grid_sum, history):
+        """Checksum variables S..E-1 against GRID_SUM, then update it."""
+        o = self.o
+        sums = self.checksum(s, e)
+        history.append({"ts": ts, "stage": stage, "var": s,
+                        "values": sums.tolist()})
+        if o.report_diffusion:
+            self.say(f"{ts} stage {stage} vars {s}..{e - 1} "
+                     f"sums {sums.tolist()}")
+        bad = checksum.compare(sums, grid_sum[s:e], o.tol) \
+            if self.check else []
+        for v, new, old, rel in bad:
+            self.say(f"Time step {ts} stage {stage} sum {new!r} (old "
+                     f"{old!r}) variable {s + v} difference {rel:.3e} too "
+                     f"large (tol {o.tol:g})")
+        if bad:
+            return False
+        grid_sum[s:e] = sums
+        return True
+
+    def move_and_refine(self, ts):
+        o = self.o
+        if o.num_refine and not o.uniform_refine:
+            t1 = now()
+            objmod.move(self.objects, 1.0)
+            self.timers.add("refine", now() - t1)
+            if o.refine_freq and ts % o.refine_freq == 0:
+                refine(self, ts)
+
+    def progress(self, ts, t_start, last):
+        """Report time step TS on stderr once a second after the first
+        two seconds; return when it was last reported."""
+        t = now()
+        if self.o.quiet or self.rank != 0 or t - t_start <= 2.0 \
+                or t - last <= 1.0:
+            return last
+        print(f"time step {ts} of {self.o.num_tsteps}", file=sys.stderr,
+              flush=True)
+        return t
+
+    def finish(self, total, grid_sum, history):
+        """Final checksum, then the report; the exit code."""
+        o = self.o
         final = self.checksum(0, o.num_vars)
         bad = checksum.compare(final, grid_sum, o.tol) if self.check else []
         history.append({"ts": o.num_tsteps, "stage": -1, "var": 0,
