@@ -578,6 +578,65 @@ def child(rank, n, name, size, cfg_kw, hierarchy, iters, board, rfd, wfd,
     return 0
 
 
+def _fork_rank(rank, n, name, size, cfg_kw, hierarchy, iters, board, body):
+    """Fork rank RANK; return (pid, pipe to it, reader of its reports)."""
+    down_r, down_w = os.pipe()
+    up_r, up_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover -- runs in the child
+        status = 2
+        try:
+            os.close(down_w)
+            os.close(up_r)
+            status = child(rank, n, name, size, cfg_kw, hierarchy, iters,
+                           board, down_r, up_w, body)
+        except BaseException:  # noqa: BLE001 -- reported, exit 1
+            with contextlib.suppress(OSError):
+                _send(up_w, {"error": traceback.format_exc()})
+            status = 1
+        finally:
+            os._exit(status)
+    os.close(down_r)
+    os.close(up_w)
+    return pid, down_w, LineReader(up_r)
+
+
+def _final_reports(kids, from_kid, deadline, timeout):
+    """Each rank's last report and exit; the ranks reaped are set to None
+    in KIDS."""
+    reports, failures = {}, []
+    for rank, pid in enumerate(kids):
+        msg = from_kid[rank].read(deadline)
+        status = None
+        while status is None and time.monotonic() < deadline:
+            got, st = os.waitpid(pid, os.WNOHANG)
+            if got:
+                status = os.waitstatus_to_exitcode(st)
+            else:
+                time.sleep(0.01)
+        if status is None:
+            failures.append(f"rank {rank} (pid {pid}) still running "
+                            f"after {timeout} s: {msg}")
+            break
+        kids[rank] = None
+        if status != 0 or not msg or "done" not in msg:
+            failures.append(f"rank {rank} exited {status}: {msg}")
+        else:
+            reports[rank] = msg
+    assert not failures, "\n".join(failures)
+    return reports
+
+
+def _kill_all(kids):
+    for pid in kids:
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
 def run_forked(n, hierarchy, iters, timeout=90, body="hammer", **cfg_kw):
     """Fork N ranks on one new segment, each running BODY (hammer by
     default); return their final reports."""
@@ -590,31 +649,14 @@ def run_forked(n, hierarchy, iters, timeout=90, body="hammer", **cfg_kw):
     kids, to_kid, from_kid = [], [], []
     try:
         for rank in range(n):
-            down_r, down_w = os.pipe()
-            up_r, up_w = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover -- runs in the child
-                status = 2
-                try:
-                    os.close(down_w)
-                    os.close(up_r)
-                    status = child(rank, n, name, size, cfg_kw, hierarchy,
-                                   iters, board, down_r, up_w, body)
-                except BaseException:  # noqa: BLE001 -- reported, exit 1
-                    with contextlib.suppress(OSError):
-                        _send(up_w, {"error": traceback.format_exc()})
-                    status = 1
-                finally:
-                    os._exit(status)
-            os.close(down_r)
-            os.close(up_w)
+            pid, to, frm = _fork_rank(rank, n, name, size, cfg_kw, hierarchy,
+                                      iters, board, body)
             kids.append(pid)
-            to_kid.append(down_w)
-            from_kid.append(LineReader(up_r))
+            to_kid.append(to)
+            from_kid.append(frm)
         deadline = time.monotonic() + timeout
         # Rank 0 opens first (it writes the header), then the others.
-        order = [[0], list(range(1, n))]
-        for group in order:
+        for group in ([0], list(range(1, n))):
             for rank in group:
                 _send(to_kid[rank], {"pids": kids})
             for rank in group:
@@ -625,35 +667,9 @@ def run_forked(n, hierarchy, iters, timeout=90, body="hammer", **cfg_kw):
         unlinked = True
         for fd in to_kid:
             _send(fd, "go")
-        reports, failures = {}, []
-        for rank, pid in enumerate(kids):
-            msg = from_kid[rank].read(deadline)
-            status = None
-            while status is None and time.monotonic() < deadline:
-                got, st = os.waitpid(pid, os.WNOHANG)
-                if got:
-                    status = os.waitstatus_to_exitcode(st)
-                else:
-                    time.sleep(0.01)
-            if status is None:
-                failures.append(f"rank {rank} (pid {pid}) still running "
-                                f"after {timeout} s: {msg}")
-                break
-            kids[rank] = None
-            if status != 0 or not msg or "done" not in msg:
-                failures.append(f"rank {rank} exited {status}: {msg}")
-            else:
-                reports[rank] = msg
-        assert not failures, "\n".join(failures)
-        return reports
+        return _final_reports(kids, from_kid, deadline, timeout)
     finally:
-        for pid in kids:
-            if pid:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                except (ProcessLookupError, ChildProcessError):
-                    pass
+        _kill_all(kids)
         for fd in to_kid:
             os.close(fd)
         for reader in from_kid:
