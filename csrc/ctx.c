@@ -92,7 +92,9 @@ int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
     int rc = xhc_config_check(cfg);
     if (rc)
         return rc;
+    /* A staging window has a part of whole 64-byte lines per rank. */
     if (nranks < 1 || rank < 0 || rank >= nranks
+        || cfg->chunk_size / 64 < (size_t)nranks
         || size != xhc_segment_size(nranks, cfg))
         return XHC_ERR_ARG;
     xhc_ctx_t *ctx = calloc(1, sizeof(*ctx));

@@ -36,11 +36,12 @@ size_t xhc_stage_offset(int nranks, const xhc_config_t *cfg)
     return xhc_slots_offset(nranks) + xhc_round_up(slots, 4096);
 }
 
-/* One owner's part of a staging window: whole 64-byte lines. */
+/* One owner's part of a staging window: whole 64-byte lines, at least
+ * one, since xhc_ctx_open takes no chunk_size below 64 bytes a rank; so
+ * a window's parts always fit in its chunk_size bytes. */
 size_t xhc_stage_part(int nranks, const xhc_config_t *cfg)
 {
-    size_t part = cfg->chunk_size / (size_t)nranks / 64 * 64;
-    return part ? part : 64;
+    return cfg->chunk_size / (size_t)nranks / 64 * 64;
 }
 
 size_t xhc_bstage_offset(int nranks, const xhc_config_t *cfg)

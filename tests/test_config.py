@@ -58,3 +58,11 @@ def test_fit_to_load_keeps_what_the_user_chose():
     assert config.fit_to_load(cfg, [[0, 1]] * 8, spin_given=True) == \
         (True, 2)
     assert (cfg["windows"], cfg["spin"], cfg["sleep"]) == (3, 700, 5)
+
+
+def test_fit_to_load_needs_a_line_per_rank_in_a_window():
+    # Each rank owns whole 64-byte lines of every reduce-scatter window.
+    cfg = config.resolve(chunk_size=4096)
+    assert config.fit_to_load(cfg, [[0]] * 64) == (True, 1)
+    with pytest.raises(ValueError, match=r"XHC_CHUNK_SIZE .* at least 4160"):
+        config.fit_to_load(config.resolve(chunk_size=4096), [[0]] * 65)

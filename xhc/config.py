@@ -96,6 +96,11 @@ def fit_to_load(cfg, cpu_sets, spin_given=False):
     not running.  What the user chose stands.
     """
     nranks, ncpu = len(cpu_sets), len(set().union(*map(set, cpu_sets)))
+    if cfg["chunk_size"] < 64 * nranks:
+        raise ValueError(
+            f"chunk_size {cfg['chunk_size']} is too small for {nranks} "
+            f"ranks: a window holds 64 bytes per rank; set XHC_CHUNK_SIZE "
+            f"(or chunk_size=) to at least {64 * nranks}")
     crowded = nranks > ncpu
     if crowded and not spin_given:
         cfg["spin"] = min(cfg["spin"], 16)
