@@ -313,13 +313,15 @@ static inline unsigned char *xhc_stage_res(xhc_ctx_t *ctx, int rank,
 }
 
 /* RANK's Bcast staging window for round T, one of cfg.windows: as many
- * as the root may run ahead of a reader that is not scheduled. */
+ * as the root may run ahead of a reader that is not scheduled.  Rounds
+ * count from seq_start: 2^64 is a multiple of W only for powers of two,
+ * so T % W itself would map two rounds around the wrap to one window. */
 static inline unsigned char *xhc_bcast_window(xhc_ctx_t *ctx, int rank,
                                               uint64_t t)
 {
     size_t w = ctx->cfg.windows;
-    return ctx->bstage
-           + ((size_t)rank * w + (size_t)(t % w)) * ctx->cfg.chunk_size;
+    size_t i = (size_t)((t - ctx->cfg.seq_start) % w);
+    return ctx->bstage + ((size_t)rank * w + i) * ctx->cfg.chunk_size;
 }
 
 #endif
