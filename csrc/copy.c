@@ -30,7 +30,9 @@ void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
     src->offset = 0;
     for (int i = 0; i < ctx->nregions; i++) {
         const struct xhc_region *reg = &ctx->regions[i];
-        if (p >= reg->base && p < reg->base + reg->size) {
+        /* Only a buffer wholly inside a region can be read in place. */
+        if (p >= reg->base && p < reg->base + reg->size
+            && nbytes <= (size_t)(reg->base + reg->size - p)) {
             src->region = i + 1;
             src->offset = (uint64_t)(p - reg->base);
             return;
@@ -82,14 +84,15 @@ static int xhc_cma_read(pid_t pid, void *dst, uint64_t addr, size_t len)
 
 /* [OFFSET, OFFSET+LEN) of a buffer in a shared region, read in place; NULL
  * if SRC is not in one.  A span past the buffer's end (ranks that
- * disagree on a size) sets *RC instead of reading another rank's data. */
+ * disagree on a size) or a region I do not know (ranks that registered
+ * different regions) sets *RC instead of reading another rank's data. */
 unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
                                const struct xhc_src *src, size_t offset,
                                size_t len, int *rc)
 {
-    if (src->region <= 0 || src->region > ctx->nregions)
+    if (src->region <= 0)
         return NULL;
-    if (offset + len > src->nbytes) {
+    if (src->region > ctx->nregions || offset + len > src->nbytes) {
         *rc = XHC_ERR_ARG;
         return NULL;
     }
