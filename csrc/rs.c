@@ -176,13 +176,16 @@ int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
 int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                const struct xhc_red *r, int root)
 {
-    uint64_t seq = ++ctx->seq;
     int whole = root < 0 || root == ctx->rank;
     unsigned char *target;
     int in_place;
+    /* Before the sequence number: a rank that cannot get its target
+     * fails without leaving its counters ahead of its peers'. */
     int rc = xhc_rs_target(ctx, whole ? rbuf : NULL, r, &target);
-    if (rc == 0)
-        rc = xhc_meet(ctx, seq, sbuf, target, r->nbytes, &in_place);
+    if (rc)
+        return rc;
+    uint64_t seq = ++ctx->seq;
+    rc = xhc_meet(ctx, seq, sbuf, target, r->nbytes, &in_place);
     return rc ? rc : xhc_rs_met(ctx, seq, sbuf, target, r, whole,
                                 root < 0 && xhc_recvs_shared(ctx));
 }
