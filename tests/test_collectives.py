@@ -23,7 +23,7 @@ from mpirun import run_mpi
 
 SCRIPT = "tests/mpi_cases/collectives.py"
 ALL_SUITES = ["bcast", "allreduce", "reduce", "barrier", "mixed", "subcomm",
-              "zerocopy", "fallback", "stats", "calls"]
+              "zerocopy", "fallback", "stats", "calls", "staged"]
 # Variants: all but fallback (no XHC_* setting changes what falls back).
 VARIANT_SUITES = ["bcast", "allreduce", "reduce", "barrier", "mixed",
                   "subcomm", "zerocopy", "stats", "calls"]

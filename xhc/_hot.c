@@ -6,7 +6,11 @@
  *    plan dictionaries, the context and the core's entry points here.
  * 2. A call looks its plan up by id() of the keying buffer, checks that
  *    the plan was made for exactly these arguments (identity of buffers
- *    and op, equality of root), releases the GIL and runs the call.
+ *    and op, equality of root) and that its numpy arrays still have the
+ *    memory, dtype, size and flags they had (the plan's guard), then runs
+ *    the call.  A guard that fails sends the call to Python, which makes
+ *    a new plan: an array resized or retyped in place is never used
+ *    through a stale pointer.
  * 3. Anything else (a new buffer, another root, keywords spelt
  *    differently, an error code, a freed or fallback communicator) goes to
  *    the Python method of the same name with a leading underscore, which
@@ -39,7 +43,7 @@ typedef struct {
 } HotComm;
 
 /* The plan's layout, fixed by xhc/comm.py: the arguments it was made for
- * first, the address of its xhc_call last. */
+ * first; the address of its guard second to last, of its xhc_call last. */
 static const int NKEYS[NPLANS] = { 1, 3, 3 };   /* identity-checked */
 
 /* Each collective's arguments in order, named as mpi4py names them, with
@@ -80,6 +84,43 @@ static PyObject *slow(PyObject *self, const char *name, PyObject *const *args,
     return res;
 }
 
+/* The leading fields of numpy's PyArrayObject_fields, whose layout numpy
+ * keeps stable (numpy/ndarraytypes.h); only read. */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} ndarray_head;
+
+/* Does every array the plan's guard lists (see _guard in xhc/comm.py)
+ * still have the data pointer, dtype, size and flags it was planned with?
+ * The guard holds only numpy arrays, so ARGV[index] is one. */
+static int guard_holds(PyObject *plan, PyObject *const *argv)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(plan);
+    const uintptr_t *g = PyLong_AsVoidPtr(PyTuple_GET_ITEM(plan, n - 2));
+    if (!g)
+        return 0;
+    for (uintptr_t i = 0; i < g[0]; i++) {
+        const uintptr_t *e = g + 1 + 6 * i;
+        const ndarray_head *a = (const ndarray_head *)argv[e[0]];
+        Py_ssize_t size = 1;
+        for (int d = 0; d < a->nd; d++)
+            size *= a->dimensions[d];
+        uintptr_t flags = (uintptr_t)(unsigned)a->flags;
+        if ((uintptr_t)a->data != e[1] || (uintptr_t)a->descr != e[2]
+            || (uintptr_t)size != e[3] || (flags & e[4]) != e[4]
+            || !(flags & e[5]))
+            return 0;
+    }
+    return 1;
+}
+
 /* The plan for ARGV (the arguments in the method's order), a borrowed
  * reference, or NULL if there is none that fits exactly. */
 static PyObject *plan_for(HotComm *h, int kind, PyObject *const *argv)
@@ -96,15 +137,22 @@ static PyObject *plan_for(HotComm *h, int kind, PyObject *const *argv)
     for (int i = 0; i < NKEYS[kind]; i++)
         if (PyTuple_GET_ITEM(plan, i) != argv[i])
             return NULL;
-    /* Roots are ints: small ones are cached objects, so identity decides
-     * almost always; anything but an exact int goes to Python's checks. */
+    /* The plan's root is an int: small ones are cached objects, so
+     * identity decides almost always; else any integer (a numpy one too)
+     * of the same value. */
     int r = ROOT_AT[kind];
-    if (r >= 0 && PyTuple_GET_ITEM(plan, r) != argv[r]
-        && (!PyLong_CheckExact(argv[r])
-            || PyObject_RichCompareBool(PyTuple_GET_ITEM(plan, r), argv[r],
-                                        Py_EQ) != 1))
-        return NULL;
-    return plan;
+    if (r >= 0 && PyTuple_GET_ITEM(plan, r) != argv[r]) {
+        if (!PyIndex_Check(argv[r]))
+            return NULL;
+        Py_ssize_t root = PyNumber_AsSsize_t(argv[r], NULL);
+        if (root == -1 && PyErr_Occurred()) {
+            PyErr_Clear();  /* Python's checks will say what is wrong */
+            return NULL;
+        }
+        if (root != PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, r)))
+            return NULL;
+    }
+    return guard_holds(plan, argv) ? plan : NULL;
 }
 
 /* Put positional ARGS and keyword arguments named as in NAMES into ARGV

@@ -6,6 +6,7 @@ import os
 import warnings
 import weakref
 
+import numpy as np
 from mpi4py import MPI
 
 from . import _core, config, debug, hierarchy, topology
@@ -144,9 +145,10 @@ class Comm(HotComm):
 
     # -- collectives --------------------------------------------------------
     # Bcast, Barrier, Allreduce and Reduce are HotComm's (xhc/_hot.c): a
-    # call with the buffers, op and root of a plan runs it without the
+    # call with the buffers, op and root of a plan, whose arrays still have
+    # the memory, dtype and size it was made for, runs it without the
     # interpreter.  Any other call comes here, to the same name with an
-    # underscore, which makes the plan (or falls back) and runs it.
+    # underscore, which makes a new plan (or falls back) and runs it.
 
     def _Barrier(self):
         """Block until every rank has called Barrier."""
@@ -158,41 +160,27 @@ class Comm(HotComm):
 
     def _Bcast(self, buf, root=0):
         """Broadcast BUF from ROOT, as mpi4py's Comm.Bcast."""
-        p = self._bcast_plans.get(id(buf))
-        if p is None or p[0] is not buf:
-            p = self._bcast_plan(buf)
-            if p is None:
-                return self._fallback("Bcast", buf, root)
-        if p[1] is not root:
-            r = self._root_arg(root, "Bcast")
-            if p[1] != r:
-                p[2].root = r
-                p = (p[0], r, *p[2:])
-                self._bcast_plans[id(buf)] = p
-        rc = p[3]()
+        p = self._bcast_plan(buf, root)
+        if p is None:
+            return self._fallback("Bcast", buf, root)
+        rc = p[2]()
         if rc:
             self._failed("_Bcast", rc, (buf, root))
 
     def _Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Reduce SENDBUF over all ranks into RECVBUF (IN_PLACE allowed)."""
-        p = self._allreduce_plans.get(id(recvbuf))
-        if (p is None or p[1] is not recvbuf or p[0] is not sendbuf
-                or p[2] is not op):
-            p = self._allreduce_plan(sendbuf, recvbuf, op)
-            if p is None:
-                return self._fallback("Allreduce", sendbuf, recvbuf, op)
+        p = self._allreduce_plan(sendbuf, recvbuf, op)
+        if p is None:
+            return self._fallback("Allreduce", sendbuf, recvbuf, op)
         rc = p[3]()
         if rc:
             self._failed("_Allreduce", rc, (sendbuf, recvbuf, op))
 
     def _Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
         """Reduce SENDBUF over all ranks into ROOT's RECVBUF."""
-        p = self._reduce_plans.get(id(sendbuf))
-        if (p is None or p[0] is not sendbuf or p[1] is not recvbuf
-                or p[2] is not op or p[3] != root):
-            p = self._reduce_plan(sendbuf, recvbuf, op, root)
-            if p is None:
-                return self._fallback("Reduce", sendbuf, recvbuf, op, root)
+        p = self._reduce_plan(sendbuf, recvbuf, op, root)
+        if p is None:
+            return self._fallback("Reduce", sendbuf, recvbuf, op, root)
         rc = p[4]()
         if rc:
             self._failed("_Reduce", rc, (sendbuf, recvbuf, op, root))
@@ -218,11 +206,10 @@ class Comm(HotComm):
 
     def Bcast_init(self, buf, root=0, info=None):
         """A persistent Bcast of BUF from ROOT."""
-        p = self._bcast_plan(buf, remember=False)
+        p = self._bcast_plan(buf, root, remember=False)
         if p is None:
             return self._comm.Bcast_init(buf, root, *_info(info))
-        p[2].root = self._root_arg(root, "Bcast_init")
-        return Request(p[3], f"Bcast(root={root}, {p[2].count} B)", self, p)
+        return Request(p[2], f"Bcast(root={root}, {p[3].count} B)", self, p)
 
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):
         """A persistent Allreduce of SENDBUF into RECVBUF."""
@@ -250,13 +237,19 @@ class Comm(HotComm):
             self._why = str(why)
             return None
 
-    def _remember(self, plans, key, plan, nbytes):
-        """Keep PLAN, within a budget of buffer bytes kept alive."""
-        if (self._plan_bytes + nbytes > _CACHE_BYTES
+    def _remember(self, plans, key, plan):
+        """Keep PLAN, within a budget of buffer bytes kept alive; a plan
+        made of staged buffers is never kept (its calls need Python)."""
+        if plan[_STAGED]:
+            return
+        old = plans.pop(key, None)
+        if old is not None:
+            self._plan_bytes -= old[_NBYTES]
+        if (self._plan_bytes + plan[_NBYTES] > _CACHE_BYTES
                 or len(plans) >= _CACHE_MAX):
             self._forget_plans()
         plans[key] = plan
-        self._plan_bytes += nbytes
+        self._plan_bytes += plan[_NBYTES]
 
     def _forget_plans(self):
         for plans in (self._bcast_plans, self._allreduce_plans,
@@ -277,64 +270,85 @@ class Comm(HotComm):
                              f"an int from 0 to {self._comm.size - 1}")
         return r
 
-    def _bcast_plan(self, buf, remember=True):
-        """(buf, root, call, run, buffer, call address)."""
+    def _bcast_plan(self, buf, root, remember=True):
+        """(buf, root, run, call, buffer, ...): see _plan."""
         if not self._usable():
             return None
+        root = self._root_arg(root, "Bcast")
         b = self._resolve(buf)
         if b is None:
             return None
-        if not b.writable:
-            raise ValueError("Bcast: the buffer is read-only; pass a "
-                             "writable array")
-        call, run = _call(self._ctx, lib.XHC_BCAST, None, b, b.nbytes)
-        plan = (buf, 0, call, run, b, _address(call))
+        sink = self._comm.rank != root
+        if sink and not b.writable:
+            self._take_part_then_raise(b, root)
+        call = _call(self._ctx, lib.XHC_BCAST, None, b, b.nbytes, root=root)
+        plan = _plan((buf, root), call, [(b, not sink, sink)],
+                     [(0, buf, sink)], b.nbytes, (b,))
         if remember and not isinstance(buf, (list, tuple)):
-            self._remember(self._bcast_plans, id(buf), plan, b.nbytes)
+            self._remember(self._bcast_plans, id(buf), plan)
         return plan
 
     def _allreduce_plan(self, sendbuf, recvbuf, op):
+        """(sendbuf, recvbuf, op, run, call, ...): see _plan."""
         if not self._usable():
             return None
+        in_place = sendbuf is _IN_PLACE or sendbuf is None  # as mpi4py
         r = self._resolve(recvbuf)
-        s = r if sendbuf is _IN_PLACE or r is None else self._resolve(sendbuf)
+        s = r if in_place or r is None else self._resolve(sendbuf)
         if s is None or not self._reducible(op, r.dtype):
             return None
         _check_pair(s, r, op, "Allreduce")
-        call, run = _call(self._ctx, lib.XHC_ALLREDUCE, s, r, r.count,
-                          r.dtype, OPS[id(op)])
-        plan = (sendbuf, recvbuf, op, run, call, s, r, _address(call))
+        call = _call(self._ctx, lib.XHC_ALLREDUCE, s, r, r.count, r.dtype,
+                     OPS[id(op)])
+        moves = [(r, True, True)] if s is r else [(s, True, False),
+                                                  (r, False, True)]
+        plan = _plan((sendbuf, recvbuf, op), call, moves,
+                     [(0, sendbuf, False), (1, recvbuf, True)],
+                     r.nbytes + (0 if s is r else s.nbytes), (s, r))
         if not isinstance(recvbuf, (list, tuple)) \
                 and not isinstance(sendbuf, (list, tuple)):
-            self._remember(self._allreduce_plans, id(recvbuf), plan,
-                           r.nbytes + (0 if s is r else s.nbytes))
+            self._remember(self._allreduce_plans, id(recvbuf), plan)
         return plan
 
     def _reduce_plan(self, sendbuf, recvbuf, op, root):
+        """(sendbuf, recvbuf, op, root, run, call, ...): see _plan."""
         if not self._usable():
             return None
         root = self._root_arg(root, "Reduce")
         is_root = self._comm.rank == root
-        if sendbuf is _IN_PLACE and not is_root:
+        in_place = sendbuf is _IN_PLACE or sendbuf is None  # as mpi4py
+        if in_place and not is_root:
             raise ValueError("Reduce: IN_PLACE is only for the root")
-        if sendbuf is _IN_PLACE:
-            s = r = self._resolve(recvbuf)
-        else:
-            s = self._resolve(sendbuf)
+        s = self._resolve(recvbuf if in_place else sendbuf)
         if s is None or not self._reducible(op, s.dtype):
             return None
         _check_op(s, op, "Reduce")
         r = None
         if is_root:
-            r = self._root_recv(s, recvbuf, op, root, sendbuf is _IN_PLACE)
-        call, run = _call(self._ctx, lib.XHC_REDUCE, s, r, s.count, s.dtype,
-                          OPS[id(op)], root)
-        plan = (sendbuf, recvbuf, op, root, run, call, s, r, _address(call))
+            r = self._root_recv(s, recvbuf, op, root, in_place)
+        call = _call(self._ctx, lib.XHC_REDUCE, s, r, s.count, s.dtype,
+                     OPS[id(op)], root)
+        moves = [(s, True, s is r)] + ([(r, False, True)]
+                                       if r is not None and r is not s
+                                       else [])
+        plan = _plan((sendbuf, recvbuf, op, root), call, moves,
+                     [(0, sendbuf, False), (1, recvbuf, is_root)],
+                     s.nbytes + (r.nbytes if r and r is not s else 0),
+                     (s, r))
         if not isinstance(sendbuf, (list, tuple)) \
                 and not isinstance(recvbuf, (list, tuple)):
-            self._remember(self._reduce_plans, id(sendbuf), plan,
-                           s.nbytes + (r.nbytes if r and r is not s else 0))
+            self._remember(self._reduce_plans, id(sendbuf), plan)
         return plan
+
+    def _take_part_then_raise(self, b, root):
+        """A Bcast into read-only B, on a rank that receives: only this rank
+        knows, so it still takes part, into scratch memory, before it
+        raises; the root (whose buffer may be read-only, as in mpi4py) and
+        the other ranks stay in step."""
+        scratch = ffi.new("char[]", max(b.nbytes, 1))
+        lib.xhc_bcast(self._ctx, scratch, b.nbytes, root)
+        raise ValueError("Bcast: the buffer is read-only on a receiving "
+                         "rank; pass a writable array")
 
     def _root_recv(self, s, recvbuf, op, root, in_place):
         """The root's receive buffer.  Only the root sees it, so if it is
@@ -431,12 +445,66 @@ class Comm(HotComm):
 
 
 def _call(ctx, kind, s, r, count, dtype=0, op=0, root=0):
-    """An xhc_call for buffers S and R (Buffer or None), and its runner.
-    The plan that keeps them also keeps S and R, whose pointers it holds."""
-    call = ffi.new(_CALL_T, [
+    """An xhc_call for buffers S and R (Buffer or None).  The plan that
+    keeps it also keeps S and R, whose pointers it holds."""
+    return ffi.new(_CALL_T, [
         ctx, s.ptr if s is not None else ffi.NULL,
         r.ptr if r is not None else ffi.NULL, count, kind, dtype, op, root])
-    return call, functools.partial(_run, call)
+
+
+# Where a plan keeps what _remember and xhc/_hot.c read, from its end: the
+# call's address, the guard's address, the guard, whether it stages, and
+# the bytes of the buffers it keeps alive.
+_NBYTES, _STAGED = -5, -4
+
+
+def _plan(args, call, moves, guarded, nbytes, buffers):
+    """A plan: ARGS (the arguments it was made for, as given), a runner of
+    CALL, CALL, BUFFERS, then the tail above.
+
+    MOVES lists (Buffer, read, written) for staging; GUARDED lists
+    (argument index, argument, needs writable) for the guard."""
+    run = functools.partial(_run, call)
+    loads = [b.load for b, read, _ in moves if read and b.load]
+    stores = [b.store for b, _, written in moves if written and b.store]
+    if loads or stores:
+        run = functools.partial(_staged_run, run, loads, stores)
+    guard = _guard(guarded)
+    return (*args, run, call, *buffers, nbytes, bool(loads or stores),
+            guard, _address(guard), _address(call))
+
+
+def _staged_run(run, loads, stores):
+    """Fill the staged copies the call reads, run it, write back the ones
+    it wrote."""
+    for load in loads:
+        load()
+    rc = run()
+    if rc == 0:
+        for store in stores:
+            store()
+    return rc
+
+
+# numpy's flag bits (numpy/ndarraytypes.h), checked by the guard.
+_C_CONTIGUOUS, _F_CONTIGUOUS, _WRITEABLE = 0x1, 0x2, 0x400
+
+
+def _guard(guarded):
+    """What xhc/_hot.c checks before it runs a plan on ndarrays: each
+    array still has the data pointer, dtype object, size and contiguity
+    it had (and is writable if it is written), as an array of words:
+    [n, then per array: argument index, data, dtype, size, flags it must
+    all have, flags it must have one of]."""
+    words = [0]
+    for index, arg, writable in guarded:
+        if isinstance(arg, np.ndarray):
+            words[0] += 1
+            words += [index, arg.__array_interface__["data"][0],
+                      id(arg.dtype), arg.size,
+                      _WRITEABLE if writable else 0,
+                      _C_CONTIGUOUS | _F_CONTIGUOUS]
+    return ffi.new("uintptr_t[]", words)
 
 
 def _address(cdata):

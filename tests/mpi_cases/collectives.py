@@ -383,15 +383,23 @@ def suite_bcast(xcomm, comm, v, sz, args):
                 continue
             one_bcast(v, xcomm, comm, f"Bcast {kind} {nbytes} B root {root}",
                       kind, nbytes, root, seed_of(2, i, len(kind)))
-    # Read-only buffers: refused on every rank, before any communication.
-    frozen = np.zeros(4)
+    # Read-only buffers: the root's is read (as in mpi4py), and a rank
+    # that would write into one raises after taking part.
+    frozen = np.arange(4.0)
     frozen.flags.writeable = False
-    for ro in (bytes(64), frozen):
+    for ro in (np.arange(64, dtype=np.uint8).tobytes(), frozen):
+        got = np.frombuffer(ro, np.uint8).copy()
+        if comm.rank:
+            got[:] = 0
         try:
             xcomm.Bcast(ro, root=0)
-            err = "Bcast into a read-only buffer did not raise"
+            err = None if comm.rank == 0 else "did not raise"
         except ValueError:
-            err = None
+            err = "raised at the root" if comm.rank == 0 else None
+        xcomm.Bcast(got, root=0)
+        if err is None and not np.array_equal(got, np.frombuffer(ro,
+                                                                 np.uint8)):
+            err = "the communicator is out of step afterwards"
         v.case(f"Bcast read-only {type(ro).__name__}", err)
     for bad in (-1, n):
         try:
@@ -1070,10 +1078,9 @@ def suite_fallback(world, comm, v, sz, args):
 
 def fallback_cases(xcomm, comm, v):
     n, rank = comm.size, comm.rank
-    dt2 = MPI.DOUBLE.Create_contiguous(2).Commit()
 
     def user_sum(inbuf, outbuf, datatype):
-        code = "f8" if datatype == dt2 else datatype.tocode()
+        code = datatype.tocode()
         b = np.frombuffer(outbuf, code)
         b += np.frombuffer(inbuf, code)
 
@@ -1114,74 +1121,9 @@ def fallback_cases(xcomm, comm, v):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        # 1. Non-contiguous arrays.
-        base = np.zeros(40)
-        state = {}
-
-        def bc_nc(rep):
-            want = np.arange(20.0) * (rep + 2)
-            base[:] = -1
-            if rank == n - 1:
-                base[::2] = want
-            state["want"] = want
-            xcomm.Bcast(base[::2], root=n - 1)
-
-        run("Bcast: non-contiguous array", bc_nc,
-            lambda rep: None if np.array_equal(base[::2], state["want"]) and
-            (base[1::2] == -1).all() else f"got {base[:6]}",
-            lambda rep: comm.Bcast(np.zeros(40)[::2], root=n - 1))
-
+        # 1. A user-defined op.
         ins = [np.arange(30, dtype=np.int64) * (r + 1) for r in range(n)]
         total = np_fold("SUM", ins)
-        rbig = np.zeros(60, np.int64)
-
-        def ar_nc(rep):
-            rbig[:] = 7
-            xcomm.Allreduce(ins[rank], rbig[::2])
-
-        run("Allreduce: non-contiguous array", ar_nc,
-            lambda rep: None if np.array_equal(rbig[::2], total) and
-            (rbig[1::2] == 7).all() else f"got {rbig[:6]}",
-            lambda rep: comm.Allreduce(ins[rank], np.zeros(60, np.int64)[::2]))
-
-        sbig = np.zeros(60, np.int64)
-
-        def rd_nc(rep):
-            sbig[::2] = ins[rank]
-            rbig[:] = 0
-            xcomm.Reduce(sbig[::2], rbig[:30] if rank == 0 else None,
-                         op=MPI.SUM, root=0)
-
-        run("Reduce: non-contiguous array", rd_nc,
-            lambda rep: None if rank != 0 or np.array_equal(rbig[:30], total)
-            else f"got {rbig[:6]}",
-            lambda rep: comm.Reduce(np.zeros(60, np.int64)[::2],
-                                    np.zeros(30, np.int64) if rank == 0
-                                    else None, op=MPI.SUM, root=0))
-
-        # 2. A derived datatype in a buffer specification.
-        d = np.zeros(12)
-
-        def bc_dt(rep):
-            d[:] = np.arange(12.0) + rep if rank == 0 else -5
-            xcomm.Bcast([d, 6, dt2], root=0)
-
-        run("Bcast: derived datatype", bc_dt,
-            lambda rep: None if np.array_equal(d, np.arange(12.0) + rep)
-            else f"got {d[:4]}")
-
-        dins = [np.arange(8.0) * (r + 1) for r in range(n)]
-        dout = np.zeros(8)
-
-        def ar_dt(rep):
-            dout[:] = 0
-            xcomm.Allreduce([dins[rank], dt2], [dout, dt2], op=usum)
-
-        run("Allreduce: derived datatype", ar_dt,
-            lambda rep: None if np.array_equal(dout, np_fold("SUM", dins))
-            else f"got {dout}")
-
-        # 3. A user-defined op.
         iout = np.zeros(30, np.int64)
 
         def ar_user(rep):
@@ -1201,7 +1143,7 @@ def fallback_cases(xcomm, comm, v):
             lambda rep: None if rank != n - 1 or np.array_equal(iout, total)
             else f"got {iout[:4]}")
 
-        # 4. MAXLOC / MINLOC on a pair type.
+        # 2. MAXLOC / MINLOC on a pair type.
         vals = [(values(np.dtype("i4"), "SUM", seed_of(110, r), 17) % 5)
                 for r in range(n)]
         pairs = np.empty((17, 2), np.int32)
@@ -1231,7 +1173,7 @@ def fallback_cases(xcomm, comm, v):
                     np.array_equal(loc_out[:, 1], where)
                 v.check("fallback MINLOC MPI_2INT", ok,
                         f"got {loc_out[:3].tolist()}")
-        # 5. A dtype without a kernel (bool) in Allreduce.
+        # 3. A dtype without a kernel (bool) in Allreduce.
         bins = [values(np.dtype("u1"), "LOR", seed_of(111, r), 9) > 0
                 for r in range(n)]
         bout = np.zeros(9, bool)
@@ -1258,7 +1200,6 @@ def fallback_cases(xcomm, comm, v):
     v.check("stats['fallback'] total", xcomm.stats["fallback"] ==
             want_fallbacks, f"{xcomm.stats['fallback']} != {want_fallbacks}")
     usum.Free()
-    dt2.Free()
 
 
 # -- stats -------------------------------------------------------------------
@@ -1526,12 +1467,139 @@ def suite_wrap(xcomm, comm, v, sz, args):
     v.flush()
 
 
+# -- staged ------------------------------------------------------------------
+
+def suite_staged(world, comm, v, sz, args):
+    """Buffers the core cannot use in place go through it anyway, staged:
+    non-contiguous arrays, derived datatypes, and ranks that lay out the
+    same message differently (a rank that fell back to mpi4py alone would
+    wait there forever).  On a fresh communicator: no call falls back."""
+    with xhc.Comm(comm) as xcomm:
+        staged_layouts(xcomm, comm, v)
+        staged_derived(xcomm, comm, v)
+        changed_after_plan(xcomm, comm, v)
+        v.check("staged: no fallback", xcomm.stats["fallback"] == 0,
+                f"stats: {xcomm.stats}")
+
+
+def staged_layouts(xcomm, comm, v):
+    n, rank = comm.size, comm.rank
+    ins = [np.arange(30, dtype=np.int64) * (r + 1) for r in range(n)]
+    total = np_fold("SUM", ins)
+    for rep in range(2):
+        base = np.full(40, -1.0)
+        want = np.arange(20.0) * (rep + 2)
+        if rank == n - 1:
+            base[::2] = want
+        xcomm.Bcast(base[::2], root=n - 1)
+        v.check(f"staged Bcast strided #{rep}", np.array_equal(
+            base[::2], want) and (base[1::2] == -1).all(), f"got {base[:6]}")
+        rbig = np.full(60, 7, np.int64)
+        xcomm.Allreduce(ins[rank], rbig[::2])
+        v.check(f"staged Allreduce strided #{rep}", np.array_equal(
+            rbig[::2], total) and (rbig[1::2] == 7).all(), f"got {rbig[:6]}")
+        sbig = np.zeros(60, np.int64)
+        sbig[::2] = ins[rank]
+        xcomm.Reduce(MPI.IN_PLACE if rank == 0 else sbig[::2],
+                     sbig[::2] if rank == 0 else None, root=0)
+        v.check(f"staged Reduce IN_PLACE strided #{rep}", rank != 0 or (
+            np.array_equal(sbig[::2], total) and (sbig[1::2] == 0).all()),
+            f"got {sbig[:6]}")
+    # The same 12 doubles, in Fortran order on rank 0 and C order on the
+    # others: as in mpi4py, a contiguous buffer is taken as it lies in
+    # memory, so the bytes arrive as they left.
+    order = "F" if rank == 0 else "C"
+    m = np.zeros((3, 4), order=order)
+    if rank == 0:
+        m[...] = np.arange(12.0).reshape(3, 4)
+    xcomm.Bcast(m, root=0)
+    want = np.asfortranarray(np.arange(12.0).reshape(3, 4)).ravel(order="K")
+    v.check("Bcast Fortran-order at the root only",
+            np.array_equal(m.ravel(order="K"), want), f"got {m}")
+    f = np.asfortranarray(np.arange(12.0).reshape(3, 4) * (rank + 1))
+    out = np.zeros((3, 4), order=order)
+    xcomm.Allreduce(f, out)
+    v.check("Allreduce Fortran-order send", np.array_equal(
+        out.ravel(order="K"), f.ravel(order="K") / (rank + 1)
+        * sum(range(1, n + 1))), f"got {out}")
+    # None as the send buffer is IN_PLACE, as in mpi4py.
+    a = np.full(5, rank + 1.0)
+    xcomm.Allreduce(None, a)
+    v.check("Allreduce(None, buf)", (a == n * (n + 1) / 2).all(), f"{a}")
+
+
+def staged_derived(xcomm, comm, v):
+    n, rank = comm.size, comm.rank
+    pair = MPI.DOUBLE.Create_contiguous(2).Commit()
+    every2 = MPI.DOUBLE.Create_vector(5, 1, 2).Commit()
+    try:
+        for rep in range(2):
+            d = np.arange(12.0) + rep if rank == 0 else np.full(12, -5.0)
+            spec = [d, 6, pair] if rank % 2 == 0 else [d, MPI.DOUBLE]
+            xcomm.Bcast(spec, root=0)
+            v.check(f"Bcast [buf, 6, pair] or [buf, DOUBLE] #{rep}",
+                    np.array_equal(d, np.arange(12.0) + rep), f"got {d[:4]}")
+        # Every other double of 10 on the root, 5 packed doubles elsewhere.
+        src = np.arange(10.0) if rank == n - 1 else np.full(5, -1.0)
+        spec = [src, 1, every2] if rank == n - 1 else [src, MPI.DOUBLE]
+        xcomm.Bcast(spec, root=n - 1)
+        v.check("Bcast of a vector type", rank == n - 1 or np.array_equal(
+            src, np.arange(0.0, 10.0, 2)), f"got {src}")
+        dins = [np.arange(8.0) * (r + 1) for r in range(n)]
+        dout = np.full(10, -1.0)  # receives through the vector type
+        xcomm.Allreduce([dins[rank][:5], MPI.DOUBLE], [dout, 1, every2])
+        v.check("Allreduce into a vector type", np.array_equal(
+            dout[::2], np_fold("SUM", [x[:5] for x in dins])) and
+            (dout[1::2] == -1).all(), f"got {dout}")
+        pout = np.zeros(8)
+        xcomm.Allreduce([dins[rank], pair], [pout, pair], op=MPI.MAX)
+        v.check("Allreduce MAX over a pair type",
+                np.array_equal(pout, dins[-1]), f"got {pout}")
+        try:
+            xcomm.Bcast([bytearray(12), MPI.DOUBLE])
+            err = "no ValueError"
+        except ValueError as e:
+            err = None if "not a whole number" in str(e) else str(e)
+        v.case("12 bytes as [buf, DOUBLE] refused", err)
+    finally:
+        pair.Free()
+        every2.Free()
+
+
+def changed_after_plan(xcomm, comm, v):
+    """A call that matched a plan must not use it once its array changed
+    in place: another dtype, another size, or memory moved."""
+    n, rank = comm.size, comm.rank
+    a = np.zeros(4)
+    xcomm.Allreduce(MPI.IN_PLACE, a)
+    a.dtype = np.float32               # the same 32 bytes, 8 float32
+    a[:] = rank + 1
+    xcomm.Allreduce(MPI.IN_PLACE, a)
+    v.check("Allreduce after dtype reassigned", a.dtype == np.float32 and
+            (a == n * (n + 1) / 2).all(), f"got {a}")
+    b = np.zeros(1000)
+    xcomm.Allreduce(MPI.IN_PLACE, b)
+    b.resize(5000, refcheck=False)     # new memory, 5000 elements
+    b[:] = rank + 1
+    xcomm.Allreduce(MPI.IN_PLACE, b)
+    v.check("Allreduce after resize", (b == n * (n + 1) / 2).all(),
+            f"got {b[:3]} .. {b[-3:]}")
+    c = np.zeros(6)
+    spec = [c, MPI.DOUBLE]
+    for root in (n - 1, 0):
+        src = np.arange(6.0) + root
+        spec[0] = src.copy() if rank == root else np.zeros(6)
+        xcomm.Bcast(spec, root=np.int64(root))
+        v.check(f"Bcast of a list whose buffer changed, root {root}",
+                np.array_equal(spec[0], src), f"got {spec[0]}")
+
+
 SUITES = {
     "bcast": suite_bcast, "allreduce": suite_allreduce,
     "reduce": suite_reduce, "barrier": suite_barrier, "mixed": suite_mixed,
     "subcomm": suite_subcomm, "zerocopy": suite_zerocopy,
     "fallback": suite_fallback, "stats": suite_stats, "wrap": suite_wrap,
-    "calls": suite_calls,
+    "calls": suite_calls, "staged": suite_staged,
 }
 
 
