@@ -503,11 +503,12 @@ def test_new_segment_is_private_and_unguessable():
     assert a != b
     tails = []
     for name in [a, b] + [_core.new_name() for _ in range(1000)]:
-        m = re.fullmatch(r"/xhc\.(\d+)\.([0-9a-f]+)", name)
+        m = re.fullmatch(r"/xhc\.(\d+)\.(\d+)\.([0-9a-f]+)", name)
         assert m, name
         assert int(m.group(1)) == os.getuid()
-        assert 4 * len(m.group(2)) >= 96, name
-        tails.append(m.group(2))
+        assert int(m.group(2)) == os.getpid()
+        assert 4 * len(m.group(3)) >= 96, name
+        tails.append(m.group(3))
     assert len(set(tails)) == len(tails)
     # Random in every digit, not a counter or a clock behind a prefix.
     for i in range(24):
@@ -592,3 +593,33 @@ def test_zero_copy_allreduce_after_private_allreduce(zc_reuse3, phase):
             int(kv["wrong_shared"]) == 0, \
             f"rank {r}: {kv['wrong_private']} wrong private and " \
             f"{kv['wrong_shared']} wrong shared results in {rounds} rounds"
+
+
+def test_files_left_by_killed_creators_are_swept():
+    """A kill between rank 0's create and the others' open leaves a file;
+    making the next segment removes the ones whose creator is gone and
+    that are old, and only those."""
+    import subprocess
+    from xhc import _core
+    from xhc._xhc import lib
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()                       # its pid names no process now
+    uid, old = os.getuid(), time.time() - 3600
+    files = {
+        "dead-old": f"/xhc.{uid}.{dead.pid}.{'a' * 24}",
+        "dead-new": f"/xhc.{uid}.{dead.pid}.{'b' * 24}",
+        "alive-old": f"/xhc.{uid}.{os.getpid()}.{'c' * 24}",
+    }
+    try:
+        for key, name in files.items():
+            assert lib.xhc_shm_create(name.encode(), 4096) == 0
+            if key.endswith("old"):
+                os.utime(SHM + name, (old, old))
+        made = _core.new_name()       # sweeps first
+        left = {k for k, n in files.items() if os.path.exists(SHM + n)}
+        assert left == {"dead-new", "alive-old"}, left
+        assert not os.path.exists(SHM + made)
+    finally:
+        for name in files.values():
+            lib.xhc_shm_unlink(name.encode())

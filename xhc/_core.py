@@ -4,6 +4,7 @@ import errno
 import mmap
 import os
 import secrets
+import time
 
 import numpy as np
 
@@ -57,9 +58,49 @@ def check(rc, what):
         raise error(rc, what)
 
 
+_SHM_DIR = "/dev/shm"
+_STALE_AFTER = 600  # seconds: no communicator takes this long to be made
+
+
 def new_name():
-    """An unguessable shared-memory name owned by this user."""
-    return f"/xhc.{os.getuid()}.{secrets.token_hex(12)}"
+    """An unguessable shared-memory name owned by this user.  It names
+    the creating process, so that sweep_stale can tell a file left by a
+    killed process from one still being opened."""
+    sweep_stale()
+    return f"/xhc.{os.getuid()}.{os.getpid()}.{secrets.token_hex(12)}"
+
+
+def sweep_stale(now=None):
+    """Unlink this user's xhc files whose creator is gone and which are
+    older than _STALE_AFTER.  A file lives only from rank 0's create to
+    the moment every rank has opened it; a kill in between (a rank that
+    arrives late, say) leaves it behind, and the next communicator made
+    on the node removes it."""
+    prefix = f"xhc.{os.getuid()}."
+    now = time.time() if now is None else now
+    try:
+        names = [n for n in os.listdir(_SHM_DIR) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        parts = name.split(".")
+        if len(parts) != 4 or not parts[2].isdigit() or _alive(int(parts[2])):
+            continue
+        try:  # the age guards a creator in another pid namespace
+            if now - os.stat(f"{_SHM_DIR}/{name}").st_mtime > _STALE_AFTER:
+                lib.xhc_shm_unlink(f"/{name}".encode())
+        except OSError:
+            pass
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def collective_check(comm, rc, what):
