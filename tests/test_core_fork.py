@@ -34,7 +34,7 @@ SHM_DIR = "/dev/shm"
 
 
 def _xhc_entries():
-    """Segments of xhc in /dev/shm: the front end's /xhc.<uid>.<hex>, and
+    """Segments of xhc in /dev/shm: the front end's /xhc.<uid>.<pid>.<hex>, and
     xhc./xhc- names the tests give theirs."""
     try:
         return {e for e in os.listdir(SHM_DIR)
