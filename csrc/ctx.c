@@ -43,14 +43,18 @@ static int xhc_header_check(xhc_ctx_t *ctx)
         hdr->magic = XHC_MAGIC;
         hdr->nranks = (uint64_t)ctx->nranks;
         hdr->cico_max = ctx->cfg.cico_max;
+        hdr->chunk_size = ctx->cfg.chunk_size;
         hdr->windows = ctx->cfg.windows;
+        hdr->sleep = ctx->cfg.sleep;
         return 0;
     }
     /* Rank 0 wrote the header before the front end's barrier that
      * precedes any other rank's open. */
     if (hdr->magic != XHC_MAGIC || hdr->nranks != (uint64_t)ctx->nranks
         || hdr->cico_max != ctx->cfg.cico_max
-        || hdr->windows != ctx->cfg.windows)
+        || hdr->chunk_size != ctx->cfg.chunk_size
+        || hdr->windows != ctx->cfg.windows
+        || hdr->sleep != ctx->cfg.sleep)
         return XHC_ERR_SEGMENT;
     return 0;
 }

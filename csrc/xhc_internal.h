@@ -76,7 +76,9 @@ struct xhc_seg_header {
     uint64_t magic;
     uint64_t nranks;
     uint64_t cico_max;
+    uint64_t chunk_size;
     uint64_t windows;
+    uint64_t sleep;
 } XHC_ALIGNED;
 
 enum { XHC_DOWN, XHC_UP };

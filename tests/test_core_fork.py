@@ -226,12 +226,13 @@ def test_open_checks_its_arguments():
             rc, ctx1 = open_ctx(seg, 1, 2, cfg)
             assert rc == 0
             lib.xhc_ctx_close(ctx1)
-            # Another cico_max than the creator's: refused.
-            other = make_config(cico_max=2048)
-            name2 = seg.name  # same name, other layout size
-            size2 = lib.xhc_segment_size(2, other)
-            assert lib.xhc_ctx_open(out, name2, size2, 1, 2, other) == \
-                lib.XHC_ERR_SEGMENT
+            # Another layout or way of waiting than the creator's: refused.
+            for field, value in (("cico_max", 2048), ("chunk_size", 8192),
+                                 ("sleep", 5)):
+                other = make_config(**{field: value})
+                size2 = lib.xhc_segment_size(2, other)
+                assert lib.xhc_ctx_open(out, seg.name, size2, 1, 2, other) \
+                    == lib.XHC_ERR_SEGMENT, field
         finally:
             lib.xhc_ctx_close(ctx0)
     missing = seg_name().encode()
