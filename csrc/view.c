@@ -116,13 +116,30 @@ void xhc_hier_free(struct xhc_hier *h, int n)
 }
 
 /* Take a copy of GROUPS after checking every rank shares the top group. */
+/* Is GROUPS (NLEVELS x N) a hierarchy: one group at the top, and ranks
+ * that share a group at one level sharing one at every level above?  A
+ * group that a parent's group does not hold would wait for ever. */
+static int xhc_levels_nest(int n, int nlevels, const int *groups)
+{
+    const int *top = groups + (size_t)(nlevels - 1) * n;
+    for (int r = 0; r < n; r++)
+        if (top[r] != top[0])
+            return 0;
+    for (int l = 0; l + 1 < nlevels; l++) {
+        const int *g = groups + (size_t)l * n, *up = g + n;
+        for (int r = 0; r < n; r++)
+            for (int s = r + 1; s < n; s++)
+                if (g[r] == g[s] && up[r] != up[s])
+                    return 0;
+    }
+    return 1;
+}
+
 int xhc_hier_set(struct xhc_hier *h, int n, int nlevels, const int *groups)
 {
-    if (nlevels < 1 || nlevels > XHC_MAX_LEVELS)
+    if (nlevels < 1 || nlevels > XHC_MAX_LEVELS
+        || !xhc_levels_nest(n, nlevels, groups))
         return XHC_ERR_HIERARCHY;
-    for (int r = 0; r < n; r++)
-        if (groups[(size_t)(nlevels - 1) * n + r] != groups[(size_t)(nlevels - 1) * n])
-            return XHC_ERR_HIERARCHY;
     xhc_hier_free(h, n);
     h->groups = malloc(sizeof(int) * (size_t)nlevels * n);
     h->views = calloc((size_t)n, sizeof(*h->views));

@@ -265,6 +265,11 @@ def test_collectives_check_their_arguments():
             assert lib.xhc_ctx_set_hierarchy(ctx, lib.XHC_BCAST, 1,
                                              split_top) == \
                 lib.XHC_ERR_HIERARCHY
+            # Ranks 0 and 1 together at level 0, apart at level 1.
+            unnested = ffi.new("int[]", [0, 0, 0, 1, 0, 0])
+            assert lib.xhc_ctx_set_hierarchy(ctx, lib.XHC_BCAST, 3,
+                                             unnested) == \
+                lib.XHC_ERR_HIERARCHY
             flat = ffi.new("int[]", [0] * 2 * 9)
             assert lib.xhc_ctx_set_hierarchy(ctx, lib.XHC_BCAST, 0, flat) == \
                 lib.XHC_ERR_HIERARCHY
