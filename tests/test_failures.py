@@ -453,7 +453,7 @@ def test_segments_of_real_runs_are_private(args3):
     for name in names:
         assert modes[name]["mode"] == "0600", (name, modes[name])
         assert int(modes[name]["uid"]) == os.getuid(), (name, modes[name])
-        assert re.fullmatch(rf"/xhc\.{os.getuid()}\.[0-9a-f]{{24,}}", name), \
+        assert re.fullmatch(rf"/xhc\.{os.getuid()}\.\d+\.[0-9a-f]{{24,}}", name), \
             name
     assert len(set(names)) == len(names)
 
