@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Turn mpi4py-style buffer arguments into what the C core takes."""
 import functools
+import operator
+import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -75,6 +77,9 @@ def _of_array(arr, obj=None):
     element in C order.  Every layout goes through the core, so ranks
     that lay out their buffers differently stay in the same collective."""
     obj = arr if obj is None else obj
+    if arr.dtype.hasobject:
+        raise TypeError("an array of Python objects holds pointers that mean "
+                        "nothing in another process; pass plain data")
     flags = arr.flags
     code = dtype_code(arr.dtype)
     if flags.c_contiguous:
@@ -92,9 +97,10 @@ def _element_type(dt):
     None if DT mixes types or numpy has no such type."""
     if dt.is_predefined:
         try:
-            return np.dtype(dt.tocode())
+            npdt = np.dtype(dt.tocode())
         except (ValueError, TypeError, KeyError):
             return None
+        return npdt if npdt.itemsize == dt.Get_size() > 0 else None
     base, combiner, params = dt.decode()
     parts = params["datatypes"] if combiner == "STRUCT" else [base]
     found = set()
@@ -105,53 +111,107 @@ def _element_type(dt):
     return found.pop() if len(found) == 1 else None
 
 
-def _of_derived(spec, dt):
-    """[buf, (count,) dt] with a derived DT: staged through MPI's packed
-    form, which holds the type's elements back to back."""
-    view = memoryview(spec[0]).cast("B")
-    lb, extent = dt.Get_extent()
-    if lb != 0 or extent <= 0:
-        raise ValueError(f"datatype {dt.Get_name() or 'derived'} has lower "
-                         f"bound {lb} and extent {extent}: xhc takes derived "
-                         "datatypes with lower bound 0; resize it with "
-                         "Create_resized(0, extent)")
-    count = len(view) // extent if len(spec) == 2 else int(spec[1])
-    if count < 0 or count * extent > len(view):
-        raise ValueError(f"buffer of {len(view)} bytes is too small for "
-                         f"{count} x a datatype of extent {extent}")
-    element = _element_type(dt)
-    packed = np.empty(dt.Pack_size(count, MPI.COMM_SELF), np.uint8)
-    arr = packed[:dt.Get_size() * count].view(
-        np.uint8 if element is None else element)
-    window = view[:count * extent]  # Pack and Unpack take COUNT from it
-    code = NOT_REDUCIBLE if element is None else dtype_code(element)
-    return Buffer(spec, arr, code, not view.readonly,
-                  lambda: dt.Pack(window, packed, 0, MPI.COMM_SELF),
-                  lambda: dt.Unpack(packed, 0, window, MPI.COMM_SELF))
+def _raw_bytes(buf):
+    """The memory of a contiguous buffer, in C or Fortran order, as it
+    lies: a flat uint8 array (read-only if the buffer is)."""
+    if isinstance(buf, np.ndarray) and not buf.flags.c_contiguous \
+            and buf.flags.f_contiguous:
+        buf = buf.T
+    try:
+        return np.frombuffer(buf, np.uint8)
+    except (TypeError, ValueError, BufferError):
+        raise ValueError(f"the {type(buf).__name__} of a buffer "
+                         "specification is not contiguous; pass a "
+                         "contiguous one") from None
+
+
+def _parse_spec(spec):
+    """(buf, count or None, displacement, datatype) of a buffer
+    specification in any form mpi4py takes: [buf, datatype],
+    [buf, count], [buf, count, datatype], [buf, (count, displ), datatype]
+    and [buf, count, displ, datatype]; a datatype may be an MPI.Datatype
+    or a typecode such as 'd'."""
+    buf, *rest = spec
+    dt = rest[-1] if rest and isinstance(rest[-1], (MPI.Datatype, str)) \
+        else None
+    nums = rest[:-1] if dt is not None else rest
+    if len(nums) == 1 and isinstance(nums[0], tuple):
+        nums = list(nums[0])
+    if len(nums) > 2 or (dt is None and not nums):
+        raise Unsupported("buffer specification other than mpi4py's forms")
+    try:
+        count, displ = [operator.index(x) for x in nums] + [None, 0][
+            len(nums):]
+    except TypeError:
+        raise Unsupported("buffer specification other than mpi4py's "
+                          "forms") from None
+    if dt is None:
+        dt = memoryview(buf).format
+    return buf, count, displ, dt
 
 
 def _of_spec(spec):
-    """[buf, datatype] or [buf, count, datatype], as mpi4py takes them."""
-    if len(spec) not in (2, 3) or not isinstance(spec[-1], MPI.Datatype):
-        raise Unsupported("buffer specification other than [buf, (count,) "
-                          "datatype]")
-    dt = spec[-1]
-    if not dt.is_predefined:
-        return _of_derived(spec, dt)
-    npdt = _element_type(dt)
-    if npdt is None:
-        raise Unsupported(f"datatype {dt.Get_name()}")
-    view = memoryview(spec[0]).cast("B")
-    if len(spec) == 2 and len(view) % npdt.itemsize:
-        raise ValueError(f"buffer of {len(view)} bytes is not a whole "
-                         f"number of {dt.Get_name()} ({npdt.itemsize} "
-                         "bytes each); pass [buf, count, datatype]")
-    count = len(view) // npdt.itemsize if len(spec) == 2 else int(spec[1])
-    if count < 0 or count * npdt.itemsize > len(view):
-        raise ValueError(f"buffer of {len(view)} bytes is too small for "
-                         f"{count} x {dt.Get_name()}")
-    arr = np.frombuffer(view, npdt, count)
-    return Buffer(spec, arr, dtype_code(npdt), not view.readonly)
+    """A buffer specification: in place when its datatype is a type numpy
+    knows, else staged through MPI's packed form."""
+    buf, count, displ, dt = _parse_spec(spec)
+    if isinstance(dt, str):
+        npdt = np.dtype(dt)
+        if npdt.hasobject or npdt.itemsize == 0:
+            raise TypeError(f"typecode {dt!r} is not a type of plain data")
+    else:
+        npdt = _element_type(dt) if dt.is_predefined else None
+        if npdt is None:
+            return _of_packed(spec, _raw_bytes(buf), count, displ, dt)
+    raw = _raw_bytes(buf)
+    size = npdt.itemsize
+    if count is None:
+        if (len(raw) - displ * size) % size:
+            raise ValueError(f"buffer of {len(raw)} bytes is not a whole "
+                             f"number of {size}-byte elements; pass "
+                             "[buf, count, datatype]")
+        count = (len(raw) - displ * size) // size
+    if count < 0 or displ < 0 or (displ + count) * size > len(raw):
+        raise ValueError(f"buffer of {len(raw)} bytes is too small for "
+                         f"{count} elements of {size} bytes at {displ}")
+    arr = raw[displ * size:(displ + count) * size].view(npdt)
+    return Buffer(spec, arr, dtype_code(npdt), raw.flags.writeable)
+
+
+def _of_packed(spec, raw, count, displ, dt):
+    """A datatype numpy cannot lay out (derived, or a predefined one such
+    as MPI.WCHAR): staged through MPI's packed form, which holds its
+    elements back to back.  A duplicate of DT does the packing, so the
+    caller may free DT once the call (or *_init) has returned."""
+    lb, extent = dt.Get_extent()
+    if extent <= 0:
+        raise ValueError(f"datatype {dt.Get_name() or 'derived'} has extent "
+                         f"{extent}; give it a positive one")
+    if count is None:
+        count = max(len(raw) - displ * extent, 0) // extent
+    if count < 0 or displ < 0:
+        raise ValueError(f"count {count} and displacement {displ} must not "
+                         "be negative")
+    own = dt.Dup()
+    element = _element_type(own)
+    packed = np.empty(own.Pack_size(count, MPI.COMM_SELF), np.uint8)
+    weakref.finalize(packed, _free_type, own)
+    arr = packed[:own.Get_size() * count].view(
+        np.uint8 if element is None else element)
+    # From the buffer's start plus DISPL extents, COUNT extents: Pack and
+    # Unpack take the count from the window's length and apply the lower
+    # bound themselves, as MPI does on the buffer's address.
+    window = MPI.buffer.fromaddress(
+        raw.__array_interface__["data"][0] + displ * extent, count * extent,
+        readonly=not raw.flags.writeable) if count else bytearray(0)
+    code = NOT_REDUCIBLE if element is None else dtype_code(element)
+    return Buffer(spec, arr, code, raw.flags.writeable,
+                  lambda: own.Pack(window, packed, 0, MPI.COMM_SELF),
+                  lambda: own.Unpack(packed, 0, window, MPI.COMM_SELF))
+
+
+def _free_type(dt):
+    if not MPI.Is_finalized():
+        dt.Free()
 
 
 def _of_object(obj):
@@ -171,6 +231,8 @@ def _of_object(obj):
         arr = np.frombuffer(view.cast("B"), npdt)
     except (TypeError, ValueError):
         npdt, arr = None, np.frombuffer(view.cast("B"), np.uint8)
+    if npdt is not None and npdt.hasobject:
+        return _of_array(arr, obj)  # refused there
     code = NOT_REDUCIBLE if npdt is None else dtype_code(npdt)
     return Buffer(obj, arr, code, not view.readonly)
 

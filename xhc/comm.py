@@ -469,9 +469,9 @@ def _plan(args, call, moves, guarded, nbytes, buffers):
     stores = [b.store for b, _, written in moves if written and b.store]
     if loads or stores:
         run = functools.partial(_staged_run, run, loads, stores)
-    guard = _guard(guarded)
+    guard, dtypes = _guard(guarded)
     return (*args, run, call, *buffers, nbytes, bool(loads or stores),
-            guard, _address(guard), _address(call))
+            (guard, dtypes), _address(guard), _address(call))
 
 
 def _staged_run(run, loads, stores):
@@ -495,16 +495,18 @@ def _guard(guarded):
     array still has the data pointer, dtype object, size and contiguity
     it had (and is writable if it is written), as an array of words:
     [n, then per array: argument index, data, dtype, size, flags it must
-    all have, flags it must have one of]."""
-    words = [0]
+    all have, flags it must have one of]; and the dtypes, which the plan
+    keeps alive so that no other dtype can take their addresses."""
+    words, dtypes = [0], []
     for index, arg, writable in guarded:
         if isinstance(arg, np.ndarray):
             words[0] += 1
+            dtypes.append(arg.dtype)
             words += [index, arg.__array_interface__["data"][0],
                       id(arg.dtype), arg.size,
                       _WRITEABLE if writable else 0,
                       _C_CONTIGUOUS | _F_CONTIGUOUS]
-    return ffi.new("uintptr_t[]", words)
+    return ffi.new("uintptr_t[]", words), tuple(dtypes)
 
 
 def _address(cdata):
