@@ -9,7 +9,8 @@ import numpy as np
 
 LARGE_MESSAGE_SIZE = 8192   # OSU: above this, the "large" loop counts apply
 LARGE_SCALE = 10            # OSU: 1000/100 small -> 100/10 large
-NPAT = 3                    # distinct send patterns, rotated per iteration
+NPAT = 5                    # distinct send patterns, rotated per iteration
+                            # (prime: no ring of 2 or 4 slots lines up)
 FIELD_WIDTH = 20
 FLOAT_PRECISION = 2
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -57,23 +58,34 @@ def loop_counts(size, iters, warmup):
 
 
 def split_blocks(iters, nblocks):
-    """Split ITERS into at most NBLOCKS near-equal positive block lengths."""
+    """Split ITERS into at most NBLOCKS near-equal positive block lengths,
+    an even number of them when there are two iterations or more, so that
+    in ABBA order each implementation goes first equally often."""
     nblocks = max(1, min(nblocks, iters))
+    if nblocks > 1:
+        nblocks -= nblocks % 2
     base, extra = divmod(iters, nblocks)
     return [base + (b < extra) for b in range(nblocks)]
 
 
 # -- data patterns and validation --------------------------------------------
 
-def pattern(rank, k, count, dtype):
-    """Return pattern K of RANK: small non-negative integers, exact in floats.
+def pattern(rank, k, count, dtype, nranks=1):
+    """Return pattern K of RANK (of NRANKS): small non-negative integers,
+    exact in floats.
 
     Values are ``(7*j + 13*rank + 29*k) % 61`` for index j, so they differ
-    between ranks, indices and the NPAT rotating patterns, and stay in
-    0..60: a sum over ranks is exact in every supported dtype.
+    between ranks, indices and the NPAT rotating patterns, lifted by 61 on
+    every rank but one (rank k+1, mod NRANKS) and by 122 on one (rank k):
+    that rank is the maximum and the other the minimum at every index, so
+    over the patterns MAX and MIN see each rank's data (with up to NPAT
+    ranks), even in a one-element message.  The values stay within
+    0..182: a sum over ranks is exact in every supported dtype.
     """
     j = np.arange(count, dtype=np.int64)
-    return ((7 * j + 13 * rank + 29 * k) % 61).astype(dtype)
+    lift = 0 if nranks > 1 and rank == (k + 1) % nranks else \
+        122 if rank == k % nranks else 61
+    return ((7 * j + 13 * rank + 29 * k) % 61 + lift).astype(dtype)
 
 
 def poison(dtype):
@@ -84,7 +96,7 @@ def poison(dtype):
 @functools.lru_cache(maxsize=8)
 def _expected(op, nranks, k, count, dtype):
     ufunc = UFUNCS[op]
-    parts = (pattern(r, k, count, dtype) for r in range(nranks))
+    parts = (pattern(r, k, count, dtype, nranks) for r in range(nranks))
     out = functools.reduce(ufunc, parts)
     out.setflags(write=False)
     return out

@@ -27,16 +27,32 @@ if not __package__:  # run as a path: python bench/compare.py
 from bench import _osu  # noqa: E402
 
 
+# Options that change what is measured: files must agree on them.
+SAME = ("dtype", "op", "root", "sync", "iterations", "warmup", "blocks")
+
+
 def load(paths):
-    """Return the JSON documents; fail if they measure different things."""
+    """Return the JSON documents; fail if any run failed, or if they
+    measure different things."""
     docs = []
     for path in paths:
         with open(path, encoding="utf-8") as f:
-            docs.append(json.load(f))
+            doc = json.load(f)
+        bad = sum(v.get("errors", 0) for r in doc["results"]
+                  for v in r.values() if isinstance(v, dict))
+        if doc.get("error") or bad:
+            raise SystemExit(f"compare: {path} is from a run that failed "
+                             f"({doc.get('error') or f'{bad} bad results'})")
+        docs.append(doc)
     kinds = {(d["benchmark"], d["ranks"]) for d in docs}
     if len(kinds) != 1:
         raise SystemExit(f"compare: files differ in benchmark or ranks: "
                          f"{sorted(kinds, key=str)}")
+    for key in SAME:
+        values = {str(d["options"].get(key)) for d in docs}
+        if len(values) > 1:
+            raise SystemExit(f"compare: files differ in --{key}: "
+                             f"{sorted(values)}; measure them alike")
     return docs
 
 

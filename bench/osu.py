@@ -24,9 +24,9 @@ runs the two implementations in alternating blocks (order ABBA...: xhc,
 MPI, MPI, xhc, ...) on separate buffers of the same size, so slow drift on
 a noisy machine hits both.
 
-Data: every rank holds NPAT=3 precomputed patterns per size (small
+Data: every rank holds NPAT=5 precomputed patterns per size (small
 integers, a function of rank, pattern number and index; exact in floats)
-and copies pattern ``i % 3`` into the whole send buffer before iteration i,
+and copies pattern ``i % 5`` into the whole send buffer before iteration i,
 outside the timed region.  Each call thus reads data written since the
 previous call (its cache lines were just dirtied by the owner), never a
 warm unchanged buffer, for the cost of one untimed memcpy.  With ``-c`` the
@@ -62,6 +62,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from bench import _osu  # noqa: E402
+from bench._board import ArrivalBoard  # noqa: E402
 
 Command = collections.namedtuple("Command", "title min_size data case")
 Impl = collections.namedtuple("Impl", "key label comm alloc")
@@ -77,19 +78,22 @@ class BenchError(Exception):
 class Case:
     """One implementation's buffers and calls for one message size."""
 
-    __slots__ = ("run", "fill", "check", "i", "total", "errors", "sync")
+    __slots__ = ("run", "fill", "check", "i", "total", "errors", "sync",
+                 "close")
 
-    def __init__(self, run, fill=lambda k: None, check=lambda k: 0):
+    def __init__(self, run, fill=lambda k: None, check=lambda k: 0,
+                 close=lambda: None):
         self.run, self.fill, self.check = run, fill, check
         self.i, self.total, self.errors = 0, 0.0, 0
         self.sync = None  # the barrier before each call; set by measure()
+        self.close = close  # frees what the case holds, after the size
 
 
 # -- the four commands --------------------------------------------------------
 
 def bcast_data(ctx, size):
     """Return the root's patterns: what every rank must hold after Bcast."""
-    return [_osu.pattern(ctx.opts.root, k, size, np.uint8)
+    return [_osu.pattern(ctx.opts.root, k, size, np.uint8, ctx.nranks)
             for k in range(_osu.NPAT)]
 
 
@@ -111,7 +115,7 @@ def bcast_case(ctx, impl, pats):
 def reduce_data(ctx, size):
     """Return (own send patterns, truths or None) for a reduction."""
     count = size // ctx.dtype.itemsize
-    send = [_osu.pattern(ctx.rank, k, count, ctx.dtype)
+    send = [_osu.pattern(ctx.rank, k, count, ctx.dtype, ctx.nranks)
             for k in range(_osu.NPAT)]
     truth = None
     if ctx.opts.validate:
@@ -160,8 +164,19 @@ def barrier_data(ctx, size):
 
 
 def barrier_case(ctx, impl, data):
-    """Return a Barrier case."""
-    return Case(impl.comm.Barrier)
+    """Return a Barrier case.  With -c every rank marks its arrival on a
+    shared board right before the call (inside the timed region, for both
+    implementations alike), and after it checks that every rank had
+    arrived: a barrier that returns early leaves a mark behind."""
+    barrier = impl.comm.Barrier
+    if not ctx.opts.validate:
+        return Case(barrier)
+    board = ArrivalBoard(ctx.comm)
+
+    def run():
+        board.arrive()
+        barrier()
+    return Case(run, check=lambda k: len(board.late()), close=board.free)
 
 
 COMMANDS = {
@@ -394,6 +409,8 @@ class Run:
         for case, im in zip(cases, self.impls):
             case.sync = im.comm.Barrier if own else self.comm.Barrier
         time_cases(cases, iters, warmup, self.opts)
+        for case in cases:
+            case.close()
         stats = [reduce_stats(self.comm, c.total, iters) for c in cases]
         bad = [self.comm.allgather(c.errors) for c in cases]
         if self.comm.rank == 0:
@@ -461,10 +478,12 @@ def row_values(stats, entry, opts, verdict):
 def validation_message(run, size, bad):
     """Return the DATA VALIDATION ERROR text naming the failing ranks."""
     parts = []
+    what = ("ranks found not arrived" if run.opts.command == "barrier"
+            else "bad elements")
     for im, errors in zip(run.impls, bad):
         ranks = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
         if ranks:
-            parts.append(f"{im.label} ({', '.join(ranks)} bad elements)")
+            parts.append(f"{im.label} ({', '.join(ranks)} {what})")
     where = f" at {size} B" if size is not None else ""
     return (f"DATA VALIDATION ERROR: {run.opts.command}{where}: "
             + "; ".join(parts))
@@ -494,7 +513,8 @@ def header_lines(run):
     o, doc = run.opts, run.doc
     names = " vs ".join(_impl_name(im) for im in run.impls)
     mode = ", interleaved in ABBA blocks" if len(run.impls) == 2 else ""
-    bufs = "; xhc buffers: xcomm.empty (shm)" if o.shm else ""
+    bufs = ("; buffers: xhc's from xcomm.empty (node shared memory), "
+            "MPI's private (np.empty)") if o.shm else ""
     what = {"bcast": f"Datatype: uint8, root: {o.root}",
             "barrier": "Datatype: none"}.get(
                 o.command, f"Datatype: {o.dtype}, op: {o.op.upper()}"
@@ -523,16 +543,28 @@ def new_doc(run, opts):
             "impls": [im.key for im in run.impls],
             "labels": {im.key: im.label for im in run.impls},
             "units": "us", "mpi": mpi_description(), "env": env_settings(),
+            "buffers": {im.key: "shared (xcomm.empty)"
+                        if im.key == "xhc" and opts.shm else "private (np.empty)"
+                        for im in run.impls},
             "options": {k: getattr(opts, k) for k in keep},
             "results": [], "reference": []}
 
 
 def finish(run, xcomm, error=None):
-    """Write the JSON and plot on rank 0 (also after a validation error)."""
+    """Write the JSON and plot on rank 0 (also after a validation error).
+    Collective: xhc's path counts are summed over the ranks, and a call
+    that any rank handed to mpi4py is reported, as the xhc column would
+    then be partly MPI's."""
+    every = run.comm.gather(dict(xcomm.stats) if xcomm is not None
+                            else None, root=0)
     if run.comm.rank != 0:
         return
     if xcomm is not None:
-        run.doc["xhc_stats"] = dict(getattr(xcomm, "stats", {}) or {})
+        stats = {k: sum(s[k] for s in every) for k in every[0]}
+        run.doc["xhc_stats"] = stats
+        if stats.get("fallback"):
+            print(f"bench.osu: warning: {stats['fallback']} xhc calls fell "
+                  "back to mpi4py", file=sys.stderr, flush=True)
     if error:
         run.doc["error"] = error
     if run.opts.json:

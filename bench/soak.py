@@ -41,6 +41,8 @@ from mpi4py import MPI
 import xhc
 from xhc.config import parse_size
 
+from ._board import ArrivalBoard
+
 INT_DTYPES = [np.dtype(c) for c in ("i1", "i2", "i4", "i8",
                                     "u1", "u2", "u4", "u8")]
 FLOAT_DTYPES = [np.dtype("f4"), np.dtype("f8")]
@@ -174,21 +176,13 @@ class Soak:
         cap = args.max_bytes + 64
         # Zero-copy buffers, registered with the core once.
         self.shm = [self.xc.empty(cap, np.uint8) for _ in range(2)]
-        self.win = MPI.Win.Allocate_shared(8 * self.size if self.rank == 0
-                                           else 0, 8, comm=comm)
-        buf, _ = self.win.Shared_query(0)
-        self.arrived = np.frombuffer(buf, np.int64, self.size)
-        self.win.Fence()
-        if self.rank == 0:
-            self.arrived[:] = 0
-        self.win.Fence()
+        self.board = ArrivalBoard(comm)
         self.errors = 0
         self.nbytes = 0
         self.checked = 0
-        self.barriers = 0
 
     def close(self):
-        self.win.Free()
+        self.board.free()
         self.xc.free()
 
     # -- drawing the next operation (identical on every rank) --------------
@@ -260,17 +254,16 @@ class Soak:
         self.nbytes += 0 if kind == "barrier" else nbytes
 
     def barrier(self, i, delay):
-        self.barriers += 1
         if delay == self.rank:
             time.sleep(0.001)
-        self.arrived[self.rank] = self.barriers
+        self.board.arrive()
         self.xc.Barrier()
-        late = np.flatnonzero(self.arrived < self.barriers)
+        late = self.board.late()
         if len(late):
             self.errors += 1
-            print(f"soak: rank {self.rank}: op {i} barrier {self.barriers}: "
-                  f"ranks {late.tolist()} had not arrived", file=sys.stderr,
-                  flush=True)
+            print(f"soak: rank {self.rank}: op {i} barrier "
+                  f"{self.board.count}: ranks {late.tolist()} had not "
+                  "arrived", file=sys.stderr, flush=True)
 
     def bcast(self, i, what, dtype, count, root, zero_copy):
         want = self.inputs.raw(i, root, dtype, count)

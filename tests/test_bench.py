@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Short runs of bench/osu.py on 2 ranks, and its MPI-free helpers."""
 import json
+import functools
 import os
 import sys
 
@@ -85,11 +86,29 @@ def test_osu_shm(tmp_path):
 @pytest.mark.parametrize("op", ["sum", "max", "min"])
 @pytest.mark.parametrize("dtype", _osu.DTYPES)
 def test_expected_matches_numpy(op, dtype):
-    stack = np.stack([_osu.pattern(r, 2, 100, dtype) for r in range(5)])
+    stack = np.stack([_osu.pattern(r, 2, 100, dtype, 5) for r in range(5)])
     truth = {"sum": stack.sum, "max": stack.max, "min": stack.min}[op](0)
     got = _osu.expected(op, 5, 2, 100, dtype)
     assert got.dtype == np.dtype(dtype)
     assert _osu.count_errors(got, truth.astype(dtype)) == 0
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4, 5])
+def test_max_and_min_see_every_rank_in_one_element(nranks):
+    """Over the NPAT patterns each rank is once the maximum and once the
+    minimum, so a MAX or MIN that drops a rank's data fails validation
+    even in an 8-byte message."""
+    for op in ("max", "min"):
+        seen = set()
+        for k in range(_osu.NPAT):
+            want = _osu.expected(op, nranks, k, 1, "float64")
+            for gone in range(nranks):
+                parts = [_osu.pattern(r, k, 1, "float64", nranks)
+                         for r in range(nranks) if r != gone]
+                fold = np.maximum if op == "max" else np.minimum
+                if _osu.count_errors(functools.reduce(fold, parts), want):
+                    seen.add(gone)
+        assert seen == set(range(nranks)), (op, seen)
 
 
 def test_validation_detects_corruption():
@@ -118,12 +137,30 @@ def test_message_sizes_and_counts():
     assert sum(_osu.split_blocks(7, 10)) == 7
 
 
-def _doc(label, impls, scale):
-    rows = [{"size": s, **{k: {"avg_us": scale * s} for k in impls}}
-            for s in (8, 16)]
+def _doc(label, impls, scale, **options):
+    rows = [{"size": s, **{k: {"avg_us": scale * s, "errors": 0}
+                           for k in impls}} for s in (8, 16)]
     return {"benchmark": "allreduce", "ranks": 2, "title": "t",
             "impls": impls, "labels": {"xhc": "xhc", "mpi": label},
+            "options": {"dtype": "float64", "op": "sum", **options},
             "results": rows}
+
+
+@pytest.mark.parametrize("bad", ["error", "errors", "dtype"])
+def test_compare_refuses_failed_or_unlike_runs(tmp_path, bad):
+    a, b = _doc("MPI", ["xhc", "mpi"], 1.0), _doc("sm", ["mpi"], 2.0)
+    if bad == "error":
+        b["error"] = "DATA VALIDATION ERROR: ..."
+    elif bad == "errors":
+        b["results"][1]["mpi"]["errors"] = 3
+    else:
+        b["options"]["dtype"] = "float32"
+    paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    _osu.write_json(paths[0], a)
+    _osu.write_json(paths[1], b)
+    with pytest.raises(SystemExit, match="failed" if bad != "dtype"
+                       else "differ in --dtype"):
+        compare.main(paths)
 
 
 def test_compare_merges_runs(tmp_path, capsys):

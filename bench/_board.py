@@ -1,0 +1,34 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""An arrival board: one int64 per rank in an MPI shared-memory window,
+so that after a barrier every rank can see that every other had entered
+it (a barrier that returns early leaves a slot behind)."""
+import numpy as np
+from mpi4py import MPI
+
+
+class ArrivalBoard:
+    """Collective over COMM (one node); free() when done."""
+
+    def __init__(self, comm):
+        self.rank = comm.rank
+        self.win = MPI.Win.Allocate_shared(8 * comm.size if comm.rank == 0
+                                           else 0, 8, comm=comm)
+        buf, _ = self.win.Shared_query(0)
+        self.slots = np.frombuffer(buf, np.int64, comm.size)
+        self.win.Fence()
+        if comm.rank == 0:
+            self.slots[:] = 0
+        self.win.Fence()
+        self.count = 0
+
+    def arrive(self):
+        """Mark this rank's next arrival; call right before the barrier."""
+        self.count += 1
+        self.slots[self.rank] = self.count
+
+    def late(self):
+        """Ranks that had not arrived at my latest barrier."""
+        return np.flatnonzero(self.slots < self.count)
+
+    def free(self):
+        self.win.Free()
