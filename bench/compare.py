@@ -28,7 +28,8 @@ from bench import _osu  # noqa: E402
 
 
 # Options that change what is measured: files must agree on them.
-SAME = ("dtype", "op", "root", "sync", "iterations", "warmup", "blocks")
+SAME = ("dtype", "op", "root", "sync", "iterations", "warmup", "blocks",
+        "persistent")
 
 
 def load(paths):

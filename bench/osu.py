@@ -91,6 +91,20 @@ class Case:
 
 # -- the four commands --------------------------------------------------------
 
+def timed_call(ctx, method, init, *args):
+    """The timed call METHOD(*ARGS) and what frees it; with --persistent, a
+    request made once by INIT(*ARGS) (MPI-4's *_init), then Start() and
+    Wait() per call, so neither side parses its arguments per call."""
+    if not ctx.opts.persistent:
+        return functools.partial(method, *args), lambda: None
+    req = init(*args)
+
+    def run():
+        req.Start()
+        req.Wait()
+    return run, req.Free
+
+
 def bcast_data(ctx, size):
     """Return the root's patterns: what every rank must hold after Bcast."""
     return [_osu.pattern(ctx.opts.root, k, size, np.uint8, ctx.nranks)
@@ -108,8 +122,9 @@ def bcast_case(ctx, impl, pats):
             np.copyto(buf, pats[k])
         elif validate:
             buf.fill(_osu.poison(np.uint8))
-    run = functools.partial(impl.comm.Bcast, buf, ctx.opts.root)
-    return Case(run, fill, lambda k: _osu.count_errors(buf, pats[k]))
+    run, free = timed_call(ctx, impl.comm.Bcast, impl.comm.Bcast_init, buf,
+                           ctx.opts.root)
+    return Case(run, fill, lambda k: _osu.count_errors(buf, pats[k]), free)
 
 
 def reduce_data(ctx, size):
@@ -145,17 +160,19 @@ def _reduction_buffers(ctx, impl, data):
 def allreduce_case(ctx, impl, data):
     """Return an Allreduce case; every rank checks the numpy truth."""
     sbuf, rbuf, fill, check = _reduction_buffers(ctx, impl, data)
-    run = functools.partial(impl.comm.Allreduce, sbuf, rbuf, ctx.mpi_op)
-    return Case(run, fill, check)
+    run, free = timed_call(ctx, impl.comm.Allreduce, impl.comm.Allreduce_init,
+                           sbuf, rbuf, ctx.mpi_op)
+    return Case(run, fill, check, free)
 
 
 def reduce_case(ctx, impl, data):
     """Return a Reduce case; the root checks the numpy truth."""
     sbuf, rbuf, fill, check = _reduction_buffers(ctx, impl, data)
     root = ctx.opts.root
-    run = functools.partial(impl.comm.Reduce, sbuf, rbuf, ctx.mpi_op, root)
+    run, free = timed_call(ctx, impl.comm.Reduce, impl.comm.Reduce_init,
+                           sbuf, rbuf, ctx.mpi_op, root)
     return Case(run, fill,
-                functools.partial(check, has_result=ctx.rank == root))
+                functools.partial(check, has_result=ctx.rank == root), free)
 
 
 def barrier_data(ctx, size):
@@ -168,15 +185,19 @@ def barrier_case(ctx, impl, data):
     shared board right before the call (inside the timed region, for both
     implementations alike), and after it checks that every rank had
     arrived: a barrier that returns early leaves a mark behind."""
-    barrier = impl.comm.Barrier
+    barrier, free = timed_call(ctx, impl.comm.Barrier, impl.comm.Barrier_init)
     if not ctx.opts.validate:
-        return Case(barrier)
+        return Case(barrier, close=free)
     board = ArrivalBoard(ctx.comm)
 
     def run():
         board.arrive()
         barrier()
-    return Case(run, check=lambda k: len(board.late()), close=board.free)
+
+    def close():
+        free()
+        board.free()
+    return Case(run, check=lambda k: len(board.late()), close=close)
 
 
 COMMANDS = {
@@ -237,6 +258,9 @@ def parse_args(argv=None):
                    "one for both (default), or each implementation's own, "
                    "as osu_* measures when xhc replaces the MPI's "
                    "collectives")
+    p.add_argument("--persistent", action="store_true",
+                   help="time MPI-4 persistent collectives on both sides: "
+                   "*_init once per size, Start() and Wait() per call")
     p.add_argument("--label", default="MPI", help="name of the MPI column")
     p.add_argument("--json", metavar="FILE",
                    help="write every number (see bench.compare to merge)")
@@ -524,7 +548,9 @@ def header_lines(run):
     lines += [f"env: {k}={v}" for k, v in doc["env"].items()]
     sync = ("the plain MPI Barrier" if o.sync == "mpi"
             else "each implementation's own Barrier")
-    lines.append(f"method: {sync}, then time each call; avg of per-rank "
+    calls = ("a persistent request's Start() and Wait()" if o.persistent
+             else "each call")
+    lines.append(f"method: {sync}, then time {calls}; avg of per-rank "
                  "means, min/max over ranks")
     if len(run.impls) == 2:
         lines.append(f"xhc/{run.impls[1].label}: ratio of the averages, "
@@ -536,7 +562,7 @@ def new_doc(run, opts):
     """Return the JSON record, before any result."""
     keep = ("command", "message_size", "iterations", "warmup", "full",
             "validate", "impl", "shm", "sync", "root", "dtype", "op", "blocks",
-            "label", "sizes")
+            "label", "sizes", "persistent")
     title = (f"OSU-style xhc {run.cmd.title} Latency Test v{xhc_version()}")
     return {"benchmark": opts.command, "title": title,
             "version": xhc_version(), "ranks": run.comm.size,

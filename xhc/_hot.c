@@ -16,7 +16,9 @@
  *    the Python method of the same name with a leading underscore, which
  *    makes the plan or raises.  So this file holds no policy at all: it
  *    only skips the interpreter on the call that was seen before.
- * 4. The GIL stays held while the collective spins; if a wait goes on
+ * 4. A persistent request (HotRequest, the base of xhc.comm.Request) is
+ *    bound to its core call once, so Start() goes straight to the core.
+ * 5. The GIL stays held while the collective spins; if a wait goes on
  *    long enough to yield the CPU, the core's block hook releases it, so
  *    other threads run, and it is taken back before returning.
  * The core is reached through function pointers handed over by cffi, so
@@ -193,11 +195,13 @@ static void hot_block(void *arg)
         hot_released = PyEval_SaveThread();
 }
 
-/* Run CALL (NULL: a barrier) with the GIL held until the core blocks. */
-static int hot_call(HotComm *h, void *call)
+/* Run CALL with RUN, or (CALL NULL) BARRIER on CTX, with the GIL held
+ * until the core blocks. */
+static int hot_invoke(xhc_run_fn run, void *call, xhc_barrier_fn barrier,
+                      void *ctx)
 {
     hot_running = 1;
-    int rc = call ? h->run(call) : h->barrier(h->ctx);
+    int rc = call ? run(call) : barrier(ctx);
     hot_running = 0;
     if (hot_released) {
         PyEval_RestoreThread(hot_released);
@@ -242,7 +246,7 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
     /* The plan keeps the call and its buffers alive; hold it in case the
      * GIL is released, whatever another thread does to the plans. */
     Py_INCREF(plan);
-    int rc = hot_call(h, call);
+    int rc = hot_invoke(h->run, call, h->barrier, h->ctx);
     Py_DECREF(plan);
     if (rc == 0)
         Py_RETURN_NONE;
@@ -290,7 +294,7 @@ static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
 {
     if (!h->ctx || PyVectorcall_NARGS(nargsf) || kwnames)
         return slow((PyObject *)h, "_Barrier", args, nargsf, kwnames);
-    int rc = hot_call(h, NULL);
+    int rc = hot_invoke(h->run, NULL, h->barrier, h->ctx);
     if (rc == 0)
         Py_RETURN_NONE;
     return failed(h, "_Barrier", rc, NULL, 0);
@@ -349,6 +353,97 @@ static void hot_dealloc(HotComm *h)
     Py_DECREF(tp);
 }
 
+/* A persistent collective (xhc.comm.Request derives from it): Start()
+ * runs the bound call in C, as a planned call does; Wait() has nothing to
+ * wait for, since Start() completes the operation.  An unbound request
+ * (freed, or staging its buffers in Python) starts through its Python
+ * method _Start. */
+typedef struct {
+    PyObject_HEAD
+    xhc_run_fn run;          /* with CALL; or NULL and: */
+    xhc_barrier_fn barrier;  /* with CTX; both NULL: unbound */
+    void *call;
+    void *ctx;
+} HotRequest;
+
+static PyObject *req_start(HotRequest *r, PyObject *unused)
+{
+    (void)unused;
+    if (!r->run && !r->barrier)
+        return PyObject_CallMethod((PyObject *)r, "_Start", NULL);
+    int rc = hot_invoke(r->run, r->call, r->barrier, r->ctx);
+    if (rc == 0)
+        Py_RETURN_NONE;
+    return PyObject_CallMethod((PyObject *)r, "_failed", "i", rc);
+}
+
+static PyObject *req_wait(HotRequest *r, PyObject *const *args,
+                          size_t nargsf, PyObject *kwnames)
+{
+    (void)r;
+    (void)args;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0) > 1) {
+        PyErr_SetString(PyExc_TypeError, "Wait(status=None)");
+        return NULL;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* _hot_bind(run, call, barrier, ctx): addresses as ints; all 0 unbinds. */
+static PyObject *req_bind(HotRequest *r, PyObject *args)
+{
+    unsigned long long run, call, barrier, ctx;
+    if (!PyArg_ParseTuple(args, "KKKK", &run, &call, &barrier, &ctx))
+        return NULL;
+    r->run = (xhc_run_fn)(uintptr_t)run;
+    r->call = (void *)(uintptr_t)call;
+    r->barrier = (xhc_barrier_fn)(uintptr_t)barrier;
+    r->ctx = (void *)(uintptr_t)ctx;
+    if (!(r->run && r->call) && !(r->barrier && r->ctx))
+        r->run = NULL, r->barrier = NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef req_methods[] = {
+    {"Start", (PyCFunction)req_start, METH_NOARGS,
+     "Run the collective (all ranks Start their matching requests)."},
+    {"Wait", (PyCFunction)(void (*)(void))req_wait,
+     METH_FASTCALL | METH_KEYWORDS,
+     "Return True at once: Start() completed the operation."},
+    {"_hot_bind", (PyCFunction)req_bind, METH_VARARGS,
+     "Bind the core call (or barrier) that Start runs."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int req_traverse(HotRequest *r, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(r));
+    return 0;
+}
+
+static void req_dealloc(HotRequest *r)
+{
+    PyTypeObject *tp = Py_TYPE(r);
+    PyObject_GC_UnTrack(r);
+    tp->tp_free((PyObject *)r);
+    Py_DECREF(tp);
+}
+
+static PyType_Slot req_slots[] = {
+    {Py_tp_doc, "The Start and Wait of xhc's persistent collectives."},
+    {Py_tp_methods, req_methods},
+    {Py_tp_traverse, req_traverse},
+    {Py_tp_dealloc, req_dealloc},
+    {0, NULL},
+};
+
+static PyType_Spec req_spec = {
+    "xhc._hot.HotRequest", sizeof(HotRequest), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    req_slots,
+};
+
 #define FAST (METH_FASTCALL | METH_KEYWORDS)
 static PyMethodDef hot_methods[] = {
     {"Bcast", (PyCFunction)(void (*)(void))hot_bcast, FAST,
@@ -381,12 +476,16 @@ static PyType_Spec hot_spec = {
 
 static int hot_exec(PyObject *m)
 {
-    PyObject *tp = PyType_FromSpec(&hot_spec);
-    if (!tp)
-        return -1;
-    if (PyModule_AddObject(m, "HotComm", tp) < 0) {
-        Py_DECREF(tp);
-        return -1;
+    const PyType_Spec *specs[] = { &hot_spec, &req_spec };
+    const char *names[] = { "HotComm", "HotRequest" };
+    for (int i = 0; i < 2; i++) {
+        PyObject *tp = PyType_FromSpec((PyType_Spec *)specs[i]);
+        if (!tp)
+            return -1;
+        if (PyModule_AddObject(m, names[i], tp) < 0) {
+            Py_DECREF(tp);
+            return -1;
+        }
     }
     void (*hook)(void *) = hot_block;
     void *addr;

@@ -10,7 +10,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, config, debug, hierarchy, topology
-from ._hot import HotComm, block_hook
+from ._hot import HotComm, HotRequest, block_hook
 from ._xhc import ffi, lib
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS,
                       Unsupported, resolve)
@@ -202,7 +202,8 @@ class Comm(HotComm):
         """A persistent Barrier; falls back to mpi4py's when not accelerated."""
         if not self._usable():
             return self._comm.Barrier_init(*_info(info))
-        return Request(functools.partial(_barrier, self._ctx), "Barrier", self)
+        return Request(functools.partial(_barrier, self._ctx), "Barrier", self,
+                       bind=(0, 0, _address(_barrier_fn), _address(self._ctx)))
 
     def Bcast_init(self, buf, root=0, info=None):
         """A persistent Bcast of BUF from ROOT."""
@@ -540,30 +541,36 @@ def _info(info):
     return () if info is None else (info,)
 
 
-class Request:
+class Request(HotRequest):
     """A persistent collective: Start() runs it to completion, so Wait()
-    and Test() find it done.  The buffers stay referenced until Free()."""
+    and Test() find it done.  The buffers stay referenced until Free().
 
-    def __init__(self, call, what, xcomm, plan=None):
+    Start() is HotRequest's: the core call, bound once here, without the
+    interpreter.  A request that stages its buffers (or a freed one)
+    starts through _Start instead."""
+
+    def __init__(self, call, what, xcomm, plan=None, bind=None):
         self._call = call
         self._what = what
         self._xcomm = xcomm
         self._plan = plan  # keeps the buffers the call points to
+        if bind is None and plan is not None and not plan[_STAGED]:
+            bind = (_address(_run_fn), plan[-1], 0, 0)
+        if bind is not None:
+            self._hot_bind(*bind)
         xcomm._requests.add(self)  # free() frees its requests
 
-    def Start(self):
-        """Run the collective (all ranks Start their matching requests)."""
+    def _Start(self):
         call = self._call
         if call is None:
             raise XhcError(f"{self._what}: request already freed (or its "
                            "xhc.Comm: already freed)")
         rc = call()
         if rc:
-            self._xcomm._raise(rc, self._what)
+            self._failed(rc)
 
-    def Wait(self, status=None):
-        """Return at once: Start() completed the operation."""
-        return True
+    def _failed(self, rc):
+        self._xcomm._raise(rc, self._what)
 
     def Test(self, status=None):
         """True: Start() completed the operation."""
@@ -571,6 +578,7 @@ class Request:
 
     def Free(self):
         """Drop the buffers and the plan."""
+        self._hot_bind(0, 0, 0, 0)
         self._call = None
         self._plan = None
 

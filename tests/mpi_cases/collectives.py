@@ -1379,7 +1379,53 @@ def suite_calls(xcomm, comm, v, sz, args):
     v.case("calls Bcast(buf, numpy int root)",
            None if np.array_equal(buf, want) else first_diff(buf, want))
     xcomm.Barrier()
+    persistent_calls(xcomm, comm, v)
     v.flush()
+
+
+def persistent_calls(xcomm, comm, v):
+    """MPI-4 persistent requests, started many times on changing data:
+    bound to the core (Start in C) or, with a strided buffer, staged in
+    Python; then freed."""
+    n, rank = comm.size, comm.rank
+    dt = np.dtype("i8")
+    b = np.zeros(64, np.uint8)
+    send, recv, inplace = (np.zeros(5, dt) for _ in range(3))
+    strided = np.zeros(10, dt)
+    reqs = [xcomm.Barrier_init(), xcomm.Bcast_init(b, root=n - 1),
+            xcomm.Allreduce_init(send, recv, op=MPI.SUM),
+            xcomm.Allreduce_init(MPI.IN_PLACE, inplace, op=MPI.MAX),
+            xcomm.Reduce_init(strided[::2], recv if rank == 0 else None,
+                              op=MPI.SUM, root=0)]
+    for i in range(6):
+        want_b = pattern(seed_of(160, i), b.nbytes)
+        b[:] = want_b if rank == n - 1 else 0
+        ins = [values(dt, "SUM", seed_of(161, i, r), 5) for r in range(n)]
+        send[:] = ins[rank]
+        inplace[:] = ins[rank]
+        for req in reqs[:4]:
+            req.Start()
+        ok = all(req.Wait() for req in reqs[:4])
+        v.case(f"persistent Bcast #{i}", None if np.array_equal(b, want_b)
+               else first_diff(b, want_b))
+        v.case(f"persistent Allreduce #{i}", None if ok and np.array_equal(
+            recv, np_fold("SUM", ins)) else f"got {recv}")
+        v.case(f"persistent Allreduce IN_PLACE MAX #{i}", None if
+               np.array_equal(inplace, np_fold("MAX", ins)) else
+               f"got {inplace}")
+        strided[::2] = ins[rank]
+        reqs[4].Startall(reqs[4:])
+        v.case(f"persistent Reduce of a strided array #{i}", None if
+               rank != 0 or np.array_equal(recv, np_fold("SUM", ins)) else
+               f"got {recv}")
+    for req in reqs:
+        req.Free()
+    try:
+        reqs[2].Start()
+        err = "no error"
+    except xhc.XhcError:
+        err = None
+    v.case("persistent request started after Free raises", err)
 
 
 # -- sequence numbers through zero -------------------------------------------
