@@ -73,6 +73,17 @@ def test_osu_barrier_as_path(tmp_path):
     assert doc["reference"] == []
 
 
+@pytest.mark.parametrize("op", ["barrier", "bcast", "allreduce", "reduce"])
+def test_osu_persistent(op, tmp_path):
+    """Both sides time *_init requests; results are still validated."""
+    sizes = None if op == "barrier" else "8:16K"
+    out, doc = run_osu(op, tmp_path, "--persistent", sizes=sizes)
+    check_doc(doc, [None] if op == "barrier" else SIZES[:12])
+    assert doc["options"]["persistent"] is True
+    assert "Start() and Wait()" in out
+    assert doc["xhc_stats"]["fallback"] == 0
+
+
 def test_osu_shm(tmp_path):
     _, doc = run_osu("allreduce", tmp_path, "--shm", "-f", sizes="8:1M",
                      impl="both")
