@@ -337,6 +337,8 @@ def test_argument_launches_complete(args2, args3, reduce_recv3, debug_env3):
 DEBUG_CASES = [
     ("allreduce-count", "Allreduce",
      "sendbuf: rank 0 has '4 x float64', rank 2 has '5 x float64'"),
+    ("allreduce-none-count", "Allreduce",
+     "sendbuf: rank 0 has '4 x float64', rank 2 has '5 x float64'"),
     ("allreduce-dtype", "Allreduce",
      "sendbuf: rank 0 has '4 x float64', rank 2 has '4 x float32'"),
     ("allreduce-op", "Allreduce", "op: rank 0 has 'SUM', rank 2 has 'MAX'"),

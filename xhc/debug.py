@@ -35,7 +35,7 @@ def _signature(comm, name, bound):
         sig["buffer"] = _describe(args["buf"], typed=False)
     elif name == "Allreduce" or name == "Reduce":
         send = args["sendbuf"]
-        if send is MPI.IN_PLACE:
+        if send is MPI.IN_PLACE or send is None:  # None: IN_PLACE, as mpi4py
             send = args["recvbuf"]
         sig["sendbuf"] = _describe(send)
     return sig

@@ -302,6 +302,7 @@ def debug_cases():
     n = 4 + odd
     return [
         ("debug-allreduce-count", lambda c: c.Allreduce(f8(n), f8(n))),
+        ("debug-allreduce-none-count", lambda c: c.Allreduce(None, f8(n))),
         ("debug-allreduce-dtype",
          lambda c: c.Allreduce(np.zeros(4, np.float32 if odd else np.float64),
                               np.zeros(4, np.float32 if odd else np.float64))),
