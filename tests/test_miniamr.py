@@ -90,7 +90,11 @@ def test_serial_run_refines_and_conserves(serial):
     assert m["blocks_split"] > 0 and m["blocks_merged"] > 0
     assert sum(1 for c in m["blocks_per_level"] if c) >= 2
     assert m["interlevel_links"] > 0
-    assert len(serial["checksums"]) == 1 + 4 * 2 + 1
+    # The initial sums, then one per variable (2) every stage of the 4 x 2,
+    # as miniAMR checks each variable right after its stencil; the final.
+    assert len(serial["checksums"]) == 1 + 4 * 2 * 2 + 1
+    assert [c["var"] for c in serial["checksums"][1:5]] == [0, 1, 0, 1]
+    assert m["checksums"] == 2 + 4 * 2 * 2        # one Allreduce each
     first = serial["checksums"][0]["values"]
     assert checksum.compare(serial["final_checksum"], first, TOL) == []
 
