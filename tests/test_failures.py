@@ -264,6 +264,8 @@ ARG_CASES = [
     ("sleep-differs", "ValueError",
      r"different sleep values .*: set XHC_SLEEP \(or sleep=\) alike"),
     ("windows-differs", "ValueError", r"different windows values"),
+    ("hierarchy-differs", "ValueError",
+     r"different hierarchy values .*set XHC_HIERARCHY"),
     ("windows-one", "ValueError", r"windows must be auto or 2 to 64"),
     ("empty-too-large", "XhcError",
      r"allocating shared memory: No space left on device \(/dev/shm has "

@@ -105,13 +105,15 @@ class Comm(HotComm):
 
     def _fit_to_load(self, cfg):
         """Settle the waiting and staging tunables for the node's load
-        (config.fit_to_load); sleeping and staging must be alike on every
-        rank."""
-        shared = ("sleep", "windows")
-        mine = (sorted(os.sched_getaffinity(0)), [cfg[k] for k in shared])
+        (config.fit_to_load).  Sleeping, staging, the hierarchy and the
+        topology source must be alike on every rank: ranks that built
+        different group tables would wait for each other for ever."""
+        alike = {"sleep": cfg["sleep"], "windows": cfg["windows"],
+                 "hierarchy": self._specs, "topology": self._topology}
+        mine = (sorted(os.sched_getaffinity(0)), alike)
         everyone = self._comm.allgather(mine)
-        for i, key in enumerate(shared):
-            values = {str(chosen[i]) for _, chosen in everyone}
+        for key in alike:
+            values = {str(chosen[key]) for _, chosen in everyone}
             if len(values) > 1:
                 raise ValueError(
                     f"xhc: ranks were given different {key} values "

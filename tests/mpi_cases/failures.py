@@ -236,6 +236,8 @@ def suite_args(xc):
         ("not-a-comm", lambda c: xhc.Comm(None)),
         ("sleep-differs", lambda c: xhc.Comm(W, sleep=RANK)),
         ("windows-differs", lambda c: xhc.Comm(W, windows=2 + RANK)),
+        ("hierarchy-differs",
+         lambda c: xhc.Comm(W, hierarchy="node" if RANK else "virtual:2")),
         ("windows-one", lambda c: xhc.Comm(W, windows=1)),
         ("empty-too-large", lambda c: c.empty(more_than_shm_free(), np.uint8)),
     ]
