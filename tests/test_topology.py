@@ -190,10 +190,11 @@ def test_hwloc_calc_next_to_python(monkeypatch, tmp_path):
     assert find_hwloc_calc() == str(fake)
 
 
-def run_info(*args):
+def run_info(*args, **extra_env):
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("XHC_TOPOLOGY", None)
     env.pop("XHC_HIERARCHY", None)
+    env.update(extra_env)
     return subprocess.run([sys.executable, "-m", "xhc", "info"] + list(args), cwd=ROOT,
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=60)
@@ -207,6 +208,15 @@ def test_info_json():
         {"name": "numa", "groups": by(8, lambda c: c // 2)},
         {"name": "package", "groups": by(8, lambda c: c // 4)},
         {"name": "node", "groups": [list(range(8))]}]}
+
+
+def test_info_reads_xhc_hierarchy_as_comm_does():
+    # XHC_HIERARCHY="" is a flat hierarchy for xhc.Comm, so for info too.
+    proc = run_info("--topology", "pack:2 core:2 pu:1", "--ranks", "4",
+                    "--op", "bcast", "--json", XHC_HIERARCHY="")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"levels": [
+        {"name": "node", "groups": [[0, 1, 2, 3]]}]}
 
 
 def test_info_text_and_errors():

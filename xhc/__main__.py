@@ -23,7 +23,7 @@ def _level_spec(args, op):
     """Levels for OP: --hierarchy, else XHC_HIERARCHY, else the op's default."""
     if args.hierarchy is not None:
         return args.hierarchy  # an explicit "" means flat, so test for None
-    return os.environ.get("XHC_HIERARCHY") or DEFAULTS[op]
+    return config.hierarchies()[op]  # as xhc.Comm reads XHC_HIERARCHY
 
 
 def _levels_json(levels):

@@ -80,9 +80,11 @@ def _source(topology):
 
 
 def _input_args(source):
-    """hwloc-calc options that load SOURCE (none for this machine)."""
+    """hwloc-calc options that load SOURCE (for this machine, include the
+    CPUs a cgroup disallows, so that ranks in different cpusets still
+    number L3s, NUMA nodes and packages alike)."""
     if source is None:
-        return []
+        return ["--disallowed"]
     # Name the format: hwloc would otherwise guess, and read a directory as
     # an fsroot or a typo'd path as a (bad) synthetic string.
     kind = "xml" if os.path.exists(source) else "synthetic"
@@ -112,7 +114,13 @@ def _run_all(source, arg_lists, stdin_text=None):
     # Each run costs ~0.1 s of topology loading; overlapping them keeps the
     # once-per-process discovery short.
     started = [_start(source, args, stdin_text) for args in arg_lists]
-    return [_finish(source, one) for one in started]
+    try:
+        return [_finish(source, one) for one in started]
+    finally:
+        for proc, _ in started:  # after a failure, reap the others
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def topology_error(source, stderr):
