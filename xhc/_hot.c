@@ -33,6 +33,21 @@ typedef int (*xhc_run_fn)(const void *call);
 typedef int (*xhc_barrier_fn)(void *ctx);
 
 enum { BCAST, ALLREDUCE, REDUCE, NPLANS };
+#define HOT_SEEN 8     /* plans remembered per collective, direct-mapped */
+#define GUARD_WORDS 13 /* a guard of up to two arrays (see _guard) */
+
+/* A plan run before, condensed into one place: what a call must match and
+ * what it runs.  Between collectives a compute phase evicts the caches;
+ * this costs a cold call a line or three, where the dict, its key, the
+ * plan tuple and its ints cost a dozen scattered misses. */
+struct hot_seen {
+    PyObject *plan;              /* strong; NULL: an empty entry */
+    PyObject *keys[3];           /* the plan's, held by it */
+    PyObject *root;              /* the plan's root int, or NULL */
+    Py_ssize_t root_value;
+    void *call;
+    uintptr_t guard[GUARD_WORDS];
+};
 
 typedef struct {
     PyObject_HEAD
@@ -42,6 +57,7 @@ typedef struct {
     PyObject *plans[NPLANS]; /* dicts: id(buffer) -> plan */
     PyObject *sum;           /* MPI.SUM, the default op */
     PyObject *zero;          /* 0, the default root */
+    struct hot_seen seen[NPLANS][HOT_SEEN]; /* by keying buffer address */
 } HotComm;
 
 /* The plan's layout, fixed by xhc/comm.py: the arguments it was made for
@@ -99,13 +115,18 @@ typedef struct {
     int flags;
 } ndarray_head;
 
-/* Does every array the plan's guard lists (see _guard in xhc/comm.py)
- * still have the data pointer, dtype, size and flags it was planned with?
- * The guard holds only numpy arrays, so ARGV[index] is one. */
-static int guard_holds(PyObject *plan, PyObject *const *argv)
+/* The guard words of PLAN (see _guard in xhc/comm.py). */
+static const uintptr_t *guard_of(PyObject *plan)
 {
     Py_ssize_t n = PyTuple_GET_SIZE(plan);
-    const uintptr_t *g = PyLong_AsVoidPtr(PyTuple_GET_ITEM(plan, n - 2));
+    return PyLong_AsVoidPtr(PyTuple_GET_ITEM(plan, n - 2));
+}
+
+/* Does every array guard G lists still have the data pointer, dtype, size
+ * and flags it was planned with?  G lists only numpy arrays, so
+ * ARGV[index] is one. */
+static int guard_holds(const uintptr_t *g, PyObject *const *argv)
+{
     if (!g)
         return 0;
     for (uintptr_t i = 0; i < g[0]; i++) {
@@ -154,26 +175,98 @@ static PyObject *plan_for(HotComm *h, int kind, PyObject *const *argv)
         if (root != PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, r)))
             return NULL;
     }
-    return guard_holds(plan, argv) ? plan : NULL;
+    return guard_holds(guard_of(plan), argv) ? plan : NULL;
 }
 
-/* Put positional ARGS and keyword arguments named as in NAMES into ARGV
+/* The entry for ARGV's keying buffer (see plan_for). */
+static struct hot_seen *seen_slot(HotComm *h, int kind,
+                                  PyObject *const *argv)
+{
+    uintptr_t key = (uintptr_t)argv[kind == ALLREDUCE ? 1 : 0];
+    return &h->seen[kind][(key >> 4) % HOT_SEEN];
+}
+
+/* Was entry E made for exactly the arguments ARGV? */
+static int seen_fits(const struct hot_seen *e, int kind,
+                     PyObject *const *argv)
+{
+    if (!e->plan)
+        return 0;
+    for (int i = 0; i < NKEYS[kind]; i++)
+        if (e->keys[i] != argv[i])
+            return 0;
+    int r = ROOT_AT[kind];
+    if (r >= 0 && e->root != argv[r]) {
+        if (!PyIndex_Check(argv[r]))
+            return 0;
+        Py_ssize_t root = PyNumber_AsSsize_t(argv[r], NULL);
+        if (root == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (root != e->root_value)
+            return 0;
+    }
+    return guard_holds(e->guard, argv);
+}
+
+/* Condense PLAN, which fits, into entry E for the next call. */
+static void seen_keep(struct hot_seen *e, int kind, PyObject *plan,
+                      void *call)
+{
+    const uintptr_t *g = guard_of(plan);
+    if (!g || 1 + 6 * g[0] > GUARD_WORDS) {
+        PyErr_Clear();
+        return;
+    }
+    Py_INCREF(plan);
+    Py_XSETREF(e->plan, plan);
+    for (int i = 0; i < NKEYS[kind]; i++)
+        e->keys[i] = PyTuple_GET_ITEM(plan, i);
+    int r = ROOT_AT[kind];
+    e->root = r >= 0 ? PyTuple_GET_ITEM(plan, r) : NULL;
+    e->root_value = r >= 0 ? PyLong_AsSsize_t(e->root) : 0;
+    e->call = call;
+    memcpy(e->guard, g, sizeof(uintptr_t) * (1 + 6 * g[0]));
+}
+
+static void forget_seen(HotComm *h)
+{
+    for (int k = 0; k < NPLANS; k++)
+        for (int i = 0; i < HOT_SEEN; i++)
+            Py_CLEAR(h->seen[k][i].plan);
+}
+
+/* KIND's argument names, interned: the keywords of a call are interned
+ * strings too, so a pointer comparison finds them without reading the
+ * (cold) characters. */
+static PyObject *KW_NAMES[NPLANS][4];
+
+/* The index of keyword KW among KIND's names from FIRST on, or -1. */
+static int kw_index(int kind, int first, PyObject *kw)
+{
+    for (int i = first; i < KIND[kind].nargs; i++)
+        if (kw == KW_NAMES[kind][i])
+            return i;
+    for (int i = first; i < KIND[kind].nargs; i++)
+        if (PyUnicode_CompareWithASCIIString(kw, KIND[kind].names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* Put positional ARGS and keyword arguments named as KIND's into ARGV
  * (defaults left as they were); 0 if anything else was passed. */
 static int take_args(PyObject *const *args, size_t nargsf, PyObject *kwnames,
-                     const char *const *names, int nnames, PyObject **argv)
+                     int kind, PyObject **argv)
 {
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (n > nnames)
+    if (n > KIND[kind].nargs)
         return 0;
     for (Py_ssize_t i = 0; i < n; i++)
         argv[i] = args[i];
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t k = 0; k < nkw; k++) {
-        PyObject *kw = PyTuple_GET_ITEM(kwnames, k);
-        int at = -1;
-        for (int i = (int)n; i < nnames && at < 0; i++)
-            if (PyUnicode_CompareWithASCIIString(kw, names[i]) == 0)
-                at = i;
+        int at = kw_index(kind, (int)n, PyTuple_GET_ITEM(kwnames, k));
         if (at < 0)
             return 0;
         argv[at] = args[n + k];
@@ -233,21 +326,31 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
                              PyObject *kwnames)
 {
     const char *name = KIND[kind].twin;
-    PyObject *plan = h->ctx ? plan_for(h, kind, argv) : NULL;
-    if (!plan) {
-        if (PyErr_Occurred())
+    struct hot_seen *e = seen_slot(h, kind, argv);
+    int rc;
+    if (h->ctx && seen_fits(e, kind, argv)) {
+        /* E holds its plan, and with it the call and its buffers; only a
+         * call on this communicator replaces E, and one xhc.Comm is not
+         * called from two threads at once. */
+        rc = hot_invoke(h->run, e->call, h->barrier, h->ctx);
+    } else {
+        PyObject *plan = h->ctx ? plan_for(h, kind, argv) : NULL;
+        if (!plan) {
+            if (PyErr_Occurred())
+                return NULL;
+            return slow((PyObject *)h, name, args, nargsf, kwnames);
+        }
+        void *call = PyLong_AsVoidPtr(
+            PyTuple_GET_ITEM(plan, PyTuple_GET_SIZE(plan) - 1));
+        if (!call)
             return NULL;
-        return slow((PyObject *)h, name, args, nargsf, kwnames);
+        seen_keep(e, kind, plan, call);
+        /* The plan keeps the call and its buffers alive; hold it in case
+         * the GIL is released, whatever another thread does. */
+        Py_INCREF(plan);
+        rc = hot_invoke(h->run, call, h->barrier, h->ctx);
+        Py_DECREF(plan);
     }
-    void *call = PyLong_AsVoidPtr(PyTuple_GET_ITEM(plan,
-                                                   PyTuple_GET_SIZE(plan) - 1));
-    if (!call)
-        return NULL;
-    /* The plan keeps the call and its buffers alive; hold it in case the
-     * GIL is released, whatever another thread does to the plans. */
-    Py_INCREF(plan);
-    int rc = hot_invoke(h->run, call, h->barrier, h->ctx);
-    Py_DECREF(plan);
     if (rc == 0)
         Py_RETURN_NONE;
     return failed(h, name, rc, argv, KIND[kind].nargs);
@@ -263,7 +366,7 @@ static PyObject *hot_collective(HotComm *h, int kind, PyObject *const *args,
         char k = KIND[kind].kinds[i];
         argv[i] = k == 'r' ? h->zero : k == 'o' ? h->sum : NULL;
     }
-    int given = take_args(args, nargsf, kwnames, KIND[kind].names, n, argv);
+    int given = take_args(args, nargsf, kwnames, kind, argv);
     for (int i = 0; i < n; i++)
         given &= argv[i] != NULL;
     if (!given)
@@ -300,6 +403,14 @@ static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
     return failed(h, "_Barrier", rc, NULL, 0);
 }
 
+/* _hot_forget(): drop the condensed plans, as the dicts were cleared. */
+static PyObject *hot_forget(HotComm *h, PyObject *unused)
+{
+    (void)unused;
+    forget_seen(h);
+    Py_RETURN_NONE;
+}
+
 /* _hot_bind(ctx, run, barrier, bcast_plans, allreduce_plans,
  *           reduce_plans, sum): addresses as ints; ctx 0 unbinds. */
 static PyObject *hot_bind(HotComm *h, PyObject *args)
@@ -314,6 +425,7 @@ static PyObject *hot_bind(HotComm *h, PyObject *args)
         Py_INCREF(p[i]);
         Py_XSETREF(h->plans[i], p[i]);
     }
+    forget_seen(h);
     Py_INCREF(sum);
     Py_XSETREF(h->sum, sum);
     if (!h->zero && !(h->zero = PyLong_FromLong(0)))
@@ -328,6 +440,9 @@ static int hot_traverse(HotComm *h, visitproc visit, void *arg)
 {
     for (int i = 0; i < NPLANS; i++)
         Py_VISIT(h->plans[i]);
+    for (int k = 0; k < NPLANS; k++)
+        for (int i = 0; i < HOT_SEEN; i++)
+            Py_VISIT(h->seen[k][i].plan);
     Py_VISIT(h->sum);
     Py_VISIT(h->zero);
     Py_VISIT(Py_TYPE(h));
@@ -339,6 +454,7 @@ static int hot_clear(HotComm *h)
     h->ctx = NULL;
     for (int i = 0; i < NPLANS; i++)
         Py_CLEAR(h->plans[i]);
+    forget_seen(h);
     Py_CLEAR(h->sum);
     Py_CLEAR(h->zero);
     return 0;
@@ -456,6 +572,8 @@ static PyMethodDef hot_methods[] = {
      "Block until every rank has called Barrier."},
     {"_hot_bind", (PyCFunction)hot_bind, METH_VARARGS,
      "Bind the context, the core's entry points and the plan dicts."},
+    {"_hot_forget", (PyCFunction)hot_forget, METH_NOARGS,
+     "Drop the plans condensed in C (after the dicts were cleared)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -476,6 +594,12 @@ static PyType_Spec hot_spec = {
 
 static int hot_exec(PyObject *m)
 {
+    for (int k = 0; k < NPLANS; k++)
+        for (int i = 0; i < KIND[k].nargs; i++)
+            if (!KW_NAMES[k][i]
+                && !(KW_NAMES[k][i] = PyUnicode_InternFromString(
+                         KIND[k].names[i])))
+                return -1;
     const PyType_Spec *specs[] = { &hot_spec, &req_spec };
     const char *names[] = { "HotComm", "HotRequest" };
     for (int i = 0; i < 2; i++) {
