@@ -113,20 +113,25 @@ class TimedComm:
             out[key] = out.get(key, 0.0) + c
         return out
 
+    # The wrapped calls pass every argument by position, which both
+    # mpi4py and xhc.Comm take (op=None: their SUM default).
+
     def Allreduce(self, sendbuf, recvbuf, op=None):
+        c = self._c
         t = now()
         if op is None:
-            self._c.Allreduce(sendbuf, recvbuf)
+            c.Allreduce(sendbuf, recvbuf)
         else:
-            self._c.Allreduce(sendbuf, recvbuf, op=op)
+            c.Allreduce(sendbuf, recvbuf, op)
         self._log("Allreduce", recvbuf, t, now())
 
     def Reduce(self, sendbuf, recvbuf, op=None, root=0):
+        c = self._c
         t = now()
         if op is None:
-            self._c.Reduce(sendbuf, recvbuf, root=root)
+            c.Reduce(sendbuf, recvbuf, root=root)
         else:
-            self._c.Reduce(sendbuf, recvbuf, op=op, root=root)
+            c.Reduce(sendbuf, recvbuf, op, root)
         self._log("Reduce", sendbuf, t, now())
 
     def Bcast(self, buf, root=0):
