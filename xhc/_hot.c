@@ -144,6 +144,23 @@ static int guard_holds(const uintptr_t *g, PyObject *const *argv)
     return 1;
 }
 
+/* Does ARG name the root VALUE, whose int in the plan is OBJ?  Small ints
+ * are cached objects, so identity decides almost always; else any integer
+ * (a numpy one too) of the same value. */
+static int root_is(PyObject *obj, Py_ssize_t value, PyObject *arg)
+{
+    if (arg == obj)
+        return 1;
+    if (!PyIndex_Check(arg))
+        return 0;
+    Py_ssize_t root = PyNumber_AsSsize_t(arg, NULL);
+    if (root == -1 && PyErr_Occurred()) {
+        PyErr_Clear();  /* Python's checks will say what is wrong */
+        return 0;
+    }
+    return root == value;
+}
+
 /* The plan for ARGV (the arguments in the method's order), a borrowed
  * reference, or NULL if there is none that fits exactly. */
 static PyObject *plan_for(HotComm *h, int kind, PyObject *const *argv)
@@ -160,21 +177,11 @@ static PyObject *plan_for(HotComm *h, int kind, PyObject *const *argv)
     for (int i = 0; i < NKEYS[kind]; i++)
         if (PyTuple_GET_ITEM(plan, i) != argv[i])
             return NULL;
-    /* The plan's root is an int: small ones are cached objects, so
-     * identity decides almost always; else any integer (a numpy one too)
-     * of the same value. */
     int r = ROOT_AT[kind];
-    if (r >= 0 && PyTuple_GET_ITEM(plan, r) != argv[r]) {
-        if (!PyIndex_Check(argv[r]))
-            return NULL;
-        Py_ssize_t root = PyNumber_AsSsize_t(argv[r], NULL);
-        if (root == -1 && PyErr_Occurred()) {
-            PyErr_Clear();  /* Python's checks will say what is wrong */
-            return NULL;
-        }
-        if (root != PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, r)))
-            return NULL;
-    }
+    if (r >= 0 && !root_is(PyTuple_GET_ITEM(plan, r),
+                           PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, r)),
+                           argv[r]))
+        return NULL;
     return guard_holds(guard_of(plan), argv) ? plan : NULL;
 }
 
@@ -196,17 +203,8 @@ static int seen_fits(const struct hot_seen *e, int kind,
         if (e->keys[i] != argv[i])
             return 0;
     int r = ROOT_AT[kind];
-    if (r >= 0 && e->root != argv[r]) {
-        if (!PyIndex_Check(argv[r]))
-            return 0;
-        Py_ssize_t root = PyNumber_AsSsize_t(argv[r], NULL);
-        if (root == -1 && PyErr_Occurred()) {
-            PyErr_Clear();
-            return 0;
-        }
-        if (root != e->root_value)
-            return 0;
-    }
+    if (r >= 0 && !root_is(e->root, e->root_value, argv[r]))
+        return 0;
     return guard_holds(e->guard, argv);
 }
 
