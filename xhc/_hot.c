@@ -58,6 +58,8 @@ typedef struct {
     PyObject *sum;           /* MPI.SUM, the default op */
     PyObject *zero;          /* 0, the default root */
     struct hot_seen seen[NPLANS][HOT_SEEN]; /* by keying buffer address */
+    int busy;                /* a call runs a condensed plan */
+    int forget_pending;      /* forget_seen waits for it */
 } HotComm;
 
 /* The plan's layout, fixed by xhc/comm.py: the arguments it was made for
@@ -144,18 +146,17 @@ static int guard_holds(const uintptr_t *g, PyObject *const *argv)
     return 1;
 }
 
-/* Does ARG name the root VALUE, whose int in the plan is OBJ?  Small ints
- * are cached objects, so identity decides almost always; else any integer
- * (a numpy one too) of the same value. */
+/* Does ARG, an exact int (hot_collective converted it), name the root
+ * VALUE, whose int in the plan is OBJ?  Small ints are cached objects, so
+ * identity decides almost always.  Runs no Python code: a lookup holds
+ * borrowed pointers that Python code could free. */
 static int root_is(PyObject *obj, Py_ssize_t value, PyObject *arg)
 {
     if (arg == obj)
         return 1;
-    if (!PyIndex_Check(arg))
-        return 0;
-    Py_ssize_t root = PyNumber_AsSsize_t(arg, NULL);
+    Py_ssize_t root = PyLong_AsSsize_t(arg);
     if (root == -1 && PyErr_Occurred()) {
-        PyErr_Clear();  /* Python's checks will say what is wrong */
+        PyErr_Clear();  /* out of range: Python's checks will say so */
         return 0;
     }
     return root == value;
@@ -208,17 +209,21 @@ static int seen_fits(const struct hot_seen *e, int kind,
     return guard_holds(e->guard, argv);
 }
 
-/* Condense PLAN, which fits, into entry E for the next call. */
-static void seen_keep(struct hot_seen *e, int kind, PyObject *plan,
-                      void *call)
+/* Condense PLAN, which fits, into entry E for the next call; return the
+ * plan it displaces (a reference the caller releases once nothing it
+ * holds borrowed can be freed by that: releasing a plan can free a
+ * buffer, whose finalizer is Python code). */
+static PyObject *seen_keep(struct hot_seen *e, int kind, PyObject *plan,
+                           void *call)
 {
     const uintptr_t *g = guard_of(plan);
     if (!g || 1 + 6 * g[0] > GUARD_WORDS) {
         PyErr_Clear();
-        return;
+        return NULL;
     }
+    PyObject *old = e->plan;
     Py_INCREF(plan);
-    Py_XSETREF(e->plan, plan);
+    e->plan = plan;
     for (int i = 0; i < NKEYS[kind]; i++)
         e->keys[i] = PyTuple_GET_ITEM(plan, i);
     int r = ROOT_AT[kind];
@@ -226,10 +231,18 @@ static void seen_keep(struct hot_seen *e, int kind, PyObject *plan,
     e->root_value = r >= 0 ? PyLong_AsSsize_t(e->root) : 0;
     e->call = call;
     memcpy(e->guard, g, sizeof(uintptr_t) * (1 + 6 * g[0]));
+    return old;
 }
 
+/* Drop the condensed plans; while a call runs one of them (its wait may
+ * release the GIL), only once it returns. */
 static void forget_seen(HotComm *h)
 {
+    if (h->busy) {
+        h->forget_pending = 1;
+        return;
+    }
+    h->forget_pending = 0;
     for (int k = 0; k < NPLANS; k++)
         for (int i = 0; i < HOT_SEEN; i++)
             Py_CLEAR(h->seen[k][i].plan);
@@ -328,9 +341,12 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
     int rc;
     if (h->ctx && seen_fits(e, kind, argv)) {
         /* E holds its plan, and with it the call and its buffers; only a
-         * call on this communicator replaces E, and one xhc.Comm is not
-         * called from two threads at once. */
+         * call on this communicator replaces E (one xhc.Comm is not called
+         * from two threads at once), and forgetting waits for it. */
+        h->busy++;
         rc = hot_invoke(h->run, e->call, h->barrier, h->ctx);
+        if (--h->busy == 0 && h->forget_pending)
+            forget_seen(h);
     } else {
         PyObject *plan = h->ctx ? plan_for(h, kind, argv) : NULL;
         if (!plan) {
@@ -342,12 +358,13 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
             PyTuple_GET_ITEM(plan, PyTuple_GET_SIZE(plan) - 1));
         if (!call)
             return NULL;
-        seen_keep(e, kind, plan, call);
         /* The plan keeps the call and its buffers alive; hold it in case
          * the GIL is released, whatever another thread does. */
         Py_INCREF(plan);
+        PyObject *displaced = seen_keep(e, kind, plan, call);
         rc = hot_invoke(h->run, call, h->barrier, h->ctx);
         Py_DECREF(plan);
+        Py_XDECREF(displaced);
     }
     if (rc == 0)
         Py_RETURN_NONE;
@@ -367,9 +384,21 @@ static PyObject *hot_collective(HotComm *h, int kind, PyObject *const *args,
     int given = take_args(args, nargsf, kwnames, kind, argv);
     for (int i = 0; i < n; i++)
         given &= argv[i] != NULL;
-    if (!given)
-        return slow((PyObject *)h, KIND[kind].twin, args, nargsf, kwnames);
-    return run_or_slow(h, kind, argv, args, nargsf, kwnames);
+    /* A root that is not an int (a numpy integer, say) becomes one now,
+     * before any lookup: its __index__ is Python code. */
+    int r = ROOT_AT[kind];
+    PyObject *root = NULL;
+    if (given && r >= 0 && !PyLong_CheckExact(argv[r])) {
+        root = PyIndex_Check(argv[r]) ? PyNumber_Index(argv[r]) : NULL;
+        PyErr_Clear();  /* not an integer: Python's checks will say so */
+        given = root != NULL;
+        argv[r] = root;
+    }
+    PyObject *res = given ? run_or_slow(h, kind, argv, args, nargsf, kwnames)
+                          : slow((PyObject *)h, KIND[kind].twin, args,
+                                 nargsf, kwnames);
+    Py_XDECREF(root);
+    return res;
 }
 
 static PyObject *hot_bcast(HotComm *h, PyObject *const *args, size_t nargsf,

@@ -1380,7 +1380,47 @@ def suite_calls(xcomm, comm, v, sz, args):
            None if np.array_equal(buf, want) else first_diff(buf, want))
     xcomm.Barrier()
     persistent_calls(xcomm, comm, v)
+    reentrant_calls(xcomm, comm, v)
     v.flush()
+
+
+def reentrant_calls(xcomm, comm, v):
+    """Python code that runs inside a call's plan lookup (a root's
+    __index__, a buffer's finalizer) and drops every plan: the call must
+    still run on live memory and give the right result."""
+    n, rank = comm.size, comm.rank
+
+    class Root:
+        armed = False
+
+        def __index__(self):
+            if Root.armed:
+                Root.armed = False
+                xcomm._forget_plans()    # as a full plan cache does
+            return n - 1
+
+    a = np.zeros(8)
+    for i in range(3):                   # planned, condensed, then armed
+        Root.armed = i == 2
+        a[:] = np.arange(8.0) + i if rank == n - 1 else -1
+        xcomm.Bcast(a, Root())
+        v.case(f"reentrant: root __index__ drops the plans #{i}", None
+               if np.array_equal(a, np.arange(8.0) + i) else f"got {a}")
+
+    class Send(np.ndarray):
+        def __del__(self):
+            xcomm._forget_plans()
+
+    r = np.zeros(8)
+    s1 = np.ones(8).view(Send)
+    xcomm.Allreduce(s1, r)
+    xcomm.Allreduce(s1, r)               # condensed: its entry holds s1
+    s2 = np.full(8, 2.0)
+    xcomm.Allreduce(s2, r)               # a new plan for r; the entry keeps s1
+    del s1                               # s1 lives only in that entry now
+    xcomm.Allreduce(s2, r)               # displacing it runs s1's finalizer
+    v.case("reentrant: a finalizer drops the plans", None
+           if (r == 2.0 * n).all() else f"got {r}")
 
 
 def persistent_calls(xcomm, comm, v):
