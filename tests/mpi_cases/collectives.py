@@ -1657,7 +1657,7 @@ def staged_derived(xcomm, comm, v):
 def spec_forms(xcomm, comm, v):
     """Every buffer specification mpi4py takes, on the root only, while
     the other ranks pass a plain array of the same bytes."""
-    n, rank = comm.size, comm.rank
+    rank = comm.rank
     root = rank == 0
     hind = MPI.DOUBLE.Create_hindexed([4], [8]).Commit()   # lower bound 8
     wide = MPI.DOUBLE.Create_resized(0, 16).Commit()       # every other
