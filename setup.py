@@ -5,6 +5,6 @@ from setuptools import Extension, setup
 
 setup(
     cffi_modules=["xhc/_build.py:ffibuilder"],
-    ext_modules=[Extension("xhc._hot", ["xhc/_hot.c"],
+    ext_modules=[Extension("xhc._hot", ["xhc/_hot.c"], include_dirs=["csrc"],
                            extra_compile_args=["-O2", "-Wall", "-Wextra"])],
 )

@@ -11,14 +11,19 @@
  *    the call.  A guard that fails sends the call to Python, which makes
  *    a new plan: an array resized or retyped in place is never used
  *    through a stale pointer.
- * 3. Anything else (a new buffer, another root, keywords spelt
- *    differently, an error code, a freed or fallback communicator) goes to
- *    the Python method of the same name with a leading underscore, which
- *    makes the plan or raises.  So this file holds no policy at all: it
- *    only skips the interpreter on the call that was seen before.
- * 4. A persistent request (HotRequest, the base of xhc.comm.Request) is
+ * 3. Before any plan, a call whose buffers are plain arrays (exact
+ *    ndarrays, C-contiguous, of a dtype in the table xhc/comm.py binds,
+ *    writable where written, alike in dtype and size) and whose op and
+ *    root are valid goes straight to the core, with the codes the table
+ *    gives: a fresh array per call, common in Python, costs no plan.
+ * 4. Anything else (a staged buffer, keywords spelt differently, an error
+ *    code, a freed or fallback communicator) goes to the Python method of
+ *    the same name with a leading underscore, which makes the plan or
+ *    raises.  So this file holds no policy of its own: the table and the
+ *    plans come from Python; it only skips the interpreter.
+ * 5. A persistent request (HotRequest, the base of xhc.comm.Request) is
  *    bound to its core call once, so Start() goes straight to the core.
- * 5. The GIL stays held while the collective spins; if a wait goes on
+ * 6. The GIL stays held while the collective spins; if a wait goes on
  *    long enough to yield the CPU, the core's block hook releases it, so
  *    other threads run, and it is taken back before returning.
  * The core is reached through function pointers handed over by cffi, so
@@ -28,6 +33,8 @@
 #include <Python.h>
 #include <stddef.h>
 #include <string.h>
+
+#include "xhc.h" /* types and codes only: nothing of the core is linked */
 
 typedef int (*xhc_run_fn)(const void *call);
 typedef int (*xhc_barrier_fn)(void *ctx);
@@ -57,6 +64,7 @@ typedef struct {
     PyObject *plans[NPLANS]; /* dicts: id(buffer) -> plan */
     PyObject *sum;           /* MPI.SUM, the default op */
     PyObject *zero;          /* 0, the default root */
+    int rank, size;          /* in the communicator */
     struct hot_seen seen[NPLANS][HOT_SEEN]; /* by keying buffer address */
     int busy;                /* a call runs a condensed plan */
     int forget_pending;      /* forget_seen waits for it */
@@ -144,6 +152,166 @@ static int guard_holds(const uintptr_t *g, PyObject *const *argv)
             return 0;
     }
     return 1;
+}
+
+/* What makes an array plain (see 3.), bound once by xhc/comm.py from its
+ * own tables (bind_plain): the strong references are never dropped. */
+#define PLAIN_DTYPES 24
+#define PLAIN_OPS 16
+#define NPY_C_CONTIGUOUS 0x1 /* numpy's flag bits (numpy/ndarraytypes.h) */
+#define NPY_WRITEABLE 0x400
+static struct {
+    PyTypeObject *ndarray;
+    PyObject *in_place;                  /* MPI.IN_PLACE; None means it too */
+    int ndtypes, nops;
+    PyObject *descr[PLAIN_DTYPES];       /* numpy's dtype singletons */
+    int32_t code[PLAIN_DTYPES];          /* the core's dtype; -1: Bcast only */
+    Py_ssize_t itemsize[PLAIN_DTYPES];
+    PyObject *op[PLAIN_OPS];
+    int32_t op_code[PLAIN_OPS];
+    uint32_t ops_on[XHC_NDTYPES];        /* bit K: op code K reduces it */
+} plain;
+
+/* A plain array's memory, in the core's terms. */
+struct plain_buf {
+    char *data;
+    Py_ssize_t count;  /* elements */
+    Py_ssize_t nbytes;
+    int32_t code;
+};
+
+/* Is OBJ a plain array (writable, if WRITTEN)?  Fill B if so. */
+static int plain_array(PyObject *obj, int written, struct plain_buf *b)
+{
+    if (!obj || Py_TYPE(obj) != plain.ndarray)
+        return 0;
+    const ndarray_head *a = (const ndarray_head *)obj;
+    int need = NPY_C_CONTIGUOUS | (written ? NPY_WRITEABLE : 0);
+    if ((a->flags & need) != need)
+        return 0;
+    int t = 0;
+    while (t < plain.ndtypes && plain.descr[t] != a->descr)
+        t++;
+    if (t == plain.ndtypes)
+        return 0;
+    b->count = 1;
+    for (int d = 0; d < a->nd; d++)
+        b->count *= a->dimensions[d];
+    b->nbytes = b->count * plain.itemsize[t];
+    b->data = a->data;
+    b->code = plain.code[t];
+    return 1;
+}
+
+/* The core's code for OP if it reduces dtype CODE, else -1. */
+static int32_t plain_op(PyObject *op, int32_t code)
+{
+    if (code < 0)
+        return -1;
+    for (int i = 0; i < plain.nops; i++)
+        if (plain.op[i] == op)
+            return plain.ops_on[code] >> plain.op_code[i] & 1
+                   ? plain.op_code[i] : -1;
+    return -1;
+}
+
+static int is_in_place(PyObject *obj)
+{
+    return obj == plain.in_place || obj == Py_None; /* as mpi4py */
+}
+
+/* ROOT (an exact int) if it is a rank of H's communicator, else -1. */
+static int plain_root(const HotComm *h, PyObject *root)
+{
+    Py_ssize_t r = PyLong_AsSsize_t(root);
+    if (r == -1 && PyErr_Occurred())
+        PyErr_Clear();  /* out of range: Python's checks will say so */
+    return 0 <= r && r < h->size ? (int)r : -1;
+}
+
+/* Allreduce(ARGV) of plain arrays, as the core's call C; 0 if not. */
+static int plain_allreduce(PyObject *const *argv, xhc_call_t *c)
+{
+    struct plain_buf s, r;
+    if (!plain_array(argv[1], 1, &r))
+        return 0;
+    if (is_in_place(argv[0]))
+        s = r;
+    else if (!plain_array(argv[0], 0, &s))
+        return 0;
+    int32_t op = plain_op(argv[2], r.code);
+    if (op < 0 || s.code != r.code || s.count != r.count)
+        return 0;
+    c->sbuf = s.data;
+    c->rbuf = r.data;
+    c->count = (size_t)r.count;
+    c->dtype = r.code;
+    c->op = op;
+    return 1;
+}
+
+/* Reduce(ARGV) of plain arrays, as the call C; 0 if not.  Only the root
+ * has a receive buffer; the others' is not looked at, as in MPI. */
+static int plain_reduce(const HotComm *h, PyObject *const *argv,
+                        xhc_call_t *c)
+{
+    int root = plain_root(h, argv[3]), at_root = root == h->rank;
+    struct plain_buf s, r = {NULL, 0, 0, 0};
+    if (root < 0 || (at_root && !plain_array(argv[1], 1, &r)))
+        return 0;
+    if (is_in_place(argv[0])) {
+        if (!at_root)
+            return 0;  /* an error: Python raises it */
+        s = r;
+    } else if (!plain_array(argv[0], 0, &s)) {
+        return 0;
+    }
+    int32_t op = plain_op(argv[2], s.code);
+    if (op < 0 || (at_root && (s.code != r.code || s.count != r.count)))
+        return 0;
+    c->sbuf = s.data;
+    c->rbuf = r.data;
+    c->count = (size_t)s.count;
+    c->dtype = s.code;
+    c->op = op;
+    c->root = root;
+    return 1;
+}
+
+/* Bcast(ARGV) of a plain array, as the call C; 0 if not.  The root's
+ * array may be read-only. */
+static int plain_bcast(const HotComm *h, PyObject *const *argv,
+                       xhc_call_t *c)
+{
+    struct plain_buf b;
+    int root = plain_root(h, argv[1]);
+    if (root < 0 || !plain_array(argv[0], root != h->rank, &b))
+        return 0;
+    c->rbuf = b.data;
+    c->count = (size_t)b.nbytes;
+    c->root = root;
+    return 1;
+}
+
+/* The core's call for ARGV if its buffers are plain (see 3.), in C. */
+static int plain_call(const HotComm *h, int kind, PyObject *const *argv,
+                      xhc_call_t *c)
+{
+    if (!plain.ndarray)
+        return 0;
+    memset(c, 0, sizeof(*c));
+    c->ctx = h->ctx;
+    switch (kind) {
+    case BCAST:
+        c->kind = XHC_BCAST;
+        return plain_bcast(h, argv, c);
+    case ALLREDUCE:
+        c->kind = XHC_ALLREDUCE;
+        return plain_allreduce(argv, c);
+    default:
+        c->kind = XHC_REDUCE;
+        return plain_reduce(h, argv, c);
+    }
 }
 
 /* Does ARG, an exact int (hot_collective converted it), name the root
@@ -338,8 +506,17 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
 {
     const char *name = KIND[kind].twin;
     struct hot_seen *e = seen_slot(h, kind, argv);
+    xhc_call_t direct;
     int rc;
-    if (h->ctx && seen_fits(e, kind, argv)) {
+    if (h->ctx && plain_call(h, kind, argv, &direct)) {
+        /* The caller holds the arguments; our references also stop numpy
+         * resizing an array while a wait has released the GIL. */
+        for (int i = 0; i < KIND[kind].nargs; i++)
+            Py_INCREF(argv[i]);
+        rc = hot_invoke(h->run, &direct, h->barrier, h->ctx);
+        for (int i = 0; i < KIND[kind].nargs; i++)
+            Py_DECREF(argv[i]);
+    } else if (h->ctx && seen_fits(e, kind, argv)) {
         /* E holds its plan, and with it the call and its buffers; only a
          * call on this communicator replaces E (one xhc.Comm is not called
          * from two threads at once), and forgetting waits for it. */
@@ -439,14 +616,15 @@ static PyObject *hot_forget(HotComm *h, PyObject *unused)
 }
 
 /* _hot_bind(ctx, run, barrier, bcast_plans, allreduce_plans,
- *           reduce_plans, sum): addresses as ints; ctx 0 unbinds. */
+ *           reduce_plans, sum, rank, size): addresses as ints; ctx 0
+ * unbinds. */
 static PyObject *hot_bind(HotComm *h, PyObject *args)
 {
     unsigned long long ctx, run, barrier;
     PyObject *p[NPLANS], *sum;
-    if (!PyArg_ParseTuple(args, "KKKO!O!O!O", &ctx, &run, &barrier,
+    if (!PyArg_ParseTuple(args, "KKKO!O!O!Oii", &ctx, &run, &barrier,
                           &PyDict_Type, &p[0], &PyDict_Type, &p[1],
-                          &PyDict_Type, &p[2], &sum))
+                          &PyDict_Type, &p[2], &sum, &h->rank, &h->size))
         return NULL;
     for (int i = 0; i < NPLANS; i++) {
         Py_INCREF(p[i]);
@@ -619,6 +797,58 @@ static PyType_Spec hot_spec = {
     hot_slots,
 };
 
+/* bind_plain(ndarray, in_place, dtypes, ops, ops_on): the table of 3.;
+ * DTYPES lists (dtype, code, itemsize), OPS (op, code), OPS_ON per dtype
+ * code the bits of the op codes that reduce it.  Once only. */
+static PyObject *bind_plain(PyObject *module, PyObject *args)
+{
+    PyObject *ndarray, *in_place, *dtypes, *ops, *ops_on;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "O!OO!O!O!", &PyType_Type, &ndarray,
+                          &in_place, &PyList_Type, &dtypes, &PyList_Type,
+                          &ops, &PyList_Type, &ops_on))
+        return NULL;
+    if (plain.ndarray || PyList_GET_SIZE(dtypes) > PLAIN_DTYPES
+        || PyList_GET_SIZE(ops) > PLAIN_OPS
+        || PyList_GET_SIZE(ops_on) != XHC_NDTYPES) {
+        PyErr_SetString(PyExc_ValueError, "bind_plain: bound already, or "
+                        "tables of the wrong size");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(dtypes); i++)
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(dtypes, i), "Oin",
+                              &plain.descr[i], &plain.code[i],
+                              &plain.itemsize[i]))
+            return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); i++)
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(ops, i), "Oi", &plain.op[i],
+                              &plain.op_code[i]))
+            return NULL;
+    for (int i = 0; i < XHC_NDTYPES; i++) {
+        unsigned long bits = PyLong_AsUnsignedLong(PyList_GET_ITEM(ops_on, i));
+        if (bits == (unsigned long)-1 && PyErr_Occurred())
+            return NULL;
+        plain.ops_on[i] = (uint32_t)bits;
+    }
+    plain.ndtypes = (int)PyList_GET_SIZE(dtypes);
+    plain.nops = (int)PyList_GET_SIZE(ops);
+    for (int i = 0; i < plain.ndtypes; i++)
+        Py_INCREF(plain.descr[i]);
+    for (int i = 0; i < plain.nops; i++)
+        Py_INCREF(plain.op[i]);
+    Py_INCREF(in_place);
+    plain.in_place = in_place;
+    Py_INCREF(ndarray);
+    plain.ndarray = (PyTypeObject *)ndarray;  /* last: turns the path on */
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"bind_plain", bind_plain, METH_VARARGS,
+     "Bind the table of plain arrays' dtypes and ops (once)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static int hot_exec(PyObject *m)
 {
     for (int k = 0; k < NPLANS; k++)
@@ -656,7 +886,7 @@ static PyModuleDef_Slot hot_module_slots[] = {
 
 static struct PyModuleDef hot_module = {
     PyModuleDef_HEAD_INIT, "xhc._hot",
-    "The per-call path of xhc.Comm's collectives.", 0, NULL,
+    "The per-call path of xhc.Comm's collectives.", 0, module_methods,
     hot_module_slots, NULL, NULL, NULL,
 };
 

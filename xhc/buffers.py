@@ -9,17 +9,13 @@ from mpi4py import MPI
 
 from ._xhc import ffi, lib
 
+# The ops the core reduces with: (op, the core's code, name).
+_OP_TABLE = tuple((getattr(MPI, name), getattr(lib, "XHC_" + name), name)
+                  for name in ("SUM", "PROD", "MIN", "MAX", "LAND", "LOR",
+                               "LXOR", "BAND", "BOR", "BXOR"))
 # Codes the core takes, looked up by identity on the hot path.
-OPS = {id(op): code for op, code in (
-    (MPI.SUM, lib.XHC_SUM), (MPI.PROD, lib.XHC_PROD),
-    (MPI.MIN, lib.XHC_MIN), (MPI.MAX, lib.XHC_MAX),
-    (MPI.LAND, lib.XHC_LAND), (MPI.LOR, lib.XHC_LOR),
-    (MPI.LXOR, lib.XHC_LXOR), (MPI.BAND, lib.XHC_BAND),
-    (MPI.BOR, lib.XHC_BOR), (MPI.BXOR, lib.XHC_BXOR))}
-OP_NAMES = {id(op): name for name, op in (
-    ("SUM", MPI.SUM), ("PROD", MPI.PROD), ("MIN", MPI.MIN), ("MAX", MPI.MAX),
-    ("LAND", MPI.LAND), ("LOR", MPI.LOR), ("LXOR", MPI.LXOR),
-    ("BAND", MPI.BAND), ("BOR", MPI.BOR), ("BXOR", MPI.BXOR))}
+OPS = {id(op): code for op, code, _ in _OP_TABLE}
+OP_NAMES = {id(op): name for op, _, name in _OP_TABLE}
 _DTYPES = {("i", 1): lib.XHC_INT8, ("i", 2): lib.XHC_INT16,
            ("i", 4): lib.XHC_INT32, ("i", 8): lib.XHC_INT64,
            ("u", 1): lib.XHC_UINT8, ("u", 2): lib.XHC_UINT16,
@@ -29,6 +25,19 @@ NOT_REDUCIBLE = -1  # bytes that Bcast moves but no kernel reduces
 DTYPE_NAMES = {code: f"{'int' if k == 'i' else 'uint' if k == 'u' else 'float'}"
                f"{8 * size}" for (k, size), code in _DTYPES.items()}
 DTYPE_NAMES[NOT_REDUCIBLE] = "bytes"
+
+
+def plain_tables():
+    """What xhc/_hot.c needs to pass plain arrays straight to the core
+    (its bind_plain): (dtype, code, itemsize) for numpy's numeric and bool
+    dtypes (NOT_REDUCIBLE: Bcast only), (op, code) for the ops above, and
+    per dtype code the bits of the op codes defined on it."""
+    dtypes = [(dt, dtype_code(dt), dt.itemsize)
+              for dt in map(np.dtype, "dlifqhbBHILQP?egFDG")]
+    ops = [(op, code) for op, code, _ in _OP_TABLE]
+    ops_on = [sum(1 << code for _, code in ops if lib.xhc_op_valid(dt, code))
+              for dt in range(lib.XHC_NDTYPES)]
+    return dtypes, ops, ops_on
 
 
 class Unsupported(Exception):

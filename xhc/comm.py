@@ -10,10 +10,10 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, config, debug, hierarchy, topology
-from ._hot import HotComm, HotRequest, block_hook
+from ._hot import HotComm, HotRequest, bind_plain, block_hook
 from ._xhc import ffi, lib
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS,
-                      Unsupported, resolve)
+                      Unsupported, plain_tables, resolve)
 from .errors import XhcError
 
 _CACHE_MAX = 64           # plans kept per operation
@@ -27,6 +27,7 @@ _CALL_T = ffi.typeof("xhc_call_t *")  # field order: see csrc/xhc.h
 _run_fn = ffi.addressof(lib, "xhc_run")
 _barrier_fn = ffi.addressof(lib, "xhc_barrier")
 _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
+bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
 
 
 class Comm(HotComm):
@@ -147,10 +148,11 @@ class Comm(HotComm):
 
     # -- collectives --------------------------------------------------------
     # Bcast, Barrier, Allreduce and Reduce are HotComm's (xhc/_hot.c): a
-    # call with the buffers, op and root of a plan, whose arrays still have
-    # the memory, dtype and size it was made for, runs it without the
-    # interpreter.  Any other call comes here, to the same name with an
-    # underscore, which makes a new plan (or falls back) and runs it.
+    # call on plain arrays (bind_plain's table) goes straight to the core;
+    # a call with the buffers, op and root of a plan, whose arrays still
+    # have the memory, dtype and size it was made for, runs the plan.
+    # Any other call comes here, to the same name with an underscore,
+    # which makes a new plan (or falls back, or raises) and runs it.
 
     def _Barrier(self):
         """Block until every rank has called Barrier."""
@@ -418,7 +420,8 @@ class Comm(HotComm):
             lib.xhc_ctx_set_block_hook(ctx, _BLOCK_HOOK, ffi.NULL)
         self._hot_bind(_address(ctx), _address(_run_fn), _address(_barrier_fn),
                        self._bcast_plans, self._allreduce_plans,
-                       self._reduce_plans, MPI.SUM)
+                       self._reduce_plans, MPI.SUM, self._comm.rank,
+                       self._comm.size)
 
     def free(self):
         """Release the shared memory; the wrapped communicator stays."""

@@ -1273,8 +1273,8 @@ def stats_cases(xcomm, comm, v, sz):
 # -- the per-call path (xhc/_hot.c) ---------------------------------------------
 
 def suite_calls(xcomm, comm, v, sz, args):
-    """Every way of spelling a call, on buffers whose plans exist, so the
-    C path decides: positional and keyword arguments, defaults, a root or
+    """Every way of spelling a call, on buffers the C path takes straight
+    to the core (or through their plans), so it decides: positional and keyword arguments, defaults, a root or
     op or send buffer that changes between calls on the same buffers, and
     bad arguments, which must raise TypeError as mpi4py's do."""
     n, rank = comm.size, comm.rank
@@ -1381,7 +1381,67 @@ def suite_calls(xcomm, comm, v, sz, args):
     xcomm.Barrier()
     persistent_calls(xcomm, comm, v)
     reentrant_calls(xcomm, comm, v)
+    plain_calls(xcomm, comm, v)
     v.flush()
+
+
+def plain_calls(xcomm, comm, v):
+    """New arrays on every call, so no plan can match, of every dtype that
+    goes straight to the core (Bcast-only ones too), 0-d and empty arrays,
+    and the spellings of IN_PLACE: all right, and none through Python."""
+    n, rank = comm.size, comm.rank
+    slow = []
+
+    def counted(name, twin):
+        return lambda *a, **k: (slow.append(name), twin(*a, **k))[1]
+
+    for name in ("_Bcast", "_Allreduce", "_Reduce"):
+        setattr(xcomm, name, counted(name, getattr(xcomm, name)))
+    try:
+        for i, ch in enumerate("dlifqhbBHILQP"):
+            dt = np.dtype(ch)
+            for op in ("SUM", "MAX", "MIN" if dt.kind == "f" else "BXOR"):
+                ins = [values(dt, op, seed_of(160, i, r), 7)
+                       for r in range(n)]
+                want = np_fold(op, ins)
+                got = np.empty(7, dt)
+                xcomm.Allreduce(ins[rank].copy(), got, mpi_op(op))
+                v.case(f"plain: Allreduce {dt.char} {op}",
+                       compare(got, want, op, dt))
+                root = (i + len(op)) % n
+                got = np.empty(7, dt) if rank == root else None
+                xcomm.Reduce(ins[rank].copy(), got, mpi_op(op), root)
+                v.case(f"plain: Reduce {dt.char} {op} root {root}",
+                       compare(got, want, op, dt) if rank == root else None)
+        for i, ch in enumerate("?egFDG"):
+            dt, root = np.dtype(ch), i % n
+            raw = pattern(seed_of(161, i), 5 * dt.itemsize)
+            if dt.kind == "b":
+                raw &= np.uint8(1)
+            buf = raw.copy() if rank == root else np.zeros_like(raw)
+            xcomm.Bcast(buf.view(dt), root)
+            v.case(f"plain: Bcast {dt.char} root {root}",
+                   None if np.array_equal(buf, raw) else first_diff(buf, raw))
+        one = np.array(rank + 1.0)
+        total = np.array(0.0)
+        xcomm.Allreduce(one, total)
+        v.check("plain: Allreduce of 0-d arrays", total == n * (n + 1) / 2,
+                f"got {total}")
+        xcomm.Allreduce(np.empty(0), np.empty(0))
+        for spelled in (MPI.IN_PLACE, None):
+            r = np.full(3, rank + 1, np.int32)
+            xcomm.Allreduce(spelled, r, MPI.SUM)
+            v.check(f"plain: Allreduce({spelled}, ...)",
+                    (r == n * (n + 1) // 2).all(), f"got {r}")
+            r = np.full(3, rank + 1, np.int32)
+            xcomm.Reduce(spelled if rank == 0 else r, r, MPI.MAX, 0)
+            v.check(f"plain: Reduce({spelled}, ...) at the root",
+                    rank != 0 or (r == n).all(), f"got {r}")
+    finally:
+        for name in ("_Bcast", "_Allreduce", "_Reduce"):
+            delattr(xcomm, name)
+    v.check("plain: no call went through Python", not slow,
+            f"{len(slow)} calls did: {sorted(set(slow))}")
 
 
 def reentrant_calls(xcomm, comm, v):
@@ -1399,7 +1459,7 @@ def reentrant_calls(xcomm, comm, v):
                 xcomm._forget_plans()    # as a full plan cache does
             return n - 1
 
-    a = np.zeros(8)
+    a = owned(Planned, 8)                # planned, not plain
     for i in range(3):                   # planned, condensed, then armed
         Root.armed = i == 2
         a[:] = np.arange(8.0) + i if rank == n - 1 else -1
@@ -1411,7 +1471,7 @@ def reentrant_calls(xcomm, comm, v):
         def __del__(self):
             xcomm._forget_plans()
 
-    r = np.zeros(8)
+    r = owned(Planned, 8)
     s1 = np.ones(8).view(Send)
     xcomm.Allreduce(s1, r)
     xcomm.Allreduce(s1, r)               # condensed: its entry holds s1
@@ -1703,24 +1763,46 @@ def spec_forms(xcomm, comm, v):
     wide.Free()
 
 
+class Planned(np.ndarray):
+    """An ndarray subclass: xhc.Comm plans its calls in Python (only exact
+    ndarrays go straight to the core), so it exercises the plans."""
+
+
+def owned(cls, n, dtype=np.float64):
+    """N zeros of DTYPE as a CLS that owns its memory (resizable)."""
+    a = np.ndarray.__new__(cls, (n,), dtype)
+    a[...] = 0
+    return a
+
+
 def changed_after_plan(xcomm, comm, v):
-    """A call that matched a plan must not use it once its array changed
-    in place: another dtype, another size, or memory moved."""
+    """A call must not use what it knew of an array once the array changed
+    in place: another dtype, another size, or memory moved.  Plain arrays
+    go straight to the core; a subclass's calls match a plan."""
     n, rank = comm.size, comm.rank
-    a = np.zeros(4)
-    xcomm.Allreduce(MPI.IN_PLACE, a)
-    a.dtype = np.float32               # the same 32 bytes, 8 float32
-    a[:] = rank + 1
-    xcomm.Allreduce(MPI.IN_PLACE, a)
-    v.check("Allreduce after dtype reassigned", a.dtype == np.float32 and
-            (a == n * (n + 1) / 2).all(), f"got {a}")
-    b = np.zeros(1000)
-    xcomm.Allreduce(MPI.IN_PLACE, b)
-    b.resize(5000, refcheck=False)     # new memory, 5000 elements
-    b[:] = rank + 1
-    xcomm.Allreduce(MPI.IN_PLACE, b)
-    v.check("Allreduce after resize", (b == n * (n + 1) / 2).all(),
-            f"got {b[:3]} .. {b[-3:]}")
+    for cls in (np.ndarray, Planned):
+        road = "plain" if cls is np.ndarray else "planned"
+        xcomm._forget_plans()
+        a = owned(cls, 4)
+        xcomm.Allreduce(MPI.IN_PLACE, a)
+        xcomm.Allreduce(MPI.IN_PLACE, a)
+        a.dtype = np.float32               # the same 32 bytes, 8 float32
+        a[:] = rank + 1
+        xcomm.Allreduce(MPI.IN_PLACE, a)
+        v.check(f"{road}: Allreduce after dtype reassigned",
+                a.dtype == np.float32 and (a == n * (n + 1) / 2).all(),
+                f"got {a}")
+        b = owned(cls, 1000)
+        xcomm.Allreduce(MPI.IN_PLACE, b)
+        b.resize(5000, refcheck=False)     # new memory, 5000 elements
+        b[:] = rank + 1
+        xcomm.Allreduce(MPI.IN_PLACE, b)
+        v.check(f"{road}: Allreduce after resize",
+                (b == n * (n + 1) / 2).all(), f"got {b[:3]} .. {b[-3:]}")
+        planned = len(xcomm._allreduce_plans) > 0
+        v.check(f"{road}: plans made only for the subclass",
+                planned == (cls is Planned),
+                f"{len(xcomm._allreduce_plans)} Allreduce plans")
     c = np.zeros(6)
     spec = [c, MPI.DOUBLE]
     for root in (n - 1, 0):
@@ -1729,7 +1811,6 @@ def changed_after_plan(xcomm, comm, v):
         xcomm.Bcast(spec, root=np.int64(root))
         v.check(f"Bcast of a list whose buffer changed, root {root}",
                 np.array_equal(spec[0], src), f"got {spec[0]}")
-
 
 SUITES = {
     "bcast": suite_bcast, "allreduce": suite_allreduce,
