@@ -154,23 +154,28 @@ static int guard_holds(const uintptr_t *g, PyObject *const *argv)
     return 1;
 }
 
-/* What makes an array plain (see 3.), bound once by xhc/comm.py from its
- * own tables (bind_plain): the strong references are never dropped. */
+/* What makes an array plain (see 3.), bound by xhc/comm.py from its own
+ * tables (bind_plain), which holds strong references to the objects. */
 #define PLAIN_DTYPES 24
 #define PLAIN_OPS 16
 #define NPY_C_CONTIGUOUS 0x1 /* numpy's flag bits (numpy/ndarraytypes.h) */
 #define NPY_WRITEABLE 0x400
-static struct {
-    PyTypeObject *ndarray;
+struct plain_table {
+    PyTypeObject *ndarray;               /* NULL: no call is plain */
     PyObject *in_place;                  /* MPI.IN_PLACE; None means it too */
     int ndtypes, nops;
-    PyObject *descr[PLAIN_DTYPES];       /* numpy's dtype singletons */
-    int32_t code[PLAIN_DTYPES];          /* the core's dtype; -1: Bcast only */
-    Py_ssize_t itemsize[PLAIN_DTYPES];
-    PyObject *op[PLAIN_OPS];
-    int32_t op_code[PLAIN_OPS];
+    struct {
+        PyObject *descr;                 /* one of numpy's dtype singletons */
+        int32_t code;                    /* the core's dtype; -1: Bcast only */
+        Py_ssize_t itemsize;
+    } dtype[PLAIN_DTYPES];
+    struct {
+        PyObject *op;
+        int32_t code;
+    } op[PLAIN_OPS];
     uint32_t ops_on[XHC_NDTYPES];        /* bit K: op code K reduces it */
-} plain;
+};
+static struct plain_table plain;
 
 /* A plain array's memory, in the core's terms. */
 struct plain_buf {
@@ -190,16 +195,16 @@ static int plain_array(PyObject *obj, int written, struct plain_buf *b)
     if ((a->flags & need) != need)
         return 0;
     int t = 0;
-    while (t < plain.ndtypes && plain.descr[t] != a->descr)
+    while (t < plain.ndtypes && plain.dtype[t].descr != a->descr)
         t++;
     if (t == plain.ndtypes)
         return 0;
     b->count = 1;
     for (int d = 0; d < a->nd; d++)
         b->count *= a->dimensions[d];
-    b->nbytes = b->count * plain.itemsize[t];
+    b->nbytes = b->count * plain.dtype[t].itemsize;
     b->data = a->data;
-    b->code = plain.code[t];
+    b->code = plain.dtype[t].code;
     return 1;
 }
 
@@ -209,9 +214,9 @@ static int32_t plain_op(PyObject *op, int32_t code)
     if (code < 0)
         return -1;
     for (int i = 0; i < plain.nops; i++)
-        if (plain.op[i] == op)
-            return plain.ops_on[code] >> plain.op_code[i] & 1
-                   ? plain.op_code[i] : -1;
+        if (plain.op[i].op == op)
+            return plain.ops_on[code] >> plain.op[i].code & 1
+                   ? plain.op[i].code : -1;
     return -1;
 }
 
@@ -797,55 +802,111 @@ static PyType_Spec hot_spec = {
     hot_slots,
 };
 
+/* The exact int at ITEM[AT] of tuple ITEM, in [LO, HI); -1 and an
+ * exception if it is not one. */
+static long table_int(PyObject *item, Py_ssize_t at, long lo, long hi)
+{
+    PyObject *v = PyTuple_GET_SIZE(item) > at ? PyTuple_GET_ITEM(item, at)
+                                              : NULL;
+    long x = v && PyLong_CheckExact(v) ? PyLong_AsLong(v) : lo - 1;
+    if (x < lo || x >= hi) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "bind_plain: entry %zd of an entry "
+                     "is not an int in [%ld, %ld)", at, lo, hi);
+        return -1;
+    }
+    return x;
+}
+
+/* Fill T from the tuples of bind_plain; no references taken yet. */
+static int table_fill(struct plain_table *t, PyObject *dtypes, PyObject *ops,
+                      PyObject *ops_on)
+{
+    t->ndtypes = (int)PyTuple_GET_SIZE(dtypes);
+    t->nops = (int)PyTuple_GET_SIZE(ops);
+    for (int i = 0; i < t->ndtypes; i++) {
+        PyObject *e = PyTuple_GET_ITEM(dtypes, i);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 3)
+            goto bad;
+        t->dtype[i].descr = PyTuple_GET_ITEM(e, 0);
+        t->dtype[i].code = (int32_t)table_int(e, 1, -1, XHC_NDTYPES);
+        t->dtype[i].itemsize = table_int(e, 2, 1, 1 << 16);
+        if (PyErr_Occurred())
+            return -1;
+    }
+    for (int i = 0; i < t->nops; i++) {
+        PyObject *e = PyTuple_GET_ITEM(ops, i);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2)
+            goto bad;
+        t->op[i].op = PyTuple_GET_ITEM(e, 0);
+        t->op[i].code = (int32_t)table_int(e, 1, 0, XHC_NOPS);
+        if (PyErr_Occurred())
+            return -1;
+    }
+    for (int i = 0; i < XHC_NDTYPES; i++) {
+        t->ops_on[i] = (uint32_t)table_int(ops_on, i, 0, 1L << XHC_NOPS);
+        if (PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+bad:
+    PyErr_SetString(PyExc_ValueError, "bind_plain: malformed table entry");
+    return -1;
+}
+
+/* Take (TAKE 1) or drop (-1) the references table T holds. */
+static void table_refs(struct plain_table *t, int take)
+{
+    PyObject *objs[2 + PLAIN_DTYPES + PLAIN_OPS];
+    int n = 0;
+    objs[n++] = (PyObject *)t->ndarray;
+    objs[n++] = t->in_place;
+    for (int i = 0; i < t->ndtypes; i++)
+        objs[n++] = t->dtype[i].descr;
+    for (int i = 0; i < t->nops; i++)
+        objs[n++] = t->op[i].op;
+    for (int i = 0; i < n; i++) {
+        if (take > 0)
+            Py_XINCREF(objs[i]);
+        else
+            Py_XDECREF(objs[i]);
+    }
+}
+
 /* bind_plain(ndarray, in_place, dtypes, ops, ops_on): the table of 3.;
- * DTYPES lists (dtype, code, itemsize), OPS (op, code), OPS_ON per dtype
- * code the bits of the op codes that reduce it.  Once only. */
+ * DTYPES is a tuple of (dtype, code, itemsize), OPS of (op, code), OPS_ON
+ * per dtype code the bits of the op codes that reduce it.  A new binding
+ * (a reloaded xhc.comm) replaces the old one. */
 static PyObject *bind_plain(PyObject *module, PyObject *args)
 {
     PyObject *ndarray, *in_place, *dtypes, *ops, *ops_on;
     (void)module;
     if (!PyArg_ParseTuple(args, "O!OO!O!O!", &PyType_Type, &ndarray,
-                          &in_place, &PyList_Type, &dtypes, &PyList_Type,
-                          &ops, &PyList_Type, &ops_on))
+                          &in_place, &PyTuple_Type, &dtypes, &PyTuple_Type,
+                          &ops, &PyTuple_Type, &ops_on))
         return NULL;
-    if (plain.ndarray || PyList_GET_SIZE(dtypes) > PLAIN_DTYPES
-        || PyList_GET_SIZE(ops) > PLAIN_OPS
-        || PyList_GET_SIZE(ops_on) != XHC_NDTYPES) {
-        PyErr_SetString(PyExc_ValueError, "bind_plain: bound already, or "
-                        "tables of the wrong size");
+    if (PyTuple_GET_SIZE(dtypes) > PLAIN_DTYPES
+        || PyTuple_GET_SIZE(ops) > PLAIN_OPS
+        || PyTuple_GET_SIZE(ops_on) != XHC_NDTYPES) {
+        PyErr_SetString(PyExc_ValueError, "bind_plain: a table is too long "
+                        "or ops_on does not list every dtype code");
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(dtypes); i++)
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(dtypes, i), "Oin",
-                              &plain.descr[i], &plain.code[i],
-                              &plain.itemsize[i]))
-            return NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); i++)
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(ops, i), "Oi", &plain.op[i],
-                              &plain.op_code[i]))
-            return NULL;
-    for (int i = 0; i < XHC_NDTYPES; i++) {
-        unsigned long bits = PyLong_AsUnsignedLong(PyList_GET_ITEM(ops_on, i));
-        if (bits == (unsigned long)-1 && PyErr_Occurred())
-            return NULL;
-        plain.ops_on[i] = (uint32_t)bits;
-    }
-    plain.ndtypes = (int)PyList_GET_SIZE(dtypes);
-    plain.nops = (int)PyList_GET_SIZE(ops);
-    for (int i = 0; i < plain.ndtypes; i++)
-        Py_INCREF(plain.descr[i]);
-    for (int i = 0; i < plain.nops; i++)
-        Py_INCREF(plain.op[i]);
-    Py_INCREF(in_place);
-    plain.in_place = in_place;
-    Py_INCREF(ndarray);
-    plain.ndarray = (PyTypeObject *)ndarray;  /* last: turns the path on */
+    struct plain_table next = {0};
+    if (table_fill(&next, dtypes, ops, ops_on) < 0)
+        return NULL;
+    next.ndarray = (PyTypeObject *)ndarray;
+    next.in_place = in_place;
+    table_refs(&next, 1);
+    struct plain_table old = plain;
+    plain = next;
+    table_refs(&old, -1);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef module_methods[] = {
     {"bind_plain", bind_plain, METH_VARARGS,
-     "Bind the table of plain arrays' dtypes and ops (once)."},
+     "Bind the table of plain arrays' dtypes and ops."},
     {NULL, NULL, 0, NULL},
 };
 

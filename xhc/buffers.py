@@ -32,11 +32,12 @@ def plain_tables():
     (its bind_plain): (dtype, code, itemsize) for numpy's numeric and bool
     dtypes (NOT_REDUCIBLE: Bcast only), (op, code) for the ops above, and
     per dtype code the bits of the op codes defined on it."""
-    dtypes = [(dt, dtype_code(dt), dt.itemsize)
-              for dt in map(np.dtype, "dlifqhbBHILQP?egFDG")]
-    ops = [(op, code) for op, code, _ in _OP_TABLE]
-    ops_on = [sum(1 << code for _, code in ops if lib.xhc_op_valid(dt, code))
-              for dt in range(lib.XHC_NDTYPES)]
+    dtypes = tuple((dt, dtype_code(dt), dt.itemsize)
+                   for dt in map(np.dtype, "dlifqhbBHILQP?egFDG"))
+    ops = tuple((op, code) for op, code, _ in _OP_TABLE)
+    ops_on = tuple(sum(1 << code for _, code in ops
+                       if lib.xhc_op_valid(dt, code))
+                   for dt in range(lib.XHC_NDTYPES))
     return dtypes, ops, ops_on
 
 

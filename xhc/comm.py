@@ -42,6 +42,7 @@ class Comm(HotComm):
 
     def __init__(self, comm, *, hierarchy=None, topology=None, **tunables):
         self._comm = comm
+        self._rank = self._size = 0
         self._ctx = ffi.NULL
         self._state = "fallback"
         self._bcast_plans, self._allreduce_plans = {}, {}
@@ -57,6 +58,8 @@ class Comm(HotComm):
             raise TypeError("xhc.Comm needs an intra-communicator (got "
                             f"{type(comm).__name__}); wrap a communicator "
                             "such as MPI.COMM_WORLD or one from Split()")
+        # Kept, for free() may come after comm.Free() or MPI.Finalize().
+        self._rank, self._size = comm.rank, comm.size
         self._cfg = config.resolve(**tunables)
         self._spin_given = (tunables.get("spin") is not None
                             or "XHC_SPIN" in os.environ)
@@ -420,8 +423,7 @@ class Comm(HotComm):
             lib.xhc_ctx_set_block_hook(ctx, _BLOCK_HOOK, ffi.NULL)
         self._hot_bind(_address(ctx), _address(_run_fn), _address(_barrier_fn),
                        self._bcast_plans, self._allreduce_plans,
-                       self._reduce_plans, MPI.SUM, self._comm.rank,
-                       self._comm.size)
+                       self._reduce_plans, MPI.SUM, self._rank, self._size)
 
     def free(self):
         """Release the shared memory; the wrapped communicator stays."""

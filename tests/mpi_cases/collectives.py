@@ -1273,63 +1273,19 @@ def stats_cases(xcomm, comm, v, sz):
 # -- the per-call path (xhc/_hot.c) ---------------------------------------------
 
 def suite_calls(xcomm, comm, v, sz, args):
-    """Every way of spelling a call, on buffers the C path takes straight
-    to the core (or through their plans), so it decides: positional and keyword arguments, defaults, a root or
-    op or send buffer that changes between calls on the same buffers, and
-    bad arguments, which must raise TypeError as mpi4py's do."""
+    """Every way of spelling a call, on plain arrays (which the C path
+    takes straight to the core) and on a subclass (which it runs through
+    plans): positional and keyword arguments, defaults, a root or op or
+    send buffer that changes between calls on the same buffers, and bad
+    arguments, which must raise TypeError as mpi4py's do."""
     n, rank = comm.size, comm.rank
+    for cls in (np.ndarray, Planned):
+        spelled_calls(xcomm, comm, v, cls)
+        repeated_call(xcomm, comm, v, cls)
     dt = np.dtype("i8")
     count = 5
     buf = np.zeros(8, np.uint8)
-    send, send2, recv = (np.zeros(count, dt) for _ in range(3))
-    forms = [
-        ("Bcast(buf, root)", lambda r: xcomm.Bcast(buf, r)),
-        ("Bcast(buf, root=)", lambda r: xcomm.Bcast(buf, root=r)),
-        ("Bcast(buf=, root=)", lambda r: xcomm.Bcast(buf=buf, root=r)),
-        ("Bcast(buf) from 0", None),
-    ]
-    for i in range(3 * n + 3):               # roots alternate, plans reused
-        name, call = forms[i % len(forms)]
-        root = (i * 5 + 1) % n if call else 0
-        want = pattern(seed_of(150, i), buf.nbytes)
-        buf[:] = want if rank == root else want ^ np.uint8(0x5A)
-        call(root) if call else xcomm.Bcast(buf)
-        v.case(f"calls {name} root {root} #{i}",
-               None if np.array_equal(buf, want) else first_diff(buf, want))
-    ops = ["SUM", "MAX", "SUM", "BXOR"]
-    for i in range(12):
-        op = ops[i % len(ops)]
-        ins = [values(dt, op, seed_of(151, i, r), count) for r in range(n)]
-        src = send if i % 3 else send2
-        src[:] = ins[rank]
-        want = np_fold(op, ins)
-        form = i % 4
-        if form == 0:
-            xcomm.Allreduce(src, recv, mpi_op(op))
-        elif form == 1:
-            xcomm.Allreduce(sendbuf=src, recvbuf=recv, op=mpi_op(op))
-        elif form == 2:
-            xcomm.Allreduce(src, recv, op=mpi_op(op))
-        else:
-            recv[:] = src
-            xcomm.Allreduce(MPI.IN_PLACE, recv, mpi_op(op))
-        v.case(f"calls Allreduce form {form} {op} #{i}",
-               compare(recv, want, op, dt))
-        if op == "SUM":
-            recv[:] = 0
-            xcomm.Allreduce(src, recv)          # the default op
-            v.case(f"calls Allreduce default op #{i}",
-                   compare(recv, want, op, dt))
-        root = i % n
-        out = np.zeros(count, dt)
-        if i % 2:
-            xcomm.Reduce(src, out if rank == root else None, mpi_op(op),
-                         root)
-        else:
-            xcomm.Reduce(sendbuf=src, recvbuf=out if rank == root else None,
-                         op=mpi_op(op), root=root)
-        v.case(f"calls Reduce root {root} {op} #{i}",
-               compare(out, want, op, dt) if rank == root else None)
+    send, recv = np.zeros(count, dt), np.zeros(count, dt)
     # From 16 MiB on, Bcast copies out with streaming stores: an odd size
     # at an odd address exercises the unaligned head and the tail.
     big = np.empty((16 << 20) + 77, np.uint8)[3:]
@@ -1339,19 +1295,6 @@ def suite_calls(xcomm, comm, v, sz, args):
     v.case("calls Bcast 16 MiB + 74 B, unaligned",
            None if np.array_equal(big, want) else first_diff(big, want))
     del big
-    # A repeated call matches its plan and never reaches the Python twin.
-    slow = []
-    python_bcast = xcomm._Bcast
-    xcomm._Bcast = lambda *a, **k: (slow.append(a), python_bcast(*a, **k))
-    for i in range(5):
-        want = pattern(seed_of(152, i), buf.nbytes)
-        buf[:] = want if rank == n - 1 else 0
-        xcomm.Bcast(buf, n - 1)
-        v.case(f"calls repeated Bcast #{i}",
-               None if np.array_equal(buf, want) else first_diff(buf, want))
-    del xcomm._Bcast
-    v.check("calls: a repeated call runs in C", len(slow) <= 1,
-            f"{len(slow)} of 5 identical calls went through Python")
     bad = [("Bcast()", lambda: xcomm.Bcast()),
            ("Bcast(buf, 0, 1)", lambda: xcomm.Bcast(buf, 0, 1)),
            ("Bcast(buf, rot=0)", lambda: xcomm.Bcast(buf, rot=0)),
@@ -1385,6 +1328,10 @@ def suite_calls(xcomm, comm, v, sz, args):
     v.flush()
 
 
+FLOAT_OPS = ("SUM", "PROD", "MIN", "MAX")
+INT_OPS = FLOAT_OPS + ("LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR")
+
+
 def plain_calls(xcomm, comm, v):
     """New arrays on every call, so no plan can match, of every dtype that
     goes straight to the core (Bcast-only ones too), 0-d and empty arrays,
@@ -1400,7 +1347,7 @@ def plain_calls(xcomm, comm, v):
     try:
         for i, ch in enumerate("dlifqhbBHILQP"):
             dt = np.dtype(ch)
-            for op in ("SUM", "MAX", "MIN" if dt.kind == "f" else "BXOR"):
+            for op in (FLOAT_OPS if dt.kind == "f" else INT_OPS):
                 ins = [values(dt, op, seed_of(160, i, r), 7)
                        for r in range(n)]
                 want = np_fold(op, ins)
@@ -1442,6 +1389,133 @@ def plain_calls(xcomm, comm, v):
             delattr(xcomm, name)
     v.check("plain: no call went through Python", not slow,
             f"{len(slow)} calls did: {sorted(set(slow))}")
+    plain_table_rebound(xcomm, comm, v)
+    free_after_comm_free(comm, v)
+
+
+def plain_table_rebound(xcomm, comm, v):
+    """Binding the table again (a reloaded xhc.comm does) replaces it;
+    a malformed table is refused and leaves the old one in force."""
+    from xhc import _hot, buffers
+    dtypes, ops, ops_on = buffers.plain_tables()
+    _hot.bind_plain(np.ndarray, MPI.IN_PLACE, dtypes, ops, ops_on)
+    bad = ((dtypes[0][0], 99, 8),) + dtypes[1:]
+    try:
+        _hot.bind_plain(np.ndarray, MPI.IN_PLACE, bad, ops, ops_on)
+        err = "no ValueError"
+    except ValueError:
+        err = None
+    v.case("plain: a dtype code out of range is refused", err)
+    r = np.full(4, comm.rank + 1.0)
+    xcomm.Allreduce(MPI.IN_PLACE, r)
+    n = comm.size
+    v.check("plain: Allreduce after the table was bound again",
+            (r == n * (n + 1) / 2).all(), f"got {r}")
+
+
+def free_after_comm_free(comm, v):
+    """free() needs nothing of the wrapped communicator: it may come
+    after the communicator was freed."""
+    dup = comm.Dup()
+    x = xhc.Comm(dup)
+    dup.Free()
+    try:
+        x.free()
+        err = None
+    except Exception as e:               # noqa: BLE001 (reported)
+        err = f"free() raised {type(e).__name__}: {e}"
+    v.case("free() after the wrapped communicator's Free()", err)
+    try:
+        x.Allreduce(MPI.IN_PLACE, np.zeros(1))
+        err = "no XhcError"
+    except xhc.XhcError:
+        err = None
+    v.case("a call after free() raises XhcError", err)
+
+
+def spelled_calls(xcomm, comm, v, cls):
+    """The spellings of each call on arrays of class CLS (see suite_calls),
+    roots and ops changing between calls on the same buffers."""
+    n, rank = comm.size, comm.rank
+    road = "plain" if cls is np.ndarray else "planned"
+    dt = np.dtype("i8")
+    count = 5
+    buf = owned(cls, 8, np.uint8)
+    send, send2, recv = (owned(cls, count, dt) for _ in range(3))
+    forms = [
+        ("Bcast(buf, root)", lambda r: xcomm.Bcast(buf, r)),
+        ("Bcast(buf, root=)", lambda r: xcomm.Bcast(buf, root=r)),
+        ("Bcast(buf=, root=)", lambda r: xcomm.Bcast(buf=buf, root=r)),
+        ("Bcast(buf) from 0", None),
+    ]
+    for i in range(3 * n + 3):               # roots alternate, plans reused
+        name, call = forms[i % len(forms)]
+        root = (i * 5 + 1) % n if call else 0
+        want = pattern(seed_of(150, i), buf.nbytes)
+        buf[:] = want if rank == root else want ^ np.uint8(0x5A)
+        call(root) if call else xcomm.Bcast(buf)
+        v.case(f"calls {road}: {name} root {root} #{i}",
+               None if np.array_equal(buf, want) else first_diff(buf, want))
+    ops = ["SUM", "MAX", "SUM", "BXOR"]
+    for i in range(12):
+        op = ops[i % len(ops)]
+        ins = [values(dt, op, seed_of(151, i, r), count) for r in range(n)]
+        src = send if i % 3 else send2
+        src[:] = ins[rank]
+        want = np_fold(op, ins)
+        form = i % 4
+        if form == 0:
+            xcomm.Allreduce(src, recv, mpi_op(op))
+        elif form == 1:
+            xcomm.Allreduce(sendbuf=src, recvbuf=recv, op=mpi_op(op))
+        elif form == 2:
+            xcomm.Allreduce(src, recv, op=mpi_op(op))
+        else:
+            recv[:] = src
+            xcomm.Allreduce(MPI.IN_PLACE, recv, mpi_op(op))
+        v.case(f"calls {road}: Allreduce form {form} {op} #{i}",
+               compare(recv, want, op, dt))
+        if op == "SUM":
+            recv[:] = 0
+            xcomm.Allreduce(src, recv)          # the default op
+            v.case(f"calls {road}: Allreduce default op #{i}",
+                   compare(recv, want, op, dt))
+        root = i % n
+        out = owned(cls, count, dt)
+        if i % 2:
+            xcomm.Reduce(src, out if rank == root else None, mpi_op(op),
+                         root)
+        else:
+            xcomm.Reduce(sendbuf=src, recvbuf=out if rank == root else None,
+                         op=mpi_op(op), root=root)
+        v.case(f"calls {road}: Reduce root {root} {op} #{i}",
+               compare(out, want, op, dt) if rank == root else None)
+
+
+def repeated_call(xcomm, comm, v, cls):
+    """A repeated call runs in C: on plain arrays it never reaches the
+    Python twin; on a subclass only its first call does, to make the
+    plan."""
+    n, rank = comm.size, comm.rank
+    road = "plain" if cls is np.ndarray else "planned"
+    buf = owned(cls, 8, np.uint8)
+    slow = []
+    python_bcast = xcomm._Bcast
+    xcomm._Bcast = lambda *a, **k: (slow.append(a), python_bcast(*a, **k))
+    try:
+        for i in range(5):
+            want = pattern(seed_of(152, i), buf.nbytes)
+            buf[:] = want if rank == n - 1 else 0
+            xcomm.Bcast(buf, n - 1)
+            v.case(f"calls {road}: repeated Bcast #{i}",
+                   None if np.array_equal(buf, want)
+                   else first_diff(buf, want))
+    finally:
+        del xcomm._Bcast
+    want = 0 if cls is np.ndarray else 1
+    v.check(f"calls {road}: a repeated call runs in C", len(slow) == want,
+            f"{len(slow)} of 5 identical calls went through Python, "
+            f"not {want}")
 
 
 def reentrant_calls(xcomm, comm, v):
