@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Launch an N-rank MPI run from a pytest process, with a hard timeout."""
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -34,6 +36,24 @@ def mpiexec():
     return exe
 
 
+@contextlib.contextmanager
+def mpi_scratch():
+    """Environment for a process tree that may start MPI (an mpiexec run,
+    or a singleton): Open MPI's session directory and the backing files
+    of its shared-memory transports go to a fresh directory, removed on
+    exit with whatever a killed, crashed or singleton run left there, so
+    nothing of the run stays in /dev/shm or /tmp."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    path = tempfile.mkdtemp(prefix="ompi-run.", dir=base)
+    try:
+        yield {"PRTE_MCA_prte_tmpdir_base": path,
+               "TMPDIR": path,                 # a singleton's session
+               "OMPI_MCA_btl_sm_backing_directory": path,
+               "OMPI_MCA_osc_sm_backing_directory": path}
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def run_mpi(n, args, timeout=120, env=None, check=True):
     """Run ``python -m mpi4py ARGS`` on N ranks; return the CompletedProcess.
 
@@ -48,16 +68,18 @@ def run_mpi(n, args, timeout=120, env=None, check=True):
         p for p in (ROOT, full_env.get("PYTHONPATH")) if p)
     full_env.update(env or {})
     cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n"
-                    f"--- stdout\n{out}\n--- stderr\n{err}")
+    with mpi_scratch() as scratch:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**full_env, **scratch},
+                                text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n"
+                        f"--- stdout\n{out}\n--- stderr\n{err}")
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n"

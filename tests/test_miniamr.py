@@ -14,7 +14,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mpirun import MPI_ENV, ROOT, run_mpi
+from mpirun import MPI_ENV, ROOT, mpi_scratch, run_mpi
 
 sys.path.insert(0, ROOT)
 from bench.miniamr import checksum
@@ -59,8 +59,10 @@ def run_serial(*args):
         p for p in (ROOT, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "bench.miniamr", "--coll", "mpi",
            *decomp_args(1), *PROBLEM, *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=120, check=False)
+    with mpi_scratch() as scratch:
+        return subprocess.run(cmd, cwd=ROOT, env={**env, **scratch},
+                              text=True, capture_output=True, timeout=120,
+                              check=False)
 
 
 @pytest.fixture(scope="module")

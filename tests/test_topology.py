@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from mpirun import run_mpi
+from mpirun import mpi_scratch, run_mpi
 from xhc import hierarchy, topology
 from xhc.errors import XhcError
 from xhc.hierarchy import DEFAULTS, build
@@ -195,9 +195,11 @@ def run_info(*args, **extra_env):
     env.pop("XHC_TOPOLOGY", None)
     env.pop("XHC_HIERARCHY", None)
     env.update(extra_env)
-    return subprocess.run([sys.executable, "-m", "xhc", "info"] + list(args), cwd=ROOT,
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, timeout=60)
+    with mpi_scratch() as scratch:          # a singleton MPI
+        return subprocess.run([sys.executable, "-m", "xhc", "info"] + list(args),
+                              cwd=ROOT, env={**env, **scratch},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              universal_newlines=True, timeout=60)
 
 
 def test_info_json():

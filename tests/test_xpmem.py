@@ -369,10 +369,15 @@ def run_case(lib_dir, case, *args, env=None, timeout=240):
     if lib_dir:
         full["LD_LIBRARY_PATH"] = os.pathsep.join(
             p for p in (lib_dir, os.environ.get("LD_LIBRARY_PATH")) if p)
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    from mpirun import mpi_scratch
     before = xhc_entries()
-    proc = subprocess.run([sys.executable, __file__, case, json.dumps(args)],
-                          cwd=ROOT, env=full, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    with mpi_scratch() as scratch:          # importing xhc starts MPI
+        proc = subprocess.run([sys.executable, __file__, case,
+                               json.dumps(args)], cwd=ROOT,
+                              env={**full, **scratch}, capture_output=True,
+                              text=True, timeout=timeout, check=False)
     output = f"--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n" \
              f"{proc.stderr[-6000:]}"
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
