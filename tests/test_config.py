@@ -36,8 +36,8 @@ def test_keyword_wins_over_environment(monkeypatch):
 
 
 @pytest.mark.parametrize("nranks, ncpu, chunk, windows, spin", [
-    (2, 2, 256 << 10, 2, 512),     # one rank per CPU: as configured
-    (1, 64, 256 << 10, 2, 512),
+    (2, 2, 256 << 10, 2, 16384),   # one rank per CPU: spin long
+    (1, 64, 256 << 10, 2, 16384),
     (4, 2, 256 << 10, 32, 16),     # crowded: deep Bcast staging, short spin
     (8, 2, 256 << 10, 32, 16),     # 8 x 32 x 256 KiB = 64 MiB
     (16, 8, 256 << 10, 16, 16),    # the node's 64 MiB caps the depth

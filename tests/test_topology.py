@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from mpirun import mpi_scratch, run_mpi
-from xhc import hierarchy, topology
+from xhc import config, hierarchy, topology
 from xhc.errors import XhcError
 from xhc.hierarchy import DEFAULTS, build
 from xhc.topology import describe, find_hwloc_calc, local_locality, ncores
@@ -246,4 +246,5 @@ def test_info_reports_waiting_for_the_load(n, env):
     elif w["crowded"]:
         assert w["bcast_windows"] > 2 and w["spin"] <= 16 and w["sleep"] == 0
     else:
-        assert (w["bcast_windows"], w["spin"], w["sleep"]) == (2, 512, 0)
+        assert (w["bcast_windows"], w["spin"], w["sleep"]) == \
+            (2, config.DEFAULTS["spin"], 0)
