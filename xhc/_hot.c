@@ -802,51 +802,54 @@ static PyType_Spec hot_spec = {
     hot_slots,
 };
 
-/* The exact int at ITEM[AT] of tuple ITEM, in [LO, HI); -1 and an
- * exception if it is not one. */
-static long table_int(PyObject *item, Py_ssize_t at, long lo, long hi)
+/* *OUT = the exact int at index AT of tuple TUPLE, if it is in [LO, HI);
+ * else -1 and a ValueError. */
+static int table_int(PyObject *tuple, Py_ssize_t at, long lo, long hi,
+                     long *out)
 {
-    PyObject *v = PyTuple_GET_SIZE(item) > at ? PyTuple_GET_ITEM(item, at)
-                                              : NULL;
-    long x = v && PyLong_CheckExact(v) ? PyLong_AsLong(v) : lo - 1;
-    if (x < lo || x >= hi) {
+    PyObject *v = PyTuple_GET_SIZE(tuple) > at ? PyTuple_GET_ITEM(tuple, at)
+                                               : NULL;
+    *out = v && PyLong_CheckExact(v) ? PyLong_AsLong(v) : lo - 1;
+    if (*out < lo || *out >= hi || PyErr_Occurred()) {
         PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "bind_plain: entry %zd of an entry "
-                     "is not an int in [%ld, %ld)", at, lo, hi);
+        PyErr_Format(PyExc_ValueError, "bind_plain: item %zd of a table "
+                     "entry is not an int in [%ld, %ld)", at, lo, hi);
         return -1;
     }
-    return x;
+    return 0;
 }
 
 /* Fill T from the tuples of bind_plain; no references taken yet. */
 static int table_fill(struct plain_table *t, PyObject *dtypes, PyObject *ops,
                       PyObject *ops_on)
 {
+    long code, size, bits;
     t->ndtypes = (int)PyTuple_GET_SIZE(dtypes);
     t->nops = (int)PyTuple_GET_SIZE(ops);
     for (int i = 0; i < t->ndtypes; i++) {
         PyObject *e = PyTuple_GET_ITEM(dtypes, i);
         if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 3)
             goto bad;
-        t->dtype[i].descr = PyTuple_GET_ITEM(e, 0);
-        t->dtype[i].code = (int32_t)table_int(e, 1, -1, XHC_NDTYPES);
-        t->dtype[i].itemsize = table_int(e, 2, 1, 1 << 16);
-        if (PyErr_Occurred())
+        if (table_int(e, 1, -1, XHC_NDTYPES, &code) < 0
+            || table_int(e, 2, 1, 1 << 16, &size) < 0)
             return -1;
+        t->dtype[i].descr = PyTuple_GET_ITEM(e, 0);
+        t->dtype[i].code = (int32_t)code;
+        t->dtype[i].itemsize = size;
     }
     for (int i = 0; i < t->nops; i++) {
         PyObject *e = PyTuple_GET_ITEM(ops, i);
         if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2)
             goto bad;
-        t->op[i].op = PyTuple_GET_ITEM(e, 0);
-        t->op[i].code = (int32_t)table_int(e, 1, 0, XHC_NOPS);
-        if (PyErr_Occurred())
+        if (table_int(e, 1, 0, XHC_NOPS, &code) < 0)
             return -1;
+        t->op[i].op = PyTuple_GET_ITEM(e, 0);
+        t->op[i].code = (int32_t)code;
     }
     for (int i = 0; i < XHC_NDTYPES; i++) {
-        t->ops_on[i] = (uint32_t)table_int(ops_on, i, 0, 1L << XHC_NOPS);
-        if (PyErr_Occurred())
+        if (table_int(ops_on, i, 0, 1L << XHC_NOPS, &bits) < 0)
             return -1;
+        t->ops_on[i] = (uint32_t)bits;
     }
     return 0;
 bad:
