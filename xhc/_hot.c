@@ -2,8 +2,9 @@
 /* _hot.c: the per-call path of xhc.Comm's four collectives, in C.
  *
  * 1. xhc.Comm derives from HotComm.  Its Python code builds a plan per
- *    buffer (the core's xhc_call, kept alive by the plan) and binds the
- *    plan dictionaries, the context and the core's entry points here.
+ *    buffer that is not a plain array (3.): the core's xhc_call, kept
+ *    alive by the plan.  It binds the plan dictionaries, the context and
+ *    the core's entry points here.
  * 2. A call looks its plan up by id() of the keying buffer, checks that
  *    the plan was made for exactly these arguments (identity of buffers
  *    and op, equality of root) and that its numpy arrays still have the
@@ -40,21 +41,6 @@ typedef int (*xhc_run_fn)(const void *call);
 typedef int (*xhc_barrier_fn)(void *ctx);
 
 enum { BCAST, ALLREDUCE, REDUCE, NPLANS };
-#define HOT_SEEN 8     /* plans remembered per collective, direct-mapped */
-#define GUARD_WORDS 13 /* a guard of up to two arrays (see _guard) */
-
-/* A plan run before, condensed into one place: what a call must match and
- * what it runs.  Between collectives a compute phase evicts the caches;
- * this costs a cold call a line or three, where the dict, its key, the
- * plan tuple and its ints cost a dozen scattered misses. */
-struct hot_seen {
-    PyObject *plan;              /* strong; NULL: an empty entry */
-    PyObject *keys[3];           /* the plan's, held by it */
-    PyObject *root;              /* the plan's root int, or NULL */
-    Py_ssize_t root_value;
-    void *call;
-    uintptr_t guard[GUARD_WORDS];
-};
 
 typedef struct {
     PyObject_HEAD
@@ -65,9 +51,6 @@ typedef struct {
     PyObject *sum;           /* MPI.SUM, the default op */
     PyObject *zero;          /* 0, the default root */
     int rank, size;          /* in the communicator */
-    struct hot_seen seen[NPLANS][HOT_SEEN]; /* by keying buffer address */
-    int busy;                /* a call runs a condensed plan */
-    int forget_pending;      /* forget_seen waits for it */
 } HotComm;
 
 /* The plan's layout, fixed by xhc/comm.py: the arguments it was made for
@@ -359,68 +342,6 @@ static PyObject *plan_for(HotComm *h, int kind, PyObject *const *argv)
     return guard_holds(guard_of(plan), argv) ? plan : NULL;
 }
 
-/* The entry for ARGV's keying buffer (see plan_for). */
-static struct hot_seen *seen_slot(HotComm *h, int kind,
-                                  PyObject *const *argv)
-{
-    uintptr_t key = (uintptr_t)argv[kind == ALLREDUCE ? 1 : 0];
-    return &h->seen[kind][(key >> 4) % HOT_SEEN];
-}
-
-/* Was entry E made for exactly the arguments ARGV? */
-static int seen_fits(const struct hot_seen *e, int kind,
-                     PyObject *const *argv)
-{
-    if (!e->plan)
-        return 0;
-    for (int i = 0; i < NKEYS[kind]; i++)
-        if (e->keys[i] != argv[i])
-            return 0;
-    int r = ROOT_AT[kind];
-    if (r >= 0 && !root_is(e->root, e->root_value, argv[r]))
-        return 0;
-    return guard_holds(e->guard, argv);
-}
-
-/* Condense PLAN, which fits, into entry E for the next call; return the
- * plan it displaces (a reference the caller releases once nothing it
- * holds borrowed can be freed by that: releasing a plan can free a
- * buffer, whose finalizer is Python code). */
-static PyObject *seen_keep(struct hot_seen *e, int kind, PyObject *plan,
-                           void *call)
-{
-    const uintptr_t *g = guard_of(plan);
-    if (!g || 1 + 6 * g[0] > GUARD_WORDS) {
-        PyErr_Clear();
-        return NULL;
-    }
-    PyObject *old = e->plan;
-    Py_INCREF(plan);
-    e->plan = plan;
-    for (int i = 0; i < NKEYS[kind]; i++)
-        e->keys[i] = PyTuple_GET_ITEM(plan, i);
-    int r = ROOT_AT[kind];
-    e->root = r >= 0 ? PyTuple_GET_ITEM(plan, r) : NULL;
-    e->root_value = r >= 0 ? PyLong_AsSsize_t(e->root) : 0;
-    e->call = call;
-    memcpy(e->guard, g, sizeof(uintptr_t) * (1 + 6 * g[0]));
-    return old;
-}
-
-/* Drop the condensed plans; while a call runs one of them (its wait may
- * release the GIL), only once it returns. */
-static void forget_seen(HotComm *h)
-{
-    if (h->busy) {
-        h->forget_pending = 1;
-        return;
-    }
-    h->forget_pending = 0;
-    for (int k = 0; k < NPLANS; k++)
-        for (int i = 0; i < HOT_SEEN; i++)
-            Py_CLEAR(h->seen[k][i].plan);
-}
-
 /* KIND's argument names, interned: the keywords of a call are interned
  * strings too, so a pointer comparison finds them without reading the
  * (cold) characters. */
@@ -510,7 +431,6 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
                              PyObject *kwnames)
 {
     const char *name = KIND[kind].twin;
-    struct hot_seen *e = seen_slot(h, kind, argv);
     xhc_call_t direct;
     int rc;
     if (h->ctx && plain_call(h, kind, argv, &direct)) {
@@ -521,14 +441,6 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
         rc = hot_invoke(h->run, &direct, h->barrier, h->ctx);
         for (int i = 0; i < KIND[kind].nargs; i++)
             Py_DECREF(argv[i]);
-    } else if (h->ctx && seen_fits(e, kind, argv)) {
-        /* E holds its plan, and with it the call and its buffers; only a
-         * call on this communicator replaces E (one xhc.Comm is not called
-         * from two threads at once), and forgetting waits for it. */
-        h->busy++;
-        rc = hot_invoke(h->run, e->call, h->barrier, h->ctx);
-        if (--h->busy == 0 && h->forget_pending)
-            forget_seen(h);
     } else {
         PyObject *plan = h->ctx ? plan_for(h, kind, argv) : NULL;
         if (!plan) {
@@ -543,10 +455,8 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
         /* The plan keeps the call and its buffers alive; hold it in case
          * the GIL is released, whatever another thread does. */
         Py_INCREF(plan);
-        PyObject *displaced = seen_keep(e, kind, plan, call);
         rc = hot_invoke(h->run, call, h->barrier, h->ctx);
         Py_DECREF(plan);
-        Py_XDECREF(displaced);
     }
     if (rc == 0)
         Py_RETURN_NONE;
@@ -612,14 +522,6 @@ static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
     return failed(h, "_Barrier", rc, NULL, 0);
 }
 
-/* _hot_forget(): drop the condensed plans, as the dicts were cleared. */
-static PyObject *hot_forget(HotComm *h, PyObject *unused)
-{
-    (void)unused;
-    forget_seen(h);
-    Py_RETURN_NONE;
-}
-
 /* _hot_bind(ctx, run, barrier, bcast_plans, allreduce_plans,
  *           reduce_plans, sum, rank, size): addresses as ints; ctx 0
  * unbinds. */
@@ -635,7 +537,6 @@ static PyObject *hot_bind(HotComm *h, PyObject *args)
         Py_INCREF(p[i]);
         Py_XSETREF(h->plans[i], p[i]);
     }
-    forget_seen(h);
     Py_INCREF(sum);
     Py_XSETREF(h->sum, sum);
     if (!h->zero && !(h->zero = PyLong_FromLong(0)))
@@ -650,9 +551,6 @@ static int hot_traverse(HotComm *h, visitproc visit, void *arg)
 {
     for (int i = 0; i < NPLANS; i++)
         Py_VISIT(h->plans[i]);
-    for (int k = 0; k < NPLANS; k++)
-        for (int i = 0; i < HOT_SEEN; i++)
-            Py_VISIT(h->seen[k][i].plan);
     Py_VISIT(h->sum);
     Py_VISIT(h->zero);
     Py_VISIT(Py_TYPE(h));
@@ -664,7 +562,6 @@ static int hot_clear(HotComm *h)
     h->ctx = NULL;
     for (int i = 0; i < NPLANS; i++)
         Py_CLEAR(h->plans[i]);
-    forget_seen(h);
     Py_CLEAR(h->sum);
     Py_CLEAR(h->zero);
     return 0;
@@ -782,8 +679,6 @@ static PyMethodDef hot_methods[] = {
      "Block until every rank has called Barrier."},
     {"_hot_bind", (PyCFunction)hot_bind, METH_VARARGS,
      "Bind the context, the core's entry points and the plan dicts."},
-    {"_hot_forget", (PyCFunction)hot_forget, METH_NOARGS,
-     "Drop the plans condensed in C (after the dicts were cleared)."},
     {NULL, NULL, 0, NULL},
 };
 

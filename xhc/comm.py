@@ -263,7 +263,6 @@ class Comm(HotComm):
         for plans in (self._bcast_plans, self._allreduce_plans,
                       self._reduce_plans):
             plans.clear()
-        self._hot_forget()
         self._plan_bytes = 0
 
     def _root_arg(self, root, name):

@@ -1519,9 +1519,10 @@ def repeated_call(xcomm, comm, v, cls):
 
 
 def reentrant_calls(xcomm, comm, v):
-    """Python code that runs inside a call's plan lookup (a root's
-    __index__, a buffer's finalizer) and drops every plan: the call must
-    still run on live memory and give the right result."""
+    """Python code that runs while a call looks for or makes its plan (a
+    root's __index__, the finalizer of a buffer that a replaced plan
+    held) and drops every plan: the call must still run on live memory
+    and give the right result."""
     n, rank = comm.size, comm.rank
 
     class Root:
@@ -1534,7 +1535,7 @@ def reentrant_calls(xcomm, comm, v):
             return n - 1
 
     a = owned(Planned, 8)                # planned, not plain
-    for i in range(3):                   # planned, condensed, then armed
+    for i in range(3):                   # planned, reused, then armed
         Root.armed = i == 2
         a[:] = np.arange(8.0) + i if rank == n - 1 else -1
         xcomm.Bcast(a, Root())
@@ -1548,13 +1549,14 @@ def reentrant_calls(xcomm, comm, v):
     r = owned(Planned, 8)
     s1 = np.ones(8).view(Send)
     xcomm.Allreduce(s1, r)
-    xcomm.Allreduce(s1, r)               # condensed: its entry holds s1
+    xcomm.Allreduce(s1, r)               # the plan for r holds s1
+    del s1                               # s1 lives only in that plan now
     s2 = np.full(8, 2.0)
-    xcomm.Allreduce(s2, r)               # a new plan for r; the entry keeps s1
-    del s1                               # s1 lives only in that entry now
-    xcomm.Allreduce(s2, r)               # displacing it runs s1's finalizer
-    v.case("reentrant: a finalizer drops the plans", None
-           if (r == 2.0 * n).all() else f"got {r}")
+    for i in range(2):                   # replacing it runs s1's finalizer
+        r[:] = 0
+        xcomm.Allreduce(s2, r)
+        v.case(f"reentrant: a finalizer drops the plans #{i}", None
+               if (r == 2.0 * n).all() else f"got {r}")
 
 
 def persistent_calls(xcomm, comm, v):
