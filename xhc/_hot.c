@@ -208,12 +208,20 @@ static int is_in_place(PyObject *obj)
     return obj == plain.in_place || obj == Py_None; /* as mpi4py */
 }
 
-/* ROOT (an exact int) if it is a rank of H's communicator, else -1. */
-static int plain_root(const HotComm *h, PyObject *root)
+/* The value of ROOT, an exact int (hot_collective converted it); -1 if it
+ * does not fit, which no rank is: Python's checks will say so. */
+static Py_ssize_t root_value(PyObject *root)
 {
     Py_ssize_t r = PyLong_AsSsize_t(root);
     if (r == -1 && PyErr_Occurred())
-        PyErr_Clear();  /* out of range: Python's checks will say so */
+        PyErr_Clear();
+    return r;
+}
+
+/* ROOT (an exact int) if it is a rank of H's communicator, else -1. */
+static int plain_root(const HotComm *h, PyObject *root)
+{
+    Py_ssize_t r = root_value(root);
     return 0 <= r && r < h->size ? (int)r : -1;
 }
 
@@ -302,20 +310,12 @@ static int plain_call(const HotComm *h, int kind, PyObject *const *argv,
     }
 }
 
-/* Does ARG, an exact int (hot_collective converted it), name the root
- * VALUE, whose int in the plan is OBJ?  Small ints are cached objects, so
- * identity decides almost always.  Runs no Python code: a lookup holds
- * borrowed pointers that Python code could free. */
-static int root_is(PyObject *obj, Py_ssize_t value, PyObject *arg)
+/* Does ARG name the same root as OBJ, the plan's?  Small ints are cached
+ * objects, so identity decides almost always.  Runs no Python code: a
+ * lookup holds borrowed pointers that Python code could free. */
+static int root_is(PyObject *obj, PyObject *arg)
 {
-    if (arg == obj)
-        return 1;
-    Py_ssize_t root = PyLong_AsSsize_t(arg);
-    if (root == -1 && PyErr_Occurred()) {
-        PyErr_Clear();  /* out of range: Python's checks will say so */
-        return 0;
-    }
-    return root == value;
+    return arg == obj || root_value(arg) == root_value(obj);
 }
 
 /* The plan for ARGV (the arguments in the method's order), a borrowed
@@ -335,9 +335,7 @@ static PyObject *plan_for(HotComm *h, int kind, PyObject *const *argv)
         if (PyTuple_GET_ITEM(plan, i) != argv[i])
             return NULL;
     int r = ROOT_AT[kind];
-    if (r >= 0 && !root_is(PyTuple_GET_ITEM(plan, r),
-                           PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, r)),
-                           argv[r]))
+    if (r >= 0 && !root_is(PyTuple_GET_ITEM(plan, r), argv[r]))
         return NULL;
     return guard_holds(guard_of(plan), argv) ? plan : NULL;
 }
