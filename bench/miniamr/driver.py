@@ -45,7 +45,7 @@ class Run:
         self.objects = o.objects.copy()
         self.counters = defaultdict(int, dict.fromkeys((
             "refine_steps", "blocks_split", "blocks_merged", "moved_coarsen",
-            "sweeps_2to1", "load_balances", "blocks_moved_lb",
+            "rounds_2to1", "load_balances", "blocks_moved_lb",
             "interlevel_links", "interlevel_links_remote", "checksums"), 0))
         self.local_max_b = 0
         n3 = (o.nx, o.ny, o.nz)

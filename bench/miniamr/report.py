@@ -120,7 +120,7 @@ def text(rep):
     mesh2 = (f"      refinement steps {m['refine_steps']}, blocks split "
              f"{m['blocks_split']}, merged {m['blocks_merged']} groups, load "
              f"balances {m['load_balances']}, blocks moved by load balance "
-             f"{m['blocks_moved_lb']}, 2:1 sweeps {m['sweeps_2to1']}, "
+             f"{m['blocks_moved_lb']}, 2:1 rounds {m['rounds_2to1']}, "
              f"checksums {m['checksums']}")
     sums = " ".join(f"{v:.15g}" for v in rep["final_checksum"])
     out += ["", mesh1, mesh2, f"Final checksums: {sums}"]
