@@ -29,7 +29,9 @@ from bench import _osu  # noqa: E402
 
 # Options that change what is measured: files must agree on them.
 SAME = ("dtype", "op", "root", "sync", "iterations", "warmup", "blocks",
-        "persistent")
+        "persistent", "cold")
+# What a file from before an option existed measured.
+ABSENT = {"cold": 0}
 
 
 def load(paths):
@@ -50,7 +52,7 @@ def load(paths):
         raise SystemExit(f"compare: files differ in benchmark or ranks: "
                          f"{sorted(kinds, key=str)}")
     for key in SAME:
-        values = {str(d["options"].get(key)) for d in docs}
+        values = {str(d["options"].get(key, ABSENT.get(key))) for d in docs}
         if len(values) > 1:
             raise SystemExit(f"compare: files differ in --{key}: "
                              f"{sorted(values)}; measure them alike")

@@ -43,6 +43,13 @@ a running job, so run twice and merge the JSON files:
         -m bench.osu allreduce --impl mpi --label coll/sm --json b.json
     python -m bench.compare a.json b.json
 
+``--cold BYTES`` makes every call cold, as in an application that
+computes between collectives: before each call's barrier, untimed, every
+rank adds 1 to each byte of a private buffer of BYTES (larger than the
+last-level cache, say 64M), which evicts the caches and the TLB of the
+data and code the call will touch.  Each iteration then costs about a
+millisecond more in all, so use fewer iterations (``-i 100``).
+
 Columns merged from separate runs are not interleaved: on a noisy VM,
 differences under ~30 % between them are noise.
 """
@@ -79,13 +86,14 @@ class Case:
     """One implementation's buffers and calls for one message size."""
 
     __slots__ = ("run", "fill", "check", "i", "total", "errors", "sync",
-                 "close")
+                 "evict", "close")
 
     def __init__(self, run, fill=lambda k: None, check=lambda k: 0,
                  close=lambda: None):
         self.run, self.fill, self.check = run, fill, check
         self.i, self.total, self.errors = 0, 0.0, 0
         self.sync = None  # the barrier before each call; set by measure()
+        self.evict = None  # what makes the call cold; set by measure()
         self.close = close  # frees what the case holds, after the size
 
 
@@ -264,6 +272,11 @@ def parse_args(argv=None):
     p.add_argument("--persistent", action="store_true",
                    help="time MPI-4 persistent collectives on both sides: "
                    "*_init once per size, Start() and Wait() per call")
+    p.add_argument("--cold", metavar="BYTES", type=_cold_size, default=0,
+                   help="rewrite a private buffer of BYTES (K/M suffixes) "
+                        "before each call, untimed, so that it runs with "
+                        "cold caches (e.g. 64M; use fewer iterations; "
+                        "0: off, the default)")
     p.add_argument("--label", default="MPI", help="name of the MPI column")
     p.add_argument("--json", metavar="FILE",
                    help="write every number (see bench.compare to merge)")
@@ -281,6 +294,16 @@ def _positive(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not >= 1")
     return value
+
+
+def _cold_size(text):
+    if text.strip() == "0":
+        return 0
+    try:
+        return _osu.parse_bytes(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--cold {text!r}: give a byte count such as 64M") from None
 
 
 def _natural(text):
@@ -352,12 +375,13 @@ def run_loop(case, n, validate):
     arguments would cost about 0.12 us more per timed call, for either
     implementation, where OSU's C loop costs nothing."""
     fill, run, check, wtime = case.fill, case.run, case.check, MPI.Wtime
-    sync = case.sync
+    sync, evict = case.sync, case.evict
     total = 0.0
     for _ in range(n):
         k = case.i % _osu.NPAT
         case.i += 1
         fill(k)
+        evict()
         sync()
         t0 = wtime()
         run()
@@ -396,6 +420,14 @@ def idle_barrier(comm):
         time.sleep(1e-4)
 
 
+def evictor(nbytes):
+    """What --cold runs before each call: rewrite NBYTES private bytes."""
+    if not nbytes:
+        return lambda: None
+    junk = np.zeros(nbytes, np.uint8)
+    return functools.partial(np.add, junk, 1, out=junk)
+
+
 # -- the run ------------------------------------------------------------------
 
 class Run:
@@ -410,6 +442,7 @@ class Run:
         self.table = _osu.Table(table_columns(impls, opts),
                                 sized=opts.sizes[0] is not None)
         self.doc = new_doc(self, opts)
+        self.evict = evictor(opts.cold)
 
     def sweep(self):
         """Measure every size, printing one row each; then the reference."""
@@ -435,6 +468,7 @@ class Run:
         own = self.opts.sync == "own"
         for case, im in zip(cases, self.impls):
             case.sync = im.comm.Barrier if own else self.comm.Barrier
+            case.evict = self.evict
         time_cases(cases, iters, warmup, self.opts)
         for case in cases:
             case.close()
@@ -555,6 +589,9 @@ def header_lines(run):
              else "each call")
     lines.append(f"method: {sync}, then time {calls}; avg of per-rank "
                  "means, min/max over ranks")
+    if o.cold:
+        lines.append(f"cold: before each barrier every rank rewrites a "
+                     f"private {o.cold}-byte buffer, untimed")
     if len(run.impls) == 2:
         lines.append(f"xhc/{run.impls[1].label}: ratio of the averages, "
                      "below 1 when xhc is faster")
@@ -565,7 +602,7 @@ def new_doc(run, opts):
     """Return the JSON record, before any result."""
     keep = ("command", "message_size", "iterations", "warmup", "full",
             "validate", "impl", "shm", "sync", "root", "dtype", "op", "blocks",
-            "label", "sizes", "persistent")
+            "label", "sizes", "persistent", "cold")
     title = (f"OSU-style xhc {run.cmd.title} Latency Test v{xhc_version()}")
     return {"benchmark": opts.command, "title": title,
             "version": xhc_version(), "ranks": run.comm.size,

@@ -55,6 +55,7 @@ def check_doc(doc, sizes, impl=IMPL):
 def test_osu_sized(op, tmp_path):
     out, doc = run_osu(op, tmp_path)
     check_doc(doc, SIZES)
+    assert doc["options"]["cold"] == 0 and "# cold:" not in out
     assert "# ranks: 2" in out
     assert out.count("Pass") == len(SIZES)
     assert [r["size"] for r in doc["reference"]] == [65536]
@@ -90,6 +91,32 @@ def test_osu_shm(tmp_path):
     check_doc(doc, [8 << k for k in range(18)], impl="both")
     assert doc["options"]["shm"] is True
     assert isinstance(doc["xhc_stats"], dict)
+
+
+def test_osu_cold(tmp_path):
+    """--cold rewrites a private buffer before each call: still validated,
+    said in the header and recorded."""
+    out, doc = run_osu("allreduce", tmp_path, "--cold", "1M", sizes="8:1K")
+    check_doc(doc, SIZES[:8])
+    assert doc["options"]["cold"] == 1 << 20
+    assert "# cold: before each barrier every rank rewrites a private " \
+           "1048576-byte buffer" in out
+    assert doc["xhc_stats"]["fallback"] == 0
+
+
+@pytest.mark.parametrize("text, nbytes", [("0", 0), ("64K", 65536),
+                                          ("2M", 2 << 20)])
+def test_osu_cold_sizes(text, nbytes):
+    from bench.osu import _cold_size
+    assert _cold_size(text) == nbytes
+
+
+def test_osu_cold_rejects_a_bad_size():
+    import argparse
+    from bench.osu import _cold_size
+    with pytest.raises(argparse.ArgumentTypeError,
+                       match="give a byte count such as 64M"):
+        _cold_size("lots")
 
 
 # -- in-process: validation, sizes, merging, plot dependency ------------------
@@ -157,20 +184,22 @@ def _doc(label, impls, scale, **options):
             "results": rows}
 
 
-@pytest.mark.parametrize("bad", ["error", "errors", "dtype"])
+@pytest.mark.parametrize("bad", ["error", "errors", "dtype", "cold"])
 def test_compare_refuses_failed_or_unlike_runs(tmp_path, bad):
     a, b = _doc("MPI", ["xhc", "mpi"], 1.0), _doc("sm", ["mpi"], 2.0)
     if bad == "error":
         b["error"] = "DATA VALIDATION ERROR: ..."
     elif bad == "errors":
         b["results"][1]["mpi"]["errors"] = 3
+    elif bad == "cold":
+        b["options"]["cold"] = 64 << 20   # a file from before --cold: warm
     else:
         b["options"]["dtype"] = "float32"
     paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
     _osu.write_json(paths[0], a)
     _osu.write_json(paths[1], b)
-    with pytest.raises(SystemExit, match="failed" if bad != "dtype"
-                       else "differ in --dtype"):
+    match = {"dtype": "differ in --dtype", "cold": "differ in --cold"}
+    with pytest.raises(SystemExit, match=match.get(bad, "failed")):
         compare.main(paths)
 
 
