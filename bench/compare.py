@@ -31,7 +31,7 @@ from bench import _osu  # noqa: E402
 SAME = ("dtype", "op", "root", "sync", "iterations", "warmup", "blocks",
         "persistent", "cold")
 # What a file from before an option existed measured.
-ABSENT = {"cold": 0}
+ABSENT = {"cold": 0, "persistent": False}
 
 
 def load(paths):
@@ -109,6 +109,10 @@ def preamble(docs, paths):
         env = " ".join(f"{k}={v}" for k, v in doc.get("env", {}).items())
         lines.append(f"file {i}: {path}: {names}"
                      + (f" [{env}]" if env else ""))
+    cold = docs[0]["options"].get("cold", 0)
+    if cold:
+        lines.append(f"cold: before each barrier every rank rewrote a "
+                     f"private {cold}-byte buffer, untimed")
     lines.append("columns from different files were not interleaved: "
                  "differences under ~30 % are noise")
     return lines

@@ -296,14 +296,22 @@ def _positive(text):
     return value
 
 
+COLD_MIN = 64 << 10
+
+
 def _cold_size(text):
-    if text.strip() == "0":
+    """--cold's byte count: 0 (off), or enough to evict something."""
+    if text.strip().upper().rstrip("KMGB") == "0":
         return 0
     try:
-        return _osu.parse_bytes(text)
+        nbytes = _osu.parse_bytes(text)
     except ValueError:
+        nbytes = None
+    if nbytes is None or nbytes < COLD_MIN:
         raise argparse.ArgumentTypeError(
-            f"--cold {text!r}: give a byte count such as 64M") from None
+            f"--cold {text!r}: give 0 or a byte count of at least 64K, "
+            f"such as 64M (twice the last-level cache)")
+    return nbytes
 
 
 def _natural(text):

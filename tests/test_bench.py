@@ -104,19 +104,30 @@ def test_osu_cold(tmp_path):
     assert doc["xhc_stats"]["fallback"] == 0
 
 
-@pytest.mark.parametrize("text, nbytes", [("0", 0), ("64K", 65536),
+@pytest.mark.parametrize("text, nbytes", [("0", 0), ("0K", 0), ("64K", 65536),
                                           ("2M", 2 << 20)])
 def test_osu_cold_sizes(text, nbytes):
     from bench.osu import _cold_size
     assert _cold_size(text) == nbytes
 
 
-def test_osu_cold_rejects_a_bad_size():
+@pytest.mark.parametrize("text", ["lots", "1", "63K", "-4M"])
+def test_osu_cold_rejects_a_bad_size(text):
     import argparse
     from bench.osu import _cold_size
     with pytest.raises(argparse.ArgumentTypeError,
-                       match="give a byte count such as 64M"):
-        _cold_size("lots")
+                       match="give 0 or a byte count of at least 64K"):
+        _cold_size(text)
+
+
+def test_osu_cold_rewrites_its_buffer():
+    from bench.osu import evictor
+    assert evictor(0)() is None
+    evict = evictor(1 << 20)
+    junk = evict.args[0]
+    evict()
+    evict()
+    assert junk.nbytes == 1 << 20 and np.all(junk == 2)
 
 
 # -- in-process: validation, sizes, merging, plot dependency ------------------
@@ -192,7 +203,7 @@ def test_compare_refuses_failed_or_unlike_runs(tmp_path, bad):
     elif bad == "errors":
         b["results"][1]["mpi"]["errors"] = 3
     elif bad == "cold":
-        b["options"]["cold"] = 64 << 20   # a file from before --cold: warm
+        b["options"]["cold"] = 64 << 20   # a cold run against a warm one
     else:
         b["options"]["dtype"] = "float32"
     paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
@@ -201,6 +212,25 @@ def test_compare_refuses_failed_or_unlike_runs(tmp_path, bad):
     match = {"dtype": "differ in --dtype", "cold": "differ in --cold"}
     with pytest.raises(SystemExit, match=match.get(bad, "failed")):
         compare.main(paths)
+
+
+def test_compare_takes_an_absent_option_as_its_default(tmp_path, capsys):
+    """Files from before --cold and --persistent merge with warm,
+    blocking runs, and a cold merge says so."""
+    a, b = _doc("MPI", ["xhc", "mpi"], 1.0), _doc("sm", ["mpi"], 2.0)
+    a["options"].update(cold=0, persistent=False)
+    paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    _osu.write_json(paths[0], a)
+    _osu.write_json(paths[1], b)
+    assert compare.main(paths) == 0
+    assert "# cold:" not in capsys.readouterr().out
+    for doc in (a, b):
+        doc["options"]["cold"] = 64 << 20
+    _osu.write_json(paths[0], a)
+    _osu.write_json(paths[1], b)
+    assert compare.main(paths) == 0
+    assert "# cold: before each barrier every rank rewrote a private " \
+           "67108864-byte buffer" in capsys.readouterr().out
 
 
 def test_compare_merges_runs(tmp_path, capsys):
