@@ -5,8 +5,10 @@ refine_level goes level by level, as miniAMR does, through two loops per
 level; the marks it ends with must be the fixed point of the 2:1 rules over
 the whole mesh, found here by plain sweeps until nothing changes, and the
 mesh they make must satisfy the rule.  Random marks on random meshes, one
-rank, no MPI (the Allreduces of one rank copy).  That the ranks of a real
-run agree is test_miniamr's part.
+rank, no MPI (the Allreduces of one rank copy, whatever the op).  That the
+ranks of a real run agree, and with a serial run, is test_miniamr's part.
+Loop 2 alone changes no final mark (loop 1 keeps any block next to a finer
+one), so a hand-made mesh tests it by itself.
 """
 import os
 import sys
@@ -109,3 +111,23 @@ def test_levels_reach_the_global_fixed_point(seed):
             mesh.face_neighbors(np.arange(len(mesh)), f)
         levels_seen.update(mesh.level.tolist())
     assert len(levels_seen) >= 3 and merged > 0
+
+
+def test_a_coarser_neighbour_of_a_block_that_stays_stays():
+    """Loop 2 alone: at level 2, the level-1 blocks facing a level-2 block
+    marked to stay may not coarsen; the other level-1 blocks may."""
+    mesh = Mesh((2, 1, 1), 2)
+    mesh.set_blocks(np.zeros(2, np.int64), np.array([[0, 0, 0], [1, 0, 0]]),
+                    np.zeros(2, np.int32))
+    none = np.zeros((0, 8), np.int64)
+    mesh.refine_coarsen(np.array([0]), none, np.zeros(0, np.int32))
+    first = mesh.find(mesh.keys_for(np.array([1]), np.array([[0, 0, 0]])))
+    mesh.refine_coarsen(first, none, np.zeros(0, np.int32))
+    own = mesh.own(0)
+    F = np.where(mesh.level == 1, -1, 0).astype(np.int32)
+    x = refine._coarser_stays(F, own, refine._tables(mesh, own),
+                              mesh.level[own] == 2, mesh.level[own] == 1)
+    facing = {(1, 0, 0), (0, 1, 0), (0, 0, 1)}
+    for b in np.flatnonzero(mesh.level == 1):
+        want = 0 if tuple(mesh.pos[b]) in facing else -1
+        assert x[b] == want, (mesh.pos[b], x[b])
