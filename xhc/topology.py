@@ -16,8 +16,10 @@ Where the cpuset comes from:
   ``index`` is placed on logical core ``index % ncores``, as
   ``mpiexec --map-by core --bind-to core`` places rank ``index``.
 
-hwloc-calc runs a few times per process (one invocation per level type, all
-started at once); results are cached per (source, index).
+hwloc-calc runs once per level type, all started at once: on this machine
+in one rank of a communicator for all its ranks (``gather_localities``),
+for a topology source in every process for all its cores.  Results are
+cached per process.
 """
 import functools
 import os
@@ -186,7 +188,7 @@ def describe(topology=None):
     return "%s: %s" % (where, ", ".join(parts))
 
 
-def _warn_if_spanning(locality):
+def warn_if_spanning(locality):
     """Warn once per process when the binding spans several domains of a level."""
     global _warned
     spanned = [name for name in _BINDING_LEVELS if len(locality.get(name, ())) > 1]
@@ -200,16 +202,53 @@ def _warn_if_spanning(locality):
         % (spanned[0], ", ".join(spanned)), RuntimeWarning)
 
 
+def binding_mask():
+    """This process's CPU binding as an hwloc bitmask string ("all" where
+    the system has no binding API, e.g. macOS: treated as unbound)."""
+    if hasattr(os, "sched_getaffinity"):
+        return _cpuset_mask(sorted(os.sched_getaffinity(0)))
+    return "all"
+
+
+def _columns(source, outs, count, what):
+    """Per-level answers of stdin-mode runs, COUNT lines each, as one
+    locality dict per line."""
+    columns = {}
+    for name, out in zip(_QUERIED, outs):
+        lines = _result_lines(out)
+        if not lines:  # hwloc-calc prints nothing for a type the topology lacks
+            lines = [""] * count
+        if len(lines) != count:
+            raise XhcError("hwloc-calc gave %d answers for %d %s of %r (level %s)"
+                           % (len(lines), count, what, source, name))
+        columns[name] = [_parse_indexes(line) for line in lines]
+    return [dict({name: columns[name][i] for name in _QUERIED}, node=(0,))
+            for i in range(count)]
+
+
+def localities_of_masks(masks):
+    """Localities of the CPU bitmasks MASKS on this machine, in order.
+
+    One stdin-mode hwloc-calc per level type answers for every mask, so
+    one process can find the localities of all the ranks of a node.
+    Cached per masks and HWLOC_* environment (which can stand in for the
+    machine)."""
+    hwloc_env = tuple(sorted((k, v) for k, v in os.environ.items()
+                             if k.startswith("HWLOC_")))
+    return [dict(loc) for loc in _masks_table(tuple(masks), hwloc_env)]
+
+
+@functools.lru_cache(maxsize=None)
+def _masks_table(masks, hwloc_env):
+    lines = "".join(mask + "\n" for mask in masks)
+    outs = _run_all(None, [["-I", LEVEL_TYPES[name]] for name in _QUERIED], lines)
+    return tuple(_columns(None, outs, len(masks), "CPU masks"))
+
+
 def _bound_locality():
     """Locality of this process on this machine, from its real CPU binding."""
-    if hasattr(os, "sched_getaffinity"):
-        mask = _cpuset_mask(sorted(os.sched_getaffinity(0)))
-    else:
-        mask = "all"  # no binding API (e.g. macOS): treat as unbound
-    outs = _run_all(None, [["-I", LEVEL_TYPES[name], mask] for name in _QUERIED])
-    locality = {name: _parse_indexes(out) for name, out in zip(_QUERIED, outs)}
-    locality["node"] = (0,)
-    _warn_if_spanning(locality)
+    locality = localities_of_masks([binding_mask()])[0]
+    warn_if_spanning(locality)
     return locality
 
 
@@ -222,17 +261,7 @@ def _core_table(source):
     # One stdin-mode run per level type answers for all cores at once.
     cores = "".join("core:%d\n" % core for core in range(count))
     outs = _run_all(source, [["-I", LEVEL_TYPES[name]] for name in _QUERIED], cores)
-    columns = {}
-    for name, out in zip(_QUERIED, outs):
-        lines = _result_lines(out)
-        if not lines:  # hwloc-calc prints nothing for a type the topology lacks
-            lines = [""] * count
-        if len(lines) != count:
-            raise XhcError("hwloc-calc gave %d answers for %d cores of %r (level %s)"
-                           % (len(lines), count, source, name))
-        columns[name] = [_parse_indexes(line) for line in lines]
-    return tuple(dict({name: columns[name][core] for name in _QUERIED}, node=(0,))
-                 for core in range(count))
+    return tuple(_columns(source, outs, count, "cores"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -242,6 +271,37 @@ def _cached_locality(source, index):
         return _bound_locality()
     table = _core_table(source)
     return table[index % len(table)]
+
+
+def gather_localities(comm, topology=None, index=0):
+    """Every rank's locality, the same list on every rank of COMM (an mpi4py
+    communicator; collective).
+
+    On this machine rank 0 asks hwloc for the whole communicator, one
+    hwloc-calc per level type rather than per level and rank, and sends
+    the answer (or its failure, raised on every rank) to all.  With a
+    topology source each rank is placed by its INDEX (its rank in
+    COMM_WORLD, as mpiexec places it)."""
+    if _source(topology) is not None:
+        return comm.allgather(local_locality(topology, index=index))
+    masks = comm.gather(binding_mask(), root=0)
+    answer, failure = None, None
+    if comm.rank == 0:
+        try:
+            unique = tuple(sorted(set(masks)))
+            table = dict(zip(unique, localities_of_masks(unique)))
+            answer = [table[mask] for mask in masks]
+        except Exception as e:  # every rank must hear of it, or they hang
+            failure = e
+            answer = "%s: %s" % (type(e).__name__, e) \
+                if not isinstance(e, XhcError) else str(e)
+    answer = comm.bcast(answer, root=0)
+    if failure is not None:
+        raise failure
+    if isinstance(answer, str):
+        raise XhcError(answer)
+    warn_if_spanning(answer[comm.rank])
+    return answer
 
 
 def local_locality(topology=None, index=0):
