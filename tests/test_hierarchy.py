@@ -127,8 +127,28 @@ def test_virtual_with_locality_levels():
     levels = build(loc, "numa,virtual:2")
     assert levels == [("virtual:2", by(8, lambda r: r // 2)),
                       ("numa", by(8, lambda r: r // 4)), ("node", [list(range(8))])]
-    # virtual:3 {3,4,5} straddles both numa halves: numa merges away.
-    assert [n for n, _ in build(loc, "numa,virtual:3")] == ["virtual:3", "node"]
+    # Runs of 3 inside each numa half, so that none straddles the two.
+    assert build(loc, "numa,virtual:3") == [
+        ("virtual:3", [[0, 1, 2], [3], [4, 5, 6], [7]]),
+        ("numa", by(8, lambda r: r // 4)), ("node", [list(range(8))])]
+
+
+def test_virtual_runs_follow_members_not_rank_numbers():
+    # Ranks dealt round-robin to two NUMA nodes: runs of the members.
+    loc = locs(8, numa=lambda r: r % 2)
+    assert build(loc, "virtual:2,numa")[0] == (
+        "virtual:2", [[0, 2], [1, 3], [4, 6], [5, 7]])
+
+
+def test_virtual_inside_virtual_and_around_smaller_groups():
+    assert build(locs(6), "virtual:2,virtual:3")[:2] == [
+        ("virtual:2", [[0, 1], [2], [3, 4], [5]]),
+        ("virtual:3", [[0, 1, 2], [3, 4, 5]])]
+    # l3 pairs are no larger than 4: virtual:4 runs over all ranks, and
+    # holds whole l3 groups.
+    loc = locs(8, l3=lambda r: r // 2)
+    assert build(loc, "l3,virtual:4")[:2] == [
+        ("l3", by(8, lambda r: r // 2)), ("virtual:4", by(8, lambda r: r // 4))]
 
 
 def test_top_is_always_all_ranks():

@@ -8,6 +8,10 @@ Pure data in, pure data out: no MPI, no subprocess.
 ordered by their lowest rank).  Every group of a level lies inside one group
 of the level above, and the top level is always ``("node", [all ranks])``.
 
+A ``virtual:K`` level is runs of K consecutive ranks within each group of
+the finest other level whose largest group has more than K ranks (of all
+ranks if none has); virtual levels are cut from the largest K down.
+
 Levels are ordered finest first (most groups; stable, so ties keep the given
 order), then made to nest by merging the upper groups a lower group straddles.
 A level is dropped when it splits nothing (one group of everything) or repeats
@@ -18,6 +22,7 @@ has nobody to talk to).
 Leaders are not chosen here: the C core makes the lowest rank of a group its
 leader, except that the operation's root leads every group it belongs to.
 """
+import collections
 
 # Per-operation default levels (the same choices as Open MPI's coll/xhc).
 DEFAULTS = {
@@ -69,10 +74,7 @@ def parse_levels(spec):
 
 
 def _keys(localities, name):
-    """Per-rank grouping key of level NAME."""
-    if name.startswith(VIRTUAL):
-        size = int(name[len(VIRTUAL):])
-        return [rank // size for rank in range(len(localities))]
+    """Per-rank grouping key of locality level NAME."""
     keys = []
     for rank, locality in enumerate(localities):
         if name not in locality:
@@ -115,13 +117,41 @@ def _nest(lower, upper):
     return _label([_find(parent, label) for label in upper])
 
 
+def _runs_within(k, partitions, size):
+    """Labels of runs of K consecutive ranks inside each group of the finest
+    of PARTITIONS whose largest group has more than K ranks (of all ranks
+    if none has), so that a virtual group never straddles such a group."""
+    coarser = [labels for labels in partitions
+               if max(collections.Counter(labels).values()) > k]
+    outer = max(coarser, key=max) if coarser else [0] * size
+    seen = collections.Counter()
+    keys = []
+    for rank in range(size):
+        keys.append((outer[rank], seen[outer[rank]] // k))
+        seen[outer[rank]] += 1
+    return _label(keys)
+
+
+def _level_labels(localities, names):
+    """{name: per-rank group ids}: locality levels first, then virtual ones
+    from the largest K down, each inside the levels already known."""
+    labels = {name: _label(_keys(localities, name))
+              for name in names if not name.startswith(VIRTUAL)}
+    virtual = {name for name in names if name.startswith(VIRTUAL)}
+    for name in sorted(virtual, key=lambda n: -int(n[len(VIRTUAL):])):
+        labels[name] = _runs_within(int(name[len(VIRTUAL):]),
+                                    list(labels.values()), len(localities))
+    return labels
+
+
 def build(localities, levels):
     """Localities (index = rank) + level spec -> [(name, groups)] bottom to top."""
     size = len(localities)
     if size == 0:
         raise ValueError("cannot build a hierarchy for zero ranks")
     names = parse_levels(levels)
-    labelled = [(name, _label(_keys(localities, name))) for name in names]
+    labels = _level_labels(localities, names)
+    labelled = [(name, labels[name]) for name in names]
     # Finest first; sorted() is stable so equal group counts keep spec order.
     labelled = sorted(labelled, key=lambda item: -(max(item[1]) + 1))
     result = []
