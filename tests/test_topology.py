@@ -167,10 +167,12 @@ def test_bound_process_does_not_warn(monkeypatch):
 
 class NodeComm:
     """Rank RANK of a communicator whose ranks are bound to MASKS; what
-    rank 0 sends is kept to hand to the other ranks' instances."""
+    rank 0 sends is kept to hand to the other ranks' instances.  The
+    others' topology sources are OTHERS (by default, the same as ours)."""
 
-    def __init__(self, rank, masks, sent=None):
+    def __init__(self, rank, masks, sent=None, others=None):
         self.rank, self.masks, self.sent = rank, masks, sent
+        self.others, self.allgathered = others, 0
 
     def gather(self, mask, root):
         return self.masks if self.rank == root else None
@@ -181,7 +183,9 @@ class NodeComm:
         return self.sent
 
     def allgather(self, value):
-        raise AssertionError("on this machine nothing is allgathered")
+        self.allgathered += 1
+        assert self.allgathered == 1, "on this machine only the source is"
+        return [value] + list(self.others or [value])
 
 
 def one_by_one(mask):
@@ -237,6 +241,15 @@ def test_every_rank_hears_that_hwloc_failed(monkeypatch, tmp_path):
         topology.gather_localities(root)
     with pytest.raises(XhcError, match="hwloc-calc not found"):
         topology.gather_localities(NodeComm(1, None, root.sent))
+
+
+@pytest.mark.parametrize("mine, others", [(None, [SYN]), (SYN, [None]),
+                                          (SYN, [SYN, XML])])
+def test_ranks_with_different_topologies_all_refuse(mine, others):
+    """Every rank sees every rank's source, so all refuse alike before
+    any of them takes the path of its own source."""
+    with pytest.raises(XhcError, match="different topologies.*XHC_TOPOLOGY"):
+        topology.gather_localities(NodeComm(1, None, others=others), mine)
 
 
 def test_cpuset_mask():

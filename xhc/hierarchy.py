@@ -8,9 +8,13 @@ Pure data in, pure data out: no MPI, no subprocess.
 ordered by their lowest rank).  Every group of a level lies inside one group
 of the level above, and the top level is always ``("node", [all ranks])``.
 
-A ``virtual:K`` level is runs of K consecutive ranks within each group of
-the finest other level whose largest group has more than K ranks (of all
-ranks if none has); virtual levels are cut from the largest K down.
+A ``virtual:K`` level is runs of K consecutive members (in rank order) of
+each group of the finest other level whose largest group has more than K
+ranks, or of all ranks if none has.  Virtual levels are cut from the
+largest K down, so "other" includes the virtual levels of larger K; of
+equally fine candidates the first wins, locality levels in spec order
+before virtual ones.  A finer level whose groups a run cuts still merges
+runs when the levels are made to nest.
 
 Levels are ordered finest first (most groups; stable, so ties keep the given
 order), then made to nest by merging the upper groups a lower group straddles.

@@ -238,7 +238,7 @@ def localities_of_masks(masks):
     return [dict(loc) for loc in _masks_table(tuple(masks), hwloc_env)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=16)
 def _masks_table(masks, hwloc_env):
     lines = "".join(mask + "\n" for mask in masks)
     outs = _run_all(None, [["-I", LEVEL_TYPES[name]] for name in _QUERIED], lines)
@@ -275,31 +275,41 @@ def _cached_locality(source, index):
 
 def gather_localities(comm, topology=None, index=0):
     """Every rank's locality, the same list on every rank of COMM (an mpi4py
-    communicator; collective).
+    communicator on one node; collective).
 
-    On this machine rank 0 asks hwloc for the whole communicator, one
-    hwloc-calc per level type rather than per level and rank, and sends
-    the answer (or its failure, raised on every rank) to all.  With a
-    topology source each rank is placed by its INDEX (its rank in
-    COMM_WORLD, as mpiexec places it)."""
-    if _source(topology) is not None:
+    The ranks first agree on where the topology comes from, so that they
+    all take the same path.  On this machine rank 0 asks hwloc for the
+    whole communicator, one hwloc-calc per level type rather than per
+    level and rank, and sends the answer (or its failure, raised on every
+    rank) to all.  With a topology source each rank is placed by its INDEX
+    (its rank in COMM_WORLD, as mpiexec places it)."""
+    source = _source(topology)
+    sources = sorted({str(one) for one in comm.allgather(source)})
+    if len(sources) > 1:
+        raise XhcError("ranks were given different topologies %s: set "
+                       "XHC_TOPOLOGY (or topology=) alike on every rank"
+                       % sources)
+    if source is not None:
         return comm.allgather(local_locality(topology, index=index))
+    return _machine_localities(comm)
+
+
+def _machine_localities(comm):
+    """gather_localities on this machine: rank 0 asks, everyone hears."""
     masks = comm.gather(binding_mask(), root=0)
     answer, failure = None, None
     if comm.rank == 0:
         try:
             unique = tuple(sorted(set(masks)))
             table = dict(zip(unique, localities_of_masks(unique)))
-            answer = [table[mask] for mask in masks]
+            answer = [dict(table[mask]) for mask in masks]
         except Exception as e:  # every rank must hear of it, or they hang
             failure = e
-            answer = "%s: %s" % (type(e).__name__, e) \
-                if not isinstance(e, XhcError) else str(e)
+            answer = str(e) if isinstance(e, XhcError) \
+                else "%s: %s" % (type(e).__name__, e)
     answer = comm.bcast(answer, root=0)
-    if failure is not None:
-        raise failure
     if isinstance(answer, str):
-        raise XhcError(answer)
+        raise XhcError(answer) from failure
     warn_if_spanning(answer[comm.rank])
     return answer
 
