@@ -225,6 +225,19 @@ static int plain_root(const HotComm *h, PyObject *root)
     return 0 <= r && r < h->size ? (int)r : -1;
 }
 
+/* Fill the call C of a reduction of S (its elements, type and data) into
+ * RDATA with OP; returns 1, as the plain_* recognisers do on success. */
+static int reduction_call(xhc_call_t *c, const struct plain_buf *s,
+                          void *rdata, int32_t op)
+{
+    c->sbuf = s->data;
+    c->rbuf = rdata;
+    c->count = (size_t)s->count;
+    c->dtype = s->code;
+    c->op = op;
+    return 1;
+}
+
 /* Allreduce(ARGV) of plain arrays, as the core's call C; 0 if not. */
 static int plain_allreduce(PyObject *const *argv, xhc_call_t *c)
 {
@@ -238,12 +251,7 @@ static int plain_allreduce(PyObject *const *argv, xhc_call_t *c)
     int32_t op = plain_op(argv[2], r.code);
     if (op < 0 || s.code != r.code || s.count != r.count)
         return 0;
-    c->sbuf = s.data;
-    c->rbuf = r.data;
-    c->count = (size_t)r.count;
-    c->dtype = r.code;
-    c->op = op;
-    return 1;
+    return reduction_call(c, &s, r.data, op);
 }
 
 /* Reduce(ARGV) of plain arrays, as the call C; 0 if not.  Only the root
@@ -265,13 +273,8 @@ static int plain_reduce(const HotComm *h, PyObject *const *argv,
     int32_t op = plain_op(argv[2], s.code);
     if (op < 0 || (at_root && (s.code != r.code || s.count != r.count)))
         return 0;
-    c->sbuf = s.data;
-    c->rbuf = r.data;
-    c->count = (size_t)s.count;
-    c->dtype = s.code;
-    c->op = op;
     c->root = root;
-    return 1;
+    return reduction_call(c, &s, r.data, op);
 }
 
 /* Bcast(ARGV) of a plain array, as the call C; 0 if not.  The root's
