@@ -248,7 +248,8 @@ def test_every_rank_hears_that_hwloc_failed(monkeypatch, tmp_path):
 def test_ranks_with_different_topologies_all_refuse(mine, others):
     """Every rank sees every rank's source, so all refuse alike before
     any of them takes the path of its own source."""
-    with pytest.raises(XhcError, match="different topologies.*XHC_TOPOLOGY"):
+    with pytest.raises(ValueError,
+                       match="different topology values.*XHC_TOPOLOGY"):
         topology.gather_localities(NodeComm(1, None, others=others), mine)
 
 

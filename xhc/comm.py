@@ -108,11 +108,12 @@ class Comm(HotComm):
 
     def _fit_to_load(self, cfg):
         """Settle the waiting and staging tunables for the node's load
-        (config.fit_to_load).  Sleeping, staging, the hierarchy and the
-        topology source must be alike on every rank: ranks that built
-        different group tables would wait for each other for ever."""
+        (config.fit_to_load).  Sleeping, staging and the hierarchy must be
+        alike on every rank (the topology source was checked when the
+        localities were gathered): ranks that built different group tables
+        would wait for each other for ever."""
         alike = {"sleep": cfg["sleep"], "windows": cfg["windows"],
-                 "hierarchy": self._specs, "topology": self._topology}
+                 "hierarchy": self._specs}
         mine = (sorted(os.sched_getaffinity(0)), alike)
         everyone = self._comm.allgather(mine)
         for key in alike:

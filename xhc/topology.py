@@ -286,9 +286,9 @@ def gather_localities(comm, topology=None, index=0):
     source = _source(topology)
     sources = sorted({str(one) for one in comm.allgather(source)})
     if len(sources) > 1:
-        raise XhcError("ranks were given different topologies %s: set "
-                       "XHC_TOPOLOGY (or topology=) alike on every rank"
-                       % sources)
+        raise ValueError("xhc: ranks were given different topology values "
+                         "%s: set XHC_TOPOLOGY (or topology=) alike on every "
+                         "rank" % sources)
     if source is not None:
         return comm.allgather(local_locality(topology, index=index))
     return _machine_localities(comm)
