@@ -30,6 +30,12 @@ def parse_bytes(text):
     return int(digits) * UNITS[unit]
 
 
+def cold_line(nbytes):
+    """The header line of a --cold run (without '# ')."""
+    return (f"cold: before each barrier every rank rewrites a private "
+            f"{nbytes}-byte buffer, untimed")
+
+
 def message_sizes(spec, default_min, default_max=1 << 20):
     """Return OSU's sizes for ``-m [MIN:]MAX``: MIN, 2*MIN, ... up to MAX."""
     lo, hi = default_min, default_max

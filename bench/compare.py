@@ -109,10 +109,9 @@ def preamble(docs, paths):
         env = " ".join(f"{k}={v}" for k, v in doc.get("env", {}).items())
         lines.append(f"file {i}: {path}: {names}"
                      + (f" [{env}]" if env else ""))
-    cold = docs[0]["options"].get("cold", 0)
+    cold = docs[0]["options"].get("cold", ABSENT["cold"])
     if cold:
-        lines.append(f"cold: before each barrier every rank rewrote a "
-                     f"private {cold}-byte buffer, untimed")
+        lines.append(_osu.cold_line(cold))
     lines.append("columns from different files were not interleaved: "
                  "differences under ~30 % are noise")
     return lines

@@ -598,8 +598,7 @@ def header_lines(run):
     lines.append(f"method: {sync}, then time {calls}; avg of per-rank "
                  "means, min/max over ranks")
     if o.cold:
-        lines.append(f"cold: before each barrier every rank rewrites a "
-                     f"private {o.cold}-byte buffer, untimed")
+        lines.append(_osu.cold_line(o.cold))
     if len(run.impls) == 2:
         lines.append(f"xhc/{run.impls[1].label}: ratio of the averages, "
                      "below 1 when xhc is faster")

@@ -229,8 +229,8 @@ def test_compare_takes_an_absent_option_as_its_default(tmp_path, capsys):
     _osu.write_json(paths[0], a)
     _osu.write_json(paths[1], b)
     assert compare.main(paths) == 0
-    assert "# cold: before each barrier every rank rewrote a private " \
-           "67108864-byte buffer" in capsys.readouterr().out
+    assert "# cold: before each barrier every rank rewrites a private " \
+           "67108864-byte buffer, untimed" in capsys.readouterr().out
 
 
 def test_compare_merges_runs(tmp_path, capsys):
