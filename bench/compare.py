@@ -1,12 +1,15 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Merge ``bench.osu --json`` files from separate runs into one OSU table.
 
-MPI chooses its collective components once, at MPI init, so a peer such as
-Open MPI's coll/sm needs its own run:
+An MPI chooses most of its settings at MPI init, so another MPI, or an
+MCA setting read only then, needs a run of its own (Open MPI's own
+collective components can instead be timed in the same run with
+``bench.osu --peer``):
 
     mpiexec -n 2 python -m mpi4py -m bench.osu allreduce --json a.json
-    OMPI_MCA_coll_sm_priority=100 mpiexec -n 2 python -m mpi4py \\
-        -m bench.osu allreduce --impl mpi --label coll/sm --json b.json
+    # in another environment, with MPICH's mpiexec and mpi4py:
+    mpiexec -n 2 python -m mpi4py -m bench.osu allreduce --impl mpi \\
+        --label MPICH --json b.json
     python -m bench.compare a.json b.json
 
 Columns are named after each file's implementations (xhc, or the MPI

@@ -20,9 +20,9 @@ instead, as osu_* does when xhc is the MPI's collective component), then
 ``t0 = MPI.Wtime(); op; t1 = MPI.Wtime()``. Each rank's mean over the
 iterations goes to rank 0 with MIN, MAX and SUM reductions; "Avg" is SUM /
 ranks, Min/Max are over ranks. With ``--impl both`` (the default) each size
-runs the two implementations in alternating blocks (order ABBA...: xhc,
-MPI, MPI, xhc, ...) on separate buffers of the same size, so slow drift on
-a noisy machine hits both.
+runs the implementations in alternating blocks (order ABBA...: xhc, MPI,
+MPI, xhc, ...; with ``--peer``, ABCCBA...) on separate buffers of the
+same size, so slow drift on a noisy machine hits all alike.
 
 Data: every rank holds NPAT=5 precomputed patterns per size (small
 integers, a function of rank, pattern number and index; exact in floats)
@@ -34,13 +34,20 @@ receive buffer is also poisoned before each call, then compared with the
 numpy truth, and the send buffer is checked to be unchanged; a mismatch on
 any rank prints ``DATA VALIDATION ERROR`` and exits non-zero.
 
-A third column for another MPI configuration (for instance Open MPI's
-coll/sm, chosen only at MPI init): the MCA selection cannot change inside
-a running job, so run twice and merge the JSON files:
+``--peer COMPONENT`` (Open MPI only) adds a column for one of Open MPI's
+own collective components, measured interleaved in the same run: a
+``Dup_with_info`` of the communicator with the info key
+``ompi_comm_coll_preference=COMPONENT``, which makes Open MPI select that
+component for the duplicate first, as its coll/han does for its
+sub-communicators.  ``--peer sm`` is coll/sm, the strongest
+small-message peer here.  Another MPI, or a setting Open MPI only reads
+at MPI init, needs a run of its own; ``bench.compare`` merges the JSON
+files:
 
     mpiexec -n 2 python -m mpi4py -m bench.osu allreduce --json a.json
-    OMPI_MCA_coll_sm_priority=100 mpiexec -n 2 python -m mpi4py \\
-        -m bench.osu allreduce --impl mpi --label coll/sm --json b.json
+    # in another environment, with MPICH's mpiexec and mpi4py:
+    mpiexec -n 2 python -m mpi4py -m bench.osu allreduce --impl mpi \\
+        --label MPICH --json b.json
     python -m bench.compare a.json b.json
 
 ``--cold BYTES`` makes every call cold, as in an application that
@@ -76,6 +83,8 @@ Impl = collections.namedtuple("Impl", "key label comm alloc")
 Ctx = collections.namedtuple("Ctx", "comm rank nranks opts dtype mpi_op")
 MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 ENV_PREFIXES = ("OMPI_MCA_coll", "MPIR_CVAR_", "XHC_")
+PEER_KEY = "ompi_comm_coll_preference"  # Open MPI: coll components to prefer
+PEER_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_,^"
 
 
 class BenchError(Exception):
@@ -278,6 +287,9 @@ def parse_args(argv=None):
                         "cold caches (e.g. 64M; use fewer iterations; "
                         "0: off, the default)")
     p.add_argument("--label", default="MPI", help="name of the MPI column")
+    p.add_argument("--peer", metavar="COMPONENT", type=_peer_name,
+                   help="also time Open MPI's coll COMPONENT (e.g. sm) on a "
+                   "duplicate of the communicator, in the same run")
     p.add_argument("--json", metavar="FILE",
                    help="write every number (see bench.compare to merge)")
     p.add_argument("--plot", metavar="FILE.png",
@@ -314,6 +326,14 @@ def _cold_size(text):
     return nbytes
 
 
+def _peer_name(text):
+    """--peer's component list, as Open MPI's info key takes it."""
+    if not text or not set(text) <= set(PEER_CHARS):
+        raise argparse.ArgumentTypeError(
+            f"--peer {text!r}: give an Open MPI coll component, such as sm")
+    return text
+
+
 def _natural(text):
     value = int(text)
     if value < 0:
@@ -324,6 +344,10 @@ def _natural(text):
 def _check_opts(parser, opts):
     if opts.shm and opts.impl == "mpi":
         parser.error("--shm applies to xhc's buffers: use --impl xhc|both")
+    if opts.peer and MPI.get_vendor()[0] != "Open MPI":
+        parser.error(f"--peer needs Open MPI, not {MPI.get_vendor()[0]}: "
+                     "time another MPI in a run of its own and merge the "
+                     "JSON files with bench.compare")
     if opts.root >= MPI.COMM_WORLD.size:
         parser.error(f"--root {opts.root}: only {MPI.COMM_WORLD.size} ranks")
     try:
@@ -371,7 +395,28 @@ def make_impls(comm, opts):
         impls.append(Impl("xhc", "xhc", xcomm, alloc))
     if opts.impl in ("mpi", "both"):
         impls.append(Impl("mpi", opts.label, comm, np.empty))
+    if opts.peer:
+        info = MPI.Info.Create()
+        info.Set(PEER_KEY, opts.peer)
+        peer = comm.Dup_with_info(info)
+        info.Free()
+        impls.append(Impl("peer", f"coll/{opts.peer}", peer, np.empty))
     return impls
+
+
+def free_impls(impls):
+    """Free what make_impls created: xhc's memory, the peer's duplicate."""
+    for im in impls:
+        if im.key == "xhc":
+            im.comm.free()
+        elif im.key == "peer":
+            im.comm.Free()
+
+
+def compared(impls):
+    """Return the implementations xhc's time is divided by: all others,
+    or none when xhc is not measured."""
+    return impls[1:] if impls[0].key == "xhc" else []
 
 
 # -- measurement --------------------------------------------------------------
@@ -492,8 +537,12 @@ class Run:
         entry = {"size": size, "iterations": iters, "warmup": warmup}
         for im, st, b in zip(self.impls, stats, bad):
             entry[im.key] = dict(st, errors=sum(b))
-        if len(stats) == 2:
-            entry["ratio"] = stats[0]["avg_us"] / stats[1]["avg_us"]
+        others = compared(self.impls)
+        if others:
+            xhc_us = stats[0]["avg_us"]
+            entry["ratios"] = {im.key: xhc_us / st["avg_us"]
+                               for im, st in zip(others, stats[1:])}
+            entry["ratio"] = entry["ratios"][others[0].key]
         self.doc["results"].append(entry)
         verdict = "Fail" if any(any(b) for b in bad) else "Pass"
         self.table.row(size, row_values(stats, entry, self.opts, verdict))
@@ -523,7 +572,7 @@ def table_columns(impls, opts):
     else:
         kinds = ("Avg", "Min", "Max") if opts.full else ("Avg",)
         cols = [(f"{im.label} {k}(us)", "f") for im in impls for k in kinds]
-        cols.append((f"xhc/{impls[1].label}", "f"))
+        cols += [(f"xhc/{im.label}", "f") for im in compared(impls)]
         if opts.full:
             cols.append(("Iterations", "d"))
     if opts.validate:
@@ -535,8 +584,7 @@ def row_values(stats, entry, opts, verdict):
     """Return the row cells in table_columns order."""
     keys = ("avg_us", "min_us", "max_us") if opts.full else ("avg_us",)
     values = [st[k] for st in stats for k in keys]
-    if len(stats) == 2:
-        values.append(entry["ratio"])
+    values += entry.get("ratios", {}).values()
     if opts.full:
         values.append(entry["iterations"])
     if opts.validate:
@@ -573,6 +621,9 @@ def env_settings():
 def _impl_name(impl):
     if impl.key == "xhc":
         return "xhc.Comm"
+    if impl.key == "peer":
+        return (f"mpi4py Comm.Dup_with_info({PEER_KEY}="
+                f"{impl.label[len('coll/'):]})")
     suffix = "" if impl.label == "MPI" else f" (as {impl.label})"
     return f"mpi4py Comm{suffix}"
 
@@ -581,7 +632,9 @@ def header_lines(run):
     """Return the '#' preamble lines (without '# ')."""
     o, doc = run.opts, run.doc
     names = " vs ".join(_impl_name(im) for im in run.impls)
-    mode = ", interleaved in ABBA blocks" if len(run.impls) == 2 else ""
+    order = "ABC"[:len(run.impls)]
+    mode = (f", interleaved in {order}{order[::-1]} blocks"
+            if len(run.impls) > 1 else "")
     bufs = ("; buffers: xhc's from xcomm.empty (node shared memory), "
             "MPI's private (np.empty)") if o.shm else ""
     what = {"bcast": f"Datatype: uint8, root: {o.root}",
@@ -599,9 +652,8 @@ def header_lines(run):
                  "means, min/max over ranks")
     if o.cold:
         lines.append(_osu.cold_line(o.cold))
-    if len(run.impls) == 2:
-        lines.append(f"xhc/{run.impls[1].label}: ratio of the averages, "
-                     "below 1 when xhc is faster")
+    lines += [f"xhc/{im.label}: ratio of the averages, below 1 when xhc "
+              "is faster" for im in compared(run.impls)]
     return lines
 
 
@@ -609,7 +661,7 @@ def new_doc(run, opts):
     """Return the JSON record, before any result."""
     keep = ("command", "message_size", "iterations", "warmup", "full",
             "validate", "impl", "shm", "sync", "root", "dtype", "op", "blocks",
-            "label", "sizes", "persistent", "cold")
+            "label", "sizes", "persistent", "cold", "peer")
     title = (f"OSU-style xhc {run.cmd.title} Latency Test v{xhc_version()}")
     return {"benchmark": opts.command, "title": title,
             "version": xhc_version(), "ranks": run.comm.size,
@@ -672,8 +724,7 @@ def benchmark(comm, opts):
     else:
         finish(run, xcomm)
     finally:
-        if xcomm is not None:
-            xcomm.free()
+        free_impls(impls)
 
 
 def main(argv=None):

@@ -104,6 +104,59 @@ def test_osu_cold(tmp_path):
     assert doc["xhc_stats"]["fallback"] == 0
 
 
+def test_osu_peer_times_coll_sm_in_the_same_run(tmp_path):
+    """--peer sm adds a validated coll/sm column, interleaved, with its
+    ratio; Open MPI's own log shows that the duplicate, and only it,
+    selected coll/sm (its default priority leaves it off elsewhere)."""
+    import re
+    path = str(tmp_path / "peer.json")
+    proc = run_mpi(2, ["-m", "bench.osu", "allreduce", *QUICK, "-m", "8:4K",
+                       "--peer", "sm", "--json", path], timeout=120,
+                   env={"OMPI_MCA_coll_base_verbose": "10"})
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    assert doc["impls"] == ["xhc", "mpi", "peer"]
+    assert doc["labels"]["peer"] == "coll/sm"
+    assert doc["options"]["peer"] == "sm"
+    for row in doc["results"]:
+        assert all(row[k]["errors"] == 0 and row[k]["avg_us"] > 0
+                   for k in doc["impls"])
+        for key in ("mpi", "peer"):
+            assert row["ratios"][key] == pytest.approx(
+                row["xhc"]["avg_us"] / row[key]["avg_us"])
+    assert "interleaved in ABCCBA blocks" in proc.stdout
+    assert "xhc/coll/sm" in proc.stdout
+    log = proc.stdout + proc.stderr
+    assert len(re.findall(r"selecting +sm, priority +\d+, Enabled", log)) == 2
+
+
+@pytest.mark.parametrize("text", ["", "sm tuned", "sm;x", "SM"])
+def test_osu_peer_rejects_a_bad_name(text):
+    import argparse
+    from bench.osu import _peer_name
+    with pytest.raises(argparse.ArgumentTypeError,
+                       match="give an Open MPI coll component"):
+        _peer_name(text)
+
+
+def test_osu_peer_refuses_another_mpi(monkeypatch):
+    """--peer relies on an Open MPI info key: elsewhere it names the
+    two-run way instead of measuring the plain MPI twice."""
+    import types
+    from bench import osu
+
+    class Refused(Exception):
+        pass
+
+    def error(message):
+        raise Refused(message)
+    monkeypatch.setattr(osu.MPI, "get_vendor", lambda: ("MPICH", (4, 2, 0)))
+    opts = types.SimpleNamespace(peer="sm", shm=False, impl="both")
+    with pytest.raises(Refused, match="--peer needs Open MPI, not MPICH.*"
+                       "bench.compare"):
+        osu._check_opts(types.SimpleNamespace(error=error), opts)
+
+
 @pytest.mark.parametrize("text, nbytes", [("0", 0), ("0K", 0), ("64K", 65536),
                                           ("2M", 2 << 20)])
 def test_osu_cold_sizes(text, nbytes):
