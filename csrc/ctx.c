@@ -205,7 +205,8 @@ int xhc_ring_reserve(xhc_ctx_t *ctx, uint64_t seq)
         int rc = xhc_wait_ge(ctx, ack, need, r);
         if (rc)
             return rc;
-        uint64_t a = xhc_load_relaxed(ack);
+        /* Acquire: the floor lets later reserves skip waiting on A. */
+        uint64_t a = xhc_load_acquire(ack);
         if (!xhc_seq_reached(a, floor))
             floor = a;
     }

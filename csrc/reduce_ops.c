@@ -37,7 +37,8 @@
     XHC_KERNEL(xhc_bxor_##t, type, x ^ y)
 
 /* Unsigned sums wrap by definition; signed ones do too in MPI practice,
- * so add in the unsigned type of the same width to stay defined C. */
+ * so fold in an unsigned type to stay defined C: one whose products
+ * cannot overflow the signed int that types under 32 bits promote to. */
 #define XHC_INT(t, type, utype)                                            \
     XHC_KERNEL(xhc_sum_##t, type, (utype)x + (utype)y)                     \
     XHC_KERNEL(xhc_prod_##t, type, (utype)x * (utype)y)                    \
@@ -46,7 +47,7 @@
     XHC_LOGIC(t, type)
 
 XHC_INT(i8, int8_t, uint8_t)
-XHC_INT(i16, int16_t, uint16_t)
+XHC_INT(i16, int16_t, uint32_t)
 XHC_INT(i32, int32_t, uint32_t)
 XHC_INT(i64, int64_t, uint64_t)
 XHC_INT(u8, uint8_t, uint32_t)

@@ -13,7 +13,7 @@ DEFAULTS = {
     "sleep": 0,               # yields before a waiting rank sleeps; 0: never
     "windows": "auto",        # Bcast staging windows per rank
     "copy": "auto",           # large messages: auto | xpmem | cma | cico
-    "seq_start": 0,           # first sequence number (tests of wrap-around)
+    "seq_start": 0,           # sequence numbers start here (wrap tests)
     "debug": False,           # check arguments agree across ranks
 }
 
