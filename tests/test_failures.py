@@ -270,6 +270,16 @@ ARG_CASES = [
     ("empty-too-large", "XhcError",
      r"allocating shared memory: No space left on device \(/dev/shm has "
      r"not that much free: .*mount it larger"),
+    ("empty-negative", "ValueError",
+     r"^Comm\.empty: negative dimension in shape \(4, -1\)$"),
+    ("empty-object", "TypeError", r"object holds Python objects"),
+    # The rank that asked, and every other (naming it), before anything
+    # is created.
+    ("empty-negative-on-one-rank", "ValueError",
+     r"^(rank {last}: )?Comm\.empty: negative dimension in shape \(-1,\)$"),
+    ("empty-fails-on-one-rank", "XhcError",
+     r"^Comm\.empty failed on rank {last}: opening shared memory: Too many "
+     r"open files; no rank kept the array$"),
 ]
 
 
@@ -278,7 +288,7 @@ ARG_CASES = [
                          ids=[c[0] for c in ARG_CASES])
 def test_bad_argument_raises_on_every_rank(request, n, case, exc, pattern):
     launch = request.getfixturevalue(f"args{n}")
-    check_case(launch, case, exc, pattern.format(n=n))
+    check_case(launch, case, exc, pattern.format(n=n, last=n - 1))
 
 
 REDUCE_RECV_CASES = [

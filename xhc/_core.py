@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Set up the C core for a communicator, and turn its codes into errors."""
 import errno
+import math
 import mmap
+import operator
 import os
 import secrets
 import time
@@ -267,43 +269,98 @@ def transport_info():
                          "copy-in-copy-out is faster")
 
 
-def shared_array(comm, ctx, shape, dtype):
-    """Collective: a numpy array of this rank in node shared memory.
+def _map_shared(name, total):
+    """Map the shared-memory file NAME of TOTAL bytes."""
+    fd = lib.xhc_shm_open(name.encode())
+    check(fd if fd < 0 else 0, "opening shared memory")
+    try:
+        return mmap.mmap(fd, total)
+    except OSError as exc:
+        raise XhcError(f"mapping shared memory: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
 
-    Returns (array, keep): KEEP must stay referenced while the core may
-    read the region (until the communicator is freed).
-    """
+
+def _ask(shape, dtype):
+    """Return (shape, dtype) as Comm.empty takes them; raise if invalid."""
     dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
-    # Every rank is here, and asks for the same, before rank 0 creates
-    # anything that a rank failing elsewhere could leave behind.
-    asks = comm.allgather((tuple(np.atleast_1d(shape).tolist()), dtype.str))
+    if dtype.hasobject:
+        raise TypeError(f"Comm.empty: {dtype} holds Python objects, whose "
+                        "pointers mean nothing in another process; use a "
+                        "numeric dtype")
+    dims = tuple(operator.index(n) for n in np.atleast_1d(
+        np.asarray(shape, dtype=object)).tolist())
+    if any(n < 0 for n in dims):
+        raise ValueError(f"Comm.empty: negative dimension in shape {dims}")
+    return dims, dtype
+
+
+def _agreed_ask(comm, shape, dtype):
+    """Collective: the (shape, dtype) every rank asked for.  Every rank
+    raises alike if one asked for something invalid or different, before
+    rank 0 creates anything that could be left behind."""
+    try:
+        dims, dtype = _ask(shape, dtype)
+        mine = (dims, dtype.str)
+    except (TypeError, ValueError) as exc:
+        mine = (type(exc).__name__, str(exc))
+    asks = comm.allgather(mine)
+    bad = [r for r, (what, _) in enumerate(asks) if isinstance(what, str)]
+    if bad:  # my own error first, else the first rank's, named
+        r = comm.rank if comm.rank in bad else bad[0]
+        what, detail = asks[r]
+        kind = TypeError if what == "TypeError" else ValueError
+        raise kind(detail if r == comm.rank else f"rank {r}: {detail}")
     if any(a != asks[0] for a in asks):
         bad = next(r for r, a in enumerate(asks) if a != asks[0])
         raise ValueError(f"Comm.empty is collective: rank 0 asked for "
                          f"{asks[0]}, rank {bad} for {asks[bad]}; pass the "
                          "same shape and dtype on every rank")
-    stride = max(4096, -(-count * dtype.itemsize // 4096) * 4096)
-    total = stride * comm.size
+    return dims, dtype
+
+
+def _map_everywhere(comm, total):
+    """Collective: map a new shared file of TOTAL bytes on every rank, or
+    raise on every rank, so that ranks number their regions alike."""
     name, rc = None, 0
     if comm.rank == 0:
         name = new_name()
         rc = lib.xhc_shm_create(name.encode(), total)
     name, rc = comm.bcast((name, rc), root=0)
     check(rc, "allocating shared memory")
+    mm, failed = None, None
     try:
-        fd = lib.xhc_shm_open(name.encode())
-        check(fd if fd < 0 else 0, "opening shared memory")
-        try:
-            mm = mmap.mmap(fd, total)
-        finally:
-            os.close(fd)
+        mm = _map_shared(name, total)
+    except Exception as exc:  # noqa: BLE001 - every rank must hear of it
+        failed = str(exc) if isinstance(exc, XhcError) else repr(exc)
     finally:
-        comm.Barrier()
+        failures = comm.allgather(failed)  # everyone has tried: unlink
         if comm.rank == 0:
             lib.xhc_shm_unlink(name.encode())
+    bad = [r for r, f in enumerate(failures) if f]
+    if bad:
+        if mm is not None:
+            mm.close()
+        raise XhcError(f"Comm.empty failed on rank {bad[0]}: "
+                       f"{failures[bad[0]]}; no rank kept the array")
+    return mm
+
+
+def shared_array(comm, ctx, shape, dtype):
+    """Collective: a numpy array of this rank in node shared memory.
+
+    Returns (array, keep): KEEP must stay referenced while the core may
+    read the region (until the communicator is freed).  Nothing can fail
+    on one rank only once the region is registered.
+    """
+    dims, dtype = _agreed_ask(comm, shape, dtype)
+    count = math.prod(dims)
+    stride = max(4096, -(-count * dtype.itemsize // 4096) * 4096)
+    total = stride * comm.size
+    mm = _map_everywhere(comm, total)
+    arr = np.frombuffer(mm, dtype, count, offset=comm.rank * stride)
+    arr = arr.reshape(dims)
     base = ffi.from_buffer(mm)
     rc = lib.xhc_ctx_add_region(ctx, base, total)
     check(rc if rc < 0 else 0, "registering shared memory")
-    arr = np.frombuffer(mm, dtype, count, offset=comm.rank * stride)
-    return arr.reshape(shape), (mm, base)
+    return arr, (mm, base)

@@ -39,7 +39,9 @@ threads       two threads, each on its own xhc.Comm over a Dup().
 zc-reuse      private large Allreduce alternating with one on Comm.empty
               arrays: the minimal form of a failure the soak found.
 """
+import contextlib
 import os
+import resource
 import signal
 import sys
 import threading
@@ -188,6 +190,43 @@ def more_than_shm_free():
     return W.bcast(vfs.f_bavail * vfs.f_frsize + (1 << 30))
 
 
+@contextlib.contextmanager
+def no_free_descriptor(active):
+    """While ACTIVE, this process cannot open a file (EMFILE)."""
+    if not active:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest = os.open("/dev/null", os.O_RDONLY)  # the next open's number
+    os.close(lowest)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def empty_fails_on_one_rank(c):
+    """The last rank cannot open the new array's file.  Every rank must
+    raise, and none keep the array: a zero-copy Allreduce afterwards must
+    still find each rank's array (regions numbered alike)."""
+    failure = None
+    try:
+        with no_free_descriptor(RANK == SIZE - 1):
+            c.empty(1 << 16)
+    except xhc.XhcError as exc:
+        failure = exc
+    a = c.empty(1 << 16)
+    a[:] = RANK + 1
+    out = np.empty_like(a)
+    c.Allreduce(a, out)
+    if not np.all(out == SIZE * (SIZE + 1) / 2):
+        raise AssertionError("a zero-copy Allreduce after the failure gave "
+                             f"{sorted(set(out.tolist()))[:4]}")
+    if failure:
+        raise failure
+
+
 def suite_args(xc):
     n, last = SIZE, SIZE - 1
     ro = readonly(f8(4))
@@ -240,6 +279,11 @@ def suite_args(xc):
          lambda c: xhc.Comm(W, hierarchy="node" if RANK else "virtual:2")),
         ("windows-one", lambda c: xhc.Comm(W, windows=1)),
         ("empty-too-large", lambda c: c.empty(more_than_shm_free(), np.uint8)),
+        ("empty-negative", lambda c: c.empty((4, -1))),
+        ("empty-object", lambda c: c.empty(16, object)),
+        ("empty-negative-on-one-rank",
+         lambda c: c.empty(-1 if RANK == last else 16)),
+        ("empty-fails-on-one-rank", empty_fails_on_one_rank),
     ]
     return run_cases(xc, cases)
 
