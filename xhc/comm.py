@@ -20,6 +20,9 @@ _CACHE_MAX = 64           # plans kept per operation
 _CACHE_BYTES = 256 << 20  # buffer bytes the plans may keep alive
 _NOT_ACCELERATED = "communicator not accelerated"
 _IN_PLACE = MPI.IN_PLACE
+# Tunables that change the ranks' protocol or the segment's layout.
+_ALIKE = ("sleep", "windows", "copy", "debug", "cico_max", "chunk_size",
+          "seq_start")
 _run = lib.xhc_run
 _reduce = lib.xhc_reduce
 _barrier = lib.xhc_barrier
@@ -108,12 +111,12 @@ class Comm(HotComm):
 
     def _fit_to_load(self, cfg):
         """Settle the waiting and staging tunables for the node's load
-        (config.fit_to_load).  Sleeping, staging and the hierarchy must be
-        alike on every rank (the topology source was checked when the
+        (config.fit_to_load).  The _ALIKE tunables and the hierarchy must
+        be alike on every rank (the topology source was checked when the
         localities were gathered): ranks that built different group tables
         would wait for each other for ever."""
-        alike = {"sleep": cfg["sleep"], "windows": cfg["windows"],
-                 "hierarchy": self._specs}
+        alike = {key: cfg[key] for key in _ALIKE}
+        alike["hierarchy"] = self._specs
         mine = (sorted(os.sched_getaffinity(0)), alike)
         everyone = self._comm.allgather(mine)
         for key in alike:
