@@ -16,6 +16,15 @@ _OP_TABLE = tuple((getattr(MPI, name), getattr(lib, "XHC_" + name), name)
 # Codes the core takes, looked up by identity on the hot path.
 OPS = {id(op): code for op, code, _ in _OP_TABLE}
 OP_NAMES = {id(op): name for op, _, name in _OP_TABLE}
+_BY_HANDLE = {op.handle: op for op, _, _ in _OP_TABLE}
+
+
+def predefined(op):
+    """MPI's own object for OP if OP equals one of the ops above (as
+    MPI.Op(MPI.SUM) does), else OP itself."""
+    if id(op) in OPS or not isinstance(op, MPI.Op):
+        return op
+    return _BY_HANDLE.get(op.handle, op)
 _DTYPES = {("i", 1): lib.XHC_INT8, ("i", 2): lib.XHC_INT16,
            ("i", 4): lib.XHC_INT32, ("i", 8): lib.XHC_INT64,
            ("u", 1): lib.XHC_UINT8, ("u", 2): lib.XHC_UINT16,

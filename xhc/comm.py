@@ -13,7 +13,7 @@ from . import _core, config, debug, hierarchy, topology
 from ._hot import HotComm, HotRequest, bind_plain, block_hook
 from ._xhc import ffi, lib
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS,
-                      Unsupported, plain_tables, resolve)
+                      Unsupported, plain_tables, predefined, resolve)
 from .errors import XhcError
 
 _CACHE_MAX = 64           # plans kept per operation
@@ -304,13 +304,14 @@ class Comm(HotComm):
         if not self._usable():
             return None
         in_place = sendbuf is _IN_PLACE or sendbuf is None  # as mpi4py
+        known = predefined(op)
         r = self._resolve(recvbuf)
         s = r if in_place or r is None else self._resolve(sendbuf)
-        if s is None or not self._reducible(op, r.dtype):
+        if s is None or not self._reducible(known, r.dtype):
             return None
-        _check_pair(s, r, op, "Allreduce")
+        _check_pair(s, r, known, "Allreduce")
         call = _call(self._ctx, lib.XHC_ALLREDUCE, s, r, r.count, r.dtype,
-                     OPS[id(op)])
+                     OPS[id(known)])
         moves = [(r, True, True)] if s is r else [(s, True, False),
                                                   (r, False, True)]
         plan = _plan((sendbuf, recvbuf, op), call, moves,
@@ -330,15 +331,16 @@ class Comm(HotComm):
         in_place = sendbuf is _IN_PLACE or sendbuf is None  # as mpi4py
         if in_place and not is_root:
             raise ValueError("Reduce: IN_PLACE is only for the root")
+        known = predefined(op)
         s = self._resolve(recvbuf if in_place else sendbuf)
-        if s is None or not self._reducible(op, s.dtype):
+        if s is None or not self._reducible(known, s.dtype):
             return None
-        _check_op(s, op, "Reduce")
+        _check_op(s, known, "Reduce")
         r = None
         if is_root:
-            r = self._root_recv(s, recvbuf, op, root, in_place)
+            r = self._root_recv(s, recvbuf, known, root, in_place)
         call = _call(self._ctx, lib.XHC_REDUCE, s, r, s.count, s.dtype,
-                     OPS[id(op)], root)
+                     OPS[id(known)], root)
         moves = [(s, True, s is r)] + ([(r, False, True)]
                                        if r is not None and r is not s
                                        else [])

@@ -6,7 +6,8 @@ import inspect
 
 from mpi4py import MPI
 
-from .buffers import DTYPE_NAMES, OP_NAMES, Unsupported, resolve
+from .buffers import (DTYPE_NAMES, OP_NAMES, Unsupported, predefined,
+                      resolve)
 from .errors import XhcError
 
 _SIGNATURES = {}
@@ -30,7 +31,7 @@ def _signature(comm, name, bound):
     if "root" in args:
         sig["root"] = args["root"]
     if "op" in args:
-        sig["op"] = OP_NAMES.get(id(args["op"]), "other")
+        sig["op"] = OP_NAMES.get(id(predefined(args["op"])), "other")
     if name == "Bcast":
         sig["buffer"] = _describe(args["buf"], typed=False)
     elif name == "Allreduce" or name == "Reduce":

@@ -1074,6 +1074,31 @@ def suite_fallback(world, comm, v, sz, args):
     """On a fresh communicator, so that every count below is exact."""
     with xhc.Comm(comm) as xcomm:
         fallback_cases(xcomm, comm, v)
+        equal_op_cases(xcomm, comm, v)
+
+
+def equal_op_cases(xcomm, comm, v):
+    """An Op object equal to MPI.SUM but not MPI.SUM itself (from its
+    Fortran handle) is SUM: the core reduces with it, no fallback."""
+    n, rank = comm.size, comm.rank
+    same_sum = MPI.Op.f2py(MPI.SUM.py2f())
+    ins = [np.arange(40, dtype=np.int64) * (r + 2) for r in range(n)]
+    total = np_fold("SUM", ins)
+    for name in ("Allreduce", "Reduce"):
+        out = np.zeros(40, np.int64)
+        before = xcomm.stats
+        if name == "Allreduce":
+            xcomm.Allreduce(ins[rank], out, op=same_sum)
+        else:
+            xcomm.Reduce(ins[rank], out, op=same_sum, root=0)
+        after = xcomm.stats
+        err = None
+        if (name == "Allreduce" or rank == 0) and \
+                not np.array_equal(out, total):
+            err = f"got {out[:4]}"
+        elif after["fallback"] != before["fallback"]:
+            err = "an op equal to MPI.SUM fell back to mpi4py"
+        v.case(f"{name} with an op equal to MPI.SUM", err)
 
 
 def fallback_cases(xcomm, comm, v):
