@@ -159,20 +159,22 @@ def _parse_spec(spec):
     if len(nums) > 2 or (dt is None and not nums):
         raise Unsupported("buffer specification other than mpi4py's forms")
     try:
-        count, displ = [operator.index(x) for x in nums] + [None, 0][
-            len(nums):]
+        count, displ = [None if x is None else operator.index(x)
+                        for x in nums] + [None, 0][len(nums):]
     except TypeError:
         raise Unsupported("buffer specification other than mpi4py's "
                           "forms") from None
     if dt is None:
         dt = memoryview(buf).format
-    return buf, count, displ, dt
+    return buf, count, 0 if displ is None else displ, dt
 
 
 def _of_spec(spec):
     """A buffer specification: in place when its datatype is a type numpy
     knows, else staged through MPI's packed form."""
     buf, count, displ, dt = _parse_spec(spec)
+    if buf is MPI.BOTTOM:
+        return _of_bottom(spec, count, displ, dt)
     if isinstance(dt, str):
         npdt = np.dtype(dt)
         if npdt.hasobject or npdt.itemsize == 0:
@@ -201,16 +203,44 @@ def _of_packed(spec, raw, count, displ, dt):
     as MPI.WCHAR): staged through MPI's packed form, which holds its
     elements back to back.  A duplicate of DT does the packing, so the
     caller may free DT once the call (or *_init) has returned."""
-    lb, extent = dt.Get_extent()
+    extent = _extent(dt)
+    if count is None:
+        count = max(len(raw) - displ * extent, 0) // extent
+    return _packed(spec, raw.__array_interface__["data"][0], count, displ,
+                   dt.Dup(), raw.flags.writeable)
+
+
+def _of_bottom(spec, count, displ, dt):
+    """[MPI.BOTTOM, count, datatype]: a datatype of absolute addresses,
+    staged through MPI's packed form.  A copy of DT moved down by its
+    lower bound describes the same bytes from a window that starts
+    there (a window cannot start at address 0)."""
+    if count is None or isinstance(dt, str):
+        raise ValueError("MPI.BOTTOM needs a count and an MPI.Datatype of "
+                         "absolute addresses: pass [MPI.BOTTOM, count, "
+                         "datatype]")
+    _extent(dt)
+    lb = dt.Get_extent()[0]
+    own = MPI.Datatype.Create_struct([1], [-lb], [dt]).Commit()
+    return _packed(spec, lb, count, displ, own, True)
+
+
+def _extent(dt):
+    extent = dt.Get_extent()[1]
     if extent <= 0:
         raise ValueError(f"datatype {dt.Get_name() or 'derived'} has extent "
                          f"{extent}; give it a positive one")
-    if count is None:
-        count = max(len(raw) - displ * extent, 0) // extent
+    return extent
+
+
+def _packed(spec, address, count, displ, own, writable):
+    """COUNT elements of datatype OWN (ours: freed with the staging copy)
+    from ADDRESS plus DISPL extents, staged through MPI's packed form."""
+    extent = own.Get_extent()[1]
     if count < 0 or displ < 0:
+        own.Free()
         raise ValueError(f"count {count} and displacement {displ} must not "
                          "be negative")
-    own = dt.Dup()
     element = _element_type(own)
     packed = np.empty(own.Pack_size(count, MPI.COMM_SELF), np.uint8)
     weakref.finalize(packed, _free_type, own)
@@ -220,10 +250,10 @@ def _of_packed(spec, raw, count, displ, dt):
     # Unpack take the count from the window's length and apply the lower
     # bound themselves, as MPI does on the buffer's address.
     window = MPI.buffer.fromaddress(
-        raw.__array_interface__["data"][0] + displ * extent, count * extent,
-        readonly=not raw.flags.writeable) if count else bytearray(0)
+        address + displ * extent, count * extent,
+        readonly=not writable) if count else bytearray(0)
     code = NOT_REDUCIBLE if element is None else dtype_code(element)
-    return Buffer(spec, arr, code, raw.flags.writeable,
+    return Buffer(spec, arr, code, writable,
                   lambda: own.Pack(window, packed, 0, MPI.COMM_SELF),
                   lambda: own.Unpack(packed, 0, window, MPI.COMM_SELF))
 

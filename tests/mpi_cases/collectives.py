@@ -1834,6 +1834,8 @@ def spec_forms(xcomm, comm, v):
         ("[Fortran array, DOUBLE]", [fort, MPI.DOUBLE], fort.ravel("K")),
         ("lower bound 8", [src[:5], 1, hind], src[1:5]),
         ("extent past the data", [src[:3], 2, wide], src[0:3:2]),
+        ("[buf, None, DOUBLE]", [src, None, MPI.DOUBLE], src),
+        ("[buf, (None, None), 'd']", [src, (None, None), "d"], src),
     ]
     for name, spec, sent in cases:
         got = np.zeros(len(sent))
@@ -1862,6 +1864,31 @@ def spec_forms(xcomm, comm, v):
     v.case("Bcast of Python objects refused", err)
     hind.Free()
     wide.Free()
+    bottom_forms(xcomm, comm, v)
+
+
+def bottom_forms(xcomm, comm, v):
+    """[MPI.BOTTOM, count, datatype of absolute addresses] on some ranks,
+    plain arrays on the others: Bcast from such a root, then an IN_PLACE
+    Allreduce of the same elements."""
+    n, rank = comm.size, comm.rank
+    a = np.full(8, rank + 1.0)
+    picks = [1, 2, 5, 6]
+    t = MPI.DOUBLE.Create_hindexed(
+        [2, 2], [MPI.Get_address(a[1:]), MPI.Get_address(a[5:])]).Commit()
+    bottom = rank % 2 == 0
+    got = [MPI.BOTTOM, 1, t] if bottom else np.zeros(4)
+    xcomm.Bcast(got, root=0)
+    mine = a[picks] if bottom else got
+    v.check("Bcast [MPI.BOTTOM, 1, hindexed]",
+            np.all(mine == 1.0) and np.all(np.delete(a, picks) == rank + 1),
+            f"got {a}, {got if not bottom else ''}")
+    xcomm.Allreduce(MPI.IN_PLACE, got, op=MPI.SUM)
+    want = float(n)  # every rank holds 1.0 there after the Bcast
+    mine = a[picks] if bottom else got
+    v.check("Allreduce IN_PLACE [MPI.BOTTOM, 1, hindexed]",
+            np.all(mine == want), f"got {mine}, want {want}")
+    t.Free()
 
 
 class Planned(np.ndarray):
