@@ -247,6 +247,10 @@ ARG_CASES = [
     ("allreduce-band-float64", "ValueError", r"BAND .*float64"),
     ("allreduce-lxor-float32", "ValueError", r"LXOR .*float32"),
     ("allreduce-dtype-differs", "ValueError", r"differ in dtype"),
+    ("allreduce-overlap", "ValueError",
+     r"^Allreduce: the send and receive buffers overlap, which MPI forbids; "
+     r"pass MPI\.IN_PLACE"),
+    ("allreduce-overlap-large", "ValueError", r"buffers overlap"),
     ("reduce-send-object", "TypeError", r"object is not a buffer"),
     # Every rank, not only the root, should say which op and which data.
     ("reduce-band-float64", "ValueError", r"BAND .*float64"),
@@ -306,6 +310,8 @@ REDUCE_RECV_CASES = [
     ("reduce-recv-readonly-root-only", False, r"receive buffer is read-only"),
     ("reduce-recv-larger-root-only", False,
      r"send buffer has 4 elements, receive buffer 8"),
+    ("reduce-recv-overlaps", False,
+     r"^Reduce: the send and receive buffers overlap, which MPI forbids"),
 ]
 
 

@@ -238,6 +238,14 @@ static int reduction_call(xhc_call_t *c, const struct plain_buf *s,
     return 1;
 }
 
+/* Do S and R share memory without being the same array?  MPI forbids it;
+ * the Python path raises, naming the fix. */
+static int partly_overlap(const struct plain_buf *s, const struct plain_buf *r)
+{
+    return s->data != r->data && s->data < r->data + r->nbytes
+           && r->data < s->data + s->nbytes;
+}
+
 /* Allreduce(ARGV) of plain arrays, as the core's call C; 0 if not. */
 static int plain_allreduce(PyObject *const *argv, xhc_call_t *c)
 {
@@ -249,7 +257,8 @@ static int plain_allreduce(PyObject *const *argv, xhc_call_t *c)
     else if (!plain_array(argv[0], 0, &s))
         return 0;
     int32_t op = plain_op(argv[2], r.code);
-    if (op < 0 || s.code != r.code || s.count != r.count)
+    if (op < 0 || s.code != r.code || s.count != r.count
+        || partly_overlap(&s, &r))
         return 0;
     return reduction_call(c, &s, r.data, op);
 }
@@ -271,7 +280,8 @@ static int plain_reduce(const HotComm *h, PyObject *const *argv,
         return 0;
     }
     int32_t op = plain_op(argv[2], s.code);
-    if (op < 0 || (at_root && (s.code != r.code || s.count != r.count)))
+    if (op < 0 || (at_root && (s.code != r.code || s.count != r.count
+                               || partly_overlap(&s, &r))))
         return 0;
     c->root = root;
     return reduction_call(c, &s, r.data, op);

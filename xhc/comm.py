@@ -620,4 +620,15 @@ def _check_pair(s, r, op, name):
     if s.count != r.count:
         raise ValueError(f"{name}: send buffer has {s.count} elements, "
                          f"receive buffer {r.count}; make them equal")
+    if _partly_overlap(s, r):
+        raise ValueError(f"{name}: the send and receive buffers overlap, "
+                         "which MPI forbids; pass MPI.IN_PLACE as the send "
+                         "buffer, or separate arrays")
     _check_op(r, op, name)
+
+
+def _partly_overlap(s, r):
+    """Do S and R share memory without starting at the same byte?  (Staged
+    buffers are private copies: they never do.)"""
+    a, b = (int(ffi.cast("uintptr_t", x.ptr)) for x in (s, r))
+    return a != b and a < b + r.nbytes and b < a + s.nbytes

@@ -230,6 +230,7 @@ def empty_fails_on_one_rank(c):
 def suite_args(xc):
     n, last = SIZE, SIZE - 1
     ro = readonly(f8(4))
+    pair = f8(50002)  # send and receive buffers two elements apart
     freed = xhc.Comm(W)
     freed.Allreduce(f8(4, 1.0), f8(4))     # leave plans behind, then free
     freed.Bcast(f8(4))
@@ -257,6 +258,9 @@ def suite_args(xc):
         ("allreduce-lxor-float32",
          lambda c: c.Allreduce(np.zeros(4, np.float32),
                               np.zeros(4, np.float32), op=MPI.LXOR)),
+        ("allreduce-overlap", lambda c: c.Allreduce(pair[:8], pair[2:10])),
+        ("allreduce-overlap-large",
+         lambda c: c.Allreduce(pair[:50000], pair[2:50002])),
         ("allreduce-dtype-differs",
          lambda c: c.Allreduce(np.zeros(4, np.float32), f8(4))),
         ("reduce-send-object",
@@ -298,6 +302,7 @@ def suite_reduce_recv(xc):
     pass None."""
     last = SIZE - 1
     ro = readonly(f8(4))
+    shifted = f8(110)
 
     def root_only(buf):
         return buf if RANK == last else None
@@ -311,6 +316,9 @@ def suite_reduce_recv(xc):
          lambda c: c.Reduce(f8(4), root_only(ro), root=last)),
         ("reduce-recv-larger-root-only",
          lambda c: c.Reduce(f8(4), root_only(f8(8)), root=last)),
+        ("reduce-recv-overlaps",
+         lambda c: c.Reduce(shifted[:100], root_only(shifted[10:]),
+                            root=last)),
         # Bcast reads the root's buffer, read-only or not, as mpi4py.
         ("bcast-readonly", lambda c: c.Bcast(readonly(f8(4)), root=last)),
         ("bcast-bytes", lambda c: c.Bcast(b"12345678", root=last)),
