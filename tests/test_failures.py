@@ -184,7 +184,8 @@ def check_case(launch, case, exc, pattern, every_rank=True, root=None,
 
 @pytest.fixture(scope="module")
 def args2():
-    return Launch(2, ["args", "gil", "threads"], env={"XHC_TIMEOUT": "10"})
+    return Launch(2, ["args", "gil", "threads", "free-busy"],
+                  env={"XHC_TIMEOUT": "10"})
 
 
 @pytest.fixture(scope="module")
@@ -578,6 +579,21 @@ def test_gil_released_while_waiting(args2, op, path):
     # Holding the GIL would allow at most a switch interval (5 ms) of it.
     assert inc > 0.2 * per_s * wait, \
         f"{op}: {inc} increments in {wait} s, {per_s:.0f}/s when free"
+
+
+@pytest.mark.parametrize("path", ["plain", "python", "request"])
+def test_free_refused_while_another_thread_waits(args2, path):
+    """free() (or a request's Free()) from a second thread while the main
+    thread waits in a collective raises, where it used to unmap the memory
+    the wait polls (SIGSEGV); the collective completes, and the
+    communicator still works and frees afterwards."""
+    check_completed(args2)
+    rep = args2.get("FREE-BUSY", path)
+    assert len(rep) == 1, args2.output()
+    what = "Request.Free()" if path == "request" else "free()"
+    assert rep[0]["msg"] == (
+        f"xhc.Comm {what} while a collective runs on it in another thread; "
+        "call it once that collective has returned"), rep[0]["msg"]
 
 
 def test_threads_on_two_dup_communicators(args2):

@@ -51,6 +51,7 @@ typedef struct {
     PyObject *sum;           /* MPI.SUM, the default op */
     PyObject *zero;          /* 0, the default root */
     int rank, size;          /* in the communicator */
+    int busy;                /* core calls under way (changed with the GIL) */
 } HotComm;
 
 /* The plan's layout, fixed by xhc/comm.py: the arguments it was made for
@@ -405,10 +406,12 @@ static void hot_block(void *arg)
 }
 
 /* Run CALL with RUN, or (CALL NULL) BARRIER on CTX, with the GIL held
- * until the core blocks. */
-static int hot_invoke(xhc_run_fn run, void *call, xhc_barrier_fn barrier,
-                      void *ctx)
+ * until the core blocks.  H counts the call as under way, so that a
+ * free() from another thread meanwhile refuses to unmap the context. */
+static int hot_invoke(HotComm *h, xhc_run_fn run, void *call,
+                      xhc_barrier_fn barrier, void *ctx)
 {
+    h->busy++;
     hot_running = 1;
     int rc = call ? run(call) : barrier(ctx);
     hot_running = 0;
@@ -416,6 +419,7 @@ static int hot_invoke(xhc_run_fn run, void *call, xhc_barrier_fn barrier,
         PyEval_RestoreThread(hot_released);
         hot_released = NULL;
     }
+    h->busy--;
     return rc;
 }
 
@@ -449,7 +453,7 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
          * resizing an array while a wait has released the GIL. */
         for (int i = 0; i < KIND[kind].nargs; i++)
             Py_INCREF(argv[i]);
-        rc = hot_invoke(h->run, &direct, h->barrier, h->ctx);
+        rc = hot_invoke(h, h->run, &direct, h->barrier, h->ctx);
         for (int i = 0; i < KIND[kind].nargs; i++)
             Py_DECREF(argv[i]);
     } else {
@@ -466,7 +470,7 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
         /* The plan keeps the call and its buffers alive; hold it in case
          * the GIL is released, whatever another thread does. */
         Py_INCREF(plan);
-        rc = hot_invoke(h->run, call, h->barrier, h->ctx);
+        rc = hot_invoke(h, h->run, call, h->barrier, h->ctx);
         Py_DECREF(plan);
     }
     if (rc == 0)
@@ -527,7 +531,7 @@ static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
 {
     if (!h->ctx || PyVectorcall_NARGS(nargsf) || kwnames)
         return slow((PyObject *)h, "_Barrier", args, nargsf, kwnames);
-    int rc = hot_invoke(h->run, NULL, h->barrier, h->ctx);
+    int rc = hot_invoke(h, h->run, NULL, h->barrier, h->ctx);
     if (rc == 0)
         Py_RETURN_NONE;
     return failed(h, "_Barrier", rc, NULL, 0);
@@ -556,6 +560,17 @@ static PyObject *hot_bind(HotComm *h, PyObject *args)
     h->barrier = (xhc_barrier_fn)(uintptr_t)barrier;
     h->ctx = h->run && h->barrier ? (void *)(uintptr_t)ctx : NULL;
     Py_RETURN_NONE;
+}
+
+/* _hot_busy(delta): add DELTA to the count of core calls under way
+ * (Python's own core calls count themselves so); return the count. */
+static PyObject *hot_busy(HotComm *h, PyObject *arg)
+{
+    long delta = PyLong_AsLong(arg);
+    if (delta == -1 && PyErr_Occurred())
+        return NULL;
+    h->busy += (int)delta;
+    return PyLong_FromLong(h->busy);
 }
 
 static int hot_traverse(HotComm *h, visitproc visit, void *arg)
@@ -598,14 +613,20 @@ typedef struct {
     xhc_barrier_fn barrier;  /* with CTX; both NULL: unbound */
     void *call;
     void *ctx;
+    HotComm *owner;          /* counts the call as under way; with CALL */
 } HotRequest;
+
+static PyTypeObject *hot_comm_type;  /* HotComm, made by hot_exec */
 
 static PyObject *req_start(HotRequest *r, PyObject *unused)
 {
     (void)unused;
     if (!r->run && !r->barrier)
         return PyObject_CallMethod((PyObject *)r, "_Start", NULL);
-    int rc = hot_invoke(r->run, r->call, r->barrier, r->ctx);
+    HotComm *owner = r->owner;
+    Py_INCREF(owner);  /* bound to the call until it returns */
+    int rc = hot_invoke(owner, r->run, r->call, r->barrier, r->ctx);
+    Py_DECREF(owner);
     if (rc == 0)
         Py_RETURN_NONE;
     return PyObject_CallMethod((PyObject *)r, "_failed", "i", rc);
@@ -624,12 +645,17 @@ static PyObject *req_wait(HotRequest *r, PyObject *const *args,
     Py_RETURN_TRUE;
 }
 
-/* _hot_bind(run, call, barrier, ctx): addresses as ints; all 0 unbinds. */
+/* _hot_bind(owner, run, call, barrier, ctx): the xhc.Comm, then
+ * addresses as ints; all 0 unbinds. */
 static PyObject *req_bind(HotRequest *r, PyObject *args)
 {
     unsigned long long run, call, barrier, ctx;
-    if (!PyArg_ParseTuple(args, "KKKK", &run, &call, &barrier, &ctx))
+    PyObject *owner;
+    if (!PyArg_ParseTuple(args, "O!KKKK", hot_comm_type, &owner, &run,
+                          &call, &barrier, &ctx))
         return NULL;
+    Py_INCREF(owner);
+    Py_XSETREF(r->owner, (HotComm *)owner);
     r->run = (xhc_run_fn)(uintptr_t)run;
     r->call = (void *)(uintptr_t)call;
     r->barrier = (xhc_barrier_fn)(uintptr_t)barrier;
@@ -652,7 +678,15 @@ static PyMethodDef req_methods[] = {
 
 static int req_traverse(HotRequest *r, visitproc visit, void *arg)
 {
+    Py_VISIT(r->owner);
     Py_VISIT(Py_TYPE(r));
+    return 0;
+}
+
+static int req_clear(HotRequest *r)
+{
+    r->run = NULL, r->barrier = NULL;
+    Py_CLEAR(r->owner);
     return 0;
 }
 
@@ -660,6 +694,7 @@ static void req_dealloc(HotRequest *r)
 {
     PyTypeObject *tp = Py_TYPE(r);
     PyObject_GC_UnTrack(r);
+    req_clear(r);
     tp->tp_free((PyObject *)r);
     Py_DECREF(tp);
 }
@@ -668,6 +703,7 @@ static PyType_Slot req_slots[] = {
     {Py_tp_doc, "The Start and Wait of xhc's persistent collectives."},
     {Py_tp_methods, req_methods},
     {Py_tp_traverse, req_traverse},
+    {Py_tp_clear, req_clear},
     {Py_tp_dealloc, req_dealloc},
     {0, NULL},
 };
@@ -690,6 +726,8 @@ static PyMethodDef hot_methods[] = {
      "Block until every rank has called Barrier."},
     {"_hot_bind", (PyCFunction)hot_bind, METH_VARARGS,
      "Bind the context, the core's entry points and the plan dicts."},
+    {"_hot_busy", (PyCFunction)hot_busy, METH_O,
+     "Add to the count of core calls under way; return it."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -833,6 +871,8 @@ static int hot_exec(PyObject *m)
         PyObject *tp = PyType_FromSpec((PyType_Spec *)specs[i]);
         if (!tp)
             return -1;
+        if (i == 0)
+            hot_comm_type = (PyTypeObject *)tp;  /* the module keeps it */
         if (PyModule_AddObject(m, names[i], tp) < 0) {
             Py_DECREF(tp);
             return -1;

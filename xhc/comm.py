@@ -142,6 +142,23 @@ class Comm(HotComm):
         self._fallbacks += 1
         return getattr(self._comm, name)(*args)
 
+    def _in_core(self, fn, *args):
+        """FN(*ARGS), a core call that may release the GIL while it waits:
+        counted as under way, as HotComm counts its own."""
+        self._hot_busy(1)
+        try:
+            return fn(*args)
+        finally:
+            self._hot_busy(-1)
+
+    def _refuse_if_busy(self, what):
+        """Raise if a collective runs on this object in another thread:
+        the memory it polls must not go away under it."""
+        if self._hot_busy(0):
+            raise XhcError(f"xhc.Comm {what} while a collective runs on it "
+                           "in another thread; call it once that collective "
+                           "has returned")
+
     def _raise(self, rc, what):
         raise _core.error(rc, what, self._ctx, getattr(self, "_pids", None))
 
@@ -162,7 +179,7 @@ class Comm(HotComm):
 
     def _Barrier(self):
         """Block until every rank has called Barrier."""
-        rc = _barrier(self._ctx)
+        rc = self._in_core(_barrier, self._ctx)
         if rc:
             if not self._usable():
                 return self._fallback("Barrier")
@@ -173,7 +190,7 @@ class Comm(HotComm):
         p = self._bcast_plan(buf, root)
         if p is None:
             return self._fallback("Bcast", buf, root)
-        rc = p[2]()
+        rc = self._in_core(p[2])
         if rc:
             self._failed("_Bcast", rc, (buf, root))
 
@@ -182,7 +199,7 @@ class Comm(HotComm):
         p = self._allreduce_plan(sendbuf, recvbuf, op)
         if p is None:
             return self._fallback("Allreduce", sendbuf, recvbuf, op)
-        rc = p[3]()
+        rc = self._in_core(p[3])
         if rc:
             self._failed("_Allreduce", rc, (sendbuf, recvbuf, op))
 
@@ -191,7 +208,7 @@ class Comm(HotComm):
         p = self._reduce_plan(sendbuf, recvbuf, op, root)
         if p is None:
             return self._fallback("Reduce", sendbuf, recvbuf, op, root)
-        rc = p[4]()
+        rc = self._in_core(p[4])
         if rc:
             self._failed("_Reduce", rc, (sendbuf, recvbuf, op, root))
 
@@ -359,7 +376,7 @@ class Comm(HotComm):
         raises; the root (whose buffer may be read-only, as in mpi4py) and
         the other ranks stay in step."""
         scratch = ffi.new("char[]", max(b.nbytes, 1))
-        lib.xhc_bcast(self._ctx, scratch, b.nbytes, root)
+        self._in_core(lib.xhc_bcast, self._ctx, scratch, b.nbytes, root)
         raise ValueError("Bcast: the buffer is read-only on a receiving "
                          "rank; pass a writable array")
 
@@ -377,8 +394,8 @@ class Comm(HotComm):
             return r
         except (TypeError, ValueError):
             scratch = ffi.new("char[]", max(s.nbytes, 1))
-            _reduce(self._ctx, s.ptr, scratch, s.count, s.dtype, OPS[id(op)],
-                    root)
+            self._in_core(_reduce, self._ctx, s.ptr, scratch, s.count,
+                          s.dtype, OPS[id(op)], root)
             raise
 
     def _reducible(self, op, dtype):
@@ -431,6 +448,7 @@ class Comm(HotComm):
 
     def free(self):
         """Release the shared memory; the wrapped communicator stays."""
+        self._refuse_if_busy("free()")
         self._bind(ffi.NULL)
         if self._ctx:
             lib.xhc_ctx_close(self._ctx)
@@ -569,7 +587,7 @@ class Request(HotRequest):
         if bind is None and plan is not None and not plan[_STAGED]:
             bind = (_address(_run_fn), plan[-1], 0, 0)
         if bind is not None:
-            self._hot_bind(*bind)
+            self._hot_bind(xcomm, *bind)
         xcomm._requests.add(self)  # free() frees its requests
 
     def _Start(self):
@@ -577,7 +595,7 @@ class Request(HotRequest):
         if call is None:
             raise XhcError(f"{self._what}: request already freed (or its "
                            "xhc.Comm: already freed)")
-        rc = call()
+        rc = self._xcomm._in_core(call)
         if rc:
             self._failed(rc)
 
@@ -590,7 +608,8 @@ class Request(HotRequest):
 
     def Free(self):
         """Drop the buffers and the plan."""
-        self._hot_bind(0, 0, 0, 0)
+        self._xcomm._refuse_if_busy("Request.Free()")
+        self._hot_bind(self._xcomm, 0, 0, 0, 0)
         self._call = None
         self._plan = None
 

@@ -36,6 +36,8 @@ abort-op, abort-empty, abort-setup   rank 1 raises (python -m mpi4py
 gil           rank 0 counts in a thread while it waits in a collective
               that rank 1 enters late (2 ranks).
 threads       two threads, each on its own xhc.Comm over a Dup().
+free-busy     rank 0 frees its xhc.Comm, or a request, from a thread while
+              a collective waits on it (2 ranks).
 zc-reuse      private large Allreduce alternating with one on Comm.empty
               arrays: the minimal form of a failure the soak found.
 """
@@ -540,6 +542,41 @@ def suite_gil(xc):
     return xc
 
 
+def suite_free_busy(xc):
+    """Rank 0 frees its xhc.Comm (or a request) from a second thread while
+    its main thread waits in a collective that rank 1 enters 0.5 s late:
+    the free must refuse, not unmap the memory the wait polls."""
+    for path in ("plain", "python", "request"):
+        c = xhc.Comm(W)
+        b = f8(4)
+        req = c.Bcast_init(b, root=1) if path == "request" else None
+        outcome = ["freed"]
+
+        def free_meanwhile(c=c, req=req, outcome=outcome):
+            time.sleep(0.2)
+            try:
+                req.Free() if req is not None else c.free()
+            except xhc.XhcError as exc:
+                outcome[0] = oneline(exc)
+        th = threading.Thread(target=free_meanwhile) if RANK == 0 else None
+        if th is not None:
+            th.start()
+        else:
+            time.sleep(0.5)
+        if path == "plain":
+            c.Bcast(b, root=1)              # from C
+        elif path == "python":
+            c.Bcast([b, MPI.DOUBLE], root=1)  # through Python and cffi
+        else:
+            req.Start()
+        if th is not None:
+            th.join()
+            emit("FREE-BUSY", path, f"rank={RANK}", f"msg={outcome[0]}")
+        c.Barrier()                          # still usable, then freed
+        c.free()
+    return xc
+
+
 def suite_threads(xc):
     emit("THREAD-LEVEL", f"rank={RANK}",
          f"multiple={MPI.Query_thread() == MPI.THREAD_MULTIPLE}")
@@ -643,6 +680,7 @@ SUITES = {
     "abort-setup": lambda xc: suite_abort(xc, "abort-setup"),
     "gil": suite_gil,
     "threads": suite_threads,
+    "free-busy": suite_free_busy,
     "zc-reuse": suite_zc_reuse,
 }
 
