@@ -175,11 +175,10 @@ def _of_spec(spec):
     buf, count, displ, dt = _parse_spec(spec)
     if buf is MPI.BOTTOM:
         return _of_bottom(spec, count, displ, dt)
-    if isinstance(dt, str):
-        npdt = np.dtype(dt)
-        if npdt.hasobject or npdt.itemsize == 0:
-            raise TypeError(f"typecode {dt!r} is not a type of plain data")
-    else:
+    npdt = _plain_code(dt) if isinstance(dt, str) else None
+    if npdt is None:
+        if isinstance(dt, str):
+            dt = _datatype_of_code(dt)
         npdt = _element_type(dt) if dt.is_predefined else None
         if npdt is None:
             return _of_packed(spec, _raw_bytes(buf), count, displ, dt)
@@ -196,6 +195,25 @@ def _of_spec(spec):
                          f"{count} elements of {size} bytes at {displ}")
     arr = raw[displ * size:(displ + count) * size].view(npdt)
     return Buffer(spec, arr, dtype_code(npdt), raw.flags.writeable)
+
+
+def _plain_code(code):
+    """The numpy dtype of typecode CODE if numpy lays it out as MPI does;
+    None otherwise (as for 'Zd' or 's')."""
+    try:
+        npdt = np.dtype(code)
+    except TypeError:
+        return None
+    return None if npdt.hasobject or npdt.itemsize == 0 else npdt
+
+
+def _datatype_of_code(code):
+    """MPI's datatype for an mpi4py typecode such as 'Zd' or 's'."""
+    try:
+        return MPI.Datatype.fromcode(code)
+    except (KeyError, ValueError):
+        raise TypeError(f"typecode {code!r} names no MPI datatype of plain "
+                        "data; pass an MPI.Datatype") from None
 
 
 def _of_packed(spec, raw, count, displ, dt):

@@ -1836,6 +1836,10 @@ def spec_forms(xcomm, comm, v):
         ("extent past the data", [src[:3], 2, wide], src[0:3:2]),
         ("[buf, None, DOUBLE]", [src, None, MPI.DOUBLE], src),
         ("[buf, (None, None), 'd']", [src, (None, None), "d"], src),
+        # mpi4py typecodes numpy does not read alike: MPI's types.
+        ("[complex buf, 'Zd']", [src.view(np.complex128), "Zd"], src),
+        ("[bytes, 's']", [src[:4].view(np.uint8), "s"], src[:4]),
+        ("[bytes, 'S']", [bytearray(src[2:6].tobytes()), "S"], src[2:6]),
     ]
     for name, spec, sent in cases:
         got = np.zeros(len(sent))
