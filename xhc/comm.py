@@ -267,12 +267,13 @@ class Comm(HotComm):
 
     def _remember(self, plans, key, plan):
         """Keep PLAN, within a budget of buffer bytes kept alive; a plan
-        made of staged buffers is never kept (its calls need Python)."""
-        if plan[_STAGED]:
-            return
+        made of staged buffers (its calls need Python), or of more bytes
+        than the whole budget, is never kept."""
         old = plans.pop(key, None)
         if old is not None:
             self._plan_bytes -= old[_NBYTES]
+        if plan[_STAGED] or plan[_NBYTES] > _CACHE_BYTES:
+            return
         if (self._plan_bytes + plan[_NBYTES] > _CACHE_BYTES
                 or len(plans) >= _CACHE_MAX):
             self._forget_plans()
@@ -428,6 +429,12 @@ class Comm(HotComm):
         arr = self.empty(shape, dtype)
         arr[...] = 0
         return arr
+
+    @property
+    def comm(self):
+        """The wrapped mpi4py communicator, for what needs an MPI.Comm
+        object (MPI.Win.Allocate_shared, MPI.Comm.Compare, pkl5)."""
+        return self._comm
 
     @property
     def stats(self):

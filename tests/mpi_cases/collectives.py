@@ -1304,6 +1304,8 @@ def suite_calls(xcomm, comm, v, sz, args):
     send buffer that changes between calls on the same buffers, and bad
     arguments, which must raise TypeError as mpi4py's do."""
     n, rank = comm.size, comm.rank
+    v.check("xcomm.comm is the wrapped communicator", xcomm.comm is comm,
+            f"got {xcomm.comm!r}")
     for cls in (np.ndarray, Planned):
         spelled_calls(xcomm, comm, v, cls)
         repeated_call(xcomm, comm, v, cls)
@@ -1349,6 +1351,7 @@ def suite_calls(xcomm, comm, v, sz, args):
     xcomm.Barrier()
     persistent_calls(xcomm, comm, v)
     reentrant_calls(xcomm, comm, v)
+    oversized_plans(xcomm, comm, v)
     plain_calls(xcomm, comm, v)
     v.flush()
 
@@ -1582,6 +1585,32 @@ def reentrant_calls(xcomm, comm, v):
         xcomm.Allreduce(s2, r)
         v.case(f"reentrant: a finalizer drops the plans #{i}", None
                if (r == 2.0 * n).all() else f"got {r}")
+
+
+def oversized_plans(xcomm, comm, v):
+    """A buffer of more bytes than the whole plan budget is used, not
+    kept: once the caller drops it, its memory goes (here with the budget
+    lowered to 64 KiB, as a 256 MiB buffer would be)."""
+    import weakref
+    n = comm.size
+    budget = xhc.comm._CACHE_BYTES
+    xhc.comm._CACHE_BYTES = 64 << 10
+    try:
+        for size in (1 << 10, 1 << 14):       # 8 KiB: kept; 128 KiB: not
+            a = owned(Planned, size)
+            a[:] = 3.0 if comm.rank == n - 1 else -1
+            xcomm.Bcast(a, n - 1)
+            ok = (a == 3.0).all()
+            gone = weakref.ref(a)
+            del a
+            kept = gone() is not None
+            want_kept = size * 8 <= xhc.comm._CACHE_BYTES
+            v.case(f"a planned {size * 8} B buffer is "
+                   f"{'kept' if want_kept else 'not kept'}",
+                   None if ok and kept == want_kept else
+                   f"right: {ok}, kept: {kept}")
+    finally:
+        xhc.comm._CACHE_BYTES = budget
 
 
 def persistent_calls(xcomm, comm, v):
