@@ -283,6 +283,7 @@ ARG_CASES = [
     ("empty-negative", "ValueError",
      r"^Comm\.empty: negative dimension in shape \(4, -1\)$"),
     ("empty-object", "TypeError", r"object holds Python objects"),
+    ("empty-huge", "ValueError", r"is more than any machine maps"),
     # The rank that asked, and every other (naming it), before anything
     # is created.
     ("empty-negative-on-one-rank", "ValueError",

@@ -357,6 +357,9 @@ def shared_array(comm, ctx, shape, dtype):
     count = math.prod(dims)
     stride = max(4096, -(-count * dtype.itemsize // 4096) * 4096)
     total = stride * comm.size
+    if total >= 1 << 62:  # alike on every rank: the asks agree
+        raise ValueError(f"Comm.empty: {total} bytes for {comm.size} ranks "
+                         "is more than any machine maps; ask for less")
     mm = _map_everywhere(comm, total)
     arr = np.frombuffer(mm, dtype, count, offset=comm.rank * stride)
     arr = arr.reshape(dims)

@@ -456,15 +456,17 @@ class Comm(HotComm):
     def free(self):
         """Release the shared memory; the wrapped communicator stays."""
         self._refuse_if_busy("free()")
+        # Nothing may reach the context once its closing has begun: the
+        # close releases the GIL.
+        ctx, self._ctx = self._ctx, ffi.NULL
+        self._state = "freed"
         self._bind(ffi.NULL)
-        if self._ctx:
-            lib.xhc_ctx_close(self._ctx)
-        self._ctx = ffi.NULL
-        self._forget_plans()
-        self._keep.clear()
         for req in list(self._requests):
             req.Free()
-        self._state = "freed"
+        self._forget_plans()
+        if ctx:
+            lib.xhc_ctx_close(ctx)
+        self._keep.clear()
 
     def __enter__(self):
         return self

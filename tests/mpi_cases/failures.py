@@ -290,6 +290,7 @@ def suite_args(xc):
         ("windows-one", lambda c: xhc.Comm(W, windows=1)),
         ("empty-too-large", lambda c: c.empty(more_than_shm_free(), np.uint8)),
         ("empty-negative", lambda c: c.empty((4, -1))),
+        ("empty-huge", lambda c: c.empty((1 << 40, 1 << 40), np.uint8)),
         ("empty-object", lambda c: c.empty(16, object)),
         ("empty-negative-on-one-rank",
          lambda c: c.empty(-1 if RANK == last else 16)),
