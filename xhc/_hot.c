@@ -14,7 +14,8 @@
  *    through a stale pointer.
  * 3. Before any plan, a call whose buffers are plain arrays (exact
  *    ndarrays, C-contiguous, of a dtype in the table xhc/comm.py binds,
- *    writable where written, alike in dtype and size) and whose op and
+ *    writable where written, alike in dtype and size, a send and receive
+ *    array that are one or do not overlap) and whose op and
  *    root are valid goes straight to the core, with the codes the table
  *    gives: a fresh array per call, common in Python, costs no plan.
  * 4. Anything else (a staged buffer, keywords spelt differently, an error
@@ -27,6 +28,9 @@
  * 6. The GIL stays held while the collective spins; if a wait goes on
  *    long enough to yield the CPU, the core's block hook releases it, so
  *    other threads run, and it is taken back before returning.
+ * 7. Every core call, from here or from Python, counts on its HotComm
+ *    while it runs, so that free() from a thread that got the GIL
+ *    meanwhile refuses instead of unmapping what the wait polls.
  * The core is reached through function pointers handed over by cffi, so
  * this module links against nothing but Python.
  */

@@ -237,7 +237,7 @@ def _of_bottom(spec, count, displ, dt):
         raise ValueError("MPI.BOTTOM needs a count and an MPI.Datatype of "
                          "absolute addresses: pass [MPI.BOTTOM, count, "
                          "datatype]")
-    _extent(dt)
+    _extent(dt)  # refuses a type without a positive extent
     lb = dt.Get_extent()[0]
     own = MPI.Datatype.Create_struct([1], [-lb], [dt]).Commit()
     return _packed(spec, lb, count, displ, own, True)
