@@ -622,8 +622,7 @@ def _impl_name(impl):
     if impl.key == "xhc":
         return "xhc.Comm"
     if impl.key == "peer":
-        return (f"mpi4py Comm.Dup_with_info({PEER_KEY}="
-                f"{impl.label[len('coll/'):]})")
+        return f"mpi4py Comm preferring {impl.label} ({PEER_KEY})"
     suffix = "" if impl.label == "MPI" else f" (as {impl.label})"
     return f"mpi4py Comm{suffix}"
 
