@@ -13,6 +13,10 @@
  *    k while its children copy earlier ones out, and reuses a window once
  *    everyone has `finished` the round that last used it.  The levels of
  *    the tree thus copy in a pipeline.
+ *    When ranks outnumber cores (cfg.bcast_rounds set), rounds are cut
+ *    smaller, from XHC_ROUND_MIN bytes, and messages above that take this
+ *    path: a reader that shares the root's core then copies out early
+ *    rounds while the root stages later ones, instead of waiting for all.
  * 3. A buffer in node shared memory (or any buffer, with CMA or XPMEM)
  *    is not staged: children read it in place, following the parent's
  *    `ready` byte count, and the parent returns once they have acked.
@@ -149,6 +153,18 @@ static int xhc_bcast_listen(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p)
     return p->staged_from ? 0 : xhc_wait_eq(ctx, &p->from->seq, seq, parent);
 }
 
+/* Bytes per round of a large Bcast of NBYTES (see 2.). */
+static size_t xhc_bcast_step(const xhc_ctx_t *ctx, size_t nbytes)
+{
+    size_t step = ctx->cfg.chunk_size;
+    if (!ctx->cfg.bcast_rounds)
+        return step;
+    size_t cut = (nbytes / ctx->cfg.bcast_rounds + 63) & ~(size_t)63;
+    if (cut < XHC_ROUND_MIN)
+        cut = XHC_ROUND_MIN;
+    return cut < step ? cut : step;
+}
+
 static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
                            unsigned char *buf, size_t nbytes, int root)
 {
@@ -158,7 +174,7 @@ static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
                        : 0;
     if (rc == 0 && ctx->rank != root)
         rc = xhc_bcast_listen(ctx, seq, &p);
-    size_t step = ctx->cfg.chunk_size;
+    size_t step = xhc_bcast_step(ctx, nbytes);
     for (size_t off = 0; rc == 0 && off < nbytes; off += step)
         rc = xhc_pipe_round(ctx, &p, off, nbytes - off < step ? nbytes - off
                                                               : step);
@@ -188,7 +204,10 @@ int xhc_bcast(xhc_ctx_t *ctx, void *buf, size_t nbytes, int root)
         ctx->stats[XHC_PATH_BCAST_INLINE]++;
         return xhc_bcast_small(ctx, v, buf, nbytes, root);
     }
-    if (nbytes <= ctx->cfg.cico_max) {
+    size_t cico_max = ctx->cfg.cico_max;
+    if (ctx->cfg.bcast_rounds && cico_max > XHC_ROUND_MIN)
+        cico_max = XHC_ROUND_MIN;
+    if (nbytes <= cico_max) {
         ctx->stats[XHC_PATH_BCAST_CICO]++;
         return xhc_bcast_small(ctx, v, buf, nbytes, root);
     }

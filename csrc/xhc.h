@@ -29,6 +29,7 @@ typedef struct xhc_ctx xhc_ctx_t;
 #define XHC_ERR_FREED     -5008 /* the context was closed */
 
 #define XHC_INLINE_MAX 112      /* bytes carried inside a flag's line */
+#define XHC_ROUND_MIN 16384     /* smallest Bcast round with bcast_rounds */
 #define XHC_MAX_LEVELS 8
 #define XHC_MAX_REGIONS 64
 
@@ -68,6 +69,8 @@ typedef struct xhc_config {
     uint32_t sleep;      /* yields before it sleeps until woken; 0: never.
                             Every rank must pass the same value. */
     uint32_t windows;    /* Bcast staging windows per rank, at least 2 */
+    uint32_t bcast_rounds; /* 0, or cut a large Bcast into this many
+                              rounds of at least XHC_ROUND_MIN bytes */
     int32_t copy;        /* an xhc_copy: the large-message mechanism */
 } xhc_config_t;
 

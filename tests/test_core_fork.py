@@ -63,10 +63,11 @@ def seg_name():
 
 
 def make_config(copy="cico", cico_max=1024, chunk_size=4096, seq_start=0,
-                timeout=10.0, spin=64, sleep=0, windows=2):
+                timeout=10.0, spin=64, sleep=0, windows=2, bcast_rounds=0):
     c = ffi.new("xhc_config_t *")
     c.cico_max, c.chunk_size, c.seq_start = cico_max, chunk_size, seq_start
     c.timeout, c.spin, c.sleep, c.windows = timeout, spin, sleep, windows
+    c.bcast_rounds = bcast_rounds
     c.copy = {"cico": lib.XHC_COPY_CICO, "cma": lib.XHC_COPY_CMA}[copy]
     return c
 
@@ -703,8 +704,15 @@ def check_reports(reports, n, iters, **cfg_kw):
     assert sorted(reports) == list(range(n))
     seqs = {reports[r]["seq"] for r in range(n)}
     assert len(seqs) == 1, f"ranks ended at different sequence numbers {seqs}"
-    sizes = _sizes(make_config(**cfg_kw))
+    cfg = make_config(**cfg_kw)
+    sizes = _sizes(cfg)
     L = len(sizes)
+    # Bcast copies through the slots up to cico_max, or on a crowded node
+    # (bcast_rounds) only up to the smallest round.
+    slots = min(cfg.cico_max, lib.XHC_ROUND_MIN) if cfg.bcast_rounds \
+        else cfg.cico_max
+    bcast_cico = sum(lib.XHC_INLINE_MAX < sizes[i % L] <= slots
+                     for i in range(iters))
     calls = {
         "bcast": sum(sizes[i % L] > 0 for i in range(iters)),
         "allreduce": sum(sizes[(i + 5) % L] // 8 > 0 for i in range(iters))
@@ -719,6 +727,7 @@ def check_reports(reports, n, iters, **cfg_kw):
             assert got == calls[kind], (rank, kind, got, calls[kind], st)
             inline, cico = paths[0], paths[1]
             assert st[inline] > 0 and st[cico] > 0, (rank, kind, st)
+        assert st[lib.XHC_PATH_BCAST_CICO] == bcast_cico, (rank, st)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -734,7 +743,12 @@ def test_forked_ranks_hammer_one_segment(n, hierarchy):
     (3, "pairs", {"copy": "cma"}),
     (4, "flat", {"copy": "cma", "cico_max": 4096, "chunk_size": 8192}),
     (2, "flat", {"cico_max": 32 << 10, "chunk_size": 128 << 10}),
-], ids=["three-levels", "cma-pairs", "cma-flat", "default-sizes"])
+    # As on a crowded node: Bcasts from 16 KiB cut into rounds of 16 KiB
+    # and up, the last one short; several windows.
+    (4, "three", {"cico_max": 32 << 10, "chunk_size": 256 << 10,
+                  "bcast_rounds": 16, "windows": 5}),
+], ids=["three-levels", "cma-pairs", "cma-flat", "default-sizes",
+        "crowded-rounds"])
 def test_forked_ranks_other_setups(n, hierarchy, kw):
     iters = 300 if kw.get("chunk_size", 0) > 8192 else 1000
     reports = run_forked(n, hierarchy, iters, **kw)

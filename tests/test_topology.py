@@ -333,6 +333,8 @@ def test_info_reports_waiting_for_the_load(n, env):
         assert (w["bcast_windows"], w["spin"], w["sleep"]) == (5, 99, 7)
     elif w["crowded"]:
         assert w["bcast_windows"] > 2 and w["spin"] <= 16 and w["sleep"] == 0
+        assert w["bcast_rounds"] == 16
     else:
         assert (w["bcast_windows"], w["spin"], w["sleep"]) == \
             (2, config.DEFAULTS["spin"], 0)
+        assert w["bcast_rounds"] == 0

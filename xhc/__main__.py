@@ -65,15 +65,18 @@ def _waiting(cpu_sets):
     crowded, ncpu = config.fit_to_load(cfg, cpu_sets, "XHC_SPIN" in os.environ)
     return {"ranks": len(cpu_sets), "cpus": ncpu, "crowded": crowded,
             "spin": cfg["spin"], "sleep": cfg["sleep"],
-            "bcast_windows": cfg["windows"]}
+            "bcast_windows": cfg["windows"],
+            "bcast_rounds": cfg["bcast_rounds"]}
 
 
 def _waiting_text(w):
     sleep = "after %d yields" % w["sleep"] if w["sleep"] else "never"
+    rounds = ("; messages cut into %d rounds" % w["bcast_rounds"]
+              if w["bcast_rounds"] else "")
     return ("waiting: %d ranks on %d CPUs%s: spin %d polls, then yield; "
-            "sleep %s; Bcast staging %d windows per rank"
+            "sleep %s; Bcast staging %d windows per rank%s"
             % (w["ranks"], w["cpus"], " (crowded)" if w["crowded"] else "",
-               w["spin"], sleep, w["bcast_windows"]))
+               w["spin"], sleep, w["bcast_windows"], rounds))
 
 
 def _offline(args):

@@ -150,6 +150,7 @@ def make_config(cfg):
     c.seq_start, c.timeout = cfg["seq_start"], cfg["timeout"]
     c.spin, c.sleep, c.copy = cfg["spin"], cfg["sleep"], COPY["cico"]
     c.windows = cfg["windows"]
+    c.bcast_rounds = cfg.get("bcast_rounds", 0)
     return c
 
 

@@ -85,6 +85,9 @@ def _validate(cfg):
 # Bcast staging depth when ranks outnumber CPUs: windows per rank, at most
 # 32 and within 64 MiB for the node.
 _CROWDED_WINDOWS, _CROWDED_STAGING = 32, 64 << 20
+# ... and the rounds a large Bcast is cut into, so that ranks sharing the
+# root's core copy out early ones while it stages later ones.
+_CROWDED_ROUNDS = 16
 
 
 def fit_to_load(cfg, cpu_sets, spin_given=False):
@@ -92,7 +95,8 @@ def fit_to_load(cfg, cpu_sets, spin_given=False):
     rank); return (crowded, number of CPUs they may run on).
 
     When ranks outnumber those CPUs, a waiting rank yields almost at once
-    and Bcast stages deeper, so that a rank seldom waits for one that is
+    and Bcast stages deeper, in smaller rounds, so that a rank seldom
+    waits for one that is
     not running.  What the user chose stands.
     """
     nranks, ncpu = len(cpu_sets), len(set().union(*map(set, cpu_sets)))
@@ -104,6 +108,7 @@ def fit_to_load(cfg, cpu_sets, spin_given=False):
     crowded = nranks > ncpu
     if crowded and not spin_given:
         cfg["spin"] = min(cfg["spin"], 16)
+    cfg["bcast_rounds"] = _CROWDED_ROUNDS if crowded else 0
     if cfg["windows"] == "auto":
         fit = _CROWDED_STAGING // (nranks * cfg["chunk_size"])
         cfg["windows"] = max(2, min(_CROWDED_WINDOWS, fit)) if crowded \

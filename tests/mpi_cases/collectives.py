@@ -43,6 +43,7 @@ ARITH = ["SUM", "PROD", "MIN", "MAX"]
 BITLOGIC = ["LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"]
 OPS = ARITH + BITLOGIC
 INLINE = int(lib.XHC_INLINE_MAX)
+ROUND_MIN = int(lib.XHC_ROUND_MIN)  # Bcast's slot limit on a crowded node
 # A fraction-valued float variant of SUM: compared with a tolerance.
 NOISE = "SUM~"
 
@@ -251,6 +252,9 @@ class Sizes:
     def __init__(self, xcomm):
         cfg = xcomm.xhc_info["config"]
         self.cico, self.chunk = cfg["cico_max"], cfg["chunk_size"]
+        # With more ranks than cores, Bcast pipelines from ROUND_MIN up.
+        self.bcast_cico = min(self.cico, ROUND_MIN) \
+            if cfg["bcast_rounds"] else self.cico
         self.copy = xcomm.xhc_info["copy"]
         self.seq_start = cfg["seq_start"]
         self.keys = set(xcomm.stats)
@@ -259,6 +263,7 @@ class Sizes:
         """Byte counts crossing every threshold, odd sizes, several MiB
         (relative to chunk_size: 3 MiB + 7 by default)."""
         out = [0, 1, 7, INLINE - 1, INLINE, INLINE + 1,
+               self.bcast_cico - 1, self.bcast_cico, self.bcast_cico + 1,
                self.cico - 1, self.cico, self.cico + 1, 2 * self.cico + 13,
                self.chunk - 1, self.chunk, self.chunk + 1,
                3 * self.chunk + 5, 24 * self.chunk + 7]
@@ -285,7 +290,7 @@ class Sizes:
             return None
         if nbytes <= INLINE:
             return kind + ".inline"
-        if nbytes <= self.cico:
+        if nbytes <= (self.bcast_cico if kind == "bcast" else self.cico):
             return kind + ".cico"
         return self.large_key(kind)
 
