@@ -120,12 +120,7 @@ class Comm(HotComm):
         mine = (sorted(os.sched_getaffinity(0)), alike)
         everyone = self._comm.allgather(mine)
         for key in alike:
-            values = {str(chosen[key]) for _, chosen in everyone}
-            if len(values) > 1:
-                raise ValueError(
-                    f"xhc: ranks were given different {key} values "
-                    f"{sorted(values)}: set XHC_{key.upper()} (or {key}=) "
-                    "alike on every rank")
+            config.check_alike(key, [chosen[key] for _, chosen in everyone])
         config.fit_to_load(cfg, [cpus for cpus, _ in everyone],
                            self._spin_given)
 

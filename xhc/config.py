@@ -90,6 +90,16 @@ _CROWDED_WINDOWS, _CROWDED_STAGING = 32, 64 << 20
 _CROWDED_ROUNDS = 16
 
 
+def check_alike(key, values):
+    """Raise, naming the fix, if the ranks' VALUES of tunable KEY differ:
+    ranks that chose differently would wait for each other for ever."""
+    distinct = sorted({str(value) for value in values})
+    if len(distinct) > 1:
+        raise ValueError(f"xhc: ranks were given different {key} values "
+                         f"{distinct}: set XHC_{key.upper()} (or {key}=) "
+                         "alike on every rank")
+
+
 def fit_to_load(cfg, cpu_sets, spin_given=False):
     """Settle CFG for ranks with the CPU affinities CPU_SETS (one per
     rank); return (crowded, number of CPUs they may run on).

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import warnings
 
+from .config import check_alike
 from .errors import XhcError
 
 # Accepted level names -> hwloc object type names understood by hwloc-calc.
@@ -284,11 +285,7 @@ def gather_localities(comm, topology=None, index=0):
     rank) to all.  With a topology source each rank is placed by its INDEX
     (its rank in COMM_WORLD, as mpiexec places it)."""
     source = _source(topology)
-    sources = sorted({str(one) for one in comm.allgather(source)})
-    if len(sources) > 1:
-        raise ValueError("xhc: ranks were given different topology values "
-                         "%s: set XHC_TOPOLOGY (or topology=) alike on every "
-                         "rank" % sources)
+    check_alike("topology", comm.allgather(source))
     if source is not None:
         return comm.allgather(local_locality(topology, index=index))
     return _machine_localities(comm)
