@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from ._xhc import ffi, lib
-from .errors import XhcError
+from .errors import XhcError, error_text
 
 KINDS = {"barrier": lib.XHC_BARRIER, "bcast": lib.XHC_BCAST,
          "allreduce": lib.XHC_ALLREDUCE, "reduce": lib.XHC_REDUCE}
@@ -333,7 +333,7 @@ def _map_everywhere(comm, total):
     try:
         mm = _map_shared(name, total)
     except Exception as exc:  # noqa: BLE001 - every rank must hear of it
-        failed = str(exc) if isinstance(exc, XhcError) else repr(exc)
+        failed = error_text(exc)
     finally:
         failures = comm.allgather(failed)  # everyone has tried: unlink
         if comm.rank == 0:

@@ -221,7 +221,7 @@ def _of_packed(spec, raw, count, displ, dt):
     as MPI.WCHAR): staged through MPI's packed form, which holds its
     elements back to back.  A duplicate of DT does the packing, so the
     caller may free DT once the call (or *_init) has returned."""
-    extent = _extent(dt)
+    extent = _bounds(dt)[1]
     if count is None:
         count = max(len(raw) - displ * extent, 0) // extent
     return _packed(spec, raw.__array_interface__["data"][0], count, displ,
@@ -237,18 +237,18 @@ def _of_bottom(spec, count, displ, dt):
         raise ValueError("MPI.BOTTOM needs a count and an MPI.Datatype of "
                          "absolute addresses: pass [MPI.BOTTOM, count, "
                          "datatype]")
-    _extent(dt)  # refuses a type without a positive extent
-    lb = dt.Get_extent()[0]
+    lb = _bounds(dt)[0]
     own = MPI.Datatype.Create_struct([1], [-lb], [dt]).Commit()
     return _packed(spec, lb, count, displ, own, True)
 
 
-def _extent(dt):
-    extent = dt.Get_extent()[1]
+def _bounds(dt):
+    """DT's (lower bound, extent); raise unless the extent is positive."""
+    lb, extent = dt.Get_extent()
     if extent <= 0:
         raise ValueError(f"datatype {dt.Get_name() or 'derived'} has extent "
                          f"{extent}; give it a positive one")
-    return extent
+    return lb, extent
 
 
 def _packed(spec, address, count, displ, own, writable):

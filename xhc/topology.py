@@ -30,7 +30,7 @@ import sys
 import warnings
 
 from .config import check_alike
-from .errors import XhcError
+from .errors import XhcError, error_text
 
 # Accepted level names -> hwloc object type names understood by hwloc-calc.
 LEVEL_TYPES = {
@@ -302,8 +302,7 @@ def _machine_localities(comm):
             answer = [dict(table[mask]) for mask in masks]
         except Exception as e:  # every rank must hear of it, or they hang
             failure = e
-            answer = str(e) if isinstance(e, XhcError) \
-                else "%s: %s" % (type(e).__name__, e)
+            answer = error_text(e)
     answer = comm.bcast(answer, root=0)
     if isinstance(answer, str):
         raise XhcError(answer) from failure
