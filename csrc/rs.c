@@ -18,8 +18,11 @@
  *    memory, the owner pushes instead: it copies each folded chunk, still
  *    in cache, into every peer's receive buffer before it is done, and
  *    ranks only wait for all owners to be done.  Each result byte then
- *    crosses memory once less.  In place is still safe: an owner writes
- *    only the chunk of its slice it has just read.
+ *    crosses memory once less.  For Reduce, when the root's receive
+ *    buffer is in node shared memory, every owner folds its slice
+ *    straight into it: no rank copies a result byte at all.  In place is
+ *    still safe: an owner writes only the chunk of its slice it has just
+ *    read.
  * 4. All ack, and wait for all acks: peers read our buffers until then.
  */
 #include <errno.h>
@@ -125,7 +128,7 @@ static int xhc_rs_reduce_mine(xhc_ctx_t *ctx, uint64_t seq,
 }
 
 /* Step 3: copy every other rank's finished slice into RBUF, or, if the
- * owners PUSHED them, wait until they are all there. */
+ * owners put them there (PUSHED), wait until they are all there. */
 static int xhc_rs_gather(xhc_ctx_t *ctx, uint64_t seq, unsigned char *rbuf,
                          const struct xhc_red *r, int pushed)
 {
@@ -146,26 +149,36 @@ static int xhc_rs_gather(xhc_ctx_t *ctx, uint64_t seq, unsigned char *rbuf,
     return 0;
 }
 
-/* Is every rank's receive buffer in node shared memory (as of xhc_meet)? */
-int xhc_recvs_shared(const xhc_ctx_t *ctx)
+/* How step 3 moves the folded slices, for ROOT (< 0: every rank), from
+ * the buffers every rank published for this operation: the same answer
+ * on every rank. */
+int xhc_rs_mode(const xhc_ctx_t *ctx, int root)
 {
+    if (root >= 0)
+        return xhc_in_region(&ctx->peer_recv[root]) ? XHC_RS_DIRECT
+                                                    : XHC_RS_TAKE;
     for (int p = 0; p < ctx->nranks; p++)
         if (!xhc_in_region(&ctx->peer_recv[p]))
-            return 0;
-    return 1;
+            return XHC_RS_TAKE;
+    return XHC_RS_PUSH;
 }
 
 /* Steps 2-4, once every rank's buffers are known for SEQ: fold my slice
- * into TARGET, gather the others' slices if I want the WHOLE result.
- * PUSH (the same on every rank): every rank wants it, and every receive
- * buffer is in node shared memory. */
+ * into TARGET (the root's receive buffer, in DIRECT mode), and gather the
+ * others' slices if I want the whole result. */
 int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
-               unsigned char *target, const struct xhc_red *r, int whole,
-               int push)
+               unsigned char *target, const struct xhc_red *r, int root)
 {
-    int rc = xhc_rs_reduce_mine(ctx, seq, sbuf, target, r, push);
+    int whole = root < 0 || root == ctx->rank, rc = 0;
+    int mode = xhc_rs_mode(ctx, root);
+    if (mode == XHC_RS_DIRECT)
+        target = xhc_region_span(ctx, &ctx->peer_recv[root], 0, r->nbytes,
+                                 &rc);
+    if (!target)
+        return rc ? rc : XHC_ERR_ARG;
+    rc = xhc_rs_reduce_mine(ctx, seq, sbuf, target, r, mode == XHC_RS_PUSH);
     if (rc == 0 && whole)
-        rc = xhc_rs_gather(ctx, seq, target, r, push);
+        rc = xhc_rs_gather(ctx, seq, target, r, mode != XHC_RS_TAKE);
     if (rc == 0)
         rc = xhc_ack_all(ctx, seq);
     return rc;
@@ -186,6 +199,5 @@ int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
         return rc;
     uint64_t seq = ++ctx->seq;
     rc = xhc_meet(ctx, seq, sbuf, target, r->nbytes, &in_place);
-    return rc ? rc : xhc_rs_met(ctx, seq, sbuf, target, r, whole,
-                                root < 0 && xhc_recvs_shared(ctx));
+    return rc ? rc : xhc_rs_met(ctx, seq, sbuf, target, r, root);
 }

@@ -19,9 +19,10 @@
  *    slot (or its shared receive array) into my receive buffer; raise
  *    `finished`.  Allreduce: every rank takes; Reduce: only the root.
  * 4. If anyone's buffer is read in place, all ack before returning.
- * An Allreduce whose every buffer is in node shared memory needs no
- * staging at all: it runs rs.c's single-copy rounds, reading in place,
- * with two synchronisations in all instead of three per window.
+ * An Allreduce whose every buffer is in node shared memory, or a Reduce
+ * whose send buffers and root receive buffer are, needs no staging at
+ * all: it runs rs.c's single-copy rounds, reading in place, with two
+ * synchronisations in all instead of three per window.
  * Every rank does 1/P of the arithmetic, and the fold order per element
  * is fixed, so the result is identical on every rank and every run.
  * A Reduce over two ranks is the exception: the root owns every whole
@@ -146,13 +147,14 @@ static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
     return 0;
 }
 
-/* Is every rank's send and receive buffer in node shared memory? */
-static int xhc_all_shared(const xhc_ctx_t *ctx)
+/* Can every rank's send buffer be read in place, and every folded slice
+ * land where it is wanted without a copy through the segment? */
+static int xhc_stages_nothing(const xhc_ctx_t *ctx, int root)
 {
     for (int p = 0; p < ctx->nranks; p++)
         if (!xhc_in_region(&ctx->peer_send[p]))
             return 0;
-    return xhc_recvs_shared(ctx);
+    return xhc_rs_mode(ctx, root) != XHC_RS_TAKE;
 }
 
 /* Elements of one owner's part of a window: the staging part, or less,
@@ -183,8 +185,8 @@ int xhc_rs_staged(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
      * before every rank has staged its first round, i.e. met. */
     int rc = xhc_meet(ctx, seq, sbuf, rs.rbuf, r->nbytes,
                       &rs.in_place_reads);
-    if (rc == 0 && root < 0 && xhc_all_shared(ctx))
-        return xhc_rs_met(ctx, seq, sbuf, rbuf, r, 1, 1);
+    if (rc == 0 && xhc_stages_nothing(ctx, root))
+        return xhc_rs_met(ctx, seq, sbuf, rs.rbuf, r, root);
     for (uint64_t w = 0; rc == 0 && w < windows; w++) {
         uint64_t t = ++ctx->round;
         rc = xhc_stage_reserve(ctx, t, XHC_RS_WINDOWS);

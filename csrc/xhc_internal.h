@@ -232,10 +232,17 @@ typedef int (*xhc_small_fn)(xhc_ctx_t *ctx, const struct xhc_view *v,
 int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
                   size_t count, int dtype, int op, int root,
                   xhc_small_fn small);
+/* How the folded slices of a reduce-scatter reach who wants them. */
+enum {
+    XHC_RS_TAKE,   /* takers copy each slice from its owner */
+    XHC_RS_PUSH,   /* owners copy their folded chunks into every peer's
+                      shared receive buffer */
+    XHC_RS_DIRECT, /* owners fold straight into the root's shared receive
+                      buffer (Reduce) */
+};
+int xhc_rs_mode(const xhc_ctx_t *ctx, int root);
 int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
-               unsigned char *target, const struct xhc_red *r, int whole,
-               int push);
-int xhc_recvs_shared(const xhc_ctx_t *ctx);
+               unsigned char *target, const struct xhc_red *r, int root);
 int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                const struct xhc_red *r, int root);
 

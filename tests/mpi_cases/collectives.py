@@ -46,6 +46,7 @@ INLINE = int(lib.XHC_INLINE_MAX)
 ROUND_MIN = int(lib.XHC_ROUND_MIN)  # Bcast's slot limit on a crowded node
 # A fraction-valued float variant of SUM: compared with a tolerance.
 NOISE = "SUM~"
+POISON = 0x5A   # fills an output before a call, so one that writes nothing fails
 
 
 def ops_for(dtype):
@@ -467,7 +468,7 @@ def one_allreduce(v, xcomm, comm, dtype, op, count, case, in_place,
             e = compare(recv, ref, op, dtype)
             err = e and "vs mpi4py: " + e
     if repeat and err is None:
-        again = np.empty(count, dtype)
+        again = np.full_like(raw(recv), POISON).view(dtype)
         xcomm.Allreduce(ins[rank], again, op=mpi_op(op))
         if not same_bits(again, recv):
             err = "not deterministic: a repeat gave other bits"
@@ -966,6 +967,28 @@ def suite_subcomm(xcomm, comm, v, sz, args):
 
 # -- zero-copy arrays --------------------------------------------------------
 
+def zerocopy_reduce(xcomm, a, b, mine, want, op, root, mode, ip):
+    """Reduce MINE (also in the shared array A) to ROOT, with the buffers
+    where MODE puts them: "shared" (every send A, the root's receive B,
+    or A itself if IP, IN_PLACE), "private root" (the root receives into
+    a private array) or "mixed sends" (odd ranks send a private copy).
+    Return what is wrong, or None."""
+    rank = xcomm.rank
+    send = mine.copy() if mode == "mixed sends" and rank % 2 else a
+    if rank != root:
+        xcomm.Reduce(send, None, op=mpi_op(op), root=root)
+        return None if same_bits(send, mine) else \
+            "a non-root's send buffer was modified"
+    if mode == "private root":
+        out = mine.copy() if ip else np.full_like(raw(mine), POISON).view(
+            mine.dtype).reshape(mine.shape)
+    else:
+        out = send if ip else b
+    xcomm.Reduce(MPI.IN_PLACE if ip else send, out, op=mpi_op(op),
+                 root=root)
+    return compare(out, want, op, mine.dtype)
+
+
 def suite_zerocopy(xcomm, comm, v, sz, args):
     n, rank = comm.size, comm.rank
 
@@ -1014,6 +1037,7 @@ def suite_zerocopy(xcomm, comm, v, sz, args):
                 for mode in ("shared->shared", "IN_PLACE", "shared->private",
                              "private->shared", "shared->mixed"):
                     a[...] = ins[rank]
+                    raw(b)[:] = POISON      # no result left from the last call
                     before = xcomm.stats
                     if mode == "IN_PLACE":
                         out = a
@@ -1041,29 +1065,19 @@ def suite_zerocopy(xcomm, comm, v, sz, args):
                         err = f"stats[{path!r}] did not rise by one"
                     v.case(f"{tag}: Allreduce {op} {mode}", err, digest(out))
                 for root in sorted({0, n - 1, (si + k) % n}):
-                    a[...] = ins[rank]
                     ip = (si + k + root) % 2 == 0   # IN_PLACE at the root
-                    in_place = rank == root and ip
-                    before = xcomm.stats
-                    if rank == root:
-                        out = a if in_place else b
-                        xcomm.Reduce(MPI.IN_PLACE if in_place else a, out,
-                                     op=mpi_op(op), root=root)
-                    else:
-                        out = None
-                        xcomm.Reduce(a, None, op=mpi_op(op), root=root)
-                    after = xcomm.stats
-                    err = None
-                    if rank == root:
-                        err = compare(out, want, op, dt)
-                    elif not same_bits(a, ins[rank]):
-                        err = "a non-root's shared send buffer was modified"
-                    path = sz.path("reduce", nbytes, n)
-                    if err is None and path and \
-                            delta(before, after, path) != 1:
-                        err = f"stats[{path!r}] did not rise by one"
-                    v.case(f"{tag}: Reduce {op} root {root}"
-                           f"{' IN_PLACE' if ip else ''}", err)
+                    for mode in ("shared", "private root", "mixed sends"):
+                        a[...] = ins[rank]
+                        raw(b)[:] = POISON
+                        before = xcomm.stats
+                        err = zerocopy_reduce(xcomm, a, b, ins[rank], want,
+                                              op, root, mode, ip)
+                        path = sz.path("reduce", nbytes, n)
+                        if err is None and path and \
+                                delta(before, xcomm.stats, path) != 1:
+                            err = f"stats[{path!r}] did not rise by one"
+                        v.case(f"{tag}: Reduce {op} root {root} {mode}"
+                               f"{' IN_PLACE' if ip else ''}", err)
     # The large-message (in-place) counters rose, on more than one rank.
     st = xcomm.stats
     large = {k: st[sz.large_key(k)] for k in ("bcast", "allreduce",
