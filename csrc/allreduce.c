@@ -153,7 +153,9 @@ int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
     /* The three paths of each reduction are consecutive in xhc_path. */
     int path = kind == XHC_ALLREDUCE ? XHC_PATH_ALLREDUCE_INLINE
                                      : XHC_PATH_REDUCE_INLINE;
-    if (r.nbytes <= ctx->cfg.cico_max) {
+    size_t small_max = kind == XHC_REDUCE ? xhc_up_max(&ctx->cfg)
+                                          : ctx->cfg.cico_max;
+    if (r.nbytes <= small_max) {
         ctx->stats[path + (r.nbytes > XHC_INLINE_MAX)]++;
         return small(ctx, v, sbuf, rbuf, &r);
     }

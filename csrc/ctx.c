@@ -24,7 +24,8 @@
 
 static int xhc_config_check(const xhc_config_t *cfg)
 {
-    if (cfg->cico_max < XHC_INLINE_MAX || cfg->cico_max % 64 != 0)
+    if (cfg->cico_max < XHC_INLINE_MAX || cfg->cico_max % 64 != 0
+        || cfg->reduce_cico_max % 64 != 0)
         return XHC_ERR_ARG;
     if (cfg->chunk_size < 4096 || cfg->chunk_size % 64 != 0)
         return XHC_ERR_ARG;
@@ -43,6 +44,7 @@ static int xhc_header_check(xhc_ctx_t *ctx)
         hdr->magic = XHC_MAGIC;
         hdr->nranks = (uint64_t)ctx->nranks;
         hdr->cico_max = ctx->cfg.cico_max;
+        hdr->up_max = xhc_up_max(&ctx->cfg);
         hdr->chunk_size = ctx->cfg.chunk_size;
         hdr->windows = ctx->cfg.windows;
         hdr->sleep = ctx->cfg.sleep;
@@ -52,6 +54,7 @@ static int xhc_header_check(xhc_ctx_t *ctx)
      * precedes any other rank's open. */
     if (hdr->magic != XHC_MAGIC || hdr->nranks != (uint64_t)ctx->nranks
         || hdr->cico_max != ctx->cfg.cico_max
+        || hdr->up_max != xhc_up_max(&ctx->cfg)
         || hdr->chunk_size != ctx->cfg.chunk_size
         || hdr->windows != ctx->cfg.windows
         || hdr->sleep != ctx->cfg.sleep)
@@ -62,8 +65,8 @@ static int xhc_header_check(xhc_ctx_t *ctx)
 static int xhc_ctx_alloc(xhc_ctx_t *ctx)
 {
     ctx->pids = calloc((size_t)ctx->nranks, sizeof(pid_t));
-    size_t part = ctx->cfg.chunk_size > ctx->cfg.cico_max
-                  ? ctx->cfg.chunk_size : ctx->cfg.cico_max;
+    size_t up = xhc_up_max(&ctx->cfg);
+    size_t part = ctx->cfg.chunk_size > up ? ctx->cfg.chunk_size : up;
     ctx->scratch = aligned_alloc(64, 3 * part);
     ctx->srcs = calloc((size_t)ctx->nranks + 1, sizeof(*ctx->srcs));
     ctx->peer_send = calloc((size_t)ctx->nranks, sizeof(struct xhc_src));

@@ -2,10 +2,14 @@
 /* reduce.c: hierarchical reduce to any root.
  *
  * 1. The root leads every group it belongs to, so the tree is rooted at
- *    it.  Small messages (<= cico_max): each leader folds its own value
- *    with its children's published values (level order, then rank order)
- *    and publishes the result upwards; the root's fold lands in its
- *    receive buffer.  Non-roots return as soon as they have published.
+ *    it.  Small messages (<= cico_max, or reduce_cico_max if larger):
+ *    each leader folds its own value with its children's published
+ *    values (level order, then rank order) and publishes the result
+ *    upwards; the root's fold lands in its receive buffer.  Non-roots
+ *    return as soon as they have published.  The front end sets
+ *    reduce_cico_max when ranks outnumber cores: a rank then seldom runs
+ *    when a peer wants it, and letting non-roots publish and go costs far
+ *    less than the reduce-scatter's meetings of every rank.
  * 2. Large messages use Allreduce's reduce-scatter with only the root
  *    taking the other ranks' parts, so every rank does 1/P of the work.
  */

@@ -32,7 +32,8 @@ size_t xhc_slots_offset(int nranks)
 
 size_t xhc_stage_offset(int nranks, const xhc_config_t *cfg)
 {
-    size_t slots = (size_t)nranks * 2 * XHC_RING * cfg->cico_max;
+    size_t slots = (size_t)nranks * XHC_RING
+                   * (cfg->cico_max + xhc_up_max(cfg));
     return xhc_slots_offset(nranks) + xhc_round_up(slots, 4096);
 }
 

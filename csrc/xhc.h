@@ -62,6 +62,9 @@ enum xhc_path {
 
 typedef struct xhc_config {
     uint64_t cico_max;   /* largest message moved through the segment */
+    uint64_t reduce_cico_max; /* 0, or the largest Reduce moved through
+                                 it, if more than cico_max: its up slots
+                                 grow to this size */
     uint64_t chunk_size; /* pipelining and reduction chunk, bytes */
     uint64_t seq_start;  /* first sequence number minus one (tests) */
     double timeout;      /* seconds a rank waits for a peer */

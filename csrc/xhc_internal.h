@@ -76,6 +76,7 @@ struct xhc_seg_header {
     uint64_t magic;
     uint64_t nranks;
     uint64_t cico_max;
+    uint64_t up_max;
     uint64_t chunk_size;
     uint64_t windows;
     uint64_t sleep;
@@ -275,11 +276,22 @@ static inline struct xhc_rank_ctl *xhc_ctl(xhc_ctx_t *ctx, int rank)
     return &ctx->ctl[rank];
 }
 
+/* Bytes of one up slot: a Reduce may carry more than cico_max upwards. */
+static inline size_t xhc_up_max(const xhc_config_t *cfg)
+{
+    return cfg->reduce_cico_max > cfg->cico_max ? cfg->reduce_cico_max
+                                                : cfg->cico_max;
+}
+
+/* Each rank's slots: XHC_RING down slots of cico_max bytes, then XHC_RING
+ * up slots of xhc_up_max bytes. */
 static inline unsigned char *xhc_slot(xhc_ctx_t *ctx, int rank, int dir,
                                       uint64_t seq)
 {
-    size_t idx = ((size_t)rank * 2 + dir) * XHC_RING + seq % XHC_RING;
-    return ctx->slots + idx * ctx->cfg.cico_max;
+    size_t down = ctx->cfg.cico_max, up = xhc_up_max(&ctx->cfg);
+    unsigned char *mine = ctx->slots + (size_t)rank * XHC_RING * (down + up);
+    size_t k = seq % XHC_RING;
+    return dir == XHC_DOWN ? mine + k * down : mine + XHC_RING * down + k * up;
 }
 
 static inline struct xhc_flag_line *xhc_line(xhc_ctx_t *ctx, int rank,

@@ -35,22 +35,25 @@ def test_keyword_wins_over_environment(monkeypatch):
     assert config.resolve(windows=4, sleep=256)["windows"] == 4
 
 
-@pytest.mark.parametrize("nranks, ncpu, chunk, windows, spin", [
-    (2, 2, 256 << 10, 2, 16384),   # one rank per CPU: spin long
-    (1, 64, 256 << 10, 2, 16384),
-    (4, 2, 256 << 10, 32, 16),     # crowded: deep Bcast staging, short spin
-    (8, 2, 256 << 10, 32, 16),     # 8 x 32 x 256 KiB = 64 MiB
-    (16, 8, 256 << 10, 16, 16),    # the node's 64 MiB caps the depth
-    (128, 64, 256 << 10, 2, 16),   # never fewer than 2
-    (8, 2, 1 << 20, 8, 16),        # larger chunks, fewer windows
+@pytest.mark.parametrize("nranks, ncpu, chunk, windows, spin, reduce_max", [
+    (2, 2, 256 << 10, 2, 16384, 0),  # one rank per CPU: spin long
+    (1, 64, 256 << 10, 2, 16384, 0),
+    # Crowded: deep Bcast staging, short spin, Reduce through the slots.
+    (4, 2, 256 << 10, 32, 16, 512 << 10),
+    (8, 2, 256 << 10, 32, 16, 512 << 10),  # 8 x 32 x 256 KiB = 64 MiB
+    (16, 8, 256 << 10, 16, 16, 256 << 10),  # 64 MiB caps the depth, and
+    (128, 64, 256 << 10, 2, 16, 0),         # 4 MiB the slots; never
+    (8, 2, 1 << 20, 8, 16, 512 << 10),      # fewer than 2 windows;
+    (24, 12, 1 << 20, 2, 16, 128 << 10),    # powers of two
 ])
-def test_fit_to_load(nranks, ncpu, chunk, windows, spin):
+def test_fit_to_load(nranks, ncpu, chunk, windows, spin, reduce_max):
     cfg = config.resolve(chunk_size=chunk)
     # Ranks bound round-robin to the CPUs, as mpiexec --bind-to core would.
     cpu_sets = [[r % ncpu] for r in range(nranks)]
     crowded, cpus = config.fit_to_load(cfg, cpu_sets)
     assert crowded == (nranks > ncpu) and cpus == min(nranks, ncpu)
     assert (cfg["windows"], cfg["spin"], cfg["sleep"]) == (windows, spin, 0)
+    assert cfg["reduce_cico_max"] == reduce_max
 
 
 def test_fit_to_load_keeps_what_the_user_chose():

@@ -63,11 +63,12 @@ def seg_name():
 
 
 def make_config(copy="cico", cico_max=1024, chunk_size=4096, seq_start=0,
-                timeout=10.0, spin=64, sleep=0, windows=2, bcast_rounds=0):
+                timeout=10.0, spin=64, sleep=0, windows=2, bcast_rounds=0,
+                reduce_cico_max=0):
     c = ffi.new("xhc_config_t *")
     c.cico_max, c.chunk_size, c.seq_start = cico_max, chunk_size, seq_start
     c.timeout, c.spin, c.sleep, c.windows = timeout, spin, sleep, windows
-    c.bcast_rounds = bcast_rounds
+    c.bcast_rounds, c.reduce_cico_max = bcast_rounds, reduce_cico_max
     c.copy = {"cico": lib.XHC_COPY_CICO, "cma": lib.XHC_COPY_CMA}[copy]
     return c
 
@@ -417,8 +418,10 @@ def _expect_equal(got, want, what):
 def _sizes(cfg):
     """Byte counts around every threshold of CFG."""
     inline, cico, chunk = lib.XHC_INLINE_MAX, cfg.cico_max, cfg.chunk_size
+    up = max(cico, cfg.reduce_cico_max)
     out = [1, 8, inline - 1, inline, inline + 1, 500, cico - 8, cico,
-           cico + 8, chunk - 8, chunk + 8, 3 * chunk + 77, 0]
+           cico + 8, chunk - 8, chunk + 8, 3 * chunk + 77, 0,
+           up - 8, up, up + 8]
     return sorted(set(out), key=out.index)
 
 
@@ -713,6 +716,10 @@ def check_reports(reports, n, iters, **cfg_kw):
         else cfg.cico_max
     bcast_cico = sum(lib.XHC_INLINE_MAX < sizes[i % L] <= slots
                      for i in range(iters))
+    # Reduce copies through the slots up to reduce_cico_max, if larger.
+    up = max(cfg.cico_max, cfg.reduce_cico_max)
+    reduce_cico = sum(lib.XHC_INLINE_MAX < sizes[(i + 9) % L] // 4 * 4 <= up
+                      for i in range(iters))
     calls = {
         "bcast": sum(sizes[i % L] > 0 for i in range(iters)),
         "allreduce": sum(sizes[(i + 5) % L] // 8 > 0 for i in range(iters))
@@ -728,6 +735,7 @@ def check_reports(reports, n, iters, **cfg_kw):
             inline, cico = paths[0], paths[1]
             assert st[inline] > 0 and st[cico] > 0, (rank, kind, st)
         assert st[lib.XHC_PATH_BCAST_CICO] == bcast_cico, (rank, st)
+        assert st[lib.XHC_PATH_REDUCE_CICO] == reduce_cico, (rank, st)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -744,9 +752,11 @@ def test_forked_ranks_hammer_one_segment(n, hierarchy):
     (4, "flat", {"copy": "cma", "cico_max": 4096, "chunk_size": 8192}),
     (2, "flat", {"cico_max": 32 << 10, "chunk_size": 128 << 10}),
     # As on a crowded node: Bcasts from 16 KiB cut into rounds of 16 KiB
-    # and up, the last one short; several windows.
+    # and up, the last one short; several windows; Reduce through larger
+    # up slots.
     (4, "three", {"cico_max": 32 << 10, "chunk_size": 256 << 10,
-                  "bcast_rounds": 16, "windows": 5}),
+                  "bcast_rounds": 16, "windows": 5,
+                  "reduce_cico_max": 128 << 10}),
 ], ids=["three-levels", "cma-pairs", "cma-flat", "default-sizes",
         "crowded-rounds"])
 def test_forked_ranks_other_setups(n, hierarchy, kw):

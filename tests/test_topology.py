@@ -334,7 +334,8 @@ def test_info_reports_waiting_for_the_load(n, env):
     elif w["crowded"]:
         assert w["bcast_windows"] > 2 and w["spin"] <= 16 and w["sleep"] == 0
         assert w["bcast_rounds"] == 16
+        assert w["reduce_cico_max"] == 512 << 10
     else:
         assert (w["bcast_windows"], w["spin"], w["sleep"]) == \
             (2, config.DEFAULTS["spin"], 0)
-        assert w["bcast_rounds"] == 0
+        assert w["bcast_rounds"] == 0 and w["reduce_cico_max"] == 0

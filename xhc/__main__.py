@@ -66,17 +66,20 @@ def _waiting(cpu_sets):
     return {"ranks": len(cpu_sets), "cpus": ncpu, "crowded": crowded,
             "spin": cfg["spin"], "sleep": cfg["sleep"],
             "bcast_windows": cfg["windows"],
-            "bcast_rounds": cfg["bcast_rounds"]}
+            "bcast_rounds": cfg["bcast_rounds"],
+            "reduce_cico_max": cfg["reduce_cico_max"]}
 
 
 def _waiting_text(w):
     sleep = "after %d yields" % w["sleep"] if w["sleep"] else "never"
     rounds = ("; messages cut into %d rounds" % w["bcast_rounds"]
               if w["bcast_rounds"] else "")
+    reduce = ("; Reduce through slots up to %d KiB"
+              % (w["reduce_cico_max"] >> 10) if w["reduce_cico_max"] else "")
     return ("waiting: %d ranks on %d CPUs%s: spin %d polls, then yield; "
-            "sleep %s; Bcast staging %d windows per rank%s"
+            "sleep %s; Bcast staging %d windows per rank%s%s"
             % (w["ranks"], w["cpus"], " (crowded)" if w["crowded"] else "",
-               w["spin"], sleep, w["bcast_windows"], rounds))
+               w["spin"], sleep, w["bcast_windows"], rounds, reduce))
 
 
 def _offline(args):

@@ -151,6 +151,7 @@ def make_config(cfg):
     c.spin, c.sleep, c.copy = cfg["spin"], cfg["sleep"], COPY["cico"]
     c.windows = cfg["windows"]
     c.bcast_rounds = cfg.get("bcast_rounds", 0)
+    c.reduce_cico_max = cfg.get("reduce_cico_max", 0)
     return c
 
 

@@ -88,6 +88,18 @@ _CROWDED_WINDOWS, _CROWDED_STAGING = 32, 64 << 20
 # ... and the rounds a large Bcast is cut into, so that ranks sharing the
 # root's core copy out early ones while it stages later ones.
 _CROWDED_ROUNDS = 16
+# ... and the largest Reduce whose non-roots publish through up slots and
+# go: at most 512 KiB, and at most 4 MiB over the node's ranks (the core
+# keeps 4 up slots a rank: 16 MiB).
+_CROWDED_REDUCE, _CROWDED_REDUCE_NODE = 512 << 10, 4 << 20
+
+
+def crowded_reduce_max(nranks, cico_max):
+    """The Reduce slot size for NRANKS crowded ranks: the largest power
+    of two within both bounds, or 0 if that is no more than CICO_MAX."""
+    fit = min(_CROWDED_REDUCE, _CROWDED_REDUCE_NODE // nranks)
+    size = 1 << (fit.bit_length() - 1)
+    return size if size > cico_max else 0
 
 
 def check_alike(key, values):
@@ -104,9 +116,9 @@ def fit_to_load(cfg, cpu_sets, spin_given=False):
     """Settle CFG for ranks with the CPU affinities CPU_SETS (one per
     rank); return (crowded, number of CPUs they may run on).
 
-    When ranks outnumber those CPUs, a waiting rank yields almost at once
-    and Bcast stages deeper, in smaller rounds, so that a rank seldom
-    waits for one that is
+    When ranks outnumber those CPUs, a waiting rank yields almost at once,
+    Bcast stages deeper, in smaller rounds, and larger Reduces let
+    non-roots publish and go, so that a rank seldom waits for one that is
     not running.  What the user chose stands.
     """
     nranks, ncpu = len(cpu_sets), len(set().union(*map(set, cpu_sets)))
@@ -119,6 +131,8 @@ def fit_to_load(cfg, cpu_sets, spin_given=False):
     if crowded and not spin_given:
         cfg["spin"] = min(cfg["spin"], 16)
     cfg["bcast_rounds"] = _CROWDED_ROUNDS if crowded else 0
+    cfg["reduce_cico_max"] = crowded_reduce_max(nranks, cfg["cico_max"]) \
+        if crowded else 0
     if cfg["windows"] == "auto":
         fit = _CROWDED_STAGING // (nranks * cfg["chunk_size"])
         cfg["windows"] = max(2, min(_CROWDED_WINDOWS, fit)) if crowded \

@@ -256,6 +256,8 @@ class Sizes:
         # With more ranks than cores, Bcast pipelines from ROUND_MIN up.
         self.bcast_cico = min(self.cico, ROUND_MIN) \
             if cfg["bcast_rounds"] else self.cico
+        # ... and Reduce copies through larger up slots.
+        self.reduce_cico = max(self.cico, cfg["reduce_cico_max"])
         self.copy = xcomm.xhc_info["copy"]
         self.seq_start = cfg["seq_start"]
         self.keys = set(xcomm.stats)
@@ -270,10 +272,12 @@ class Sizes:
                3 * self.chunk + 5, 24 * self.chunk + 7]
         return sorted({b for b in out if b >= 0})
 
-    def small_counts(self, es):
-        """Element counts up to just above cico_max bytes."""
+    def small_counts(self, es, limit=None):
+        """Element counts up to just above cico_max bytes, or LIMIT."""
+        top = (limit or self.cico) // es
         out = {0, 1, 3, INLINE // es - 1, INLINE // es, INLINE // es + 1,
-               self.cico // es - 1, self.cico // es, self.cico // es + 1}
+               self.cico // es - 1, self.cico // es, self.cico // es + 1,
+               top - 1, top, top + 1}
         return sorted(c for c in out if c >= 0)
 
     def large_counts(self, es, n):
@@ -291,7 +295,8 @@ class Sizes:
             return None
         if nbytes <= INLINE:
             return kind + ".inline"
-        if nbytes <= (self.bcast_cico if kind == "bcast" else self.cico):
+        slots = {"bcast": self.bcast_cico, "reduce": self.reduce_cico}
+        if nbytes <= slots.get(kind, self.cico):
             return kind + ".cico"
         return self.large_key(kind)
 
@@ -651,7 +656,7 @@ def suite_reduce(xcomm, comm, v, sz, args):
                        in_place=(k + root) % 3 == 0,
                        nonroot_buf=(k + root) % 4 == 1)
         # Every small size at least once per root.
-        for j, count in enumerate(sz.small_counts(8)):
+        for j, count in enumerate(sz.small_counts(8, sz.reduce_cico)):
             case += 1
             one_reduce(v, xcomm, comm, np.dtype("i8"), "SUM", count,
                        seed_of(21, case), root, in_place=j % 2 == 0,
