@@ -22,7 +22,8 @@ class ArrivalBoard:
         self.count = 0
 
     def arrive(self):
-        """Mark this rank's next arrival; call right before the barrier."""
+        """Mark this rank's next arrival; call right before the barrier,
+        on every rank alike."""
         self.count += 1
         self.slots[self.rank] = self.count
 

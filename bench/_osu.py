@@ -81,16 +81,20 @@ def pattern(rank, k, count, dtype, nranks=1):
     exact in floats.
 
     Values are ``(7*j + 13*rank + 29*k) % 61`` for index j, so they differ
-    between ranks, indices and the NPAT rotating patterns, lifted by 61 on
-    every rank but one (rank k+1, mod NRANKS) and by 122 on one (rank k):
-    that rank is the maximum and the other the minimum at every index, so
-    over the patterns MAX and MIN see each rank's data (with up to NPAT
-    ranks), even in a one-element message.  The values stay within
-    0..182: a sum over ranks is exact in every supported dtype.
+    between ranks, indices and the NPAT rotating patterns, lifted by 122 on
+    rank (j+k) mod NRANKS, by nothing on the next rank and by 61 on the
+    others: at every index one rank holds the maximum and another the
+    minimum, and the holders rotate with the index and the pattern, so
+    MAX and MIN see every rank's data in any message of NRANKS elements
+    or more (and over the patterns, in a one-element message with up to
+    NPAT ranks).  The values stay within 0..182: a sum over ranks is
+    exact in every supported dtype.
     """
     j = np.arange(count, dtype=np.int64)
-    lift = 0 if nranks > 1 and rank == (k + 1) % nranks else \
-        122 if rank == k % nranks else 61
+    top = (j + k) % nranks
+    lift = np.where(top == rank, 122, 61)
+    if nranks > 1:
+        lift[(top + 1) % nranks == rank] = 0
     return ((7 * j + 13 * rank + 29 * k) % 61 + lift).astype(dtype)
 
 

@@ -94,13 +94,15 @@ class BenchError(Exception):
 class Case:
     """One implementation's buffers and calls for one message size."""
 
-    __slots__ = ("run", "fill", "check", "i", "total", "errors", "sync",
-                 "evict", "close")
+    __slots__ = ("run", "fill", "check", "audit", "i", "total", "blocks",
+                 "errors", "sync", "evict", "close")
 
     def __init__(self, run, fill=lambda k: None, check=lambda k: 0,
-                 close=lambda: None):
+                 close=lambda: None, audit=lambda: 0):
         self.run, self.fill, self.check = run, fill, check
+        self.audit = audit  # with -c, untimed checks after each block
         self.i, self.total, self.errors = 0, 0.0, 0
+        self.blocks = []  # mean seconds per call in each timed block
         self.sync = None  # the barrier before each call; set by measure()
         self.evict = None  # what makes the call cold; set by measure()
         self.close = close  # frees what the case holds, after the size
@@ -200,24 +202,37 @@ def barrier_data(ctx, size):
     return None
 
 
+# How late the rank whose turn it is enters a Barrier's check round.
+LATE_ARRIVAL = 200e-6
+
+
 def barrier_case(ctx, impl, data):
-    """Return a Barrier case.  With -c every rank marks its arrival on a
-    shared board right before the call (inside the timed region, for both
-    implementations alike), and after it checks that every rank had
-    arrived: a barrier that returns early leaves a mark behind."""
+    """Return a Barrier case: the timed call is the barrier alone.  With
+    -c each block of timed calls is followed by untimed check rounds, one
+    per rank: every rank marks its arrival on a shared board and enters
+    the barrier, one of them (in turn) LATE_ARRIVAL seconds after the
+    others; after it, every rank checks that every rank had arrived.  A
+    barrier that does not wait for the last rank returns before the late
+    mark."""
     barrier, free = timed_call(ctx, impl.comm.Barrier, impl.comm.Barrier_init)
     if not ctx.opts.validate:
         return Case(barrier, close=free)
     board = ArrivalBoard(ctx.comm)
 
-    def run():
+    def check_round(late):
+        if late == ctx.rank:
+            time.sleep(LATE_ARRIVAL)
         board.arrive()
         barrier()
+        return len(board.late())
+
+    def audit():
+        return sum(check_round(late) for late in range(ctx.nranks))
 
     def close():
         free()
         board.free()
-    return Case(run, check=lambda k: len(board.late()), close=close)
+    return Case(barrier, audit=audit, close=close)
 
 
 COMMANDS = {
@@ -352,6 +367,8 @@ def _check_opts(parser, opts):
         parser.error(f"--root {opts.root}: only {MPI.COMM_WORLD.size} ranks")
     try:
         opts.sizes = _sizes(opts)
+        _check_memory(opts, MPI.COMM_WORLD.size)
+        _check_json(opts)
     except ValueError as exc:
         parser.error(str(exc))
 
@@ -366,7 +383,44 @@ def _sizes(opts):
         sizes = [s for s in sizes if s >= item]
         if not sizes:
             raise ValueError(f"no size holds one {opts.dtype} element")
+        odd = [s for s in sizes if s % item]
+        if odd:
+            raise ValueError(
+                f"-m {opts.message_size}: {odd[0]} bytes is not a whole "
+                f"number of {opts.dtype} elements; give sizes that are "
+                f"multiples of {item}")
     return sizes
+
+
+# Arrays of the largest size each rank holds at once: the send patterns,
+# their truths, and a send and a receive buffer for each of up to three
+# implementations.
+ARRAYS_PER_SIZE = 2 * _osu.NPAT + 6
+
+
+def _check_memory(opts, nranks):
+    """Refuse a largest size whose arrays the node cannot hold."""
+    if opts.sizes[0] is None:
+        return
+    need = max(opts.sizes) * ARRAYS_PER_SIZE * nranks
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ValueError(
+            f"-m {opts.message_size}: {nranks} ranks would hold about "
+            f"{need / 2**30:.1f} GiB of buffers and patterns at "
+            f"{max(opts.sizes)} bytes, more than this node's "
+            f"{have / 2**30:.1f} GiB: lower the largest size")
+
+
+def _check_json(opts):
+    """Refuse a --json file that cannot be written, before the sweep."""
+    if not opts.json:
+        return
+    folder = os.path.dirname(os.path.abspath(opts.json))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or (
+            os.path.exists(opts.json) and not os.access(opts.json, os.W_OK)):
+        raise ValueError(f"--json {opts.json}: cannot write there; give a "
+                         "file in a writable folder")
 
 
 # -- implementations ---------------------------------------------------------
@@ -451,19 +505,48 @@ def time_cases(cases, iters, warmup, opts):
         run_loop(case, warmup, opts.validate)
     for b, n in enumerate(_osu.split_blocks(iters, opts.blocks)):
         for case in cases if b % 2 == 0 else cases[::-1]:
-            case.total += run_loop(case, n, opts.validate)
+            spent = run_loop(case, n, opts.validate)
+            case.total += spent
+            case.blocks.append(spent / n)
+            if opts.validate:
+                case.errors += case.audit()
 
 
-def reduce_stats(comm, total, iters):
-    """Return rank 0's dict of avg/min/max (us) over ranks' mean times."""
-    mean = total / iters * 1e6
+def reduce_stats(comm, case, iters):
+    """Return rank 0's dict of avg/min/max (us) over ranks' mean times,
+    and each block's mean (us) averaged over ranks."""
+    mean = case.total / iters * 1e6
     lo = comm.reduce(mean, op=MPI.MIN, root=0)
     hi = comm.reduce(mean, op=MPI.MAX, root=0)
     tot = comm.reduce(mean, op=MPI.SUM, root=0)
+    blocks = comm.reduce(np.array(case.blocks) * 1e6, op=MPI.SUM, root=0)
     if comm.rank != 0:
         return None
     return {"avg_us": tot / comm.size, "min_us": lo, "max_us": hi,
-            "iterations": iters}
+            "iterations": iters, "blocks_us": list(blocks / comm.size)}
+
+
+# A block of STALL_CALLS calls or more that is STALL times slower than the
+# size's median block is a stall of the machine, not of the call: the row
+# is flagged for a rerun.
+STALL, STALL_CALLS = 3.0, 10
+
+
+def stalls(size, impls, stats):
+    """Return a note for each implementation whose slowest block at SIZE
+    took STALL times its median block or more."""
+    notes = []
+    for im, st in zip(impls, stats):
+        blocks = st["blocks_us"]
+        median = float(np.median(blocks))
+        calls = st["iterations"] / max(1, len(blocks))
+        if len(blocks) >= 4 and calls >= STALL_CALLS \
+                and max(blocks) >= STALL * median > 0:
+            where = f"{size} B" if size is not None else "the barrier"
+            notes.append(f"note: {where}: one block of {im.label} took "
+                         f"{max(blocks) / median:.1f}x its median block; "
+                         f"the machine stalled, the mean counts it: rerun")
+    return notes
 
 
 def idle_barrier(comm):
@@ -496,6 +579,7 @@ class Run:
                                 sized=opts.sizes[0] is not None)
         self.doc = new_doc(self, opts)
         self.evict = evictor(opts.cold)
+        self.notes = []  # stalled rows, printed after the table
 
     def sweep(self):
         """Measure every size, printing one row each; then the reference."""
@@ -510,6 +594,9 @@ class Run:
                 self.measure(size)
         finally:
             progress.done()
+        for note in self.notes:
+            self.table.comment(note)
+        self.doc["notes"] = self.notes
         self.reference()
 
     def measure(self, size):
@@ -525,7 +612,7 @@ class Run:
         time_cases(cases, iters, warmup, self.opts)
         for case in cases:
             case.close()
-        stats = [reduce_stats(self.comm, c.total, iters) for c in cases]
+        stats = [reduce_stats(self.comm, c, iters) for c in cases]
         bad = [self.comm.allgather(c.errors) for c in cases]
         if self.comm.rank == 0:
             self.report(size, iters, warmup, stats, bad)
@@ -546,6 +633,7 @@ class Run:
         self.doc["results"].append(entry)
         verdict = "Fail" if any(any(b) for b in bad) else "Pass"
         self.table.row(size, row_values(stats, entry, self.opts, verdict))
+        self.notes += stalls(size, self.impls, stats)
 
     def reference(self):
         """Time memcpy/add on rank 0 alone while the others wait idle."""
@@ -653,6 +741,11 @@ def header_lines(run):
         lines.append(_osu.cold_line(o.cold))
     lines += [f"xhc/{im.label}: ratio of the averages, below 1 when xhc "
               "is faster" for im in compared(run.impls)]
+    fewest = min(_osu.loop_counts(s, o.iterations, o.warmup)[0]
+                 for s in o.sizes)
+    if len(run.impls) > 1 and fewest < 2:
+        lines.append("note: one timed call at some sizes, so one block: "
+                     "the first column always runs first there (raise -i)")
     return lines
 
 

@@ -63,6 +63,31 @@ def test_osu_sized(op, tmp_path):
                for r in doc["reference"])
 
 
+# Run bench.osu with one xhc collective, argv[1], doing nothing at all.
+BROKEN = """
+import sys
+import xhc
+from bench import osu
+setattr(xhc.Comm, sys.argv[1], lambda self, *args, **kwargs: None)
+sys.exit(osu.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("op, method", [("barrier", "Barrier"),
+                                        ("allreduce", "Allreduce")])
+def test_osu_validation_catches_a_broken_call(op, method, tmp_path):
+    """-c fails a run whose xhc call returns at once: a Barrier that does
+    not wait for the last rank, an Allreduce that leaves the receive
+    buffer as it was."""
+    script = tmp_path / "broken.py"
+    script.write_text(BROKEN)
+    proc = run_mpi(2, [str(script), method, op, *QUICK,
+                       "--impl", "xhc", "-m", "8:64"],
+                   timeout=120, check=False)
+    assert proc.returncode != 0
+    assert f"DATA VALIDATION ERROR: {op}" in proc.stderr
+
+
 def test_osu_barrier_as_path(tmp_path):
     path = str(tmp_path / "barrier.json")
     proc = run_mpi(2, ["bench/osu.py", "barrier", *QUICK, "-f",
@@ -157,6 +182,32 @@ def test_osu_peer_refuses_another_mpi(monkeypatch):
         osu._check_opts(types.SimpleNamespace(error=error), opts)
 
 
+@pytest.mark.parametrize("command, spec, match", [
+    ("allreduce", "12:48", "12 bytes is not a whole number of float64 "
+     "elements; give sizes that are multiples of 8"),
+    ("bcast", "1024G", "GiB of buffers .* lower the largest size"),
+])
+def test_osu_sizes_refused_up_front(command, spec, match):
+    """Sizes that would mislabel a row, or not fit the node, are refused
+    before anything runs, with what to do instead."""
+    import types
+    from bench import osu
+    opts = types.SimpleNamespace(command=command, message_size=spec,
+                                 dtype="float64", json=None)
+    with pytest.raises(ValueError, match=match):
+        opts.sizes = osu._sizes(opts)
+        osu._check_memory(opts, 2)
+
+
+def test_osu_json_checked_up_front(tmp_path):
+    import types
+    from bench import osu
+    osu._check_json(types.SimpleNamespace(json=str(tmp_path / "ok.json")))
+    with pytest.raises(ValueError, match="cannot write there"):
+        osu._check_json(types.SimpleNamespace(
+            json=str(tmp_path / "missing" / "x.json")))
+
+
 @pytest.mark.parametrize("text, nbytes", [("0", 0), ("0K", 0), ("64K", 65536),
                                           ("2M", 2 << 20)])
 def test_osu_cold_sizes(text, nbytes):
@@ -211,6 +262,22 @@ def test_max_and_min_see_every_rank_in_one_element(nranks):
                 if _osu.count_errors(functools.reduce(fold, parts), want):
                     seen.add(gone)
         assert seen == set(range(nranks)), (op, seen)
+
+
+@pytest.mark.parametrize("nranks", [2, 6, 8, 13])
+def test_max_and_min_see_every_rank_in_every_pattern(nranks):
+    """In a message of NRANKS elements, every pattern has each rank hold
+    the maximum and the minimum somewhere: a MAX or MIN that drops any
+    rank's data (beyond the NPAT ranks one element can tell) fails."""
+    fold = {"max": np.maximum, "min": np.minimum}
+    for op in fold:
+        for k in range(_osu.NPAT):
+            want = _osu.expected(op, nranks, k, nranks, "float64")
+            for gone in range(nranks):
+                parts = [_osu.pattern(r, k, nranks, "float64", nranks)
+                         for r in range(nranks) if r != gone]
+                got = functools.reduce(fold[op], parts)
+                assert _osu.count_errors(got, want), (op, k, gone)
 
 
 def test_validation_detects_corruption():

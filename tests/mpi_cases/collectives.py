@@ -46,7 +46,7 @@ INLINE = int(lib.XHC_INLINE_MAX)
 ROUND_MIN = int(lib.XHC_ROUND_MIN)  # Bcast's slot limit on a crowded node
 # A fraction-valued float variant of SUM: compared with a tolerance.
 NOISE = "SUM~"
-POISON = 0x5A   # fills an output before a call, so one that writes nothing fails
+POISON = 0x5A  # fills an output before a call: one writing nothing fails
 
 
 def ops_for(dtype):
