@@ -56,11 +56,15 @@ def test_fit_to_load(nranks, ncpu, chunk, windows, spin, reduce_max):
     assert cfg["reduce_cico_max"] == reduce_max
 
 
-def test_fit_to_load_keeps_what_the_user_chose():
+def test_fit_to_load_keeps_what_the_user_chose(monkeypatch):
+    monkeypatch.setenv("XHC_CICO_MAX", "4K")
+    chosen = config.chosen(windows=3, spin=700, sleep=5)
+    assert chosen == {"windows", "spin", "sleep", "cico_max"}
     cfg = config.resolve(windows=3, spin=700, sleep=5)
-    assert config.fit_to_load(cfg, [[0, 1]] * 8, spin_given=True) == \
-        (True, 2)
+    assert config.fit_to_load(cfg, [[0, 1]] * 8, chosen) == (True, 2)
     assert (cfg["windows"], cfg["spin"], cfg["sleep"]) == (3, 700, 5)
+    # A chosen cico_max applies to Reduce too: no larger crowded slots.
+    assert (cfg["cico_max"], cfg["reduce_cico_max"]) == (4096, 0)
 
 
 def test_fit_to_load_needs_a_line_per_rank_in_a_window():

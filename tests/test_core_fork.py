@@ -212,8 +212,8 @@ def test_open_checks_its_arguments():
             assert lib.xhc_ctx_open(out, seg.name, seg.size, rank, n, cfg) \
                 == lib.XHC_ERR_ARG, (rank, n)
         for field, bad in (("cico_max", 100), ("cico_max", 1000),
-                           ("chunk_size", 2048), ("timeout", 0.0),
-                           ("copy", 7)):
+                           ("reduce_cico_max", 4100), ("chunk_size", 2048),
+                           ("timeout", 0.0), ("copy", 7)):
             c = make_config()
             setattr(c, field, bad)
             size = lib.xhc_segment_size(2, c)
@@ -230,7 +230,7 @@ def test_open_checks_its_arguments():
             lib.xhc_ctx_close(ctx1)
             # Another layout or way of waiting than the creator's: refused.
             for field, value in (("cico_max", 2048), ("chunk_size", 8192),
-                                 ("sleep", 5)):
+                                 ("sleep", 5), ("reduce_cico_max", 4096)):
                 other = make_config(**{field: value})
                 size2 = lib.xhc_segment_size(2, other)
                 assert lib.xhc_ctx_open(out, seg.name, size2, 1, 2, other) \

@@ -319,7 +319,8 @@ def test_info_text_and_errors():
 
 @pytest.mark.parametrize("n, env", [(2, {}), (4, {}),
                                     (4, {"XHC_WINDOWS": "5", "XHC_SPIN": "99",
-                                         "XHC_SLEEP": "7"})])
+                                         "XHC_SLEEP": "7",
+                                         "XHC_CICO_MAX": "64K"})])
 def test_info_reports_waiting_for_the_load(n, env):
     """Under MPI, info says how ranks will wait and stage: deeper Bcast
     staging and a short spin only when the ranks outnumber their CPUs,
@@ -331,6 +332,7 @@ def test_info_reports_waiting_for_the_load(n, env):
     assert w["crowded"] == (n > w["cpus"])
     if env.get("XHC_WINDOWS"):
         assert (w["bcast_windows"], w["spin"], w["sleep"]) == (5, 99, 7)
+        assert w["reduce_cico_max"] == 0   # the chosen cico_max holds
     elif w["crowded"]:
         assert w["bcast_windows"] > 2 and w["spin"] <= 16 and w["sleep"] == 0
         assert w["bcast_rounds"] == 16

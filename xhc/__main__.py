@@ -62,7 +62,7 @@ def _transport():
 def _waiting(cpu_sets):
     """How ranks wait and stage, as xhc.Comm settles it for this load."""
     cfg = config.resolve()
-    crowded, ncpu = config.fit_to_load(cfg, cpu_sets, "XHC_SPIN" in os.environ)
+    crowded, ncpu = config.fit_to_load(cfg, cpu_sets, config.chosen())
     return {"ranks": len(cpu_sets), "cpus": ncpu, "crowded": crowded,
             "spin": cfg["spin"], "sleep": cfg["sleep"],
             "bcast_windows": cfg["windows"],

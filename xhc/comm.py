@@ -64,8 +64,7 @@ class Comm(HotComm):
         # Kept, for free() may come after comm.Free() or MPI.Finalize().
         self._rank, self._size = comm.rank, comm.size
         self._cfg = config.resolve(**tunables)
-        self._spin_given = (tunables.get("spin") is not None
-                            or "XHC_SPIN" in os.environ)
+        self._chosen = config.chosen(**tunables)
         self._specs = config.hierarchies(hierarchy)
         self._topology = topology
         reason = self._ineligible()
@@ -114,15 +113,19 @@ class Comm(HotComm):
         (config.fit_to_load).  The _ALIKE tunables and the hierarchy must
         be alike on every rank (the topology source was checked when the
         localities were gathered): ranks that built different group tables
-        would wait for each other for ever."""
+        would wait for each other for ever.  A cico_max chosen on any rank
+        counts as chosen on all, as it decides the segment's layout."""
         alike = {key: cfg[key] for key in _ALIKE}
         alike["hierarchy"] = self._specs
-        mine = (sorted(os.sched_getaffinity(0)), alike)
+        mine = (sorted(os.sched_getaffinity(0)), alike,
+                "cico_max" in self._chosen)
         everyone = self._comm.allgather(mine)
         for key in alike:
-            config.check_alike(key, [chosen[key] for _, chosen in everyone])
-        config.fit_to_load(cfg, [cpus for cpus, _ in everyone],
-                           self._spin_given)
+            config.check_alike(key, [each[key] for _, each, _ in everyone])
+        chosen = self._chosen - {"cico_max"}
+        if any(cico_chosen for _, _, cico_chosen in everyone):
+            chosen.add("cico_max")
+        config.fit_to_load(cfg, [cpus for cpus, _, _ in everyone], chosen)
 
     # -- errors and fallback ------------------------------------------------
 

@@ -49,6 +49,13 @@ _PARSERS = {"cico_max": parse_size, "chunk_size": parse_size,
             ("1", "true", "yes", "on")}
 
 
+def chosen(**given):
+    """Return the names of the tunables set in GIVEN or the environment:
+    what the user chose, which fit_to_load leaves alone."""
+    return {key for key in DEFAULTS if given.get(key) is not None
+            or "XHC_" + key.upper() in os.environ}
+
+
 def resolve(**given):
     """Return every tunable, from GIVEN, the environment or the default."""
     out = {}
@@ -112,14 +119,15 @@ def check_alike(key, values):
                          "alike on every rank")
 
 
-def fit_to_load(cfg, cpu_sets, spin_given=False):
+def fit_to_load(cfg, cpu_sets, chosen=()):
     """Settle CFG for ranks with the CPU affinities CPU_SETS (one per
     rank); return (crowded, number of CPUs they may run on).
 
     When ranks outnumber those CPUs, a waiting rank yields almost at once,
     Bcast stages deeper, in smaller rounds, and larger Reduces let
     non-roots publish and go, so that a rank seldom waits for one that is
-    not running.  What the user chose stands.
+    not running.  What the user chose (the tunables named in CHOSEN) stands:
+    a chosen cico_max applies to Reduce too.
     """
     nranks, ncpu = len(cpu_sets), len(set().union(*map(set, cpu_sets)))
     if cfg["chunk_size"] < 64 * nranks:
@@ -128,11 +136,11 @@ def fit_to_load(cfg, cpu_sets, spin_given=False):
             f"ranks: a window holds 64 bytes per rank; set XHC_CHUNK_SIZE "
             f"(or chunk_size=) to at least {64 * nranks}")
     crowded = nranks > ncpu
-    if crowded and not spin_given:
+    if crowded and "spin" not in chosen:
         cfg["spin"] = min(cfg["spin"], 16)
     cfg["bcast_rounds"] = _CROWDED_ROUNDS if crowded else 0
     cfg["reduce_cico_max"] = crowded_reduce_max(nranks, cfg["cico_max"]) \
-        if crowded else 0
+        if crowded and "cico_max" not in chosen else 0
     if cfg["windows"] == "auto":
         fit = _CROWDED_STAGING // (nranks * cfg["chunk_size"])
         cfg["windows"] = max(2, min(_CROWDED_WINDOWS, fit)) if crowded \
