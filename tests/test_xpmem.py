@@ -197,6 +197,29 @@ def check_reductions(ctx, rank, n, cfg):
                     f"reduce {dtype} {op} to {root}"
 
 
+def check_reduce_into_shared(ctx, comm, n, cfg):
+    """Reduce to every root whose receive buffer lies in a registered
+    region (as a Comm.empty array does): every owner folds its slice
+    straight into it, reading the private sends through XPMEM."""
+    count = 3 * cfg["chunk_size"] // 8 + 77
+    shared = comm.bcast(np.zeros(n * count, np.int64))  # one, for all
+    region = lib.xhc_ctx_add_region(ctx, ffi.from_buffer(shared),
+                                    shared.nbytes)
+    assert region > 0, f"add region: {region}"   # its number, from 1
+    make = REDUCTIONS[0][3]
+    want = sum(make(r, count) for r in range(n))
+    for root in range(n):
+        out = shared[root * count:(root + 1) * count]
+        if comm.rank == root:
+            out[:] = -1
+        _ok(lib.xhc_reduce(ctx, ffi.from_buffer(make(comm.rank, count)),
+                           ffi.from_buffer(out) if comm.rank == root
+                           else ffi.NULL, count, lib.XHC_INT64, lib.XHC_SUM,
+                           root), f"reduce into shared to {root}")
+        assert comm.rank != root or np.array_equal(out, want), \
+            f"reduce into a shared array to {root}"
+
+
 def check_many_buffers(ctx, rank, n, cfg):
     """More live buffers per peer than the cache has slots, each used
     twice round-robin: attachments are evicted and made again."""
@@ -223,6 +246,7 @@ def case_collectives(n, hierarchy, wanted):
                 check_bcasts(ctx, comm.rank, n, cfg)
                 check_reductions(ctx, comm.rank, n, cfg)
                 check_many_buffers(ctx, comm.rank, n, cfg)
+                check_reduce_into_shared(ctx, comm, n, cfg)
             large = [int(lib.xhc_stat(ctx, getattr(lib, p))) for p in
                      ("XHC_PATH_BCAST_LARGE", "XHC_PATH_ALLREDUCE_LARGE",
                       "XHC_PATH_REDUCE_LARGE")]
