@@ -43,7 +43,10 @@ static int xhc_bcast_small(xhc_ctx_t *ctx, const struct xhc_view *v,
         mine->nbytes = nbytes;
         /* Orders the payload copy before children see the flag. */
         xhc_publish(ctx, &mine->seq, seq);
-        src = dst;
+        /* A leader takes its own copy from the line it just wrote, which
+         * is in its cache; the root already has the data in BUF. */
+        if (src != buf)
+            src = dst;
     }
     if (src != buf)
         memcpy(buf, src, nbytes);
