@@ -12,7 +12,9 @@
  *    through cfg.windows staging windows per rank: a parent stages chunk
  *    k while its children copy earlier ones out, and reuses a window once
  *    everyone has `finished` the round that last used it.  The levels of
- *    the tree thus copy in a pipeline.
+ *    the tree thus copy in a pipeline.  In a message of up to four
+ *    rounds, each round goes in up to four pieces, announced one by one,
+ *    so a child copies one piece out while its parent stages the next.
  *    When ranks outnumber cores (cfg.bcast_rounds set), rounds are cut
  *    smaller, from XHC_ROUND_MIN bytes, and messages above that take this
  *    path: a reader that shares the root's core then copies out early
@@ -71,52 +73,105 @@ struct xhc_pipe {
     int stage_mine;            /* I stage for my children */
 };
 
-/* Get chunk [OFF, OFF+LEN) of round T into my buffer; return where it is
- * readable for my own staging. */
-static int xhc_pipe_get(xhc_ctx_t *ctx, struct xhc_pipe *p, uint64_t t,
-                        size_t off, size_t len, const unsigned char **out)
+/* A message of few rounds goes in pieces: a child copies piece K out of
+ * its parent's window while the parent stages piece K+1, rather than
+ * trailing the parent by a whole round.  (With many rounds that lag is a
+ * small share, and the extra flags cost more than they save.)  The
+ * parent's `piece` flag says how many pieces of which round it has
+ * staged: (T << XHC_PIECE_SHIFT) + count, which only grows. */
+#define XHC_PIECES 4
+#define XHC_PIECE_MIN 32768
+#define XHC_PIECED_ROUNDS 4
+_Static_assert(XHC_PIECES < 1 << XHC_PIECE_SHIFT, "piece counts fit");
+
+static uint64_t xhc_piece_flag(uint64_t t, size_t pieces)
+{
+    return (t << XHC_PIECE_SHIFT) + pieces;
+}
+
+/* Bytes per piece of a round of LEN bytes, in a message of NBYTES cut
+ * into rounds of STEP: up to XHC_PIECES even pieces of XHC_PIECE_MIN
+ * bytes or more.  Crowded nodes already cut rounds small (see 2.). */
+static size_t xhc_piece_len(const xhc_ctx_t *ctx, size_t nbytes, size_t step,
+                            size_t len)
+{
+    size_t pieces = len / XHC_PIECE_MIN;
+    if (ctx->cfg.bcast_rounds || nbytes > XHC_PIECED_ROUNDS * step
+        || pieces < 2)
+        return len;
+    if (pieces > XHC_PIECES)
+        pieces = XHC_PIECES;
+    return ((len + pieces - 1) / pieces + 63) & ~(size_t)63;
+}
+
+/* Bytes [AT, AT+LEN) of the message, piece K of round T, which starts at
+ * OFF. */
+struct xhc_piece {
+    uint64_t t;
+    size_t off, at, len;
+    size_t k;
+};
+
+/* Get the piece into my buffer; return where it is readable for my own
+ * staging. */
+static int xhc_pipe_get(xhc_ctx_t *ctx, struct xhc_pipe *p,
+                        const struct xhc_piece *c, const unsigned char **out)
 {
     int parent = p->v->parent;
-    *out = p->buf + off;
+    *out = p->buf + c->at;
     if (!p->from)
         return 0;
     if (p->staged_from) {
-        int rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, parent)->staged.seq, t,
-                             parent);
-        *out = xhc_bcast_window(ctx, parent, t);
+        int rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, parent)->piece.seq,
+                             xhc_piece_flag(c->t, c->k + 1), parent);
+        *out = xhc_bcast_window(ctx, parent, c->t) + (c->at - c->off);
         return rc;
     }
-    int rc = xhc_wait_ge(ctx, &p->from->ready, off + len, parent);
-    return rc ? rc : xhc_peer_read(ctx, parent, &p->from->send, off,
-                                   p->buf + off, len, NULL);
+    int rc = xhc_wait_ge(ctx, &p->from->ready, c->at + c->len, parent);
+    return rc ? rc : xhc_peer_read(ctx, parent, &p->from->send, c->at,
+                                   p->buf + c->at, c->len, NULL);
 }
 
-static int xhc_pipe_round(xhc_ctx_t *ctx, struct xhc_pipe *p, size_t off,
-                          size_t len)
+static int xhc_pipe_piece(xhc_ctx_t *ctx, struct xhc_pipe *p,
+                          const struct xhc_piece *c)
 {
     struct xhc_rank_ctl *mine = xhc_ctl(ctx, ctx->rank);
-    uint64_t t = ++ctx->round;
+    unsigned char *dst = p->buf + c->at;
     const unsigned char *src;
-    int rc = xhc_pipe_get(ctx, p, t, off, len, &src);
-    if (rc == 0 && p->stage_mine)
-        rc = xhc_stage_reserve(ctx, t, ctx->cfg.windows);
+    int rc = xhc_pipe_get(ctx, p, c, &src);
     if (rc)
         return rc;
     if (p->stage_mine) {
-        memcpy(xhc_bcast_window(ctx, ctx->rank, t), src, len);
-        /* Orders the staged chunk before my children read it. */
-        xhc_publish(ctx, &mine->staged.seq, t);
+        memcpy(xhc_bcast_window(ctx, ctx->rank, c->t) + (c->at - c->off),
+               src, c->len);
+        /* Orders the staged piece before my children read it. */
+        xhc_publish(ctx, &mine->piece.seq, xhc_piece_flag(c->t, c->k + 1));
     }
-    if (src != p->buf + off
-        && p->nbytes * (size_t)ctx->nranks >= XHC_STREAM_FOOTPRINT)
-        xhc_copy_stream(p->buf + off, src, len);
-    else if (src != p->buf + off)
-        memcpy(p->buf + off, src, len);
+    if (src != dst && p->nbytes * (size_t)ctx->nranks >= XHC_STREAM_FOOTPRINT)
+        xhc_copy_stream(dst, src, c->len);
+    else if (src != dst)
+        memcpy(dst, src, c->len);
     if (p->from && !p->stage_mine && p->v->nchild)
-        /* Orders the chunk in my buffer before my children read it. */
-        xhc_publish(ctx, &mine->big.ready, off + len);
+        /* Orders the piece in my buffer before my children read it. */
+        xhc_publish(ctx, &mine->big.ready, c->at + c->len);
+    return 0;
+}
+
+static int xhc_pipe_round(xhc_ctx_t *ctx, struct xhc_pipe *p, size_t off,
+                          size_t len, size_t step)
+{
+    struct xhc_piece c = { .t = ++ctx->round, .off = off };
+    size_t piece = xhc_piece_len(ctx, p->nbytes, step, len);
+    int rc = p->stage_mine ? xhc_stage_reserve(ctx, c.t, ctx->cfg.windows)
+                           : 0;
+    for (c.at = off; rc == 0 && c.at < off + len; c.at += piece, c.k++) {
+        c.len = off + len - c.at < piece ? off + len - c.at : piece;
+        rc = xhc_pipe_piece(ctx, p, &c);
+    }
+    if (rc)
+        return rc;
     /* Orders my reads of my parent's window before it reuses it. */
-    xhc_publish(ctx, &mine->finished.seq, t);
+    xhc_publish(ctx, &xhc_ctl(ctx, ctx->rank)->finished.seq, c.t);
     return 0;
 }
 
@@ -179,8 +234,8 @@ static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
         rc = xhc_bcast_listen(ctx, seq, &p);
     size_t step = xhc_bcast_step(ctx, nbytes);
     for (size_t off = 0; rc == 0 && off < nbytes; off += step)
-        rc = xhc_pipe_round(ctx, &p, off, nbytes - off < step ? nbytes - off
-                                                              : step);
+        rc = xhc_pipe_round(ctx, &p, off,
+                            nbytes - off < step ? nbytes - off : step, step);
     if (rc)
         return rc;
     xhc_ack(ctx, seq);

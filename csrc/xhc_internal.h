@@ -14,6 +14,7 @@
 #define XHC_RS_WINDOWS 2 /* reduce-scatter staging windows per rank */
 #define XHC_ALIGNED __attribute__((aligned(XHC_LINE)))
 #define XHC_MAGIC 0x7868632d73686d31ull /* "xhc-shm1" */
+#define XHC_PIECE_SHIFT 3 /* Bcast piece flag: round << 3, plus pieces */
 /* A Bcast is copied out with streaming stores once the ranks' receive
  * buffers together reach this size (a large L3): they would not stay in
  * cache anyway, and streaming skips reading each line before writing. */
@@ -67,6 +68,7 @@ struct xhc_rank_ctl {
     struct xhc_big_line big;             /* my user buffers, large ops */
     struct xhc_seq_line done;            /* my reduce-scatter slice is final */
     struct xhc_seq_line staged;          /* round whose input I staged */
+    struct xhc_seq_line piece;           /* Bcast pieces I staged (bcast.c) */
     struct xhc_seq_line reduced;         /* round whose part I reduced */
     struct xhc_seq_line finished;        /* round of which I read all */
     struct xhc_wake_line wake;           /* written by my sleeping readers */

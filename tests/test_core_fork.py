@@ -757,8 +757,11 @@ def test_forked_ranks_hammer_one_segment(n, hierarchy):
     (4, "three", {"cico_max": 32 << 10, "chunk_size": 256 << 10,
                   "bcast_rounds": 16, "windows": 5,
                   "reduce_cico_max": 128 << 10}),
+    # Bcasts of a few rounds go in pieces of 32 KiB, which leaders stage
+    # on for their subtrees piece by piece.
+    (6, "three", {"cico_max": 4096, "chunk_size": 128 << 10}),
 ], ids=["three-levels", "cma-pairs", "cma-flat", "default-sizes",
-        "crowded-rounds"])
+        "crowded-rounds", "pieces-three-levels"])
 def test_forked_ranks_other_setups(n, hierarchy, kw):
     iters = 300 if kw.get("chunk_size", 0) > 8192 else 1000
     reports = run_forked(n, hierarchy, iters, **kw)
@@ -777,6 +780,10 @@ def test_forked_ranks_other_setups(n, hierarchy, kw):
                  id="sequence-zero-n2"),
     pytest.param("sequence-zero", 3, {"seq_start": (1 << 64) - 3},
                  id="sequence-zero-n3"),
+    # Pieced rounds numbered across 2**64, with a late reader.
+    pytest.param("late-child-large-bcasts", 3,
+                 {"seq_start": (1 << 64) - 3, "cico_max": 4096,
+                  "chunk_size": 128 << 10}, id="late-child-pieces-wrap-n3"),
 ])
 def test_forked_ranks_targeted_sequences(body, n, kw):
     """Short, deterministic sequences around the ring and the pipeline."""
