@@ -47,14 +47,15 @@ size_t xhc_stage_part(int nranks, const xhc_config_t *cfg)
 
 size_t xhc_bstage_offset(int nranks, const xhc_config_t *cfg)
 {
-    size_t stage = (size_t)nranks * XHC_RS_WINDOWS
+    size_t stage = XHC_WINDOW_SKEW + (size_t)nranks * XHC_RS_WINDOWS
                    * (cfg->chunk_size + xhc_stage_part(nranks, cfg));
     return xhc_stage_offset(nranks, cfg) + xhc_round_up(stage, 4096);
 }
 
 size_t xhc_segment_size(int nranks, const xhc_config_t *cfg)
 {
-    size_t stage = (size_t)nranks * cfg->windows * cfg->chunk_size;
+    size_t stage = XHC_WINDOW_SKEW
+                   + (size_t)nranks * cfg->windows * cfg->chunk_size;
     return xhc_bstage_offset(nranks, cfg) + xhc_round_up(stage, 4096);
 }
 
