@@ -17,10 +17,10 @@
 #define XHC_PIECE_SHIFT 3 /* Bcast piece flag: round << 3, plus pieces */
 /* Staging windows start this far into a page.  Large user buffers
  * usually start at a page or 16 bytes past one (glibc's mmap chunks), and
- * a copy or fold whose destination lies a few bytes past its source
- * modulo 4 KiB makes loads wait on earlier stores to the same page offset
- * (4K aliasing): windows at page offset 0 made 2-8 MiB Bcasts and 4 MiB
- * Allreduces of numpy arrays 8-15 % slower. */
+ * a copy whose destination lies a few bytes past its source modulo 4 KiB
+ * makes loads wait on earlier stores to the same page offset (4K
+ * aliasing): windows at page offset 0 made 2-8 MiB Bcasts of numpy
+ * arrays 3-16 % slower. */
 #define XHC_WINDOW_SKEW 2112
 /* A Bcast is copied out with streaming stores once the ranks' receive
  * buffers together reach this size (a large L3): they would not stay in
