@@ -13,7 +13,7 @@
 #define XHC_RING 4   /* small ops a rank may run ahead of the slowest */
 #define XHC_RS_WINDOWS 2 /* reduce-scatter staging windows per rank */
 #define XHC_ALIGNED __attribute__((aligned(XHC_LINE)))
-#define XHC_MAGIC 0x7868632d73686d31ull /* "xhc-shm1" */
+#define XHC_MAGIC 0x7868632d73686d32ull /* "xhc-shm2" */
 #define XHC_PIECE_SHIFT 3 /* Bcast piece flag: round << 3, plus pieces */
 /* Staging windows start this far into a page.  Large user buffers
  * usually start at a page or 16 bytes past one (glibc's mmap chunks), and
@@ -144,7 +144,7 @@ struct xhc_ctx {
     int rank, nranks;
     xhc_config_t cfg;
     uint64_t seq;       /* the last operation this rank started */
-    uint64_t round;     /* the last staged reduce-scatter round */
+    uint64_t round;     /* the last staged round, Bcast or reduce-scatter */
     uint64_t ack_floor; /* every rank's ack had reached this, last look */
     pid_t *pids;
     struct xhc_hier hier[XHC_NKINDS];

@@ -522,6 +522,20 @@ def late_child_large_bcasts(ctx, rank, n, iters, cfg, board):
         _check(lib.xhc_barrier(ctx), "barrier")
 
 
+def late_root_pieced_bcasts(ctx, rank, n, iters, cfg, board):
+    """Bcasts of a few rounds, which go in pieces, from a root that comes
+    late, so that every child waits on each piece's flag; the first
+    message's rounds are numbered across 2**64 when seq_start is near it.
+    A child that took a window before its piece was staged would copy
+    stale bytes."""
+    for size in (3 * cfg.chunk_size + 5, 2 * cfg.chunk_size):
+        for k in range(3):
+            if rank == 0:
+                time.sleep(0.1)
+            _bcast_checked(ctx, rank, 0, size, k,
+                           f"pieced bcast #{k} of {size} B (root late)")
+
+
 def large_bcast_then_large_allreduce(ctx, rank, n, iters, cfg, board):
     """A large Bcast of several chunks, then large Allreduces (and a large
     Reduce): the reduce-scatter must not wait for rounds the Bcast used."""
@@ -550,6 +564,7 @@ def sequence_zero(ctx, rank, n, iters, cfg, board):
 
 
 BODIES = {"hammer": None, "late-child-large-bcasts": late_child_large_bcasts,
+          "late-root-pieced-bcasts": late_root_pieced_bcasts,
           "large-bcast-then-large-allreduce": large_bcast_then_large_allreduce,
           "sequence-zero": sequence_zero}
 
@@ -758,10 +773,18 @@ def test_forked_ranks_hammer_one_segment(n, hierarchy):
                   "bcast_rounds": 16, "windows": 5,
                   "reduce_cico_max": 128 << 10}),
     # Bcasts of a few rounds go in pieces of 32 KiB, which leaders stage
-    # on for their subtrees piece by piece.
+    # on for their subtrees piece by piece; with CMA, children read each
+    # piece from their parent's buffer; sleeping readers, and windows that
+    # do not start on a page.
     (6, "three", {"cico_max": 4096, "chunk_size": 128 << 10}),
+    (6, "three", {"copy": "cma", "cico_max": 4096,
+                  "chunk_size": 128 << 10, "sleep": 2,
+                  "seq_start": (1 << 64) - 3}),
+    (4, "pairs", {"cico_max": 4096, "chunk_size": (128 << 10) + 64,
+                  "sleep": 2}),
 ], ids=["three-levels", "cma-pairs", "cma-flat", "default-sizes",
-        "crowded-rounds", "pieces-three-levels"])
+        "crowded-rounds", "pieces-three-levels", "pieces-cma-three-levels",
+        "pieces-sleep-odd-chunk"])
 def test_forked_ranks_other_setups(n, hierarchy, kw):
     iters = 300 if kw.get("chunk_size", 0) > 8192 else 1000
     reports = run_forked(n, hierarchy, iters, **kw)
@@ -780,10 +803,15 @@ def test_forked_ranks_other_setups(n, hierarchy, kw):
                  id="sequence-zero-n2"),
     pytest.param("sequence-zero", 3, {"seq_start": (1 << 64) - 3},
                  id="sequence-zero-n3"),
-    # Pieced rounds numbered across 2**64, with a late reader.
+    # Pieced rounds numbered across 2**64, with a late root (pieces of
+    # 256 KiB: children are at their piece flags long before each is
+    # staged), then with a late reader.
+    pytest.param("late-root-pieced-bcasts", 3,
+                 {"seq_start": (1 << 64) - 3, "cico_max": 4096,
+                  "chunk_size": 1 << 20}, id="late-root-pieces-wrap-n3"),
     pytest.param("late-child-large-bcasts", 3,
                  {"seq_start": (1 << 64) - 3, "cico_max": 4096,
-                  "chunk_size": 128 << 10}, id="late-child-pieces-wrap-n3"),
+                  "chunk_size": 128 << 10}, id="late-child-pieces-n3"),
 ])
 def test_forked_ranks_targeted_sequences(body, n, kw):
     """Short, deterministic sequences around the ring and the pipeline."""
