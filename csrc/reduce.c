@@ -11,7 +11,8 @@
  *    when a peer wants it, and letting non-roots publish and go costs far
  *    less than the reduce-scatter's meetings of every rank.
  * 2. Large messages use Allreduce's reduce-scatter with only the root
- *    taking the other ranks' parts, so every rank does 1/P of the work.
+ *    taking the other ranks' parts, so every rank does 1/P of the work;
+ *    from a smaller size with XHC_CALL_SHARED (see allreduce.c).
  */
 #include "xhc_internal.h"
 
@@ -36,8 +37,8 @@ static int xhc_reduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
     return rc;
 }
 
-int xhc_reduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf, size_t count,
-               int dtype, int op, int root)
+int xhc_reduce_with(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
+                    size_t count, int dtype, int op, int root, int flags)
 {
     if (!ctx)
         return XHC_ERR_FREED;
@@ -45,5 +46,11 @@ int xhc_reduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf, size_t count,
         || (root == ctx->rank && !rbuf && count))
         return XHC_ERR_ARG;
     return xhc_reduction(ctx, XHC_REDUCE, sbuf, rbuf, count, dtype, op, root,
-                         xhc_reduce_small);
+                         flags, xhc_reduce_small);
+}
+
+int xhc_reduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf, size_t count,
+               int dtype, int op, int root)
+{
+    return xhc_reduce_with(ctx, sbuf, rbuf, count, dtype, op, root, 0);
 }

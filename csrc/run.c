@@ -12,11 +12,11 @@ int xhc_run(const xhc_call_t *c)
     case XHC_BCAST:
         return xhc_bcast(c->ctx, c->rbuf, c->count, c->root);
     case XHC_ALLREDUCE:
-        return xhc_allreduce(c->ctx, c->sbuf, c->rbuf, c->count, c->dtype,
-                             c->op);
+        return xhc_allreduce_with(c->ctx, c->sbuf, c->rbuf, c->count,
+                                  c->dtype, c->op, c->flags);
     case XHC_REDUCE:
-        return xhc_reduce(c->ctx, c->sbuf, c->rbuf, c->count, c->dtype,
-                          c->op, c->root);
+        return xhc_reduce_with(c->ctx, c->sbuf, c->rbuf, c->count, c->dtype,
+                               c->op, c->root, c->flags);
     default:
         return XHC_ERR_ARG;
     }

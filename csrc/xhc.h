@@ -114,7 +114,16 @@ typedef struct xhc_call {
     int32_t dtype;
     int32_t op;
     int32_t root;
+    int32_t flags;    /* XHC_CALL_* */
 } xhc_call_t;
+
+/* A reduction whose ranks agreed, when they made their calls, that every
+ * buffer it reads in place is in a registered region (every send buffer;
+ * every receive buffer for Allreduce, the root's for Reduce).  It then
+ * takes the reduce-scatter, which reads such buffers where they are, from
+ * a smaller size than cico_max.  Every rank's call must carry it alike:
+ * it chooses the path.  Set it only when ranks do not outnumber cores. */
+#define XHC_CALL_SHARED 1
 
 int xhc_run(const xhc_call_t *call);
 

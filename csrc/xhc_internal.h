@@ -240,8 +240,12 @@ typedef int (*xhc_small_fn)(xhc_ctx_t *ctx, const struct xhc_view *v,
                             const void *sbuf, void *rbuf,
                             const struct xhc_red *r);
 int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
-                  size_t count, int dtype, int op, int root,
+                  size_t count, int dtype, int op, int root, int flags,
                   xhc_small_fn small);
+int xhc_allreduce_with(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
+                       size_t count, int dtype, int op, int flags);
+int xhc_reduce_with(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
+                    size_t count, int dtype, int op, int root, int flags);
 /* How the folded slices of a reduce-scatter reach who wants them. */
 enum {
     XHC_RS_TAKE,   /* takers copy each slice from its owner */

@@ -52,6 +52,7 @@ class Comm(HotComm):
         self._reduce_plans = {}
         self._plan_bytes = 0
         self._keep = []
+        self._crowded = False
         self._requests = weakref.WeakSet()
         self._warned = set()
         self._fallbacks = 0
@@ -125,7 +126,8 @@ class Comm(HotComm):
         chosen = self._chosen - {"cico_max"}
         if any(cico_chosen for _, _, cico_chosen in everyone):
             chosen.add("cico_max")
-        config.fit_to_load(cfg, [cpus for cpus, _, _ in everyone], chosen)
+        self._crowded, _ = config.fit_to_load(
+            cfg, [cpus for cpus, _, _ in everyone], chosen)
 
     # -- errors and fallback ------------------------------------------------
 
@@ -239,7 +241,9 @@ class Comm(HotComm):
 
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):
         """A persistent Allreduce of SENDBUF into RECVBUF."""
-        p = self._allreduce_plan(sendbuf, recvbuf, op)
+        in_place = sendbuf is _IN_PLACE or sendbuf is None
+        flags = self._shared_flag(recvbuf, None if in_place else sendbuf)
+        p = self._allreduce_plan(sendbuf, recvbuf, op, flags)
         if p is None:
             return self._comm.Allreduce_init(sendbuf, recvbuf, op,
                                              *_info(info))
@@ -247,12 +251,42 @@ class Comm(HotComm):
 
     def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=None):
         """A persistent Reduce of SENDBUF into ROOT's RECVBUF."""
-        p = self._reduce_plan(sendbuf, recvbuf, op, root)
+        in_place = sendbuf is _IN_PLACE or sendbuf is None
+        at_root = root == self._comm.rank
+        flags = self._shared_flag(None if in_place else sendbuf,
+                                  recvbuf if at_root else None)
+        p = self._reduce_plan(sendbuf, recvbuf, op, root, flags)
         if p is None:
             return self._comm.Reduce_init(sendbuf, recvbuf, op, root,
                                           *_info(info))
         return Request(p[4], f"Reduce(root={root}, {p[5].count} elements)",
                        self, p)
+
+    def _shared_flag(self, *arrays):
+        """Collective, from *_init: XHC_CALL_SHARED if every rank's ARRAYS
+        (None: not this rank's to pass) lie wholly in this communicator's
+        Comm.empty memory, else 0.  The flag lets the core take the
+        reduce-scatter, which reads them in place, from smaller sizes; it
+        chooses the path, so the ranks agree on it here, before any rank
+        can raise about its own arguments.  Crowded nodes keep the slots
+        (see config.fit_to_load)."""
+        if not self._usable() or self._crowded or self._comm.size == 1:
+            return 0
+        mine = bool(self._keep) and all(a is None or self._in_shared(a)
+                                  for a in arrays)
+        return lib.XHC_CALL_SHARED if all(self._comm.allgather(mine)) else 0
+
+    def _in_shared(self, arr):
+        """Is ARR a C-contiguous ndarray wholly inside one of our Comm.empty
+        regions?  Never raises: bad arguments are judged later."""
+        if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
+            return False
+        lo = arr.__array_interface__["data"][0]
+        for mm, base in self._keep:
+            start = int(ffi.cast("uintptr_t", base))
+            if start <= lo and lo + arr.nbytes <= start + len(mm):
+                return True
+        return False
 
     # -- plans: argument checks, off the hot path -----------------------------
 
@@ -315,8 +349,10 @@ class Comm(HotComm):
             self._remember(self._bcast_plans, id(buf), plan)
         return plan
 
-    def _allreduce_plan(self, sendbuf, recvbuf, op):
-        """(sendbuf, recvbuf, op, run, call, ...): see _plan."""
+    def _allreduce_plan(self, sendbuf, recvbuf, op, flags=0):
+        """(sendbuf, recvbuf, op, run, call, ...): see _plan.  A plan with
+        FLAGS (agreed in *_init) is its request's alone: never remembered
+        for blocking calls."""
         if not self._usable():
             return None
         in_place = sendbuf is _IN_PLACE or sendbuf is None  # as mpi4py
@@ -327,19 +363,20 @@ class Comm(HotComm):
             return None
         _check_pair(s, r, known, "Allreduce")
         call = _call(self._ctx, lib.XHC_ALLREDUCE, s, r, r.count, r.dtype,
-                     OPS[id(known)])
+                     OPS[id(known)], flags=flags)
         moves = [(r, True, True)] if s is r else [(s, True, False),
                                                   (r, False, True)]
         plan = _plan((sendbuf, recvbuf, op), call, moves,
                      [(0, sendbuf, False), (1, recvbuf, True)],
                      r.nbytes + (0 if s is r else s.nbytes), (s, r))
-        if not isinstance(recvbuf, (list, tuple)) \
+        if not flags and not isinstance(recvbuf, (list, tuple)) \
                 and not isinstance(sendbuf, (list, tuple)):
             self._remember(self._allreduce_plans, id(recvbuf), plan)
         return plan
 
-    def _reduce_plan(self, sendbuf, recvbuf, op, root):
-        """(sendbuf, recvbuf, op, root, run, call, ...): see _plan."""
+    def _reduce_plan(self, sendbuf, recvbuf, op, root, flags=0):
+        """(sendbuf, recvbuf, op, root, run, call, ...): see _plan; FLAGS
+        as for _allreduce_plan."""
         if not self._usable():
             return None
         root = self._root_arg(root, "Reduce")
@@ -356,7 +393,7 @@ class Comm(HotComm):
         if is_root:
             r = self._root_recv(s, recvbuf, known, root, in_place)
         call = _call(self._ctx, lib.XHC_REDUCE, s, r, s.count, s.dtype,
-                     OPS[id(known)], root)
+                     OPS[id(known)], root, flags)
         moves = [(s, True, s is r)] + ([(r, False, True)]
                                        if r is not None and r is not s
                                        else [])
@@ -364,7 +401,7 @@ class Comm(HotComm):
                      [(0, sendbuf, False), (1, recvbuf, is_root)],
                      s.nbytes + (r.nbytes if r and r is not s else 0),
                      (s, r))
-        if not isinstance(sendbuf, (list, tuple)) \
+        if not flags and not isinstance(sendbuf, (list, tuple)) \
                 and not isinstance(recvbuf, (list, tuple)):
             self._remember(self._reduce_plans, id(sendbuf), plan)
         return plan
@@ -482,12 +519,13 @@ class Comm(HotComm):
                 f"{self._state}>")
 
 
-def _call(ctx, kind, s, r, count, dtype=0, op=0, root=0):
+def _call(ctx, kind, s, r, count, dtype=0, op=0, root=0, flags=0):
     """An xhc_call for buffers S and R (Buffer or None).  The plan that
     keeps it also keeps S and R, whose pointers it holds."""
     return ffi.new(_CALL_T, [
         ctx, s.ptr if s is not None else ffi.NULL,
-        r.ptr if r is not None else ffi.NULL, count, kind, dtype, op, root])
+        r.ptr if r is not None else ffi.NULL, count, kind, dtype, op, root,
+        flags])
 
 
 # Where a plan keeps what _remember and xhc/_hot.c read, from its end: the

@@ -261,6 +261,7 @@ class Sizes:
         self.copy = xcomm.xhc_info["copy"]
         self.seq_start = cfg["seq_start"]
         self.keys = set(xcomm.stats)
+        self.crowded = bool(cfg["bcast_rounds"])
 
     def bcast_bytes(self):
         """Byte counts crossing every threshold, odd sizes, several MiB
@@ -299,6 +300,16 @@ class Sizes:
         if nbytes <= slots.get(kind, self.cico):
             return kind + ".cico"
         return self.large_key(kind)
+
+    def persistent_path(self, kind, nbytes, size, shared):
+        """The counter a persistent reduction raises: from 8 KiB
+        (Allreduce) or 16 KiB (Reduce) the reduce-scatter when its ranks
+        agreed at *_init that all its buffers are Comm.empty arrays (SHARED)
+        and do not outnumber the cores; else as a blocking call."""
+        least = {"allreduce": 8192, "reduce": 16384}[kind]
+        if shared and not self.crowded and size > 1 and nbytes >= least:
+            return self.large_key(kind)
+        return self.path(kind, nbytes, size)
 
     def large_key(self, kind):
         """The counter of messages above cico_max: "KIND.large" (pipelined
@@ -1086,6 +1097,7 @@ def suite_zerocopy(xcomm, comm, v, sz, args):
                             err = f"stats[{path!r}] did not rise by one"
                         v.case(f"{tag}: Reduce {op} root {root} {mode}"
                                f"{' IN_PLACE' if ip else ''}", err)
+    persistent_shared(xcomm, comm, v, sz)
     # The large-message (in-place) counters rose in this suite, on more
     # than one rank.
     st = xcomm.stats
@@ -1094,6 +1106,66 @@ def suite_zerocopy(xcomm, comm, v, sz, args):
     ok = all(large.values()) if n > 1 else not any(large.values())
     v.check("large-message path counters", ok,
             f"copy={sz.copy}, {n} ranks: {large}")
+
+
+def persistent_shared(xcomm, comm, v, sz):
+    """Persistent reductions on Comm.empty arrays, from 4 KiB to cico_max:
+    when every rank's buffers are such arrays, the ranks agree at *_init
+    to take the reduce-scatter from smaller sizes; with a private buffer
+    on any rank they keep the slots.  Results against numpy over several
+    starts on changing data; each start raises the expected counter; a
+    blocking call on the same arrays keeps its own path."""
+    n, rank = comm.size, comm.rank
+    dt = np.dtype("f8")
+    sizes = sorted({4096, 8192, 16384, sz.cico})
+    # Two allocations (a communicator holds at most 64), sliced per size.
+    whole_a, whole_b = (xcomm.empty(sizes[-1] // 8, dt) for _ in range(2))
+    for nbytes in sizes:
+        count = nbytes // 8
+        a, b = whole_a[:count], whole_b[:count]
+        private = np.empty(count, dt)
+        cases = [("allreduce", "shared", True), ("allreduce", "IN_PLACE", True),
+                 ("allreduce", "mixed sends", False),
+                 ("reduce", "shared", True), ("reduce", "private root", False)]
+        for ci, (kind, mode, shared) in enumerate(cases):
+            root = (ci + nbytes // 4096) % n
+            send = private if mode == "mixed sends" and rank % 2 else a
+            out = private if mode == "private root" else b
+            if kind == "allreduce":
+                req = xcomm.Allreduce_init(
+                    MPI.IN_PLACE if mode == "IN_PLACE" else send, out)
+            else:
+                req = xcomm.Reduce_init(send, out if rank == root else None,
+                                        root=root)
+            path = sz.persistent_path(kind, nbytes, n, shared)
+            tag = f"persistent {kind} {mode} ({nbytes} B)"
+            for i in range(3):
+                ins = [values(dt, "SUM", seed_of(170, nbytes, ci, i, r), count)
+                       for r in range(n)]
+                (out if mode == "IN_PLACE" else send)[:] = ins[rank]
+                if mode != "IN_PLACE":
+                    raw(out)[:] = POISON
+                before = xcomm.stats
+                req.Start()
+                req.Wait()
+                err = None
+                if kind == "allreduce" or rank == root:
+                    err = compare(out, np_fold("SUM", ins), "SUM", dt)
+                if err is None and path and \
+                        xcomm.stats.get(path, 0) - before.get(path, 0) != 1:
+                    err = f"stats[{path!r}] did not rise by one"
+                v.case(f"{tag} #{i}", err)
+            req.Free()
+            send[:] = rank + 1
+            before = xcomm.stats
+            if kind == "allreduce":
+                xcomm.Allreduce(send, out)
+            else:
+                xcomm.Reduce(send, out if rank == root else None, root=root)
+            path = sz.path(kind, nbytes, n)
+            v.check(f"{tag}: then a blocking call", not path or
+                    xcomm.stats[path] - before.get(path, 0) == 1,
+                    f"stats[{path!r}] did not rise by one")
 
 
 # -- fallback ----------------------------------------------------------------
