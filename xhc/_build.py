@@ -9,6 +9,7 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(os.path.dirname(HERE), "csrc")
 SOURCES = sorted(f for f in os.listdir(CSRC) if f.endswith(".c"))
+HEADERS = sorted(f for f in os.listdir(CSRC) if f.endswith(".h"))
 
 
 def cdef_of(header_text):
@@ -29,6 +30,8 @@ def build_ffi():
     ffi.set_source(
         "xhc._xhc", '#include "xhc.h"',
         sources=[os.path.relpath(os.path.join(CSRC, s)) for s in SOURCES],
+        # A changed header rebuilds the core, as a changed source does.
+        depends=[os.path.relpath(os.path.join(CSRC, h)) for h in HEADERS],
         include_dirs=[os.path.relpath(CSRC)],
         define_macros=[("_GNU_SOURCE", None)],
         # Hidden: calls inside the core are direct, not through the PLT.
