@@ -24,7 +24,6 @@ _IN_PLACE = MPI.IN_PLACE
 _ALIKE = ("sleep", "windows", "copy", "debug", "cico_max", "chunk_size",
           "seq_start")
 _run = lib.xhc_run
-_reduce = lib.xhc_reduce
 _barrier = lib.xhc_barrier
 _CALL_T = ffi.typeof("xhc_call_t *")  # field order: see csrc/xhc.h
 _run_fn = ffi.addressof(lib, "xhc_run")
@@ -252,9 +251,9 @@ class Comm(HotComm):
     def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=None):
         """A persistent Reduce of SENDBUF into ROOT's RECVBUF."""
         in_place = sendbuf is _IN_PLACE or sendbuf is None
-        at_root = root == self._comm.rank
         flags = self._shared_flag(None if in_place else sendbuf,
-                                  recvbuf if at_root else None)
+                                  recvbuf if _same_rank(root, self._comm.rank)
+                                  else None)
         p = self._reduce_plan(sendbuf, recvbuf, op, root, flags)
         if p is None:
             return self._comm.Reduce_init(sendbuf, recvbuf, op, root,
@@ -270,10 +269,11 @@ class Comm(HotComm):
         chooses the path, so the ranks agree on it here, before any rank
         can raise about its own arguments.  Crowded nodes keep the slots
         (see config.fit_to_load)."""
-        if not self._usable() or self._crowded or self._comm.size == 1:
+        # Comm.empty is collective: no rank or every rank has such memory.
+        if not self._usable() or self._crowded or self._comm.size == 1 \
+                or not self._keep:
             return 0
-        mine = bool(self._keep) and all(a is None or self._in_shared(a)
-                                  for a in arrays)
+        mine = all(a is None or self._in_shared(a) for a in arrays)
         return lib.XHC_CALL_SHARED if all(self._comm.allgather(mine)) else 0
 
     def _in_shared(self, arr):
@@ -391,7 +391,7 @@ class Comm(HotComm):
         _check_op(s, known, "Reduce")
         r = None
         if is_root:
-            r = self._root_recv(s, recvbuf, known, root, in_place)
+            r = self._root_recv(s, recvbuf, known, root, in_place, flags)
         call = _call(self._ctx, lib.XHC_REDUCE, s, r, s.count, s.dtype,
                      OPS[id(known)], root, flags)
         moves = [(s, True, s is r)] + ([(r, False, True)]
@@ -416,10 +416,12 @@ class Comm(HotComm):
         raise ValueError("Bcast: the buffer is read-only on a receiving "
                          "rank; pass a writable array")
 
-    def _root_recv(self, s, recvbuf, op, root, in_place):
+    def _root_recv(self, s, recvbuf, op, root, in_place, flags=0):
         """The root's receive buffer.  Only the root sees it, so if it is
         bad the root still takes part in the Reduce, into scratch memory,
-        before it raises: the other ranks stay in step."""
+        before it raises: the other ranks stay in step.  With FLAGS (a
+        request's, agreed in Reduce_init) it takes the path their
+        requests will."""
         try:
             r = s if in_place else self._resolve(recvbuf)
             if r is None:
@@ -430,8 +432,9 @@ class Comm(HotComm):
             return r
         except (TypeError, ValueError):
             scratch = ffi.new("char[]", max(s.nbytes, 1))
-            self._in_core(_reduce, self._ctx, s.ptr, scratch, s.count,
-                          s.dtype, OPS[id(op)], root)
+            self._in_core(_run, ffi.new(_CALL_T, [
+                self._ctx, s.ptr, scratch, s.count, lib.XHC_REDUCE, s.dtype,
+                OPS[id(op)], root, flags]))
             raise
 
     def _reducible(self, op, dtype):
@@ -517,6 +520,15 @@ class Comm(HotComm):
     def __repr__(self):
         return (f"<xhc.Comm rank {self._comm.rank} of {self._comm.size}, "
                 f"{self._state}>")
+
+
+def _same_rank(root, rank):
+    """Is ROOT (any integer-like object) RANK?  Never raises: a bad root
+    is judged later, alike on every rank."""
+    try:
+        return operator.index(root) == rank
+    except TypeError:
+        return False
 
 
 def _call(ctx, kind, s, r, count, dtype=0, op=0, root=0, flags=0):

@@ -1126,24 +1126,33 @@ def persistent_shared(xcomm, comm, v, sz):
         private = np.empty(count, dt)
         cases = [("allreduce", "shared", True), ("allreduce", "IN_PLACE", True),
                  ("allreduce", "mixed sends", False),
-                 ("reduce", "shared", True), ("reduce", "private root", False)]
+                 ("reduce", "shared", True), ("reduce", "IN_PLACE", True),
+                 ("reduce", "private receive buffers off the root", True),
+                 ("reduce", "private root", False)]
         for ci, (kind, mode, shared) in enumerate(cases):
-            root = (ci + nbytes // 4096) % n
+            root = np.int64((ci + nbytes // 4096) % n)  # any integer type
             send = private if mode == "mixed sends" and rank % 2 else a
             out = private if mode == "private root" else b
+            in_place = mode == "IN_PLACE" and (kind == "allreduce"
+                                                or rank == root)
             if kind == "allreduce":
                 req = xcomm.Allreduce_init(
-                    MPI.IN_PLACE if mode == "IN_PLACE" else send, out)
+                    MPI.IN_PLACE if in_place else send, out)
             else:
-                req = xcomm.Reduce_init(send, out if rank == root else None,
+                other = private if mode.startswith("private receive") \
+                    else None
+                req = xcomm.Reduce_init(MPI.IN_PLACE if in_place else send,
+                                        out if rank == root else other,
                                         root=root)
+            if in_place:
+                send = out
             path = sz.persistent_path(kind, nbytes, n, shared)
             tag = f"persistent {kind} {mode} ({nbytes} B)"
             for i in range(3):
                 ins = [values(dt, "SUM", seed_of(170, nbytes, ci, i, r), count)
                        for r in range(n)]
-                (out if mode == "IN_PLACE" else send)[:] = ins[rank]
-                if mode != "IN_PLACE":
+                send[:] = ins[rank]
+                if not in_place:
                     raw(out)[:] = POISON
                 before = xcomm.stats
                 req.Start()
@@ -1166,6 +1175,38 @@ def persistent_shared(xcomm, comm, v, sz):
             v.check(f"{tag}: then a blocking call", not path or
                     xcomm.stats[path] - before.get(path, 0) == 1,
                     f"stats[{path!r}] did not rise by one")
+        bad_root_receive_buffer(xcomm, comm, v, a, nbytes)
+
+
+def bad_root_receive_buffer(xcomm, comm, v, a, nbytes):
+    """Reduce_init whose root passes a Comm.empty receive buffer of the
+    wrong dtype: the ranks have agreed on the shared path, the root takes
+    part once, into scratch memory, along it, and raises; the others'
+    first start meets that, and the communicator stays in step."""
+    n, rank, root = comm.size, comm.rank, comm.size - 1
+    bad = xcomm.empty(a.size, "f4") if nbytes == 16384 else None
+    if bad is None:
+        return
+    err = None
+    try:
+        req = xcomm.Reduce_init(a, bad if rank == root else None, root=root)
+        if rank == root:
+            err = "no error for a receive buffer of the wrong dtype"
+        else:
+            req.Start()
+            req.Wait()
+            req.Free()
+    except ValueError:
+        if rank != root:
+            err = "a rank with good buffers raised"
+    ins = [values(np.dtype("f8"), "SUM", seed_of(171, r), a.size)
+           for r in range(n)]
+    a[:] = ins[rank]
+    out = np.empty_like(a)
+    xcomm.Allreduce(a, out)
+    err = err or compare(out, np_fold("SUM", ins), "SUM", a.dtype)
+    v.case(f"Reduce_init, root's shared receive buffer of the wrong dtype "
+           f"({nbytes} B), then an Allreduce", err)
 
 
 # -- fallback ----------------------------------------------------------------
