@@ -11,7 +11,9 @@ inline path and about one in six is larger than the default 32K
 copy-in-copy-out limit); a dtype among int8..uint64, float32 and
 float64; an op among SUM, PROD, MIN, MAX, BAND, BOR, BXOR, LAND, LOR and
 LXOR where MPI defines it; a root; sometimes MPI.IN_PLACE; sometimes
-(--zero-copy, default 0.2) buffers from Comm.empty, read in place.
+(--zero-copy, default 0.2) buffers from Comm.empty, read in place; and
+one reduction in ten as a persistent request (made, started once and
+freed), whose ranks agree at *_init whether all its buffers are shared.
 
 Each rank's input to operation I is a window of a random pool chosen by
 (I, rank), so every rank knows every other rank's input and checks its
@@ -180,6 +182,7 @@ class Soak:
         self.errors = 0
         self.nbytes = 0
         self.checked = 0
+        self.persistent = False
 
     def close(self):
         self.board.free()
@@ -204,8 +207,9 @@ class Soak:
         zero_copy = r.random() < self.args.zero_copy
         recv_none = r.random() < 0.5
         delay = int(r.integers(self.size)) if r.random() < 0.05 else -1
+        persistent = r.random() < 0.1
         return kind, dtype, op, count, root, in_place, zero_copy, recv_none, \
-            delay
+            delay, persistent
 
     # -- buffers --------------------------------------------------------------
 
@@ -230,10 +234,12 @@ class Soak:
 
     def step(self, i):
         kind, dtype, op, count, root, in_place, zero_copy, recv_none, \
-            delay = self.draw()
+            delay, persistent = self.draw()
         nbytes = count * dtype.itemsize
         what = (f"{kind} {count} x {dtype.name} op={op} root={root} "
-                f"in_place={in_place} zero_copy={zero_copy}")
+                f"in_place={in_place} zero_copy={zero_copy}"
+                f"{' persistent' if persistent else ''}")
+        self.persistent = persistent
         try:
             if kind == "barrier":
                 self.barrier(i, delay)
@@ -265,6 +271,17 @@ class Soak:
                   f"{self.board.count}: ranks {late.tolist()} had not "
                   "arrived", file=sys.stderr, flush=True)
 
+    def run_one(self, name, *args, **kwargs):
+        """xc.NAME(*ARGS, **KWARGS), or as a persistent request made,
+        started once and freed, as the draw says."""
+        if not self.persistent:
+            return getattr(self.xc, name)(*args, **kwargs)
+        req = getattr(self.xc, name + "_init")(*args, **kwargs)
+        req.Start()
+        req.Wait()
+        req.Free()
+        return None
+
     def bcast(self, i, what, dtype, count, root, zero_copy):
         want = self.inputs.raw(i, root, dtype, count)
         buf = self.buffer(0, dtype, count, zero_copy)
@@ -281,12 +298,12 @@ class Soak:
         recv = self.buffer(1, dtype, count, zero_copy)
         if in_place:
             recv[...] = ins[self.rank]
-            self.xc.Allreduce(MPI.IN_PLACE, recv, op=getattr(MPI, op))
+            self.run_one("Allreduce", MPI.IN_PLACE, recv, op=getattr(MPI, op))
         else:
             send = self.buffer(0, dtype, count, zero_copy)
             send[...] = ins[self.rank]
             recv.view(np.uint8)[...] = SENTINEL
-            self.xc.Allreduce(send, recv, op=getattr(MPI, op))
+            self.run_one("Allreduce", send, recv, op=getattr(MPI, op))
             self.check(i, what + " (sendbuf kept)", send, ins[self.rank])
         self.check(i, what, recv, fold(op, ins))
 
@@ -302,9 +319,10 @@ class Soak:
             recv.view(np.uint8)[...] = SENTINEL
         if is_root and in_place:
             recv[...] = mine
-            self.xc.Reduce(MPI.IN_PLACE, recv, op=getattr(MPI, op), root=root)
+            self.run_one("Reduce", MPI.IN_PLACE, recv, op=getattr(MPI, op),
+                         root=root)
         else:
-            self.xc.Reduce(send, recv, op=getattr(MPI, op), root=root)
+            self.run_one("Reduce", send, recv, op=getattr(MPI, op), root=root)
             self.check(i, what + " (sendbuf kept)", send, mine)
         if is_root:
             ins = [self.inputs.values(i, r, dtype, op, count)
