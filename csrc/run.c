@@ -10,7 +10,8 @@ int xhc_run(const xhc_call_t *c)
     case XHC_BARRIER:
         return xhc_barrier(c->ctx);
     case XHC_BCAST:
-        return xhc_bcast(c->ctx, c->rbuf, c->count, c->root);
+        return xhc_bcast_with(c->ctx, c->rbuf, c->count, c->root,
+                              c->flags);
     case XHC_ALLREDUCE:
         return xhc_allreduce_with(c->ctx, c->sbuf, c->rbuf, c->count,
                                   c->dtype, c->op, c->flags);

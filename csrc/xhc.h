@@ -117,12 +117,14 @@ typedef struct xhc_call {
     int32_t flags;    /* XHC_CALL_* */
 } xhc_call_t;
 
-/* A reduction whose ranks agreed, when they made their calls, that every
- * buffer it reads in place is in a registered region (every send buffer;
- * every receive buffer for Allreduce, the root's for Reduce).  It then
- * takes the reduce-scatter, which reads such buffers where they are, from
- * a smaller size than cico_max.  Every rank's call must carry it alike:
- * it chooses the path.  Set it only when ranks do not outnumber cores. */
+/* A call whose ranks agreed, when they made it, that every buffer it
+ * could read in place is in a registered region (Bcast: the root's;
+ * Allreduce: every send and receive buffer; Reduce: every send buffer
+ * and the root's receive buffer).  It then takes the path that reads
+ * such buffers where they are (Bcast's in-place large path, the
+ * reduce-scatter) from a smaller size than cico_max.  Every rank's call
+ * must carry it alike: it chooses the path.  Set it only when ranks do
+ * not outnumber cores. */
 #define XHC_CALL_SHARED 1
 
 int xhc_run(const xhc_call_t *call);

@@ -242,6 +242,8 @@ typedef int (*xhc_small_fn)(xhc_ctx_t *ctx, const struct xhc_view *v,
 int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
                   size_t count, int dtype, int op, int root, int flags,
                   xhc_small_fn small);
+int xhc_bcast_with(xhc_ctx_t *ctx, void *buf, size_t nbytes, int root,
+                   int flags);
 int xhc_allreduce_with(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                        size_t count, int dtype, int op, int flags);
 int xhc_reduce_with(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,

@@ -233,7 +233,9 @@ class Comm(HotComm):
 
     def Bcast_init(self, buf, root=0, info=None):
         """A persistent Bcast of BUF from ROOT."""
-        p = self._bcast_plan(buf, root, remember=False)
+        flags = self._shared_flag(buf if _same_rank(root, self._comm.rank)
+                                  else None)
+        p = self._bcast_plan(buf, root, remember=False, flags=flags)
         if p is None:
             return self._comm.Bcast_init(buf, root, *_info(info))
         return Request(p[2], f"Bcast(root={root}, {p[3].count} B)", self, p)
@@ -264,8 +266,8 @@ class Comm(HotComm):
     def _shared_flag(self, *arrays):
         """Collective, from *_init: XHC_CALL_SHARED if every rank's ARRAYS
         (None: not this rank's to pass) lie wholly in this communicator's
-        Comm.empty memory, else 0.  The flag lets the core take the
-        reduce-scatter, which reads them in place, from smaller sizes; it
+        Comm.empty memory, else 0.  The flag lets the core take the paths
+        that read them in place from smaller sizes; it
         chooses the path, so the ranks agree on it here, before any rank
         can raise about its own arguments.  Crowded nodes keep the slots
         (see config.fit_to_load)."""
@@ -331,8 +333,9 @@ class Comm(HotComm):
                              f"an int from 0 to {self._comm.size - 1}")
         return r
 
-    def _bcast_plan(self, buf, root, remember=True):
-        """(buf, root, run, call, buffer, ...): see _plan."""
+    def _bcast_plan(self, buf, root, remember=True, flags=0):
+        """(buf, root, run, call, buffer, ...): see _plan; FLAGS as for
+        _allreduce_plan."""
         if not self._usable():
             return None
         root = self._root_arg(root, "Bcast")
@@ -341,11 +344,12 @@ class Comm(HotComm):
             return None
         sink = self._comm.rank != root
         if sink and not b.writable:
-            self._take_part_then_raise(b, root)
-        call = _call(self._ctx, lib.XHC_BCAST, None, b, b.nbytes, root=root)
+            self._take_part_then_raise(b, root, flags)
+        call = _call(self._ctx, lib.XHC_BCAST, None, b, b.nbytes, root=root,
+                     flags=flags)
         plan = _plan((buf, root), call, [(b, not sink, sink)],
                      [(0, buf, sink)], b.nbytes, (b,))
-        if remember and not isinstance(buf, (list, tuple)):
+        if remember and not flags and not isinstance(buf, (list, tuple)):
             self._remember(self._bcast_plans, id(buf), plan)
         return plan
 
@@ -406,13 +410,15 @@ class Comm(HotComm):
             self._remember(self._reduce_plans, id(sendbuf), plan)
         return plan
 
-    def _take_part_then_raise(self, b, root):
+    def _take_part_then_raise(self, b, root, flags=0):
         """A Bcast into read-only B, on a rank that receives: only this rank
         knows, so it still takes part, into scratch memory, before it
         raises; the root (whose buffer may be read-only, as in mpi4py) and
-        the other ranks stay in step."""
+        the other ranks stay in step, along the path FLAGS (a request's,
+        agreed in Bcast_init) chooses."""
         scratch = ffi.new("char[]", max(b.nbytes, 1))
-        self._in_core(lib.xhc_bcast, self._ctx, scratch, b.nbytes, root)
+        self._in_core(_run, _call(self._ctx, lib.XHC_BCAST, None, scratch,
+                                  b.nbytes, root=root, flags=flags))
         raise ValueError("Bcast: the buffer is read-only on a receiving "
                          "rank; pass a writable array")
 
@@ -432,9 +438,9 @@ class Comm(HotComm):
             return r
         except (TypeError, ValueError):
             scratch = ffi.new("char[]", max(s.nbytes, 1))
-            self._in_core(_run, ffi.new(_CALL_T, [
-                self._ctx, s.ptr, scratch, s.count, lib.XHC_REDUCE, s.dtype,
-                OPS[id(op)], root, flags]))
+            self._in_core(_run, _call(self._ctx, lib.XHC_REDUCE, s, scratch,
+                                      s.count, s.dtype, OPS[id(op)], root,
+                                      flags))
             raise
 
     def _reducible(self, op, dtype):
@@ -532,12 +538,14 @@ def _same_rank(root, rank):
 
 
 def _call(ctx, kind, s, r, count, dtype=0, op=0, root=0, flags=0):
-    """An xhc_call for buffers S and R (Buffer or None).  The plan that
-    keeps it also keeps S and R, whose pointers it holds."""
-    return ffi.new(_CALL_T, [
-        ctx, s.ptr if s is not None else ffi.NULL,
-        r.ptr if r is not None else ffi.NULL, count, kind, dtype, op, root,
-        flags])
+    """An xhc_call for buffers S and R (Buffer, cdata pointer or None).
+    Whoever keeps it also keeps S and R, whose pointers it holds."""
+    return ffi.new(_CALL_T, [ctx, _ptr(s), _ptr(r), count, kind, dtype, op,
+                             root, flags])
+
+
+def _ptr(b):
+    return ffi.NULL if b is None else getattr(b, "ptr", b)
 
 
 # Where a plan keeps what _remember and xhc/_hot.c read, from its end: the

@@ -302,11 +302,12 @@ class Sizes:
         return self.large_key(kind)
 
     def persistent_path(self, kind, nbytes, size, shared):
-        """The counter a persistent reduction raises: from 8 KiB
-        (Allreduce) or 16 KiB (Reduce) the reduce-scatter when its ranks
-        agreed at *_init that all its buffers are Comm.empty arrays (SHARED)
-        and do not outnumber the cores; else as a blocking call."""
-        least = {"allreduce": 8192, "reduce": 16384}[kind]
+        """The counter a persistent call raises: from 16 KiB (Bcast,
+        Reduce) or 8 KiB (Allreduce) the path that reads in place when its
+        ranks agreed at *_init that the buffers it reads are Comm.empty
+        arrays (SHARED) and do not outnumber the cores; else as a blocking
+        call."""
+        least = {"bcast": 16384, "allreduce": 8192, "reduce": 16384}[kind]
         if shared and not self.crowded and size > 1 and nbytes >= least:
             return self.large_key(kind)
         return self.path(kind, nbytes, size)
@@ -1109,12 +1110,13 @@ def suite_zerocopy(xcomm, comm, v, sz, args):
 
 
 def persistent_shared(xcomm, comm, v, sz):
-    """Persistent reductions on Comm.empty arrays, from 4 KiB to cico_max:
-    when every rank's buffers are such arrays, the ranks agree at *_init
-    to take the reduce-scatter from smaller sizes; with a private buffer
-    on any rank they keep the slots.  Results against numpy over several
-    starts on changing data; each start raises the expected counter; a
-    blocking call on the same arrays keeps its own path."""
+    """Persistent calls on Comm.empty arrays, from 4 KiB to cico_max: when
+    every buffer they read is such an array, the ranks agree at *_init to
+    read in place from smaller sizes; with a private one they keep the
+    slots.  Results against numpy over several starts on changing data;
+    each start raises the expected counter; a blocking call on the same
+    arrays keeps its own path."""
+    persistent_bcast_shared(xcomm, comm, v, sz)
     n, rank = comm.size, comm.rank
     dt = np.dtype("f8")
     sizes = sorted({4096, 8192, 16384, sz.cico})
@@ -1176,6 +1178,70 @@ def persistent_shared(xcomm, comm, v, sz):
                     xcomm.stats[path] - before.get(path, 0) == 1,
                     f"stats[{path!r}] did not rise by one")
         bad_root_receive_buffer(xcomm, comm, v, a, nbytes)
+
+
+def persistent_bcast_shared(xcomm, comm, v, sz):
+    """Bcast_init from a root whose buffer is a Comm.empty array (the
+    others' may be private): read in place from 16 KiB."""
+    n, rank = comm.size, comm.rank
+    sizes = sorted({4096, 16384, sz.cico})
+    whole = xcomm.empty(sizes[-1], np.uint8)
+    for nbytes in sizes:
+        for mode, shared in (("shared root", True),
+                             ("private root, shared elsewhere", False),
+                             ("shared root, private elsewhere", True)):
+            root = (nbytes // 4096 + len(mode)) % n
+            private = (rank == root) == mode.startswith("private root")
+            buf = np.empty(nbytes, np.uint8) if private else whole[:nbytes]
+            req = xcomm.Bcast_init(buf, root=root)
+            path = sz.persistent_path("bcast", nbytes, n, shared)
+            tag = f"persistent bcast {mode} ({nbytes} B)"
+            for i in range(3):
+                want = pattern(seed_of(172, nbytes, i), nbytes)
+                buf[:] = want if rank == root else want ^ np.uint8(0xFF)
+                before = xcomm.stats
+                req.Start()
+                req.Wait()
+                err = None if np.array_equal(buf, want) else \
+                    first_diff(buf, want)
+                if err is None and path and \
+                        xcomm.stats.get(path, 0) - before.get(path, 0) != 1:
+                    err = f"stats[{path!r}] did not rise by one"
+                v.case(f"{tag} #{i}", err)
+            req.Free()
+    read_only_receiver(xcomm, comm, v, whole[:16384])
+
+
+def read_only_receiver(xcomm, comm, v, shared):
+    """Bcast_init from a root with a Comm.empty buffer, where the last rank
+    passes a read-only array: the ranks have agreed on the in-place path,
+    that rank takes part once, into scratch memory, along it, and raises;
+    the others' first start meets that, and the ranks stay in step."""
+    n, rank = comm.size, comm.rank
+    if n == 1:
+        return
+    err = None
+    buf = shared
+    if rank == n - 1:
+        buf = np.zeros(shared.size, np.uint8)
+        buf.flags.writeable = False
+    try:
+        req = xcomm.Bcast_init(buf, root=0)
+        if rank == n - 1:
+            err = "no error for a read-only buffer on a receiving rank"
+        else:
+            req.Start()
+            req.Wait()
+            req.Free()
+    except ValueError:
+        if rank != n - 1:
+            err = "a rank with a good buffer raised"
+    out = np.empty(4)
+    xcomm.Allreduce(np.full(4, rank + 1.0), out)
+    if err is None and not np.all(out == n * (n + 1) / 2):
+        err = f"then an Allreduce gave {out}"
+    v.case("Bcast_init, a read-only buffer on a receiving rank, then an "
+           "Allreduce", err)
 
 
 def bad_root_receive_buffer(xcomm, comm, v, a, nbytes):
