@@ -1209,6 +1209,12 @@ def persistent_bcast_shared(xcomm, comm, v, sz):
                     err = f"stats[{path!r}] did not rise by one"
                 v.case(f"{tag} #{i}", err)
             req.Free()
+            before = xcomm.stats
+            xcomm.Bcast(buf, root=root)
+            path = sz.path("bcast", nbytes, n)
+            v.check(f"{tag}: then a blocking call", not path or
+                    xcomm.stats[path] - before.get(path, 0) == 1,
+                    f"stats[{path!r}] did not rise by one")
     read_only_receiver(xcomm, comm, v, whole[:16384])
 
 
