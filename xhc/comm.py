@@ -267,10 +267,10 @@ class Comm(HotComm):
         """Collective, from *_init: XHC_CALL_SHARED if every rank's ARRAYS
         (None: not this rank's to pass) lie wholly in this communicator's
         Comm.empty memory, else 0.  The flag lets the core take the paths
-        that read them in place from smaller sizes; it
-        chooses the path, so the ranks agree on it here, before any rank
-        can raise about its own arguments.  Crowded nodes keep the slots
-        (see config.fit_to_load)."""
+        that read them in place from smaller sizes.  It chooses the path,
+        so the ranks agree on it here, before any rank can raise about its
+        own arguments.  Crowded nodes keep the slots (see
+        config.fit_to_load)."""
         # Comm.empty is collective: no rank or every rank has such memory.
         if not self._usable() or self._crowded or self._comm.size == 1 \
                 or not self._keep:
