@@ -1006,11 +1006,16 @@ def zerocopy_reduce(xcomm, a, b, mine, want, op, root, mode, ip):
     return compare(out, want, op, mine.dtype)
 
 
+def rose_by_one(before, after, path):
+    """None if the stats counter PATH (None: nothing to check) rose by one
+    from BEFORE to AFTER; else what is wrong."""
+    if path is None or after.get(path, 0) - before.get(path, 0) == 1:
+        return None
+    return f"stats[{path!r}] did not rise by one"
+
+
 def suite_zerocopy(xcomm, comm, v, sz, args):
     n, rank = comm.size, comm.rank
-
-    def delta(before, after, key):
-        return after.get(key, 0) - before.get(key, 0)
 
     start = xcomm.stats
     shapes = [(5,), (INLINE // 8 + 3,), (sz.cico // 8 - 1,), (3, sz.cico // 8),
@@ -1039,8 +1044,7 @@ def suite_zerocopy(xcomm, comm, v, sz, args):
                 err = None if np.array_equal(raw(a), want) else \
                     first_diff(raw(a), want)
                 path = sz.path("bcast", nbytes, n)
-                if err is None and path and delta(before, after, path) != 1:
-                    err = f"stats[{path!r}] did not rise by one"
+                err = err or rose_by_one(before, after, path)
                 ref = np.empty(shape, dt)
                 raw(ref)[:] = want if rank == root else 0
                 comm.Bcast(ref, root=root)
@@ -1080,9 +1084,7 @@ def suite_zerocopy(xcomm, comm, v, sz, args):
                     if err is None and not same_bits(out, ref):
                         err = "vs mpi4py: " + first_diff(out, ref)
                     path = sz.path("allreduce", nbytes, n)
-                    if err is None and path and \
-                            delta(before, after, path) != 1:
-                        err = f"stats[{path!r}] did not rise by one"
+                    err = err or rose_by_one(before, after, path)
                     v.case(f"{tag}: Allreduce {op} {mode}", err, digest(out))
                 for root in sorted({0, n - 1, (si + k) % n}):
                     ip = (si + k + root) % 2 == 0   # IN_PLACE at the root
@@ -1093,9 +1095,7 @@ def suite_zerocopy(xcomm, comm, v, sz, args):
                         err = zerocopy_reduce(xcomm, a, b, ins[rank], want,
                                               op, root, mode, ip)
                         path = sz.path("reduce", nbytes, n)
-                        if err is None and path and \
-                                delta(before, xcomm.stats, path) != 1:
-                            err = f"stats[{path!r}] did not rise by one"
+                        err = err or rose_by_one(before, xcomm.stats, path)
                         v.case(f"{tag}: Reduce {op} root {root} {mode}"
                                f"{' IN_PLACE' if ip else ''}", err)
     persistent_shared(xcomm, comm, v, sz)
@@ -1162,9 +1162,7 @@ def persistent_shared(xcomm, comm, v, sz):
                 err = None
                 if kind == "allreduce" or rank == root:
                     err = compare(out, np_fold("SUM", ins), "SUM", dt)
-                if err is None and path and \
-                        xcomm.stats.get(path, 0) - before.get(path, 0) != 1:
-                    err = f"stats[{path!r}] did not rise by one"
+                err = err or rose_by_one(before, xcomm.stats, path)
                 v.case(f"{tag} #{i}", err)
             req.Free()
             send[:] = rank + 1
@@ -1173,10 +1171,8 @@ def persistent_shared(xcomm, comm, v, sz):
                 xcomm.Allreduce(send, out)
             else:
                 xcomm.Reduce(send, out if rank == root else None, root=root)
-            path = sz.path(kind, nbytes, n)
-            v.check(f"{tag}: then a blocking call", not path or
-                    xcomm.stats[path] - before.get(path, 0) == 1,
-                    f"stats[{path!r}] did not rise by one")
+            v.case(f"{tag}: then a blocking call", rose_by_one(
+                before, xcomm.stats, sz.path(kind, nbytes, n)))
         bad_root_receive_buffer(xcomm, comm, v, a, nbytes)
 
 
@@ -1204,17 +1200,13 @@ def persistent_bcast_shared(xcomm, comm, v, sz):
                 req.Wait()
                 err = None if np.array_equal(buf, want) else \
                     first_diff(buf, want)
-                if err is None and path and \
-                        xcomm.stats.get(path, 0) - before.get(path, 0) != 1:
-                    err = f"stats[{path!r}] did not rise by one"
+                err = err or rose_by_one(before, xcomm.stats, path)
                 v.case(f"{tag} #{i}", err)
             req.Free()
             before = xcomm.stats
             xcomm.Bcast(buf, root=root)
-            path = sz.path("bcast", nbytes, n)
-            v.check(f"{tag}: then a blocking call", not path or
-                    xcomm.stats[path] - before.get(path, 0) == 1,
-                    f"stats[{path!r}] did not rise by one")
+            v.case(f"{tag}: then a blocking call", rose_by_one(
+                before, xcomm.stats, sz.path("bcast", nbytes, n)))
     read_only_receiver(xcomm, comm, v, whole[:16384])
 
 
