@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* kernels_test.c: print a hash of every reduction kernel's output.
+ *
+ * Built several ways (baseline, with the CPU-dispatched clones, at each
+ * -march level the CPU runs), every build must print the same lines: a
+ * wider build may fold faster, never differently.  Inputs mix random bits
+ * with the floating-point values where vector and scalar code could part
+ * ways (NaN, infinities, signed zeros, subnormals); lengths and offsets are
+ * odd so that every vector loop runs its scalar tail and unaligned loads.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "xhc_internal.h"
+
+#define COUNT 1031
+#define BYTES (COUNT * 8 + 64)
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static uint64_t next_bits(void)
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return rng;
+}
+
+static double special(uint64_t k)
+{
+    const double v[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0, -0.0,
+                        5e-324, -2.2e-308, 1.7e308, -1.0, 3.5};
+    return v[k % (sizeof v / sizeof v[0])];
+}
+
+/* Random bits, and for floating types every seventh element special. */
+static void fill(unsigned char *buf, int dtype, size_t esize)
+{
+    for (size_t i = 0; i < COUNT; i++) {
+        uint64_t bits = next_bits();
+        memcpy(buf + i * esize, &bits, esize);
+        if (dtype == XHC_FLOAT64 && bits % 7 == 0) {
+            double d = special(bits >> 8);
+            memcpy(buf + i * esize, &d, esize);
+        } else if (dtype == XHC_FLOAT32 && bits % 7 == 0) {
+            float f = (float)special(bits >> 8);
+            memcpy(buf + i * esize, &f, esize);
+        }
+    }
+}
+
+static uint64_t fnv1a(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+int main(void)
+{
+    static unsigned char a[BYTES], b[BYTES], dst[BYTES];
+    for (int dtype = 0; dtype < XHC_NDTYPES; dtype++) {
+        size_t esize = xhc_dtype_size(dtype);
+        for (int op = 0; op < XHC_NOPS; op++) {
+            xhc_reduce_fn fn = xhc_reduce_fn_get(dtype, op);
+            if (!fn)
+                continue;
+            /* Odd offsets: no operand starts on a vector boundary. */
+            unsigned char *pa = a + 3 * esize, *pb = b + 5 * esize;
+            fill(pa, dtype, esize);
+            fill(pb, dtype, esize);
+            fn(dst + esize, pa, pb, COUNT);
+            uint64_t apart = fnv1a(dst + esize, COUNT * esize);
+            fn(pb, pa, pb, COUNT); /* in place, as folds into a source */
+            printf("%d %d %016llx %016llx\n", dtype, op,
+                   (unsigned long long)apart,
+                   (unsigned long long)fnv1a(pb, COUNT * esize));
+        }
+    }
+    return 0;
+}
