@@ -317,6 +317,37 @@ def test_info_text_and_errors():
     assert proc.returncode == 1 and "accepted" in proc.stderr
 
 
+# Run python -m xhc with argv[1:], then fail if it started MPI.
+NO_MPI = """
+import sys
+from xhc.__main__ import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as exc:  # --help, and argparse's errors
+    status = exc.code
+mpi = sys.modules.get("mpi4py.MPI")
+assert mpi is None or not mpi.Is_initialized(), "MPI was started"
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize("args", [
+    ["--help"], ["info", "--help"], ["info", "--bogus"],
+    ["info", "--topology", "pack:2 core:2 pu:1", "--ranks", "4", "--json"],
+    ["info", "--topology", XML, "--ranks", "8"]])
+def test_offline_commands_never_start_mpi(args):
+    """What needs no MPI starts none: a singleton Open MPI would leave its
+    segment in /dev/shm after each of these commands."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    with mpi_scratch() as scratch:          # in case it does start
+        proc = subprocess.run([sys.executable, "-c", NO_MPI, *args],
+                              cwd=ROOT, env={**env, **scratch},
+                              capture_output=True, text=True, timeout=60)
+    assert "MPI was started" not in proc.stderr, proc.stderr
+    assert proc.returncode == (2 if "--bogus" in args else 0), proc.stderr
+    assert proc.stdout or "--bogus" in args
+
+
 @pytest.mark.parametrize("n, env", [(2, {}), (4, {}),
                                     (4, {"XHC_WINDOWS": "5", "XHC_SPIN": "99",
                                          "XHC_SLEEP": "7",
