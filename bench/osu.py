@@ -72,6 +72,12 @@ if not __package__:  # run as a path: python -m mpi4py bench/osu.py
         os.path.abspath(__file__))))
 
 import mpi4py  # noqa: E402
+
+# MPI starts once the arguments parse (_check_opts), so that --help and a
+# malformed command line in a process run alone never start it: a
+# singleton Open MPI leaves a file in /dev/shm.
+mpi4py.rc.initialize = False
+mpi4py.rc.finalize = True
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
@@ -245,18 +251,35 @@ COMMANDS = {
 
 # -- options -----------------------------------------------------------------
 
+# Set by the launchers (Open MPI, PMIx, MPICH's Hydra) in every rank.
+LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
+
+
+def _world():
+    """COMM_WORLD, starting MPI if a launcher started this process; None
+    in a process run alone, which prints and exits without MPI."""
+    if not MPI.Is_initialized():
+        if not any(var in os.environ for var in LAUNCHER_VARS):
+            return None
+        MPI.Init_thread()
+    return MPI.COMM_WORLD
+
+
 class _Parser(argparse.ArgumentParser):
     """Print help and errors once (rank 0); every rank exits together."""
 
     def _print_message(self, message, file=None):
-        if MPI.COMM_WORLD.rank == 0:
+        world = _world()
+        if world is None or world.rank == 0:
             super()._print_message(message, file)
 
     def exit(self, status=0, message=None):
         if message:
             self._print_message(message, sys.stderr)
         sys.stderr.flush()
-        MPI.COMM_WORLD.Barrier()  # rank 0 has printed before anyone exits
+        world = _world()
+        if world is not None:
+            world.Barrier()  # rank 0 has printed before anyone exits
         sys.exit(status)
 
 
@@ -363,12 +386,17 @@ def _check_opts(parser, opts):
         parser.error(f"--peer needs Open MPI, not {MPI.get_vendor()[0]}: "
                      "time another MPI in a run of its own and merge the "
                      "JSON files with bench.compare")
+    try:
+        opts.sizes = _sizes(opts)
+        _check_json(opts)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not MPI.Is_initialized():
+        MPI.Init_thread()  # the checks below need the number of ranks
     if opts.root >= MPI.COMM_WORLD.size:
         parser.error(f"--root {opts.root}: only {MPI.COMM_WORLD.size} ranks")
     try:
-        opts.sizes = _sizes(opts)
         _check_memory(opts, MPI.COMM_WORLD.size)
-        _check_json(opts)
     except ValueError as exc:
         parser.error(str(exc))
 

@@ -3,6 +3,7 @@
 import json
 import functools
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -14,7 +15,7 @@ for _p in (HERE, ROOT):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from mpirun import run_mpi  # noqa: E402
+from mpirun import mpi_scratch, run_mpi  # noqa: E402
 
 from bench import _osu, compare  # noqa: E402
 
@@ -162,6 +163,39 @@ def test_osu_peer_rejects_a_bad_name(text):
     with pytest.raises(argparse.ArgumentTypeError,
                        match="give an Open MPI coll component"):
         _peer_name(text)
+
+
+# Run bench.osu alone with argv[1:], then fail if it started MPI.
+NO_MPI = """
+import sys
+from bench import osu
+try:
+    status = osu.main(sys.argv[1:])
+except SystemExit as exc:
+    status = exc.code
+assert not osu.MPI.Is_initialized(), "MPI was started"
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize("args, status", [(["--help"], 0),
+                                          (["allreduce", "-m", "x"], 2),
+                                          (["bcast", "--json", "/no/dir/x.json"], 2),
+                                          (["bogus"], 2)])
+def test_osu_alone_prints_help_and_errors_without_mpi(args, status):
+    """--help and a malformed command line, outside mpiexec, print and
+    exit without starting MPI (a singleton Open MPI leaves its segment in
+    /dev/shm)."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"):
+        env.pop(var, None)
+    with mpi_scratch() as scratch:          # in case it does start
+        proc = subprocess.run([sys.executable, "-c", NO_MPI, *args],
+                              cwd=ROOT, env={**env, **scratch},
+                              capture_output=True, text=True, timeout=60)
+    assert "MPI was started" not in proc.stderr, proc.stderr
+    assert proc.returncode == status, proc.stderr
+    assert "usage: bench.osu" in proc.stdout + proc.stderr
 
 
 def test_osu_peer_refuses_another_mpi(monkeypatch):
