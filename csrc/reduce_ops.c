@@ -8,7 +8,7 @@
  *    as MPI defines them.
  * 3. xhc_fold reduces a list of buffers in list order, so every element's
  *    result depends only on the order of the list, never on timing.
- * 4. On x86-64 with GCC and glibc each kernel is built three times, for
+ * 4. On x86-64 with GCC 12+ and glibc each kernel is built three times, for
  *    AVX-512, AVX2 and the SSE2 baseline, and the loader picks the widest
  *    the CPU runs (an ifunc): the core is built without -march, so that it
  *    runs wherever it is installed, yet folds at the CPU's full width.
@@ -16,9 +16,12 @@
 #include "xhc_internal.h"
 
 /* A fold of cache-resident data (up to a few hundred KiB) ran 1.3-4x
- * faster with AVX2 or AVX-512 than with SSE2; from memory, the same. */
-#if defined(__x86_64__) && defined(__GLIBC__) && defined(__GNUC__) && \
-    !defined(__clang__) && __GNUC__ >= 11 && !defined(XHC_NO_CLONES)
+ * faster with AVX2 or AVX-512 than with SSE2; from memory, the same.
+ * GCC 12 is the first to take "arch=" in target_clones; compilers that
+ * only pose as GCC (clang, icc, nvc) are left out. */
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__GNUC__) &&    \
+    __GNUC__ >= 12 && !defined(__clang__) && !defined(__INTEL_COMPILER) && \
+    !defined(__NVCOMPILER) && !defined(XHC_NO_CLONES)
 #define XHC_CLONES \
     __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", \
                                  "default")))

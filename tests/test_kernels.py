@@ -8,6 +8,7 @@ a build at each level this CPU runs must agree on every dtype and op,
 including NaN, infinities, signed zeros and subnormals."""
 import os
 import platform
+import re
 import shutil
 import subprocess
 
@@ -63,3 +64,21 @@ def test_every_build_folds_alike(tmp_path):
     assert len(reference) == 2 * 4 + 8 * 10
     for name, out in outputs.items():
         assert out.splitlines() == reference, name
+
+
+def test_the_built_core_carries_the_clones():
+    """The core as installed dispatches where its compiler can: GCC 12 or
+    later, on x86-64 with glibc.  (A stripped build names no kernel.)"""
+    from xhc import _xhc
+    with open(_xhc.__file__, "rb") as f:
+        data = f.read()
+    if b"xhc_sum_f64" not in data:
+        return  # stripped: no symbol names to look for
+    gcc = re.search(rb"GCC: \([^)]*\) (\d+)\.", data)
+    can = (platform.machine() == "x86_64"
+           and platform.libc_ver()[0] == "glibc"
+           and gcc is not None and int(gcc.group(1)) >= 12
+           and b"clang version" not in data)
+    for clone in (b"xhc_sum_f64.arch_x86_64_v4", b"xhc_sum_f64.arch_x86_64_v3",
+                  b"xhc_sum_f64.resolver"):
+        assert (clone in data) == can, (clone, can)

@@ -8,15 +8,21 @@
  * ways (NaN, infinities, signed zeros, subnormals); lengths and offsets are
  * odd so that every vector loop runs its scalar tail and unaligned loads.
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "xhc_internal.h"
 
 #define COUNT 1031
-#define BYTES (COUNT * 8 + 64)
+#define WORDS (COUNT + 8)
+
+/* Kernels read these as every dtype: allocated storage has no declared
+ * type, and malloc aligns it for any of them. */
+static unsigned char *a, *b, *dst;
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
@@ -26,10 +32,17 @@ static uint64_t next_bits(void)
     return rng;
 }
 
-static double special(uint64_t k)
+static double special64(uint64_t k)
 {
     const double v[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0, -0.0,
-                        5e-324, -2.2e-308, 1.7e308, -1.0, 3.5};
+                        5e-324, -2.2e-308, DBL_MAX, -1.0, 3.5};
+    return v[k % (sizeof v / sizeof v[0])];
+}
+
+static float special32(uint64_t k)
+{
+    const float v[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f,
+                       1e-45f, -1.1e-38f, FLT_MAX, -1.0f, 3.5f};
     return v[k % (sizeof v / sizeof v[0])];
 }
 
@@ -40,10 +53,10 @@ static void fill(unsigned char *buf, int dtype, size_t esize)
         uint64_t bits = next_bits();
         memcpy(buf + i * esize, &bits, esize);
         if (dtype == XHC_FLOAT64 && bits % 7 == 0) {
-            double d = special(bits >> 8);
+            double d = special64(bits >> 8);
             memcpy(buf + i * esize, &d, esize);
         } else if (dtype == XHC_FLOAT32 && bits % 7 == 0) {
-            float f = (float)special(bits >> 8);
+            float f = special32(bits >> 8);
             memcpy(buf + i * esize, &f, esize);
         }
     }
@@ -59,7 +72,9 @@ static uint64_t fnv1a(const unsigned char *p, size_t n)
 
 int main(void)
 {
-    static unsigned char a[BYTES], b[BYTES], dst[BYTES];
+    a = malloc(WORDS * 8), b = malloc(WORDS * 8), dst = malloc(WORDS * 8);
+    if (!a || !b || !dst)
+        return 1;
     for (int dtype = 0; dtype < XHC_NDTYPES; dtype++) {
         size_t esize = xhc_dtype_size(dtype);
         for (int op = 0; op < XHC_NOPS; op++) {
@@ -78,5 +93,6 @@ int main(void)
                    (unsigned long long)fnv1a(pb, COUNT * esize));
         }
     }
+    free(a), free(b), free(dst);
     return 0;
 }
