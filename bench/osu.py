@@ -61,6 +61,7 @@ Columns merged from separate runs are not interleaved: on a noisy VM,
 differences under ~30 % between them are noise.
 """
 import argparse
+import atexit
 import collections
 import functools
 import os
@@ -73,11 +74,13 @@ if not __package__:  # run as a path: python -m mpi4py bench/osu.py
 
 import mpi4py  # noqa: E402
 
-# MPI starts once the arguments parse (_check_opts), so that --help and a
-# malformed command line in a process run alone never start it: a
-# singleton Open MPI leaves a file in /dev/shm.
-mpi4py.rc.initialize = False
-mpi4py.rc.finalize = True
+# MPI starts once the command line is accepted (_start_mpi), so that a
+# process run alone prints --help or an error without it: a singleton
+# Open MPI leaves a file in /dev/shm.  (Unless something imported
+# mpi4py.MPI first: then its own settings stand.)
+if "mpi4py.MPI" not in sys.modules:
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = True
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
@@ -251,8 +254,24 @@ COMMANDS = {
 
 # -- options -----------------------------------------------------------------
 
-# Set by the launchers (Open MPI, PMIx, MPICH's Hydra) in every rank.
-LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
+# Set in every rank by the launchers: Open MPI, PMIx (srun too), PMI
+# (Hydra, srun), MVAPICH, Cray PALS.
+LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
+                 "MV2_COMM_WORLD_RANK", "PALS_RANKID")
+
+
+def _start_mpi():
+    """Start MPI as mpi4py's import would (its rc thread options), and
+    have it finalized at exit."""
+    if MPI.Is_initialized():
+        return
+    rc = mpi4py.rc
+    if rc.threads:
+        MPI.Init_thread(getattr(MPI, "THREAD_" + str(rc.thread_level).upper()))
+    else:
+        MPI.Init()
+    if rc.finalize is not True:  # mpi4py finalizes only what it started
+        atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
 
 
 def _world():
@@ -261,7 +280,7 @@ def _world():
     if not MPI.Is_initialized():
         if not any(var in os.environ for var in LAUNCHER_VARS):
             return None
-        MPI.Init_thread()
+        _start_mpi()
     return MPI.COMM_WORLD
 
 
@@ -276,10 +295,13 @@ class _Parser(argparse.ArgumentParser):
     def exit(self, status=0, message=None):
         if message:
             self._print_message(message, sys.stderr)
+        sys.stdout.flush()
         sys.stderr.flush()
         world = _world()
         if world is not None:
             world.Barrier()  # rank 0 has printed before anyone exits
+            # Finalized, a failing exit is no abort under python -m mpi4py.
+            MPI.Finalize()
         sys.exit(status)
 
 
@@ -386,19 +408,30 @@ def _check_opts(parser, opts):
         parser.error(f"--peer needs Open MPI, not {MPI.get_vendor()[0]}: "
                      "time another MPI in a run of its own and merge the "
                      "JSON files with bench.compare")
+    world = _world()
+    error = _option_error(opts, world.size if world else 1,
+                          world.rank if world else 0)
+    # Ranks may see the node and the file system differently: the first
+    # error any rank finds stops them all.
+    errors = world.allgather(error) if world else [error]
+    error = next((e for e in errors if e), None)
+    if error:
+        parser.error(error)
+
+
+def _option_error(opts, nranks, rank):
+    """What is wrong with OPTS on NRANKS ranks, as RANK sees it, or None;
+    sets opts.sizes."""
+    if opts.root >= nranks:
+        return f"--root {opts.root}: only {nranks} ranks"
     try:
         opts.sizes = _sizes(opts)
-        _check_json(opts)
+        _check_memory(opts, nranks)
+        if rank == 0:  # the one rank that writes it
+            _check_json(opts)
     except ValueError as exc:
-        parser.error(str(exc))
-    if not MPI.Is_initialized():
-        MPI.Init_thread()  # the checks below need the number of ranks
-    if opts.root >= MPI.COMM_WORLD.size:
-        parser.error(f"--root {opts.root}: only {MPI.COMM_WORLD.size} ranks")
-    try:
-        _check_memory(opts, MPI.COMM_WORLD.size)
-    except ValueError as exc:
-        parser.error(str(exc))
+        return str(exc)
+    return None
 
 
 def _sizes(opts):
@@ -850,6 +883,7 @@ def benchmark(comm, opts):
 def main(argv=None):
     """Entry point; return the process exit status."""
     opts = parse_args(argv)
+    _start_mpi()
     comm = MPI.COMM_WORLD
     try:
         benchmark(comm, opts)

@@ -181,6 +181,7 @@ sys.exit(status)
 @pytest.mark.parametrize("args, status", [(["--help"], 0),
                                           (["allreduce", "-m", "x"], 2),
                                           (["bcast", "--json", "/no/dir/x.json"], 2),
+                                          (["bcast", "--root", "3"], 2),
                                           (["bogus"], 2)])
 def test_osu_alone_prints_help_and_errors_without_mpi(args, status):
     """--help and a malformed command line, outside mpiexec, print and
@@ -196,6 +197,21 @@ def test_osu_alone_prints_help_and_errors_without_mpi(args, status):
     assert "MPI was started" not in proc.stderr, proc.stderr
     assert proc.returncode == status, proc.stderr
     assert "usage: bench.osu" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("args, status, text", [
+    (["--help"], 0, "usage: bench.osu"),
+    (["bcast", "--root", "5"], 2, "--root 5: only 3 ranks"),
+    (["bcast", "--json", "/nonexistent/x.json"], 2, "cannot write there")])
+def test_osu_under_mpiexec_says_it_once(args, status, text):
+    """Under mpiexec, help and errors come from rank 0 alone, and every
+    rank exits with the same status, without MPI_Abort."""
+    proc = run_mpi(3, ["-m", "bench.osu", *args], check=False, timeout=90)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == status, out
+    assert out.count(text) == 1, out
+    assert out.count("usage: bench.osu") == 1, out
+    assert "MPI_ABORT" not in out, out
 
 
 def test_osu_peer_refuses_another_mpi(monkeypatch):
