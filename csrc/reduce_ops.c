@@ -25,9 +25,28 @@
 #define XHC_CLONES \
     __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", \
                                  "default")))
+#define XHC_DISPATCHED 1
 #else
 #define XHC_CLONES
+#define XHC_DISPATCHED 0
 #endif
+
+/* The level whose kernels the loader picked, by the clones' own order of
+ * preference; NULL if the kernels were built once, for the compiler's
+ * target. */
+const char *xhc_kernel_isa(void)
+{
+#if XHC_DISPATCHED
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4"))
+        return "x86-64-v4";
+    if (__builtin_cpu_supports("x86-64-v3"))
+        return "x86-64-v3";
+    return "x86-64";
+#else
+    return NULL;
+#endif
+}
 
 #define XHC_KERNEL(name, type, expr)                                      \
     XHC_CLONES                                                            \

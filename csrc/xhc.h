@@ -144,6 +144,9 @@ int xhc_op_valid(int dtype, int op);
 int xhc_xpmem_check(void);
 int xhc_xpmem_present(void);
 int xhc_cma_selftest(void);
+/* "x86-64-v4", "x86-64-v3" or "x86-64": the reduction kernels chosen for
+ * this CPU; NULL if they were built once, without dispatch. */
+const char *xhc_kernel_isa(void);
 const char *xhc_strerror(int code);
 /* cffi:end */
 

@@ -49,6 +49,19 @@ def _levels_text(levels):
             for depth, (name, groups) in enumerate(levels)]
 
 
+def _kernels():
+    """(level, text): the reduction kernels' instruction set; level is
+    None when the core chose none (built once, or not built)."""
+    try:
+        from . import _core
+        isa = _core.kernel_isa()
+    except (ImportError, AttributeError):
+        return None, "unknown (core not built)"
+    if isa is None:
+        return None, "built once, for the compiler's target (no per-CPU choice)"
+    return isa, isa + " (the widest of x86-64, -v3 and -v4 this CPU runs)"
+
+
 def _transport():
     """(name, reason) of the data-movement mechanism the C core would use."""
     try:
@@ -124,6 +137,7 @@ def _online(args):
         print(json.dumps({"machine": describe(args.topology), "ranks": len(localities),
                           "hierarchies": {op: _levels_json(h) for op, h in hierarchies.items()},
                           "transport": {"name": name, "reason": reason},
+                          "kernels": _kernels()[0],
                           "waiting": waiting}))
         return 0
     print(describe(args.topology))
@@ -132,6 +146,7 @@ def _online(args):
         print("%s (%s):" % (op, _level_spec(args, op) or "flat"))
         print("\n".join(_levels_text(levels)))
     print("data movement: %s (%s)" % (name, reason))
+    print("reduction kernels: %s" % _kernels()[1])
     print(_waiting_text(waiting))
     return 0
 

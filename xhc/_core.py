@@ -271,6 +271,13 @@ def transport_info():
                          "copy-in-copy-out is faster")
 
 
+def kernel_isa():
+    """The x86-64 level whose reduction kernels run here, or None if the
+    core was built without per-CPU kernels."""
+    isa = lib.xhc_kernel_isa()
+    return None if isa == ffi.NULL else ffi.string(isa).decode()
+
+
 def _map_shared(name, total):
     """Map the shared-memory file NAME of TOTAL bytes."""
     fd = lib.xhc_shm_open(name.encode())
