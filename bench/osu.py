@@ -260,17 +260,29 @@ LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
                  "MV2_COMM_WORLD_RANK", "PALS_RANKID")
 
 
+_STARTED = []  # [True] once _start_mpi has started MPI
+
+
+def _rc_yes(value):
+    """An mpi4py rc value as a bool, the way mpi4py reads "yes"/"no"."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("yes", "y", "on", "true", "1")
+    return bool(value)
+
+
 def _start_mpi():
     """Start MPI as mpi4py's import would (its rc thread options), and
-    have it finalized at exit."""
+    finalize it at exit unless told not to."""
     if MPI.Is_initialized():
         return
     rc = mpi4py.rc
-    if rc.threads:
-        MPI.Init_thread(getattr(MPI, "THREAD_" + str(rc.thread_level).upper()))
+    if _rc_yes(rc.threads):
+        level = str(rc.thread_level).strip().lower()
+        MPI.Init_thread(getattr(MPI, "THREAD_" + level.upper()))
     else:
         MPI.Init()
-    if rc.finalize is not True:  # mpi4py finalizes only what it started
+    _STARTED.append(True)
+    if rc.finalize is None:  # mpi4py finalizes only what it started
         atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
 
 
@@ -300,8 +312,8 @@ class _Parser(argparse.ArgumentParser):
         world = _world()
         if world is not None:
             world.Barrier()  # rank 0 has printed before anyone exits
-            # Finalized, a failing exit is no abort under python -m mpi4py.
-            MPI.Finalize()
+            if _STARTED:  # finalized, a failing exit is no MPI_Abort
+                MPI.Finalize()  # under python -m mpi4py
         sys.exit(status)
 
 
@@ -431,6 +443,8 @@ def _option_error(opts, nranks, rank):
             _check_json(opts)
     except ValueError as exc:
         return str(exc)
+    except Exception as exc:  # the other ranks must hear of it too
+        return f"{type(exc).__name__}: {exc}"
     return None
 
 

@@ -188,7 +188,8 @@ def test_osu_alone_prints_help_and_errors_without_mpi(args, status):
     exit without starting MPI (a singleton Open MPI leaves its segment in
     /dev/shm)."""
     env = dict(os.environ, PYTHONPATH=ROOT)
-    for var in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"):
+    from bench.osu import LAUNCHER_VARS
+    for var in LAUNCHER_VARS:
         env.pop(var, None)
     with mpi_scratch() as scratch:          # in case it does start
         proc = subprocess.run([sys.executable, "-c", NO_MPI, *args],
