@@ -21,6 +21,7 @@ import errno
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -665,3 +666,21 @@ def test_files_left_by_killed_creators_are_swept():
     finally:
         for name in files.values():
             lib.xhc_shm_unlink(name.encode())
+
+
+def test_an_mpi_that_will_not_load_names_the_fix():
+    """mpi4py without a loadable MPI library: import xhc still works (it
+    does not load MPI), and the first xhc.Comm raises an ImportError that
+    says what to install."""
+    code = ("import xhc\n"
+            "try:\n"
+            "    xhc.Comm\n"
+            "except ImportError as e:\n"
+            "    print(e)\n")
+    env = dict(os.environ, MPI4PY_LIBMPI="/nonexistent/libmpi.so",
+               PYTHONPATH=os.path.dirname(HERE))
+    proc = subprocess.run([sys.executable, "-c", code], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install mpi4py" in proc.stdout, proc.stdout + proc.stderr
+    assert "/nonexistent/libmpi.so" in proc.stdout, proc.stdout

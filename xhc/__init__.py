@@ -25,10 +25,14 @@ def __getattr__(name):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
         from .comm import Comm
-    except ImportError as e:
-        if "mpi4py" in str(e) or "libmpi" in str(e):
-            raise ImportError(f"{_NEEDS}: {e}") from e
-        raise
+    except ImportError as e:  # mpi4py.MPI itself, or a part of it
+        if not (e.name or "").startswith("mpi4py"):
+            raise
+        raise ImportError(f"{_NEEDS}: {e}") from e
+    except RuntimeError as e:  # mpi4py 4 when no MPI library loads
+        if "cannot load MPI library" not in str(e):
+            raise
+        raise ImportError(f"{_NEEDS}: {e}") from e
     globals()["Comm"] = Comm
     return Comm
 
