@@ -260,7 +260,7 @@ LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
                  "MV2_COMM_WORLD_RANK", "PALS_RANKID")
 
 
-_STARTED = []  # [True] once _start_mpi has started MPI
+_started_mpi = False  # set by _start_mpi: the MPI to finalize is ours
 
 
 def _rc_yes(value):
@@ -273,6 +273,7 @@ def _rc_yes(value):
 def _start_mpi():
     """Start MPI as mpi4py's import would (its rc thread options), and
     finalize it at exit unless told not to."""
+    global _started_mpi
     if MPI.Is_initialized():
         return
     rc = mpi4py.rc
@@ -281,7 +282,7 @@ def _start_mpi():
         MPI.Init_thread(getattr(MPI, "THREAD_" + level.upper()))
     else:
         MPI.Init()
-    _STARTED.append(True)
+    _started_mpi = True
     if rc.finalize is None:  # mpi4py finalizes only what it started
         atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
 
@@ -312,7 +313,7 @@ class _Parser(argparse.ArgumentParser):
         world = _world()
         if world is not None:
             world.Barrier()  # rank 0 has printed before anyone exits
-            if _STARTED:  # finalized, a failing exit is no MPI_Abort
+            if _started_mpi:  # finalized, a failing exit is no MPI_Abort
                 MPI.Finalize()  # under python -m mpi4py
         sys.exit(status)
 

@@ -49,13 +49,23 @@ def _levels_text(levels):
             for depth, (name, groups) in enumerate(levels)]
 
 
+_UNBUILT = object()
+
+
+def _core_says(question):
+    """QUESTION(the core module), or _UNBUILT if the core is not built."""
+    try:
+        from . import _core
+        return question(_core)
+    except (ImportError, AttributeError):
+        return _UNBUILT
+
+
 def _kernels():
     """(level, text): the reduction kernels' instruction set; level is
     None when the core chose none (built once, or not built)."""
-    try:
-        from . import _core
-        isa = _core.kernel_isa()
-    except (ImportError, AttributeError):
+    isa = _core_says(lambda core: core.kernel_isa())
+    if isa is _UNBUILT:
         return None, "unknown (core not built)"
     if isa is None:
         return None, "built once, for the compiler's target (no per-CPU choice)"
@@ -64,12 +74,8 @@ def _kernels():
 
 def _transport():
     """(name, reason) of the data-movement mechanism the C core would use."""
-    try:
-        from . import _core
-        name, reason = _core.transport_info()
-    except (ImportError, AttributeError):
-        return "unknown", "core not built"
-    return name, reason
+    said = _core_says(lambda core: core.transport_info())
+    return ("unknown", "core not built") if said is _UNBUILT else said
 
 
 def _waiting(cpu_sets):
