@@ -374,11 +374,18 @@ def parse_args(argv=None):
     return opts
 
 
-def _positive(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not >= 1")
-    return value
+def _int_at_least(low):
+    """argparse type: an integer >= LOW."""
+    def parse(text):
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text} is not >= {low}")
+        return value
+    parse.__name__ = "int"  # argparse names the type in its own errors
+    return parse
+
+
+_positive, _natural = _int_at_least(1), _int_at_least(0)
 
 
 COLD_MIN = 64 << 10
@@ -405,13 +412,6 @@ def _peer_name(text):
         raise argparse.ArgumentTypeError(
             f"--peer {text!r}: give an Open MPI coll component, such as sm")
     return text
-
-
-def _natural(text):
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is not >= 0")
-    return value
 
 
 def _check_opts(parser, opts):
