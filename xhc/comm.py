@@ -285,7 +285,7 @@ class Comm(HotComm):
             return False
         lo = arr.__array_interface__["data"][0]
         for mm, base in self._keep:
-            start = int(ffi.cast("uintptr_t", base))
+            start = _address(base)
             if start <= lo and lo + arr.nbytes <= start + len(mm):
                 return True
         return False
