@@ -86,11 +86,6 @@ struct xhc_pipe {
 #define XHC_PIECED_ROUNDS 4
 _Static_assert(XHC_PIECES < 1 << XHC_PIECE_SHIFT, "piece counts fit");
 
-static uint64_t xhc_piece_flag(uint64_t t, size_t pieces)
-{
-    return (t << XHC_PIECE_SHIFT) + pieces;
-}
-
 /* Bytes per piece of a round of LEN bytes, in a message of NBYTES cut
  * into rounds of STEP: up to XHC_PIECES even pieces of XHC_PIECE_MIN
  * bytes or more.  Crowded nodes already cut rounds small (see 2.). */

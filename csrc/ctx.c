@@ -87,7 +87,7 @@ static void xhc_flags_init(struct xhc_rank_ctl *mine, uint64_t start)
     xhc_store_relaxed(&mine->big.seq, start);
     xhc_store_relaxed(&mine->done.seq, start);
     xhc_store_relaxed(&mine->staged.seq, start);
-    xhc_store_relaxed(&mine->piece.seq, start << XHC_PIECE_SHIFT);
+    xhc_store_relaxed(&mine->piece.seq, xhc_piece_flag(start, 0));
     xhc_store_relaxed(&mine->reduced.seq, start);
     xhc_store_relaxed(&mine->finished.seq, start);
     /* Orders all the flags above with the ack: seen together. */

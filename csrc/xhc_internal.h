@@ -326,6 +326,12 @@ static inline unsigned char *xhc_payload(xhc_ctx_t *ctx, int rank, int dir,
     return xhc_slot(ctx, rank, dir, seq);
 }
 
+/* A Bcast `piece` flag: PIECES of round T staged (bcast.c). */
+static inline uint64_t xhc_piece_flag(uint64_t t, size_t pieces)
+{
+    return (t << XHC_PIECE_SHIFT) + pieces;
+}
+
 /* RANK's reduce-scatter staging for round T: its input window
  * (chunk_size bytes) or its result part (chunk_size / nranks bytes, whole
  * 64-byte lines), one of XHC_RS_WINDOWS of each: few, so they stay in
