@@ -2,7 +2,20 @@
 """pytest's own process imports xhc but never initialises MPI: tests that
 need MPI launch mpiexec (tests/mpirun.py).  A singleton MPI here would
 leave Open MPI's session directory and shared-memory file behind."""
+import os
+import shutil
+
 import mpi4py
+import pytest
 
 mpi4py.rc.initialize = False
 mpi4py.rc.finalize = False
+
+
+@pytest.fixture(scope="session")
+def cc():
+    """The C compiler the tests build their C helpers with."""
+    found = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if found is None:
+        pytest.fail("no C compiler: install gcc (apt-get install gcc)")
+    return found

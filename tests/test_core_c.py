@@ -2,7 +2,6 @@
 """The C core under AddressSanitizer and UBSan, driven by forked processes."""
 import glob
 import os
-import shutil
 import signal
 import subprocess
 
@@ -15,10 +14,7 @@ SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
 
 
 @pytest.fixture(scope="module")
-def core_test(tmp_path_factory):
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.fail("no C compiler: install gcc (apt-get install gcc)")
+def core_test(tmp_path_factory, cc):
     exe = str(tmp_path_factory.mktemp("core") / "core_test")
     cmd = [cc, "-std=c11", "-D_GNU_SOURCE", "-g", "-O1", "-Wall", "-Wextra",
            "-Werror", *SANITIZE, "-I", CSRC, *sorted(glob.glob(CSRC + "/*.c")),

@@ -22,7 +22,6 @@ import errno
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -369,11 +368,8 @@ def xhc_entries():
 
 
 @pytest.fixture(scope="module")
-def fake_dir(tmp_path_factory):
+def fake_dir(tmp_path_factory, cc):
     """A directory holding the fake as libxpmem.so.0."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.fail("no C compiler: install gcc (apt-get install gcc)")
     out = tmp_path_factory.mktemp("fake_xpmem")
     subprocess.run([cc, "-std=c11", "-D_GNU_SOURCE", "-shared", "-fPIC",
                     "-pthread", "-O1", "-g", "-Wall", "-Wextra", "-Werror",
