@@ -178,9 +178,7 @@ int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
         return small(ctx, v, sbuf, rbuf, &r);
     }
     ctx->stats[path + 2]++;
-    if (xhc_single_copy(ctx))
-        return xhc_rs_run(ctx, sbuf, rbuf, &r, root);
-    return xhc_rs_staged(ctx, sbuf, rbuf, &r, root);
+    return xhc_rs_run(ctx, kind, sbuf, rbuf, &r, root);
 }
 
 int xhc_allreduce_with(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,

@@ -19,9 +19,11 @@
  *    smaller, from XHC_ROUND_MIN bytes, and messages above that take this
  *    path: a reader that shares the root's core then copies out early
  *    rounds while the root stages later ones, instead of waiting for all.
- * 3. A buffer in node shared memory (or any buffer, with CMA or XPMEM)
- *    is not staged: children read it in place, following the parent's
- *    `ready` byte count, and the parent returns once they have acked.
+ * 3. A buffer in node shared memory (or any buffer, with CMA or XPMEM,
+ *    or when tune.c chooses CMA) is not staged: children read it in
+ *    place, following the parent's `ready` byte count, and the parent
+ *    returns once they have acked.  Each parent chooses for its children
+ *    and tells them in its ring line.
  *    A call whose ranks agreed that the root's buffer is in node shared
  *    memory (XHC_CALL_SHARED) takes this path from 16 KiB.
  */
@@ -56,14 +58,6 @@ static int xhc_bcast_small(xhc_ctx_t *ctx, const struct xhc_view *v,
         memcpy(buf, src, nbytes);
     xhc_ack(ctx, seq);
     return 0;
-}
-
-/* Large messages move in rounds of chunk_size bytes.  A rank stages for
- * its children (through its input windows) unless they can read its
- * buffer in place: from node shared memory, or with CMA or XPMEM. */
-static int xhc_stages(const xhc_ctx_t *ctx, const struct xhc_src *src)
-{
-    return !xhc_in_region(src) && !xhc_single_copy(ctx);
 }
 
 struct xhc_pipe {
@@ -172,11 +166,14 @@ static int xhc_pipe_round(xhc_ctx_t *ctx, struct xhc_pipe *p, size_t off,
     return 0;
 }
 
-/* Tell my children how to get this operation's data.  The ring line
- * stays valid until they ack (the big line alone would not: a parent that
- * stages returns at once and may reuse it for its next large operation). */
+/* Tell my children how to get this operation's data: I stage it for
+ * them (through my windows) unless they can read my buffer in place,
+ * from node shared memory or, as PICK says, with CMA or XPMEM.  The ring
+ * line stays valid until they ack (the big line alone would not: a
+ * parent that stages returns at once and may reuse it for its next
+ * large operation). */
 static int xhc_bcast_announce(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p,
-                              int is_root)
+                              int is_root, struct xhc_pick *pick)
 {
     struct xhc_big_line *big = &xhc_ctl(ctx, ctx->rank)->big;
     struct xhc_flag_line *line = xhc_line(ctx, ctx->rank, XHC_DOWN, seq);
@@ -184,7 +181,9 @@ static int xhc_bcast_announce(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p,
     if (rc)
         return rc;
     xhc_src_describe(ctx, p->buf, p->nbytes, &big->send);
-    p->stage_mine = xhc_stages(ctx, &big->send);
+    if (xhc_in_region(&big->send))
+        pick->cls = NULL; /* read in place either way: nothing to learn */
+    p->stage_mine = !xhc_in_region(&big->send) && !pick->single;
     xhc_store_relaxed(&big->ready, is_root ? p->nbytes : 0);
     /* Orders the description and ready count before the sequence number. */
     xhc_publish(ctx, &big->seq, seq);
@@ -208,6 +207,18 @@ static int xhc_bcast_listen(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p)
     return p->staged_from ? 0 : xhc_wait_eq(ctx, &p->from->seq, seq, parent);
 }
 
+/* Does my data move by CMA in this call: do I read my parent's buffer
+ * with it, or my children mine? */
+static int xhc_bcast_by_cma(xhc_ctx_t *ctx, const struct xhc_pipe *p)
+{
+    if (ctx->cfg.copy == XHC_COPY_XPMEM)
+        return 0;
+    int reads = p->from && !p->staged_from && !xhc_in_region(&p->from->send);
+    int read = p->v->nchild && !p->stage_mine
+               && !xhc_in_region(&xhc_ctl(ctx, ctx->rank)->big.send);
+    return reads || read;
+}
+
 /* Bytes per round of a large Bcast of NBYTES (see 2.). */
 static size_t xhc_bcast_step(const xhc_ctx_t *ctx, size_t nbytes)
 {
@@ -225,10 +236,15 @@ static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
 {
     uint64_t seq = ++ctx->seq;
     struct xhc_pipe p = { .buf = buf, .nbytes = nbytes, .v = v };
-    int rc = v->nchild ? xhc_bcast_announce(ctx, seq, &p, ctx->rank == root)
+    struct xhc_pick pick;
+    xhc_tune_pick(ctx, XHC_BCAST, nbytes, v->nchild > 0, &pick);
+    int rc = v->nchild ? xhc_bcast_announce(ctx, seq, &p, ctx->rank == root,
+                                            &pick)
                        : 0;
     if (rc == 0 && ctx->rank != root)
         rc = xhc_bcast_listen(ctx, seq, &p);
+    if (rc == 0 && xhc_bcast_by_cma(ctx, &p))
+        ctx->stats[XHC_PATH_BCAST_CMA]++;
     size_t step = xhc_bcast_step(ctx, nbytes);
     for (size_t off = 0; rc == 0 && off < nbytes; off += step)
         rc = xhc_pipe_round(ctx, &p, off,
@@ -241,6 +257,8 @@ static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
          i++)
         rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, v->child[i])->ack.seq, seq,
                          v->child[i]);
+    if (rc == 0)
+        xhc_tune_done(&pick, nbytes);
     return rc;
 }
 

@@ -40,20 +40,23 @@ void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
     }
 }
 
-/* Publish my send and receive buffers for operation SEQ, then copy every
- * rank's descriptions into ctx->peer_send/peer_recv: a peer that has done
- * its share may start its next operation and rewrite its big line while
- * I still read its buffers.  Sets *IN_PLACE if anyone's buffer is read
- * in place from a shared region. */
+/* Publish my send and receive buffers for operation SEQ, and my choice
+ * M->single, then copy every rank's descriptions into
+ * ctx->peer_send/peer_recv: a peer that has done its share may start its
+ * next operation and rewrite its big line while I still read its
+ * buffers.  M->single becomes the decider's choice; M->in_place is set if
+ * anyone's buffer is read in place from a shared region, M->private if
+ * anyone's is not. */
 int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
-             size_t nbytes, int *in_place)
+             size_t nbytes, struct xhc_meeting *m)
 {
     struct xhc_big_line *big = &xhc_ctl(ctx, ctx->rank)->big;
     xhc_src_describe(ctx, sbuf, nbytes, &big->send);
     xhc_src_describe(ctx, rbuf, rbuf ? nbytes : 0, &big->recv);
-    /* Orders both descriptions before peers see the sequence number. */
+    big->single = m->single;
+    /* Orders the descriptions and choice before peers see the number. */
     xhc_publish(ctx, &big->seq, seq);
-    *in_place = 0;
+    m->in_place = m->private = 0;
     for (int p = 0; p < ctx->nranks; p++) {
         struct xhc_big_line *pb = &xhc_ctl(ctx, p)->big;
         int rc = xhc_wait_eq(ctx, &pb->seq, seq, p);
@@ -61,7 +64,11 @@ int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
             return rc;
         ctx->peer_send[p] = pb->send;
         ctx->peer_recv[p] = pb->recv;
-        *in_place |= xhc_in_region(&pb->send) || xhc_in_region(&pb->recv);
+        if (p == m->decider)
+            m->single = pb->single;
+        m->in_place |= xhc_in_region(&pb->send) || xhc_in_region(&pb->recv);
+        m->private |= !xhc_in_region(&pb->send)
+                      || (pb->recv.nbytes && !xhc_in_region(&pb->recv));
     }
     return 0;
 }

@@ -32,7 +32,8 @@ static int xhc_config_check(const xhc_config_t *cfg)
     if (cfg->windows < 2)
         return XHC_ERR_ARG;
     /* XPMEM needs every rank's segment: only xhc_ctx_set_xpmem sets it. */
-    if (!(cfg->timeout > 0) || cfg->copy < 0 || cfg->copy > XHC_COPY_CMA)
+    if (!(cfg->timeout > 0) || cfg->copy < 0 || cfg->copy == XHC_COPY_XPMEM
+        || cfg->copy > XHC_COPY_ADAPT)
         return XHC_ERR_ARG;
     return 0;
 }
@@ -171,7 +172,7 @@ int xhc_ctx_set_pids(xhc_ctx_t *ctx, const int64_t *pids)
 
 int xhc_ctx_set_copy(xhc_ctx_t *ctx, int copy)
 {
-    if (copy < 0 || copy > XHC_COPY_XPMEM
+    if (copy < 0 || copy > XHC_COPY_ADAPT
         || (copy == XHC_COPY_XPMEM && !ctx->xp.segids))
         return XHC_ERR_ARG;
     /* My XPMEM segment exposes all my memory: keep it only while used. */

@@ -185,19 +185,39 @@ int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
 }
 
 /* Reduce SBUF over all ranks; the whole result lands in RBUF on every rank
- * (ROOT < 0) or on ROOT only. */
-int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
+ * (ROOT < 0) or on ROOT only.  Rank 0, or the root, decides whether the
+ * ranks read each other's buffers in place (steps 1-4) or stage them
+ * (rs_staged.c); with XHC_COPY_ADAPT it times the call for tune.c. */
+int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
                const struct xhc_red *r, int root)
 {
     int whole = root < 0 || root == ctx->rank;
-    unsigned char *target;
-    int in_place;
+    unsigned char *target = whole ? rbuf : NULL;
+    struct xhc_meeting m = { .decider = root < 0 ? 0 : root };
+    struct xhc_pick pick;
     /* Before the sequence number: a rank that cannot get its target
-     * fails without leaving its counters ahead of its peers'. */
-    int rc = xhc_rs_target(ctx, whole ? rbuf : NULL, r, &target);
+     * fails without leaving its counters ahead of its peers'.  (A Reduce
+     * non-root gets a private buffer of the message's size, of which it
+     * touches its slice, and only if the call reads in place.) */
+    int rc = ctx->cfg.copy == XHC_COPY_CICO
+             ? 0 : xhc_rs_target(ctx, target, r, &target);
     if (rc)
         return rc;
+    xhc_tune_pick(ctx, kind, r->nbytes, ctx->rank == m.decider, &pick);
+    m.single = pick.single;
     uint64_t seq = ++ctx->seq;
-    rc = xhc_meet(ctx, seq, sbuf, target, r->nbytes, &in_place);
-    return rc ? rc : xhc_rs_met(ctx, seq, sbuf, target, r, root);
+    /* No peer can finish this operation (and rewrite its big line)
+     * before every rank has met. */
+    rc = xhc_meet(ctx, seq, sbuf, target, r->nbytes, &m);
+    if (rc)
+        return rc;
+    if (m.single && m.private && ctx->cfg.copy != XHC_COPY_XPMEM)
+        ctx->stats[kind == XHC_REDUCE ? XHC_PATH_REDUCE_CMA
+                                      : XHC_PATH_ALLREDUCE_CMA]++;
+    rc = m.single ? xhc_rs_met(ctx, seq, sbuf, target, r, root)
+                  : xhc_rs_staged(ctx, seq, sbuf, whole ? rbuf : NULL, r,
+                                  root, m.in_place);
+    if (rc == 0 && !m.in_place)
+        xhc_tune_done(&pick, r->nbytes);
+    return rc;
 }

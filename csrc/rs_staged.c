@@ -168,25 +168,23 @@ static size_t xhc_rs_part(const xhc_ctx_t *ctx, const struct xhc_red *r)
     return even < most ? even : most;
 }
 
-int xhc_rs_staged(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
-                  const struct xhc_red *r, int root)
+/* Operation SEQ, once the ranks have met (IN_PLACE: some rank's buffer
+ * is in a shared region). */
+int xhc_rs_staged(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, void *rbuf,
+                  const struct xhc_red *r, int root, int in_place)
 {
-    uint64_t seq = ++ctx->seq;
     struct xhc_rs rs = {
-        .red = r, .sbuf = sbuf,
-        .rbuf = root < 0 || root == ctx->rank ? rbuf : NULL,
+        .red = r, .sbuf = sbuf, .rbuf = rbuf,
         .part = xhc_rs_part(ctx, r),
         .root = root,
         .sole = root >= 0 && ctx->nranks == 2 ? root : -1,
+        .in_place_reads = in_place,
     };
     size_t window = rs.part * (size_t)ctx->nranks;
     uint64_t windows = (r->count + window - 1) / window;
-    /* No peer can finish this operation (and rewrite its big line)
-     * before every rank has staged its first round, i.e. met. */
-    int rc = xhc_meet(ctx, seq, sbuf, rs.rbuf, r->nbytes,
-                      &rs.in_place_reads);
-    if (rc == 0 && xhc_stages_nothing(ctx, root))
+    if (xhc_stages_nothing(ctx, root))
         return xhc_rs_met(ctx, seq, sbuf, rs.rbuf, r, root);
+    int rc = 0;
     for (uint64_t w = 0; rc == 0 && w < windows; w++) {
         uint64_t t = ++ctx->round;
         rc = xhc_stage_reserve(ctx, t, XHC_RS_WINDOWS);

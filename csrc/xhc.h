@@ -47,16 +47,21 @@ enum xhc_op {
 /* The collectives, each with its own hierarchy. */
 enum xhc_kind { XHC_BARRIER, XHC_BCAST, XHC_ALLREDUCE, XHC_REDUCE, XHC_NKINDS };
 
-/* How large messages move between private buffers. */
-enum xhc_copy { XHC_COPY_CICO, XHC_COPY_CMA, XHC_COPY_XPMEM };
+/* How large messages move between private buffers.  XHC_COPY_ADAPT
+ * chooses between copy-in-copy-out and CMA call by call, by what each
+ * took for messages of about the same size (tune.c). */
+enum xhc_copy { XHC_COPY_CICO, XHC_COPY_CMA, XHC_COPY_XPMEM,
+                XHC_COPY_ADAPT };
 
-/* Which path each call took; xhc_stat() reads the counters. */
+/* Which path each call took; xhc_stat() reads the counters.  Each *_CMA
+ * counter counts the large calls in which this rank's data moved by CMA. */
 enum xhc_path {
     XHC_PATH_BARRIER,
     XHC_PATH_BCAST_INLINE, XHC_PATH_BCAST_CICO, XHC_PATH_BCAST_LARGE,
     XHC_PATH_ALLREDUCE_INLINE, XHC_PATH_ALLREDUCE_CICO,
     XHC_PATH_ALLREDUCE_LARGE,
     XHC_PATH_REDUCE_INLINE, XHC_PATH_REDUCE_CICO, XHC_PATH_REDUCE_LARGE,
+    XHC_PATH_BCAST_CMA, XHC_PATH_ALLREDUCE_CMA, XHC_PATH_REDUCE_CMA,
     XHC_NPATHS
 };
 

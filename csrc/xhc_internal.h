@@ -65,6 +65,7 @@ struct xhc_big_line {
     xhc_flag_t ready; /* bytes of SEND that peers may read (bcast) */
     struct xhc_src send;
     struct xhc_src recv;
+    int32_t single;   /* reductions: the decider reads by CMA or XPMEM */
 } XHC_ALIGNED;
 
 /* Everything one rank writes.  Readers: see each field. */
@@ -134,6 +135,26 @@ struct xhc_xpmem {
     uint64_t clock;
 };
 
+/* What one size class of one operation has learnt (tune.c): index 0
+ * staging, 1 reading by CMA. */
+#define XHC_TUNE_CLASSES 64
+#define XHC_TUNE_KEEP 4
+struct xhc_tune_class {
+    double recent[2][XHC_TUNE_KEEP]; /* ns per byte of the last runs */
+    uint32_t runs[2]; /* calls timed, up to XHC_TUNE_KEEP */
+    uint32_t next[2]; /* the slot of recent the next run fills */
+    uint32_t since;   /* calls timed since the other way last ran */
+    uint32_t gap;     /* run the other way after GAP calls */
+};
+
+/* One call's choice, and what timing it needs. */
+struct xhc_pick {
+    struct xhc_tune_class *cls; /* NULL: nothing to learn from this call */
+    int single;                 /* read in place (CMA, XPMEM), not staged */
+    int explore;                /* runs the way that is not the cheaper */
+    uint64_t start;             /* ns */
+};
+
 struct xhc_ctx {
     unsigned char *seg;
     size_t seg_size;
@@ -162,6 +183,7 @@ struct xhc_ctx {
     void (*block_hook)(void *); /* see xhc_ctx_set_block_hook */
     void *block_arg;
     uint64_t stats[XHC_NPATHS];
+    struct xhc_tune_class tune[XHC_NKINDS][XHC_TUNE_CLASSES]; /* tune.c */
 };
 
 void xhc_wake(xhc_ctx_t *ctx, xhc_flag_t *flag); /* wait.c */
@@ -206,8 +228,15 @@ void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
 unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
                                const struct xhc_src *src, size_t offset,
                                size_t len, int *rc);
+/* What xhc_meet learns besides the peers' buffers. */
+struct xhc_meeting {
+    int decider;  /* whose SINGLE every rank follows */
+    int single;   /* in: mine; out: the decider's */
+    int in_place; /* out: some rank's buffer is in a shared region */
+    int private;  /* out: some rank's buffer is not */
+};
 int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
-             size_t nbytes, int *in_place);
+             size_t nbytes, struct xhc_meeting *m);
 void xhc_copy_stream(void *dst, const void *src, size_t len);
 int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
                   size_t offset, void *dst, size_t len,
@@ -259,12 +288,20 @@ enum {
 int xhc_rs_mode(const xhc_ctx_t *ctx, int root);
 int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
                unsigned char *target, const struct xhc_red *r, int root);
-int xhc_rs_run(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
+int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
                const struct xhc_red *r, int root);
 
 /* rs_staged.c */
-int xhc_rs_staged(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
-                  const struct xhc_red *r, int root);
+int xhc_rs_staged(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, void *rbuf,
+                  const struct xhc_red *r, int root, int in_place);
+
+/* tune.c */
+int xhc_tune_choose(const struct xhc_tune_class *c, int *explore);
+void xhc_tune_learn(struct xhc_tune_class *c, int single, int explore,
+                    double cost);
+void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,
+                   struct xhc_pick *pick);
+void xhc_tune_done(const struct xhc_pick *pick, size_t nbytes);
 
 /* Do peers read private buffers in place (one copy: CMA or XPMEM) rather
  * than through staging in the segment?  Bcast and the reductions pick

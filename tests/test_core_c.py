@@ -50,3 +50,18 @@ def test_core_under_sanitizers(core_test, ranks, shape, seq_start, waits):
     assert proc.returncode == 0, out + err
     assert out.startswith("ok:"), out
     assert "runtime error" not in err, err
+
+
+def test_tune_policy_under_sanitizers(tmp_path, cc):
+    """csrc/tune.c's choice between staging and CMA, fed made-up times:
+    tries both, keeps the cheaper, looks at the other ever less often,
+    ignores one slow call, follows a lasting change, undoes a fluke."""
+    exe = str(tmp_path / "tune_test")
+    subprocess.run([cc, "-std=c11", "-D_GNU_SOURCE", "-g", "-O1", "-Wall",
+                    "-Wextra", "-Werror", *SANITIZE, "-I", CSRC,
+                    os.path.join(CSRC, "tune.c"),
+                    os.path.join(HERE, "c", "tune_test.c"), "-o", exe],
+                   check=True)
+    proc = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "ok\n", \
+        proc.stdout + proc.stderr

@@ -69,7 +69,8 @@ def make_config(copy="cico", cico_max=1024, chunk_size=4096, seq_start=0,
     c.cico_max, c.chunk_size, c.seq_start = cico_max, chunk_size, seq_start
     c.timeout, c.spin, c.sleep, c.windows = timeout, spin, sleep, windows
     c.bcast_rounds, c.reduce_cico_max = bcast_rounds, reduce_cico_max
-    c.copy = {"cico": lib.XHC_COPY_CICO, "cma": lib.XHC_COPY_CMA}[copy]
+    c.copy = {"cico": lib.XHC_COPY_CICO, "cma": lib.XHC_COPY_CMA,
+              "adaptive": lib.XHC_COPY_ADAPT}[copy]
     return c
 
 
@@ -295,7 +296,8 @@ def test_collectives_check_their_arguments():
                                   5) == lib.XHC_ERR_ARG
             assert lib.xhc_reduce(ctx, p, null, 2, lib.XHC_FLOAT64,
                                   lib.XHC_SUM, 0) == lib.XHC_ERR_ARG
-            assert lib.xhc_ctx_set_copy(ctx, 3) == lib.XHC_ERR_ARG
+            assert lib.xhc_ctx_set_copy(ctx, lib.XHC_COPY_ADAPT + 1) == \
+                lib.XHC_ERR_ARG
             assert lib.xhc_stat(ctx, lib.XHC_NPATHS) == 0
             assert lib.xhc_stat(ctx, -1) == 0
             # Zero bytes / elements: nothing to do, nobody to wait for.
@@ -711,7 +713,7 @@ def path_counters():
     out = {}
     for name in names:
         m = re.fullmatch(r"XHC_PATH_(BCAST|ALLREDUCE|REDUCE)_\w+", name)
-        if m:
+        if m and not name.endswith("_CMA"):  # those count large calls
             out.setdefault(m.group(1).lower(), []).append(getattr(lib, name))
     return out
 
@@ -751,6 +753,19 @@ def check_reports(reports, n, iters, **cfg_kw):
             assert st[inline] > 0 and st[cico] > 0, (rank, kind, st)
         assert st[lib.XHC_PATH_BCAST_CICO] == bcast_cico, (rank, st)
         assert st[lib.XHC_PATH_REDUCE_CICO] == reduce_cico, (rank, st)
+        check_cma_counts(st, cfg.copy, rank)
+
+
+def check_cma_counts(st, copy, rank):
+    """Large calls moved by CMA: none when staging, all when reading by
+    CMA (no buffer here is in a shared region), some of each when
+    adapting."""
+    for kind in ("BCAST", "ALLREDUCE", "REDUCE"):
+        large = st[getattr(lib, f"XHC_PATH_{kind}_LARGE")]
+        cma = st[getattr(lib, f"XHC_PATH_{kind}_CMA")]
+        want = {lib.XHC_COPY_CICO: cma == 0, lib.XHC_COPY_CMA: cma == large,
+                lib.XHC_COPY_ADAPT: 0 < cma < large}[copy]
+        assert large > 0 and want, (rank, kind, copy, cma, large)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -782,9 +797,15 @@ def test_forked_ranks_hammer_one_segment(n, hierarchy):
                   "seq_start": (1 << 64) - 3}),
     (4, "pairs", {"cico_max": 4096, "chunk_size": (128 << 10) + 64,
                   "sleep": 2}),
+    # Staging or CMA, chosen call by call by each decider, every size
+    # class trying both: parents and leaders of one Bcast may choose
+    # differently.
+    (3, "pairs", {"copy": "adaptive"}),
+    (6, "three", {"copy": "adaptive", "cico_max": 4096,
+                  "chunk_size": 128 << 10}),
 ], ids=["three-levels", "cma-pairs", "cma-flat", "default-sizes",
         "crowded-rounds", "pieces-three-levels", "pieces-cma-three-levels",
-        "pieces-sleep-odd-chunk"])
+        "pieces-sleep-odd-chunk", "adaptive-pairs", "adaptive-three-levels"])
 def test_forked_ranks_other_setups(n, hierarchy, kw):
     iters = 300 if kw.get("chunk_size", 0) > 8192 else 1000
     reports = run_forked(n, hierarchy, iters, **kw)

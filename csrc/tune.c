@@ -1,0 +1,131 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* tune.c: choosing, call by call, how a large message moves between
+ * private buffers when both ways work (XHC_COPY_ADAPT): staged through
+ * the segment (two copies that overlap in a pipeline) or read by CMA
+ * (one kernel copy).  Which is faster depends on the machine and on its
+ * load: on a busy VM, staging a 16 MiB Bcast took from 0.6 to 2.4 times
+ * as long as CMA from one minute to the next.
+ *
+ * 1. Messages fall in classes by size (powers of two), one set per
+ *    operation kind.  A class keeps each way's last XHC_TUNE_KEEP call
+ *    times per byte; a way's cost is the least of them, so one call
+ *    slowed by something else (a page fault, a preempted peer) does not
+ *    count, and a lasting change counts after XHC_TUNE_KEEP calls.
+ * 2. A new class runs each way XHC_TUNE_TRIES times, alternating, then
+ *    runs the cheaper one.
+ * 3. Every `gap` calls it runs the other way once, to notice a change in
+ *    the machine; that call's time replaces all it knew of that way.  If
+ *    that way is still the dearer, the gap doubles, up to
+ *    XHC_TUNE_GAP_MAX; if it is now the cheaper, the class switches and
+ *    the gap falls back to XHC_TUNE_GAP_MIN.  A switch on one lucky call
+ *    undoes itself: the chosen way is timed on every call.
+ * 4. Only the rank whose choice the others follow times and chooses: a
+ *    Bcast parent for its children, rank 0 or the root for a reduction.
+ *    It tells them through the segment, so they never disagree.  Its
+ *    time runs from its call's start to its end, which for a staging
+ *    Bcast parent comes before its children have copied the last round
+ *    out: for messages of few rounds staging looks cheaper than it is.
+ */
+#include <time.h>
+
+#include "xhc_internal.h"
+
+#define XHC_TUNE_TRIES 2
+#define XHC_TUNE_GAP_MIN 8
+#define XHC_TUNE_GAP_MAX 256
+
+static double xhc_tune_cost(const struct xhc_tune_class *c, int way)
+{
+    uint32_t n = c->runs[way];
+    double least = c->recent[way][0];
+    for (uint32_t i = 1; i < n; i++)
+        if (c->recent[way][i] < least)
+            least = c->recent[way][i];
+    return least;
+}
+
+/* Steps 2 and 3: 1 to read by CMA, 0 to stage; *EXPLORE is set when the
+ * call runs the way that is not the cheaper.  Only calls learnt from
+ * count towards the gap: a look at the other way on a call that teaches
+ * nothing (buffers in shared memory) is taken on the next that does. */
+int xhc_tune_choose(const struct xhc_tune_class *c, int *explore)
+{
+    *explore = 0;
+    if (c->runs[0] < XHC_TUNE_TRIES || c->runs[1] < XHC_TUNE_TRIES)
+        return c->runs[1] < c->runs[0];
+    int best = xhc_tune_cost(c, 1) < xhc_tune_cost(c, 0);
+    uint32_t gap = c->gap < XHC_TUNE_GAP_MIN ? XHC_TUNE_GAP_MIN : c->gap;
+    if (c->since + 1 < gap)
+        return best;
+    *explore = 1;
+    return !best;
+}
+
+/* Steps 1 and 3: a call that ran way SINGLE cost COST per byte.  A look
+ * at the other way replaces all it knew of that way: what it learnt
+ * hundreds of calls ago says nothing of the machine now. */
+void xhc_tune_learn(struct xhc_tune_class *c, int single, int explore,
+                    double cost)
+{
+    int settled = c->runs[0] >= XHC_TUNE_TRIES
+                  && c->runs[1] >= XHC_TUNE_TRIES;
+    if (explore)
+        for (int i = 0; i < XHC_TUNE_KEEP; i++)
+            c->recent[single][i] = cost;
+    c->recent[single][c->next[single]] = cost;
+    c->next[single] = (c->next[single] + 1) % XHC_TUNE_KEEP;
+    if (c->runs[single] < XHC_TUNE_KEEP)
+        c->runs[single]++;
+    if (!explore) {
+        c->since += settled;
+        return;
+    }
+    c->since = 0;
+    if (c->gap < XHC_TUNE_GAP_MIN)
+        c->gap = XHC_TUNE_GAP_MIN;
+    if (cost < xhc_tune_cost(c, !single))
+        c->gap = XHC_TUNE_GAP_MIN;
+    else if (c->gap < XHC_TUNE_GAP_MAX)
+        c->gap *= 2;
+}
+
+static uint64_t xhc_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int xhc_size_class(size_t nbytes)
+{
+    int k = 0;
+    while (k < XHC_TUNE_CLASSES - 1 && ((size_t)2 << k) <= nbytes)
+        k++;
+    return k;
+}
+
+/* How a call of KIND moving NBYTES goes, if this rank DECIDES it; in any
+ * mode but XHC_COPY_ADAPT, or for a rank that only follows, the mode's
+ * own answer, untimed. */
+void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,
+                   struct xhc_pick *pick)
+{
+    pick->cls = NULL;
+    pick->explore = 0;
+    pick->single = xhc_single_copy(ctx);
+    if (ctx->cfg.copy != XHC_COPY_ADAPT || !decides)
+        return;
+    pick->cls = &ctx->tune[kind][xhc_size_class(nbytes)];
+    pick->single = xhc_tune_choose(pick->cls, &pick->explore);
+    pick->start = xhc_now_ns();
+}
+
+/* The call PICK chose for has moved NBYTES. */
+void xhc_tune_done(const struct xhc_pick *pick, size_t nbytes)
+{
+    if (!pick->cls || nbytes == 0)
+        return;
+    double ns = (double)(xhc_now_ns() - pick->start);
+    xhc_tune_learn(pick->cls, pick->single, pick->explore,
+                   ns / (double)nbytes);
+}
