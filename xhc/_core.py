@@ -16,7 +16,7 @@ from .errors import XhcError, error_text
 KINDS = {"barrier": lib.XHC_BARRIER, "bcast": lib.XHC_BCAST,
          "allreduce": lib.XHC_ALLREDUCE, "reduce": lib.XHC_REDUCE}
 COPY = {"cico": lib.XHC_COPY_CICO, "cma": lib.XHC_COPY_CMA,
-        "xpmem": lib.XHC_COPY_XPMEM}
+        "xpmem": lib.XHC_COPY_XPMEM, "adaptive": lib.XHC_COPY_ADAPT}
 PATHS = {
     "barrier": lib.XHC_PATH_BARRIER,
     "bcast.inline": lib.XHC_PATH_BCAST_INLINE,
@@ -28,6 +28,9 @@ PATHS = {
     "reduce.inline": lib.XHC_PATH_REDUCE_INLINE,
     "reduce.cico": lib.XHC_PATH_REDUCE_CICO,
     "reduce.large": lib.XHC_PATH_REDUCE_LARGE,
+    "bcast.cma": lib.XHC_PATH_BCAST_CMA,
+    "allreduce.cma": lib.XHC_PATH_ALLREDUCE_CMA,
+    "reduce.cma": lib.XHC_PATH_REDUCE_CMA,
 }
 _USAGE = {lib.XHC_ERR_ARG, lib.XHC_ERR_DTYPE_OP}
 
@@ -164,6 +167,9 @@ def set_hierarchy(ctx, kind, table):
 
 _CICO_WHY = ("pipelined copy-in-copy-out through the segment; arrays "
              "from Comm.empty are read in place")
+_ADAPT_WHY = ("pipelined copy-in-copy-out or CMA (process_vm_readv), "
+              "call by call: each message size takes the one that has "
+              "been faster here, and tries the other now and then")
 _XPMEM_WHY = "peers' buffers are attached and read in place: one copy"
 _XPMEM_FIX = ("unset XHC_COPY, or install and load XPMEM (the xpmem "
               "kernel module and libxpmem)")
@@ -211,13 +217,18 @@ def _setup_xpmem(comm, ctx):
     return why
 
 
-def _setup_cma(comm, ctx):
-    """Collective: switch to CMA if every rank can read its neighbour."""
+def _cma_works(comm, ctx):
+    """Collective: can every rank read its neighbour with CMA?"""
     addrs = comm.allgather(int(lib.xhc_ctx_probe_address(ctx)))
     comm.Barrier()
     peer = (comm.rank + 1) % comm.size
     rc = lib.xhc_cma_probe(ctx, peer, addrs[peer]) if comm.size > 1 else 0
-    if not all(code == 0 for code in comm.allgather(rc)):
+    return all(code == 0 for code in comm.allgather(rc))
+
+
+def _setup_cma(comm, ctx):
+    """Collective: switch to CMA, or raise if some rank cannot use it."""
+    if not _cma_works(comm, ctx):
         raise XhcError("XHC_COPY=cma: process_vm_readv between ranks is not "
                        "permitted (ptrace rules); unset XHC_COPY")
     check(lib.xhc_ctx_set_copy(ctx, COPY["cma"]), "choosing CMA")
@@ -228,11 +239,12 @@ def choose_copy(comm, ctx, wanted):
     """Pick the mechanism for large private buffers, and say why.
 
     XPMEM, when every rank has it, maps peers' buffers and reads them in
-    place: one copy, no page pinning per call.  Without it, staging
-    through the segment is the default: two memcpys that overlap in a
-    pipeline beat one process_vm_readv, which pins every page (it measured
-    4x slower than memcpy per byte here).  CMA is used when asked and
-    every pair of ranks can use it.
+    place: one copy, no page pinning per call.  Without it, if every rank
+    can read its neighbour with CMA, the core chooses call by call
+    between staging through the segment (two memcpys that overlap in a
+    pipeline) and process_vm_readv (one copy, but it pins every page), by
+    what each took for messages of about that size (csrc/tune.c); else it
+    stages.  "cma" and "cico" force one.
     """
     pids = comm.allgather(os.getpid())
     check(lib.xhc_ctx_set_pids(ctx, ffi.new("int64_t[]", pids)), "pids")
@@ -246,18 +258,19 @@ def choose_copy(comm, ctx, wanted):
     if wanted == "xpmem":
         raise XhcError(f"XHC_COPY=xpmem: XPMEM is unavailable ({why}); "
                        f"{_XPMEM_FIX}")
-    return "cico", f"{_CICO_WHY} (no XPMEM: {why})", pids
+    if _cma_works(comm, ctx):
+        check(lib.xhc_ctx_set_copy(ctx, COPY["adaptive"]),
+              "choosing adaptive copy")
+        return "adaptive", f"{_ADAPT_WHY} (no XPMEM: {why})", pids
+    return "cico", f"{_CICO_WHY} (no XPMEM: {why}; CMA not permitted " \
+        "between these ranks)", pids
 
 
-def transport_info():
-    """Return (mechanism, reason) for large private buffers, without MPI."""
-    status = lib.xhc_xpmem_check()
-    if status == 0:
-        return "xpmem", "libxpmem and /dev/xpmem work; " + _XPMEM_WHY
-    xp = f"no XPMEM: {xpmem_status_text(status)}; "
+def cma_problem():
+    """Why this process cannot read its peers with CMA, or None."""
     rc = lib.xhc_cma_selftest()
     if rc:
-        return "cico", xp + "process_vm_readv unusable: " + \
+        return "process_vm_readv unusable: " + \
             ffi.string(lib.xhc_strerror(rc)).decode()
     scope = "0"
     try:
@@ -266,9 +279,20 @@ def transport_info():
     except OSError:
         pass
     if scope in ("2", "3"):
-        return "cico", xp + f"Yama ptrace_scope={scope} forbids CMA"
-    return "cico", xp + ("CMA available (XHC_COPY=cma) but pipelined "
-                         "copy-in-copy-out is faster")
+        return f"Yama ptrace_scope={scope} forbids CMA"
+    return None
+
+
+def transport_info():
+    """Return (mechanism, reason) for large private buffers, without MPI."""
+    status = lib.xhc_xpmem_check()
+    if status == 0:
+        return "xpmem", "libxpmem and /dev/xpmem work; " + _XPMEM_WHY
+    xp = f"no XPMEM: {xpmem_status_text(status)}; "
+    problem = cma_problem()
+    if problem:
+        return "cico", xp + problem
+    return "adaptive", xp + _ADAPT_WHY
 
 
 def kernel_isa():

@@ -30,6 +30,7 @@ import warnings
 
 import numpy as np
 from mpi4py import MPI
+from xhc import _core
 from xhc._xhc import lib
 
 import xhc
@@ -1493,11 +1494,57 @@ def stats_cases(xcomm, comm, v, sz):
     mine = [str(w.message) for w in caught if "xhc" in str(w.message)]
     v.check("stats: no warnings", not mine, f"warnings: {mine}")
     for key in expect:
-        if key == "fallback":
-            continue
+        if key == "fallback" or key.endswith(".cma"):
+            continue  # the adaptive suite checks those
         got = end[key] - start[key]
         v.check(f"stats[{key!r}]", got == expect[key],
                 f"rose by {got}, want {expect[key]} (copy={sz.copy})")
+
+
+# -- adaptive copy: staging or CMA, call by call ---------------------------------
+
+ADAPT_CALLS = 8
+
+
+def suite_adaptive(world, comm, v, sz, args):
+    """Large calls on private buffers, each operation ADAPT_CALLS times in
+    one size class, on a fresh communicator.  With copy "adaptive" each
+    deciding rank (rank 0 for Allreduce, the root for Reduce, every Bcast
+    parent for its children) tries both ways twice before it settles
+    (csrc/tune.c), all in step, so both paths run, and switch, on every
+    rank; every result must be right whichever way it moved.  Forced
+    modes take one way only."""
+    with xhc.Comm(comm) as xcomm:
+        adaptive_cases(xcomm, comm, v, Sizes(xcomm))
+
+
+def adaptive_cases(xcomm, comm, v, sz):
+    n = comm.size
+    start = xcomm.stats
+    count = 3 * sz.chunk // 8 + 5
+    f8 = np.dtype("f8")
+    for call in range(ADAPT_CALLS):
+        # Rank 0 decides for Allreduce, the last rank as the root of
+        # Reduce and Bcast (and Bcast's leaders for their children).
+        one_allreduce(v, xcomm, comm, f8, NOISE, count,
+                      seed_of(130, call), in_place=call % 3 == 2)
+        one_reduce(v, xcomm, comm, f8, "MAX", count, seed_of(131, call),
+                   n - 1, in_place=call % 3 == 1, nonroot_buf=False)
+        one_bcast(v, xcomm, comm, f"adaptive Bcast call {call}", "u1",
+                  count * 8 + 3, n - 1, seed_of(132, call))
+    end = xcomm.stats
+    for kind in ("allreduce", "reduce", "bcast"):
+        large = end[sz.large_key(kind)] - start[sz.large_key(kind)]
+        cma = end[kind + ".cma"] - start[kind + ".cma"]
+        if n == 1:
+            ok = large == cma == 0
+        elif sz.copy == "adaptive":
+            ok = large == ADAPT_CALLS and 2 <= cma <= ADAPT_CALLS - 2
+        else:
+            ok = large == ADAPT_CALLS \
+                and cma == (ADAPT_CALLS if sz.copy == "cma" else 0)
+        v.check(f"{kind}: calls by CMA", ok,
+                f"{cma} of {large} large calls by CMA (copy={sz.copy})")
 
 
 # -- the per-call path (xhc/_hot.c) ---------------------------------------------
@@ -2182,6 +2229,7 @@ SUITES = {
     "bcast": suite_bcast, "allreduce": suite_allreduce,
     "reduce": suite_reduce, "barrier": suite_barrier, "mixed": suite_mixed,
     "subcomm": suite_subcomm, "zerocopy": suite_zerocopy,
+    "adaptive": suite_adaptive,
     "fallback": suite_fallback, "stats": suite_stats, "wrap": suite_wrap,
     "calls": suite_calls, "staged": suite_staged,
 }
@@ -2231,8 +2279,12 @@ def check_config(xcomm, comm, v, expect_levels):
         v.check("config windows auto", (cfg["windows"] > 2) == crowded,
                 f"{cfg['windows']} with {comm.size} ranks on cpus "
                 f"{sorted(set().union(*map(set, cpus)))}")
-    if env.get("XHC_COPY") == "cico":
-        v.check("copy cico", info["copy"] == "cico", info["copy"])
+    # Without XPMEM, "auto" adapts wherever CMA works between the ranks
+    # (as the offline report predicts), else it stages.
+    want = env.get("XHC_COPY", "auto")
+    if want == "auto":
+        want = _core.transport_info()[0]
+    v.check(f"copy {want}", info["copy"] == want, info["copy"])
     if expect_levels:
         depth = {k: len(lv) for k, lv in info["levels"].items()}
         v.check("hierarchy depth", all(d == expect_levels
