@@ -806,6 +806,8 @@ def header_lines(run):
                 + (f", root: {o.root}" if o.command == "reduce" else ""))
     lines = [doc["title"], f"impl: {names}{mode}{bufs}",
              f"ranks: {doc['ranks']}", f"{what}.", f"mpi: {doc['mpi']}"]
+    if doc["copy"]:
+        lines.append(f"xhc copy: {doc['copy']} (large private buffers)")
     lines += [f"env: {k}={v}" for k, v in doc["env"].items()]
     sync = ("the plain MPI Barrier" if o.sync == "mpi"
             else "each implementation's own Barrier")
@@ -836,6 +838,8 @@ def new_doc(run, opts):
             "impls": [im.key for im in run.impls],
             "labels": {im.key: im.label for im in run.impls},
             "units": "us", "mpi": mpi_description(), "env": env_settings(),
+            "copy": next((im.comm.xhc_info.get("copy") for im in run.impls
+                          if im.key == "xhc"), None),
             "buffers": {im.key: "shared (xcomm.empty)"
                         if im.key == "xhc" and opts.shm else "private (np.empty)"
                         for im in run.impls},

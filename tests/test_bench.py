@@ -58,6 +58,11 @@ def test_osu_sized(op, tmp_path):
     check_doc(doc, SIZES)
     assert doc["options"]["cold"] == 0 and "# cold:" not in out
     assert "# ranks: 2" in out
+    # The mechanism xhc moved large private buffers with, as predicted
+    # without MPI.
+    from xhc import _core
+    assert doc["copy"] == _core.transport_info()[0]
+    assert f"# xhc copy: {doc['copy']} (large private buffers)" in out
     assert out.count("Pass") == len(SIZES)
     assert [r["size"] for r in doc["reference"]] == [65536]
     assert all(r["memcpy_us"] > 0 and r["add_us"] > 0
@@ -87,6 +92,37 @@ def test_osu_validation_catches_a_broken_call(op, method, tmp_path):
                    timeout=120, check=False)
     assert proc.returncode != 0
     assert f"DATA VALIDATION ERROR: {op}" in proc.stderr
+
+
+def test_copies_side_by_side():
+    """bench.copies times every way of moving large private buffers, and
+    the MPI, per operation and size, and says which way auto chose."""
+    from xhc import _core
+    proc = run_mpi(2, ["-m", "bench.copies", "-m", "64K:128K", "-r", "2",
+                       "-i", "3"], timeout=180)
+    out = proc.stdout
+    chose = _core.transport_info()[0]
+    assert f"auto chose {chose!r}" in out, out
+    assert out.count("round ") == 2, out
+    rows = [ln.split() for ln in out.splitlines()
+            if ln.split()[:1] in (["bcast"], ["allreduce"], ["reduce"])]
+    assert [(r[0], int(r[1])) for r in rows] == [
+        (op, size) for op in ("bcast", "allreduce", "reduce")
+        for size in (65536, 131072)], out
+    assert all(float(x) > 0 for r in rows for x in r[2:]), out
+
+
+def test_copies_catches_a_wrong_result(tmp_path):
+    """An xhc Allreduce that leaves the receive buffer as it was fails
+    the run, naming the operation."""
+    script = tmp_path / "broken.py"
+    script.write_text(BROKEN.replace("from bench import osu",
+                                     "from bench import copies as osu"))
+    proc = run_mpi(2, [str(script), "Allreduce", "-m", "64K:64K", "-r", "1",
+                       "-i", "2", "--ops", "allreduce"], timeout=120,
+                   check=False)
+    assert proc.returncode != 0
+    assert "allreduce 65536 B: wrong result" in proc.stderr + proc.stdout
 
 
 def test_osu_barrier_as_path(tmp_path):
