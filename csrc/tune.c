@@ -19,7 +19,12 @@
  *    XHC_TUNE_GAP_MAX; if it is now the cheaper, the class switches and
  *    the gap falls back to XHC_TUNE_GAP_MIN.  A switch on one lucky call
  *    undoes itself: the chosen way is timed on every call.
- * 4. Only the rank whose choice the others follow times and chooses: a
+ * 4. A look at a way R times as dear costs R - 1 calls' worth of time, so
+ *    the gap is at least XHC_TUNE_SHARE * (R - 1): looks take at most
+ *    1/XHC_TUNE_SHARE of the time, however far apart the ways are.  (At
+ *    4 ranks on 2 cores CMA took 2 to 7 times as long as staging, and a
+ *    look every 8 calls made the first 40 calls of a size 10-20 % dearer.)
+ * 5. Only the rank whose choice the others follow times and chooses: a
  *    Bcast parent for its children, rank 0 or the root for a reduction.
  *    It tells them through the segment, so they never disagree.  Its
  *    time runs from its call's start to its end, which for a staging
@@ -33,6 +38,7 @@
 #define XHC_TUNE_TRIES 2
 #define XHC_TUNE_GAP_MIN 8
 #define XHC_TUNE_GAP_MAX 256
+#define XHC_TUNE_SHARE 32
 
 static double xhc_tune_cost(const struct xhc_tune_class *c, int way)
 {
@@ -44,7 +50,25 @@ static double xhc_tune_cost(const struct xhc_tune_class *c, int way)
     return least;
 }
 
-/* Steps 2 and 3: 1 to read by CMA, 0 to stage; *EXPLORE is set when the
+/* Step 4: GAP, raised to what keeps looks within their share of the time
+ * at the ways' present costs, and kept within the bounds. */
+static uint32_t xhc_tune_gap(const struct xhc_tune_class *c, uint32_t gap)
+{
+    double lo = xhc_tune_cost(c, 0), hi = xhc_tune_cost(c, 1);
+    if (lo > hi) {
+        double t = lo;
+        lo = hi;
+        hi = t;
+    }
+    double least = lo > 0 ? XHC_TUNE_SHARE * (hi / lo - 1) : XHC_TUNE_GAP_MAX;
+    if (least > gap)
+        gap = least < XHC_TUNE_GAP_MAX ? (uint32_t)least : XHC_TUNE_GAP_MAX;
+    if (gap > XHC_TUNE_GAP_MAX)
+        return XHC_TUNE_GAP_MAX;
+    return gap < XHC_TUNE_GAP_MIN ? XHC_TUNE_GAP_MIN : gap;
+}
+
+/* Steps 2 to 4: 1 to read by CMA, 0 to stage; *EXPLORE is set when the
  * call runs the way that is not the cheaper.  Only calls learnt from
  * count towards the gap: a look at the other way on a call that teaches
  * nothing (buffers in shared memory) is taken on the next that does. */
@@ -54,14 +78,13 @@ int xhc_tune_choose(const struct xhc_tune_class *c, int *explore)
     if (c->runs[0] < XHC_TUNE_TRIES || c->runs[1] < XHC_TUNE_TRIES)
         return c->runs[1] < c->runs[0];
     int best = xhc_tune_cost(c, 1) < xhc_tune_cost(c, 0);
-    uint32_t gap = c->gap < XHC_TUNE_GAP_MIN ? XHC_TUNE_GAP_MIN : c->gap;
-    if (c->since + 1 < gap)
+    if (c->since + 1 < xhc_tune_gap(c, c->gap))
         return best;
     *explore = 1;
     return !best;
 }
 
-/* Steps 1 and 3: a call that ran way SINGLE cost COST per byte.  A look
+/* Steps 1, 3 and 4: a call that ran way SINGLE cost COST per byte.  A look
  * at the other way replaces all it knew of that way: what it learnt
  * hundreds of calls ago says nothing of the machine now. */
 void xhc_tune_learn(struct xhc_tune_class *c, int single, int explore,
@@ -69,6 +92,7 @@ void xhc_tune_learn(struct xhc_tune_class *c, int single, int explore,
 {
     int settled = c->runs[0] >= XHC_TUNE_TRIES
                   && c->runs[1] >= XHC_TUNE_TRIES;
+    uint32_t waited = explore ? xhc_tune_gap(c, c->gap) : 0;
     if (explore)
         for (int i = 0; i < XHC_TUNE_KEEP; i++)
             c->recent[single][i] = cost;
@@ -81,12 +105,10 @@ void xhc_tune_learn(struct xhc_tune_class *c, int single, int explore,
         return;
     }
     c->since = 0;
-    if (c->gap < XHC_TUNE_GAP_MIN)
-        c->gap = XHC_TUNE_GAP_MIN;
     if (cost < xhc_tune_cost(c, !single))
         c->gap = XHC_TUNE_GAP_MIN;
-    else if (c->gap < XHC_TUNE_GAP_MAX)
-        c->gap *= 2;
+    else
+        c->gap = xhc_tune_gap(c, 2 * waited);
 }
 
 static uint64_t xhc_now_ns(void)

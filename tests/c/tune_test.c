@@ -62,14 +62,11 @@ static void tries_both_then_settles(void)
     }
 }
 
-/* The other way runs every gap calls; each loss doubles the gap, up to
- * 256 calls. */
-static void looks_at_the_other_way_ever_less_often(void)
+/* With COST, the looks at CMA come after WANT[0..8) calls. */
+static void looks_after(const double cost[2], const int want[8])
 {
     struct xhc_tune_class c;
-    double cost[2] = { 1.0, 3.0 };
     past_the_tries(&c, cost);
-    int want[] = { 8, 16, 32, 64, 128, 256, 256, 256 };
     for (int k = 0; k < 8; k++) {
         int n = 0, e = 0;
         do {
@@ -79,6 +76,29 @@ static void looks_at_the_other_way_ever_less_often(void)
         EXPECT(e && n == want[k], "look %d after %d calls, want %d", k, n,
                want[k]);
     }
+}
+
+/* The other way runs every gap calls; each loss doubles the gap, up to
+ * 256 calls. */
+static void looks_at_the_other_way_ever_less_often(void)
+{
+    double cost[2] = { 1.0, 1.1 };
+    int want[] = { 8, 16, 32, 64, 128, 256, 256, 256 };
+    looks_after(cost, want);
+}
+
+/* A look at a way R times as dear waits at least 32 (R - 1) calls, so
+ * that looks never take more than 1/32 of the time. */
+static void looks_keep_to_their_share(void)
+{
+    double twice[2] = { 1.0, 2.0 }, thrice[2] = { 1.0, 3.0 };
+    double far[2] = { 1.0, 20.0 };
+    int want2[] = { 32, 64, 128, 256, 256, 256, 256, 256 };
+    int want3[] = { 64, 128, 256, 256, 256, 256, 256, 256 };
+    int want20[] = { 256, 256, 256, 256, 256, 256, 256, 256 };
+    looks_after(twice, want2);
+    looks_after(thrice, want3);
+    looks_after(far, want20);
 }
 
 /* A single slow call of the chosen way does not make it switch; a
@@ -106,7 +126,7 @@ static void ignores_a_spike_follows_a_change(void)
 static void switches_on_a_win_and_back_on_a_fluke(void)
 {
     struct xhc_tune_class c;
-    double cost[2] = { 1.0, 2.0 };
+    double cost[2] = { 1.0, 1.2 };
     past_the_tries(&c, cost);
     double lucky[2] = { 1.0, 0.5 };
     EXPECT(look_within(&c, lucky, 8), "no look at CMA in 8 calls");
@@ -144,7 +164,7 @@ static void a_look_forgets_the_past(void)
 static void a_look_waits_for_a_call_that_teaches(void)
 {
     struct xhc_tune_class c;
-    double cost[2] = { 1.0, 2.0 };
+    double cost[2] = { 1.0, 1.2 };
     past_the_tries(&c, cost);
     int e = 0, way = 0;
     for (int n = 0; n < 16 && !e; n++) {
@@ -165,6 +185,7 @@ int main(void)
 {
     tries_both_then_settles();
     looks_at_the_other_way_ever_less_often();
+    looks_keep_to_their_share();
     ignores_a_spike_follows_a_change();
     switches_on_a_win_and_back_on_a_fluke();
     a_look_forgets_the_past();
