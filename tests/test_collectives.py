@@ -40,7 +40,8 @@ SEQ_START = {"XHC_SEQ_START": "18446744073709551000"}  # 2**64 - 616
 
 # (ranks, environment, levels every operation's hierarchy must have).
 VARIANTS = [
-    pytest.param(3, {"XHC_HIERARCHY": "virtual:2"}, 2, id="virtual2-n3"),
+    pytest.param(3, {"XHC_HIERARCHY": "virtual:2", "XHC_COPY": "adaptive"}, 2,
+                 id="virtual2+adaptive-n3"),
     pytest.param(4, {"XHC_HIERARCHY": "virtual:2", "XHC_COPY": "cma"}, 2,
                  id="virtual2+cma-n4"),
     pytest.param(5, {"XHC_HIERARCHY": "virtual:2,virtual:4",

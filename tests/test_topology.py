@@ -364,6 +364,13 @@ def test_info_reports_waiting_for_the_load(n, env):
     w = doc["waiting"]
     assert w["ranks"] == n and 1 <= w["cpus"] <= os.cpu_count()
     assert w["crowded"] == (n > w["cpus"])
+    # Crowded ranks stage large private buffers rather than read by CMA.
+    moves = doc["transport"]
+    if w["crowded"] and moves["name"] != "xpmem":
+        assert moves["name"] == "cico", moves
+    if w["crowded"] and _core.cma_problem() is None \
+            and moves["name"] != "xpmem":
+        assert "ranks outnumber CPUs" in moves["reason"], moves
     if env.get("XHC_WINDOWS"):
         assert (w["bcast_windows"], w["spin"], w["sleep"]) == (5, 99, 7)
         assert w["reduce_cico_max"] == 0   # the chosen cico_max holds

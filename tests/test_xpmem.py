@@ -106,16 +106,17 @@ def run_threads(n, body):
     return results, errors
 
 
-def open_rank(comm, wanted, hierarchy="flat", **cfg):
+def open_rank(comm, wanted, hierarchy="flat", crowded=False, **cfg):
     """This rank's context on the group's segment, with copy mode WANTED
-    chosen as xhc.Comm does; returns (ctx, copy, why)."""
+    chosen as xhc.Comm does for ranks that are CROWDED (outnumber their
+    CPUs) or not; returns (ctx, copy, why)."""
     full = {"cico_max": 4096, "chunk_size": 16384, "seq_start": 0,
             "timeout": 20.0, "spin": 64, "sleep": 0, "windows": 2, **cfg}
     ctx = _core.open_context(comm, _core.make_config(full))
     try:
         for kind in _core.KINDS:
             _core.set_hierarchy(ctx, kind, HIERARCHIES[hierarchy](comm.size))
-        copy, why, _ = _core.choose_copy(comm, ctx, wanted)
+        copy, why, _ = _core.choose_copy(comm, ctx, wanted, crowded)
     except BaseException:
         lib.xhc_ctx_close(ctx)
         raise
@@ -256,12 +257,12 @@ def case_collectives(n, hierarchy, wanted):
     return run_threads(n, body)
 
 
-def case_choose(n, wanted):
+def case_choose(n, wanted, crowded=False):
     """What choose_copy makes of WANTED: (copy, why) or the error."""
 
     def body(comm):
         try:
-            ctx, copy, why = open_rank(comm, wanted)
+            ctx, copy, why = open_rank(comm, wanted, crowded=crowded)
         except Exception as e:  # noqa: BLE001 -- the error is the answer
             return {"error": type(e).__name__, "msg": str(e)}
         comm.Barrier()  # every rank has chosen; none has closed
@@ -525,6 +526,27 @@ def test_without_libxpmem_auto_adapts_or_stages():
             "no XPMEM: libxpmem not found; "), report["transport"]
 
 
+@pytest.mark.parametrize("env", [{}, {"FAKE_XPMEM_NODEV": "1"}],
+                         ids=["xpmem", "no-device"])
+def test_crowded_ranks_stage_unless_told(fake_dir, env):
+    """Ranks that outnumber their CPUs take XPMEM where it works, else
+    stage, however well CMA works; "adaptive" and "cma" still hold."""
+    auto = run_case(fake_dir, "choose", 3, "auto", True, env=env)
+    check_no_errors(auto)
+    want = "cico" if env else "xpmem"
+    for res in auto["results"]:
+        assert res["copy"] == want, res
+        if env and cma_works_here():
+            assert "ranks outnumber CPUs" in res["why"], res
+    if not cma_works_here():
+        return
+    for wanted in ("adaptive", "cma"):
+        forced = run_case(fake_dir, "choose", 3, wanted, True, env=env)
+        check_no_errors(forced)
+        assert all(res["copy"] == wanted for res in forced["results"]), \
+            forced["results"]
+
+
 def test_failed_attach_names_the_peer(fake_dir):
     report = run_case(fake_dir, "attach-fails", 2,
                       env={"FAKE_XPMEM_FAIL_ATTACH": "1"})
@@ -563,7 +585,8 @@ def test_xpmem_is_never_the_opening_mode():
     assert lib.xhc_ctx_open(out, b"/xhc.never-made", size, 0, 1, c) == \
         lib.XHC_ERR_ARG
     assert config.resolve(copy="xpmem")["copy"] == "xpmem"
-    with pytest.raises(ValueError, match="auto, xpmem, cma or cico"):
+    assert config.resolve(copy="adaptive")["copy"] == "adaptive"
+    with pytest.raises(ValueError, match="auto, xpmem, adaptive, cma or cico"):
         config.resolve(copy="shm")
 
 

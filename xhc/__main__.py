@@ -72,9 +72,10 @@ def _kernels():
     return isa, isa + " (the widest of x86-64, -v3 and -v4 this CPU runs)"
 
 
-def _transport():
-    """(name, reason) of the data-movement mechanism the C core would use."""
-    said = _core_says(lambda core: core.transport_info())
+def _transport(crowded):
+    """(name, reason) of the data-movement mechanism the C core would use
+    for ranks that are CROWDED (outnumber their CPUs) or not."""
+    said = _core_says(lambda core: core.transport_info(crowded))
     return ("unknown", "core not built") if said is _UNBUILT else said
 
 
@@ -138,7 +139,7 @@ def _online(args):
     waiting = _waiting(cpu_sets)
     ops = [args.op] if args.op else list(DEFAULTS)
     hierarchies = {op: build(localities, parse_levels(_level_spec(args, op))) for op in ops}
-    name, reason = _transport()
+    name, reason = _transport(waiting["crowded"])
     if args.json:
         print(json.dumps({"machine": describe(args.topology), "ranks": len(localities),
                           "hierarchies": {op: _levels_json(h) for op, h in hierarchies.items()},

@@ -171,6 +171,8 @@ _ADAPT_WHY = ("pipelined copy-in-copy-out or CMA (process_vm_readv), "
               "call by call: each message size takes the one that has "
               "been faster here, and tries the other now and then")
 _XPMEM_WHY = "peers' buffers are attached and read in place: one copy"
+_CROWDED_WHY = ("ranks outnumber CPUs, and a rank whose buffer is read by "
+                "CMA waits in the call for readers that may not be running")
 _XPMEM_FIX = ("unset XHC_COPY, or install and load XPMEM (the xpmem "
               "kernel module and libxpmem)")
 
@@ -226,16 +228,17 @@ def _cma_works(comm, ctx):
     return all(code == 0 for code in comm.allgather(rc))
 
 
-def _setup_cma(comm, ctx):
-    """Collective: switch to CMA, or raise if some rank cannot use it."""
+def _setup_cma(comm, ctx, mode):
+    """Collective: switch to MODE, "cma" or "adaptive", or raise if some
+    rank cannot read its neighbour with CMA."""
     if not _cma_works(comm, ctx):
-        raise XhcError("XHC_COPY=cma: process_vm_readv between ranks is not "
-                       "permitted (ptrace rules); unset XHC_COPY")
-    check(lib.xhc_ctx_set_copy(ctx, COPY["cma"]), "choosing CMA")
-    return "cma", "requested; process_vm_readv works between all ranks"
+        raise XhcError(f"XHC_COPY={mode}: process_vm_readv between ranks is "
+                       "not permitted (ptrace rules); unset XHC_COPY")
+    check(lib.xhc_ctx_set_copy(ctx, COPY[mode]), f"choosing {mode} copy")
+    return mode, "requested; process_vm_readv works between all ranks"
 
 
-def choose_copy(comm, ctx, wanted):
+def choose_copy(comm, ctx, wanted, crowded=False):
     """Pick the mechanism for large private buffers, and say why.
 
     XPMEM, when every rank has it, maps peers' buffers and reads them in
@@ -244,12 +247,15 @@ def choose_copy(comm, ctx, wanted):
     between staging through the segment (two memcpys that overlap in a
     pipeline) and process_vm_readv (one copy, but it pins every page), by
     what each took for messages of about that size (csrc/tune.c); else it
-    stages.  "cma" and "cico" force one.
+    stages.  On a CROWDED node (ranks outnumber CPUs) it stages: a rank
+    whose buffer is read in place must wait in the call until every
+    reader is done, and a reader that is not running keeps it there.
+    "adaptive", "cma" and "cico" force one.
     """
     pids = comm.allgather(os.getpid())
     check(lib.xhc_ctx_set_pids(ctx, ffi.new("int64_t[]", pids)), "pids")
-    if wanted == "cma":
-        return (*_setup_cma(comm, ctx), pids)
+    if wanted in ("cma", "adaptive"):
+        return (*_setup_cma(comm, ctx, wanted), pids)
     if wanted == "cico":
         return "cico", _CICO_WHY, pids
     why = _setup_xpmem(comm, ctx)
@@ -258,6 +264,8 @@ def choose_copy(comm, ctx, wanted):
     if wanted == "xpmem":
         raise XhcError(f"XHC_COPY=xpmem: XPMEM is unavailable ({why}); "
                        f"{_XPMEM_FIX}")
+    if crowded:
+        return "cico", f"{_CICO_WHY} (no XPMEM: {why}; {_CROWDED_WHY})", pids
     if _cma_works(comm, ctx):
         check(lib.xhc_ctx_set_copy(ctx, COPY["adaptive"]),
               "choosing adaptive copy")
@@ -283,8 +291,9 @@ def cma_problem():
     return None
 
 
-def transport_info():
-    """Return (mechanism, reason) for large private buffers, without MPI."""
+def transport_info(crowded=False):
+    """Return (mechanism, reason) for large private buffers, without MPI,
+    for ranks that are CROWDED (outnumber their CPUs) or not."""
     status = lib.xhc_xpmem_check()
     if status == 0:
         return "xpmem", "libxpmem and /dev/xpmem work; " + _XPMEM_WHY
@@ -292,6 +301,8 @@ def transport_info():
     problem = cma_problem()
     if problem:
         return "cico", xp + problem
+    if crowded:
+        return "cico", xp + _CROWDED_WHY
     return "adaptive", xp + _ADAPT_WHY
 
 

@@ -99,8 +99,8 @@ class Comm(HotComm):
             for kind, levels in self._levels.items():
                 _core.set_hierarchy(self._ctx, kind,
                                     hierarchy.group_table(levels))
-            copy, why, self._pids = _core.choose_copy(comm, self._ctx,
-                                                      cfg["copy"])
+            copy, why, self._pids = _core.choose_copy(
+                comm, self._ctx, cfg["copy"], self._crowded)
         except BaseException:
             lib.xhc_ctx_close(self._ctx)
             self._ctx = ffi.NULL

@@ -12,7 +12,8 @@ DEFAULTS = {
     "spin": 16384,            # polls before a waiting rank yields (~0.4 ms)
     "sleep": 0,               # yields before a waiting rank sleeps; 0: never
     "windows": "auto",        # Bcast staging windows per rank
-    "copy": "auto",           # large messages: auto | xpmem | cma | cico
+    "copy": "auto",           # large messages: auto | xpmem | adaptive |
+                              # cma | cico
     "seq_start": 0,           # sequence numbers start here (wrap tests)
     "debug": False,           # check arguments agree across ranks
 }
@@ -85,8 +86,8 @@ def _validate(cfg):
         raise ValueError("sleep must be 0 (never) or a count of yields")
     if cfg["windows"] != "auto" and not 2 <= cfg["windows"] <= 64:
         raise ValueError("windows must be auto or 2 to 64")
-    if cfg["copy"] not in ("auto", "xpmem", "cma", "cico"):
-        raise ValueError("copy must be auto, xpmem, cma or cico")
+    if cfg["copy"] not in ("auto", "xpmem", "adaptive", "cma", "cico"):
+        raise ValueError("copy must be auto, xpmem, adaptive, cma or cico")
 
 
 # Bcast staging depth when ranks outnumber CPUs: windows per rank, at most
