@@ -12,7 +12,10 @@
  *    slowed by something else (a page fault, a preempted peer) does not
  *    count, and a lasting change counts after XHC_TUNE_KEEP calls.
  * 2. A new class runs each way XHC_TUNE_TRIES times, alternating, then
- *    runs the cheaper one.
+ *    runs the cheaper one.  Its first call, which pays for first touches
+ *    of the buffers and a cold cache, stages and teaches nothing: two
+ *    slow tries had kept a Bcast on CMA, at twice staging's cost, for 17
+ *    calls.
  * 3. Every `gap` calls it runs the other way once, to notice a change in
  *    the machine; that call's time replaces all it knew of that way.  If
  *    that way is still the dearer, the gap doubles, up to
@@ -90,6 +93,10 @@ int xhc_tune_choose(const struct xhc_tune_class *c, int *explore)
 void xhc_tune_learn(struct xhc_tune_class *c, int single, int explore,
                     double cost)
 {
+    if (!c->warm) {
+        c->warm = 1;
+        return;
+    }
     int settled = c->runs[0] >= XHC_TUNE_TRIES
                   && c->runs[1] >= XHC_TUNE_TRIES;
     uint32_t waited = explore ? xhc_tune_gap(c, c->gap) : 0;

@@ -145,6 +145,7 @@ struct xhc_tune_class {
     uint32_t next[2]; /* the slot of recent the next run fills */
     uint32_t since;   /* calls timed since the other way last ran */
     uint32_t gap;     /* run the other way after GAP calls */
+    uint32_t warm;    /* the class's first call has run (untaught) */
 };
 
 /* One call's choice, and what timing it needs. */
