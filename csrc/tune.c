@@ -23,8 +23,9 @@
  *    the gap falls back to XHC_TUNE_GAP_MIN.  A switch on one lucky call
  *    undoes itself: the chosen way is timed on every call.
  * 4. A look at a way R times as dear costs R - 1 calls' worth of time, so
- *    the gap is at least XHC_TUNE_SHARE * (R - 1): looks take at most
- *    1/XHC_TUNE_SHARE of the time, however far apart the ways are.  (At
+ *    the gap is at least XHC_TUNE_SHARE * (R - 1), up to XHC_TUNE_GAP_MAX:
+ *    looks take at most 1/XHC_TUNE_SHARE of the time for ways up to 9
+ *    times apart, and one call in 256 beyond.  (At
  *    4 ranks on 2 cores CMA took 2 to 7 times as long as staging, and a
  *    look every 8 calls made the first 40 calls of a size 10-20 % dearer.)
  * 5. Only the rank whose choice the others follow times and chooses: a
@@ -64,8 +65,10 @@ static uint32_t xhc_tune_gap(const struct xhc_tune_class *c, uint32_t gap)
         hi = t;
     }
     double least = lo > 0 ? XHC_TUNE_SHARE * (hi / lo - 1) : XHC_TUNE_GAP_MAX;
-    if (least > gap)
-        gap = least < XHC_TUNE_GAP_MAX ? (uint32_t)least : XHC_TUNE_GAP_MAX;
+    if (least >= XHC_TUNE_GAP_MAX)
+        gap = XHC_TUNE_GAP_MAX;
+    else if (least > gap) /* rounded up, to keep within the share */
+        gap = (uint32_t)least + (least > (uint32_t)least);
     if (gap > XHC_TUNE_GAP_MAX)
         return XHC_TUNE_GAP_MAX;
     return gap < XHC_TUNE_GAP_MIN ? XHC_TUNE_GAP_MIN : gap;

@@ -24,6 +24,11 @@ SIZES = [8 << k for k in range(14)]  # -m 8:64K
 QUICK = ["-i", "20", "-x", "2", "-c", "--no-progress"]
 
 
+def crowded(n):
+    """Do N ranks outnumber the CPUs they may run on (this process's)?"""
+    return n > len(os.sched_getaffinity(0))
+
+
 def run_osu(op, tmp_path, *extra, sizes="8:64K", impl=IMPL):
     """Run bench.osu OP on 2 ranks; return (stdout, JSON document)."""
     path = str(tmp_path / f"{op}.json")
@@ -61,7 +66,7 @@ def test_osu_sized(op, tmp_path):
     # The mechanism xhc moved large private buffers with, as predicted
     # without MPI.
     from xhc import _core
-    assert doc["copy"] == _core.transport_info()[0]
+    assert doc["copy"] == _core.transport_info(crowded(2))[0]
     assert f"# xhc copy: {doc['copy']} (large private buffers)" in out
     assert out.count("Pass") == len(SIZES)
     assert [r["size"] for r in doc["reference"]] == [65536]
@@ -96,13 +101,13 @@ def test_osu_validation_catches_a_broken_call(op, method, tmp_path):
 
 def test_copies_side_by_side():
     """bench.copies times every way of moving large private buffers, and
-    the MPI, per operation and size, and says which way auto chose."""
+    the MPI, per operation and size, and says which way auto chooses."""
     from xhc import _core
     proc = run_mpi(2, ["-m", "bench.copies", "-m", "64K:128K", "-r", "2",
                        "-i", "3"], timeout=180)
     out = proc.stdout
-    chose = _core.transport_info()[0]
-    assert f"auto chose {chose!r}" in out, out
+    chose = _core.transport_info(crowded(2))[0]
+    assert f"auto chooses {chose!r}" in out, out
     assert out.count("round ") == 2, out
     rows = [ln.split() for ln in out.splitlines()
             if ln.split()[:1] in (["bcast"], ["allreduce"], ["reduce"])]

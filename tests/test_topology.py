@@ -368,9 +368,11 @@ def test_info_reports_waiting_for_the_load(n, env):
     moves = doc["transport"]
     if w["crowded"] and moves["name"] != "xpmem":
         assert moves["name"] == "cico", moves
-    if w["crowded"] and _core.cma_problem() is None \
-            and moves["name"] != "xpmem":
+    if w["crowded"] and moves["name"] != "xpmem":
         assert "ranks outnumber CPUs" in moves["reason"], moves
+    if not w["crowded"] and moves["name"] != "xpmem":
+        want = "cico" if _core.cma_problem() else "adaptive"
+        assert moves["name"] == want, moves
     if env.get("XHC_WINDOWS"):
         assert (w["bcast_windows"], w["spin"], w["sleep"]) == (5, 99, 7)
         assert w["reduce_cico_max"] == 0   # the chosen cico_max holds

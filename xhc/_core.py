@@ -250,7 +250,7 @@ def choose_copy(comm, ctx, wanted, crowded=False):
     stages.  On a CROWDED node (ranks outnumber CPUs) it stages: a rank
     whose buffer is read in place must wait in the call until every
     reader is done, and a reader that is not running keeps it there.
-    "adaptive", "cma" and "cico" force one.
+    "adaptive", "cma" and "cico" are taken as asked, or refused.
     """
     pids = comm.allgather(os.getpid())
     check(lib.xhc_ctx_set_pids(ctx, ffi.new("int64_t[]", pids)), "pids")
@@ -298,11 +298,11 @@ def transport_info(crowded=False):
     if status == 0:
         return "xpmem", "libxpmem and /dev/xpmem work; " + _XPMEM_WHY
     xp = f"no XPMEM: {xpmem_status_text(status)}; "
+    if crowded:  # as choose_copy: CMA is not even tried
+        return "cico", xp + _CROWDED_WHY
     problem = cma_problem()
     if problem:
         return "cico", xp + problem
-    if crowded:
-        return "cico", xp + _CROWDED_WHY
     return "adaptive", xp + _ADAPT_WHY
 
 

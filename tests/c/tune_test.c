@@ -49,7 +49,9 @@ static int look_within(struct xhc_tune_class *c, const double cost[2],
 }
 
 /* A new class stages once to warm up, whatever that costs, then tries
- * staging, CMA, staging, CMA, then keeps the cheaper. */
+ * staging, CMA, staging, CMA, then keeps the cheaper.  (A first call
+ * learnt from would show in the order of the tries; its cost alone
+ * could not, as the least of the tries counts.) */
 static void tries_both_then_settles(void)
 {
     for (int cheap = 0; cheap < 2; cheap++) {
@@ -91,7 +93,8 @@ static void looks_at_the_other_way_ever_less_often(void)
 }
 
 /* A look at a way R times as dear waits at least 32 (R - 1) calls, so
- * that looks never take more than 1/32 of the time. */
+ * that looks take no more than 1/32 of the time, up to the longest gap
+ * (R = 9). */
 static void looks_keep_to_their_share(void)
 {
     double twice[2] = { 1.0, 2.0 }, thrice[2] = { 1.0, 3.0 };
