@@ -25,9 +25,9 @@
  * 4. A look at a way R times as dear costs R - 1 calls' worth of time, so
  *    the gap is at least XHC_TUNE_SHARE * (R - 1), up to XHC_TUNE_GAP_MAX:
  *    looks take at most 1/XHC_TUNE_SHARE of the time for ways up to 9
- *    times apart, and one call in 256 beyond.  (At
- *    4 ranks on 2 cores CMA took 2 to 7 times as long as staging, and a
- *    look every 8 calls made the first 40 calls of a size 10-20 % dearer.)
+ *    times apart, and one call in 256 beyond.  (CMA took 2 to 7 times as
+ *    long as staging on the development VM, and with a first look after
+ *    8 calls, 4 of a size's first 40 calls ran it.)
  * 5. Only the rank whose choice the others follow times and chooses: a
  *    Bcast parent for its children, rank 0 or the root for a reduction.
  *    It tells them through the segment, so they never disagree.  Its
