@@ -54,9 +54,9 @@ def test_core_under_sanitizers(core_test, ranks, shape, seq_start, waits):
 
 def test_tune_policy_under_sanitizers(tmp_path, cc):
     """csrc/tune.c's choice between staging and CMA, fed made-up times:
-    tries both, keeps the cheaper, looks at the other ever less often and
-    within 1/32 of the time,
-    ignores one slow call, follows a lasting change, undoes a fluke."""
+    skips a cold first call, tries both, keeps the cheaper, looks at the
+    other ever less often and within 1/32 of the time, ignores one slow
+    call, follows a lasting change, undoes a fluke."""
     exe = str(tmp_path / "tune_test")
     subprocess.run([cc, "-std=c11", "-D_GNU_SOURCE", "-g", "-O1", "-Wall",
                     "-Wextra", "-Werror", *SANITIZE, "-I", CSRC,

@@ -368,7 +368,6 @@ def test_info_reports_waiting_for_the_load(n, env):
     moves = doc["transport"]
     if w["crowded"] and moves["name"] != "xpmem":
         assert moves["name"] == "cico", moves
-    if w["crowded"] and moves["name"] != "xpmem":
         assert "ranks outnumber CPUs" in moves["reason"], moves
     if not w["crowded"] and moves["name"] != "xpmem":
         want = "cico" if _core.cma_problem() else "adaptive"
