@@ -65,12 +65,10 @@ static uint32_t xhc_tune_gap(const struct xhc_tune_class *c, uint32_t gap)
         hi = t;
     }
     double least = lo > 0 ? XHC_TUNE_SHARE * (hi / lo - 1) : XHC_TUNE_GAP_MAX;
-    if (least >= XHC_TUNE_GAP_MAX)
-        gap = XHC_TUNE_GAP_MAX;
-    else if (least > gap) /* rounded up, to keep within the share */
-        gap = (uint32_t)least + (least > (uint32_t)least);
-    if (gap > XHC_TUNE_GAP_MAX)
+    if (least >= XHC_TUNE_GAP_MAX || gap >= XHC_TUNE_GAP_MAX)
         return XHC_TUNE_GAP_MAX;
+    if (least > gap) /* rounded up, to keep within the share */
+        gap = (uint32_t)least + (least > (uint32_t)least);
     return gap < XHC_TUNE_GAP_MIN ? XHC_TUNE_GAP_MIN : gap;
 }
 
