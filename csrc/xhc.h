@@ -87,6 +87,8 @@ int xhc_shm_create(const char *name, size_t size);
 int xhc_shm_open(const char *name);
 int xhc_shm_unlink(const char *name);
 
+/* Every rank must have returned from xhc_ctx_open before any rank calls a
+ * collective: until a rank opens, its flags do not yet hold seq_start. */
 int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
                  int rank, int nranks, const xhc_config_t *cfg);
 int xhc_ctx_set_hierarchy(xhc_ctx_t *ctx, int kind, int nlevels,
