@@ -50,8 +50,13 @@ def plain_tables():
     return dtypes, ops, ops_on
 
 
-class Unsupported(Exception):
-    """A buffer or op the core does not take; mpi4py does the call."""
+def in_place(sendbuf):
+    """Is SENDBUF in place, as mpi4py takes it: MPI.IN_PLACE, None, or a
+    specification of it such as [MPI.IN_PLACE, MPI.DOUBLE]?"""
+    if sendbuf is None or sendbuf is MPI.IN_PLACE:
+        return True
+    return isinstance(sendbuf, (list, tuple)) and len(sendbuf) > 0 \
+        and sendbuf[0] is MPI.IN_PLACE
 
 
 class Buffer:
@@ -144,29 +149,48 @@ def _raw_bytes(buf):
                          "contiguous one") from None
 
 
+_SPEC_FORMS = ("pass one of mpi4py's forms: [buf, datatype], [buf, count], "
+               "[buf, count, datatype], [buf, (count, displ), datatype] or "
+               "[buf, count, displ, datatype]")
+
+
 def _parse_spec(spec):
     """(buf, count or None, displacement, datatype) of a buffer
     specification in any form mpi4py takes: [buf, datatype],
     [buf, count], [buf, count, datatype], [buf, (count, displ), datatype]
-    and [buf, count, displ, datatype]; a datatype may be an MPI.Datatype
-    or a typecode such as 'd'."""
+    and [buf, count, displ, datatype]; a datatype may be an MPI.Datatype,
+    a typecode such as 'd', or None for the buffer's own format.  Other
+    forms raise on this rank alone (mpi4py would too): had it fallen back
+    to mpi4py, the ranks that did not would wait for it for ever."""
+    if len(spec) < 2 or len(spec) > 4:
+        raise TypeError(f"a buffer specification of {len(spec)} items; "
+                        + _SPEC_FORMS)
     buf, *rest = spec
-    dt = rest[-1] if rest and isinstance(rest[-1], (MPI.Datatype, str)) \
-        else None
-    nums = rest[:-1] if dt is not None else rest
+    if len(rest) == 1 and (rest[0] is None or not _is_type(rest[0])):
+        dt, nums = None, rest  # [buf, count]
+    else:
+        dt, nums = rest[-1], rest[:-1]
     if len(nums) == 1 and isinstance(nums[0], tuple):
         nums = list(nums[0])
-    if len(nums) > 2 or (dt is None and not nums):
-        raise Unsupported("buffer specification other than mpi4py's forms")
     try:
+        if dt is not None and not _is_type(dt):
+            raise TypeError
         count, displ = [None if x is None else operator.index(x)
                         for x in nums] + [None, 0][len(nums):]
-    except TypeError:
-        raise Unsupported("buffer specification other than mpi4py's "
-                          "forms") from None
+    except (TypeError, ValueError):
+        raise TypeError(f"buffer specification {_brief(spec)}; "
+                        + _SPEC_FORMS) from None
     if dt is None:
         dt = memoryview(buf).format
     return buf, count, 0 if displ is None else displ, dt
+
+
+def _is_type(dt):
+    return isinstance(dt, (MPI.Datatype, str))
+
+
+def _brief(spec):
+    return "[" + ", ".join(type(x).__name__ for x in spec) + "]"
 
 
 def _of_spec(spec):
@@ -185,16 +209,23 @@ def _of_spec(spec):
     raw = _raw_bytes(buf)
     size = npdt.itemsize
     if count is None:
-        if (len(raw) - displ * size) % size:
-            raise ValueError(f"buffer of {len(raw)} bytes is not a whole "
-                             f"number of {size}-byte elements; pass "
-                             "[buf, count, datatype]")
-        count = (len(raw) - displ * size) // size
+        count = _whole_count(len(raw), displ, size)
     if count < 0 or displ < 0 or (displ + count) * size > len(raw):
         raise ValueError(f"buffer of {len(raw)} bytes is too small for "
                          f"{count} elements of {size} bytes at {displ}")
     arr = raw[displ * size:(displ + count) * size].view(npdt)
     return Buffer(spec, arr, dtype_code(npdt), raw.flags.writeable)
+
+
+def _whole_count(nbytes, displ, size):
+    """The count of a specification that gives none: the elements (or
+    extents) of SIZE bytes after DISPL of them, which must fill the
+    buffer's NBYTES exactly, as mpi4py requires."""
+    if (nbytes - displ * size) % size:
+        raise ValueError(f"buffer of {nbytes} bytes is not a whole number "
+                         f"of {size}-byte elements; pass [buf, count, "
+                         "datatype]")
+    return (nbytes - displ * size) // size
 
 
 def _plain_code(code):
@@ -223,7 +254,7 @@ def _of_packed(spec, raw, count, displ, dt):
     caller may free DT once the call (or *_init) has returned."""
     extent = _bounds(dt)[1]
     if count is None:
-        count = max(len(raw) - displ * extent, 0) // extent
+        count = _whole_count(len(raw), displ, extent)
     return _packed(spec, raw.__array_interface__["data"][0], count, displ,
                    dt.Dup(), raw.flags.writeable)
 
@@ -285,14 +316,18 @@ def _of_object(obj):
     try:
         view = memoryview(obj)
     except TypeError:
+        if hasattr(obj, "__dlpack__"):
+            return _of_array(_from_dlpack(obj), obj)
         raise TypeError(f"{type(obj).__name__} is not a buffer: pass a numpy "
-                        "array, a buffer-protocol object or [buf, datatype]") \
-            from None
+                        "array, a buffer-protocol object, a DLPack CPU "
+                        "array or [buf, datatype]") from None
     if not view.c_contiguous:  # as an ndarray: in Fortran order, or staged
         try:
             return _of_array(np.asarray(view), obj)
         except (TypeError, ValueError):
-            raise Unsupported("non-contiguous buffer") from None
+            raise ValueError(f"a non-contiguous {type(obj).__name__} of "
+                             f"format {view.format!r}, which numpy cannot "
+                             "take; pass a contiguous buffer") from None
     try:
         npdt = np.dtype(view.format)
         arr = np.frombuffer(view.cast("B"), npdt)
@@ -304,8 +339,25 @@ def _of_object(obj):
     return Buffer(obj, arr, code, not view.readonly)
 
 
+_DLPACK_CPU = 1  # DLPack's kDLCPU
+
+
+def _from_dlpack(obj):
+    """An ndarray on the memory of OBJ, a DLPack array (as mpi4py takes a
+    torch tensor): host memory only, which other processes can map."""
+    device = obj.__dlpack_device__()[0] if hasattr(
+        obj, "__dlpack_device__") else _DLPACK_CPU
+    if device != _DLPACK_CPU:
+        raise TypeError(f"{type(obj).__name__} lives on a device (DLPack "
+                        f"device type {device}), not in host memory; copy "
+                        "it to the host, or call the wrapped communicator "
+                        "(xcomm.comm)")
+    return np.from_dlpack(obj)
+
+
 def resolve(obj):
-    """A Buffer for OBJ; raises Unsupported for what mpi4py must do."""
+    """A Buffer for OBJ; raises TypeError or ValueError, naming the fix,
+    for what the core cannot take."""
     if isinstance(obj, np.ndarray):
         return _of_array(obj)
     if isinstance(obj, (list, tuple)):

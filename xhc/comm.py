@@ -12,8 +12,8 @@ from mpi4py import MPI
 from . import _core, config, debug, hierarchy, topology
 from ._hot import HotComm, HotRequest, bind_plain, block_hook
 from ._xhc import ffi, lib
-from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS,
-                      Unsupported, plain_tables, predefined, resolve)
+from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
+                      plain_tables, predefined, resolve)
 from .errors import XhcError
 
 _CACHE_MAX = 64           # plans kept per operation
@@ -227,7 +227,7 @@ class Comm(HotComm):
     def Barrier_init(self, info=None):
         """A persistent Barrier; falls back to mpi4py's when not accelerated."""
         if not self._usable():
-            return self._comm.Barrier_init(*_info(info))
+            return self._fallback("Barrier_init", *_info(info))
         return Request(functools.partial(_barrier, self._ctx), "Barrier", self,
                        bind=(0, 0, _address(_barrier_fn), _address(self._ctx)))
 
@@ -237,29 +237,28 @@ class Comm(HotComm):
                                   else None)
         p = self._bcast_plan(buf, root, remember=False, flags=flags)
         if p is None:
-            return self._comm.Bcast_init(buf, root, *_info(info))
+            return self._fallback("Bcast_init", buf, root, *_info(info))
         return Request(p[2], f"Bcast(root={root}, {p[3].count} B)", self, p)
 
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):
         """A persistent Allreduce of SENDBUF into RECVBUF."""
-        in_place = sendbuf is _IN_PLACE or sendbuf is None
-        flags = self._shared_flag(recvbuf, None if in_place else sendbuf)
+        flags = self._shared_flag(recvbuf,
+                                  None if in_place(sendbuf) else sendbuf)
         p = self._allreduce_plan(sendbuf, recvbuf, op, flags)
         if p is None:
-            return self._comm.Allreduce_init(sendbuf, recvbuf, op,
-                                             *_info(info))
+            return self._fallback("Allreduce_init", sendbuf, recvbuf, op,
+                                  *_info(info))
         return Request(p[3], f"Allreduce ({p[4].count} elements)", self, p)
 
     def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=None):
         """A persistent Reduce of SENDBUF into ROOT's RECVBUF."""
-        in_place = sendbuf is _IN_PLACE or sendbuf is None
-        flags = self._shared_flag(None if in_place else sendbuf,
+        flags = self._shared_flag(None if in_place(sendbuf) else sendbuf,
                                   recvbuf if _same_rank(root, self._comm.rank)
                                   else None)
         p = self._reduce_plan(sendbuf, recvbuf, op, root, flags)
         if p is None:
-            return self._comm.Reduce_init(sendbuf, recvbuf, op, root,
-                                          *_info(info))
+            return self._fallback("Reduce_init", sendbuf, recvbuf, op, root,
+                                  *_info(info))
         return Request(p[4], f"Reduce(root={root}, {p[5].count} elements)",
                        self, p)
 
@@ -291,13 +290,6 @@ class Comm(HotComm):
         return False
 
     # -- plans: argument checks, off the hot path -----------------------------
-
-    def _resolve(self, obj):
-        try:
-            return resolve(obj)
-        except Unsupported as why:
-            self._why = str(why)
-            return None
 
     def _remember(self, plans, key, plan):
         """Keep PLAN, within a budget of buffer bytes kept alive; a plan
@@ -339,9 +331,7 @@ class Comm(HotComm):
         if not self._usable():
             return None
         root = self._root_arg(root, "Bcast")
-        b = self._resolve(buf)
-        if b is None:
-            return None
+        b = resolve(buf)
         sink = self._comm.rank != root
         if sink and not b.writable:
             self._take_part_then_raise(b, root, flags)
@@ -349,7 +339,7 @@ class Comm(HotComm):
                      flags=flags)
         plan = _plan((buf, root), call, [(b, not sink, sink)],
                      [(0, buf, sink)], b.nbytes, (b,))
-        if remember and not flags and not isinstance(buf, (list, tuple)):
+        if remember and not flags and _keepable(b):
             self._remember(self._bcast_plans, id(buf), plan)
         return plan
 
@@ -359,11 +349,10 @@ class Comm(HotComm):
         for blocking calls."""
         if not self._usable():
             return None
-        in_place = sendbuf is _IN_PLACE or sendbuf is None  # as mpi4py
         known = predefined(op)
-        r = self._resolve(recvbuf)
-        s = r if in_place or r is None else self._resolve(sendbuf)
-        if s is None or not self._reducible(known, r.dtype):
+        r = resolve(recvbuf)
+        s = r if in_place(sendbuf) else resolve(sendbuf)
+        if not self._reducible(known, r.dtype):
             return None
         _check_pair(s, r, known, "Allreduce")
         call = _call(self._ctx, lib.XHC_ALLREDUCE, s, r, r.count, r.dtype,
@@ -373,8 +362,7 @@ class Comm(HotComm):
         plan = _plan((sendbuf, recvbuf, op), call, moves,
                      [(0, sendbuf, False), (1, recvbuf, True)],
                      r.nbytes + (0 if s is r else s.nbytes), (s, r))
-        if not flags and not isinstance(recvbuf, (list, tuple)) \
-                and not isinstance(sendbuf, (list, tuple)):
+        if not flags and _keepable(s, r):
             self._remember(self._allreduce_plans, id(recvbuf), plan)
         return plan
 
@@ -385,17 +373,17 @@ class Comm(HotComm):
             return None
         root = self._root_arg(root, "Reduce")
         is_root = self._comm.rank == root
-        in_place = sendbuf is _IN_PLACE or sendbuf is None  # as mpi4py
-        if in_place and not is_root:
+        mine = in_place(sendbuf)
+        if mine and not is_root:
             raise ValueError("Reduce: IN_PLACE is only for the root")
         known = predefined(op)
-        s = self._resolve(recvbuf if in_place else sendbuf)
-        if s is None or not self._reducible(known, s.dtype):
+        s = resolve(recvbuf if mine else sendbuf)
+        if not self._reducible(known, s.dtype):
             return None
         _check_op(s, known, "Reduce")
         r = None
         if is_root:
-            r = self._root_recv(s, recvbuf, known, root, in_place, flags)
+            r = self._root_recv(s, recvbuf, known, root, mine, flags)
         call = _call(self._ctx, lib.XHC_REDUCE, s, r, s.count, s.dtype,
                      OPS[id(known)], root, flags)
         moves = [(s, True, s is r)] + ([(r, False, True)]
@@ -405,8 +393,7 @@ class Comm(HotComm):
                      [(0, sendbuf, False), (1, recvbuf, is_root)],
                      s.nbytes + (r.nbytes if r and r is not s else 0),
                      (s, r))
-        if not flags and not isinstance(sendbuf, (list, tuple)) \
-                and not isinstance(recvbuf, (list, tuple)):
+        if not flags and _keepable(s, r):
             self._remember(self._reduce_plans, id(sendbuf), plan)
         return plan
 
@@ -422,18 +409,14 @@ class Comm(HotComm):
         raise ValueError("Bcast: the buffer is read-only on a receiving "
                          "rank; pass a writable array")
 
-    def _root_recv(self, s, recvbuf, op, root, in_place, flags=0):
+    def _root_recv(self, s, recvbuf, op, root, inplace, flags=0):
         """The root's receive buffer.  Only the root sees it, so if it is
         bad the root still takes part in the Reduce, into scratch memory,
         before it raises: the other ranks stay in step.  With FLAGS (a
         request's, agreed in Reduce_init) it takes the path their
         requests will."""
         try:
-            r = s if in_place else self._resolve(recvbuf)
-            if r is None:
-                raise ValueError(f"Reduce: the root's receive buffer is a "
-                                 f"{self._why}, which the other ranks cannot "
-                                 "see; pass a contiguous array")
+            r = s if inplace else resolve(recvbuf)
             _check_pair(s, r, op, "Reduce")
             return r
         except (TypeError, ValueError):
@@ -611,10 +594,14 @@ def _address(cdata):
 
 
 def _forwarder(name):
-    """An attribute of Comm that is NAME of the wrapped communicator."""
+    """An attribute of Comm that is NAME of the wrapped communicator, read
+    and set there (xcomm.name = "solver" names the communicator)."""
     def get(self):
         return getattr(self._comm, name)
-    return property(get, doc=f"The wrapped communicator's {name}.")
+
+    def set_(self, value):
+        setattr(self._comm, name, value)
+    return property(get, set_, doc=f"The wrapped communicator's {name}.")
 
 
 def _add_passthrough(cls, comm_type):
@@ -691,6 +678,15 @@ def _check_op(s, op, name):
         raise ValueError(f"{name}: MPI.{OP_NAMES[id(op)]} is not defined on "
                          f"{DTYPE_NAMES[s.dtype]} data (MPI defines bitwise "
                          "and logical ops on integers only)")
+
+
+def _keepable(*bufs):
+    """May a plan of BUFS (Buffers, or None) be kept for later calls?
+    Only if each was given as an ndarray, whose memory, size and dtype
+    xhc/_hot.c checks before reusing it.  A plan holds its buffers'
+    exports: another object (a bytearray, an mmap, a DLPack tensor)
+    could then neither be resized nor closed."""
+    return all(b is None or isinstance(b.obj, np.ndarray) for b in bufs)
 
 
 def _check_pair(s, r, op, name):

@@ -4,10 +4,7 @@ arguments, and raise on every rank, naming what differs, before any rank
 waits on another."""
 import inspect
 
-from mpi4py import MPI
-
-from .buffers import (DTYPE_NAMES, OP_NAMES, Unsupported, predefined,
-                      resolve)
+from .buffers import DTYPE_NAMES, OP_NAMES, in_place, predefined, resolve
 from .errors import XhcError
 
 _SIGNATURES = {}
@@ -17,7 +14,7 @@ def _describe(buf, typed=True):
     """What of a buffer must agree across ranks: its size (and type)."""
     try:
         b = resolve(buf)
-    except (Unsupported, TypeError, ValueError):
+    except (TypeError, ValueError):
         return "unchecked buffer"
     if not typed:
         return f"{b.nbytes} bytes"
@@ -36,7 +33,7 @@ def _signature(comm, name, bound):
         sig["buffer"] = _describe(args["buf"], typed=False)
     elif name == "Allreduce" or name == "Reduce":
         send = args["sendbuf"]
-        if send is MPI.IN_PLACE or send is None:  # None: IN_PLACE, as mpi4py
+        if in_place(send):
             send = args["recvbuf"]
         sig["sendbuf"] = _describe(send)
     return sig

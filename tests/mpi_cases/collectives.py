@@ -23,6 +23,7 @@ XHC_COPY and XHC_SEQ_START act through xhc itself.
 """
 import argparse
 import hashlib
+import mmap
 import os
 import sys
 import time
@@ -922,6 +923,11 @@ def suite_subcomm(xcomm, comm, v, sz, args):
     v.check("passthrough allgather", got == [r * 3 for r in range(n)],
             f"allgather gave {got}")
     v.check("repr", f"rank {rank} of {n}" in repr(xcomm), repr(xcomm))
+    old = comm.Get_name()
+    xcomm.name = f"named through xhc {n}"
+    v.check("passthrough attribute set", comm.Get_name() == xcomm.name ==
+            f"named through xhc {n}", f"comm is named {comm.Get_name()!r}")
+    comm.Set_name(old)
     try:
         xhc.Comm("not a communicator")
         err = "no TypeError"
@@ -2008,6 +2014,7 @@ def suite_staged(world, comm, v, sz, args):
         staged_derived(xcomm, comm, v)
         spec_forms(xcomm, comm, v)
         changed_after_plan(xcomm, comm, v)
+        exports_released(xcomm, comm, v)
         v.check("staged: no fallback", xcomm.stats["fallback"] == 0,
                 f"stats: {xcomm.stats}")
 
@@ -2091,6 +2098,12 @@ def staged_derived(xcomm, comm, v):
         except ValueError as e:
             err = None if "not a whole number" in str(e) else str(e)
         v.case("12 bytes as [buf, DOUBLE] refused", err)
+        try:  # mpi4py refuses it too; it must not send 2 pairs of 5 doubles
+            xcomm.Bcast([bytearray(40), pair])
+            err = "no ValueError"
+        except ValueError as e:
+            err = None if "not a whole number" in str(e) else str(e)
+        v.case("40 bytes as [buf, pair of doubles] refused", err)
     finally:
         pair.Free()
         every2.Free()
@@ -2117,6 +2130,10 @@ def spec_forms(xcomm, comm, v):
         ("extent past the data", [src[:3], 2, wide], src[0:3:2]),
         ("[buf, None, DOUBLE]", [src, None, MPI.DOUBLE], src),
         ("[buf, (None, None), 'd']", [src, (None, None), "d"], src),
+        ("[buf, count, None]", [src, 4, None], src[:4]),
+        ("[buf, (count, displ), None]", [src, (3, 2), None], src[2:5]),
+        ("[buf, count, displ, None]", [src, 3, 2, None], src[2:5]),
+        ("DLPack-only array", DLPackOnly(src[1:4].copy()), src[1:4]),
         # mpi4py typecodes numpy does not read alike: MPI's types.
         ("[complex buf, 'Zd']", [src.view(np.complex128), "Zd"], src),
         ("[bytes, 's']", [src[:4].view(np.uint8), "s"], src[:4]),
@@ -2149,7 +2166,62 @@ def spec_forms(xcomm, comm, v):
     v.case("Bcast of Python objects refused", err)
     hind.Free()
     wide.Free()
+    in_place_specs(xcomm, comm, v)
+    refused_specs(xcomm, comm, v)
     bottom_forms(xcomm, comm, v)
+
+
+class DLPackOnly:
+    """A host array that offers only DLPack, as a torch CPU tensor does."""
+
+    def __init__(self, arr, device=1):
+        self._arr, self._device = arr, device
+
+    def __dlpack__(self, **kwargs):
+        return self._arr.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return (self._device, 0)
+
+
+def in_place_specs(xcomm, comm, v):
+    """[MPI.IN_PLACE, datatype] is IN_PLACE, as in mpi4py, on the ranks
+    that pass it; the others pass arrays."""
+    n, rank = comm.size, comm.rank
+    mine = np.arange(5.0) * (rank + 1)
+    truth = np.empty(5)
+    comm.Allreduce(mine, truth)
+    a = mine.copy()
+    xcomm.Allreduce([MPI.IN_PLACE, MPI.DOUBLE] if rank % 2 == 0
+                    else mine, a)
+    v.check("Allreduce [MPI.IN_PLACE, DOUBLE]", np.array_equal(a, truth),
+            f"got {a}, want {truth}")
+    b = mine.copy()
+    root = n - 1
+    xcomm.Reduce([MPI.IN_PLACE, 5, MPI.DOUBLE] if rank == root else b,
+                 b if rank == root else None, root=root)
+    v.check("Reduce [MPI.IN_PLACE, 5, DOUBLE] at the root",
+            rank != root or np.array_equal(b, truth), f"got {b}")
+
+
+def refused_specs(xcomm, comm, v):
+    """What the core cannot take raises on the rank that passes it, naming
+    the fix; it does not fall back there alone, where the other ranks
+    would never meet it.  Every rank passes the same here."""
+    src = np.arange(4.0)
+    cases = [
+        ("a 5-item specification", TypeError, [src, 4, 0, MPI.DOUBLE, 1]),
+        ("a count that is no number", TypeError, [src, "4", MPI.DOUBLE]),
+        ("a device DLPack array", TypeError, DLPackOnly(src, device=2)),
+    ]
+    for name, kind, spec in cases:
+        try:
+            xcomm.Bcast(spec, root=0)
+            err = f"no {kind.__name__}"
+        except kind as e:
+            err = None if "pass" in str(e) or "copy it" in str(e) \
+                else f"the message names no fix: {e}"
+        v.case(f"Bcast of {name} refused", err)
 
 
 def bottom_forms(xcomm, comm, v):
@@ -2174,6 +2246,32 @@ def bottom_forms(xcomm, comm, v):
     v.check("Allreduce IN_PLACE [MPI.BOTTOM, 1, hindexed]",
             np.all(mine == want), f"got {mine}, want {want}")
     t.Free()
+
+
+def exports_released(xcomm, comm, v):
+    """A buffer object other than an ndarray is let go when the call
+    returns, as mpi4py does: an mmap can be closed, a bytearray grown."""
+    rank = comm.rank
+    mm = mmap.mmap(-1, 64)
+    mm[:] = bytes((rank * 7 + i) % 251 for i in range(64))
+    truth = np.empty(64, np.uint8)
+    comm.Allreduce(np.frombuffer(mm, np.uint8), truth, op=MPI.MAX)
+    xcomm.Allreduce(MPI.IN_PLACE, mm, op=MPI.MAX)
+    got = bytes(mm)
+    try:
+        mm.close()
+        err = None if got == truth.tobytes() else f"got {got[:8]!r}"
+    except BufferError as e:
+        err = f"mmap.close() raised {e}"
+    v.case("Allreduce into an mmap, then close it", err)
+    ba = bytearray(b"root" if rank == 0 else b"....")
+    xcomm.Bcast(ba, root=0)
+    try:
+        ba.extend(b"!")
+        err = None if ba == b"root!" else f"got {ba!r}"
+    except BufferError as e:
+        err = f"bytearray.extend() raised {e}"
+    v.case("Bcast into a bytearray, then grow it", err)
 
 
 class Planned(np.ndarray):
