@@ -1380,6 +1380,17 @@ def fallback_cases(xcomm, comm, v):
             lambda rep: None if rank != n - 1 or np.array_equal(iout, total)
             else f"got {iout[:4]}")
 
+        def ar_user_init(rep):
+            iout[:] = 0
+            req = xcomm.Allreduce_init(ins[rank], iout, op=usum)
+            req.Start()
+            req.Wait()
+            req.Free()
+
+        run("Allreduce_init: user-defined or MAXLOC/MINLOC op", ar_user_init,
+            lambda rep: None if np.array_equal(iout, total)
+            else f"got {iout[:4]}")
+
         # 2. MAXLOC / MINLOC on a pair type.
         vals = [(values(np.dtype("i4"), "SUM", seed_of(110, r), 17) % 5)
                 for r in range(n)]
