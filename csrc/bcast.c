@@ -32,7 +32,7 @@
 static int xhc_bcast_small(xhc_ctx_t *ctx, const struct xhc_view *v,
                            unsigned char *buf, size_t nbytes, int root)
 {
-    uint64_t seq = ++ctx->seq;
+    uint64_t seq = xhc_begin(ctx);
     int rc = v->nchild ? xhc_ring_reserve(ctx, seq) : 0;
     const unsigned char *src = buf;
     if (rc == 0 && ctx->rank != root) {
@@ -234,7 +234,7 @@ static size_t xhc_bcast_step(const xhc_ctx_t *ctx, size_t nbytes)
 static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
                            unsigned char *buf, size_t nbytes, int root)
 {
-    uint64_t seq = ++ctx->seq;
+    uint64_t seq = xhc_begin(ctx);
     struct xhc_pipe p = { .buf = buf, .nbytes = nbytes, .v = v };
     struct xhc_pick pick;
     xhc_tune_pick(ctx, XHC_BCAST, nbytes, v->nchild > 0, &pick);

@@ -91,6 +91,7 @@ static void xhc_flags_init(struct xhc_rank_ctl *mine, uint64_t start)
     xhc_store_relaxed(&mine->piece.seq, xhc_piece_flag(start, 0));
     xhc_store_relaxed(&mine->reduced.seq, start);
     xhc_store_relaxed(&mine->finished.seq, start);
+    xhc_store_relaxed(&mine->entered.seq, start);
     /* Orders all the flags above with the ack: seen together. */
     xhc_store_release(&mine->ack.seq, start);
 }

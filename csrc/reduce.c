@@ -20,7 +20,7 @@ static int xhc_reduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
                             const void *sbuf, void *rbuf,
                             const struct xhc_red *r)
 {
-    uint64_t seq = ++ctx->seq;
+    uint64_t seq = xhc_begin(ctx);
     const void *mine = sbuf;
     int is_root = v->parent < 0;
     void *dst = is_root ? rbuf

@@ -205,7 +205,7 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
         return rc;
     xhc_tune_pick(ctx, kind, r->nbytes, ctx->rank == m.decider, &pick);
     m.single = pick.single;
-    uint64_t seq = ++ctx->seq;
+    uint64_t seq = xhc_begin(ctx);
     /* No peer can finish this operation (and rewrite its big line)
      * before every rank has met. */
     rc = xhc_meet(ctx, seq, sbuf, target, r->nbytes, &m);

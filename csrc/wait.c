@@ -13,9 +13,14 @@
  *    wakes the flag's sleepers if its count is not 0 (xhc_publish).  A
  *    sleeping rank, unlike a yielding one, leaves its core to the ranks
  *    that still work.
- * 4. While yielding or sleeping, read the clock every few polls: past
- *    CFG.timeout, or once the peer's process is gone, give up with an
- *    error that names it.
+ * 4. While yielding or sleeping, read the clock every few polls.  Once
+ *    the peer's process is gone, give up with an error that names it.
+ *    Past CFG.timeout, give up too, unless some live rank has not yet
+ *    entered this operation: it is late, not lost (a rank reading its
+ *    input while the others wait in a Bcast), and MPI would wait for it,
+ *    so wait another CFG.timeout.  What times out is then a collective
+ *    that every rank has entered and that does not move: ranks that
+ *    disagree on the order or the arguments of their collectives.
  */
 #include <errno.h>
 #include <limits.h>
@@ -94,6 +99,17 @@ static void xhc_sleep(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
     atomic_fetch_sub_explicit(sleepers, 1, memory_order_relaxed);
 }
 
+/* Has some live rank not yet entered my current operation? */
+static int xhc_someone_late(xhc_ctx_t *ctx)
+{
+    for (int p = 0; p < ctx->nranks; p++) {
+        uint64_t entered = xhc_load_relaxed(&xhc_ctl(ctx, p)->entered.seq);
+        if (!xhc_seq_reached(entered, ctx->seq) && xhc_peer_alive(ctx, p))
+            return 1;
+    }
+    return 0;
+}
+
 static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
                          int peer, int exact)
 {
@@ -112,12 +128,16 @@ static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
         if (polls % (asleep ? XHC_SLEEPS_PER_CHECK : XHC_YIELDS_PER_CHECK))
             continue;
         int gone = !xhc_peer_alive(ctx, peer);
-        if (gone || xhc_now() > deadline) {
-            if (xhc_reached(flag, want, exact))
-                return 0;
-            ctx->failed_rank = peer;
-            return gone ? XHC_ERR_PEER_GONE : XHC_ERR_TIMEOUT;
+        if (!gone && xhc_now() <= deadline)
+            continue;
+        if (xhc_reached(flag, want, exact))
+            return 0;
+        if (!gone && xhc_someone_late(ctx)) {
+            deadline = xhc_now() + ctx->cfg.timeout;
+            continue;
         }
+        ctx->failed_rank = peer;
+        return gone ? XHC_ERR_PEER_GONE : XHC_ERR_TIMEOUT;
     }
 }
 

@@ -19,7 +19,8 @@
 /* cffi:begin */
 typedef struct xhc_ctx xhc_ctx_t;
 
-#define XHC_ERR_TIMEOUT   -5001 /* a peer did not arrive within the timeout */
+#define XHC_ERR_TIMEOUT   -5001 /* all ranks entered, yet a peer did not
+                                   arrive within the timeout */
 #define XHC_ERR_PEER_GONE -5002 /* a peer process has exited */
 #define XHC_ERR_SEGMENT   -5003 /* the segment does not fit this layout */
 #define XHC_ERR_DTYPE_OP  -5004 /* the op is not defined on that dtype */
@@ -72,7 +73,8 @@ typedef struct xhc_config {
                                  grow to this size */
     uint64_t chunk_size; /* pipelining and reduction chunk, bytes */
     uint64_t seq_start;  /* first sequence number minus one (tests) */
-    double timeout;      /* seconds a rank waits for a peer */
+    double timeout;      /* seconds without progress, once every rank has
+                            entered, before a wait fails */
     uint32_t spin;       /* polls before a waiting rank yields the CPU */
     uint32_t sleep;      /* yields before it sleeps until woken; 0: never.
                             Every rank must pass the same value. */

@@ -72,6 +72,7 @@ struct xhc_big_line {
 struct xhc_rank_ctl {
     struct xhc_flag_line down[XHC_RING]; /* data for my tree children */
     struct xhc_flag_line up[XHC_RING];   /* my contribution, for parents */
+    struct xhc_seq_line entered;         /* I started operation SEQ */
     struct xhc_seq_line ack;             /* I finished operation SEQ */
     struct xhc_big_line big;             /* my user buffers, large ops */
     struct xhc_seq_line done;            /* my reduce-scatter slice is final */
@@ -327,6 +328,17 @@ static inline uint64_t xhc_probe_value(int rank)
 static inline struct xhc_rank_ctl *xhc_ctl(xhc_ctx_t *ctx, int rank)
 {
     return &ctx->ctl[rank];
+}
+
+/* Start my next operation: number it, and tell waiters that I have
+ * entered it, so that a rank that has not yet is known to be late. */
+static inline uint64_t xhc_begin(xhc_ctx_t *ctx)
+{
+    uint64_t seq = ++ctx->seq;
+    /* Relaxed: read only by waiters past their timeout (wait.c); it
+     * orders nothing. */
+    xhc_store_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq, seq);
+    return seq;
 }
 
 /* Bytes of one up slot: a Reduce may carry more than cico_max upwards. */

@@ -332,39 +332,98 @@ def test_single_rank_context_needs_no_peer():
             lib.xhc_ctx_close(ctx)
 
 
-@pytest.mark.parametrize("peer_pid", ["none", "dead"])
-def test_waiting_for_an_absent_peer_fails_and_names_it(peer_pid):
-    """Rank 0 of 2 alone: a timeout (no pid to watch) or, if rank 1's
-    process is gone, XHC_ERR_PEER_GONE long before the timeout."""
-    timeout = 0.5 if peer_pid == "none" else 20.0
+def _pair(seg, cfg, pids):
+    """Ranks 0 and 1 of 2 in this process, flat, watching PIDS."""
+    ctxs = []
+    for rank in (0, 1):
+        rc, ctx = open_ctx(seg, rank, 2, cfg)
+        assert rc == 0
+        set_flat(ctx, 2)
+        assert lib.xhc_ctx_set_pids(ctx, ffi.new("int64_t[]", pids)) == 0
+        ctxs.append(ctx)
+    return ctxs
+
+
+def test_a_collective_that_does_not_move_times_out_naming_the_peer():
+    """Rank 1 has entered a collective (a Bcast it roots, which returns at
+    once) and rank 0 a Barrier: every rank is inside one, nothing moves,
+    so rank 0 gives up after the timeout and names rank 1."""
+    timeout = 0.5
     cfg = make_config(timeout=timeout)
-    if peer_pid == "dead":
-        pid = os.fork()
-        if pid == 0:
-            os._exit(0)
-        os.waitpid(pid, 0)
-    else:
-        pid = 0
     with Segment(2, cfg) as seg:
+        ctx0, ctx1 = _pair(seg, cfg, [os.getpid()] * 2)
+        try:
+            buf = ffi.new("char[]", 8)
+            assert lib.xhc_bcast(ctx1, buf, 8, 1) == 0
+            t0 = time.monotonic()
+            rc = lib.xhc_barrier(ctx0)
+            took = time.monotonic() - t0
+            assert rc == lib.XHC_ERR_TIMEOUT, strerror(rc)
+            assert lib.xhc_failed_rank(ctx0) == 1
+            assert timeout * 0.9 <= took < timeout + 5
+        finally:
+            lib.xhc_ctx_close(ctx0)
+            lib.xhc_ctx_close(ctx1)
+
+
+def test_a_dead_peer_fails_fast_and_is_named():
+    """Rank 1's process is gone: XHC_ERR_PEER_GONE long before the
+    timeout, although rank 1 never entered the Barrier."""
+    cfg = make_config(timeout=20.0)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    with Segment(2, cfg) as seg:
+        ctx0, ctx1 = _pair(seg, cfg, [os.getpid(), pid])
+        try:
+            t0 = time.monotonic()
+            rc = lib.xhc_barrier(ctx0)
+            assert rc == lib.XHC_ERR_PEER_GONE, strerror(rc)
+            assert lib.xhc_failed_rank(ctx0) == 1
+            assert time.monotonic() - t0 < 5
+        finally:
+            lib.xhc_ctx_close(ctx0)
+            lib.xhc_ctx_close(ctx1)
+
+
+def test_a_late_peer_is_waited_for_past_the_timeout():
+    """Rank 1 (a child process) opens, then reaches the Barrier five
+    timeouts late, as a rank that reads its input while the others wait
+    does: rank 0 waits for it, as MPI would, and both succeed."""
+    timeout, late = 0.3, 1.5
+    cfg = make_config(timeout=timeout)
+    with Segment(2, cfg) as seg:
+        rfd, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # rank 1
+            code = 1
+            try:
+                rc, ctx = open_ctx(seg, 1, 2, cfg)
+                set_flat(ctx, 2)
+                os.write(wfd, b"o")
+                time.sleep(late)
+                code = 0 if rc == 0 and lib.xhc_barrier(ctx) == 0 else 2
+            finally:
+                os._exit(code)
         rc, ctx = open_ctx(seg, 0, 2, cfg)
         assert rc == 0
         try:
             set_flat(ctx, 2)
-            assert lib.xhc_ctx_set_pids(ctx, ffi.new("int64_t[]",
-                                                     [os.getpid(), pid])) == 0
+            assert lib.xhc_ctx_set_pids(
+                ctx, ffi.new("int64_t[]", [os.getpid(), pid])) == 0
+            assert os.read(rfd, 1) == b"o"
             t0 = time.monotonic()
             rc = lib.xhc_barrier(ctx)
             took = time.monotonic() - t0
-            want = lib.XHC_ERR_TIMEOUT if peer_pid == "none" else \
-                lib.XHC_ERR_PEER_GONE
-            assert rc == want, strerror(rc)
-            assert lib.xhc_failed_rank(ctx) == 1
-            if peer_pid == "none":
-                assert timeout * 0.9 <= took < timeout + 5
-            else:
-                assert took < 5
+            assert rc == 0, strerror(rc)
+            assert took >= late - 0.2, f"returned after {took:.2f} s"
         finally:
             lib.xhc_ctx_close(ctx)
+            _, status = os.waitpid(pid, 0)
+            os.close(rfd)
+            os.close(wfd)
+        assert os.waitstatus_to_exitcode(status) == 0
 
 
 # -- forked ranks -----------------------------------------------------------

@@ -3,8 +3,11 @@
 
 1. Bad arguments raise a clear error on every rank before any rank waits
    on another, and the communicator keeps working afterwards.
-2. Ranks that disagree: XHC_DEBUG names what differs, on every rank.
-3. A rank that dies, or never comes: the others raise, naming it.
+2. Ranks that disagree: XHC_DEBUG names what differs, on every rank;
+   without it, a collective that every rank has entered and that does
+   not move ends in a timeout naming the peer.
+3. A rank that dies: the others raise, naming it.  A rank that is late
+   is waited for, past the timeout, as MPI would.
 4. Nothing is left in /dev/shm, whatever happens; segments are 0600 and
    their names unguessable.
 6. Threads: the GIL is released while a rank waits; two threads can drive
@@ -218,9 +221,15 @@ def killed(request):
 
 
 @pytest.fixture(scope="module")
-def skipped():
-    # One flat level: ranks 0 and 2 both wait on rank 1 directly.
-    return Launch(3, ["skip"], env={"XHC_TIMEOUT": "3",
+def disagreeing():
+    # One flat level: each root waits on the other ranks directly.
+    return Launch(3, ["roots"], env={"XHC_TIMEOUT": "3",
+                                     "XHC_HIERARCHY": "node"}, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def late():
+    return Launch(3, ["late"], env={"XHC_TIMEOUT": "1",
                                     "XHC_HIERARCHY": "node"}, timeout=60)
 
 
@@ -393,28 +402,41 @@ def test_debug_names_the_disagreement(request, how, case, op, detail):
                rf"^XHC_DEBUG: ranks disagree on {op}: .*" + re.escape(detail))
 
 
-def test_skipped_bcast_ends_in_timeout(skipped):
-    """Rank 1 skips a Bcast that ranks 0 and 2 call; then all call Barrier.
-    Normal mode: every rank ends in a timeout naming whom it waited for
-    (rank 1 for those that called the Bcast), within XHC_TIMEOUT + 4 s,
-    rather than returning as if nothing happened."""
+def test_ranks_that_disagree_on_the_root_time_out(disagreeing):
+    """Ranks 0 and 2 Reduce to rank 0, rank 1 to itself.  Rank 2 gives its
+    part and returns; ranks 0 and 1 each wait, as a root, for the other's
+    part.  Every rank has entered the collective and nothing moves, so
+    both raise a timeout naming the other, within XHC_TIMEOUT + 4 s,
+    rather than returning as if nothing happened or waiting for ever."""
     timeout = 3.0
-    rep = skipped.by_rank("SKIP")
-    assert sorted(rep) == [0, 1, 2], skipped.output()
-    for r, kv in sorted(rep.items()):
+    rep = disagreeing.by_rank("ROOTS")
+    assert sorted(rep) == [0, 1, 2], disagreeing.output()
+    assert rep[2]["exc"] == "None", rep[2]
+    for r, other in ((0, 1), (1, 0)):
+        kv = rep[r]
         assert kv["exc"] == "XhcError", \
-            f"rank {r} returned {kv['exc']} ({kv['msg']!r}): a collective " \
-            "completed although a rank skipped one"
+            f"rank {r} returned {kv['exc']} ({kv['msg']!r}): a Reduce " \
+            "completed although the ranks disagreed on its root"
         assert "did not arrive within the timeout" in kv["msg"], kv["msg"]
         m = re.search(r"waiting for rank (\d+), pid \d+", kv["msg"])
-        assert m and int(m.group(1)) != r, kv["msg"]
-        if r != 1:
-            assert int(m.group(1)) == 1, \
-                f"rank {r} should wait for rank 1, the one that skipped: " \
-                f"{kv['msg']}"
+        assert m and int(m.group(1)) == other, kv["msg"]
         t = float(kv["t"])
         assert 0.9 * timeout <= t <= timeout + 4, \
             f"rank {r} gave up after {t} s (XHC_TIMEOUT={timeout})"
+
+
+def test_a_late_rank_is_waited_for(late):
+    """Rank 0 roots a Bcast, then rank 2 joins an Allreduce, each three
+    XHC_TIMEOUTs after the others: a correct program, which MPI would
+    wait for.  Every rank gets the right result, none raises."""
+    rep = late.by_rank("LATE")
+    assert sorted(rep) == [0, 1, 2], late.output()
+    for r, kv in sorted(rep.items()):
+        assert kv["exc"] == "None", f"rank {r}: {kv['exc']}: {kv['msg']}"
+        assert kv["right"] == "True", f"rank {r} got a wrong Allreduce"
+        assert float(kv["t"]) >= 5.5, \
+            f"rank {r} returned after {kv['t']} s, before the late ranks"
+    assert_nothing_left(late)
 
 
 # -- 3. a rank that dies ------------------------------------------------------

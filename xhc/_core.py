@@ -43,7 +43,9 @@ def error(rc, what, ctx=None, pids=None):
         pid = pids[peer] if pids and peer >= 0 else "?"
         msg += f" (waiting for rank {peer}, pid {pid}"
         if rc == lib.XHC_ERR_TIMEOUT:
-            msg += "; raise XHC_TIMEOUT if it is only slow"
+            msg += ("; check that every rank calls the same collectives "
+                    "in the same order, or raise XHC_TIMEOUT if it is only "
+                    "slow")
         msg += ")"
     if rc == lib.XHC_ERR_COPY and ctx and lib.xhc_failed_rank(ctx) >= 0:
         msg += f" (reading rank {lib.xhc_failed_rank(ctx)})"

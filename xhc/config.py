@@ -8,7 +8,8 @@ from .hierarchy import DEFAULTS as HIERARCHY_DEFAULTS
 DEFAULTS = {
     "cico_max": 32 << 10,     # largest message copied through the segment
     "chunk_size": 256 << 10,  # pipelining and reduce-scatter window
-    "timeout": 120.0,         # seconds to wait for a peer before failing
+    "timeout": 120.0,         # seconds without progress, once every rank
+                              # has entered, before a wait fails
     "spin": 16384,            # polls before a waiting rank yields (~0.4 ms)
     "sleep": 0,               # yields before a waiting rank sleeps; 0: never
     "windows": "auto",        # Bcast staging windows per rank

@@ -28,8 +28,10 @@ empty         Comm.empty / Comm.zeros arrays used in collectives, one
 kill-small, kill-large   rank 2 SIGKILLs itself while ranks 0 and 1 are
               in an Allreduce (3 ranks; run with XHC_TIMEOUT=5): the
               survivors print DETECT and os._exit(0) without touching MPI.
-skip          rank 1 skips a Bcast that ranks 0 and 2 call, then all
-              call Barrier (3 ranks; XHC_TIMEOUT=3): SKIP per rank.
+roots         ranks 0 and 2 Reduce to rank 0, rank 1 to itself (3 ranks;
+              XHC_TIMEOUT=3): ROOTS per rank.
+late          rank 0 enters a Bcast it roots, then rank 2 an Allreduce,
+              three XHC_TIMEOUTs after the others: LATE per rank.
 abort-op, abort-empty, abort-setup   rank 1 raises (python -m mpi4py
               then calls MPI_Abort) while the others are in an
               Allreduce, in Comm.empty, or in xhc.Comm().
@@ -455,24 +457,45 @@ def suite_kill(xc, large):
     os._exit(0)                                 # MPI is unusable now
 
 
-def suite_skip(xc):
-    buf = np.arange(4.0)
+def suite_roots(xc):
+    buf, out = np.arange(4.0), np.zeros(4)
     W.Barrier()
     t0 = time.monotonic()
     exc = None
     try:
-        if RANK != 1:
-            xc.Bcast(buf, root=0)
-        xc.Barrier()
+        xc.Reduce(buf, out, root=1 if RANK == 1 else 0)
     except Exception as e:  # noqa: BLE001
         exc = e
-    emit("SKIP", f"rank={RANK}", f"t={time.monotonic() - t0:.3f}",
+    emit("ROOTS", f"rank={RANK}", f"t={time.monotonic() - t0:.3f}",
          f"exc={type(exc).__name__ if exc else None}",
          f"msg={oneline(exc) if exc else ''}")
     # No process has died: MPI itself can still line the ranks up, so the
-    # rank that skipped stays alive until the others have timed out.
+    # rank that returned stays alive until the others have timed out.
     W.Barrier()
     os._exit(0)
+
+
+def suite_late(xc):
+    late = 3 * float(os.environ["XHC_TIMEOUT"])
+    buf = np.arange(6.0) if RANK == 0 else np.zeros(6)
+    out = np.zeros(6)
+    W.Barrier()
+    t0 = time.monotonic()
+    exc = None
+    try:
+        if RANK == 0:
+            time.sleep(late)  # reading its input, say
+        xc.Bcast(buf, root=0)
+        if RANK == 2:
+            time.sleep(late)
+        xc.Allreduce(buf, out)
+    except Exception as e:  # noqa: BLE001
+        exc = e
+    right = np.array_equal(out, np.arange(6.0) * SIZE)
+    emit("LATE", f"rank={RANK}", f"t={time.monotonic() - t0:.3f}",
+         f"right={right}", f"exc={type(exc).__name__ if exc else None}",
+         f"msg={oneline(exc) if exc else ''}")
+    return xc
 
 
 def suite_abort(xc, where):
@@ -675,7 +698,8 @@ SUITES = {
     "empty": suite_empty,
     "kill-small": lambda xc: suite_kill(xc, large=False),
     "kill-large": lambda xc: suite_kill(xc, large=True),
-    "skip": suite_skip,
+    "roots": suite_roots,
+    "late": suite_late,
     "abort-op": lambda xc: suite_abort(xc, "abort-op"),
     "abort-empty": lambda xc: suite_abort(xc, "abort-empty"),
     "abort-setup": lambda xc: suite_abort(xc, "abort-setup"),
