@@ -138,10 +138,21 @@ int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
     return 0;
 }
 
+/* However far peers have gone, I am not late to their operation: I will
+ * not enter it in step (after an error, or at close).  Waiters past
+ * their timeout then give up instead of waiting for me. */
+void xhc_ctx_leave(xhc_ctx_t *ctx)
+{
+    if (ctx && ctx->ctl)
+        xhc_store_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq,
+                          ctx->seq + XHC_LEFT);
+}
+
 void xhc_ctx_close(xhc_ctx_t *ctx)
 {
     if (!ctx)
         return;
+    xhc_ctx_leave(ctx);
     xhc_xpmem_close(ctx);
     for (int k = 0; k < XHC_NKINDS; k++)
         xhc_hier_free(&ctx->hier[k], ctx->nranks);

@@ -9,8 +9,8 @@ const char *xhc_strerror(int code)
     switch (code) {
     case 0: return "success";
     case XHC_ERR_TIMEOUT:
-        return "a peer did not arrive within the timeout, though every rank "
-               "had entered a collective";
+        return "a peer did not arrive within the timeout, though no live "
+               "rank was still to enter the collective";
     case XHC_ERR_PEER_GONE: return "a peer process has exited";
     case XHC_ERR_SEGMENT: return "the shared segment does not match this communicator";
     case XHC_ERR_DTYPE_OP: return "the operation is not defined on that dtype";

@@ -18,9 +18,12 @@
  *    Past CFG.timeout, give up too, unless some live rank has not yet
  *    entered this operation: it is late, not lost (a rank reading its
  *    input while the others wait in a Bcast), and MPI would wait for it,
- *    so wait another CFG.timeout.  What times out is then a collective
- *    that every rank has entered and that does not move: ranks that
- *    disagree on the order or the arguments of their collectives.
+ *    so wait another CFG.timeout, and one more after it enters.  What
+ *    times out is then a collective that every live rank has entered
+ *    (or left, after an error of its own) and that does not move: ranks
+ *    that disagree on the order or the arguments of their collectives.
+ *    A rank that gives up leaves (xhc_ctx_leave), so that its peers do
+ *    not wait for it in turn.
  */
 #include <errno.h>
 #include <limits.h>
@@ -117,6 +120,7 @@ static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
     if (ctx->block_hook)
         ctx->block_hook(ctx->block_arg);
     uint32_t sleep = ctx->cfg.sleep;
+    int was_late = 0; /* someone was, at the last deadline */
     for (unsigned polls = 1;; polls++) {
         int asleep = sleep && polls > sleep;
         if (asleep)
@@ -132,11 +136,16 @@ static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
             continue;
         if (xhc_reached(flag, want, exact))
             return 0;
-        if (!gone && xhc_someone_late(ctx)) {
+        int late = !gone && xhc_someone_late(ctx);
+        if (late || was_late) {
+            /* The last late rank may have entered just now: give it a
+             * whole timeout too. */
+            was_late = late;
             deadline = xhc_now() + ctx->cfg.timeout;
             continue;
         }
         ctx->failed_rank = peer;
+        xhc_ctx_leave(ctx);
         return gone ? XHC_ERR_PEER_GONE : XHC_ERR_TIMEOUT;
     }
 }

@@ -12,6 +12,9 @@
 #define XHC_LINE 128 /* two cache lines: defeats adjacent-line prefetch */
 #define XHC_RING 4   /* small ops a rank may run ahead of the slowest */
 #define XHC_RS_WINDOWS 2 /* reduce-scatter staging windows per rank */
+/* Added to a rank's `entered` when it leaves: ahead of any operation its
+ * peers could be in, however the sequence numbers wrap. */
+#define XHC_LEFT (UINT64_C(1) << 62)
 #define XHC_ALIGNED __attribute__((aligned(XHC_LINE)))
 #define XHC_MAGIC 0x7868632d73686d32ull /* "xhc-shm2" */
 #define XHC_PIECE_SHIFT 3 /* Bcast piece flag: round << 3, plus pieces */

@@ -388,10 +388,10 @@ def test_a_dead_peer_fails_fast_and_is_named():
 
 
 def test_a_late_peer_is_waited_for_past_the_timeout():
-    """Rank 1 (a child process) opens, then reaches the Barrier five
+    """Rank 1 (a child process) opens, then reaches the Barrier 4.5
     timeouts late, as a rank that reads its input while the others wait
     does: rank 0 waits for it, as MPI would, and both succeed."""
-    timeout, late = 0.3, 1.5
+    timeout, late = 0.3, 1.35
     cfg = make_config(timeout=timeout)
     with Segment(2, cfg) as seg:
         rfd, wfd = os.pipe()

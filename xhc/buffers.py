@@ -170,7 +170,7 @@ def _parse_spec(spec):
         dt, nums = None, rest  # [buf, count]
     else:
         dt, nums = rest[-1], rest[:-1]
-    if len(nums) == 1 and isinstance(nums[0], tuple):
+    if len(nums) == 1 and isinstance(nums[0], (tuple, list)):
         nums = list(nums[0])
     try:
         if dt is not None and not _is_type(dt):
@@ -180,6 +180,7 @@ def _parse_spec(spec):
     except (TypeError, ValueError):
         raise TypeError(f"buffer specification {_brief(spec)}; "
                         + _SPEC_FORMS) from None
+    buf = _host(buf)
     if dt is None:
         dt = memoryview(buf).format
     return buf, count, 0 if displ is None else displ, dt
@@ -313,11 +314,12 @@ def _free_type(dt):
 
 
 def _of_object(obj):
+    host = _host(obj)
+    if host is not obj:
+        return _of_array(host, obj)
     try:
         view = memoryview(obj)
     except TypeError:
-        if hasattr(obj, "__dlpack__"):
-            return _of_array(_from_dlpack(obj), obj)
         raise TypeError(f"{type(obj).__name__} is not a buffer: pass a numpy "
                         "array, a buffer-protocol object, a DLPack CPU "
                         "array or [buf, datatype]") from None
@@ -342,9 +344,23 @@ def _of_object(obj):
 _DLPACK_CPU = 1  # DLPack's kDLCPU
 
 
+def _host(obj):
+    """OBJ, or for an object that offers DLPack but not the buffer
+    protocol (a torch tensor), an ndarray on its memory."""
+    if isinstance(obj, np.ndarray) or not hasattr(obj, "__dlpack__"):
+        return obj
+    try:
+        memoryview(obj).release()
+        return obj
+    except TypeError:
+        return _from_dlpack(obj)
+
+
 def _from_dlpack(obj):
     """An ndarray on the memory of OBJ, a DLPack array (as mpi4py takes a
-    torch tensor): host memory only, which other processes can map."""
+    torch tensor): host memory only, which other processes can map.
+    numpy makes it read-only where the producer says so (older numpy
+    releases always do); a Bcast cannot receive into it then."""
     device = obj.__dlpack_device__()[0] if hasattr(
         obj, "__dlpack_device__") else _DLPACK_CPU
     if device != _DLPACK_CPU:

@@ -32,6 +32,22 @@ _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
 bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
 
 
+def _leaving(make):
+    """Wrap a plan maker: if it raises about the arguments, this rank will
+    not enter the collective its peers may be waiting in.  It leaves
+    (xhc_ctx_leave), so that they time out rather than wait for it as for
+    a late rank; its next collective enters as usual."""
+    @functools.wraps(make)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return make(self, *args, **kwargs)
+        except (TypeError, ValueError):
+            if self._ctx:
+                lib.xhc_ctx_leave(self._ctx)
+            raise
+    return wrapper
+
+
 class Comm(HotComm):
     """Wrap an mpi4py intra-communicator; accelerate Bcast, Barrier,
     Allreduce and Reduce through node shared memory.
@@ -159,6 +175,9 @@ class Comm(HotComm):
                            "has returned")
 
     def _raise(self, rc, what):
+        """Raise for core error RC; this rank leaves (see _leaving)."""
+        if self._ctx:
+            lib.xhc_ctx_leave(self._ctx)
         raise _core.error(rc, what, self._ctx, getattr(self, "_pids", None))
 
     def _usable(self):
@@ -325,6 +344,7 @@ class Comm(HotComm):
                              f"an int from 0 to {self._comm.size - 1}")
         return r
 
+    @_leaving
     def _bcast_plan(self, buf, root, remember=True, flags=0):
         """(buf, root, run, call, buffer, ...): see _plan; FLAGS as for
         _allreduce_plan."""
@@ -343,6 +363,7 @@ class Comm(HotComm):
             self._remember(self._bcast_plans, id(buf), plan)
         return plan
 
+    @_leaving
     def _allreduce_plan(self, sendbuf, recvbuf, op, flags=0):
         """(sendbuf, recvbuf, op, run, call, ...): see _plan.  A plan with
         FLAGS (agreed in *_init) is its request's alone: never remembered
@@ -366,6 +387,7 @@ class Comm(HotComm):
             self._remember(self._allreduce_plans, id(recvbuf), plan)
         return plan
 
+    @_leaving
     def _reduce_plan(self, sendbuf, recvbuf, op, root, flags=0):
         """(sendbuf, recvbuf, op, root, run, call, ...): see _plan; FLAGS
         as for _allreduce_plan."""

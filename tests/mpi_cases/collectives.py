@@ -2145,6 +2145,12 @@ def spec_forms(xcomm, comm, v):
         ("[buf, (count, displ), None]", [src, (3, 2), None], src[2:5]),
         ("[buf, count, displ, None]", [src, 3, 2, None], src[2:5]),
         ("DLPack-only array", DLPackOnly(src[1:4].copy()), src[1:4]),
+        ("[DLPack-only array, DOUBLE]",
+         [DLPackOnly(src[:4].copy()), MPI.DOUBLE], src[:4]),
+        ("[DLPack-only array, None]", [DLPackOnly(src[2:4].copy()), None],
+         src[2:4]),
+        ("[buf, [count, displ], DOUBLE]", [src, [3, 2], MPI.DOUBLE],
+         src[2:5]),
         # mpi4py typecodes numpy does not read alike: MPI's types.
         ("[complex buf, 'Zd']", [src.view(np.complex128), "Zd"], src),
         ("[bytes, 's']", [src[:4].view(np.uint8), "s"], src[:4]),

@@ -29,9 +29,11 @@ kill-small, kill-large   rank 2 SIGKILLs itself while ranks 0 and 1 are
               in an Allreduce (3 ranks; run with XHC_TIMEOUT=5): the
               survivors print DETECT and os._exit(0) without touching MPI.
 roots         ranks 0 and 2 Reduce to rank 0, rank 1 to itself (3 ranks;
-              XHC_TIMEOUT=3): ROOTS per rank.
+              XHC_TIMEOUT=3): ROOTS per rank; then rank 2 alone calls
+              Barrier (LEFT); then, on a new xhc.Comm, rank 1 passes
+              a bad Allreduce receive buffer (BADARG per rank).
 late          rank 0 enters a Bcast it roots, then rank 2 an Allreduce,
-              three XHC_TIMEOUTs after the others: LATE per rank.
+              2.5 XHC_TIMEOUTs after the others: LATE per rank.
 abort-op, abort-empty, abort-setup   rank 1 raises (python -m mpi4py
               then calls MPI_Abort) while the others are in an
               Allreduce, in Comm.empty, or in xhc.Comm().
@@ -466,17 +468,37 @@ def suite_roots(xc):
         xc.Reduce(buf, out, root=1 if RANK == 1 else 0)
     except Exception as e:  # noqa: BLE001
         exc = e
-    emit("ROOTS", f"rank={RANK}", f"t={time.monotonic() - t0:.3f}",
-         f"exc={type(exc).__name__ if exc else None}",
-         f"msg={oneline(exc) if exc else ''}")
+    _emit_outcome("ROOTS", t0, exc)
+    if RANK == 2:  # the others have raised, and will not come
+        t0, exc = time.monotonic(), None
+        try:
+            xc.Barrier()
+        except Exception as e:  # noqa: BLE001
+            exc = e
+        _emit_outcome("LEFT", t0, exc)
     # No process has died: MPI itself can still line the ranks up, so the
     # rank that returned stays alive until the others have timed out.
+    W.Barrier()
+    xc2 = xhc.Comm(W)
+    W.Barrier()
+    t0, exc = time.monotonic(), None
+    try:
+        xc2.Allreduce(np.ones(4), np.zeros(5 if RANK == 1 else 4))
+    except Exception as e:  # noqa: BLE001
+        exc = e
+    _emit_outcome("BADARG", t0, exc)
     W.Barrier()
     os._exit(0)
 
 
+def _emit_outcome(kind, t0, exc):
+    emit(kind, f"rank={RANK}", f"t={time.monotonic() - t0:.3f}",
+         f"exc={type(exc).__name__ if exc else None}",
+         f"msg={oneline(exc) if exc else ''}")
+
+
 def suite_late(xc):
-    late = 3 * float(os.environ["XHC_TIMEOUT"])
+    late = 2.5 * float(os.environ["XHC_TIMEOUT"])
     buf = np.arange(6.0) if RANK == 0 else np.zeros(6)
     out = np.zeros(6)
     W.Barrier()
