@@ -8,9 +8,11 @@
  * 2. A call looks its plan up by id() of the keying buffer, checks that
  *    the plan was made for exactly these arguments (identity of buffers
  *    and op, equality of root) and that its numpy arrays still have the
- *    memory, dtype, size and flags they had (the plan's guard), then runs
+ *    memory, dtype, size and flags they had, and its other buffer objects
+ *    still export the same memory and length (the plan's guard; the
+ *    export is held until the call returns, as mpi4py does), then runs
  *    the call.  A guard that fails sends the call to Python, which makes
- *    a new plan: an array resized or retyped in place is never used
+ *    a new plan: a buffer resized, moved or retyped is never used
  *    through a stale pointer.
  * 3. Before any plan, a call whose buffers are plain arrays (exact
  *    ndarrays, C-contiguous, of a dtype in the table xhc/comm.py binds,
@@ -120,24 +122,67 @@ static const uintptr_t *guard_of(PyObject *plan)
     return PyLong_AsVoidPtr(PyTuple_GET_ITEM(plan, n - 2));
 }
 
-/* Does every array guard G lists still have the data pointer, dtype, size
- * and flags it was planned with?  G lists only numpy arrays, so
- * ARGV[index] is one. */
-static int guard_holds(const uintptr_t *g, PyObject *const *argv)
+/* The buffers a guard took from buffer objects (not ndarrays) for one
+ * call, held until it returns. */
+typedef struct {
+    Py_buffer view[4];
+    int n;
+} held_views;
+
+static void views_release(held_views *hv)
+{
+    while (hv->n > 0)
+        PyBuffer_Release(&hv->view[--hv->n]);
+}
+
+/* Does numpy array A still have the data pointer, dtype, size and flags
+ * of guard entry E? */
+static int array_holds(const uintptr_t *e, const ndarray_head *a)
+{
+    Py_ssize_t size = 1;
+    for (int d = 0; d < a->nd; d++)
+        size *= a->dimensions[d];
+    uintptr_t flags = (uintptr_t)(unsigned)a->flags;
+    return (uintptr_t)a->data == e[1] && (uintptr_t)a->descr == e[2]
+           && (uintptr_t)size == e[3] && (flags & e[4]) == e[4]
+           && (flags & e[5]);
+}
+
+/* Does buffer object OBJ still export the memory and length of guard
+ * entry E (writable if E says it is written)?  The plan holds no export
+ * of OBJ, so that it can be resized or closed between calls; like
+ * mpi4py, the call takes one into HV and holds it until it returns. */
+static int buffer_holds(const uintptr_t *e, PyObject *obj, held_views *hv)
+{
+    if (hv->n == (int)(sizeof hv->view / sizeof hv->view[0]))
+        return 0;
+    Py_buffer *v = &hv->view[hv->n];
+    int want = PyBUF_ANY_CONTIGUOUS | PyBUF_FORMAT
+               | (e[4] ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, v, want)) {
+        PyErr_Clear();  /* closed or no longer writable: Python will say */
+        return 0;
+    }
+    hv->n++;
+    return (uintptr_t)v->buf == e[1] && (uintptr_t)v->len == e[3];
+}
+
+/* Does every buffer guard G lists still have what it was planned with
+ * (see _guard in xhc/comm.py)?  An entry with dtype 0 is a buffer object,
+ * any other an ndarray.  What HV holds on success, the caller releases;
+ * on failure nothing is held. */
+static int guard_holds(const uintptr_t *g, PyObject *const *argv,
+                       held_views *hv)
 {
     if (!g)
         return 0;
     for (uintptr_t i = 0; i < g[0]; i++) {
         const uintptr_t *e = g + 1 + 6 * i;
-        const ndarray_head *a = (const ndarray_head *)argv[e[0]];
-        Py_ssize_t size = 1;
-        for (int d = 0; d < a->nd; d++)
-            size *= a->dimensions[d];
-        uintptr_t flags = (uintptr_t)(unsigned)a->flags;
-        if ((uintptr_t)a->data != e[1] || (uintptr_t)a->descr != e[2]
-            || (uintptr_t)size != e[3] || (flags & e[4]) != e[4]
-            || !(flags & e[5]))
+        if (e[2] ? !array_holds(e, (const ndarray_head *)argv[e[0]])
+                 : !buffer_holds(e, argv[e[0]], hv)) {
+            views_release(hv);
             return 0;
+        }
     }
     return 1;
 }
@@ -336,9 +381,13 @@ static int root_is(PyObject *obj, PyObject *arg)
     return arg == obj || root_value(arg) == root_value(obj);
 }
 
-/* The plan for ARGV (the arguments in the method's order), a borrowed
- * reference, or NULL if there is none that fits exactly. */
-static PyObject *plan_for(HotComm *h, int kind, PyObject *const *argv)
+/* The plan for ARGV (the arguments in the method's order), a new
+ * reference, or NULL if there is none that fits exactly; HV then holds
+ * the buffers its guard took, to release after the call.  Taking a
+ * buffer may run Python code, which may drop the plan from its dict:
+ * hence the reference. */
+static PyObject *plan_for(HotComm *h, int kind, PyObject *const *argv,
+                          held_views *hv)
 {
     /* id() of the keying buffer: Allreduce's receive buffer (its send
      * buffer may be IN_PLACE), else the first argument. */
@@ -355,7 +404,11 @@ static PyObject *plan_for(HotComm *h, int kind, PyObject *const *argv)
     int r = ROOT_AT[kind];
     if (r >= 0 && !root_is(PyTuple_GET_ITEM(plan, r), argv[r]))
         return NULL;
-    return guard_holds(guard_of(plan), argv) ? plan : NULL;
+    Py_INCREF(plan);
+    if (guard_holds(guard_of(plan), argv, hv))
+        return plan;
+    Py_DECREF(plan);
+    return NULL;
 }
 
 /* KIND's argument names, interned: the keywords of a call are interned
@@ -461,7 +514,8 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
         for (int i = 0; i < KIND[kind].nargs; i++)
             Py_DECREF(argv[i]);
     } else {
-        PyObject *plan = h->ctx ? plan_for(h, kind, argv) : NULL;
+        held_views hv = {.n = 0};
+        PyObject *plan = h->ctx ? plan_for(h, kind, argv, &hv) : NULL;
         if (!plan) {
             if (PyErr_Occurred())
                 return NULL;
@@ -469,13 +523,15 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
         }
         void *call = PyLong_AsVoidPtr(
             PyTuple_GET_ITEM(plan, PyTuple_GET_SIZE(plan) - 1));
+        /* The plan keeps the call and its buffers alive; our reference
+         * holds it in case the GIL is released, whatever another thread
+         * does. */
+        if (call)
+            rc = hot_invoke(h, h->run, call, h->barrier, h->ctx);
+        Py_DECREF(plan);
+        views_release(&hv);
         if (!call)
             return NULL;
-        /* The plan keeps the call and its buffers alive; hold it in case
-         * the GIL is released, whatever another thread does. */
-        Py_INCREF(plan);
-        rc = hot_invoke(h, h->run, call, h->barrier, h->ctx);
-        Py_DECREF(plan);
     }
     if (rc == 0)
         Py_RETURN_NONE;

@@ -12,8 +12,8 @@ from mpi4py import MPI
 from . import _core, config, debug, hierarchy, topology
 from ._hot import HotComm, HotRequest, bind_plain, block_hook
 from ._xhc import ffi, lib
-from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
-                      plain_tables, predefined, resolve)
+from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, host,
+                      in_place, plain_tables, predefined, resolve)
 from .errors import XhcError
 
 _CACHE_MAX = 64           # plans kept per operation
@@ -358,9 +358,9 @@ class Comm(HotComm):
         call = _call(self._ctx, lib.XHC_BCAST, None, b, b.nbytes, root=root,
                      flags=flags)
         plan = _plan((buf, root), call, [(b, not sink, sink)],
-                     [(0, buf, sink)], b.nbytes, (b,))
+                     [(0, buf, sink, b)], b.nbytes, (b,))
         if remember and not flags and _keepable(b):
-            self._remember(self._bcast_plans, id(buf), plan)
+            self._remember(self._bcast_plans, id(buf), _kept(plan, 2))
         return plan
 
     @_leaving
@@ -381,10 +381,11 @@ class Comm(HotComm):
         moves = [(r, True, True)] if s is r else [(s, True, False),
                                                   (r, False, True)]
         plan = _plan((sendbuf, recvbuf, op), call, moves,
-                     [(0, sendbuf, False), (1, recvbuf, True)],
+                     [(0, sendbuf, False, s), (1, recvbuf, True, r)],
                      r.nbytes + (0 if s is r else s.nbytes), (s, r))
         if not flags and _keepable(s, r):
-            self._remember(self._allreduce_plans, id(recvbuf), plan)
+            self._remember(self._allreduce_plans, id(recvbuf),
+                           _kept(plan, 3))
         return plan
 
     @_leaving
@@ -412,11 +413,11 @@ class Comm(HotComm):
                                        if r is not None and r is not s
                                        else [])
         plan = _plan((sendbuf, recvbuf, op, root), call, moves,
-                     [(0, sendbuf, False), (1, recvbuf, is_root)],
+                     [(0, sendbuf, False, s), (1, recvbuf, is_root, r)],
                      s.nbytes + (r.nbytes if r and r is not s else 0),
                      (s, r))
         if not flags and _keepable(s, r):
-            self._remember(self._reduce_plans, id(sendbuf), plan)
+            self._remember(self._reduce_plans, id(sendbuf), _kept(plan, 4))
         return plan
 
     def _take_part_then_raise(self, b, root, flags=0):
@@ -592,14 +593,17 @@ _C_CONTIGUOUS, _F_CONTIGUOUS, _WRITEABLE = 0x1, 0x2, 0x400
 
 
 def _guard(guarded):
-    """What xhc/_hot.c checks before it runs a plan on ndarrays: each
-    array still has the data pointer, dtype object, size and contiguity
-    it had (and is writable if it is written), as an array of words:
-    [n, then per array: argument index, data, dtype, size, flags it must
-    all have, flags it must have one of]; and the dtypes, which the plan
-    keeps alive so that no other dtype can take their addresses."""
+    """What xhc/_hot.c checks before it runs a plan: each ndarray still has
+    the data pointer, dtype object, size and contiguity it had (and is
+    writable if it is written); each other buffer object used in place
+    still exports the same memory and length (writable if written).  As
+    an array of words: [n, then per buffer: argument index, data, dtype
+    (0: a buffer object), size (bytes, for a buffer object), flags it
+    must all have (for a buffer object: 1 if written), flags it must
+    have one of]; and the dtypes, which the plan keeps alive so that no
+    other dtype can take their addresses."""
     words, dtypes = [0], []
-    for index, arg, writable in guarded:
+    for index, arg, writable, b in guarded:
         if isinstance(arg, np.ndarray):
             words[0] += 1
             dtypes.append(arg.dtype)
@@ -607,6 +611,9 @@ def _guard(guarded):
                       id(arg.dtype), arg.size,
                       _WRITEABLE if writable else 0,
                       _C_CONTIGUOUS | _F_CONTIGUOUS]
+        elif _guarded_buffer(arg, b):
+            words[0] += 1
+            words += [index, _address(b.ptr), 0, b.nbytes, int(writable), 0]
     return ffi.new("uintptr_t[]", words), tuple(dtypes)
 
 
@@ -704,11 +711,32 @@ def _check_op(s, op, name):
 
 def _keepable(*bufs):
     """May a plan of BUFS (Buffers, or None) be kept for later calls?
-    Only if each was given as an ndarray, whose memory, size and dtype
-    xhc/_hot.c checks before reusing it.  A plan holds its buffers'
-    exports: another object (a bytearray, an mmap, a DLPack tensor)
-    could then neither be resized nor closed."""
-    return all(b is None or isinstance(b.obj, np.ndarray) for b in bufs)
+    Only if xhc/_hot.c can check each before reusing it: an ndarray (its
+    memory, dtype, size and flags) or a buffer-protocol object used in
+    place (its memory and length), not a specification or a DLPack-only
+    array."""
+    return all(b is None or isinstance(b.obj, np.ndarray)
+               or _guarded_buffer(b.obj, b) for b in bufs)
+
+
+def _guarded_buffer(arg, b):
+    """Is ARG, resolved as B, a buffer object other than an ndarray that
+    the core uses in place (so xhc/_hot.c guards it by its memory)?"""
+    return b is not None and b.obj is arg and b.load is None \
+        and not isinstance(arg, (np.ndarray, list, tuple)) \
+        and host(arg) is arg
+
+
+def _kept(plan, nargs):
+    """PLAN (for NARGS arguments) as remembered for later calls: without
+    the Buffers of buffer objects other than ndarrays, whose exports
+    would stop those being resized or closed.  Per call, as mpi4py does,
+    xhc/_hot.c takes a buffer from each, checks it is the same memory,
+    and lets go when the call returns."""
+    first, last = nargs + 2, len(plan) - 5
+    held = tuple(b if b is None or isinstance(b.obj, np.ndarray) else None
+                 for b in plan[first:last])
+    return plan[:first] + held + plan[last:]
 
 
 def _check_pair(s, r, op, name):

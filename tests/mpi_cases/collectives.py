@@ -2282,13 +2282,24 @@ def exports_released(xcomm, comm, v):
         err = f"mmap.close() raised {e}"
     v.case("Allreduce into an mmap, then close it", err)
     ba = bytearray(b"root" if rank == 0 else b"....")
+    for rep in range(3):  # the later calls run the plan the first kept
+        xcomm.Bcast(ba, root=0)
+        try:
+            ba.extend(b"!")
+            err = None if ba == b"root" + b"!" * (rep + 1) \
+                else f"got {ba!r}"
+        except BufferError as e:
+            err = f"bytearray.extend() raised {e}"
+        v.case(f"Bcast into a bytearray, then grow it #{rep}", err)
+    # Grown far, its memory moves: the kept plan must not be run on the
+    # old memory (its guard takes the bytearray's buffer and compares).
+    v.check("a bytearray's plan is kept", id(ba) in xcomm._bcast_plans,
+            "no plan: the check below would not exercise the guard")
+    ba.extend(bytes(1 << 20))
+    ba[-4:] = b"root" if rank == 0 else b"...."
     xcomm.Bcast(ba, root=0)
-    try:
-        ba.extend(b"!")
-        err = None if ba == b"root!" else f"got {ba!r}"
-    except BufferError as e:
-        err = f"bytearray.extend() raised {e}"
-    v.case("Bcast into a bytearray, then grow it", err)
+    v.check("Bcast into a bytearray that moved", ba[-4:] == b"root" and
+            len(ba) == 7 + (1 << 20), f"got {bytes(ba[-4:])!r}")
 
 
 class Planned(np.ndarray):
