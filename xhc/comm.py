@@ -383,7 +383,7 @@ class Comm(HotComm):
         plan = _plan((sendbuf, recvbuf, op), call, moves,
                      [(0, sendbuf, False, s), (1, recvbuf, True, r)],
                      r.nbytes + (0 if s is r else s.nbytes), (s, r))
-        if not flags and _keepable(s, r):
+        if not flags and _keepable(s, r) and not _spec(sendbuf):
             self._remember(self._allreduce_plans, id(recvbuf),
                            _kept(plan, 3))
         return plan
@@ -416,7 +416,7 @@ class Comm(HotComm):
                      [(0, sendbuf, False, s), (1, recvbuf, is_root, r)],
                      s.nbytes + (r.nbytes if r and r is not s else 0),
                      (s, r))
-        if not flags and _keepable(s, r):
+        if not flags and _keepable(s, r) and not _spec(sendbuf):
             self._remember(self._reduce_plans, id(sendbuf), _kept(plan, 4))
         return plan
 
@@ -719,11 +719,17 @@ def _keepable(*bufs):
                or _guarded_buffer(b.obj, b) for b in bufs)
 
 
+def _spec(arg):
+    """Is ARG a buffer specification ([MPI.IN_PLACE, MPI.DOUBLE] among
+    them)?  Its items can change between calls: never planned."""
+    return isinstance(arg, (list, tuple))
+
+
 def _guarded_buffer(arg, b):
     """Is ARG, resolved as B, a buffer object other than an ndarray that
     the core uses in place (so xhc/_hot.c guards it by its memory)?"""
     return b is not None and b.obj is arg and b.load is None \
-        and not isinstance(arg, (np.ndarray, list, tuple)) \
+        and not isinstance(arg, np.ndarray) and not _spec(arg) \
         and host(arg) is arg
 
 
