@@ -151,7 +151,10 @@ static int array_holds(const uintptr_t *e, const ndarray_head *a)
 /* Does buffer object OBJ still export the memory and length of guard
  * entry E (writable if E says it is written)?  The plan holds no export
  * of OBJ, so that it can be resized or closed between calls; like
- * mpi4py, the call takes one into HV and holds it until it returns. */
+ * mpi4py, the call takes one into HV and holds it until it returns.
+ * Only built-in exporters get such entries (_guarded_buffer in
+ * xhc/comm.py): taking their buffer runs no Python code, which could
+ * free the context or resize an array already checked. */
 static int buffer_holds(const uintptr_t *e, PyObject *obj, held_views *hv)
 {
     if (hv->n == (int)(sizeof hv->view / sizeof hv->view[0]))
@@ -514,7 +517,8 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
         for (int i = 0; i < KIND[kind].nargs; i++)
             Py_DECREF(argv[i]);
     } else {
-        held_views hv = {.n = 0};
+        held_views hv;
+        hv.n = 0;
         PyObject *plan = h->ctx ? plan_for(h, kind, argv, &hv) : NULL;
         if (!plan) {
             if (PyErr_Occurred())

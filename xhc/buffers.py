@@ -180,7 +180,7 @@ def _parse_spec(spec):
     except (TypeError, ValueError):
         raise TypeError(f"buffer specification {_brief(spec)}; "
                         + _SPEC_FORMS) from None
-    buf = host(buf)
+    buf = _host(buf)
     if dt is None:
         dt = memoryview(buf).format
     return buf, count, 0 if displ is None else displ, dt
@@ -314,7 +314,7 @@ def _free_type(dt):
 
 
 def _of_object(obj):
-    arr = host(obj)
+    arr = _host(obj)
     if arr is not obj:
         return _of_array(arr, obj)
     try:
@@ -344,7 +344,7 @@ def _of_object(obj):
 _DLPACK_CPU = 1  # DLPack's kDLCPU
 
 
-def host(obj):
+def _host(obj):
     """OBJ, or for an object that offers DLPack but not the buffer
     protocol (a torch tensor), an ndarray on its memory."""
     if isinstance(obj, np.ndarray) or not hasattr(obj, "__dlpack__"):

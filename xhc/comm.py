@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """xhc.Comm: an mpi4py intra-communicator with shared-memory collectives."""
+import array
 import functools
+import mmap
 import operator
 import os
 import warnings
@@ -12,8 +14,8 @@ from mpi4py import MPI
 from . import _core, config, debug, hierarchy, topology
 from ._hot import HotComm, HotRequest, bind_plain, block_hook
 from ._xhc import ffi, lib
-from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, host,
-                      in_place, plain_tables, predefined, resolve)
+from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
+                      plain_tables, predefined, resolve)
 from .errors import XhcError
 
 _CACHE_MAX = 64           # plans kept per operation
@@ -712,9 +714,9 @@ def _check_op(s, op, name):
 def _keepable(*bufs):
     """May a plan of BUFS (Buffers, or None) be kept for later calls?
     Only if xhc/_hot.c can check each before reusing it: an ndarray (its
-    memory, dtype, size and flags) or a buffer-protocol object used in
-    place (its memory and length), not a specification or a DLPack-only
-    array."""
+    memory, dtype, size and flags) or a built-in buffer object used in
+    place (its memory and length), not a specification, a DLPack-only
+    array or another exporter."""
     return all(b is None or isinstance(b.obj, np.ndarray)
                or _guarded_buffer(b.obj, b) for b in bufs)
 
@@ -725,12 +727,17 @@ def _spec(arg):
     return isinstance(arg, (list, tuple))
 
 
+# Buffer objects whose plans xhc/_hot.c guards by memory and length:
+# built-in exporters, whose buffers keep their format and whose export
+# runs no Python code.  Others go through Python on every call.
+_GUARDED_TYPES = (bytearray, bytes, array.array, mmap.mmap, memoryview)
+
+
 def _guarded_buffer(arg, b):
-    """Is ARG, resolved as B, a buffer object other than an ndarray that
-    the core uses in place (so xhc/_hot.c guards it by its memory)?"""
+    """Is ARG, resolved as B, a built-in buffer object that the core uses
+    in place (so xhc/_hot.c guards it by its memory)?"""
     return b is not None and b.obj is arg and b.load is None \
-        and not isinstance(arg, np.ndarray) and not _spec(arg) \
-        and host(arg) is arg
+        and type(arg) in _GUARDED_TYPES
 
 
 def _kept(plan, nargs):
