@@ -36,16 +36,14 @@ bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
 
 def _leaving(make):
     """Wrap a plan maker: if it raises about the arguments, this rank will
-    not enter the collective its peers may be waiting in.  It leaves
-    (xhc_ctx_leave), so that they time out rather than wait for it as for
-    a late rank; its next collective enters as usual."""
+    not enter the collective its peers may be waiting in, so it leaves
+    (Comm._leave); its next collective enters as usual."""
     @functools.wraps(make)
     def wrapper(self, *args, **kwargs):
         try:
             return make(self, *args, **kwargs)
         except (TypeError, ValueError):
-            if self._ctx:
-                lib.xhc_ctx_leave(self._ctx)
+            self._leave()
             raise
     return wrapper
 
@@ -176,10 +174,15 @@ class Comm(HotComm):
                            "in another thread; call it once that collective "
                            "has returned")
 
-    def _raise(self, rc, what):
-        """Raise for core error RC; this rank leaves (see _leaving)."""
+    def _leave(self):
+        """This rank raises instead of taking part: its peers stop counting
+        it late (xhc_ctx_leave), and time out rather than wait for it."""
         if self._ctx:
             lib.xhc_ctx_leave(self._ctx)
+
+    def _raise(self, rc, what):
+        """Raise for core error RC; this rank leaves."""
+        self._leave()
         raise _core.error(rc, what, self._ctx, getattr(self, "_pids", None))
 
     def _usable(self):
