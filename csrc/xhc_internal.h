@@ -150,6 +150,7 @@ struct xhc_tune_class {
     uint32_t since;   /* calls timed since the other way last ran */
     uint32_t gap;     /* run the other way after GAP calls */
     uint32_t warm;    /* the class's first call has run (untaught) */
+    uint32_t taught;  /* bit W: this class has itself timed way W */
 };
 
 /* One call's choice, and what timing it needs. */
@@ -302,6 +303,7 @@ int xhc_rs_staged(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, void *rbuf,
 
 /* tune.c */
 int xhc_tune_choose(const struct xhc_tune_class *c, int *explore);
+void xhc_tune_seed(struct xhc_tune_class *set, int k);
 void xhc_tune_learn(struct xhc_tune_class *c, int single, int explore,
                     double cost);
 void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,

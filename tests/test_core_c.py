@@ -56,7 +56,8 @@ def test_tune_policy_under_sanitizers(tmp_path, cc):
     """csrc/tune.c's choice between staging and CMA, fed made-up times:
     skips a cold first call, tries both, keeps the cheaper, looks at the
     other ever less often and within 1/32 of the time, ignores one slow
-    call, follows a lasting change, undoes a fluke."""
+    call, follows a lasting change, undoes a fluke, starts a new size
+    from a near one that timed both ways."""
     exe = str(tmp_path / "tune_test")
     subprocess.run([cc, "-std=c11", "-D_GNU_SOURCE", "-g", "-O1", "-Wall",
                     "-Wextra", "-Werror", *SANITIZE, "-I", CSRC,

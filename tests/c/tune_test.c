@@ -187,6 +187,50 @@ static void a_look_waits_for_a_call_that_teaches(void)
     EXPECT(call(&c, cost, &e) == 0 && !e, "looked twice");
 }
 
+/* Runs class K of SET for N calls at COST, choosing as tune.c's pick
+ * does (a new class is seeded first); returns how many ran CMA. */
+static int run_class(struct xhc_tune_class *set, int k, const double cost[2],
+                     int n)
+{
+    int cma = 0;
+    for (int i = 0; i < n; i++) {
+        if (!set[k].warm && !set[k].runs[0] && !set[k].runs[1])
+            xhc_tune_seed(set, k);
+        cma += call(&set[k], cost, NULL);
+    }
+    return cma;
+}
+
+/* A new class takes the verdict of a class up to two away that timed
+ * both ways itself, and its first look at the other way comes when the
+ * share rule says; one further away, or one that only took a verdict,
+ * teaches nothing: such a class tries both ways. */
+static void a_new_class_starts_from_its_neighbour(void)
+{
+    for (int cheap = 0; cheap < 2; cheap++) {
+        static struct xhc_tune_class set[XHC_TUNE_CLASSES];
+        memset(set, 0, sizeof set);
+        double cost[2] = { cheap ? 3.0 : 1.0, cheap ? 1.0 : 3.0 };
+        EXPECT(run_class(set, 20, cost, 5) == 2, "class 20 did not try");
+        EXPECT(run_class(set, 21, cost, 1) == cheap, "seeded first call");
+        int e, way, n = 1;
+        do {
+            way = xhc_tune_choose(&set[21], &e);
+            xhc_tune_learn(&set[21], way, e, cost[way]);
+            EXPECT(way == cheap || e, "seeded class ran the dear way");
+        } while (!e && ++n < 1000);
+        EXPECT(n == 64, "seeded class looked after %d calls, want 64", n);
+        EXPECT(run_class(set, 18, cost, 5) == 5 * cheap, "2 below: tried");
+        EXPECT(run_class(set, 22, cost, 5) == 5 * cheap, "2 above: tried");
+        EXPECT(run_class(set, 25, cost, 5) == 2, "3 away: did not try");
+        memset(set, 0, sizeof set);
+        run_class(set, 20, cost, 5);
+        run_class(set, 21, cost, 5);
+        memset(&set[20], 0, sizeof set[20]);
+        EXPECT(run_class(set, 22, cost, 5) == 2, "seeded from a seeded one");
+    }
+}
+
 int main(void)
 {
     tries_both_then_settles();
@@ -196,6 +240,7 @@ int main(void)
     switches_on_a_win_and_back_on_a_fluke();
     a_look_forgets_the_past();
     a_look_waits_for_a_call_that_teaches();
+    a_new_class_starts_from_its_neighbour();
     if (failures)
         return 1;
     printf("ok\n");
