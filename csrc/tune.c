@@ -11,11 +11,11 @@
  *    times per byte; a way's cost is the least of them, so one call
  *    slowed by something else (a page fault, a preempted peer) does not
  *    count, and a lasting change counts after XHC_TUNE_KEEP calls.
- * 2. A new class runs each way XHC_TUNE_TRIES times, alternating, then
- *    runs the cheaper one.  Its first call, which pays for first touches
- *    of the buffers and a cold cache, stages and teaches nothing: two
- *    slow tries had kept a Bcast on CMA, at twice staging's cost, for 17
- *    calls.
+ * 2. A new class (unless step 6 seeds it) runs each way XHC_TUNE_TRIES
+ *    times, alternating, then runs the cheaper one.  Its first call,
+ *    which pays for first touches of the buffers and a cold cache, stages
+ *    and teaches nothing: two slow tries had kept a Bcast on CMA, at
+ *    twice staging's cost, for 17 calls.
  * 3. Every `gap` calls it runs the other way once, to notice a change in
  *    the machine; that call's time replaces all it knew of that way.  If
  *    that way is still the dearer, the gap doubles, up to
@@ -35,15 +35,18 @@
  *    Bcast parent comes before its children have copied the last round
  *    out: for messages of few rounds staging looks cheaper than it is.
  * 6. A new class starts from what the nearest class of the same kind, at
- *    most XHC_TUNE_REACH classes (a factor of 4 in size) away, has
- *    itself timed of both ways: it skips the tries and runs that class's
- *    cheaper way, and looks at the other when step 4 says, as if it had
- *    tried both.  A sweep of sizes tries both ways in one class of
- *    three, not in every one: with a few calls a size, the tries had
- *    kept a Reduce from 1 to 16 MiB near MPI's time where CMA cost
- *    three times as much as staging, and seeding cut it to half at the
- *    seeded sizes.  Verdicts do not pass on from class to class: one
- *    taken, not timed, is no source.
+ *    most XHC_TUNE_REACH classes (a factor of 4 in size) away, the
+ *    smaller first, has itself timed of both ways: it skips the tries
+ *    and runs that class's cheaper way.  Its own first time of a way
+ *    replaces all it took of that way, and it looks at the other way
+ *    after XHC_TUNE_GAP_MIN calls, not after step 4's gap: the costs it
+ *    took come from another size, where the ways may compare otherwise.
+ *    A sweep of sizes tries both ways in one class of three, not in
+ *    every one: with a few calls a size, the tries had kept a Reduce
+ *    from 1 to 16 MiB near MPI's time where CMA cost three times as much
+ *    as staging, and seeding cut it to half at the seeded sizes.  A
+ *    class that took costs is no source until it has timed both ways
+ *    itself.
  */
 #include <time.h>
 
@@ -67,7 +70,7 @@ static double xhc_tune_cost(const struct xhc_tune_class *c, int way)
 
 /* Step 6: class K of SET, new, takes the costs of the nearest class within
  * reach that has timed both ways itself, if there is one. */
-void xhc_tune_seed(struct xhc_tune_class *set, int k)
+static void xhc_tune_seed(struct xhc_tune_class *set, int k)
 {
     for (int d = 1; d <= XHC_TUNE_REACH; d++)
         for (int j = k - d; j <= k + d; j += 2 * d) {
@@ -82,10 +85,21 @@ void xhc_tune_seed(struct xhc_tune_class *set, int k)
         }
 }
 
+/* Class K of SET, seeded first if it is new. */
+struct xhc_tune_class *xhc_tune_class_get(struct xhc_tune_class *set, int k)
+{
+    struct xhc_tune_class *c = &set[k];
+    if (!c->warm && !c->runs[0] && !c->runs[1])
+        xhc_tune_seed(set, k);
+    return c;
+}
+
 /* Step 4: GAP, raised to what keeps looks within their share of the time
  * at the ways' present costs, and kept within the bounds. */
 static uint32_t xhc_tune_gap(const struct xhc_tune_class *c, uint32_t gap)
 {
+    if (c->taught != 3) /* seeded (step 6): it has not tried both here */
+        return XHC_TUNE_GAP_MIN;
     double lo = xhc_tune_cost(c, 0), hi = xhc_tune_cost(c, 1);
     if (lo > hi) {
         double t = lo;
@@ -116,9 +130,10 @@ int xhc_tune_choose(const struct xhc_tune_class *c, int *explore)
     return !best;
 }
 
-/* Steps 1, 3 and 4: a call that ran way SINGLE cost COST per byte.  A look
- * at the other way replaces all it knew of that way: what it learnt
- * hundreds of calls ago says nothing of the machine now. */
+/* Steps 1, 3, 4 and 6: a call that ran way SINGLE cost COST per byte.  A
+ * look at the other way replaces all it knew of that way: what it learnt
+ * hundreds of calls ago says nothing of the machine now; so does the
+ * first time of a way after seeding, whose costs came from another size. */
 void xhc_tune_learn(struct xhc_tune_class *c, int single, int explore,
                     double cost)
 {
@@ -129,7 +144,7 @@ void xhc_tune_learn(struct xhc_tune_class *c, int single, int explore,
     int settled = c->runs[0] >= XHC_TUNE_TRIES
                   && c->runs[1] >= XHC_TUNE_TRIES;
     uint32_t waited = explore ? xhc_tune_gap(c, c->gap) : 0;
-    if (explore)
+    if (explore || !(c->taught & (1u << single)))
         for (int i = 0; i < XHC_TUNE_KEEP; i++)
             c->recent[single][i] = cost;
     c->taught |= 1u << single;
@@ -174,10 +189,7 @@ void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,
     pick->single = xhc_single_copy(ctx);
     if (ctx->cfg.copy != XHC_COPY_ADAPT || !decides)
         return;
-    int k = xhc_size_class(nbytes);
-    pick->cls = &ctx->tune[kind][k];
-    if (!pick->cls->warm && !pick->cls->runs[0] && !pick->cls->runs[1])
-        xhc_tune_seed(ctx->tune[kind], k);
+    pick->cls = xhc_tune_class_get(ctx->tune[kind], xhc_size_class(nbytes));
     pick->single = xhc_tune_choose(pick->cls, &pick->explore);
     pick->start = xhc_now_ns();
 }

@@ -303,7 +303,7 @@ int xhc_rs_staged(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, void *rbuf,
 
 /* tune.c */
 int xhc_tune_choose(const struct xhc_tune_class *c, int *explore);
-void xhc_tune_seed(struct xhc_tune_class *set, int k);
+struct xhc_tune_class *xhc_tune_class_get(struct xhc_tune_class *set, int k);
 void xhc_tune_learn(struct xhc_tune_class *c, int single, int explore,
                     double cost);
 void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,

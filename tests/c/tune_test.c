@@ -187,47 +187,79 @@ static void a_look_waits_for_a_call_that_teaches(void)
     EXPECT(call(&c, cost, &e) == 0 && !e, "looked twice");
 }
 
-/* Runs class K of SET for N calls at COST, choosing as tune.c's pick
- * does (a new class is seeded first); returns how many ran CMA. */
+/* Runs class K of SET for N calls at COST, as tune.c's pick does (a new
+ * class is seeded first); returns how many ran CMA. */
 static int run_class(struct xhc_tune_class *set, int k, const double cost[2],
                      int n)
 {
     int cma = 0;
-    for (int i = 0; i < n; i++) {
-        if (!set[k].warm && !set[k].runs[0] && !set[k].runs[1])
-            xhc_tune_seed(set, k);
-        cma += call(&set[k], cost, NULL);
-    }
+    for (int i = 0; i < n; i++)
+        cma += call(xhc_tune_class_get(set, k), cost, NULL);
     return cma;
 }
 
-/* A new class takes the verdict of a class up to two away that timed
- * both ways itself, and its first look at the other way comes when the
- * share rule says; one further away, or one that only took a verdict,
- * teaches nothing: such a class tries both ways. */
-static void a_new_class_starts_from_its_neighbour(void)
+/* Calls of class K of SET at COST until one looks at the other way, at
+ * most 1000; returns how many ran, the look included.  Every call before
+ * the look must run the way CHEAP. */
+static int calls_to_first_look(struct xhc_tune_class *set, int k,
+                               const double cost[2], int cheap)
 {
+    int e = 0, n = 0;
+    while (!e && n < 1000) {
+        int way = call(xhc_tune_class_get(set, k), cost, &e);
+        n++;
+        if (way != cheap && !e)
+            return -n;
+    }
+    return n;
+}
+
+/* A new class takes the verdict of a class up to two away (the nearer,
+ * then the smaller) that timed both ways itself, and looks at the other
+ * way at its ninth call (the untaught first, then 8), whatever the costs
+ * it took say.  Classes further away, or that only took a verdict, teach
+ * nothing: such a class tries both ways. */
+static void a_new_class_starts_from_a_near_one(void)
+{
+    static struct xhc_tune_class set[XHC_TUNE_CLASSES];
     for (int cheap = 0; cheap < 2; cheap++) {
-        static struct xhc_tune_class set[XHC_TUNE_CLASSES];
         memset(set, 0, sizeof set);
         double cost[2] = { cheap ? 3.0 : 1.0, cheap ? 1.0 : 3.0 };
         EXPECT(run_class(set, 20, cost, 5) == 2, "class 20 did not try");
-        EXPECT(run_class(set, 21, cost, 1) == cheap, "seeded first call");
-        int e, way, n = 1;
-        do {
-            way = xhc_tune_choose(&set[21], &e);
-            xhc_tune_learn(&set[21], way, e, cost[way]);
-            EXPECT(way == cheap || e, "seeded class ran the dear way");
-        } while (!e && ++n < 1000);
-        EXPECT(n == 64, "seeded class looked after %d calls, want 64", n);
-        EXPECT(run_class(set, 18, cost, 5) == 5 * cheap, "2 below: tried");
-        EXPECT(run_class(set, 22, cost, 5) == 5 * cheap, "2 above: tried");
-        EXPECT(run_class(set, 25, cost, 5) == 2, "3 away: did not try");
-        memset(set, 0, sizeof set);
-        run_class(set, 20, cost, 5);
-        run_class(set, 21, cost, 5);
-        memset(&set[20], 0, sizeof set[20]);
-        EXPECT(run_class(set, 22, cost, 5) == 2, "seeded from a seeded one");
+        EXPECT(run_class(set, 22, cost, 5) == 5 * cheap,
+               "2 above: not seeded");
+        EXPECT(run_class(set, 18, cost, 5) == 5 * cheap,
+               "2 below: not seeded");
+        EXPECT(run_class(set, 23, cost, 5) == 2,
+               "3 from a source, 1 from a seeded class: seeded");
+        int n = calls_to_first_look(set, 19, cost, cheap);
+        EXPECT(n == 9, "seeded class: look at call %d",
+               n);
+        EXPECT(run_class(set, 24, cost, 5) == 5 * cheap,
+               "1 above a class that tried: not seeded");
+    }
+}
+
+/* Costs taken from another size do not outlast that class's own times:
+ * where the verdict holds but the costs differ, it runs the dearer way
+ * at most once; where the verdict is wrong, it switches at its first
+ * look and keeps the cheaper way. */
+static void taken_costs_give_way_to_its_own(void)
+{
+    static struct xhc_tune_class set[XHC_TUNE_CLASSES];
+    memset(set, 0, sizeof set);
+    double small[2] = { 1.0, 1.5 }, large[2] = { 2.0, 3.0 };
+    run_class(set, 20, small, 5);
+    EXPECT(run_class(set, 22, large, 12) <= 1, "ran CMA more than once");
+    memset(set, 0, sizeof set);
+    double before[2] = { 1.0, 2.4 }, after[2] = { 1.0, 0.6 };
+    run_class(set, 20, before, 5);
+    int n = calls_to_first_look(set, 21, after, 0);
+    EXPECT(n == 9, "wrong verdict: look at call %d", n);
+    for (int i = 0; i < 40; i++) {
+        int e, way = call(&set[21], after, &e);
+        EXPECT(way == 1 || e, "wrong verdict: staged at call %d after it",
+               i);
     }
 }
 
@@ -240,7 +272,8 @@ int main(void)
     switches_on_a_win_and_back_on_a_fluke();
     a_look_forgets_the_past();
     a_look_waits_for_a_call_that_teaches();
-    a_new_class_starts_from_its_neighbour();
+    a_new_class_starts_from_a_near_one();
+    taken_costs_give_way_to_its_own();
     if (failures)
         return 1;
     printf("ok\n");
