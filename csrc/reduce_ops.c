@@ -5,7 +5,11 @@
  *    or b (the same index only), so the loops stay simple enough for the
  *    compiler to vectorise.
  * 2. Floating point takes SUM, PROD, MIN, MAX; integers take all ten ops,
- *    as MPI defines them.
+ *    as MPI defines them.  Floating MIN and MAX are IEEE 754-2019's
+ *    minimum and maximum: a NaN in either operand gives a NaN, and -0 is
+ *    below +0, so the result is the same whichever rank holds which
+ *    value.  (`x < y ? x : y` keeps a NaN only when it comes second, and
+ *    of two zeros keeps the second.)
  * 3. xhc_fold reduces a list of buffers in list order, so every element's
  *    result depends only on the order of the list, never on timing.
  * 4. On x86-64 with GCC 12+ and glibc each kernel is built three times, for
@@ -60,11 +64,75 @@ const char *xhc_kernel_isa(void)
         }                                                                 \
     }
 
-#define XHC_ARITH(t, type)                                  \
+/* MIN (LESS `<`, JOIN `|`) or MAX (`>`, `&`) of two floats, as item 2
+ * says.  Equal operands differ only if they are zeros of both signs, and
+ * ORing the bits keeps the sign (MIN), ANDing drops it (MAX). */
+#define XHC_FLOAT_PICK(name, type, bits, less, join)                     \
+    static inline type name(type x, type y)                              \
+    {                                                                    \
+        bits xb, yb, ob;                                                 \
+        memcpy(&xb, &x, sizeof x);                                       \
+        memcpy(&yb, &y, sizeof y);                                       \
+        type m = x less y ? x : y;                                       \
+        memcpy(&ob, &m, sizeof m);                                       \
+        ob = x == y ? (xb join yb) : ob;                                 \
+        ob = y != y ? yb : ob;                                           \
+        ob = x != x ? xb : ob;                                           \
+        memcpy(&m, &ob, sizeof m);                                       \
+        return m;                                                        \
+    }
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+
+/* GCC 12 leaves the selects above scalar for SSE2, at 4 to 20 times the
+ * time of a bare `x < y ? x : y`; so on x86-64 the same steps run on SSE2
+ * vectors, in every clone.  minpd/maxpd are `x < y ? x : y` and
+ * `x > y ? x : y`, a NaN in y included; then equal operands join, and a
+ * NaN in x is put back. */
+#define XHC_PICK_KERNEL(name, pick, type, vec, sfx, op, eqjoin)             \
+    XHC_CLONES                                                              \
+    static void name(void *dst_, const void *a_, const void *b_, size_t n)   \
+    {                                                                       \
+        type *dst = dst_;                                                   \
+        const type *a = a_, *b = b_;                                        \
+        size_t i = 0;                                                       \
+        for (; i + sizeof(vec) / sizeof(type) <= n;                         \
+             i += sizeof(vec) / sizeof(type)) {                             \
+            vec x = _mm_loadu_##sfx(a + i), y = _mm_loadu_##sfx(b + i);     \
+            vec o = _mm_##op##_##sfx(x, y);                                 \
+            o = eqjoin(sfx, o, x, y);                                       \
+            vec xnan = _mm_cmpunord_##sfx(x, x);                            \
+            o = _mm_or_##sfx(_mm_and_##sfx(xnan, x),                        \
+                             _mm_andnot_##sfx(xnan, o));                    \
+            _mm_storeu_##sfx(dst + i, o);                                   \
+        }                                                                   \
+        for (; i < n; i++)                                                  \
+            dst[i] = pick(a[i], b[i]);                                      \
+    }
+/* Where x == y, O is y: MIN ORs x's bits in, MAX ANDs them (x != y, or a
+ * NaN, leaves O as it is). */
+#define XHC_EQ_OR(sfx, o, x, y) \
+    _mm_or_##sfx(o, _mm_and_##sfx(x, _mm_cmpeq_##sfx(x, y)))
+#define XHC_EQ_AND(sfx, o, x, y) \
+    _mm_and_##sfx(o, _mm_or_##sfx(x, _mm_cmpneq_##sfx(x, y)))
+#define XHC_MINMAX(t, type, sfx, vec)                                     \
+    XHC_PICK_KERNEL(xhc_min_##t, xhc_fmin_##t, type, vec, sfx, min,        \
+                    XHC_EQ_OR)                                            \
+    XHC_PICK_KERNEL(xhc_max_##t, xhc_fmax_##t, type, vec, sfx, max,        \
+                    XHC_EQ_AND)
+#else
+#define XHC_MINMAX(t, type, sfx, vec)                        \
+    XHC_KERNEL(xhc_min_##t, type, xhc_fmin_##t(x, y))        \
+    XHC_KERNEL(xhc_max_##t, type, xhc_fmax_##t(x, y))
+#endif
+
+#define XHC_ARITH(t, type, bits, sfx, vec)                  \
+    XHC_FLOAT_PICK(xhc_fmin_##t, type, bits, <, |)          \
+    XHC_FLOAT_PICK(xhc_fmax_##t, type, bits, >, &)          \
     XHC_KERNEL(xhc_sum_##t, type, x + y)                    \
     XHC_KERNEL(xhc_prod_##t, type, x * y)                   \
-    XHC_KERNEL(xhc_min_##t, type, x < y ? x : y)            \
-    XHC_KERNEL(xhc_max_##t, type, x > y ? x : y)
+    XHC_MINMAX(t, type, sfx, vec)
 
 #define XHC_LOGIC(t, type)                                  \
     XHC_KERNEL(xhc_land_##t, type, (x != 0) && (y != 0))    \
@@ -92,8 +160,8 @@ XHC_INT(u8, uint8_t, uint32_t)
 XHC_INT(u16, uint16_t, uint32_t)
 XHC_INT(u32, uint32_t, uint32_t)
 XHC_INT(u64, uint64_t, uint64_t)
-XHC_ARITH(f32, float)
-XHC_ARITH(f64, double)
+XHC_ARITH(f32, float, uint32_t, ps, __m128)
+XHC_ARITH(f64, double, uint64_t, pd, __m128d)
 
 #define XHC_INT_ROW(t)                                                   \
     { xhc_sum_##t, xhc_prod_##t, xhc_min_##t, xhc_max_##t, xhc_land_##t, \

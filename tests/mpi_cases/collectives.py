@@ -609,6 +609,104 @@ def overflow_cases(v, xcomm, comm):
                        f"{' IN_PLACE' if in_place else ''}", err, digest(got))
 
 
+# -- NaN, infinities, signed zeros, subnormals ------------------------------
+
+def special_inputs(dtype, op, count, seed):
+    """One rank's inputs for OP, drawn from values where IEEE rules show:
+    NaN (one element in 40 on each rank), infinities, signed zeros, the
+    least subnormal.  Each pool keeps OP exact and independent of the
+    order of the fold, so the truth needs no order: SUM adds only
+    subnormal multiples and zeros to the infinities, PROD multiplies by
+    +-1 and +-2 (0 * inf is NaN in any order)."""
+    t = np.finfo(dtype).smallest_subnormal
+    inf, nan = np.inf, np.nan
+    pool = {"SUM": [inf, -inf, 0.0, -0.0, t, -t, 2 * t, 3 * t],
+            "PROD": [inf, -inf, 0.0, -0.0, 1.0, -1.0, 2.0, -2.0],
+            "MIN": [inf, -inf, 0.0, -0.0, t, -t, 1.0, -1.0, 3.0],
+            "MAX": [inf, -inf, 0.0, -0.0, t, -t, 1.0, -1.0, 3.0]}[op]
+    k = rand64(seed, count) % np.uint64(40)
+    vals = np.array(pool, dtype)[(k % np.uint64(len(pool))).astype(np.intp)]
+    vals[k == 0] = nan
+    return vals
+
+
+def ieee_truth(op, ins):
+    """OP over the rows of INS as IEEE 754-2019 defines it, element by
+    element and without an order: SUM and PROD in numpy (exact here),
+    MIN and MAX as `minimum` and `maximum`: NaN if any operand is NaN,
+    and -0 below +0."""
+    if op in ("SUM", "PROD"):
+        return np_fold(op, ins)
+    stack = np.stack(ins)
+    with np.errstate(invalid="ignore"):
+        best = stack.min(axis=0) if op == "MIN" else stack.max(axis=0)
+    zero = stack == 0
+    signed = np.signbit(stack) if op == "MIN" else ~np.signbit(stack)
+    keep = (zero & signed).any(axis=0)  # some zero of the winning sign
+    sign = -1.0 if op == "MIN" else 1.0
+    best = np.where(best == 0, np.where(keep, sign * 0.0, -sign * 0.0),
+                    best)
+    return np.where(np.isnan(stack).any(axis=0), np.nan,
+                    best).astype(stack.dtype)
+
+
+def special_error(got, want):
+    """None if GOT is NaN exactly where WANT is, and equal to its bits
+    elsewhere (a NaN's payload and sign are not the ops' to define)."""
+    nan_got, nan_want = np.isnan(got), np.isnan(want)
+    if not np.array_equal(nan_got, nan_want):
+        i = np.flatnonzero(nan_got != nan_want)[0]
+        return f"[{i}]: got {got[i]!r}, want {want[i]!r}"
+    if same_bits(np.where(nan_got, 0, got), np.where(nan_want, 0, want)):
+        return None
+    return first_diff(np.where(nan_got, 0, got), np.where(nan_want, 0, want))
+
+
+def special_values(v, xcomm, comm, sz, reduce_root=None):
+    """Allreduce (or Reduce to REDUCE_ROOT) of special values, every float
+    dtype and op at sizes on every path: against ieee_truth, and for SUM
+    and PROD against mpi4py too.  MIN and MAX are not compared with MPI:
+    Open MPI keeps whichever operand `<` picks, so a NaN on one rank is
+    kept or dropped by where it sits."""
+    n, rank = comm.size, comm.rank
+    case = 0
+    for dt in FLOAT_DTYPES:
+        counts = sz.small_counts(dt.itemsize)[1::2] + \
+            sz.large_counts(dt.itemsize, n)
+        for op in ARITH:
+            for j, count in enumerate(counts):
+                case += 1
+                ins = [special_inputs(dt, op, count, seed_of(30, case, r))
+                       for r in range(n)]
+                in_place = (case % 3 == 0)
+                root = None if reduce_root is None else (reduce_root + j) % n
+                got = ins[rank].copy() if in_place else np.zeros(count, dt)
+                send = MPI.IN_PLACE if in_place else ins[rank]
+                if root is None:
+                    xcomm.Allreduce(send, got, op=mpi_op(op))
+                    ref = np.empty(count, dt)
+                    comm.Allreduce(ins[rank], ref, op=mpi_op(op))
+                else:
+                    if rank != root:
+                        send, got = ins[rank], None
+                    xcomm.Reduce(send, got, op=mpi_op(op), root=root)
+                    ref = np.empty(count, dt) if rank == root else None
+                    comm.Reduce(ins[rank], ref, op=mpi_op(op), root=root)
+                desc = (f"{'Allreduce' if root is None else 'Reduce'} "
+                        f"special {dt.name} {op} count {count}"
+                        f"{'' if root is None else f' root {root}'}"
+                        f"{' IN_PLACE' if in_place else ''}")
+                err = None
+                if got is not None:
+                    err = special_error(got, ieee_truth(op, ins))
+                    err = err and "vs IEEE 754: " + err
+                    if err is None and op in ("SUM", "PROD"):
+                        e = special_error(got, ref)
+                        err = e and "vs mpi4py: " + e
+                v.case(desc, err,
+                       digest(got) if root is None else None)
+
+
 def suite_allreduce(xcomm, comm, v, sz, args):
     n = comm.size
     case = 0
@@ -652,6 +750,7 @@ def suite_allreduce(xcomm, comm, v, sz, args):
         one_allreduce(v, xcomm, comm, dt, op, sz.huge_count(dt.itemsize),
                       seed_of(13, case), in_place=k % 2 == 0)
     overflow_cases(v, xcomm, comm)
+    special_values(v, xcomm, comm, sz)
     usage_errors(v, xcomm, comm)
 
 
@@ -693,6 +792,7 @@ def suite_reduce(xcomm, comm, v, sz, args):
         one_reduce(v, xcomm, comm, dt, op, sz.huge_count(dt.itemsize),
                    seed_of(24, case), root, in_place=k == 0,
                    nonroot_buf=False)
+    special_values(v, xcomm, comm, sz, reduce_root=n - 1)
     # IN_PLACE on a non-root is a usage error, refused locally.
     if n > 1:
         try:
