@@ -235,53 +235,72 @@ def late():
 
 # -- 1. bad arguments ---------------------------------------------------------
 
+# The fixes that errors name, where several cases share one.
+BUFFER_FIX = (r"pass a numpy array, a buffer-protocol object, a DLPack CPU "
+              r"array or \[buf, datatype\]$")
+INT_ONLY = r" data \(MPI defines bitwise and logical ops on integers only\)$"
+COMM_FIX = r"wrap a communicator such as MPI\.COMM_WORLD or one from Split\(\)$"
+
 ARG_CASES = [
-    ("bcast-none", "TypeError", r"NoneType is not a buffer"),
-    ("bcast-object", "TypeError", r"object is not a buffer"),
+    ("bcast-none", "TypeError", r"NoneType is not a buffer: " + BUFFER_FIX),
+    ("bcast-object", "TypeError", r"object is not a buffer: " + BUFFER_FIX),
     ("bcast-root-size", "ValueError",
-     r"Bcast: invalid root {n} for a communicator of size {n}"),
+     r"Bcast: invalid root {n} for a communicator of size {n}; "
+     r"pass an int from 0 to {last}$"),
     ("bcast-root-negative", "ValueError",
-     r"Bcast: invalid root -1 for a communicator of size {n}"),
+     r"Bcast: invalid root -1 for a communicator of size {n}; "
+     r"pass an int from 0 to {last}$"),
     ("bcast-root-size-large", "ValueError", r"Bcast: invalid root {n}\b"),
-    ("allreduce-send-object", "TypeError", r"object is not a buffer"),
-    ("allreduce-recv-str", "TypeError", r"str is not a buffer"),
+    ("allreduce-send-object", "TypeError",
+     r"object is not a buffer: " + BUFFER_FIX),
+    ("allreduce-recv-str", "TypeError", r"str is not a buffer: " + BUFFER_FIX),
     ("allreduce-recv-readonly", "ValueError",
-     r"Allreduce: the receive buffer is read-only"),
+     r"Allreduce: the receive buffer is read-only; pass a writable array$"),
     ("allreduce-inplace-readonly", "ValueError",
-     r"Allreduce: the receive buffer is read-only"),
+     r"Allreduce: the receive buffer is read-only; pass a writable array$"),
     ("allreduce-recv-smaller", "ValueError",
-     r"send buffer has 8 elements, receive buffer 4"),
+     r"send buffer has 8 elements, receive buffer 4; make them equal$"),
     ("allreduce-recv-larger", "ValueError",
-     r"send buffer has 4 elements, receive buffer 8"),
+     r"send buffer has 4 elements, receive buffer 8; make them equal$"),
     ("allreduce-recv-larger-large", "ValueError",
-     r"send buffer has 50000 elements, receive buffer 50001"),
-    ("allreduce-band-float64", "ValueError", r"BAND .*float64"),
-    ("allreduce-lxor-float32", "ValueError", r"LXOR .*float32"),
-    ("allreduce-dtype-differs", "ValueError", r"differ in dtype"),
+     r"send buffer has 50000 elements, receive buffer 50001; make them "
+     r"equal$"),
+    ("allreduce-band-float64", "ValueError", r"BAND .*float64" + INT_ONLY),
+    ("allreduce-lxor-float32", "ValueError", r"LXOR .*float32" + INT_ONLY),
+    ("allreduce-dtype-differs", "ValueError",
+     r"differ in dtype; use the same dtype for both$"),
     ("allreduce-overlap", "ValueError",
      r"^Allreduce: the send and receive buffers overlap, which MPI forbids; "
-     r"pass MPI\.IN_PLACE"),
-    ("allreduce-overlap-large", "ValueError", r"buffers overlap"),
-    ("reduce-send-object", "TypeError", r"object is not a buffer"),
+     r"pass MPI\.IN_PLACE as the send buffer, or separate arrays$"),
+    ("allreduce-overlap-large", "ValueError",
+     r"buffers overlap, .*; pass MPI\.IN_PLACE"),
+    ("reduce-send-object", "TypeError",
+     r"object is not a buffer: " + BUFFER_FIX),
     # Every rank, not only the root, should say which op and which data.
-    ("reduce-band-float64", "ValueError", r"BAND .*float64"),
+    ("reduce-band-float64", "ValueError", r"BAND .*float64" + INT_ONLY),
     ("reduce-root-size", "ValueError",
-     r"Reduce: invalid root {n} for a communicator of size {n}"),
-    ("reduce-root-negative", "ValueError", r"Reduce: invalid root -1"),
+     r"Reduce: invalid root {n} for a communicator of size {n}; "
+     r"pass an int from 0 to {last}$"),
+    ("reduce-root-negative", "ValueError",
+     r"Reduce: invalid root -1 .*; pass an int from 0 to {last}$"),
     ("freed-barrier", "XhcError", r"^xhc\.Comm already freed$"),
     ("freed-bcast", "XhcError", r"^xhc\.Comm already freed$"),
     ("freed-allreduce", "XhcError", r"^xhc\.Comm already freed$"),
     ("freed-reduce", "XhcError", r"^xhc\.Comm already freed$"),
     ("freed-empty", "XhcError", r"already freed"),
     ("freed-with-barrier", "XhcError", r"^xhc\.Comm already freed$"),
-    ("intercomm", "TypeError", r"needs an intra-communicator \(got Intercomm"),
-    ("not-a-comm", "TypeError", r"needs an intra-communicator"),
+    ("intercomm", "TypeError",
+     r"needs an intra-communicator \(got Intercomm\); " + COMM_FIX),
+    ("not-a-comm", "TypeError",
+     r"needs an intra-communicator \(got NoneType\); " + COMM_FIX),
     ("sleep-differs", "ValueError",
      r"different sleep values .*: set XHC_SLEEP \(or sleep=\) alike"),
-    ("windows-differs", "ValueError", r"different windows values"),
+    ("windows-differs", "ValueError",
+     r"different windows values .*: set XHC_WINDOWS \(or windows=\) alike"),
     ("copy-differs", "ValueError",
      r"different copy values \['auto', 'cico'\]: set XHC_COPY"),
-    ("debug-differs", "ValueError", r"different debug values"),
+    ("debug-differs", "ValueError",
+     r"different debug values .*: set XHC_DEBUG \(or debug=\) alike"),
     ("chunk-differs", "ValueError",
      r"different chunk_size values .*: set XHC_CHUNK_SIZE"),
     ("hierarchy-differs", "ValueError",
@@ -292,8 +311,10 @@ ARG_CASES = [
      r"not that much free: .*mount it larger"),
     ("empty-negative", "ValueError",
      r"^Comm\.empty: negative dimension in shape \(4, -1\)$"),
-    ("empty-object", "TypeError", r"object holds Python objects"),
-    ("empty-huge", "ValueError", r"is more than any machine maps"),
+    ("empty-object", "TypeError",
+     r"object holds Python objects, .*; use a numeric dtype$"),
+    ("empty-huge", "ValueError",
+     r"is more than any machine maps; ask for less$"),
     # The rank that asked, and every other (naming it), before anything
     # is created.
     ("empty-negative-on-one-rank", "ValueError",
@@ -312,18 +333,20 @@ def test_bad_argument_raises_on_every_rank(request, n, case, exc, pattern):
     check_case(launch, case, exc, pattern.format(n=n, last=n - 1))
 
 
+READ_ONLY = r"receive buffer is read-only; pass a writable array$"
 REDUCE_RECV_CASES = [
     # (case, every rank passes the bad buffer, message)
-    ("reduce-recv-readonly", False, r"receive buffer is read-only"),
+    ("reduce-recv-readonly", False, READ_ONLY),
     ("reduce-recv-smaller", False,
-     r"send buffer has 8 elements, receive buffer 4"),
+     r"send buffer has 8 elements, receive buffer 4; make them equal$"),
     ("reduce-recv-larger", False,
-     r"send buffer has 4 elements, receive buffer 8"),
-    ("reduce-recv-readonly-root-only", False, r"receive buffer is read-only"),
+     r"send buffer has 4 elements, receive buffer 8; make them equal$"),
+    ("reduce-recv-readonly-root-only", False, READ_ONLY),
     ("reduce-recv-larger-root-only", False,
-     r"send buffer has 4 elements, receive buffer 8"),
+     r"send buffer has 4 elements, receive buffer 8; make them equal$"),
     ("reduce-recv-overlaps", False,
-     r"^Reduce: the send and receive buffers overlap, which MPI forbids"),
+     r"^Reduce: the send and receive buffers overlap, which MPI forbids; "
+     r"pass MPI\.IN_PLACE as the send buffer, or separate arrays$"),
 ]
 
 
@@ -335,8 +358,14 @@ def test_bad_reduce_recvbuf_leaves_no_rank_behind(reduce_recv3, case, every,
     buffer is significant (as in MPI), so only the root raises, whatever
     the others pass; it still takes part in the Reduce, so the
     communicator keeps working: no rank is left a Reduce ahead."""
+    root = reduce_recv3.n - 1
     check_case(reduce_recv3, case, "ValueError", pattern, every_rank=every,
-               root=reduce_recv3.n - 1)
+               root=root)
+    cases = reduce_recv3.by_rank("CASE", case)
+    for r in range(root):
+        assert cases[r]["exc"] == "None", \
+            f"case {case}: non-root rank {r} raised {cases[r]['exc']} " \
+            f"({cases[r]['msg']!r})"
 
 
 @pytest.mark.parametrize("case", ["bcast-readonly", "bcast-bytes",
@@ -346,7 +375,8 @@ def test_readonly_bcast_buffer_is_refused_where_written(reduce_recv3, case):
     root's is only read, so it works, as in mpi4py; ranks 0 and 1 raise,
     after taking part, so the communicator keeps working."""
     check_case(reduce_recv3, case, "ValueError",
-               r"Bcast: the buffer is read-only on a receiving rank",
+               r"Bcast: the buffer is read-only on a receiving rank; "
+               r"pass a writable array$",
                raisers=[0, 1])
     assert reduce_recv3.by_rank("CASE", case)[2]["exc"] == "None"
 
@@ -362,9 +392,12 @@ def test_persistent_request_of_freed_comm(freed_requests2, case):
     check_case(freed_requests2, case, "XhcError", r"already freed")
 
 
-def test_argument_launches_complete(args2, args3, reduce_recv3, debug_env3):
-    for launch in (args2, args3, reduce_recv3, debug_env3):
+def test_argument_launches_complete(args2, args3, reduce_recv3, debug_env3,
+                                    freed_requests2):
+    """Every rank finished every suite, and left nothing behind."""
+    for launch in (args2, args3, reduce_recv3, debug_env3, freed_requests2):
         check_completed(launch)
+        assert_nothing_left(launch)
 
 
 # -- 2. ranks that disagree ---------------------------------------------------
@@ -456,6 +489,7 @@ def test_a_late_rank_is_waited_for(late):
         assert kv["right"] == "True", f"rank {r} got a wrong Allreduce"
         assert float(kv["t"]) >= 4.5, \
             f"rank {r} returned after {kv['t']} s, before the late ranks"
+    check_completed(late)
     assert_nothing_left(late)
 
 
@@ -638,6 +672,9 @@ def test_free_refused_while_another_thread_waits(args2, path):
     assert rep[0]["msg"] == (
         f"xhc.Comm {what} while a collective runs on it in another thread; "
         "call it once that collective has returned"), rep[0]["msg"]
+    data = args2.by_rank("FREE-BUSY-DATA", path)
+    assert sorted(data) == [0, 1] and all(
+        kv["ok"] == "True" for kv in data.values()), args2.output()
 
 
 def test_threads_on_two_dup_communicators(args2):

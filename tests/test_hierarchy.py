@@ -174,10 +174,21 @@ def test_parse_levels():
         assert parse_levels(spec)
 
 
-@pytest.mark.parametrize("spec", ["l4", "numa,sockets", ["core", "bogus"], "virtual",
-                                  "virtual:0", "virtual:x", "virtual:-1", "virtual:1.5"])
-def test_bad_names(spec):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("spec,bad", [
+    ("l4", "l4"), ("numa,sockets", "sockets"), (["core", "bogus"], "bogus"),
+    ("virtual", "virtual")])
+def test_bad_names(spec, bad):
+    """An unknown level is named, with the names that work."""
+    with pytest.raises(ValueError, match=rf"^unknown hierarchy level '{bad}'; "
+                       r"accepted: core, .*virtual:K \(K >= 1\)$"):
+        build(locs(4), spec)
+
+
+@pytest.mark.parametrize("spec", ["virtual:0", "virtual:x", "virtual:-1",
+                                  "virtual:1.5"])
+def test_bad_virtual_sizes(spec):
+    with pytest.raises(ValueError, match=rf"^bad level '{spec}': K in "
+                       r"virtual:K must be an integer >= 1$"):
         build(locs(4), spec)
 
 

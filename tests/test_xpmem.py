@@ -477,7 +477,7 @@ def test_auto_takes_xpmem_when_it_works(fake_dir, env, auto_why):
     # Without XPMEM, auto adapts where CMA works, else stages.
     want = "adaptive" if cma_works_here() else "cico"
     for res in auto["results"]:
-        assert res["copy"] == want, (res, auto["cma_problem"])
+        assert res["copy"] == want, (res, auto["transport"])
         assert f"(no XPMEM: {auto_why}" in res["why"], res
         # Given up at once: no segment exposes a rank's memory for nothing.
         assert res["live_segs"] == 0, res
@@ -518,7 +518,7 @@ def test_without_libxpmem_auto_adapts_or_stages():
     want = "adaptive" if cma_works_here() else "cico"
     assert report["transport"][0] == want, report["transport"]
     for res in report["results"]:
-        assert res["copy"] == want, (res, report["cma_problem"])
+        assert res["copy"] == want, (res, report["transport"])
     if report["check"] == -errno.ENOENT:
         assert "(no XPMEM: rank 0: libxpmem not found)" in \
             report["results"][0]["why"]

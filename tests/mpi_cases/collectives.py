@@ -220,6 +220,9 @@ class Verdicts:
         everyone = self.comm.allgather(self.pending)
         self.pending = []
         failures = []
+        lengths = [len(mine) for mine in everyone]
+        if len(set(lengths)) > 1:
+            self.fail([f"ranks ran different numbers of cases: {lengths}"])
         for i, (desc, _, _) in enumerate(everyone[0]):
             digests = {}
             for rank, mine in enumerate(everyone):

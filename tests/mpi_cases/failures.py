@@ -592,9 +592,10 @@ def suite_free_busy(xc):
     """Rank 0 frees its xhc.Comm (or a request) from a second thread while
     its main thread waits in a collective that rank 1 enters 0.5 s late:
     the free must refuse, not unmap the memory the wait polls."""
-    for path in ("plain", "python", "request"):
+    for k, path in enumerate(("plain", "python", "request")):
         c = xhc.Comm(W)
-        b = f8(4)
+        want = np.arange(4.0) + 10 * (k + 1)
+        b = want.copy() if RANK == 1 else f8(4)
         req = c.Bcast_init(b, root=1) if path == "request" else None
         outcome = ["freed"]
 
@@ -618,6 +619,8 @@ def suite_free_busy(xc):
         if th is not None:
             th.join()
             emit("FREE-BUSY", path, f"rank={RANK}", f"msg={outcome[0]}")
+        emit("FREE-BUSY-DATA", path, f"rank={RANK}",
+             f"ok={bool(np.array_equal(b, want))}")
         c.Barrier()                          # still usable, then freed
         c.free()
     return xc
