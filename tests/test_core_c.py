@@ -6,6 +6,7 @@ import signal
 import subprocess
 
 import pytest
+from test_xpmem import cma_works_here
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(os.path.dirname(HERE), "csrc")
@@ -31,14 +32,23 @@ WAITS = {"yield": {"XHC_SLEEP": "0", "XHC_WINDOWS": "2"},
          "sleep": {"XHC_SLEEP": "1", "XHC_WINDOWS": "3"}}
 
 
-@pytest.mark.parametrize("ranks, shape, seq_start, waits", [
-    *[(r, s, q, "yield") for r in (2, 3, 5) for s in ("flat", "tree")
+# Large messages staged, read by CMA (core_test checks that each rank
+# did), or either, call by call.
+@pytest.mark.parametrize("ranks, shape, seq_start, waits, copy", [
+    *[(r, s, q, "yield", "cico") for r in (2, 3, 5) for s in ("flat", "tree")
       for q in ("0", WRAP)],
-    *[(r, s, WRAP, "sleep") for r in (3, 5) for s in ("flat", "tree")]])
-def test_core_under_sanitizers(core_test, ranks, shape, seq_start, waits):
+    *[(r, s, WRAP, "sleep", "cico") for r in (3, 5) for s in ("flat", "tree")],
+    *[(r, s, q, w, c) for c in ("cma", "adaptive")
+      for r, s, q, w in ((2, "flat", "0", "yield"), (3, "tree", WRAP, "yield"),
+                         (5, "tree", WRAP, "sleep"))]])
+def test_core_under_sanitizers(core_test, ranks, shape, seq_start, waits,
+                               copy):
+    if copy != "cico" and not cma_works_here():
+        pytest.skip("process_vm_readv cannot read a sibling here")
     env = dict(os.environ, XHC_SEQ_START=seq_start, **WAITS[waits],
                ASAN_OPTIONS="detect_leaks=1:abort_on_error=1")
-    proc = subprocess.Popen([core_test, str(ranks), "120", shape], env=env,
+    proc = subprocess.Popen([core_test, str(ranks), "120", shape, copy],
+                            env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
