@@ -140,11 +140,15 @@ int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
 
 /* However far peers have gone, I am not late to their operation: I will
  * not enter it in step (after an error, or at close).  Waiters past
- * their timeout then give up instead of waiting for me. */
+ * their timeout then give up instead of waiting for me, and those that
+ * wait on me in the operation I leave give up at once (wait.c). */
 void xhc_ctx_leave(xhc_ctx_t *ctx)
 {
+    /* Release: a waiter that sees me leave also sees every flag I
+     * published before, so it does not mistake one it missed for one I
+     * will never raise. */
     if (ctx && ctx->ctl)
-        xhc_store_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq,
+        xhc_store_release(&xhc_ctl(ctx, ctx->rank)->entered.seq,
                           ctx->seq + XHC_LEFT);
 }
 

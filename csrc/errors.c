@@ -12,6 +12,8 @@ const char *xhc_strerror(int code)
         return "a peer did not arrive within the timeout, though no live "
                "rank was still to enter the collective";
     case XHC_ERR_PEER_GONE: return "a peer process has exited";
+    case XHC_ERR_PEER_LEFT:
+        return "a peer gave up on this collective after an error of its own";
     case XHC_ERR_SEGMENT: return "the shared segment does not match this communicator";
     case XHC_ERR_DTYPE_OP: return "the operation is not defined on that dtype";
     case XHC_ERR_ARG: return "an argument is out of range";

@@ -23,7 +23,9 @@
  *    (or left, after an error of its own) and that does not move: ranks
  *    that disagree on the order or the arguments of their collectives.
  *    A rank that gives up leaves (xhc_ctx_leave), so that its peers do
- *    not wait for it in turn.
+ *    not wait for it in turn: one that waits on it in the same operation
+ *    gives up at once, naming it (a leader whose peer died, and then its
+ *    subtree), and one that waits on it in a later operation times out.
  */
 #include <errno.h>
 #include <limits.h>
@@ -113,6 +115,16 @@ static int xhc_someone_late(xhc_ctx_t *ctx)
     return 0;
 }
 
+/* Has PEER given up on my current operation?  Only a rank that began it
+ * can leave it (an argument error leaves the one before), and it never
+ * comes back to it. */
+static int xhc_peer_left(xhc_ctx_t *ctx, int peer)
+{
+    /* Acquire: pairs with the release in xhc_ctx_leave. */
+    return xhc_load_acquire(&xhc_ctl(ctx, peer)->entered.seq)
+           == ctx->seq + XHC_LEFT;
+}
+
 static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
                          int peer, int exact)
 {
@@ -132,11 +144,12 @@ static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
         if (polls % (asleep ? XHC_SLEEPS_PER_CHECK : XHC_YIELDS_PER_CHECK))
             continue;
         int gone = !xhc_peer_alive(ctx, peer);
-        if (!gone && xhc_now() <= deadline)
+        int left = !gone && xhc_peer_left(ctx, peer);
+        if (!gone && !left && xhc_now() <= deadline)
             continue;
         if (xhc_reached(flag, want, exact))
             return 0;
-        int late = !gone && xhc_someone_late(ctx);
+        int late = !gone && !left && xhc_someone_late(ctx);
         if (late || was_late) {
             /* The last late rank may have entered just now: give it a
              * whole timeout too. */
@@ -146,7 +159,8 @@ static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
         }
         ctx->failed_rank = peer;
         xhc_ctx_leave(ctx);
-        return gone ? XHC_ERR_PEER_GONE : XHC_ERR_TIMEOUT;
+        return gone ? XHC_ERR_PEER_GONE
+                    : left ? XHC_ERR_PEER_LEFT : XHC_ERR_TIMEOUT;
     }
 }
 

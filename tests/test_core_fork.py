@@ -113,7 +113,7 @@ def error_codes():
 
 def test_strerror_names_every_code():
     codes = error_codes()
-    assert len(codes) == 8
+    assert len(codes) == 9
     messages = {}
     for name in codes:
         msg = strerror(getattr(lib, name))
@@ -364,6 +364,38 @@ def test_a_collective_that_does_not_move_times_out_naming_the_peer():
         finally:
             lib.xhc_ctx_close(ctx0)
             lib.xhc_ctx_close(ctx1)
+
+
+def test_a_peer_that_left_the_collective_fails_its_waiters_at_once():
+    """Rank 1 enters a collective (a Bcast it roots) and then leaves it, as
+    a rank does when one of its own waits fails: rank 0, waiting on it in
+    that same operation, gives up at once and names it, instead of after
+    the timeout.  A rank that left only the operation before (as one that
+    refuses its arguments does) is waited for until the timeout: it may
+    yet come."""
+    for leaves_current, timeout in ((True, 20.0), (False, 0.5)):
+        cfg = make_config(timeout=timeout)
+        with Segment(2, cfg) as seg:
+            ctx0, ctx1 = _pair(seg, cfg, [os.getpid()] * 2)
+            try:
+                buf = ffi.new("char[]", 8)
+                if leaves_current:
+                    assert lib.xhc_bcast(ctx1, buf, 8, 1) == 0
+                    lib.xhc_ctx_leave(ctx1)
+                    want = lib.XHC_ERR_PEER_LEFT
+                else:
+                    lib.xhc_ctx_leave(ctx1)  # refused the Barrier's args
+                    want = lib.XHC_ERR_TIMEOUT
+                t0 = time.monotonic()
+                rc = lib.xhc_barrier(ctx0)
+                took = time.monotonic() - t0
+                assert rc == want, strerror(rc)
+                assert lib.xhc_failed_rank(ctx0) == 1
+                assert took < (2 if leaves_current else timeout + 5)
+                assert took >= (0 if leaves_current else 0.9 * timeout)
+            finally:
+                lib.xhc_ctx_close(ctx0)
+                lib.xhc_ctx_close(ctx1)
 
 
 def test_a_dead_peer_fails_fast_and_is_named():

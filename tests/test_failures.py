@@ -214,9 +214,19 @@ def freed_requests2():
     return Launch(2, ["freed-requests"], env={"XHC_TIMEOUT": "10"})
 
 
-@pytest.fixture(scope="module", params=["kill-small", "kill-large"])
+# (suite, ranks, settings): 3 ranks flat; 4 in two groups of 2, where
+# rank 1 waits only on its leader, rank 0, for a small message.
+KILLS = [("kill-small", 3, {}), ("kill-large", 3, {}),
+         ("kill-small", 4, {"XHC_HIERARCHY": "virtual:2"}),
+         ("kill-large", 4, {"XHC_HIERARCHY": "virtual:2", "XHC_COPY": "cma"})]
+
+
+@pytest.fixture(scope="module", params=KILLS,
+                ids=[f"{k[0]}-n{k[1]}{'-groups' if k[2] else ''}"
+                     for k in KILLS])
 def killed(request):
-    return Launch(3, [request.param], env={"XHC_TIMEOUT": "5", **RECOVERABLE},
+    suite, n, env = request.param
+    return Launch(n, [suite], env={"XHC_TIMEOUT": "5", **RECOVERABLE, **env},
                   timeout=60)
 
 
@@ -435,22 +445,29 @@ def test_debug_names_the_disagreement(request, how, case, op, detail):
                rf"^XHC_DEBUG: ranks disagree on {op}: .*" + re.escape(detail))
 
 
+TIMED_OUT = "did not arrive within the timeout"
+GAVE_UP = "a peer gave up on this collective after an error of its own"
+
+
 def test_ranks_that_disagree_on_the_root_time_out(disagreeing):
     """Ranks 0 and 2 Reduce to rank 0, rank 1 to itself.  Rank 2 gives its
     part and returns; ranks 0 and 1 each wait, as a root, for the other's
     part.  Every rank has entered the collective and nothing moves, so
-    both raise a timeout naming the other, within XHC_TIMEOUT + 4 s,
-    rather than returning as if nothing happened or waiting for ever."""
+    the first to reach XHC_TIMEOUT raises a timeout naming the other, and
+    the other, waiting on a rank that gave up, raises at once naming it
+    (or times out too, if its own timeout came first), rather than
+    returning as if nothing happened or waiting for ever."""
     timeout = 3.0
     rep = disagreeing.by_rank("ROOTS")
     assert sorted(rep) == [0, 1, 2], disagreeing.output()
     assert rep[2]["exc"] == "None", rep[2]
+    assert any(TIMED_OUT in rep[r]["msg"] for r in (0, 1)), rep
     for r, other in ((0, 1), (1, 0)):
         kv = rep[r]
         assert kv["exc"] == "XhcError", \
             f"rank {r} returned {kv['exc']} ({kv['msg']!r}): a Reduce " \
             "completed although the ranks disagreed on its root"
-        assert "did not arrive within the timeout" in kv["msg"], kv["msg"]
+        assert TIMED_OUT in kv["msg"] or GAVE_UP in kv["msg"], kv["msg"]
         m = re.search(r"waiting for rank (\d+), pid \d+", kv["msg"])
         assert m and int(m.group(1)) == other, kv["msg"]
         t = float(kv["t"])
@@ -467,14 +484,14 @@ def test_ranks_that_raised_are_not_waited_for(disagreeing):
     assert sorted(left) == [2], disagreeing.output()
     kv = left[2]
     assert kv["exc"] == "XhcError", kv
-    assert "did not arrive within the timeout" in kv["msg"], kv["msg"]
+    assert TIMED_OUT in kv["msg"], kv["msg"]
     assert float(kv["t"]) <= 3 * timeout + 4, kv
     bad = disagreeing.by_rank("BADARG")
     assert sorted(bad) == [0, 1, 2], disagreeing.output()
     assert bad[1]["exc"] == "ValueError", bad[1]
     for r in (0, 2):
         assert bad[r]["exc"] == "XhcError", bad[r]
-        assert "did not arrive within the timeout" in bad[r]["msg"], bad[r]
+        assert TIMED_OUT in bad[r]["msg"], bad[r]
         assert float(bad[r]["t"]) <= 2 * timeout + 4, bad[r]
 
 
@@ -496,20 +513,30 @@ def test_a_late_rank_is_waited_for(late):
 # -- 3. a rank that dies ------------------------------------------------------
 
 def test_dead_rank_is_named(killed):
-    """Rank 2 is SIGKILLed while ranks 0 and 1 wait for it in an Allreduce:
-    both raise XhcError naming rank 2 long before XHC_TIMEOUT (5 s)."""
+    """Rank 2 is SIGKILLed while the others wait in an Allreduce: every
+    survivor raises XhcError long before XHC_TIMEOUT (5 s).  One that
+    waits on rank 2 names it as exited; one that waits only through
+    another (rank 1 on its leader, rank 0, in groups of 2) names that
+    rank as having given up."""
     assert killed.get("KILLING"), "rank 2 never got to kill itself\n" + \
         killed.output()
     assert not killed.get("NODETECT"), killed.output()
     rep = killed.by_rank("DETECT")
-    assert sorted(rep) == [0, 1], \
+    survivors = [r for r in range(killed.n) if r != 2]
+    assert sorted(rep) == survivors, \
         f"survivors that reported: {sorted(rep)}\n" + killed.output()
     for r, kv in rep.items():
         assert kv["exc"] == "XhcError", kv
-        assert re.search(r"\brank 2\b", kv["msg"]), kv["msg"]
-        assert "exited" in kv["msg"], kv["msg"]
+        m = re.search(r"\(waiting for rank (\d+),", kv["msg"])
+        assert m, kv["msg"]
+        if int(m.group(1)) == 2:
+            assert "a peer process has exited" in kv["msg"], kv["msg"]
+        else:
+            assert int(m.group(1)) in survivors and GAVE_UP in kv["msg"], \
+                kv["msg"]
         # 0.3 s of that is rank 2's sleep before it kills itself.
         assert float(kv["t"]) < 2.5, f"rank {r} took {kv['t']} s"
+    assert any("(waiting for rank 2," in kv["msg"] for kv in rep.values())
 
 
 # -- 4. nothing left behind; private segments ---------------------------------

@@ -38,7 +38,8 @@ _USAGE = {lib.XHC_ERR_ARG, lib.XHC_ERR_DTYPE_OP}
 def error(rc, what, ctx=None, pids=None):
     """Return the exception for C return code RC of the call WHAT."""
     msg = f"{what}: {ffi.string(lib.xhc_strerror(rc)).decode()}"
-    if rc in (lib.XHC_ERR_TIMEOUT, lib.XHC_ERR_PEER_GONE) and ctx:
+    if rc in (lib.XHC_ERR_TIMEOUT, lib.XHC_ERR_PEER_GONE,
+              lib.XHC_ERR_PEER_LEFT) and ctx:
         peer = lib.xhc_failed_rank(ctx)
         pid = pids[peer] if pids and peer >= 0 else "?"
         msg += f" (waiting for rank {peer}, pid {pid}"
@@ -46,6 +47,8 @@ def error(rc, what, ctx=None, pids=None):
             msg += ("; check that every rank calls the same collectives "
                     "in the same order, or raise XHC_TIMEOUT if it is only "
                     "slow")
+        if rc == lib.XHC_ERR_PEER_LEFT:
+            msg += f"; rank {peer}'s own error says what went wrong"
         msg += ")"
     if rc == lib.XHC_ERR_COPY and ctx and lib.xhc_failed_rank(ctx) >= 0:
         msg += f" (reading rank {lib.xhc_failed_rank(ctx)})"

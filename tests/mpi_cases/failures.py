@@ -25,9 +25,10 @@ debug         ranks that disagree, with debug=True;
 debug-env     the same with XHC_DEBUG=1 in the environment (must be set).
 empty         Comm.empty / Comm.zeros arrays used in collectives, one
               communicator freed and one left open at exit.
-kill-small, kill-large   rank 2 SIGKILLs itself while ranks 0 and 1 are
-              in an Allreduce (3 ranks; run with XHC_TIMEOUT=5): the
-              survivors print DETECT and os._exit(0) without touching MPI.
+kill-small, kill-large   rank 2 SIGKILLs itself while the others are
+              in an Allreduce (3 or 4 ranks; run with XHC_TIMEOUT=5): the
+              survivors print DETECT and, a second later, os._exit(0)
+              without touching MPI.
 roots         ranks 0 and 2 Reduce to rank 0, rank 1 to itself (3 ranks;
               XHC_TIMEOUT=3): ROOTS per rank; then rank 2 alone calls
               Barrier (LEFT); then, on a new xhc.Comm, rank 1 passes
@@ -456,6 +457,9 @@ def suite_kill(xc, large):
     except Exception as e:  # noqa: BLE001
         emit("DETECT", f"rank={RANK}", f"t={time.monotonic() - t0:.3f}",
              f"exc={type(e).__name__}", f"msg={oneline(e)}")
+    # Stay a while: a rank that waited on me, not on rank 2, must learn
+    # that I gave up, not that I exited.
+    time.sleep(1.0)
     os._exit(0)                                 # MPI is unusable now
 
 
