@@ -656,10 +656,71 @@ def sequence_zero(ctx, rank, n, iters, cfg, board):
         _allreduce_checked(ctx, rank, n, 5, k, "allreduce after the wrap")
 
 
+def _shared_call(ctx, kind, send, recv, count, root, dtype=lib.XHC_INT64):
+    """One XHC_CALL_SHARED call; SEND and RECV are numpy views of the
+    shared board (SEND None for Bcast)."""
+    call = ffi.new("xhc_call_t *")
+    call.ctx, call.kind, call.count, call.root = ctx, kind, count, root
+    call.dtype, call.op, call.flags = dtype, lib.XHC_SUM, lib.XHC_CALL_SHARED
+    call.rbuf = ffi.from_buffer(recv) if recv is not None else ffi.NULL
+    call.sbuf = ffi.from_buffer(send) if send is not None else ffi.NULL
+    return lib.xhc_run(call)
+
+
+def shared_calls(ctx, rank, n, iters, cfg, board):
+    """Calls whose ranks agreed that their buffers are in node shared
+    memory (XHC_CALL_SHARED), with every buffer in the board, which every
+    rank maps at one address (it was made before the fork) and registers:
+    Bcast, Allreduce (also in place) and Reduce to each root read them
+    where they lie, from sizes below cico_max, on every level of the
+    hierarchy.  Each result against its closed form, and each call of 8 KiB
+    or more must have taken the large path."""
+    # It returns the number of regions, or a negative error.
+    _check(min(0, lib.xhc_ctx_add_region(ctx, ffi.from_buffer(board),
+                                         len(board))), "region")
+    words = np.frombuffer(board, np.int64)
+    per = (len(words) - 4096) // (2 * n)
+    area = [words[4096 + 2 * r * per:][:2 * per] for r in range(n)]
+    mine = area[rank]
+    for it, count in enumerate((1, 500, 1024, 2048, 8191, 40000, per)):
+        root = it % n
+        seed = np.arange(count, dtype=np.int64) + it
+        what = f"shared, {count * 8} B, root {root}"
+        before = [int(lib.xhc_stat(ctx, getattr(lib, f"XHC_PATH_{k}_LARGE")))
+                  for k in ("BCAST", "ALLREDUCE", "REDUCE")]
+        buf = mine[:count]
+        buf[:] = seed * 3 + root if rank == root else -1
+        _check(_shared_call(ctx, lib.XHC_BCAST, None, buf, count * 8, root),
+               "bcast " + what)
+        _expect_equal(buf, seed * 3 + root, "bcast " + what)
+        send, recv = mine[:count], mine[per:per + count]
+        send[:] = seed + rank
+        recv[:] = -1
+        want = n * seed + n * (n - 1) // 2
+        _check(_shared_call(ctx, lib.XHC_ALLREDUCE, send, recv, count, 0),
+               "allreduce " + what)
+        _expect_equal(recv, want, "allreduce " + what)
+        send[:] = seed + rank
+        _check(_shared_call(ctx, lib.XHC_ALLREDUCE, send, send, count, 0),
+               "allreduce in place " + what)
+        _expect_equal(send, want, "allreduce in place " + what)
+        send[:] = seed + rank
+        recv[:] = -1
+        _check(_shared_call(ctx, lib.XHC_REDUCE, send, recv, count, root),
+               "reduce " + what)
+        _expect_equal(recv, want if rank == root else np.full(count, -1),
+                      "reduce " + what)
+        _check(lib.xhc_barrier(ctx), "barrier")  # areas are rewritten next
+        after = [int(lib.xhc_stat(ctx, getattr(lib, f"XHC_PATH_{k}_LARGE")))
+                 for k in ("BCAST", "ALLREDUCE", "REDUCE")]
+        if count * 8 >= 16384 and min(a - b for a, b in zip(after, before)) < 1:
+            raise AssertionError(f"{what}: large paths {before} -> {after}")
+
+
 BODIES = {"hammer": None, "late-child-large-bcasts": late_child_large_bcasts,
           "late-root-pieced-bcasts": late_root_pieced_bcasts,
           "large-bcast-then-large-allreduce": large_bcast_then_large_allreduce,
-          "sequence-zero": sequence_zero}
+          "sequence-zero": sequence_zero, "shared-calls": shared_calls}
 
 
 def child(rank, n, name, size, cfg_kw, hierarchy, iters, board, rfd, wfd,
@@ -755,6 +816,9 @@ def _kill_all(kids):
                 pass
 
 
+BOARD_BYTES = 8 << 20
+
+
 def run_forked(n, hierarchy, iters, timeout=90, body="hammer", **cfg_kw):
     """Fork N ranks on one new segment, each running BODY (hammer by
     default); return their final reports."""
@@ -763,7 +827,10 @@ def run_forked(n, hierarchy, iters, timeout=90, body="hammer", **cfg_kw):
     size = lib.xhc_segment_size(n, cfg)
     assert lib.xhc_shm_create(name.encode(), size) == 0
     unlinked = False
-    board = mmap.mmap(-1, 4096)  # shared with the children
+    # Shared with the children, at one address in all: the hammer's
+    # barrier board, and the shared-calls body's buffers (pages nobody
+    # touches cost nothing).
+    board = mmap.mmap(-1, BOARD_BYTES)
     kids, to_kid, from_kid = [], [], []
     try:
         for rank in range(n):
@@ -903,6 +970,9 @@ def test_forked_ranks_other_setups(n, hierarchy, kw):
     check_reports(reports, n, iters, **kw)
 
 
+SHARED_SIZES = {"cico_max": 64 << 10, "chunk_size": 128 << 10}
+
+
 @pytest.mark.parametrize("body,n,kw", [
     pytest.param("late-child-large-bcasts", 2, {}, id="late-child-n2"),
     pytest.param("late-child-large-bcasts", 3, {"copy": "cma"},
@@ -915,6 +985,14 @@ def test_forked_ranks_other_setups(n, hierarchy, kw):
                  id="sequence-zero-n2"),
     pytest.param("sequence-zero", 3, {"seq_start": (1 << 64) - 3},
                  id="sequence-zero-n3"),
+    # Calls of buffers in node shared memory: from 16 KiB on the path that
+    # reads them in place, though cico_max would stage them up to 64 KiB.
+    pytest.param("shared-calls", 2, SHARED_SIZES, id="shared-calls-n2"),
+    pytest.param("shared-calls", 4, {**SHARED_SIZES, "hierarchy": "pairs"},
+                 id="shared-calls-pairs-n4"),
+    pytest.param("shared-calls", 6, {**SHARED_SIZES, "hierarchy": "three",
+                                     "sleep": 2},
+                 id="shared-calls-three-sleep-n6"),
     # Pieced rounds numbered across 2**64, with a late root (pieces of
     # 256 KiB: children are at their piece flags long before each is
     # staged), then with a late reader.
@@ -927,7 +1005,9 @@ def test_forked_ranks_other_setups(n, hierarchy, kw):
 ])
 def test_forked_ranks_targeted_sequences(body, n, kw):
     """Short, deterministic sequences around the ring and the pipeline."""
-    reports = run_forked(n, "flat", 0, body=body, **kw)
+    kw = dict(kw)
+    hierarchy = kw.pop("hierarchy", "flat")
+    reports = run_forked(n, hierarchy, 0, body=body, **kw)
     assert sorted(reports) == list(range(n))
 
 
