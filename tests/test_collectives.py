@@ -59,6 +59,9 @@ VARIANTS = [
     pytest.param(3, {"XHC_SLEEP": "1", "XHC_WINDOWS": "3", **SMALL}, 0,
                  id="sleep+windows3+small-n3"),
     pytest.param(4, {**SEQ_START, **SMALL}, 0, id="seqstart+small-n4"),
+    pytest.param(5, {"XHC_SLEEP": "1", "XHC_WINDOWS": "5",
+                     "XHC_HIERARCHY": "virtual:2", **SMALL}, 2,
+                 id="sleep+windows5+virtual2+small-n5"),
 ]
 
 
@@ -101,6 +104,7 @@ def test_variant(n, env, levels):
     pytest.param(2, {}, id="n2"),
     pytest.param(3, {}, id="n3"),
     pytest.param(2, {"XHC_COPY": "cma"}, id="cma-n2"),
+    pytest.param(4, {"XHC_HIERARCHY": "virtual:2"}, id="virtual2-n4"),
 ])
 def test_sequence_numbers_wrap_through_zero(n, env):
     """The operation numbered 0 (after 2**64 - 1) must wait for its peers
