@@ -211,7 +211,8 @@ int xhc_ctx_add_region(xhc_ctx_t *ctx, void *base, size_t size)
         return XHC_ERR_ARG;
     ctx->regions[ctx->nregions].base = base;
     ctx->regions[ctx->nregions].size = size;
-    return ++ctx->nregions;
+    ctx->nregions++;
+    return 0;
 }
 
 /* Wait until every rank has acknowledged SEQ - XHC_RING (see 2.). */

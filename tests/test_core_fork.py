@@ -675,9 +675,8 @@ def shared_calls(ctx, rank, n, iters, cfg, board):
     where they lie, from sizes below cico_max, on every level of the
     hierarchy.  Each result against its closed form, and each call of 8 KiB
     or more must have taken the large path."""
-    # It returns the number of regions, or a negative error.
-    _check(min(0, lib.xhc_ctx_add_region(ctx, ffi.from_buffer(board),
-                                         len(board))), "region")
+    _check(lib.xhc_ctx_add_region(ctx, ffi.from_buffer(board), len(board)),
+           "region")
     words = np.frombuffer(board, np.int64)
     per = (len(words) - 4096) // (2 * n)
     area = [words[4096 + 2 * r * per:][:2 * per] for r in range(n)]

@@ -413,6 +413,6 @@ def shared_array(comm, ctx, shape, dtype):
     arr = np.frombuffer(mm, dtype, count, offset=comm.rank * stride)
     arr = arr.reshape(dims)
     base = ffi.from_buffer(mm)
-    rc = lib.xhc_ctx_add_region(ctx, base, total)
-    check(rc if rc < 0 else 0, "registering shared memory")
+    check(lib.xhc_ctx_add_region(ctx, base, total),
+          "registering shared memory")
     return arr, (mm, base)
