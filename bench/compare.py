@@ -6,17 +6,21 @@ MCA setting read only then, needs a run of its own (Open MPI's own
 collective components can instead be timed in the same run with
 ``bench.osu --peer``):
 
-    mpiexec -n 2 python -m mpi4py -m bench.osu allreduce --json a.json
+    mpiexec -n 2 python -m mpi4py -m bench.osu allreduce -c --json a.json
     # in another environment, with MPICH's mpiexec and mpi4py:
-    mpiexec -n 2 python -m mpi4py -m bench.osu allreduce --impl mpi \\
+    mpiexec -n 2 python -m mpi4py -m bench.osu allreduce -c --impl mpi \\
         --label MPICH --json b.json
     python -m bench.compare a.json b.json
 
 Columns are named after each file's implementations (xhc, or the MPI
-column's --label); a repeated name gets the file's number.  Ratios are
-the first xhc column over every other column.  Columns from different
-files were NOT measured interleaved: on a noisy machine, differences below
-~30 % between them are noise.
+column's --label), with ``[shm]`` where the buffers came from
+``xcomm.empty`` (``--shm``); a repeated name gets the file's number.
+Ratios are the first xhc column over every other column.  Columns from
+different files were NOT measured interleaved: on a noisy machine,
+differences below ~30 % between them are noise.  The header names each
+file's buffers, and marks a file run without ``-c``, whose results
+nothing checked.  A file from a failed run, or one in which an xhc call
+fell back to mpi4py (its xhc column is then partly MPI's), is refused.
 """
 import argparse
 import json
@@ -37,6 +41,28 @@ SAME = ("dtype", "op", "root", "sync", "iterations", "warmup", "blocks",
 ABSENT = {"cold": 0, "persistent": False}
 
 
+def check_file(path, doc):
+    """Fail if DOC's run failed, or its xhc column is partly MPI's."""
+    bad = sum(v.get("errors", 0) for r in doc["results"]
+              for v in r.values() if isinstance(v, dict))
+    if doc.get("error") or bad:
+        raise SystemExit(f"compare: {path} is from a run that failed "
+                         f"({doc.get('error') or f'{bad} bad results'})")
+    fell = doc.get("xhc_stats", {}).get("fallback", 0)
+    if fell:
+        raise SystemExit(f"compare: {path}: {fell} xhc calls fell back to "
+                         "mpi4py, so its xhc column is partly MPI's; rerun")
+
+
+def buffers(doc):
+    """{impl key: where its buffers came from}; a file from before the
+    JSON said so tells by its --shm."""
+    shm = doc["options"].get("shm", False)
+    given = doc.get("buffers", {})
+    return {k: given.get(k, "shared (xcomm.empty)" if k == "xhc" and shm
+                         else "private (np.empty)") for k in doc["impls"]}
+
+
 def load(paths):
     """Return the JSON documents; fail if any run failed, or if they
     measure different things."""
@@ -44,11 +70,7 @@ def load(paths):
     for path in paths:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
-        bad = sum(v.get("errors", 0) for r in doc["results"]
-                  for v in r.values() if isinstance(v, dict))
-        if doc.get("error") or bad:
-            raise SystemExit(f"compare: {path} is from a run that failed "
-                             f"({doc.get('error') or f'{bad} bad results'})")
+        check_file(path, doc)
         docs.append(doc)
     kinds = {(d["benchmark"], d["ranks"]) for d in docs}
     if len(kinds) != 1:
@@ -66,8 +88,11 @@ def columns(docs):
     """Return (name, file index, impl key) for every measured column."""
     cols, seen = [], set()
     for i, doc in enumerate(docs):
+        where = buffers(doc)
         for key in doc["impls"]:
             name = doc["labels"][key]
+            if where[key].startswith("shared"):
+                name += "[shm]"
             if name in seen:
                 name = f"{name}#{i + 1}"
             seen.add(name)
@@ -108,10 +133,18 @@ def preamble(docs, paths):
     """Return the '#' lines naming the merged runs."""
     lines = [docs[0]["title"], f"ranks: {docs[0]['ranks']}"]
     for i, (doc, path) in enumerate(zip(docs, paths), 1):
-        names = ", ".join(doc["labels"][k] for k in doc["impls"])
+        names = ", ".join(f"{doc['labels'][k]} on {v} buffers"
+                          for k, v in buffers(doc).items())
         env = " ".join(f"{k}={v}" for k, v in doc.get("env", {}).items())
-        lines.append(f"file {i}: {path}: {names}"
+        unchecked = ("" if doc["options"].get("validate") else
+                     "; results NOT VALIDATED (run without -c)")
+        lines.append(f"file {i}: {path}: {names}{unchecked}"
                      + (f" [{env}]" if env else ""))
+    kinds = {v.split()[0] for d in docs for v in buffers(d).values()}
+    if len(kinds) > 1:
+        lines.append("note: [shm] columns use xhc's shared buffers "
+                     "(zero-copy), the others private ones: their ratios "
+                     "are not like for like")
     cold = docs[0]["options"].get("cold", ABSENT["cold"])
     if cold:
         lines.append(_osu.cold_line(cold))

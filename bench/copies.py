@@ -12,11 +12,12 @@ Within a round each size runs every implementation in turn, the order
 reversed every other round, so a machine that changes speed between
 rounds (a VM whose neighbours come and go) changes it for all alike.
 Every call's input changes (whole integer-valued floats, so any fold
-order gives the same bits), and each implementation's last result of a
-size is checked against numpy.  Per round, the time is the slowest
-rank's mean.  The summary gives, per operation and size, the median µs
-of each and the median per-round ratios of the adaptive one to each
-other.
+order gives the same bits) and its receive buffer is poisoned before it;
+after every call, untimed, the result is checked against numpy, the send
+buffer for being unchanged and a non-root Reduce's receive buffer for
+being untouched.  Per round, the time is the slowest rank's mean.  The
+summary gives, per operation and size, the median µs of each and the
+median per-round ratios of the adaptive one to each other.
 """
 import argparse
 import sys
@@ -64,18 +65,36 @@ def one_call(op, comm, send, recv):
         comm.Reduce(send, recv, root=0)
 
 
+POISON = _osu.poison(np.float64)  # no input or result is negative
+
+
 def expected(op, base, c, nranks, rank):
-    """What RECV must hold after OP on inputs base + c * (rank + 1), or None
-    where nothing is promised."""
+    """What RECV must hold after OP on inputs base + c * (rank + 1): off
+    the root of a Reduce, the poison it held before (not MPI's to write)."""
     if op == "bcast":
         return base + c
     if op == "reduce" and rank != 0:
-        return None
+        return np.full_like(base, POISON)
     return nranks * base + c * (nranks * (nranks + 1) // 2)
 
 
+def check(op, base, c, world, send, recv):
+    """Raise unless RECV holds what OP must leave in it and SEND is still
+    this rank's input."""
+    rank = world.rank
+    wrong = [what for what, got, want in (
+        ("result", recv, expected(op, base, c, world.size, rank)),
+        ("send buffer", send, base + c * (rank + 1)))
+        if not np.array_equal(got, want)]
+    if wrong:
+        raise AssertionError(f"{op} {send.nbytes} B: wrong "
+                             f"{' and '.join(wrong)} on rank {rank}, "
+                             f"input {c}")
+
+
 def time_one(op, comm, world, size, iters, seed):
-    """Mean µs of ITERS calls, each on new input; raise on a wrong result."""
+    """Mean µs of ITERS calls, each on new input into a poisoned receive
+    buffer; every call checked after it, untimed; raise on a wrong one."""
     n = size // 8
     base = np.arange(n, dtype=np.float64) % 1024
     send, recv = np.empty(n), np.empty(n)
@@ -83,17 +102,16 @@ def time_one(op, comm, world, size, iters, seed):
     for it in range(iters + 1):  # the first one untimed
         c = seed + it
         np.add(base, c * (world.rank + 1), out=send)
-        if op == "bcast":
-            np.copyto(recv, send if world.rank == 0 else -1.0)
+        # a Bcast root's data is its receive buffer
+        np.copyto(recv, send if op == "bcast" and world.rank == 0
+                  else POISON)
         world.Barrier()
         t0 = MPI.Wtime()
         one_call(op, comm, send, recv)
+        t1 = MPI.Wtime()
         if it:
-            total += MPI.Wtime() - t0
-    want = expected(op, base, c, world.size, world.rank)
-    if want is not None and not np.array_equal(recv, want):
-        raise AssertionError(f"{op} {size} B: wrong result on rank "
-                             f"{world.rank}")
+            total += t1 - t0
+        check(op, base, c, world, send, recv)
     return total / iters * 1e6
 
 

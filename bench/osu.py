@@ -11,7 +11,8 @@ Commands: bcast, allreduce, reduce, barrier.  OSU options: ``-m [MIN:]MAX``
 (bytes, K/M suffixes; default 1:1M for bcast, 8:1M for reductions),
 ``-i ITER`` (1000) and ``-x WARMUP`` (100) for sizes up to 8 KiB; above,
 both are divided by 10 as in OSU (100 and 10 by default).  ``-f`` adds
-Min/Max/Iterations, ``-c`` validates every iteration.
+Min/Max/Iterations, ``-c`` validates every call's result (Barrier: untimed
+check rounds after each block of timed calls).
 
 Method (OSU's C one): per iteration, fill the send buffer, call
 ``Barrier()`` on the plain MPI communicator (the same barrier for both
@@ -91,7 +92,15 @@ Command = collections.namedtuple("Command", "title min_size data case")
 Impl = collections.namedtuple("Impl", "key label comm alloc")
 Ctx = collections.namedtuple("Ctx", "comm rank nranks opts dtype mpi_op")
 MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
-ENV_PREFIXES = ("OMPI_MCA_coll", "MPIR_CVAR_", "XHC_")
+# The header records every MPI setting in the environment, not only the
+# collectives' (OMPI_MCA_op=^avx alone slows a reduction): Open MPI's, its
+# launcher's and PMIx's MCA parameters, MPICH's control variables, xhc's.
+ENV_PREFIXES = ("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_", "MPIR_CVAR_", "XHC_")
+# ...but for those Open MPI's mpiexec puts in every process to describe the
+# launch (the frameworks, working directory, CPU type and process count),
+# which no user sets.  (OMPI_ALLOW_RUN_AS_ROOT* lack the prefixes.)
+ENV_LAUNCH = ("OMPI_MCA_PREFIXES", "OMPI_MCA_initial_wdir",
+              "OMPI_MCA_cpu_type", "OMPI_MCA_num_procs")
 PEER_KEY = "ompi_comm_coll_preference"  # Open MPI: coll components to prefer
 PEER_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_,^"
 
@@ -217,12 +226,12 @@ LATE_ARRIVAL = 200e-6
 
 def barrier_case(ctx, impl, data):
     """Return a Barrier case: the timed call is the barrier alone.  With
-    -c each block of timed calls is followed by untimed check rounds, one
-    per rank: every rank marks its arrival on a shared board and enters
-    the barrier, one of them (in turn) LATE_ARRIVAL seconds after the
-    others; after it, every rank checks that every rank had arrived.  A
-    barrier that does not wait for the last rank returns before the late
-    mark."""
+    -c each block of timed calls is followed by untimed check rounds: every
+    rank marks its arrival on a shared board and enters the barrier; after
+    it, every rank checks that every rank had arrived.  One round has no
+    late rank, as in the timed calls; in each of the others one rank (in
+    turn) arrives LATE_ARRIVAL seconds after the rest, so that a barrier
+    that does not wait for the last rank returns before the late mark."""
     barrier, free = timed_call(ctx, impl.comm.Barrier, impl.comm.Barrier_init)
     if not ctx.opts.validate:
         return Case(barrier, close=free)
@@ -236,7 +245,7 @@ def barrier_case(ctx, impl, data):
         return len(board.late())
 
     def audit():
-        return sum(check_round(late) for late in range(ctx.nranks))
+        return sum(check_round(late) for late in (None, *range(ctx.nranks)))
 
     def close():
         free()
@@ -333,7 +342,9 @@ def parse_args(argv=None):
     p.add_argument("-f", "--full", action="store_true",
                    help="also print Min/Max latency and Iterations")
     p.add_argument("-c", "--validation", dest="validate",
-                   action="store_true", help="check results every iteration")
+                   action="store_true",
+                   help="check every call's result (Barrier: untimed check "
+                   "rounds after each block)")
     p.add_argument("--impl", choices=("xhc", "mpi", "both"), default="both",
                    help="both: interleaved, with an xhc/MPI ratio (default)")
     p.add_argument("--shm", action="store_true",
@@ -777,9 +788,10 @@ def mpi_description():
 
 
 def env_settings():
-    """Return the environment variables that select collective algorithms."""
+    """Return the environment variables that set how the MPI (or xhc)
+    runs: what the header and the JSON must disclose."""
     return {k: v for k, v in sorted(os.environ.items())
-            if k.startswith(ENV_PREFIXES)}
+            if k.startswith(ENV_PREFIXES) and k not in ENV_LAUNCH}
 
 
 def _impl_name(impl):

@@ -117,17 +117,105 @@ def test_copies_side_by_side():
     assert all(float(x) > 0 for r in rows for x in r[2:]), out
 
 
-def test_copies_catches_a_wrong_result(tmp_path):
-    """An xhc Allreduce that leaves the receive buffer as it was fails
-    the run, naming the operation."""
+# Run bench.copies with xhc's argv[1] (Allreduce or Reduce) broken as
+# argv[2] says: "nothing" does nothing; "every other" does nothing on
+# every second call of an xhc.Comm (with -i 2, the last of 3 is right);
+# "send" also changes the send buffer; "scribble" also writes a non-root
+# rank's receive buffer.
+COPIES_BROKEN = """
+import sys
+import xhc
+from mpi4py import MPI
+from bench import copies
+name, how = sys.argv[1:3]
+real, calls = getattr(xhc.Comm, name), {}
+def broken(self, sendbuf, recvbuf, *args, **kwargs):
+    n = calls[id(self)] = calls.get(id(self), 0) + 1
+    if how == "nothing" or how == "every other" and n % 2 == 0:
+        return
+    real(self, sendbuf, recvbuf, *args, **kwargs)
+    if how == "send":
+        sendbuf[0] += 1
+    elif how == "scribble" and MPI.COMM_WORLD.rank != 0:
+        recvbuf[0] = 0
+setattr(xhc.Comm, name, broken)
+sys.exit(copies.main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("method, how, message", [
+    ("Allreduce", "nothing", "allreduce 65536 B: wrong result on rank"),
+    ("Allreduce", "every other", "allreduce 65536 B: wrong result on rank"),
+    ("Allreduce", "send", "allreduce 65536 B: wrong send buffer on rank"),
+    ("Reduce", "scribble", "reduce 65536 B: wrong result on rank 1")])
+def test_copies_catches_a_wrong_result(method, how, message, tmp_path):
+    """Every call is checked, not only the last of a size: an xhc call
+    that leaves the (poisoned) receive buffer as it was, changes its send
+    buffer or writes a non-root Reduce's receive buffer fails the run,
+    naming the operation."""
     script = tmp_path / "broken.py"
-    script.write_text(BROKEN.replace("from bench import osu",
-                                     "from bench import copies as osu"))
-    proc = run_mpi(2, [str(script), "Allreduce", "-m", "64K:64K", "-r", "1",
-                       "-i", "2", "--ops", "allreduce"], timeout=120,
+    script.write_text(COPIES_BROKEN)
+    proc = run_mpi(2, [str(script), method, how, "-m", "64K:64K", "-r", "1",
+                       "-i", "2", "--ops", method.lower()], timeout=120,
                    check=False)
     assert proc.returncode != 0
-    assert "allreduce 65536 B: wrong result" in proc.stderr + proc.stdout
+    assert message in proc.stderr + proc.stdout, proc.stderr + proc.stdout
+
+
+# Run bench.osu counting, on each rank, xhc's Barrier calls and the late
+# arrivals of its check rounds; rank 0 prints both, summed over the ranks.
+COUNTED = """
+import sys
+import time
+import xhc
+from mpi4py import MPI
+from bench import osu
+n = {"barriers": 0, "late": 0}
+barrier, sleep = xhc.Comm.Barrier, time.sleep
+def counted_barrier(self):
+    n["barriers"] += 1
+    barrier(self)
+def counted_sleep(seconds):
+    n["late"] += seconds == osu.LATE_ARRIVAL
+    sleep(seconds)
+xhc.Comm.Barrier, time.sleep = counted_barrier, counted_sleep
+rc = osu.main(sys.argv[1:])
+counts = [MPI.COMM_WORLD.allreduce(n[k]) for k in ("barriers", "late")]
+if MPI.COMM_WORLD.rank == 0:
+    print("COUNTED", *counts)
+sys.exit(rc)
+"""
+
+
+def test_osu_barrier_checks_rounds_with_and_without_a_late_rank(tmp_path):
+    """-c follows each block of timed Barriers with one check round per
+    rank, that rank late, and one in which no rank is late."""
+    script = tmp_path / "counted.py"
+    script.write_text(COUNTED)
+    proc = run_mpi(2, [str(script), "barrier", *QUICK, "--impl", "xhc"],
+                   timeout=120)
+    blocks = len(_osu.split_blocks(20, 10))
+    rounds = blocks * (2 + 1)
+    counted = next(ln.split()[1:] for ln in proc.stdout.splitlines()
+                   if ln.startswith("COUNTED"))
+    assert [int(c) for c in counted] == [2 * (2 + 20 + rounds), blocks * 2]
+
+
+def test_osu_env_records_every_mpi_setting(monkeypatch):
+    """The header's env: lines name every MCA or MPICH setting (one that
+    changes no collective too), not the launcher's own description of
+    the launch."""
+    from bench import osu
+    for k in [k for k in os.environ if k.startswith(osu.ENV_PREFIXES)]:
+        monkeypatch.delenv(k)
+    given = {"OMPI_MCA_op": "^avx", "OMPI_MCA_coll_tuned_priority": "0",
+             "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+             "MPIR_CVAR_CH4_SHM_POSIX_EAGER": "iqueue", "XHC_DEBUG": "1"}
+    launch = {"OMPI_MCA_num_procs": "2", "OMPI_MCA_initial_wdir": "/",
+              "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_COMM_WORLD_SIZE": "2"}
+    for k, v in {**given, **launch}.items():
+        monkeypatch.setenv(k, v)
+    assert osu.env_settings() == dict(sorted(given.items()))
 
 
 def test_osu_barrier_as_path(tmp_path):
@@ -403,17 +491,21 @@ def _doc(label, impls, scale, **options):
                            for k in impls}} for s in (8, 16)]
     return {"benchmark": "allreduce", "ranks": 2, "title": "t",
             "impls": impls, "labels": {"xhc": "xhc", "mpi": label},
-            "options": {"dtype": "float64", "op": "sum", **options},
+            "options": {"dtype": "float64", "op": "sum", "validate": True,
+                        **options},
             "results": rows}
 
 
-@pytest.mark.parametrize("bad", ["error", "errors", "dtype", "cold"])
+@pytest.mark.parametrize("bad", ["error", "errors", "fallback", "dtype",
+                                 "cold"])
 def test_compare_refuses_failed_or_unlike_runs(tmp_path, bad):
     a, b = _doc("MPI", ["xhc", "mpi"], 1.0), _doc("sm", ["mpi"], 2.0)
     if bad == "error":
         b["error"] = "DATA VALIDATION ERROR: ..."
     elif bad == "errors":
         b["results"][1]["mpi"]["errors"] = 3
+    elif bad == "fallback":   # its xhc column is partly MPI's
+        a["xhc_stats"] = {"fallback": 2, "eager": 30}
     elif bad == "cold":
         b["options"]["cold"] = 64 << 20   # a cold run against a warm one
     else:
@@ -421,7 +513,8 @@ def test_compare_refuses_failed_or_unlike_runs(tmp_path, bad):
     paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
     _osu.write_json(paths[0], a)
     _osu.write_json(paths[1], b)
-    match = {"dtype": "differ in --dtype", "cold": "differ in --cold"}
+    match = {"dtype": "differ in --dtype", "cold": "differ in --cold",
+             "fallback": "2 xhc calls fell back to mpi4py"}
     with pytest.raises(SystemExit, match=match.get(bad, "failed")):
         compare.main(paths)
 
@@ -456,6 +549,35 @@ def test_compare_merges_runs(tmp_path, capsys):
     assert "coll/sm Avg(us)" in out[5] and "xhc/coll/sm" in out[5]
     assert out[-1].split() == ["16", "16.00", "16.00", "32.00", "1.00",
                                "0.50"]
+
+
+def test_compare_marks_shared_buffers_and_unchecked_files(tmp_path,
+                                                           capsys):
+    """A --shm file (its JSON's buffers, or, from before them, its
+    option) merged with private buffers is marked in the column names
+    and the header, as is a file run without -c; like files are not."""
+    a = _doc("MPI", ["xhc", "mpi"], 1.0, shm=True)
+    b = _doc("sm", ["xhc", "mpi"], 2.0, validate=False)
+    b["buffers"] = {"xhc": "private (np.empty)", "mpi": "private (np.empty)"}
+    paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    for path, doc in zip(paths, (a, b)):
+        _osu.write_json(path, doc)
+    assert compare.main(paths) == 0
+    out = capsys.readouterr().out
+    assert f"# file 1: {paths[0]}: xhc on shared (xcomm.empty) buffers, " \
+           "MPI on private (np.empty) buffers\n" in out
+    assert f"# file 2: {paths[1]}: xhc on private (np.empty) buffers, sm " \
+           "on private (np.empty) buffers; results NOT VALIDATED (run " \
+           "without -c)\n" in out
+    assert "# note: [shm] columns use xhc's shared buffers" in out
+    assert "xhc[shm] Avg(us)" in out and "xhc[shm]/xhc " in out
+    a["options"]["shm"] = False
+    b["options"]["validate"] = True
+    for path, doc in zip(paths, (a, b)):
+        _osu.write_json(path, doc)
+    assert compare.main(paths) == 0
+    out = capsys.readouterr().out
+    assert "[shm]" not in out and "NOT VALIDATED" not in out
 
 
 def test_plot_names_missing_matplotlib(monkeypatch):

@@ -99,6 +99,51 @@ def test_serial_run_refines_and_conserves(serial):
     assert m["checksums"] == 2 + 4 * 2 * 2        # one Allreduce each
     first = serial["checksums"][0]["values"]
     assert checksum.compare(serial["final_checksum"], first, TOL) == []
+    # every checksum is an integer multiple of 2**-e below 2**53 of them:
+    # exact in any order of addition, so comparable bit for bit
+    scale = 2.0 ** m["checksum_exponent"]
+    scaled = [v * scale for v in values(serial)]
+    assert all(x.is_integer() and 0 < x < checksum.EXACT_LIMIT
+               for x in scaled)
+
+
+# bench.miniamr with xhc's float64 Allreduce (only the checksums use one)
+# broken as argv[1] says: "stale" leaves a receive buffer it has filled
+# once as it was; "ulp" adds one unit of the checksum's fixed-point grid,
+# 1e-13 of the sum, far inside the tolerance.
+SABOTAGED = """
+import sys
+import numpy as np
+import xhc
+from bench.miniamr import driver
+real, seen = xhc.Comm.Allreduce, set()
+def Allreduce(self, sendbuf, recvbuf, *args, **kwargs):
+    if recvbuf.dtype != np.float64:
+        return real(self, sendbuf, recvbuf, *args, **kwargs)
+    if sys.argv[1] == "stale" and id(recvbuf) in seen:
+        return
+    seen.add(id(recvbuf))
+    real(self, sendbuf, recvbuf, *args, **kwargs)
+    if sys.argv[1] == "ulp":
+        recvbuf += 1.0
+xhc.Comm.Allreduce = Allreduce
+sys.exit(driver.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("how, message", [
+    ("stale", "Time step 1 stage 0 sum nan"),
+    ("ulp", "final checksum over --coll xhc")])
+def test_a_wrong_checksum_allreduce_fails_the_run(how, message, tmp_path):
+    """A checksum Allreduce that leaves its reused receive buffer as it
+    was (the stencil conserves the sum, so the last result would pass),
+    or one that is wrong within the tolerance, fails the run."""
+    script = tmp_path / "sabotaged.py"
+    script.write_text(SABOTAGED)
+    proc = run_mpi(2, [str(script), how, "--coll", "xhc", *decomp_args(2),
+                       *PROBLEM], timeout=120, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stdout, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
@@ -117,8 +162,16 @@ def test_modes_agree(n, tmp_path, serial):
             assert rep["collectives"]["Alltoall"]["calls"] > 0
         if n >= 4:  # RCB's later stages run on Split sub-communicators
             assert rep["collectives"]["Allreduce[rcb]"]["calls"] > 0
+        # one per checksum after the initial sums (one entry, set-up)
+        # and before the final ones (untimed, over the plain comm too)
         assert rep["collectives"]["Allreduce"]["calls"] >= len(
-            rep["checksums"])
+            rep["checksums"]) - 2
+        # set-up calls are apart: the options' two Bcasts, one initial
+        # checksum per variable
+        setup = rep["setup_collectives"]
+        assert setup["Bcast"]["calls"] == 2 and "Bcast" not in \
+            rep["collectives"]
+        assert setup["Allreduce"]["calls"] == 2
         # the cost after the last arrival is a part of the time inside
         t = rep["timers"]
         assert 0 < t["coll_cost"]["avg"] <= t["collectives"]["avg"]

@@ -17,7 +17,11 @@ the total (every value starts in [0, 1) and the stencils, splits and
 merges conserve the total of non-negative amounts), so every partial and
 global sum is an integer below 2**53: exact in any order of addition.
 The checksum is thus bit-identical across collective modes, reduction
-algorithms and rank counts; its rounding error is below
+algorithms and rank counts, so the run's final checksum, taken over the
+collective communicator and over the plain one, must match bit for bit
+(a tolerance would let a reduction that is slightly wrong pass: the
+stencil conserves the sum, so each check only compares a checksum with
+the previous one).  Its rounding error is below
 ``(number of blocks) * 2**-e``, about 1e-13 of the total for the problems
 here, far inside the 1e-8 tolerance.
 """
@@ -50,11 +54,16 @@ def local_scaled(A, s, e, scale):
 
 def global_checksum(world, A, s, e, exponent, op_sum, part=None, total=None):
     """Checksums of variables S..E-1: one Allreduce of E-S doubles
-    (PART and TOTAL, if given, are the reused send/receive buffers)."""
+    (PART and TOTAL, if given, are the reused send/receive buffers).
+
+    TOTAL is filled with NaN first: a reused buffer still holds the last
+    checksum, which the stencil conserves, so an Allreduce that left it
+    as it was would pass :func:`compare`; NaN fails it."""
     scale = 2.0 ** exponent
     if part is None:
         part, total = np.empty(e - s), np.empty(e - s)
     part[...] = local_scaled(A, s, e, scale)
+    total.fill(np.nan)
     world.Allreduce(part, total, op=op_sum)
     if np.any(np.abs(total) >= EXACT_LIMIT):
         raise ArithmeticError("checksum exceeds the exact range; "

@@ -40,6 +40,17 @@ class CommFactory:
         self._timed.append(timed)
         return timed
 
+    def start_timing(self):
+        """Return the collectives made so far, {key: [calls, bytes,
+        seconds]}, and forget them (counts, times and every call's
+        entry and exit), so that what is reported next spans the same
+        time as the run's timer.  Collective in effect: every rank must
+        call it at the same point, as after_last_arrival pairs calls."""
+        setup, self.stats.rec = self.stats.rec, {}
+        for timed in self._timed:
+            timed.clear_log()
+        return setup
+
     def after_last_arrival(self):
         """Collective: {key: seconds} this rank spent in collectives after
         the last member rank arrived, over every communicator.  Ranks made

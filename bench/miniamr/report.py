@@ -7,6 +7,9 @@ line as miniAMR does, the phase times (average and maximum over ranks), one
 line per collective (calls and bytes on rank 0, time average and maximum
 over ranks, and the average time after the last rank arrived), mesh
 statistics and the final checksums; ``--json`` writes the same as JSON.
+Collective calls made before the run's timer started (the options'
+Bcasts, RCB's Splits, the initial checksums) are set-up: one line apart,
+not in the table, whose times are parts of the timed total.
 """
 import json
 
@@ -37,7 +40,7 @@ def build(run, raw, total, history, final):
     mine["coll_cost"] = sum(cost.values())
     per_rank = raw.gather((mine, run.stats.rec, cost,
                            len(run.mesh.own(run.rank)), dict(run.counters),
-                           run.factory.xhc_paths()), root=0)
+                           run.factory.xhc_paths(), run.setup), root=0)
     if run.rank != 0:
         return None
     n = len(per_rank)
@@ -45,13 +48,7 @@ def build(run, raw, total, history, final):
     for k in TIMERS:
         vals = [p[0][k] for p in per_rank]
         timers[k] = {"avg": sum(vals) / n, "max": max(vals)}
-    colls = {}
-    for key, (calls, nbytes, _) in sorted(per_rank[0][1].items()):
-        ts = [p[1].get(key, [0, 0, 0.0])[2] for p in per_rank]
-        cs = [p[2].get(key, 0.0) for p in per_rank]
-        colls[key] = {"calls": calls, "bytes": nbytes,
-                      "time_avg": sum(ts) / n, "time_max": max(ts),
-                      "cost_avg": sum(cs) / n, "cost_max": max(cs)}
+    colls = per_key([p[1] for p in per_rank], [p[2] for p in per_rank])
     o = run.o
     counters = dict(run.counters)
     for k in SUMMED:              # per-rank counts: sum over the ranks
@@ -80,10 +77,27 @@ def build(run, raw, total, history, final):
             **{k: int(v) for k, v in sorted(counters.items())},
         },
         "xhc_paths": paths,
+        "setup_collectives": per_key([p[6] for p in per_rank]),
         "checksums": history,
         "final_checksum": list(final),
         "final_checksum_hex": [float(v).hex() for v in final],
     }
+
+
+def per_key(recs, costs=None):
+    """{key: calls and bytes on rank 0, time avg/max over ranks (and the
+    cost after the last arrival, given COSTS)} from each rank's CollStats
+    record RECS and {key: seconds} COSTS."""
+    n = len(recs)
+    out = {}
+    for key, (calls, nbytes, _) in sorted(recs[0].items()):
+        ts = [r.get(key, [0, 0, 0.0])[2] for r in recs]
+        out[key] = {"calls": calls, "bytes": nbytes,
+                    "time_avg": sum(ts) / n, "time_max": max(ts)}
+        if costs is not None:
+            cs = [c.get(key, 0.0) for c in costs]
+            out[key].update(cost_avg=sum(cs) / n, cost_max=max(cs))
+    return out
 
 
 def text(rep):
@@ -115,6 +129,10 @@ def text(rep):
         out.append(f"  {k:32s} {v['calls']:8d} {v['bytes']:11d} "
                    f"{v['time_avg']:9.4f} {v['time_max']:9.4f} "
                    f"{v['cost_avg']:10.4f}")
+    setup = rep["setup_collectives"]
+    out.append("  set-up, before the timer (not above): " + ", ".join(
+        f"{k} {v['calls']}" for k, v in setup.items()) + " calls, "
+        f"{sum(v['time_avg'] for v in setup.values()):.4f} s avg")
     mesh1 = (f"Mesh: {m['blocks']} blocks at the end, per level "
              f"{m['blocks_per_level']}, per rank {m['blocks_per_rank']}")
     mesh2 = (f"      refinement steps {m['refine_steps']}, blocks split "

@@ -11,9 +11,13 @@ Two times are kept per call.  *Inside* is entry to return, as a profiler
 sees it: mostly waiting for the slowest rank to arrive when the work
 between collectives is unbalanced.  *After last arrival* is return minus
 the latest entry of any member rank (0 if this rank returned first, as a
-Bcast root may): what the collective itself costs once everyone is
-there.  ``time.perf_counter`` is CLOCK_MONOTONIC, one clock for every
-process of a node, so entries of different ranks compare directly.
+Bcast root may): what the collective still costs once everyone is
+there.  It is not the collective's whole cost: it leaves out the work
+the early ranks do before the last one arrives (copying their data in,
+reducing what has arrived), so it can be less than the same call
+would cost with every rank arriving at once.  ``time.perf_counter`` is
+CLOCK_MONOTONIC, one clock for every process of a node, so entries of
+different ranks compare directly.
 """
 import time
 
@@ -76,6 +80,10 @@ class TimedComm:
         self._k = {name: name + sfx for name in (
             "Allreduce", "Reduce", "Bcast", "Barrier", "Scan", "Exscan",
             "Alltoall", "Allgather", "Gather", "Split", "Dup")}
+        self.clear_log()
+
+    def clear_log(self):
+        """Forget the entry and exit of every call so far."""
         self._keys, self._enter, self._leave = [], [], []
 
     @property
