@@ -54,6 +54,26 @@ def mpi_scratch():
         shutil.rmtree(path, ignore_errors=True)
 
 
+def run_tree(cmd, env, timeout):
+    """Run CMD (which may start MPI) in a process group of its own, with
+    mpi_scratch added to ENV; return the CompletedProcess.  A run still
+    going after TIMEOUT seconds is killed with every process it started
+    (mpiexec and its ranks too), and fails the test."""
+    with mpi_scratch() as scratch:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**env, **scratch},
+                                text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n"
+                        f"--- stdout\n{out}\n--- stderr\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_mpi(n, args, timeout=120, env=None, check=True):
     """Run ``python -m mpi4py ARGS`` on N ranks; return the CompletedProcess.
 
@@ -68,20 +88,9 @@ def run_mpi(n, args, timeout=120, env=None, check=True):
         p for p in (ROOT, full_env.get("PYTHONPATH")) if p)
     full_env.update(env or {})
     cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", *args]
-    with mpi_scratch() as scratch:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env={**full_env, **scratch},
-                                text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE,
-                                start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n"
-                        f"--- stdout\n{out}\n--- stderr\n{err}")
-    result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-    if check and proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n"
-                    f"--- stdout\n{out}\n--- stderr\n{err}")
+    result = run_tree(cmd, full_env, timeout)
+    if check and result.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {result.returncode}\n"
+                    f"--- stdout\n{result.stdout}\n"
+                    f"--- stderr\n{result.stderr}")
     return result

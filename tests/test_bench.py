@@ -15,7 +15,7 @@ for _p in (HERE, ROOT):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from mpirun import mpi_scratch, run_mpi  # noqa: E402
+from mpirun import mpi_scratch, run_mpi, run_tree  # noqa: E402
 
 from bench import _osu, compare  # noqa: E402
 
@@ -589,15 +589,12 @@ def test_plot_names_missing_matplotlib(monkeypatch):
 def test_readme_main_command_runs_a_validated_sweep():
     """`python -m bench` (the README's main command) launches mpiexec
     itself, with the environment a root user needs, and validates."""
-    import subprocess
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_", "PRTE_"))}
     env["PYTHONPATH"] = ROOT
     # No OP, as in the README: every collective, here on small sizes.
-    out = subprocess.run([sys.executable, "-m", "bench",
-                          "--extra", "-m 8:64K -i 20 -x 2"],
-                         cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = run_tree([sys.executable, "-m", "bench", "--extra",
+                    "-m 8:64K -i 20 -x 2"], env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     for title in ("Barrier", "Broadcast", "Allreduce", "Reduce"):
         assert f"{title} Latency Test" in out.stdout, out.stdout
