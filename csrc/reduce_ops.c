@@ -7,8 +7,8 @@
  * 2. Floating point takes SUM, PROD, MIN, MAX; integers take all ten ops,
  *    as MPI defines them.  Floating MIN and MAX are IEEE 754-2019's
  *    minimum and maximum: a NaN in either operand gives a NaN, and -0 is
- *    below +0, so the result is the same whichever rank holds which
- *    value.  (`x < y ? x : y` keeps a NaN only when it comes second, and
+ *    below +0, so the result's value is the same whichever rank holds
+ *    which (of several NaNs, the first in fold order gives its bits).  (`x < y ? x : y` keeps a NaN only when it comes second, and
  *    of two zeros keeps the second.)
  * 3. xhc_fold reduces a list of buffers in list order, so every element's
  *    result depends only on the order of the list, never on timing.
@@ -64,9 +64,57 @@ const char *xhc_kernel_isa(void)
         }                                                                 \
     }
 
-/* MIN (LESS `<`, JOIN `|`) or MAX (`>`, `&`) of two floats, as item 2
- * says.  Equal operands differ only if they are zeros of both signs, and
- * ORing the bits keeps the sign (MIN), ANDing drops it (MAX). */
+/* MIN and MAX of floats, as item 2 says.  Of equal operands only zeros
+ * of both signs differ: ORing their bits keeps the sign (MIN), ANDing
+ * drops it (MAX).  `x < y ? x : y` already gives a NaN in y; a NaN in x
+ * is put back. */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+
+/* GCC 12 leaves selects like those of the #else branch scalar for SSE2,
+ * at 4 to 20 times the time of a bare `x < y ? x : y`; so on x86-64 they
+ * run on SSE2 vectors, in every clone, minpd/maxpd first.  The last
+ * partial vector is padded rather than left to scalar code, so that
+ * every element goes the same way even where subnormals read as zero
+ * (DAZ, which a -ffast-math library may set). */
+#define XHC_EQ_OR(sfx, o, x, y) \
+    _mm_or_##sfx(o, _mm_and_##sfx(x, _mm_cmpeq_##sfx(x, y)))
+#define XHC_EQ_AND(sfx, o, x, y) \
+    _mm_and_##sfx(o, _mm_or_##sfx(x, _mm_cmpneq_##sfx(x, y)))
+#define XHC_PICK_STEP(name, vec, sfx, op, eqjoin)                         \
+    static inline vec name(vec x, vec y)                                  \
+    {                                                                     \
+        vec o = eqjoin(sfx, _mm_##op##_##sfx(x, y), x, y);                \
+        vec xnan = _mm_cmpunord_##sfx(x, x);                              \
+        return _mm_or_##sfx(_mm_and_##sfx(xnan, x),                       \
+                            _mm_andnot_##sfx(xnan, o));                   \
+    }
+#define XHC_PICK_KERNEL(name, step, type, vec, sfx)                        \
+    XHC_CLONES                                                            \
+    static void name(void *dst_, const void *a_, const void *b_, size_t n) \
+    {                                                                     \
+        enum { W = sizeof(vec) / sizeof(type) };                          \
+        type *dst = dst_;                                                 \
+        const type *a = a_, *b = b_;                                      \
+        size_t i = 0;                                                     \
+        for (; i + W <= n; i += W)                                        \
+            _mm_storeu_##sfx(dst + i, step(_mm_loadu_##sfx(a + i),        \
+                                           _mm_loadu_##sfx(b + i)));      \
+        if (i < n) {                                                      \
+            type x[W] = {0}, y[W] = {0};                                  \
+            memcpy(x, a + i, (n - i) * sizeof(type));                     \
+            memcpy(y, b + i, (n - i) * sizeof(type));                     \
+            _mm_storeu_##sfx(x, step(_mm_loadu_##sfx(x),                  \
+                                     _mm_loadu_##sfx(y)));                \
+            memcpy(dst + i, x, (n - i) * sizeof(type));                   \
+        }                                                                 \
+    }
+#define XHC_MINMAX(t, type, bits, sfx, vec)                          \
+    XHC_PICK_STEP(xhc_vmin_##t, vec, sfx, min, XHC_EQ_OR)            \
+    XHC_PICK_STEP(xhc_vmax_##t, vec, sfx, max, XHC_EQ_AND)           \
+    XHC_PICK_KERNEL(xhc_min_##t, xhc_vmin_##t, type, vec, sfx)       \
+    XHC_PICK_KERNEL(xhc_max_##t, xhc_vmax_##t, type, vec, sfx)
+#else
 #define XHC_FLOAT_PICK(name, type, bits, less, join)                     \
     static inline type name(type x, type y)                              \
     {                                                                    \
@@ -76,63 +124,21 @@ const char *xhc_kernel_isa(void)
         type m = x less y ? x : y;                                       \
         memcpy(&ob, &m, sizeof m);                                       \
         ob = x == y ? (xb join yb) : ob;                                 \
-        ob = y != y ? yb : ob;                                           \
         ob = x != x ? xb : ob;                                           \
         memcpy(&m, &ob, sizeof m);                                       \
         return m;                                                        \
     }
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-
-/* GCC 12 leaves the selects above scalar for SSE2, at 4 to 20 times the
- * time of a bare `x < y ? x : y`; so on x86-64 the same steps run on SSE2
- * vectors, in every clone.  minpd/maxpd are `x < y ? x : y` and
- * `x > y ? x : y`, a NaN in y included; then equal operands join, and a
- * NaN in x is put back. */
-#define XHC_PICK_KERNEL(name, pick, type, vec, sfx, op, eqjoin)             \
-    XHC_CLONES                                                              \
-    static void name(void *dst_, const void *a_, const void *b_, size_t n)   \
-    {                                                                       \
-        type *dst = dst_;                                                   \
-        const type *a = a_, *b = b_;                                        \
-        size_t i = 0;                                                       \
-        for (; i + sizeof(vec) / sizeof(type) <= n;                         \
-             i += sizeof(vec) / sizeof(type)) {                             \
-            vec x = _mm_loadu_##sfx(a + i), y = _mm_loadu_##sfx(b + i);     \
-            vec o = _mm_##op##_##sfx(x, y);                                 \
-            o = eqjoin(sfx, o, x, y);                                       \
-            vec xnan = _mm_cmpunord_##sfx(x, x);                            \
-            o = _mm_or_##sfx(_mm_and_##sfx(xnan, x),                        \
-                             _mm_andnot_##sfx(xnan, o));                    \
-            _mm_storeu_##sfx(dst + i, o);                                   \
-        }                                                                   \
-        for (; i < n; i++)                                                  \
-            dst[i] = pick(a[i], b[i]);                                      \
-    }
-/* Where x == y, O is y: MIN ORs x's bits in, MAX ANDs them (x != y, or a
- * NaN, leaves O as it is). */
-#define XHC_EQ_OR(sfx, o, x, y) \
-    _mm_or_##sfx(o, _mm_and_##sfx(x, _mm_cmpeq_##sfx(x, y)))
-#define XHC_EQ_AND(sfx, o, x, y) \
-    _mm_and_##sfx(o, _mm_or_##sfx(x, _mm_cmpneq_##sfx(x, y)))
-#define XHC_MINMAX(t, type, sfx, vec)                                     \
-    XHC_PICK_KERNEL(xhc_min_##t, xhc_fmin_##t, type, vec, sfx, min,        \
-                    XHC_EQ_OR)                                            \
-    XHC_PICK_KERNEL(xhc_max_##t, xhc_fmax_##t, type, vec, sfx, max,        \
-                    XHC_EQ_AND)
-#else
-#define XHC_MINMAX(t, type, sfx, vec)                        \
+#define XHC_MINMAX(t, type, bits, sfx, vec)                  \
+    XHC_FLOAT_PICK(xhc_fmin_##t, type, bits, <, |)           \
+    XHC_FLOAT_PICK(xhc_fmax_##t, type, bits, >, &)           \
     XHC_KERNEL(xhc_min_##t, type, xhc_fmin_##t(x, y))        \
     XHC_KERNEL(xhc_max_##t, type, xhc_fmax_##t(x, y))
 #endif
 
 #define XHC_ARITH(t, type, bits, sfx, vec)                  \
-    XHC_FLOAT_PICK(xhc_fmin_##t, type, bits, <, |)          \
-    XHC_FLOAT_PICK(xhc_fmax_##t, type, bits, >, &)          \
     XHC_KERNEL(xhc_sum_##t, type, x + y)                    \
     XHC_KERNEL(xhc_prod_##t, type, x * y)                   \
-    XHC_MINMAX(t, type, sfx, vec)
+    XHC_MINMAX(t, type, bits, sfx, vec)
 
 #define XHC_LOGIC(t, type)                                  \
     XHC_KERNEL(xhc_land_##t, type, (x != 0) && (y != 0))    \
