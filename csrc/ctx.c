@@ -139,24 +139,38 @@ int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
 }
 
 /* However far peers have gone, I am not late to their operation: I will
- * not enter it in step (after an error, or at close).  Waiters past
- * their timeout then give up instead of waiting for me, and those that
- * wait on me in the operation I leave give up at once (wait.c). */
-void xhc_ctx_leave(xhc_ctx_t *ctx)
+ * not enter it in step.  Waiters past their timeout then give up instead
+ * of waiting for me, and those that wait on me in the operation I gave
+ * up on (leave) give up at once (wait.c). */
+static void xhc_ctx_mark(xhc_ctx_t *ctx, uint64_t how)
 {
     /* Release: a waiter that sees me leave also sees every flag I
      * published before, so it does not mistake one it missed for one I
      * will never raise. */
     if (ctx && ctx->ctl)
         xhc_store_release(&xhc_ctl(ctx, ctx->rank)->entered.seq,
-                          ctx->seq + XHC_LEFT);
+                          ctx->seq + how);
+}
+
+void xhc_ctx_leave(xhc_ctx_t *ctx)
+{
+    xhc_ctx_mark(ctx, XHC_LEFT);
+}
+
+void xhc_ctx_withdraw(xhc_ctx_t *ctx)
+{
+    /* Having given up on my last operation says more: keep it. */
+    if (ctx && ctx->ctl
+        && xhc_load_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq)
+           != ctx->seq + XHC_LEFT)
+        xhc_ctx_mark(ctx, XHC_LEFT + XHC_WITHDRAWN);
 }
 
 void xhc_ctx_close(xhc_ctx_t *ctx)
 {
     if (!ctx)
         return;
-    xhc_ctx_leave(ctx);
+    xhc_ctx_withdraw(ctx);
     xhc_xpmem_close(ctx);
     for (int k = 0; k < XHC_NKINDS; k++)
         xhc_hier_free(&ctx->hier[k], ctx->nranks);

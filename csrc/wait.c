@@ -116,7 +116,7 @@ static int xhc_someone_late(xhc_ctx_t *ctx)
 }
 
 /* Has PEER given up on my current operation?  Only a rank that began it
- * can leave it (an argument error leaves the one before), and it never
+ * can leave it (one that refuses its arguments withdraws), and it never
  * comes back to it. */
 static int xhc_peer_left(xhc_ctx_t *ctx, int peer)
 {

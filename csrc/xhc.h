@@ -112,13 +112,16 @@ int xhc_cma_probe(xhc_ctx_t *ctx, int peer, uintptr_t address);
 int xhc_ctx_xpmem_make(xhc_ctx_t *ctx, int64_t *segid, uintptr_t *probe);
 int xhc_ctx_set_xpmem(xhc_ctx_t *ctx, const int64_t *segids);
 int xhc_xpmem_probe(xhc_ctx_t *ctx, int peer, uintptr_t address);
-/* This rank will not take part in step any more (it raised before or
- * during a collective): peers that wait on it in the collective it began
- * last fail at once (XHC_ERR_PEER_LEFT); later ones stop waiting for it
- * as for a late rank, and time out.  Its next collective undoes it.
- * Collectives that fail in a wait, and xhc_ctx_close, call it
- * themselves. */
+/* This rank gave up on the collective it began last, after an error of
+ * its own: peers that wait on it there fail at once (XHC_ERR_PEER_LEFT),
+ * and in later collectives they stop waiting for it as for a late rank,
+ * and time out.  Collectives that fail in a wait call it themselves. */
 void xhc_ctx_leave(xhc_ctx_t *ctx);
+/* This rank finished every collective it began, and will not take the
+ * next one in step (it refused its arguments): peers stop waiting for it
+ * as for a late rank, and time out.  xhc_ctx_close calls it.  The next
+ * collective undoes either. */
+void xhc_ctx_withdraw(xhc_ctx_t *ctx);
 void xhc_ctx_close(xhc_ctx_t *ctx);
 
 /* One collective described once, run many times: the front end keeps a

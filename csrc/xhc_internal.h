@@ -13,8 +13,11 @@
 #define XHC_RING 4   /* small ops a rank may run ahead of the slowest */
 #define XHC_RS_WINDOWS 2 /* reduce-scatter staging windows per rank */
 /* Added to a rank's `entered` when it leaves: ahead of any operation its
- * peers could be in, however the sequence numbers wrap. */
+ * peers could be in, however the sequence numbers wrap.  With
+ * XHC_WITHDRAWN too, it left between operations, having finished every
+ * one it began: no peer may take that for having left its own. */
 #define XHC_LEFT (UINT64_C(1) << 62)
+#define XHC_WITHDRAWN (XHC_LEFT >> 1)
 #define XHC_ALIGNED __attribute__((aligned(XHC_LINE)))
 #define XHC_MAGIC 0x7868632d73686d32ull /* "xhc-shm2" */
 #define XHC_PIECE_SHIFT 3 /* Bcast piece flag: round << 3, plus pieces */

@@ -32,7 +32,8 @@ PATHS = {
     "allreduce.cma": lib.XHC_PATH_ALLREDUCE_CMA,
     "reduce.cma": lib.XHC_PATH_REDUCE_CMA,
 }
-_USAGE = {lib.XHC_ERR_ARG, lib.XHC_ERR_DTYPE_OP}
+# Arguments the core refuses before a collective begins.
+USAGE = {lib.XHC_ERR_ARG, lib.XHC_ERR_DTYPE_OP}
 
 
 def error(rc, what, ctx=None, pids=None):
@@ -57,7 +58,7 @@ def error(rc, what, ctx=None, pids=None):
                 "mount it larger, or use smaller arrays)")
     if rc == lib.XHC_ERR_FREED:
         return XhcError("xhc.Comm already freed", rc)
-    if rc in _USAGE:
+    if rc in USAGE:
         return ValueError(msg)
     return XhcError(msg, rc)
 

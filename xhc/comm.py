@@ -36,14 +36,14 @@ bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
 
 def _leaving(make):
     """Wrap a plan maker: if it raises about the arguments, this rank will
-    not enter the collective its peers may be waiting in, so it leaves
-    (Comm._leave); its next collective enters as usual."""
+    not enter the collective its peers may be waiting in, so it withdraws
+    (Comm._withdraw); its next collective enters as usual."""
     @functools.wraps(make)
     def wrapper(self, *args, **kwargs):
         try:
             return make(self, *args, **kwargs)
         except (TypeError, ValueError):
-            self._leave()
+            self._withdraw()
             raise
     return wrapper
 
@@ -174,15 +174,22 @@ class Comm(HotComm):
                            "in another thread; call it once that collective "
                            "has returned")
 
-    def _leave(self):
+    def _withdraw(self):
         """This rank raises instead of taking part: its peers stop counting
-        it late (xhc_ctx_leave), and time out rather than wait for it."""
-        if self._ctx:
-            lib.xhc_ctx_leave(self._ctx)
+        it late (xhc_ctx_withdraw), and time out rather than wait for it.
+        Not while a collective of this object runs in another thread (not
+        allowed, but not to be made worse): that one is not over."""
+        if self._ctx and not self._hot_busy(0):
+            lib.xhc_ctx_withdraw(self._ctx)
 
     def _raise(self, rc, what):
-        """Raise for core error RC; this rank leaves."""
-        self._leave()
+        """Raise for core error RC, which a collective returned: this rank
+        gave up on it (xhc_ctx_leave), or, for arguments the core refused
+        before it began, withdraws."""
+        if rc in _core.USAGE:
+            self._withdraw()
+        elif self._ctx:
+            lib.xhc_ctx_leave(self._ctx)
         raise _core.error(rc, what, self._ctx, getattr(self, "_pids", None))
 
     def _usable(self):
@@ -432,8 +439,11 @@ class Comm(HotComm):
         the other ranks stay in step, along the path FLAGS (a request's,
         agreed in Bcast_init) chooses."""
         scratch = ffi.new("char[]", max(b.nbytes, 1))
-        self._in_core(_run, _call(self._ctx, lib.XHC_BCAST, None, scratch,
-                                  b.nbytes, root=root, flags=flags))
+        rc = self._in_core(_run, _call(self._ctx, lib.XHC_BCAST, None,
+                                       scratch, b.nbytes, root=root,
+                                       flags=flags))
+        if rc:  # then the ranks are out of step: say so, not the buffer
+            self._raise(rc, "Bcast")
         raise ValueError("Bcast: the buffer is read-only on a receiving "
                          "rank; pass a writable array")
 
@@ -449,9 +459,11 @@ class Comm(HotComm):
             return r
         except (TypeError, ValueError):
             scratch = ffi.new("char[]", max(s.nbytes, 1))
-            self._in_core(_run, _call(self._ctx, lib.XHC_REDUCE, s, scratch,
-                                      s.count, s.dtype, OPS[id(op)], root,
-                                      flags))
+            rc = self._in_core(_run, _call(self._ctx, lib.XHC_REDUCE, s,
+                                           scratch, s.count, s.dtype,
+                                           OPS[id(op)], root, flags))
+            if rc:  # then the ranks are out of step: say so
+                self._raise(rc, "Reduce")
             raise
 
     def _reducible(self, op, dtype):
