@@ -4,9 +4,9 @@
  *
  * Usage: core_test NRANKS ITERATIONS [flat|tree] [cico|cma|adaptive]
  * Every child opens the segment, runs mixed collectives whose results it
- * checks against closed forms, and exits 0 only if all were right.  With
- * cma or adaptive, the children swap their pids through shared memory
- * first, and each must have read some peer's buffer by CMA.
+ * checks against closed forms, and exits 0 only if all were right.  The
+ * children swap their pids through shared memory first; with cma or
+ * adaptive, each must have read some peer's buffer by CMA.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,14 +78,10 @@ static int check_reduce(xhc_ctx_t *ctx, int rank, int n, size_t count,
 }
 
 /* Publish my pid on BOARD (shared by all ranks) once peers may read me by
- * CMA, wait for every rank's, and give them to the core; with copy cico,
- * no pids (0: nothing to read, nothing to watch). */
-static int swap_pids(xhc_ctx_t *ctx, int rank, int n, int copy,
-                     int64_t *board)
+ * CMA, wait for every rank's, and give them to the core, which also
+ * watches them: a child that dies fails the others' waits. */
+static int swap_pids(xhc_ctx_t *ctx, int rank, int n, int64_t *board)
 {
-    int64_t none[64] = { 0 };
-    if (copy == XHC_COPY_CICO)
-        return xhc_ctx_set_pids(ctx, none);
     xhc_ctx_probe_address(ctx); /* lets siblings read me */
     __atomic_store_n(&board[rank], (int64_t)getpid(), __ATOMIC_RELEASE);
     for (int r = 0, waited = 0; r < n; r++)
@@ -112,7 +108,7 @@ static int child(const char *name, size_t size, int rank, int n, int iters,
     CHECK(rc == 0, "open: %d", rc);
     for (int k = 0; k < XHC_NKINDS; k++)
         CHECK(xhc_ctx_set_hierarchy(ctx, k, nlevels, groups) == 0, "hier");
-    CHECK(swap_pids(ctx, rank, n, cfg->copy, board) == 0, "pids");
+    CHECK(swap_pids(ctx, rank, n, board) == 0, "pids");
     CHECK(xhc_barrier(ctx) == 0, "first barrier");
     for (int it = 0; it < iters; it++) {
         size_t sz = sizes[it % 7];
