@@ -118,10 +118,8 @@ int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
     /* XPMEM cannot attach nothing, and nothing needs no attachment. */
     if (!p && len && ctx->cfg.copy == XHC_COPY_XPMEM) {
         rc = xhc_xpmem_span(ctx, peer, src, offset, &p);
-        if (rc) {
-            ctx->failed_rank = peer;
-            return rc;
-        }
+        if (rc)
+            return xhc_fail(ctx, peer, rc);
     }
     if (p) {
         if (direct)
@@ -133,9 +131,7 @@ int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
     if (direct)
         *direct = dst;
     rc = xhc_cma_read(ctx->pids[peer], dst, src->addr + offset, len);
-    if (rc)
-        ctx->failed_rank = peer;
-    return rc;
+    return rc ? xhc_fail(ctx, peer, rc) : 0;
 }
 
 /* Copy LEN bytes to DST with non-temporal stores where the CPU has them.

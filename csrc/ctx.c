@@ -154,6 +154,14 @@ static void xhc_ctx_mark(xhc_ctx_t *ctx, uint64_t how)
 
 void xhc_ctx_leave(xhc_ctx_t *ctx)
 {
+    if (!ctx || !ctx->ctl)
+        return;
+    struct xhc_entered_line *e = &xhc_ctl(ctx, ctx->rank)->entered;
+    if (xhc_load_relaxed(&e->seq) == ctx->seq + XHC_LEFT)
+        return; /* a wait of mine failed and left: keep what it said */
+    /* Relaxed: published by the release in xhc_ctx_mark. */
+    atomic_store_explicit(&e->why, ctx->cause_why, memory_order_relaxed);
+    atomic_store_explicit(&e->who, ctx->cause_who, memory_order_relaxed);
     xhc_ctx_mark(ctx, XHC_LEFT);
 }
 
@@ -279,6 +287,12 @@ int xhc_ack_all(xhc_ctx_t *ctx, uint64_t seq)
     }
     ctx->ack_floor = seq;
     return 0;
+}
+
+int xhc_failed_cause(const xhc_ctx_t *ctx, int *rank)
+{
+    *rank = ctx->cause_who;
+    return ctx->cause_why;
 }
 
 int xhc_failed_rank(const xhc_ctx_t *ctx)

@@ -125,6 +125,20 @@ static int xhc_peer_left(xhc_ctx_t *ctx, int peer)
            == ctx->seq + XHC_LEFT;
 }
 
+/* PEER left my operation: the first error that made it leave is the
+ * first of mine too. */
+static void xhc_inherit_cause(xhc_ctx_t *ctx, int peer)
+{
+    struct xhc_entered_line *e = &xhc_ctl(ctx, peer)->entered;
+    /* Relaxed: written before the release of its leave, which
+     * xhc_peer_left acquired. */
+    int why = atomic_load_explicit(&e->why, memory_order_relaxed);
+    if (why) {
+        ctx->cause_why = why;
+        ctx->cause_who = atomic_load_explicit(&e->who, memory_order_relaxed);
+    }
+}
+
 static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
                          int peer, int exact)
 {
@@ -157,10 +171,13 @@ static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
             deadline = xhc_now() + ctx->cfg.timeout;
             continue;
         }
-        ctx->failed_rank = peer;
+        int rc = gone ? XHC_ERR_PEER_GONE
+                      : left ? XHC_ERR_PEER_LEFT : XHC_ERR_TIMEOUT;
+        xhc_fail(ctx, peer, rc);
+        if (left)
+            xhc_inherit_cause(ctx, peer);
         xhc_ctx_leave(ctx);
-        return gone ? XHC_ERR_PEER_GONE
-                    : left ? XHC_ERR_PEER_LEFT : XHC_ERR_TIMEOUT;
+        return rc;
     }
 }
 

@@ -158,6 +158,10 @@ int xhc_reduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                size_t count, int dtype, int op, int root);
 
 int xhc_failed_rank(const xhc_ctx_t *ctx);
+/* The first error of this rank's last failed collective (0 if none is
+ * known), which may be a peer's that made it give up (XHC_ERR_PEER_LEFT),
+ * and in *RANK the rank that error names. */
+int xhc_failed_cause(const xhc_ctx_t *ctx, int *rank);
 uint64_t xhc_stat(const xhc_ctx_t *ctx, int path);
 uint64_t xhc_seq(const xhc_ctx_t *ctx);
 size_t xhc_dtype_size(int dtype);

@@ -47,6 +47,14 @@ struct xhc_seq_line {
     xhc_flag_t seq;
 } XHC_ALIGNED;
 
+/* The operation I entered; if I left it, the first error that made me
+ * (wait.c), so that ranks that waited on me can name it. */
+struct xhc_entered_line {
+    xhc_flag_t seq;
+    _Atomic int32_t why; /* that error's code, 0 if none is known */
+    _Atomic int32_t who; /* the rank it names */
+} XHC_ALIGNED;
+
 /* Ranks asleep on one of my flags (cfg.sleep): the one counter several
  * ranks write, each only on its way into and out of the kernel; I read
  * it after every publish and wake the flag's sleepers if it is not 0. */
@@ -78,7 +86,7 @@ struct xhc_big_line {
 struct xhc_rank_ctl {
     struct xhc_flag_line down[XHC_RING]; /* data for my tree children */
     struct xhc_flag_line up[XHC_RING];   /* my contribution, for parents */
-    struct xhc_seq_line entered;         /* I started operation SEQ */
+    struct xhc_entered_line entered;     /* I started operation SEQ */
     struct xhc_seq_line ack;             /* I finished operation SEQ */
     struct xhc_big_line big;             /* my user buffers, large ops */
     struct xhc_seq_line done;            /* my reduce-scatter slice is final */
@@ -189,6 +197,7 @@ struct xhc_ctx {
     struct xhc_xpmem xp;
     uint64_t probe_word;
     int failed_rank;
+    int cause_why, cause_who; /* this op's first error, and whom it names */
     void (*block_hook)(void *); /* see xhc_ctx_set_block_hook */
     void *block_arg;
     uint64_t stats[XHC_NPATHS];
@@ -343,10 +352,23 @@ static inline struct xhc_rank_ctl *xhc_ctl(xhc_ctx_t *ctx, int rank)
 static inline uint64_t xhc_begin(xhc_ctx_t *ctx)
 {
     uint64_t seq = ++ctx->seq;
+    ctx->cause_why = 0;
     /* Relaxed: read only by waiters past their timeout (wait.c); it
      * orders nothing. */
     xhc_store_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq, seq);
     return seq;
+}
+
+/* Fail with RC, an error about PEER: name it, as this op's first error
+ * unless one came before. */
+static inline int xhc_fail(xhc_ctx_t *ctx, int peer, int rc)
+{
+    ctx->failed_rank = peer;
+    if (!ctx->cause_why) {
+        ctx->cause_why = rc;
+        ctx->cause_who = peer;
+    }
+    return rc;
 }
 
 /* Bytes of one up slot: a Reduce may carry more than cico_max upwards. */

@@ -240,10 +240,8 @@ int xhc_xpmem_probe(xhc_ctx_t *ctx, int peer, uintptr_t address)
     const unsigned char *p;
     uint64_t word;
     int rc = xhc_xpmem_span(ctx, peer, &src, 0, &p);
-    if (rc) {
-        ctx->failed_rank = peer;
-        return rc;
-    }
+    if (rc)
+        return xhc_fail(ctx, peer, rc);
     memcpy(&word, p, sizeof(word));
     return word == xhc_probe_value(peer) ? 0 : XHC_ERR_COPY;
 }

@@ -391,6 +391,10 @@ def test_a_peer_that_left_the_collective_fails_its_waiters_at_once():
                 took = time.monotonic() - t0
                 assert rc == want, (marks, strerror(rc))
                 assert lib.xhc_failed_rank(ctx0) == 1
+                # Rank 1 left knowing no error: the first is rank 0's own.
+                who = ffi.new("int *")
+                assert lib.xhc_failed_cause(ctx0, who) == want
+                assert who[0] == 1
                 if want == lib.XHC_ERR_PEER_LEFT:
                     assert took < 2, (marks, took)
                 else:

@@ -517,7 +517,7 @@ def test_dead_rank_is_named(killed):
     survivor raises XhcError long before XHC_TIMEOUT (5 s).  One that
     waits on rank 2 names it as exited; one that waits only through
     another (rank 1 on its leader, rank 0, in groups of 2) names that
-    rank as having given up."""
+    rank as having given up, and rank 2's exit as the first error."""
     assert killed.get("KILLING"), "rank 2 never got to kill itself\n" + \
         killed.output()
     assert not killed.get("NODETECT"), killed.output()
@@ -534,6 +534,8 @@ def test_dead_rank_is_named(killed):
         else:
             assert int(m.group(1)) in survivors and GAVE_UP in kv["msg"], \
                 kv["msg"]
+            assert "the first error was about rank 2: a peer process " \
+                "has exited" in kv["msg"], kv["msg"]
         # 0.3 s of that is rank 2's sleep before it kills itself.
         assert float(kv["t"]) < 2.5, f"rank {r} took {kv['t']} s"
     assert any("(waiting for rank 2," in kv["msg"] for kv in rep.values())

@@ -36,6 +36,16 @@ PATHS = {
 USAGE = {lib.XHC_ERR_ARG, lib.XHC_ERR_DTYPE_OP}
 
 
+def _first_error(ctx, peer):
+    """What made PEER give up on the collective, as far as it is known."""
+    who = ffi.new("int *")
+    why = lib.xhc_failed_cause(ctx, who)
+    if why in (0, lib.XHC_ERR_PEER_LEFT):
+        return f"; rank {peer}'s own error says what went wrong"
+    return (f"; the first error was about rank {who[0]}: "
+            f"{ffi.string(lib.xhc_strerror(why)).decode()}")
+
+
 def error(rc, what, ctx=None, pids=None):
     """Return the exception for C return code RC of the call WHAT."""
     msg = f"{what}: {ffi.string(lib.xhc_strerror(rc)).decode()}"
@@ -49,7 +59,7 @@ def error(rc, what, ctx=None, pids=None):
                     "in the same order, or raise XHC_TIMEOUT if it is only "
                     "slow")
         if rc == lib.XHC_ERR_PEER_LEFT:
-            msg += f"; rank {peer}'s own error says what went wrong"
+            msg += _first_error(ctx, peer)
         msg += ")"
     if rc == lib.XHC_ERR_COPY and ctx and lib.xhc_failed_rank(ctx) >= 0:
         msg += f" (reading rank {lib.xhc_failed_rank(ctx)})"
