@@ -147,18 +147,24 @@ static void xhc_ctx_mark(xhc_ctx_t *ctx, uint64_t how)
     /* Release: a waiter that sees me leave also sees every flag I
      * published before, so it does not mistake one it missed for one I
      * will never raise. */
-    if (ctx && ctx->ctl)
-        xhc_store_release(&xhc_ctl(ctx, ctx->rank)->entered.seq,
-                          ctx->seq + how);
+    xhc_store_release(&xhc_ctl(ctx, ctx->rank)->entered.seq, ctx->seq + how);
+}
+
+/* Is my mark to stay as it is?  With no segment there is none; and once
+ * I gave up on my last operation, what that said stands: a second leave,
+ * or a withdraw, keeps it.  (Only I write my line.) */
+static int xhc_ctx_keep_mark(xhc_ctx_t *ctx)
+{
+    return !ctx || !ctx->ctl
+           || xhc_load_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq)
+              == ctx->seq + XHC_LEFT;
 }
 
 void xhc_ctx_leave(xhc_ctx_t *ctx)
 {
-    if (!ctx || !ctx->ctl)
+    if (xhc_ctx_keep_mark(ctx))
         return;
     struct xhc_entered_line *e = &xhc_ctl(ctx, ctx->rank)->entered;
-    if (xhc_load_relaxed(&e->seq) == ctx->seq + XHC_LEFT)
-        return; /* a wait of mine failed and left: keep what it said */
     /* Relaxed: published by the release in xhc_ctx_mark. */
     atomic_store_explicit(&e->why, ctx->cause_why, memory_order_relaxed);
     atomic_store_explicit(&e->who, ctx->cause_who, memory_order_relaxed);
@@ -167,10 +173,7 @@ void xhc_ctx_leave(xhc_ctx_t *ctx)
 
 void xhc_ctx_withdraw(xhc_ctx_t *ctx)
 {
-    /* Having given up on my last operation says more: keep it. */
-    if (ctx && ctx->ctl
-        && xhc_load_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq)
-           != ctx->seq + XHC_LEFT)
+    if (!xhc_ctx_keep_mark(ctx))
         xhc_ctx_mark(ctx, XHC_LEFT + XHC_WITHDRAWN);
 }
 
