@@ -32,6 +32,11 @@ PATHS = {
     "allreduce.cma": lib.XHC_PATH_ALLREDUCE_CMA,
     "reduce.cma": lib.XHC_PATH_REDUCE_CMA,
 }
+def strerror(rc):
+    """The core's message for return code RC."""
+    return ffi.string(lib.xhc_strerror(rc)).decode()
+
+
 # Arguments the core refuses before a collective begins.
 USAGE = {lib.XHC_ERR_ARG, lib.XHC_ERR_DTYPE_OP}
 
@@ -42,13 +47,12 @@ def _first_error(ctx, peer):
     why = lib.xhc_failed_cause(ctx, who)
     if why in (0, lib.XHC_ERR_PEER_LEFT):
         return f"; rank {peer}'s own error says what went wrong"
-    return (f"; the first error was about rank {who[0]}: "
-            f"{ffi.string(lib.xhc_strerror(why)).decode()}")
+    return f"; the first error was about rank {who[0]}: {strerror(why)}"
 
 
 def error(rc, what, ctx=None, pids=None):
     """Return the exception for C return code RC of the call WHAT."""
-    msg = f"{what}: {ffi.string(lib.xhc_strerror(rc)).decode()}"
+    msg = f"{what}: {strerror(rc)}"
     if rc in (lib.XHC_ERR_TIMEOUT, lib.XHC_ERR_PEER_GONE,
               lib.XHC_ERR_PEER_LEFT) and ctx:
         peer = lib.xhc_failed_rank(ctx)
@@ -200,7 +204,7 @@ def xpmem_status_text(status):
     if status == -errno.ENODEV:
         return "libxpmem found but /dev/xpmem does not work (is the xpmem " \
                "kernel module loaded?)"
-    return ffi.string(lib.xhc_strerror(status)).decode()
+    return strerror(status)
 
 
 def _xpmem_probe(comm, ctx, got):
@@ -215,7 +219,7 @@ def _xpmem_probe(comm, ctx, got):
         return None
     rank, code = bad[0]
     return (f"rank {rank} cannot read rank {(rank + 1) % comm.size} "
-            f"through XPMEM: {ffi.string(lib.xhc_strerror(code)).decode()}")
+            f"through XPMEM: {strerror(code)}")
 
 
 def _setup_xpmem(comm, ctx):
@@ -294,8 +298,7 @@ def cma_problem():
     """Why this process cannot read its peers with CMA, or None."""
     rc = lib.xhc_cma_selftest()
     if rc:
-        return "process_vm_readv unusable: " + \
-            ffi.string(lib.xhc_strerror(rc)).decode()
+        return "process_vm_readv unusable: " + strerror(rc)
     scope = "0"
     try:
         with open("/proc/sys/kernel/yama/ptrace_scope") as f:
