@@ -654,6 +654,12 @@ def _shared_call(ctx, kind, send, recv, count, root, dtype=lib.XHC_INT64):
     return lib.xhc_run(call)
 
 
+def _large_calls(ctx):
+    """Calls so far on the large path: Bcast, Allreduce, Reduce."""
+    return [int(lib.xhc_stat(ctx, getattr(lib, f"XHC_PATH_{k}_LARGE")))
+            for k in ("BCAST", "ALLREDUCE", "REDUCE")]
+
+
 def shared_calls(ctx, rank, n, iters, cfg, board):
     """Calls whose ranks agreed that their buffers are in node shared
     memory (XHC_CALL_SHARED), with every buffer in the board, which every
@@ -673,8 +679,7 @@ def shared_calls(ctx, rank, n, iters, cfg, board):
         root = it % n
         seed = np.arange(count, dtype=np.int64) + it
         what = f"shared, {count * 8} B, root {root}"
-        before = [int(lib.xhc_stat(ctx, getattr(lib, f"XHC_PATH_{k}_LARGE")))
-                  for k in ("BCAST", "ALLREDUCE", "REDUCE")]
+        before = _large_calls(ctx)
         buf = mine[:count]
         buf[:] = seed * 3 + root if rank == root else -1
         _check(_shared_call(ctx, lib.XHC_BCAST, None, buf, count * 8, root),
@@ -698,8 +703,7 @@ def shared_calls(ctx, rank, n, iters, cfg, board):
         _expect_equal(recv, want if rank == root else np.full(count, -1),
                       "reduce " + what)
         _check(lib.xhc_barrier(ctx), "barrier")  # areas are rewritten next
-        after = [int(lib.xhc_stat(ctx, getattr(lib, f"XHC_PATH_{k}_LARGE")))
-                 for k in ("BCAST", "ALLREDUCE", "REDUCE")]
+        after = _large_calls(ctx)
         want = [count * 8 >= 16384, 2 * (count * 8 >= 8192),
                 count * 8 >= 16384]
         if [a - b for a, b in zip(after, before)] != want:
