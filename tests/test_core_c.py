@@ -6,7 +6,7 @@ import signal
 import subprocess
 
 import pytest
-from test_xpmem import cma_works_here
+from mpi_cases.host import cma_works_here
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(os.path.dirname(HERE), "csrc")

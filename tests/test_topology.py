@@ -7,7 +7,7 @@ import sys
 import warnings
 
 import pytest
-from test_xpmem import cma_works_here
+from mpi_cases.host import expected_copy
 
 from mpirun import mpi_scratch, run_mpi
 from xhc import config, hierarchy, topology
@@ -367,12 +367,9 @@ def test_info_reports_waiting_for_the_load(n, env):
     assert w["crowded"] == (n > w["cpus"])
     # Crowded ranks stage large private buffers rather than read by CMA.
     moves = doc["transport"]
-    if w["crowded"] and moves["name"] != "xpmem":
-        assert moves["name"] == "cico", moves
+    assert moves["name"] == expected_copy(w["crowded"]), moves
+    if moves["name"] == "cico" and w["crowded"]:
         assert "ranks outnumber CPUs" in moves["reason"], moves
-    if not w["crowded"] and moves["name"] != "xpmem":
-        want = "adaptive" if cma_works_here() else "cico"
-        assert moves["name"] == want, moves
     if env.get("XHC_WINDOWS"):
         assert (w["bcast_windows"], w["spin"], w["sleep"]) == (5, 99, 7)
         assert w["reduce_cico_max"] == 0   # the chosen cico_max holds

@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 from xhc._xhc import ffi, lib
 
+from mpi_cases.host import cma_works_here
 from xhc import _core, config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -485,28 +486,6 @@ def test_auto_takes_xpmem_when_it_works(fake_dir, env, auto_why):
         assert res["msg"].startswith(f"XHC_COPY=xpmem: XPMEM is unavailable "
                                      f"({auto_why}"), res
         assert "unset XHC_COPY, or install and load XPMEM" in res["msg"], res
-
-
-def cma_works_here():
-    """Can a process read its own memory with process_vm_readv, and does
-    Yama let siblings ptrace each other?  Asked of libc, not of xhc."""
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    class Iovec(ctypes.Structure):
-        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-    src, dst = ctypes.c_uint64(0x786863), ctypes.c_uint64(0)
-    local = Iovec(ctypes.cast(ctypes.byref(dst), ctypes.c_void_p), 8)
-    remote = Iovec(ctypes.cast(ctypes.byref(src), ctypes.c_void_p), 8)
-    libc.process_vm_readv.restype = ctypes.c_ssize_t
-    got = libc.process_vm_readv(os.getpid(), ctypes.byref(local), 1,
-                                ctypes.byref(remote), 1, 0)
-    try:
-        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
-            scope = f.read().strip()
-    except OSError:
-        scope = "0"
-    return got == 8 and dst.value == src.value and scope not in ("2", "3")
 
 
 def test_without_libxpmem_auto_adapts_or_stages():

@@ -31,7 +31,7 @@ import warnings
 
 import numpy as np
 from mpi4py import MPI
-from xhc import _core
+from host import expected_copy
 from xhc._xhc import lib
 
 import xhc
@@ -2508,12 +2508,12 @@ def check_config(xcomm, comm, v, expect_levels):
         v.check("config windows auto", (cfg["windows"] > 2) == crowded,
                 f"{cfg['windows']} with {comm.size} ranks on cpus "
                 f"{sorted(set().union(*map(set, cpus)))}")
-    # Without XPMEM, "auto" adapts wherever CMA works between the ranks
-    # and they do not outnumber their CPUs (as the offline report
-    # predicts), else it stages.
+    # "auto" takes XPMEM where it works; else it adapts wherever CMA
+    # works between the ranks and they do not outnumber their CPUs, else
+    # it stages: as this host's libc and libxpmem say, not xhc.
     want = env.get("XHC_COPY", "auto")
     if want == "auto":
-        want = _core.transport_info(crowded)[0]
+        want = expected_copy(crowded)
     v.check(f"copy {want}", info["copy"] == want, info["copy"])
     if expect_levels:
         depth = {k: len(lv) for k, lv in info["levels"].items()}
