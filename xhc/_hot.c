@@ -90,7 +90,12 @@ static PyObject *slow(PyObject *self, const char *name, PyObject *const *args,
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     if (n + nkw > 7) {
         Py_DECREF(meth);
-        PyErr_SetString(PyExc_TypeError, "too many arguments");
+        /* This rank will not take part: withdraw, as _leaving does. */
+        PyObject *done = PyObject_CallMethod(self, "_withdraw", NULL);
+        if (done)
+            PyErr_Format(PyExc_TypeError, "%s(): too many arguments",
+                         name + 1);
+        Py_XDECREF(done);
         return NULL;
     }
     stack[0] = self;

@@ -34,16 +34,30 @@ _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
 bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
 
 
-def _leaving(make):
-    """Wrap a plan maker: if it raises about the arguments, this rank will
-    not enter the collective its peers may be waiting in, so it withdraws
-    (Comm._withdraw); its next collective enters as usual."""
-    @functools.wraps(make)
+_IN_STEP = "_xhc_in_step"
+
+
+def _in_step(exc):
+    """Mark EXC as raised by a rank that took part in its collective (into
+    scratch memory, or in mpi4py's for a fallback): _leaving lets it be."""
+    setattr(exc, _IN_STEP, True)
+    return exc
+
+
+def _leaving(entry):
+    """Wrap a collective's entry point: whatever it raises before this rank
+    took part (a bad argument, the wrong number of them, an MPI error
+    while staging), this rank will not enter the collective its peers may
+    be waiting in, so it withdraws (Comm._withdraw); its next collective
+    enters as usual.  A rank that gave up inside the core has marked that
+    already, and a withdraw keeps the mark."""
+    @functools.wraps(entry)
     def wrapper(self, *args, **kwargs):
         try:
-            return make(self, *args, **kwargs)
-        except (TypeError, ValueError):
-            self._withdraw()
+            return entry(self, *args, **kwargs)
+        except BaseException as exc:
+            if not getattr(exc, _IN_STEP, False):
+                self._withdraw()
             raise
     return wrapper
 
@@ -155,13 +169,20 @@ class Comm(HotComm):
     def _fallback(self, name, *args):
         self._warn(f"{name}: {self._why}")
         self._fallbacks += 1
-        return getattr(self._comm, name)(*args)
+        try:
+            return getattr(self._comm, name)(*args)
+        except BaseException as exc:
+            raise _in_step(exc)
 
     def _in_core(self, fn, *args):
         """FN(*ARGS), a core call that may release the GIL while it waits:
-        counted as under way, as HotComm counts its own."""
+        counted as under way, as HotComm counts its own.  The count comes
+        first: a free() from another thread since this call began (while
+        its plan was made) has closed the context FN would run on."""
         self._hot_busy(1)
         try:
+            if self._state == "freed":
+                raise XhcError("xhc.Comm already freed")
             return fn(*args)
         finally:
             self._hot_busy(-1)
@@ -207,6 +228,7 @@ class Comm(HotComm):
     # Any other call comes here, to the same name with an underscore,
     # which makes a new plan (or falls back, or raises) and runs it.
 
+    @_leaving
     def _Barrier(self):
         """Block until every rank has called Barrier."""
         rc = self._in_core(_barrier, self._ctx)
@@ -215,6 +237,7 @@ class Comm(HotComm):
                 return self._fallback("Barrier")
             self._raise(rc, "Barrier")
 
+    @_leaving
     def _Bcast(self, buf, root=0):
         """Broadcast BUF from ROOT, as mpi4py's Comm.Bcast."""
         p = self._bcast_plan(buf, root)
@@ -224,6 +247,7 @@ class Comm(HotComm):
         if rc:
             self._failed("_Bcast", rc, (buf, root))
 
+    @_leaving
     def _Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Reduce SENDBUF over all ranks into RECVBUF (IN_PLACE allowed)."""
         p = self._allreduce_plan(sendbuf, recvbuf, op)
@@ -233,6 +257,7 @@ class Comm(HotComm):
         if rc:
             self._failed("_Allreduce", rc, (sendbuf, recvbuf, op))
 
+    @_leaving
     def _Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
         """Reduce SENDBUF over all ranks into ROOT's RECVBUF."""
         p = self._reduce_plan(sendbuf, recvbuf, op, root)
@@ -255,6 +280,7 @@ class Comm(HotComm):
     # -- persistent collectives (MPI-4 style) ---------------------------------
     # All argument work happens in *_init; Start() is the C call alone.
 
+    @_leaving
     def Barrier_init(self, info=None):
         """A persistent Barrier; falls back to mpi4py's when not accelerated."""
         if not self._usable():
@@ -262,6 +288,7 @@ class Comm(HotComm):
         return Request(functools.partial(_barrier, self._ctx), "Barrier", self,
                        bind=(0, 0, _address(_barrier_fn), _address(self._ctx)))
 
+    @_leaving
     def Bcast_init(self, buf, root=0, info=None):
         """A persistent Bcast of BUF from ROOT."""
         flags = self._shared_flag(buf if _same_rank(root, self._comm.rank)
@@ -271,6 +298,7 @@ class Comm(HotComm):
             return self._fallback("Bcast_init", buf, root, *_info(info))
         return Request(p[2], f"Bcast(root={root}, {p[3].count} B)", self, p)
 
+    @_leaving
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):
         """A persistent Allreduce of SENDBUF into RECVBUF."""
         flags = self._shared_flag(recvbuf,
@@ -281,6 +309,7 @@ class Comm(HotComm):
                                   *_info(info))
         return Request(p[3], f"Allreduce ({p[4].count} elements)", self, p)
 
+    @_leaving
     def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=None):
         """A persistent Reduce of SENDBUF into ROOT's RECVBUF."""
         flags = self._shared_flag(None if in_place(sendbuf) else sendbuf,
@@ -356,7 +385,6 @@ class Comm(HotComm):
                              f"an int from 0 to {self._comm.size - 1}")
         return r
 
-    @_leaving
     def _bcast_plan(self, buf, root, remember=True, flags=0):
         """(buf, root, run, call, buffer, ...): see _plan; FLAGS as for
         _allreduce_plan."""
@@ -375,7 +403,6 @@ class Comm(HotComm):
             self._remember(self._bcast_plans, id(buf), _kept(plan, 2))
         return plan
 
-    @_leaving
     def _allreduce_plan(self, sendbuf, recvbuf, op, flags=0):
         """(sendbuf, recvbuf, op, run, call, ...): see _plan.  A plan with
         FLAGS (agreed in *_init) is its request's alone: never remembered
@@ -385,9 +412,12 @@ class Comm(HotComm):
         known = predefined(op)
         r = resolve(recvbuf)
         s = r if in_place(sendbuf) else resolve(sendbuf)
+        # Only this rank sees its receive buffer: a mismatch raises here,
+        # before the dtype could make this rank alone fall back.
+        _check_pair(s, r, "Allreduce")
         if not self._reducible(known, r.dtype):
             return None
-        _check_pair(s, r, known, "Allreduce")
+        _check_op(r, known, "Allreduce")
         call = _call(self._ctx, lib.XHC_ALLREDUCE, s, r, r.count, r.dtype,
                      OPS[id(known)], flags=flags)
         moves = [(r, True, True)] if s is r else [(s, True, False),
@@ -400,7 +430,6 @@ class Comm(HotComm):
                            _kept(plan, 3))
         return plan
 
-    @_leaving
     def _reduce_plan(self, sendbuf, recvbuf, op, root, flags=0):
         """(sendbuf, recvbuf, op, root, run, call, ...): see _plan; FLAGS
         as for _allreduce_plan."""
@@ -444,8 +473,8 @@ class Comm(HotComm):
                                        flags=flags))
         if rc:  # then the ranks are out of step: say so, not the buffer
             self._raise(rc, "Bcast")
-        raise ValueError("Bcast: the buffer is read-only on a receiving "
-                         "rank; pass a writable array")
+        raise _in_step(ValueError("Bcast: the buffer is read-only on a "
+                                  "receiving rank; pass a writable array"))
 
     def _root_recv(self, s, recvbuf, op, root, inplace, flags=0):
         """The root's receive buffer.  Only the root sees it, so if it is
@@ -455,16 +484,16 @@ class Comm(HotComm):
         requests will."""
         try:
             r = s if inplace else resolve(recvbuf)
-            _check_pair(s, r, op, "Reduce")
+            _check_pair(s, r, "Reduce")
             return r
-        except (TypeError, ValueError):
+        except (TypeError, ValueError) as exc:
             scratch = ffi.new("char[]", max(s.nbytes, 1))
             rc = self._in_core(_run, _call(self._ctx, lib.XHC_REDUCE, s,
                                            scratch, s.count, s.dtype,
                                            OPS[id(op)], root, flags))
             if rc:  # then the ranks are out of step: say so
                 self._raise(rc, "Reduce")
-            raise
+            raise _in_step(exc)
 
     def _reducible(self, op, dtype):
         if id(op) not in OPS:
@@ -542,8 +571,12 @@ class Comm(HotComm):
         self.free()
 
     def __del__(self):
+        # Unbound first: a finalizer of another object in a garbage cycle
+        # may still call a collective on this one.
         ctx = getattr(self, "_ctx", None)
         if ctx:
+            self._ctx, self._state = ffi.NULL, "freed"
+            self._bind(ffi.NULL)
             lib.xhc_ctx_close(ctx)
 
     def __repr__(self):
@@ -595,13 +628,15 @@ def _plan(args, call, moves, guarded, nbytes, buffers):
 
 def _staged_run(run, loads, stores):
     """Fill the staged copies the call reads, run it, write back the ones
-    it wrote."""
+    it wrote (an error then comes from a rank that took part)."""
     for load in loads:
         load()
     rc = run()
-    if rc == 0:
-        for store in stores:
+    try:
+        for store in stores if rc == 0 else ():
             store()
+    except BaseException as exc:
+        raise _in_step(exc)
     return rc
 
 
@@ -688,6 +723,7 @@ class Request(HotRequest):
             self._hot_bind(xcomm, *bind)
         xcomm._requests.add(self)  # free() frees its requests
 
+    @_leaving
     def _Start(self):
         call = self._call
         if call is None:
@@ -699,6 +735,9 @@ class Request(HotRequest):
 
     def _failed(self, rc):
         self._xcomm._raise(rc, self._what)
+
+    def _withdraw(self):
+        self._xcomm._withdraw()
 
     def Test(self, status=None):
         """True: Start() completed the operation."""
@@ -767,8 +806,9 @@ def _kept(plan, nargs):
     return plan[:first] + held + plan[last:]
 
 
-def _check_pair(s, r, op, name):
-    """Raise, naming the fix, if S and R cannot be reduced into R."""
+def _check_pair(s, r, name):
+    """Raise, naming the fix, if S and R cannot be reduced into R (the op
+    is _check_op's)."""
     if not r.writable:
         raise ValueError(f"{name}: the receive buffer is read-only; pass a "
                          "writable array")
@@ -782,7 +822,6 @@ def _check_pair(s, r, op, name):
         raise ValueError(f"{name}: the send and receive buffers overlap, "
                          "which MPI forbids; pass MPI.IN_PLACE as the send "
                          "buffer, or separate arrays")
-    _check_op(r, op, name)
 
 
 def _partly_overlap(s, r):
