@@ -256,6 +256,7 @@ def _of_packed(spec, raw, count, displ, dt):
     extent = _bounds(dt)[1]
     if count is None:
         count = _whole_count(len(raw), displ, extent)
+    _check_span(dt, len(raw), count, displ, extent)
     return _packed(spec, raw.__array_interface__["data"][0], count, displ,
                    dt.Dup(), raw.flags.writeable)
 
@@ -274,13 +275,46 @@ def _of_bottom(spec, count, displ, dt):
     return _packed(spec, lb, count, displ, own, True)
 
 
+def _check_span(dt, nbytes, count, displ, extent):
+    """Raise unless COUNT elements of DT from DISPL extents on lie within
+    a buffer of NBYTES (as MPI touches them: from the true lower bound of
+    the first to the true upper bound of the last)."""
+    if count <= 0 or displ < 0:
+        return  # nothing touched; a negative count is _packed's to refuse
+    true_lb, true_extent = dt.Get_true_extent()
+    lo = displ * extent + true_lb
+    hi = lo + (count - 1) * extent + true_extent
+    if lo < 0 or hi > nbytes:
+        raise ValueError(f"buffer of {nbytes} bytes is too small for "
+                         f"{count} elements of a datatype of extent {extent} "
+                         f"at {displ} (they span bytes {lo} to {hi}); pass a "
+                         "larger buffer or a smaller count")
+
+
 def _bounds(dt):
-    """DT's (lower bound, extent); raise unless the extent is positive."""
-    lb, extent = dt.Get_extent()
+    """DT's (lower bound, extent); raise, naming the fix, unless DT can be
+    used (MPI.DATATYPE_NULL cannot; a derived datatype must be committed)
+    and its extent is positive."""
+    try:
+        lb, extent = dt.Get_extent()
+        # Packs nothing; fails only for a datatype no call could use.
+        dt.Pack(bytearray(0), bytearray(1), 0, MPI.COMM_SELF)
+    except MPI.Exception as exc:
+        fix = ("pass a datatype" if dt == MPI.DATATYPE_NULL else
+               "commit a derived datatype (dt.Commit()) before passing it")
+        raise TypeError(f"datatype {_type_name(dt)} cannot be used "
+                        f"({exc.Get_error_string()}); {fix}") from None
     if extent <= 0:
-        raise ValueError(f"datatype {dt.Get_name() or 'derived'} has extent "
+        raise ValueError(f"datatype {_type_name(dt)} has extent "
                          f"{extent}; give it a positive one")
     return lb, extent
+
+
+def _type_name(dt):
+    """DT's name for a message."""
+    if dt == MPI.DATATYPE_NULL:
+        return "MPI.DATATYPE_NULL"
+    return dt.Get_name() or "derived"
 
 
 def _packed(spec, address, count, displ, own, writable):
