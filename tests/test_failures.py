@@ -234,7 +234,7 @@ def killed(request):
 def disagreeing():
     # One flat level: each root waits on the other ranks directly.
     return Launch(3, ["roots"], env={"XHC_TIMEOUT": "3",
-                                     "XHC_HIERARCHY": "node"}, timeout=60)
+                                     "XHC_HIERARCHY": "node"}, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -284,6 +284,19 @@ ARG_CASES = [
      r"pass MPI\.IN_PLACE as the send buffer, or separate arrays$"),
     ("allreduce-overlap-large", "ValueError",
      r"buffers overlap, .*; pass MPI\.IN_PLACE"),
+    ("allreduce-null-type", "TypeError",
+     r"^datatype MPI\.DATATYPE_NULL cannot be used \(MPI_ERR_TYPE: .*\); "
+     r"pass a datatype$"),
+    ("allreduce-uncommitted-type", "TypeError",
+     r"^datatype derived cannot be used \(MPI_ERR_TYPE: .*\); commit a "
+     r"derived datatype \(dt\.Commit\(\)\) before passing it$"),
+    ("bcast-derived-past-the-buffer", "ValueError",
+     r"^buffer of 32 bytes is too small for 100 elements of a datatype of "
+     r"extent 24 at 0 \(they span bytes 0 to 2400\); pass a larger buffer "
+     r"or a smaller count$"),
+    ("allreduce-extra-arg", "TypeError", r"but 5 were given$"),
+    ("allreduce-many-args", "TypeError",
+     r"^Allreduce\(\): too many arguments$"),
     ("reduce-send-object", "TypeError",
      r"object is not a buffer: " + BUFFER_FIX),
     # Every rank, not only the root, should say which op and which data.
@@ -495,6 +508,57 @@ def test_ranks_that_raised_are_not_waited_for(disagreeing):
         assert float(bad[r]["t"]) <= 2 * timeout + 4, bad[r]
 
 
+# (case, what rank 1 raised, its message)
+ONE_RANK_REFUSES = [
+    ("null-type", "TypeError",
+     r"^datatype MPI\.DATATYPE_NULL cannot be used \(MPI_ERR_TYPE: .*\); "
+     r"pass a datatype$"),
+    ("uncommitted-type", "TypeError",
+     r"cannot be used \(MPI_ERR_TYPE: .*\); commit a derived datatype "
+     r"\(dt\.Commit\(\)\) before passing it$"),
+    ("extra-arg", "TypeError", r"but 5 were given$"),
+    ("many-args", "TypeError", r"^Allreduce\(\): too many arguments$"),
+    ("recv-complex", "ValueError",
+     r"^Allreduce: send and receive buffers differ in dtype; use the same "
+     r"dtype for both$"),
+]
+
+
+@pytest.mark.parametrize("case,exc,pattern", ONE_RANK_REFUSES,
+                         ids=[c[0] for c in ONE_RANK_REFUSES])
+def test_a_rank_that_refuses_any_way_is_not_waited_for(disagreeing, case,
+                                                       exc, pattern):
+    """Whatever rank 1 raises before it takes part (an MPI error about a
+    datatype, the wrong number of arguments, a receive buffer that would
+    have made it alone fall back), its peers time out instead of waiting
+    for it until its next collective, and pairing with that one."""
+    rep = disagreeing.by_rank("REFUSES-" + case)
+    assert sorted(rep) == [0, 1, 2], disagreeing.output()
+    assert rep[1]["exc"] == exc and re.search(pattern, rep[1]["msg"]), rep[1]
+    for r in (0, 2):
+        assert rep[r]["exc"] == "XhcError", rep[r]
+        assert TIMED_OUT in rep[r]["msg"], rep[r]
+        assert float(rep[r]["t"]) <= 2 * 1 + 4, rep[r]
+
+
+@pytest.mark.parametrize("case,bad", [("bcast-readonly", 1),
+                                      ("reduce-recv-readonly", 2)])
+def test_a_rank_that_took_part_then_raised_is_waited_for(disagreeing, case,
+                                                         bad):
+    """A rank whose own buffer is bad takes part into scratch memory, then
+    raises: it is in step, so when it comes 2.5 timeouts late to the next
+    collective its peers wait for it, as for any late rank."""
+    rep = disagreeing.by_rank("TOOK-PART-" + case)
+    assert sorted(rep) == [0, 1, 2], disagreeing.output()
+    assert rep[bad]["exc"] == "ValueError", rep[bad]
+    assert "read-only" in rep[bad]["msg"], rep[bad]
+    assert all(rep[r]["exc"] == "None" for r in rep if r != bad), rep
+    after = disagreeing.by_rank("TOOK-PART-AFTER-" + case)
+    assert sorted(after) == [0, 1, 2], disagreeing.output()
+    assert all(kv["exc"] == "None" for kv in after.values()), after
+    assert all(float(after[r]["t"]) >= 2.0 for r in after if r != bad), after
+
+
 def test_a_late_rank_is_waited_for(late):
     """Rank 0 roots a Bcast, then rank 2 joins an Allreduce, each 2.5
     XHC_TIMEOUTs after the others: a correct program, which MPI would
@@ -704,6 +768,17 @@ def test_free_refused_while_another_thread_waits(args2, path):
     data = args2.by_rank("FREE-BUSY-DATA", path)
     assert sorted(data) == [0, 1] and all(
         kv["ok"] == "True" for kv in data.values()), args2.output()
+
+
+def test_free_while_a_call_is_planned_stops_the_call(args2):
+    """free() from one thread between another thread's planning of a call
+    and its core call: the call raises instead of running on the closed
+    context, and the peer times out."""
+    check_completed(args2)
+    rep = args2.by_rank("FREE-PLANNING")
+    assert sorted(rep) == [0, 1], args2.output()
+    assert rep[0]["msg"] == "XhcError: xhc.Comm already freed", rep[0]
+    assert rep[1]["exc"] == "XhcError", rep[1]
 
 
 def test_threads_on_two_dup_communicators(args2):

@@ -244,6 +244,7 @@ def suite_args(xc):
     freed.free()
     with xhc.Comm(W) as closed:
         closed.Barrier()
+    every_other = MPI.DOUBLE.Create_vector(2, 1, 2).Commit()  # extent 24 B
 
     cases = [
         ("bcast-none", lambda c: c.Bcast(None)),
@@ -270,6 +271,16 @@ def suite_args(xc):
          lambda c: c.Allreduce(pair[:50000], pair[2:50002])),
         ("allreduce-dtype-differs",
          lambda c: c.Allreduce(np.zeros(4, np.float32), f8(4))),
+        ("allreduce-null-type",
+         lambda c: c.Allreduce([f8(4), MPI.DATATYPE_NULL], f8(4))),
+        ("allreduce-uncommitted-type",
+         lambda c: c.Allreduce([f8(4), 2, MPI.DOUBLE.Create_contiguous(2)],
+                               f8(4))),
+        ("bcast-derived-past-the-buffer",
+         lambda c: c.Bcast([f8(4), 100, every_other], root=last)),
+        ("allreduce-extra-arg",
+         lambda c: c.Allreduce(f8(4), f8(4), MPI.SUM, 5)),
+        ("allreduce-many-args", lambda c: c.Allreduce(*[f8(4)] * 8)),
         ("reduce-send-object",
          lambda c: c.Reduce(object(), f8(4), root=last)),
         ("reduce-band-float64",
@@ -492,7 +503,74 @@ def suite_roots(xc):
         exc = e
     _emit_outcome("BADARG", t0, exc)
     W.Barrier()
+    one_rank_refuses()
+    one_rank_took_part()
     os._exit(0)
+
+
+# Allreduce calls only rank 1 makes, each refused before it takes part.
+ONE_RANK_REFUSES = [
+    ("null-type", lambda c, a, b: c.Allreduce([a, MPI.DATATYPE_NULL], b)),
+    ("uncommitted-type", lambda c, a, b: c.Allreduce(
+        [a, 2, MPI.DOUBLE.Create_contiguous(2)], b)),
+    ("extra-arg", lambda c, a, b: c.Allreduce(a, b, MPI.SUM, 5)),
+    ("many-args", lambda c, a, b: c.Allreduce(a, b, MPI.SUM, 5, 6, 7, 8, 9)),
+    ("recv-complex",
+     lambda c, a, b: c.Allreduce(a, np.zeros(4, np.complex128))),
+]
+
+
+def one_rank_refuses():
+    """Each case on a new communicator (timeout 1 s): rank 1 raises, and
+    the others, whose Allreduce it will never join, must time out rather
+    than wait for it (and then take its next collective for this one)."""
+    for case, call in ONE_RANK_REFUSES:
+        c = xhc.Comm(W, timeout=1)
+        a, b = np.ones(4), np.zeros(4)
+        t0, exc = time.monotonic(), None
+        try:
+            if RANK == 1:
+                call(c, a, b)
+            else:
+                c.Allreduce(a, b)
+        except Exception as e:  # noqa: BLE001
+            exc = e
+        _emit_outcome("REFUSES-" + case, t0, exc)
+        W.Barrier()
+        c.free()
+
+
+# Bad buffers only one rank sees: it still takes part, into scratch memory.
+ONE_RANK_TOOK_PART = [
+    ("bcast-readonly", 1, lambda c: c.Bcast(
+        readonly(f8(4)) if RANK == 1 else f8(4), root=0)),
+    ("reduce-recv-readonly", 2, lambda c: c.Reduce(
+        f8(4, 1.0), readonly(f8(4)) if RANK == 2 else None, root=2)),
+]
+
+
+def one_rank_took_part():
+    """Each case on a new communicator (timeout 1 s): the rank with the
+    bad buffer raises, having taken part, and comes to the next Barrier
+    2.5 timeouts late, which its peers must wait for: it is in step."""
+    for case, bad, call in ONE_RANK_TOOK_PART:
+        c = xhc.Comm(W, timeout=1)
+        t0, exc = time.monotonic(), None
+        try:
+            call(c)
+        except Exception as e:  # noqa: BLE001
+            exc = e
+        _emit_outcome("TOOK-PART-" + case, t0, exc)
+        if RANK == bad:
+            time.sleep(2.5)
+        t0, exc = time.monotonic(), None
+        try:
+            c.Barrier()
+        except Exception as e:  # noqa: BLE001
+            exc = e
+        _emit_outcome("TOOK-PART-AFTER-" + case, t0, exc)
+        W.Barrier()
+        c.free()
 
 
 def _emit_outcome(kind, t0, exc):
@@ -627,7 +705,48 @@ def suite_free_busy(xc):
              f"ok={bool(np.array_equal(b, want))}")
         c.Barrier()                          # still usable, then freed
         c.free()
+    free_while_planning()
     return xc
+
+
+def free_while_planning():
+    """Rank 0 frees its xhc.Comm from the main thread while a second thread
+    has begun a call through Python but not yet reached the core (held
+    there by a trace hook, as a thread switch could hold it): the free
+    goes ahead, and the call must raise, not run on the closed context."""
+    c = xhc.Comm(W, timeout=1)
+    if RANK != 0:
+        exc = None
+        try:
+            c.Allreduce(f8(4, 1.0), f8(4))
+        except Exception as e:  # noqa: BLE001
+            exc = e
+        emit("FREE-PLANNING", f"rank={RANK}",
+             f"exc={type(exc).__name__ if exc else None}")
+        c.free()
+        return
+    at_core, go_on, outcome = threading.Event(), threading.Event(), []
+    core = xhc.Comm._in_core.__code__
+
+    def hold(frame, event, arg):
+        if event == "call" and frame.f_code is core:
+            at_core.set()
+            go_on.wait(30)
+
+    def call():
+        sys.settrace(hold)
+        try:
+            c.Allreduce([f8(4, 1.0), MPI.DOUBLE], f8(4))  # through Python
+            outcome.append("returned")
+        except Exception as e:  # noqa: BLE001
+            outcome.append(f"{type(e).__name__}: {oneline(e)}")
+    th = threading.Thread(target=call)
+    th.start()
+    at_core.wait(30)
+    c.free()
+    go_on.set()
+    th.join()
+    emit("FREE-PLANNING", f"rank={RANK}", f"msg={outcome[0]}")
 
 
 def suite_threads(xc):
