@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from ._xhc import ffi, lib
-from .errors import XhcError, error_text
+from .errors import XhcError, agree, error_text
 
 KINDS = {"barrier": lib.XHC_BARRIER, "bcast": lib.XHC_BCAST,
          "allreduce": lib.XHC_ALLREDUCE, "reduce": lib.XHC_REDUCE}
@@ -362,18 +362,13 @@ def _agreed_ask(comm, shape, dtype):
     """Collective: the (shape, dtype) every rank asked for.  Every rank
     raises alike if one asked for something invalid or different, before
     rank 0 creates anything that could be left behind."""
+    mine, problem = None, None
     try:
         dims, dtype = _ask(shape, dtype)
         mine = (dims, dtype.str)
     except (TypeError, ValueError) as exc:
-        mine = (type(exc).__name__, str(exc))
-    asks = comm.allgather(mine)
-    bad = [r for r, (what, _) in enumerate(asks) if isinstance(what, str)]
-    if bad:  # my own error first, else the first rank's, named
-        r = comm.rank if comm.rank in bad else bad[0]
-        what, detail = asks[r]
-        kind = TypeError if what == "TypeError" else ValueError
-        raise kind(detail if r == comm.rank else f"rank {r}: {detail}")
+        problem = exc
+    asks = agree(comm, mine, problem)
     if any(a != asks[0] for a in asks):
         bad = next(r for r, a in enumerate(asks) if a != asks[0])
         raise ValueError(f"Comm.empty is collective: rank 0 asked for "

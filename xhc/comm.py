@@ -16,7 +16,7 @@ from ._hot import HotComm, HotRequest, bind_plain, block_hook
 from ._xhc import ffi, lib
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
                       plain_tables, predefined, resolve)
-from .errors import XhcError
+from .errors import XhcError, agree
 
 _CACHE_MAX = 64           # plans kept per operation
 _CACHE_BYTES = 256 << 20  # buffer bytes the plans may keep alive
@@ -93,9 +93,15 @@ class Comm(HotComm):
                             "such as MPI.COMM_WORLD or one from Split()")
         # Kept, for free() may come after comm.Free() or MPI.Finalize().
         self._rank, self._size = comm.rank, comm.size
-        self._cfg = config.resolve(**tunables)
-        self._chosen = config.chosen(**tunables)
-        self._specs = config.hierarchies(hierarchy)
+        problem = None
+        try:
+            config.check_keywords(tunables)
+            self._cfg = config.resolve(**tunables)
+            self._chosen = config.chosen(**tunables)
+            self._specs = config.hierarchies(hierarchy)
+        except (TypeError, ValueError) as exc:
+            problem = exc
+        agree(comm, None, problem)
         self._topology = topology
         reason = self._ineligible()
         if reason:
@@ -119,7 +125,7 @@ class Comm(HotComm):
     def _setup(self):
         comm, cfg = self._comm, self._cfg
         localities = topology.gather_localities(comm, self._topology,
-                                                index=MPI.COMM_WORLD.rank)
+                                                index=_node_index())
         self._fit_to_load(cfg)
         self._levels = {
             kind: hierarchy.build(localities, hierarchy.parse_levels(spec))
@@ -582,6 +588,17 @@ class Comm(HotComm):
     def __repr__(self):
         return (f"<xhc.Comm rank {self._comm.rank} of {self._comm.size}, "
                 f"{self._state}>")
+
+
+def _node_index():
+    """This process's rank among those mpiexec started on its node (Open
+    MPI's or MPICH's local rank), else in COMM_WORLD: where a topology=
+    machine places it, as mpiexec would bind it."""
+    for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return MPI.COMM_WORLD.rank
 
 
 def _same_rank(root, rank):

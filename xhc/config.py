@@ -3,7 +3,7 @@
 import os
 import re
 
-from .hierarchy import DEFAULTS as HIERARCHY_DEFAULTS
+from .hierarchy import DEFAULTS as HIERARCHY_DEFAULTS, parse_levels
 
 DEFAULTS = {
     "cico_max": 32 << 10,     # largest message copied through the segment
@@ -44,11 +44,37 @@ def _auto_or_int(text):
     return "auto" if str(text).lower() == "auto" else _whole(text)
 
 
+_YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _switch(value):
+    """A boolean from True/False or one of the words for them."""
+    word = str(value).lower()
+    if word in _YES or word in _NO:
+        return word in _YES
+    raise ValueError(f"{value!r} is neither on ({', '.join(_YES)}) nor off "
+                     f"({', '.join(w for w in _NO if w)})")
+
+
 _PARSERS = {"cico_max": parse_size, "chunk_size": parse_size,
             "timeout": float, "spin": _whole, "copy": str.lower,
             "sleep": _whole, "windows": _auto_or_int,
-            "seq_start": _whole, "debug": lambda v: str(v).lower() in
-            ("1", "true", "yes", "on")}
+            "seq_start": _whole, "debug": _switch}
+# The largest values: beyond them a typo would reserve gigabytes of
+# /dev/shm per rank (cico_max: 8 slots a rank) or overflow the core's
+# fields.
+_MOST = {"cico_max": 4 << 20, "chunk_size": 64 << 20, "spin": 2**32 - 1,
+         "seq_start": 2**64 - 1}
+
+
+def check_keywords(given):
+    """Raise TypeError, listing the valid ones, for keywords of xhc.Comm
+    that name no tunable (a misspelled one would be ignored)."""
+    unknown = sorted(set(given) - set(DEFAULTS))
+    if unknown:
+        raise TypeError(f"xhc.Comm got unknown keyword(s) {unknown}; the "
+                        "tunables are hierarchy, topology, "
+                        + ", ".join(DEFAULTS))
 
 
 def chosen(**given):
@@ -75,14 +101,20 @@ def resolve(**given):
 
 
 def _validate(cfg):
+    for key, most in _MOST.items():
+        if cfg[key] > most:
+            raise ValueError(f"{key} must be at most {most}; set "
+                             f"XHC_{key.upper()} (or {key}=) lower")
     if cfg["cico_max"] < 128 or cfg["cico_max"] % 64:
         raise ValueError("cico_max must be a multiple of 64, at least 128")
     if cfg["chunk_size"] < 4096 or cfg["chunk_size"] % 64:
         raise ValueError("chunk_size must be a multiple of 64, at least 4K")
-    if cfg["timeout"] <= 0:
-        raise ValueError("timeout must be positive (seconds)")
+    if not 0 < cfg["timeout"] < float("inf"):
+        raise ValueError("timeout must be a positive number of seconds")
     if cfg["spin"] < 0:
         raise ValueError("spin must be 0 or more")
+    if cfg["seq_start"] < 0:
+        raise ValueError("seq_start must be 0 or more")
     if not 0 <= cfg["sleep"] < 2**32:
         raise ValueError("sleep must be 0 (never) or a count of yields")
     if cfg["windows"] != "auto" and not 2 <= cfg["windows"] <= 64:
@@ -151,18 +183,26 @@ def fit_to_load(cfg, cpu_sets, chosen=()):
 
 
 def hierarchies(hierarchy=None):
-    """The level spec of each operation: keyword, XHC_HIERARCHY, defaults.
+    """The level spec of each operation: keyword, XHC_HIERARCHY, defaults;
+    each checked here, on this rank, before any rank builds from it.
 
-    HIERARCHY may be one spec for all operations or a dict per operation.
+    HIERARCHY may be one spec for all operations or a dict per operation
+    (an operation it leaves out, or maps to None, keeps its default).
     """
     if hierarchy is None:
         hierarchy = os.environ.get("XHC_HIERARCHY")
     if hierarchy is None:
-        return dict(HIERARCHY_DEFAULTS)
-    if isinstance(hierarchy, dict):
+        specs = dict(HIERARCHY_DEFAULTS)
+    elif isinstance(hierarchy, dict):
         unknown = set(hierarchy) - set(HIERARCHY_DEFAULTS)
         if unknown:
             raise ValueError(f"hierarchy for unknown operations {unknown}: "
                              f"use {sorted(HIERARCHY_DEFAULTS)}")
-        return {**HIERARCHY_DEFAULTS, **hierarchy}
-    return {op: hierarchy for op in HIERARCHY_DEFAULTS}
+        specs = {**HIERARCHY_DEFAULTS,
+                 **{op: spec for op, spec in hierarchy.items()
+                    if spec is not None}}
+    else:
+        specs = {op: hierarchy for op in HIERARCHY_DEFAULTS}
+    for spec in specs.values():
+        parse_levels(spec)
+    return specs

@@ -20,3 +20,23 @@ def error_text(exc):
     if isinstance(exc, XhcError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+_KINDS = {"TypeError": TypeError, "ValueError": ValueError}
+
+
+def agree(comm, value, problem=None):
+    """Collective over COMM: every rank's VALUE, in rank order; or, if any
+    rank had a PROBLEM (an exception), raise on every rank: its own where
+    it happened, elsewhere the first such rank's, as "rank R: ..." (a
+    TypeError or ValueError, or else an XhcError).  A rank that raised
+    alone would leave the others waiting for ever in their next step."""
+    mine = (None, value) if problem is None else \
+        (type(problem).__name__, str(problem))
+    everyone = comm.allgather(mine)
+    if problem is not None:
+        raise problem
+    for rank, (kind, detail) in enumerate(everyone):
+        if kind is not None:
+            raise _KINDS.get(kind, XhcError)(f"rank {rank}: {detail}")
+    return [each for _, each in everyone]

@@ -30,7 +30,7 @@ import sys
 import warnings
 
 from .config import check_alike
-from .errors import XhcError, error_text
+from .errors import XhcError, agree, error_text
 
 # Accepted level names -> hwloc object type names understood by hwloc-calc.
 LEVEL_TYPES = {
@@ -76,10 +76,14 @@ def find_hwloc_calc():
 
 
 def _source(topology):
-    """Resolve the topology argument against XHC_TOPOLOGY; None means this machine."""
+    """Resolve the topology argument against XHC_TOPOLOGY; None (or "")
+    means this machine.  A file is named by its absolute path, so that
+    ranks in different working directories name it alike."""
     if topology is None:
-        topology = os.environ.get("XHC_TOPOLOGY") or None
-    return topology
+        topology = os.environ.get("XHC_TOPOLOGY")
+    if not topology:
+        return None
+    return os.path.abspath(topology) if os.path.isfile(topology) else topology
 
 
 def _input_args(source):
@@ -161,7 +165,13 @@ def _cpuset_mask(pus):
 def _count(source, hwloc_type):
     """Number of objects of HWLOC_TYPE in SOURCE (0 if the type does not exist)."""
     out = _run_all(source, [["-N", hwloc_type, "all"]])[0].strip()
-    return int(out) if out else 0
+    try:
+        return int(out) if out else 0
+    except ValueError:
+        raise XhcError(f"hwloc-calc printed {out!r} for the number of "
+                       f"{hwloc_type} objects of "
+                       f"{source or 'this machine'}, not a count; check "
+                       "that hwloc-calc is hwloc's and reads it") from None
 
 
 def ncores(topology=None):
@@ -227,23 +237,33 @@ def _columns(source, outs, count, what):
             for i in range(count)]
 
 
+# What this process has heard of masks: (HWLOC_* environment, which can
+# stand in for the machine, mask) -> locality.
+_KNOWN_MASKS = {}
+
+
+def _hwloc_env():
+    return tuple(sorted((k, v) for k, v in os.environ.items()
+                        if k.startswith("HWLOC_")))
+
+
 def localities_of_masks(masks):
     """Localities of the CPU bitmasks MASKS on this machine, in order.
 
     One stdin-mode hwloc-calc per level type answers for every mask, so
-    one process can find the localities of all the ranks of a node.
-    Cached per masks and HWLOC_* environment (which can stand in for the
-    machine)."""
-    hwloc_env = tuple(sorted((k, v) for k, v in os.environ.items()
-                             if k.startswith("HWLOC_")))
-    return [dict(loc) for loc in _masks_table(tuple(masks), hwloc_env)]
-
-
-@functools.lru_cache(maxsize=16)
-def _masks_table(masks, hwloc_env):
-    lines = "".join(mask + "\n" for mask in masks)
-    outs = _run_all(None, [["-I", LEVEL_TYPES[name]] for name in _QUERIED], lines)
-    return tuple(_columns(None, outs, len(masks), "CPU masks"))
+    one process can find the localities of all the ranks of a node; and
+    only for masks this process has not heard of (_KNOWN_MASKS)."""
+    env = _hwloc_env()
+    unknown = sorted({mask for mask in masks
+                      if (env, mask) not in _KNOWN_MASKS})
+    if unknown:
+        lines = "".join(mask + "\n" for mask in unknown)
+        outs = _run_all(None, [["-I", LEVEL_TYPES[name]]
+                               for name in _QUERIED], lines)
+        found = _columns(None, outs, len(unknown), "CPU masks")
+        _KNOWN_MASKS.update(((env, mask), locality)
+                            for mask, locality in zip(unknown, found))
+    return [dict(_KNOWN_MASKS[(env, mask)]) for mask in masks]
 
 
 def _bound_locality():
@@ -286,9 +306,14 @@ def gather_localities(comm, topology=None, index=0):
     (its rank in COMM_WORLD, as mpiexec places it)."""
     source = _source(topology)
     check_alike("topology", comm.allgather(source))
-    if source is not None:
-        return comm.allgather(local_locality(topology, index=index))
-    return _machine_localities(comm)
+    if source is None:
+        return _machine_localities(comm)
+    mine, problem = None, None
+    try:
+        mine = local_locality(source, index=index)
+    except Exception as e:  # noqa: BLE001 - every rank must hear of it
+        problem = e
+    return agree(comm, mine, problem)
 
 
 def _machine_localities(comm):
@@ -297,17 +322,20 @@ def _machine_localities(comm):
     answer, failure = None, None
     if comm.rank == 0:
         try:
-            unique = tuple(sorted(set(masks)))
-            table = dict(zip(unique, localities_of_masks(unique)))
-            answer = [dict(table[mask]) for mask in masks]
+            answer = (_hwloc_env(), masks, localities_of_masks(masks))
         except Exception as e:  # every rank must hear of it, or they hang
             failure = e
             answer = error_text(e)
     answer = comm.bcast(answer, root=0)
     if isinstance(answer, str):
         raise XhcError(answer) from failure
-    warn_if_spanning(answer[comm.rank])
-    return answer
+    env, masks, localities = answer
+    # Every rank keeps what it heard: a later communicator (a Split) whose
+    # rank 0 this process is then asks hwloc about new masks only.
+    _KNOWN_MASKS.update(((env, mask), dict(locality))
+                        for mask, locality in zip(masks, localities))
+    warn_if_spanning(localities[comm.rank])
+    return localities
 
 
 def local_locality(topology=None, index=0):
