@@ -21,11 +21,55 @@ def _no_xhc_environment(monkeypatch):
     ("windows", "1", r"windows must be auto or 2 to 64"),
     ("windows", "65", r"windows must be auto or 2 to 64"),
     ("spin", "-3", r"spin must be 0 or more"),
+    ("spin", str(2**32), r"spin must be at most 4294967295; set XHC_SPIN"),
+    ("seq_start", "-1", r"seq_start must be 0 or more"),
+    ("seq_start", str(2**64), r"seq_start must be at most"),
+    ("cico_max", "1G", r"cico_max must be at most 4194304; set "
+                       r"XHC_CICO_MAX \(or cico_max=\) lower"),
+    ("chunk_size", "128M", r"chunk_size must be at most 67108864"),
+    ("timeout", "nan", r"timeout must be a positive number of seconds"),
+    ("timeout", "inf", r"timeout must be a positive number of seconds"),
+    ("timeout", "0", r"timeout must be a positive number of seconds"),
+    ("debug", "2", r"XHC_DEBUG\): '2' is neither on \(1, true, yes, on\) "
+                   r"nor off \(0, false, no, off\)"),
 ])
 def test_bad_values_name_the_variable(monkeypatch, key, value, message):
     monkeypatch.setenv("XHC_" + key.upper(), value)
     with pytest.raises(ValueError, match=message):
         config.resolve()
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("ON", True),
+                                       ("yes", True), (True, True),
+                                       ("0", False), ("off", False),
+                                       ("", False), (False, False)])
+def test_debug_words(value, on):
+    assert config.resolve(debug=value)["debug"] is on
+
+
+def test_largest_values_pass():
+    cfg = config.resolve(spin=2**32 - 1, seq_start=2**64 - 1,
+                         cico_max="4M", chunk_size="64M")
+    assert (cfg["spin"], cfg["cico_max"]) == (2**32 - 1, 4 << 20)
+
+
+def test_unknown_keywords_are_refused():
+    config.check_keywords({"spin": 1, "debug": True})
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['chunksize', "
+                       r"'timout'\]; the tunables are hierarchy, topology, "
+                       r"cico_max, chunk_size, timeout"):
+        config.check_keywords({"chunksize": 1, "timout": 5, "spin": 2})
+
+
+def test_hierarchy_specs_are_checked_and_none_keeps_the_default():
+    specs = config.hierarchies({"bcast": None, "allreduce": "node"})
+    assert specs["bcast"] == config.HIERARCHY_DEFAULTS["bcast"]
+    assert specs["allreduce"] == "node"
+    with pytest.raises(ValueError, match=r"unknown hierarchy level 'l9'"):
+        config.hierarchies({"reduce": "l3,l9"})
+    with pytest.raises(ValueError, match=r"K in virtual:K must be an "
+                       r"integer >= 1"):
+        config.hierarchies("virtual:x")
 
 
 def test_keyword_wins_over_environment(monkeypatch):

