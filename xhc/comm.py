@@ -582,7 +582,7 @@ class Comm(HotComm):
         ctx = getattr(self, "_ctx", None)
         if ctx:
             self._ctx, self._state = ffi.NULL, "freed"
-            self._bind(ffi.NULL)
+            self._hot_bind(0, 0, 0, {}, {}, {}, None, 0, 0)
             lib.xhc_ctx_close(ctx)
 
     def __repr__(self):
