@@ -259,8 +259,9 @@ def require_matplotlib():
     try:
         import matplotlib
     except ImportError as exc:
-        raise RuntimeError("--plot needs matplotlib: pip install matplotlib"
-                           ) from exc
+        raise ValueError("--plot needs matplotlib: pip install matplotlib "
+                         "(or the project's plot extra, "
+                         "pip install -e \".[plot]\")") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt

@@ -451,8 +451,10 @@ def _option_error(opts, nranks, rank):
     try:
         opts.sizes = _sizes(opts)
         _check_memory(opts, nranks)
-        if rank == 0:  # the one rank that writes it
+        if rank == 0:  # the one rank that writes them
             _check_json(opts)
+            if opts.plot:
+                _osu.require_matplotlib()
     except ValueError as exc:
         return str(exc)
     except Exception as exc:  # the other ranks must hear of it too
@@ -882,21 +884,8 @@ def finish(run, xcomm, error=None):
         _osu.plot(run.opts.plot, run.doc)
 
 
-def _check_plot(comm, opts):
-    err = None
-    if opts.plot and comm.rank == 0:
-        try:
-            _osu.require_matplotlib()
-        except RuntimeError as exc:
-            err = str(exc)
-    err = comm.bcast(err, root=0)
-    if err:
-        raise BenchError(err)
-
-
 def benchmark(comm, opts):
     """Run the benchmark OPTS asks for on COMM."""
-    _check_plot(comm, opts)
     impls = make_impls(comm, opts)
     xcomm = impls[0].comm if impls[0].key == "xhc" else None
     run = Run(comm, opts, impls)

@@ -581,8 +581,25 @@ def test_compare_marks_shared_buffers_and_unchecked_files(tmp_path,
 
 def test_plot_names_missing_matplotlib(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(RuntimeError, match="pip install matplotlib"):
+    with pytest.raises(ValueError, match=r"pip install matplotlib \(or the "
+                       r"project's plot extra, pip install -e \"\.\[plot\]\"\)"):
         _osu.require_matplotlib()
+
+
+def test_osu_plot_without_matplotlib_is_refused_up_front(tmp_path):
+    """--plot where matplotlib does not import: refused with the command
+    line's other errors, once and before the sweep, not by MPI_Abort."""
+    hidden = tmp_path / "matplotlib"
+    hidden.mkdir()
+    (hidden / "__init__.py").write_text("raise ImportError('hidden')\n")
+    proc = run_mpi(2, ["-m", "bench.osu", "bcast", "-m", "8:8",
+                       "--plot", str(tmp_path / "p.png")], check=False,
+                   env={"PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])},
+                   timeout=90)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert out.count("--plot needs matplotlib") == 1, out
+    assert "MPI_ABORT" not in out and "Latency" not in out, out
 
 
 def test_readme_main_command_runs_a_validated_sweep():

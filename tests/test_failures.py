@@ -345,6 +345,10 @@ ARG_CASES = [
      r"not that much free: .*mount it larger"),
     ("empty-negative", "ValueError",
      r"^Comm\.empty: negative dimension in shape \(4, -1\)$"),
+    ("empty-one-too-many", "ValueError",
+     r"^Comm\.empty: this xhc\.Comm holds 64 arrays, as many as one "
+     r"communicator can; allocate fewer, larger arrays, or wrap the "
+     r"communicator again \(xhc\.Comm\(comm\)\) for more$"),
     ("empty-object", "TypeError",
      r"object holds Python objects, .*; use a numeric dtype$"),
     ("empty-huge", "ValueError",

@@ -5,6 +5,7 @@ import functools
 import mmap
 import operator
 import os
+import sys
 import warnings
 import weakref
 
@@ -170,7 +171,7 @@ class Comm(HotComm):
         if reason not in self._warned:
             self._warned.add(reason)
             warnings.warn(f"xhc: {reason}; falling back to mpi4py",
-                          RuntimeWarning, stacklevel=4)
+                          RuntimeWarning, stacklevel=_user_level())
 
     def _fallback(self, name, *args):
         self._warn(f"{name}: {self._why}")
@@ -522,6 +523,12 @@ class Comm(HotComm):
         if not self._usable():
             raise XhcError("xhc.Comm is not accelerated on this "
                            "communicator (see the warning)")
+        if len(self._keep) >= lib.XHC_MAX_REGIONS:  # alike on every rank
+            raise ValueError(
+                f"Comm.empty: this xhc.Comm holds {len(self._keep)} arrays, "
+                "as many as one communicator can; allocate fewer, larger "
+                "arrays, or wrap the communicator again (xhc.Comm(comm)) "
+                "for more")
         arr, keep = _core.shared_array(self._comm, self._ctx, shape, dtype)
         self._keep.append(keep)
         return arr
@@ -588,6 +595,17 @@ class Comm(HotComm):
     def __repr__(self):
         return (f"<xhc.Comm rank {self._comm.rank} of {self._comm.size}, "
                 f"{self._state}>")
+
+
+def _user_level():
+    """warnings.warn's stacklevel, called from the caller of this, that
+    names the first frame outside xhc: the user's call, by whatever path
+    it came."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and \
+            frame.f_globals.get("__name__", "").partition(".")[0] == "xhc":
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _node_index():

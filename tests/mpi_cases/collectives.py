@@ -1538,9 +1538,12 @@ def fallback_cases(xcomm, comm, v):
             lambda rep: None if np.array_equal(bout, np.logical_or.reduce(
                 bins)) else f"got {bout}")
 
-    mine = [str(w.message) for w in caught
-            if issubclass(w.category, RuntimeWarning)
+    ours = [w for w in caught if issubclass(w.category, RuntimeWarning)
             and str(w.message).startswith("xhc:")]
+    mine = [str(w.message) for w in ours]
+    v.check("warnings point at the caller's line",
+            all(w.filename == __file__ for w in ours),
+            [f"{w.filename}:{w.lineno}" for w in ours])
     for reason in expected_reasons:
         k = sum(reason in m for m in mine)
         v.check(f"one warning for {reason!r}", k == 1,

@@ -234,6 +234,14 @@ def empty_fails_on_one_rank(c):
         raise failure
 
 
+def one_array_too_many():
+    """A Comm.empty past the most one communicator registers."""
+    with xhc.Comm(W) as fresh:
+        held = [fresh.empty(8) for _ in range(64)]
+        assert len(held) == 64
+        fresh.empty(8)
+
+
 def suite_args(xc):
     n, last = SIZE, SIZE - 1
     ro = readonly(f8(4))
@@ -319,6 +327,7 @@ def suite_args(xc):
         ("empty-negative", lambda c: c.empty((4, -1))),
         ("empty-huge", lambda c: c.empty((1 << 40, 1 << 40), np.uint8)),
         ("empty-object", lambda c: c.empty(16, object)),
+        ("empty-one-too-many", lambda c: one_array_too_many()),
         ("empty-negative-on-one-rank",
          lambda c: c.empty(-1 if RANK == last else 16)),
         ("empty-fails-on-one-rank", empty_fails_on_one_rank),
