@@ -350,7 +350,8 @@ def test_info_json():
     src = "pack:2 numa:2 core:2 pu:1"  # core c: numa c//2, package c//4
     proc = run_info("--topology", src, "--ranks", "8", "--hierarchy", "numa,socket", "--json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"levels": [
+    assert json.loads(proc.stdout) == {
+        "op": "allreduce", "hierarchy": "numa,socket", "levels": [
         {"name": "numa", "groups": by(8, lambda c: c // 2)},
         {"name": "package", "groups": by(8, lambda c: c // 4)},
         {"name": "node", "groups": [list(range(8))]}]}
@@ -361,7 +362,8 @@ def test_info_reads_xhc_hierarchy_as_comm_does():
     proc = run_info("--topology", "pack:2 core:2 pu:1", "--ranks", "4",
                     "--op", "bcast", "--json", XHC_HIERARCHY="")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"levels": [
+    assert json.loads(proc.stdout) == {"op": "bcast", "hierarchy": "",
+                                       "levels": [
         {"name": "node", "groups": [[0, 1, 2, 3]]}]}
 
 

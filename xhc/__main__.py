@@ -69,7 +69,8 @@ def _kernels():
         return None, "unknown (core not built)"
     if isa is None:
         return None, "built once, for the compiler's target (no per-CPU choice)"
-    return isa, isa + " (the widest of x86-64, -v3 and -v4 this CPU runs)"
+    return isa, isa + (" (the widest of x86-64 (SSE2), -v3 (AVX2) and -v4 "
+                       "(AVX-512) this CPU runs)")
 
 
 def _transport(crowded):
@@ -96,10 +97,15 @@ def _waiting_text(w):
               if w["bcast_rounds"] else "")
     reduce = ("; Reduce through slots up to %d KiB"
               % (w["reduce_cico_max"] >> 10) if w["reduce_cico_max"] else "")
-    return ("waiting: %d ranks on %d CPUs%s: spin %d polls, then yield; "
+    return ("waiting: %s on %d CPUs%s: spin %d polls, then yield; "
             "sleep %s; Bcast staging %d windows per rank%s%s"
-            % (w["ranks"], w["cpus"], " (crowded)" if w["crowded"] else "",
+            % (_ranks(w["ranks"]), w["cpus"],
+               " (crowded)" if w["crowded"] else "",
                w["spin"], sleep, w["bcast_windows"], rounds, reduce))
+
+
+def _ranks(n):
+    return "1 rank" if n == 1 else "%d ranks" % n
 
 
 def _offline(args):
@@ -111,9 +117,10 @@ def _offline(args):
     spec = _level_spec(args, op)
     levels = build(localities, parse_levels(spec))
     if args.json:
-        print(json.dumps({"levels": _levels_json(levels)}))
+        print(json.dumps({"op": op, "hierarchy": spec,
+                          "levels": _levels_json(levels)}))
         return 0
-    print("%s, %d ranks" % (describe(args.topology), args.ranks))
+    print("%s, %s" % (describe(args.topology), _ranks(args.ranks)))
     print("%s hierarchy (%s), bottom to top:" % (op, spec or "flat"))
     print("\n".join(_levels_text(levels)))
     return 0
