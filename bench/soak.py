@@ -34,6 +34,7 @@ aborts the job).  --corrupt K flips one byte of every K-th non-empty
 result before the check: a self-test that the checker catches errors.
 """
 import argparse
+import os
 import sys
 import time
 
@@ -335,6 +336,14 @@ class Soak:
 
     # -- the run --------------------------------------------------------------
 
+    def hierarchy_spec(self):
+        """The hierarchy in force, as given: --hierarchy, else
+        XHC_HIERARCHY (empty: flat), else xhc's default."""
+        spec = self.args.hierarchy
+        if spec is None:
+            spec = os.environ.get("XHC_HIERARCHY", "default")
+        return spec or "flat"
+
     def run(self):
         args = self.args
         self.comm.Barrier()
@@ -358,7 +367,7 @@ class Soak:
                   f"bytes={self.nbytes} ({self.nbytes / 2**30:.2f} GiB) "
                   f"time={elapsed:.2f} s rate={args.ops / elapsed:.0f} ops/s "
                   f"errors={errors} seed={args.seed} "
-                  f"hierarchy={args.hierarchy or 'default'}", flush=True)
+                  f"hierarchy={self.hierarchy_spec()}", flush=True)
         return errors
 
 

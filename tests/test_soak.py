@@ -37,10 +37,11 @@ def _clean_environment(monkeypatch):
             monkeypatch.delenv(key)
 
 
-def soak(n, ops, seed, *extra, timeout=120):
+def soak(n, ops, seed, *extra, timeout=120, env=None):
     args = ["-m", "bench.soak", "--ops", str(ops), "--seed", str(seed),
             *extra]
-    result = run_mpi(n, args, timeout=timeout, env=ENV, check=False)
+    result = run_mpi(n, args, timeout=timeout, env={**ENV, **(env or {})},
+                     check=False)
     out = (f"--- stdout\n{result.stdout[-6000:]}\n"
            f"--- stderr\n{result.stderr[-6000:]}")
     return result, FINAL.search(result.stdout), out
@@ -56,6 +57,12 @@ RUNS = [
 ]
 
 
+def test_soak_names_the_hierarchy_set_in_the_environment():
+    result, final, out = soak(3, 50, 1, env={"XHC_HIERARCHY": "virtual:2"})
+    assert final and result.returncode == 0, out
+    assert "hierarchy=virtual:2\n" in result.stdout, out
+
+
 @pytest.mark.parametrize("n,ops,seed,extra", RUNS)
 def test_soak(n, ops, seed, extra):
     result, final, out = soak(n, ops, seed, *extra)
@@ -68,6 +75,9 @@ def test_soak(n, ops, seed, extra):
     assert int(done) == ops, out
     assert nbytes > 0, out
     assert int(errors) == 0, f"{int(errors)} wrong results\n" + out
+    spec = extra[extra.index("--hierarchy") + 1] \
+        if "--hierarchy" in extra else "default"
+    assert f"hierarchy={spec}\n" in result.stdout, out
     assert result.returncode == 0, out
     if "--progress" in extra:
         assert PROGRESS.search(result.stderr), "no progress line\n" + out
