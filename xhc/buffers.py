@@ -126,10 +126,12 @@ def _element_type(dt):
             return None
         return npdt if npdt.itemsize == dt.Get_size() > 0 else None
     base, combiner, params = dt.decode()
-    parts = params["datatypes"] if combiner == "STRUCT" else [base]
+    parts = zip(params["datatypes"], params["blocklengths"]) \
+        if combiner == "STRUCT" else [(base, 1)]
     found = set()
-    for t in parts:
-        found.add(_element_type(t))
+    for t, blocks in parts:
+        if blocks > 0 and t.Get_size() > 0:  # members that hold data
+            found.add(_element_type(t))
         if not t.is_predefined:
             t.Free()  # decode made new handles for derived types
     return found.pop() if len(found) == 1 else None
@@ -166,6 +168,8 @@ def _parse_spec(spec):
         raise TypeError(f"a buffer specification of {len(spec)} items; "
                         + _SPEC_FORMS)
     buf, *rest = spec
+    if buf is None:  # as mpi4py takes it
+        buf = MPI.BOTTOM
     if len(rest) == 1 and (rest[0] is None or not _is_type(rest[0])):
         dt, nums = None, rest  # [buf, count]
     else:
@@ -297,17 +301,24 @@ def _bounds(dt):
     and its extent is positive."""
     try:
         lb, extent = dt.Get_extent()
-        # Packs nothing; fails only for a datatype no call could use.
-        dt.Pack(bytearray(0), bytearray(1), 0, MPI.COMM_SELF)
     except MPI.Exception as exc:
-        fix = ("pass a datatype" if dt == MPI.DATATYPE_NULL else
-               "commit a derived datatype (dt.Commit()) before passing it")
-        raise TypeError(f"datatype {_type_name(dt)} cannot be used "
-                        f"({exc.Get_error_string()}); {fix}") from None
+        raise _unusable(dt, exc) from None
     if extent <= 0:
         raise ValueError(f"datatype {_type_name(dt)} has extent "
                          f"{extent}; give it a positive one")
+    try:  # packs nothing; fails for a datatype no call could use
+        dt.Pack(bytearray(0), bytearray(1), 0, MPI.COMM_SELF)
+    except MPI.Exception as exc:
+        raise _unusable(dt, exc) from None
     return lb, extent
+
+
+def _unusable(dt, exc):
+    """The TypeError for datatype DT, which MPI refused with EXC."""
+    fix = ("pass a datatype" if dt == MPI.DATATYPE_NULL else
+           "commit a derived datatype (dt.Commit()) before passing it")
+    return TypeError(f"datatype {_type_name(dt)} cannot be used "
+                     f"({exc.Get_error_string()}); {fix}")
 
 
 def _type_name(dt):
