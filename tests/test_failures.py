@@ -294,6 +294,8 @@ ARG_CASES = [
      r"^buffer of 32 bytes is too small for 100 elements of a datatype of "
      r"extent 24 at 0 \(they span bytes 0 to 2400\); pass a larger buffer "
      r"or a smaller count$"),
+    ("bcast-zero-extent-type", "ValueError",
+     r"^datatype .* has extent 0; give it a positive one$"),
     ("allreduce-extra-arg", "TypeError", r"but 5 were given$"),
     ("allreduce-many-args", "TypeError",
      r"^Allreduce\(\): too many arguments$"),
@@ -361,6 +363,18 @@ ARG_CASES = [
      r"^Comm\.empty failed on rank {last}: opening shared memory: Too many "
      r"open files; no rank kept the array$"),
 ]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("case", ["bcast-none-spec",
+                                  "allreduce-struct-with-empty-member"])
+def test_unusual_but_valid_arguments_work(request, n, case):
+    """[None, 0, MPI.DOUBLE] (None as MPI.BOTTOM, as mpi4py takes it), and
+    a struct whose only other member is empty, run on every rank."""
+    launch = request.getfixturevalue(f"args{n}")
+    cases = launch.by_rank("CASE", case)
+    assert sorted(cases) == list(range(n)), launch.output()
+    assert all(kv["exc"] == "None" for kv in cases.values()), cases
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -457,6 +471,11 @@ DEBUG_CASES = [
      "sendbuf: rank 0 has '4 x float64', rank 2 has '5 x float64'"),
     ("operation", "(Allreduce|Barrier)",
      "operation: rank 0 has 'Allreduce', rank 2 has 'Barrier'"),
+    ("allreduce-loc-op", "Allreduce",
+     "op: rank 0 has 'MINLOC', rank 2 has 'MAXLOC'"),
+    ("allreduce-init-count", "Allreduce_init",
+     "sendbuf: rank 0 has '4 x float64', rank 2 has '5 x float64'"),
+    ("reduce-init-root", "Reduce_init", "root: rank 0 has 0, rank 2 has 1"),
 ]
 
 
@@ -471,6 +490,20 @@ def test_debug_names_the_disagreement(request, how, case, op, detail):
     name = f"debug-{case}" if how == "keyword" else f"debug-env-{case}"
     check_case(launch, name, "XhcError",
                rf"^XHC_DEBUG: ranks disagree on {op}: .*" + re.escape(detail))
+
+
+@pytest.mark.parametrize("how", ["keyword", "env"])
+def test_debug_call_that_fails_on_one_rank_raises_on_every_rank(request,
+                                                                how):
+    """With XHC_DEBUG, rank 2's Bcast with an argument too many fails
+    before the comparison: the others hear of it instead of waiting for
+    ever in the comparison's allgather."""
+    launch = request.getfixturevalue("args3" if how == "keyword"
+                                     else "debug_env3")
+    case = "bcast-extra-arg"
+    name = f"debug-{case}" if how == "keyword" else f"debug-env-{case}"
+    check_case(launch, name, "TypeError",
+               r"^(rank 2: )?too many positional arguments$")
 
 
 TIMED_OUT = "did not arrive within the timeout"

@@ -4,10 +4,14 @@ arguments, and raise on every rank, naming what differs, before any rank
 waits on another."""
 import inspect
 
+from mpi4py import MPI
+
 from .buffers import DTYPE_NAMES, OP_NAMES, in_place, predefined, resolve
-from .errors import XhcError
+from .errors import XhcError, agree
 
 _SIGNATURES = {}
+# Predefined ops without a kernel (they fall back), by name.
+_OTHER_OPS = ("MAXLOC", "MINLOC", "REPLACE", "NO_OP")
 
 
 def _describe(buf, typed=True):
@@ -28,7 +32,8 @@ def _signature(comm, name, bound):
     if "root" in args:
         sig["root"] = args["root"]
     if "op" in args:
-        sig["op"] = OP_NAMES.get(id(predefined(args["op"])), "other")
+        sig["op"] = _op_name(args["op"])
+    name = name.replace("_init", "")
     if name == "Bcast":
         sig["buffer"] = _describe(args["buf"], typed=False)
     elif name == "Allreduce" or name == "Reduce":
@@ -37,6 +42,18 @@ def _signature(comm, name, bound):
             send = args["recvbuf"]
         sig["sendbuf"] = _describe(send)
     return sig
+
+
+def _op_name(op):
+    """OP as every rank names it: a predefined op's name, else that it is
+    a user-defined one (which may still differ between ranks)."""
+    known = OP_NAMES.get(id(predefined(op)))
+    if known:
+        return known
+    for name in _OTHER_OPS:
+        if isinstance(op, MPI.Op) and op == getattr(MPI, name):
+            return name
+    return "user-defined" if isinstance(op, MPI.Op) else type(op).__name__
 
 
 def _differences(sigs):
@@ -54,14 +71,18 @@ def checked(xcomm, name, call):
     """Wrap the collective CALL so ranks first agree on its arguments."""
     # The C methods have no signature; their Python twins (_Bcast, ...)
     # take the same arguments.
-    sig = _SIGNATURES.setdefault(
-        name, inspect.signature(getattr(xcomm, "_" + name)))
+    sig = _SIGNATURES.setdefault(name, inspect.signature(
+        getattr(xcomm, "_" + name, None) or getattr(xcomm, name)))
 
     def wrapper(*args, **kwargs):
-        bound = sig.bind(*args, **kwargs)
-        bound.apply_defaults()
-        mine = _signature(xcomm, name, bound)
-        diffs = _differences(xcomm._comm.allgather(mine))
+        mine, problem = None, None
+        try:  # any failure here must reach every rank, or they hang
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            mine = _signature(xcomm, name, bound)
+        except Exception as exc:  # noqa: BLE001
+            problem = exc
+        diffs = _differences(agree(xcomm._comm, mine, problem))
         if diffs:
             raise XhcError(f"XHC_DEBUG: ranks disagree on {name}: "
                            + "; ".join(diffs[:4]))
@@ -73,6 +94,8 @@ def checked(xcomm, name, call):
 
 
 def install(xcomm):
-    """Replace the four collectives of XCOMM by checked ones."""
-    for name in ("Bcast", "Barrier", "Allreduce", "Reduce"):
+    """Replace the collectives of XCOMM, blocking and persistent, by
+    checked ones."""
+    for name in ("Bcast", "Barrier", "Allreduce", "Reduce", "Bcast_init",
+                 "Barrier_init", "Allreduce_init", "Reduce_init"):
         setattr(xcomm, name, checked(xcomm, name, getattr(xcomm, name)))

@@ -234,6 +234,20 @@ def empty_fails_on_one_rank(c):
         raise failure
 
 
+def struct_with_empty_member(c):
+    """A struct whose int member has no elements holds float64s alone: it
+    is reduced in the core like them, not taken for mixed data."""
+    t = MPI.Datatype.Create_struct([0, 1], [0, 0],
+                                   [MPI.INT, MPI.DOUBLE]).Commit()
+    out, fallbacks = f8(3), c.stats["fallback"]
+    c.Allreduce([np.full(3, RANK + 1.0), 3, t], [out, 3, t])
+    t.Free()
+    if c.stats["fallback"] != fallbacks:
+        raise AssertionError("fell back to mpi4py")
+    if not np.all(out == SIZE * (SIZE + 1) / 2):
+        raise AssertionError(f"got {out}")
+
+
 def one_array_too_many():
     """A Comm.empty past the most one communicator registers."""
     with xhc.Comm(W) as fresh:
@@ -286,6 +300,11 @@ def suite_args(xc):
                                f8(4))),
         ("bcast-derived-past-the-buffer",
          lambda c: c.Bcast([f8(4), 100, every_other], root=last)),
+        ("bcast-zero-extent-type",
+         lambda c: c.Bcast([f8(4), 0, MPI.DOUBLE.Create_contiguous(0)
+                            .Commit()])),
+        ("bcast-none-spec", lambda c: c.Bcast([None, 0, MPI.DOUBLE])),
+        ("allreduce-struct-with-empty-member", struct_with_empty_member),
         ("allreduce-extra-arg",
          lambda c: c.Allreduce(f8(4), f8(4), MPI.SUM, 5)),
         ("allreduce-many-args", lambda c: c.Allreduce(*[f8(4)] * 8)),
@@ -415,6 +434,18 @@ def debug_cases():
         ("debug-reduce-count", lambda c: c.Reduce(f8(n), f8(n), root=0)),
         ("debug-operation",
          lambda c: c.Barrier() if odd else c.Allreduce(f8(4), f8(4))),
+        # Ops that fall back are named too, not lumped together.
+        ("debug-allreduce-loc-op",
+         lambda c: c.Allreduce([bytearray(64), MPI.DOUBLE_INT],
+                               [bytearray(64), MPI.DOUBLE_INT],
+                               op=MPI.MAXLOC if odd else MPI.MINLOC)),
+        ("debug-allreduce-init-count",
+         lambda c: c.Allreduce_init(f8(n), f8(n))),
+        ("debug-reduce-init-root",
+         lambda c: c.Reduce_init(f8(4), f8(4), root=1 if odd else 0)),
+        # A call that cannot even be compared, on one rank.
+        ("debug-bcast-extra-arg",
+         lambda c: c.Bcast(f8(4), 0, "extra") if odd else c.Bcast(f8(4), 0)),
     ]
 
 
