@@ -100,7 +100,7 @@ unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
     if (src->region <= 0)
         return NULL;
     if (src->region > ctx->nregions || offset + len > src->nbytes) {
-        *rc = XHC_ERR_ARG;
+        *rc = XHC_ERR_MISMATCH;
         return NULL;
     }
     return ctx->regions[src->region - 1].base + src->offset + offset;
@@ -113,8 +113,10 @@ int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
 {
     int rc = 0;
     if (offset + len > src->nbytes)
-        return XHC_ERR_ARG;
+        return xhc_fail(ctx, peer, XHC_ERR_MISMATCH);
     const unsigned char *p = xhc_region_span(ctx, src, offset, len, &rc);
+    if (rc)
+        return xhc_fail(ctx, peer, rc);
     /* XPMEM cannot attach nothing, and nothing needs no attachment. */
     if (!p && len && ctx->cfg.copy == XHC_COPY_XPMEM) {
         rc = xhc_xpmem_span(ctx, peer, src, offset, &p);

@@ -20,6 +20,9 @@ const char *xhc_strerror(int code)
     case XHC_ERR_HIERARCHY: return "no valid hierarchy for this operation";
     case XHC_ERR_COPY: return "single-copy read of a peer's buffer failed";
     case XHC_ERR_FREED: return "the communicator was freed";
+    case XHC_ERR_MISMATCH:
+        return "a peer's buffer does not fit this call (the ranks passed "
+               "different sizes)";
     default: return code < 0 ? strerror(-code) : "unknown error";
     }
 }

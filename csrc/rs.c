@@ -97,7 +97,7 @@ static int xhc_rs_push(xhc_ctx_t *ctx, const unsigned char *src, size_t off,
         unsigned char *to = xhc_region_span(ctx, &ctx->peer_recv[p], off,
                                             len, &rc);
         if (!to)
-            return rc ? rc : XHC_ERR_ARG;
+            return xhc_fail(ctx, p, rc ? rc : XHC_ERR_MISMATCH);
         if (stream)
             xhc_copy_stream(to, src + off, len);
         else
@@ -175,7 +175,7 @@ int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
         target = xhc_region_span(ctx, &ctx->peer_recv[root], 0, r->nbytes,
                                  &rc);
     if (!target)
-        return rc ? rc : XHC_ERR_ARG;
+        return xhc_fail(ctx, root, rc ? rc : XHC_ERR_MISMATCH);
     rc = xhc_rs_reduce_mine(ctx, seq, sbuf, target, r, mode == XHC_RS_PUSH);
     if (rc == 0 && whole)
         rc = xhc_rs_gather(ctx, seq, target, r, mode != XHC_RS_TAKE);

@@ -87,8 +87,12 @@ static const void *xhc_input(xhc_ctx_t *ctx, const struct xhc_rs *rs, int p,
     if (p == ctx->rank)
         return rs->sbuf + lo * es;
     const struct xhc_src *send = &ctx->peer_send[p];
-    if (xhc_in_region(send))
-        return xhc_region_span(ctx, send, lo * es, n * es, rc);
+    if (xhc_in_region(send)) {
+        const void *in = xhc_region_span(ctx, send, lo * es, n * es, rc);
+        if (*rc)
+            xhc_fail(ctx, p, *rc);
+        return in;
+    }
     return xhc_stage_in(ctx, p, t)
            + xhc_part_at(rs, ctx->rank) * es;
 }
@@ -139,7 +143,7 @@ static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
         if (xhc_in_region(recv))
             src = xhc_region_span(ctx, recv, lo * es, n * es, &rc);
         if (rc)
-            return rc;
+            return xhc_fail(ctx, j, rc);
         memcpy(rs->rbuf + lo * es, src, n * es);
     }
     /* Orders all my reads of round T before their owners reuse them. */

@@ -30,6 +30,8 @@ typedef struct xhc_ctx xhc_ctx_t;
 #define XHC_ERR_FREED     -5008 /* the context was closed */
 #define XHC_ERR_PEER_LEFT -5009 /* a peer gave up on this operation after
                                    an error of its own */
+#define XHC_ERR_MISMATCH  -5010 /* a peer's buffer does not fit this call:
+                                   the ranks passed different sizes */
 
 #define XHC_INLINE_MAX 112      /* bytes carried inside a flag's line */
 #define XHC_ROUND_MIN 16384     /* smallest Bcast round with bcast_rounds */

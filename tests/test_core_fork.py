@@ -113,7 +113,7 @@ def error_codes():
 
 def test_strerror_names_every_code():
     codes = error_codes()
-    assert len(codes) == 9
+    assert len(codes) == 10
     messages = {}
     for name in codes:
         msg = strerror(getattr(lib, name))
