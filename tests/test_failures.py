@@ -296,7 +296,12 @@ ARG_CASES = [
      r"or a smaller count$"),
     ("bcast-zero-extent-type", "ValueError",
      r"^datatype .* has extent 0; give it a positive one$"),
-    ("allreduce-extra-arg", "TypeError", r"but 5 were given$"),
+    ("allreduce-extra-arg", "TypeError",
+     r"^Allreduce\(sendbuf, recvbuf, op=\.\.\.\): too many positional "
+     r"arguments$"),
+    ("bcast-unknown-keyword", "TypeError",
+     r"^Bcast\(buf, root=\.\.\.\): got an unexpected keyword argument "
+     r"'rot'$"),
     ("allreduce-many-args", "TypeError",
      r"^Allreduce\(\): too many arguments$"),
     ("reduce-send-object", "TypeError",
@@ -564,7 +569,9 @@ ONE_RANK_REFUSES = [
     ("uncommitted-type", "TypeError",
      r"cannot be used \(MPI_ERR_TYPE: .*\); commit a derived datatype "
      r"\(dt\.Commit\(\)\) before passing it$"),
-    ("extra-arg", "TypeError", r"but 5 were given$"),
+    ("extra-arg", "TypeError",
+     r"^Allreduce\(sendbuf, recvbuf, op=\.\.\.\): too many positional "
+     r"arguments$"),
     ("many-args", "TypeError", r"^Allreduce\(\): too many arguments$"),
     ("recv-complex", "ValueError",
      r"^Allreduce: send and receive buffers differ in dtype; use the same "
@@ -605,6 +612,20 @@ def test_a_rank_that_took_part_then_raised_is_waited_for(disagreeing, case,
     assert sorted(after) == [0, 1, 2], disagreeing.output()
     assert all(kv["exc"] == "None" for kv in after.values()), after
     assert all(float(after[r]["t"]) >= 2.0 for r in after if r != bad), after
+
+
+def test_ranks_that_pass_different_sizes_fail_at_once(disagreeing):
+    """A peer's buffer too short for this rank's call is an error about
+    that peer, raised at once; the ranks waiting on it give up at once."""
+    rep = disagreeing.by_rank("SIZES-DIFFER")
+    assert sorted(rep) == [0, 1, 2], disagreeing.output()
+    assert all(kv["exc"] == "XhcError" for kv in rep.values()), rep
+    assert all(float(kv["t"]) < 2.0 for kv in rep.values()), rep
+    msgs = [kv["msg"] for kv in rep.values()]
+    assert any("a peer's buffer does not fit this call (the ranks passed "
+               "different sizes)" in m for m in msgs), msgs
+    assert all("does not fit this call" in m or GAVE_UP in m
+               for m in msgs), msgs
 
 
 def test_a_late_rank_is_waited_for(late):

@@ -2,6 +2,7 @@
 """xhc.Comm: an mpi4py intra-communicator with shared-memory collectives."""
 import array
 import functools
+import inspect
 import mmap
 import operator
 import os
@@ -35,13 +36,15 @@ _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
 bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
 
 
-_IN_STEP = "_xhc_in_step"
+_SETTLED = "_xhc_settled"
 
 
-def _in_step(exc):
-    """Mark EXC as raised by a rank that took part in its collective (into
-    scratch memory, or in mpi4py's for a fallback): _leaving lets it be."""
-    setattr(exc, _IN_STEP, True)
+def _settled(exc):
+    """Mark EXC as raised by a rank whose part in its collective is
+    settled: it took part (into scratch memory, or in mpi4py's call for a
+    fallback), or the core's error already made it leave or withdraw
+    (Comm._raise).  _leaving lets it be."""
+    setattr(exc, _SETTLED, True)
     return exc
 
 
@@ -50,17 +53,32 @@ def _leaving(entry):
     took part (a bad argument, the wrong number of them, an MPI error
     while staging), this rank will not enter the collective its peers may
     be waiting in, so it withdraws (Comm._withdraw); its next collective
-    enters as usual.  A rank that gave up inside the core has marked that
-    already, and a withdraw keeps the mark."""
+    enters as usual."""
     @functools.wraps(entry)
     def wrapper(self, *args, **kwargs):
         try:
             return entry(self, *args, **kwargs)
         except BaseException as exc:
-            if not getattr(exc, _IN_STEP, False):
+            if not getattr(exc, _SETTLED, False):
                 self._withdraw()
+            if isinstance(exc, TypeError) and exc.__traceback__.tb_next is None:
+                raise _misbound(entry, args, kwargs) or exc from None
             raise
     return wrapper
+
+
+def _misbound(entry, args, kwargs):
+    """The TypeError for arguments ARGS, KWARGS that do not fit ENTRY
+    (a twin such as _Allreduce, or Allreduce_init), in terms of the
+    public method, whose parameters it lists; None if they fit."""
+    sig = inspect.signature(entry)
+    try:
+        sig.bind(None, *args, **kwargs)
+    except TypeError as exc:
+        params = ", ".join(p.name if p.default is p.empty else p.name + "=..."
+                           for p in list(sig.parameters.values())[1:])
+        return TypeError(f"{entry.__name__.lstrip('_')}({params}): {exc}")
+    return None
 
 
 class Comm(HotComm):
@@ -179,7 +197,7 @@ class Comm(HotComm):
         try:
             return getattr(self._comm, name)(*args)
         except BaseException as exc:
-            raise _in_step(exc)
+            raise _settled(exc)
 
     def _in_core(self, fn, *args):
         """FN(*ARGS), a core call that may release the GIL while it waits:
@@ -213,12 +231,13 @@ class Comm(HotComm):
     def _raise(self, rc, what):
         """Raise for core error RC, which a collective returned: this rank
         gave up on it (xhc_ctx_leave), or, for arguments the core refused
-        before it began, withdraws."""
+        before it began, withdraws; either settles its part."""
         if rc in _core.USAGE:
             self._withdraw()
         elif self._ctx:
             lib.xhc_ctx_leave(self._ctx)
-        raise _core.error(rc, what, self._ctx, getattr(self, "_pids", None))
+        raise _settled(_core.error(rc, what, self._ctx,
+                                   getattr(self, "_pids", None)))
 
     def _usable(self):
         """True if the core can take calls; False if mpi4py must."""
@@ -480,7 +499,7 @@ class Comm(HotComm):
                                        flags=flags))
         if rc:  # then the ranks are out of step: say so, not the buffer
             self._raise(rc, "Bcast")
-        raise _in_step(ValueError("Bcast: the buffer is read-only on a "
+        raise _settled(ValueError("Bcast: the buffer is read-only on a "
                                   "receiving rank; pass a writable array"))
 
     def _root_recv(self, s, recvbuf, op, root, inplace, flags=0):
@@ -500,7 +519,7 @@ class Comm(HotComm):
                                            OPS[id(op)], root, flags))
             if rc:  # then the ranks are out of step: say so
                 self._raise(rc, "Reduce")
-            raise _in_step(exc)
+            raise _settled(exc)
 
     def _reducible(self, op, dtype):
         if id(op) not in OPS:
@@ -671,7 +690,7 @@ def _staged_run(run, loads, stores):
         for store in stores if rc == 0 else ():
             store()
     except BaseException as exc:
-        raise _in_step(exc)
+        raise _settled(exc)
     return rc
 
 

@@ -308,6 +308,7 @@ def suite_args(xc):
         ("allreduce-extra-arg",
          lambda c: c.Allreduce(f8(4), f8(4), MPI.SUM, 5)),
         ("allreduce-many-args", lambda c: c.Allreduce(*[f8(4)] * 8)),
+        ("bcast-unknown-keyword", lambda c: c.Bcast(f8(4), rot=0)),
         ("reduce-send-object",
          lambda c: c.Reduce(object(), f8(4), root=last)),
         ("reduce-band-float64",
@@ -556,7 +557,25 @@ def suite_roots(xc):
     W.Barrier()
     one_rank_refuses()
     one_rank_took_part()
+    sizes_differ()
     os._exit(0)
+
+
+def sizes_differ():
+    """Rank 1 passes twice the count the others do, read by CMA: the rank
+    that finds a peer's buffer too short fails at once, naming it, and
+    the others hear of it at once, none of them waiting for a timeout."""
+    c = xhc.Comm(W, timeout=3, copy="cma")
+    n = 1 << 16
+    a = np.ones(n * (2 if RANK == 1 else 1))
+    t0, exc = time.monotonic(), None
+    try:
+        c.Allreduce(a, np.zeros_like(a))
+    except Exception as e:  # noqa: BLE001
+        exc = e
+    _emit_outcome("SIZES-DIFFER", t0, exc)
+    W.Barrier()
+    c.free()
 
 
 # Allreduce calls only rank 1 makes, each refused before it takes part.
