@@ -54,11 +54,11 @@ def test_largest_values_pass():
 
 
 def test_unknown_keywords_are_refused():
-    config.check_keywords({"spin": 1, "debug": True})
+    config.resolve(spin=1, debug=True)
     with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['chunksize', "
                        r"'timout'\]; the tunables are hierarchy, topology, "
                        r"cico_max, chunk_size, timeout"):
-        config.check_keywords({"chunksize": 1, "timout": 5, "spin": 2})
+        config.resolve(chunksize=1, timout=5, spin=2)
 
 
 def test_hierarchy_specs_are_checked_and_none_keeps_the_default():

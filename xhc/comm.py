@@ -114,7 +114,6 @@ class Comm(HotComm):
         self._rank, self._size = comm.rank, comm.size
         problem = None
         try:
-            config.check_keywords(tunables)
             self._cfg = config.resolve(**tunables)
             self._chosen = config.chosen(**tunables)
             self._specs = config.hierarchies(hierarchy)
@@ -686,12 +685,14 @@ def _staged_run(run, loads, stores):
     for load in loads:
         load()
     rc = run()
+    if rc:
+        return rc
     try:
-        for store in stores if rc == 0 else ():
+        for store in stores:
             store()
     except BaseException as exc:
         raise _settled(exc)
-    return rc
+    return 0
 
 
 # numpy's flag bits (numpy/ndarraytypes.h), checked by the guard.

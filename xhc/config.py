@@ -67,7 +67,7 @@ _MOST = {"cico_max": 4 << 20, "chunk_size": 64 << 20, "spin": 2**32 - 1,
          "seq_start": 2**64 - 1}
 
 
-def check_keywords(given):
+def _check_keywords(given):
     """Raise TypeError, listing the valid ones, for keywords of xhc.Comm
     that name no tunable (a misspelled one would be ignored)."""
     unknown = sorted(set(given) - set(DEFAULTS))
@@ -86,6 +86,7 @@ def chosen(**given):
 
 def resolve(**given):
     """Return every tunable, from GIVEN, the environment or the default."""
+    _check_keywords(given)
     out = {}
     for key, default in DEFAULTS.items():
         value = given.get(key)
