@@ -303,7 +303,8 @@ ARG_CASES = [
      r"^Bcast\(buf, root=\.\.\.\): got an unexpected keyword argument "
      r"'rot'$"),
     ("allreduce-many-args", "TypeError",
-     r"^Allreduce\(\): too many arguments$"),
+     r"^Allreduce\(sendbuf, recvbuf, op=\.\.\.\): too many positional "
+     r"arguments$"),
     ("reduce-send-object", "TypeError",
      r"object is not a buffer: " + BUFFER_FIX),
     # Every rank, not only the root, should say which op and which data.
@@ -572,7 +573,9 @@ ONE_RANK_REFUSES = [
     ("extra-arg", "TypeError",
      r"^Allreduce\(sendbuf, recvbuf, op=\.\.\.\): too many positional "
      r"arguments$"),
-    ("many-args", "TypeError", r"^Allreduce\(\): too many arguments$"),
+    ("many-args", "TypeError",
+     r"^Allreduce\(sendbuf, recvbuf, op=\.\.\.\): too many positional "
+     r"arguments$"),
     ("recv-complex", "ValueError",
      r"^Allreduce: send and receive buffers differ in dtype; use the same "
      r"dtype for both$"),

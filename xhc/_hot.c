@@ -85,24 +85,22 @@ static PyObject *slow(PyObject *self, const char *name, PyObject *const *args,
     PyObject *meth = PyUnicode_FromString(name);
     if (!meth)
         return NULL;
-    PyObject *stack[8];
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (n + nkw > 7) {
+    /* Any number of arguments: the Python twin judges them (_leaving). */
+    PyObject *small[8], **stack = small;
+    if (n + nkw + 1 > 8
+        && !(stack = PyMem_Malloc((size_t)(n + nkw + 1) * sizeof(*stack)))) {
         Py_DECREF(meth);
-        /* This rank will not take part: withdraw, as _leaving does. */
-        PyObject *done = PyObject_CallMethod(self, "_withdraw", NULL);
-        if (done)
-            PyErr_Format(PyExc_TypeError, "%s(): too many arguments",
-                         name + 1);
-        Py_XDECREF(done);
-        return NULL;
+        return PyErr_NoMemory();
     }
     stack[0] = self;
     for (Py_ssize_t i = 0; i < n + nkw; i++)
         stack[i + 1] = args[i];
     PyObject *res = PyObject_VectorcallMethod(meth, stack, (size_t)(n + 1),
                                               kwnames);
+    if (stack != small)
+        PyMem_Free(stack);
     Py_DECREF(meth);
     return res;
 }
