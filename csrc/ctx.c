@@ -171,17 +171,29 @@ void xhc_ctx_leave(xhc_ctx_t *ctx)
     xhc_ctx_mark(ctx, XHC_LEFT);
 }
 
+/* Withdraw, having refused REFUSALS calls since my last operation began.
+ * A closing rank says "all of them", a count no peer's matches. */
+static void xhc_ctx_mark_withdrawn(xhc_ctx_t *ctx, uint32_t refusals)
+{
+    if (xhc_ctx_keep_mark(ctx))
+        return;
+    /* Relaxed: published by the release in xhc_ctx_mark. */
+    atomic_store_explicit(&xhc_ctl(ctx, ctx->rank)->entered.refusals,
+                          refusals, memory_order_relaxed);
+    xhc_ctx_mark(ctx, XHC_LEFT + XHC_WITHDRAWN);
+}
+
 void xhc_ctx_withdraw(xhc_ctx_t *ctx)
 {
     if (!xhc_ctx_keep_mark(ctx))
-        xhc_ctx_mark(ctx, XHC_LEFT + XHC_WITHDRAWN);
+        xhc_ctx_mark_withdrawn(ctx, ++ctx->refusals);
 }
 
 void xhc_ctx_close(xhc_ctx_t *ctx)
 {
     if (!ctx)
         return;
-    xhc_ctx_withdraw(ctx);
+    xhc_ctx_mark_withdrawn(ctx, UINT32_MAX);
     xhc_xpmem_close(ctx);
     for (int k = 0; k < XHC_NKINDS; k++)
         xhc_hier_free(&ctx->hier[k], ctx->nranks);

@@ -20,8 +20,11 @@
  *    input while the others wait in a Bcast), and MPI would wait for it,
  *    so wait another CFG.timeout, and one more after it enters.  What
  *    times out is then a collective that every live rank has entered
- *    (or left, after an error of its own) and that does not move: ranks
- *    that disagree on the order or the arguments of their collectives.
+ *    (or left, after an error of its own, or withdrawn, refusing its
+ *    arguments) and that does not move: ranks that disagree on the order
+ *    or the arguments of their collectives.  A rank that withdrew after
+ *    refusing as many calls as I did there is late, not withdrawn: we
+ *    all refused the same calls.
  *    A rank that gives up leaves (xhc_ctx_leave), so that its peers do
  *    not wait for it in turn: one that waits on it in the same operation
  *    gives up at once, naming it (a leader whose peer died, and then its
@@ -104,12 +107,28 @@ static void xhc_sleep(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
     atomic_fetch_sub_explicit(sleepers, 1, memory_order_relaxed);
 }
 
+/* Did PEER, which ENTERED shows withdrawn, refuse as many calls as I did
+ * just before my current operation?  Then those were the same calls
+ * (every rank refused them; none counts, as in MPI), and it is late to
+ * this one as any rank that has not entered it, not gone elsewhere. */
+static int xhc_refused_with_me(xhc_ctx_t *ctx, int peer, uint64_t entered)
+{
+    const struct xhc_entered_line *e = &xhc_ctl(ctx, peer)->entered;
+    return entered == ctx->seq - 1 + XHC_LEFT + XHC_WITHDRAWN
+           && atomic_load_explicit(&e->refusals, memory_order_relaxed)
+              == ctx->refused_before;
+}
+
 /* Has some live rank not yet entered my current operation? */
 static int xhc_someone_late(xhc_ctx_t *ctx)
 {
     for (int p = 0; p < ctx->nranks; p++) {
-        uint64_t entered = xhc_load_relaxed(&xhc_ctl(ctx, p)->entered.seq);
-        if (!xhc_seq_reached(entered, ctx->seq) && xhc_peer_alive(ctx, p))
+        /* Acquire: pairs with the release of a withdraw, which wrote the
+         * refusal count first. */
+        uint64_t entered = xhc_load_acquire(&xhc_ctl(ctx, p)->entered.seq);
+        int late = !xhc_seq_reached(entered, ctx->seq)
+                   || xhc_refused_with_me(ctx, p, entered);
+        if (late && xhc_peer_alive(ctx, p))
             return 1;
     }
     return 0;

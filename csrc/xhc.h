@@ -121,7 +121,9 @@ int xhc_xpmem_probe(xhc_ctx_t *ctx, int peer, uintptr_t address);
 void xhc_ctx_leave(xhc_ctx_t *ctx);
 /* This rank finished every collective it began, and will not take the
  * next one in step (it refused its arguments): peers stop waiting for it
- * as for a late rank, and time out.  xhc_ctx_close calls it.  The next
+ * as for a late rank, and time out, but for peers that refused as many
+ * calls since that collective (every rank refused the same ones): to
+ * them it stays late.  xhc_ctx_close withdraws for good.  The next
  * collective undoes either. */
 void xhc_ctx_withdraw(xhc_ctx_t *ctx);
 void xhc_ctx_close(xhc_ctx_t *ctx);

@@ -53,6 +53,9 @@ struct xhc_entered_line {
     xhc_flag_t seq;
     _Atomic int32_t why; /* that error's code, 0 if none is known */
     _Atomic int32_t who; /* the rank it names */
+    /* Calls I refused (withdrew from) since my last operation began: a
+     * peer that refused as many there is in step with me (wait.c). */
+    _Atomic uint32_t refusals;
 } XHC_ALIGNED;
 
 /* Ranks asleep on one of my flags (cfg.sleep): the one counter several
@@ -182,6 +185,8 @@ struct xhc_ctx {
     int rank, nranks;
     xhc_config_t cfg;
     uint64_t seq;       /* the last operation this rank started */
+    uint32_t refusals;  /* calls refused since then */
+    uint32_t refused_before; /* calls refused before it began */
     uint64_t round;     /* the last staged round, Bcast or reduce-scatter */
     uint64_t ack_floor; /* every rank's ack had reached this, last look */
     pid_t *pids;
@@ -353,6 +358,8 @@ static inline uint64_t xhc_begin(xhc_ctx_t *ctx)
 {
     uint64_t seq = ++ctx->seq;
     ctx->cause_why = 0;
+    ctx->refused_before = ctx->refusals;
+    ctx->refusals = 0;
     /* Relaxed: read only by waiters past their timeout (wait.c); it
      * orders nothing. */
     xhc_store_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq, seq);

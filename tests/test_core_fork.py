@@ -18,6 +18,7 @@ import re
 import secrets
 import select
 import signal
+import threading
 import time
 import traceback
 
@@ -380,6 +381,35 @@ def test_a_collective_that_does_not_move_fails_naming_the_peer():
                     assert took < 2, (marks, took)
                 else:
                     assert 0.9 * timeout <= took < timeout + 5, took
+            finally:
+                lib.xhc_ctx_close(ctx0)
+                lib.xhc_ctx_close(ctx1)
+
+
+def test_ranks_that_refused_the_same_calls_wait_for_each_other():
+    """Both ranks refuse a call (each withdraws once), then rank 1 comes
+    to the next Barrier three timeouts late: it refused what rank 0 did,
+    so rank 0 waits for it as for any late rank, and both complete.  Had
+    rank 1 refused one call more (the Barrier rank 0 is in), rank 0 would
+    time out instead, as the test above has it."""
+    for refusals1, want in ((1, 0), (2, lib.XHC_ERR_TIMEOUT)):
+        cfg = make_config(timeout=0.5)
+        with Segment(2, cfg) as seg:
+            ctx0, ctx1 = _pair(seg, cfg, [os.getpid()] * 2)
+            try:
+                lib.xhc_ctx_withdraw(ctx0)
+                for _ in range(refusals1):
+                    lib.xhc_ctx_withdraw(ctx1)
+                rc0 = []
+                waiter = threading.Thread(
+                    target=lambda: rc0.append(lib.xhc_barrier(ctx0)))
+                waiter.start()  # cffi releases the GIL while it waits
+                time.sleep(1.5)
+                if want == 0:
+                    assert lib.xhc_barrier(ctx1) == 0
+                waiter.join(20)
+                assert not waiter.is_alive() and rc0 == [want], \
+                    (refusals1, rc0)
             finally:
                 lib.xhc_ctx_close(ctx0)
                 lib.xhc_ctx_close(ctx1)

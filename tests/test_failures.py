@@ -646,6 +646,19 @@ def test_a_late_rank_is_waited_for(late):
     assert_nothing_left(late)
 
 
+def test_a_late_rank_is_waited_for_after_every_rank_refused(late):
+    """Every rank refuses an Allreduce, then rank 1 comes 2.5 XHC_TIMEOUTs
+    late to the next: no rank's refused call counts, so rank 1 is late
+    to this one, not gone, and the others wait for it, as MPI would."""
+    rep = late.by_rank("LATE-AFTER-REFUSAL")
+    assert sorted(rep) == [0, 1, 2], late.output()
+    for r, kv in sorted(rep.items()):
+        assert kv["exc"] == "None", f"rank {r}: {kv['exc']}: {kv['msg']}"
+        assert kv["right"] == "True", f"rank {r} got a wrong Allreduce"
+        assert float(kv["t"]) >= 2.0, \
+            f"rank {r} returned after {kv['t']} s, before rank 1 came"
+
+
 # -- 3. a rank that dies ------------------------------------------------------
 
 def test_dead_rank_is_named(killed):

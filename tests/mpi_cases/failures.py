@@ -669,7 +669,34 @@ def suite_late(xc):
     emit("LATE", f"rank={RANK}", f"t={time.monotonic() - t0:.3f}",
          f"right={right}", f"exc={type(exc).__name__ if exc else None}",
          f"msg={oneline(exc) if exc else ''}")
+    late_after_every_rank_refused(xc, late)
     return xc
+
+
+def late_after_every_rank_refused(xc, late):
+    """Every rank refuses an Allreduce (BAND is not defined on floats),
+    then rank 1 comes LATE seconds late to the next one: as no rank's
+    refused call counts, rank 1 is late to this one, and is waited for."""
+    buf, out = np.full(6, RANK + 1.0), np.zeros(6)
+    W.Barrier()
+    try:
+        xc.Allreduce(buf, out, op=MPI.BAND)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("BAND on float64 was not refused")
+    t0, exc = time.monotonic(), None
+    try:
+        if RANK == 1:
+            time.sleep(late)
+        xc.Allreduce(buf, out)
+    except Exception as e:  # noqa: BLE001
+        exc = e
+    right = np.array_equal(out, np.full(6, SIZE * (SIZE + 1) / 2))
+    emit("LATE-AFTER-REFUSAL", f"rank={RANK}",
+         f"t={time.monotonic() - t0:.3f}", f"right={right}",
+         f"exc={type(exc).__name__ if exc else None}",
+         f"msg={oneline(exc) if exc else ''}")
 
 
 def suite_abort(xc, where):
