@@ -439,15 +439,33 @@ def test_readonly_bcast_buffer_is_refused_where_written(reduce_recv3, case):
     assert reduce_recv3.by_rank("CASE", case)[2]["exc"] == "None"
 
 
-FREED_REQUESTS = ["request-barrier", "request-bcast", "request-allreduce",
-                  "request-reduce"]
+FREED_REQUESTS = [f"request-{k}" for k in
+                  ("barrier", "bcast", "allreduce", "reduce")]
 
 
 @pytest.mark.parametrize("case", FREED_REQUESTS)
 def test_persistent_request_of_freed_comm(freed_requests2, case):
     """A request made by *_init and started after free(): the context it
-    points to is gone, so it must say so, not run on freed memory."""
+    points to is gone, so it must say so, not run on freed memory; and
+    the request is false, as a freed mpi4py request."""
     check_case(freed_requests2, case, "XhcError", r"already freed")
+
+
+@pytest.mark.parametrize("case", [c.replace("request-", "init-freed-")
+                                  for c in FREED_REQUESTS])
+def test_init_while_another_thread_frees(freed_requests2, case):
+    """free() from another thread while *_init is about to make its
+    request: *_init raises, where it used to return a request bound to the
+    closed context (whose Start() then ran on freed memory)."""
+    check_case(freed_requests2, case, "XhcError", r"^xhc\.Comm already freed$")
+
+
+def test_Free_frees_the_wrapped_communicator_too(freed_requests2):
+    """xcomm.Free() is MPI's Free: it frees xhc's memory and the wrapped
+    communicator, where it used to free the latter only and leave xhc
+    working on a freed communicator; repr() still works after it."""
+    check_case(freed_requests2, "comm-Free", "XhcError",
+               r"^xhc\.Comm already freed$")
 
 
 def test_argument_launches_complete(args2, args3, reduce_recv3, debug_env3,

@@ -7,6 +7,7 @@ import mmap
 import operator
 import os
 import sys
+import threading
 import warnings
 import weakref
 
@@ -102,6 +103,9 @@ class Comm(HotComm):
         self._keep = []
         self._crowded = False
         self._requests = weakref.WeakSet()
+        # Orders free() against *_init in another thread: a request is
+        # either among those free() frees, or sees the object freed.
+        self._requests_lock = threading.Lock()
         self._warned = set()
         self._fallbacks = 0
         self._why = ""
@@ -585,10 +589,12 @@ class Comm(HotComm):
         self._refuse_if_busy("free()")
         # Nothing may reach the context once its closing has begun: the
         # close releases the GIL.
-        ctx, self._ctx = self._ctx, ffi.NULL
-        self._state = "freed"
+        with self._requests_lock:
+            ctx, self._ctx = self._ctx, ffi.NULL
+            self._state = "freed"
+            requests = list(self._requests)
         self._bind(ffi.NULL)
-        for req in list(self._requests):
+        for req in requests:
             req.Free()
         self._forget_plans()
         if ctx:
@@ -610,9 +616,16 @@ class Comm(HotComm):
             self._hot_bind(0, 0, 0, {}, {}, {}, None, 0, 0)
             lib.xhc_ctx_close(ctx)
 
+    def Free(self):
+        """free(), then the wrapped communicator's Free(), as MPI's."""
+        self._refuse_if_busy("Free()")
+        self._comm.Free()
+        self.free()
+
     def __repr__(self):
-        return (f"<xhc.Comm rank {self._comm.rank} of {self._comm.size}, "
-                f"{self._state}>")
+        # The rank and size kept at creation: the wrapped communicator may
+        # be freed, or MPI finalized, by now.
+        return f"<xhc.Comm rank {self._rank} of {self._size}, {self._state}>"
 
 
 def _user_level():
@@ -774,9 +787,14 @@ class Request(HotRequest):
         self._plan = plan  # keeps the buffers the call points to
         if bind is None and plan is not None and not plan[_STAGED]:
             bind = (_address(_run_fn), plan[-1], 0, 0)
-        if bind is not None:
-            self._hot_bind(xcomm, *bind)
-        xcomm._requests.add(self)  # free() frees its requests
+        with xcomm._requests_lock:
+            # A free() in another thread since this *_init began has
+            # closed the context the plan points to.
+            if xcomm._state == "freed":
+                raise XhcError("xhc.Comm already freed")
+            if bind is not None:
+                self._hot_bind(xcomm, *bind)
+            xcomm._requests.add(self)  # free() frees its requests
 
     @_leaving
     def _Start(self):
@@ -797,6 +815,10 @@ class Request(HotRequest):
     def Test(self, status=None):
         """True: Start() completed the operation."""
         return True
+
+    def __bool__(self):
+        """False once freed, as an mpi4py request."""
+        return self._call is not None
 
     def Free(self):
         """Drop the buffers and the plan."""

@@ -394,21 +394,58 @@ def suite_freed_requests(xc):
             other = xhc.Comm(W)
             req = make(other)
             req.Start()                       # works while open
+            assert req
             other.free()
+            assert not req                    # freed, as mpi4py's would be
             req.Start()
         return case
 
-    cases = [
-        ("request-barrier", started_after_free(lambda c: c.Barrier_init())),
-        ("request-bcast",
-         started_after_free(lambda c: c.Bcast_init(f8(4), root=0))),
-        ("request-allreduce",
-         started_after_free(lambda c: c.Allreduce_init(f8(4, 1.0), f8(4)))),
-        ("request-reduce",
-         started_after_free(lambda c: c.Reduce_init(f8(4, 1.0), f8(4),
-                                                    root=0))),
+    makers = [
+        ("barrier", lambda c: c.Barrier_init()),
+        ("bcast", lambda c: c.Bcast_init(f8(4), root=0)),
+        ("allreduce", lambda c: c.Allreduce_init(f8(4, 1.0), f8(4))),
+        ("reduce", lambda c: c.Reduce_init(f8(4, 1.0), f8(4), root=0)),
     ]
+    cases = [("request-" + kind, started_after_free(make))
+             for kind, make in makers]
+    cases += [("init-freed-" + kind, made_while_freed(make))
+              for kind, make in makers]
+    cases.append(("comm-Free", freed_with_its_communicator))
     return run_cases(xc, cases)
+
+
+def made_while_freed(make):
+    """A case: a second thread frees an xhc.Comm of COMM_SELF while MAKE's
+    *_init, in this one, is about to make its request (held there by a
+    trace hook, as a thread switch could hold it).  The *_init must raise,
+    not return a request bound to the closed context."""
+    def case(_):
+        c = xhc.Comm(MPI.COMM_SELF)
+        target = xhc.comm.Request.__init__.__code__
+
+        def hold(frame, event, arg):
+            if event == "call" and frame.f_code is target:
+                sys.settrace(None)
+                freer = threading.Thread(target=c.free)
+                freer.start()
+                freer.join(30)
+        sys.settrace(hold)
+        try:
+            make(c)
+        finally:
+            sys.settrace(None)
+    return case
+
+
+def freed_with_its_communicator(_):
+    """Free() frees the xhc.Comm and the communicator it wraps, as MPI's
+    Free: then its repr still works, and a collective raises."""
+    dup = W.Dup()
+    c = xhc.Comm(dup)
+    c.Free()
+    assert dup == MPI.COMM_NULL and c.comm == MPI.COMM_NULL
+    assert repr(c) == f"<xhc.Comm rank {RANK} of {SIZE}, freed>", repr(c)
+    c.Allreduce(f8(4, 1.0), f8(4))
 
 
 # -- debug --------------------------------------------------------------------
