@@ -2,7 +2,9 @@
 """Hierarchy construction from hand-made localities (no MPI, no hwloc)."""
 import pytest
 
-from xhc.hierarchy import DEFAULTS, build, group_table, parse_levels
+from xhc._xhc import lib
+from xhc.hierarchy import (DEFAULTS, MAX_LEVELS, build, group_table,
+                           parse_levels)
 
 
 def locs(n, **levels):
@@ -202,3 +204,15 @@ def test_missing_locality_entry_and_no_ranks():
         build([{"numa": (0,)}, {}], "numa")
     with pytest.raises(ValueError):
         build([], "numa")
+
+
+def test_more_levels_than_the_core_takes_are_refused():
+    """Eight levels, the node level included, is the core's limit: more
+    raises ValueError naming it (before, the core refused the group table
+    with an error that did not say why)."""
+    spec = ",".join("virtual:%d" % k for k in range(2, 10))
+    assert len(build(locs(9), spec)) == MAX_LEVELS == lib.XHC_MAX_LEVELS
+    with pytest.raises(ValueError, match=r"makes 9 levels on 10 ranks, the "
+                       r"node level included; xhc takes at most 8: name "
+                       r"fewer levels$"):
+        build(locs(10), spec)

@@ -41,6 +41,8 @@ LOCALITY_LEVELS = ("core", "l2", "l3", "numa", "package", "node")
 ALIASES = {"socket": "package"}
 TOP = "node"
 VIRTUAL = "virtual:"
+# Levels a hierarchy may have, the top included: the core's XHC_MAX_LEVELS.
+MAX_LEVELS = 8
 
 
 def _accepted():
@@ -167,6 +169,11 @@ def build(localities, levels):
         result.append((name, _groups(labels)))
         below = labels
     result.append((TOP, [list(range(size))]))
+    if len(result) > MAX_LEVELS:
+        raise ValueError(
+            f"hierarchy {','.join(names)!r} makes {len(result)} levels on "
+            f"{size} ranks, the node level included; xhc takes at most "
+            f"{MAX_LEVELS}: name fewer levels")
     return result
 
 
