@@ -46,7 +46,9 @@ void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
  * next operation and rewrite its big line while I still read its
  * buffers.  M->single becomes the decider's choice; M->in_place is set if
  * anyone's buffer is read in place from a shared region, M->private if
- * anyone's is not. */
+ * anyone's is not.  (Of a Reduce's result slices only the root's receive
+ * buffer counts: the root gathers the others' private slices only when
+ * its own buffer is private too, else owners fold straight into it.) */
 int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
              size_t nbytes, struct xhc_meeting *m)
 {
@@ -67,8 +69,10 @@ int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
         if (p == m->decider)
             m->single = pb->single;
         m->in_place |= xhc_in_region(&pb->send) || xhc_in_region(&pb->recv);
+        int result_read = m->root < 0 || p == m->root;
         m->private |= !xhc_in_region(&pb->send)
-                      || (pb->recv.nbytes && !xhc_in_region(&pb->recv));
+                      || (result_read && pb->recv.nbytes
+                          && !xhc_in_region(&pb->recv));
     }
     return 0;
 }

@@ -193,7 +193,8 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
 {
     int whole = root < 0 || root == ctx->rank;
     unsigned char *target = whole ? rbuf : NULL;
-    struct xhc_meeting m = { .decider = root < 0 ? 0 : root };
+    struct xhc_meeting m = { .decider = root < 0 ? 0 : root,
+                             .root = root < 0 ? -1 : root };
     struct xhc_pick pick;
     /* Before the sequence number: a rank that cannot get its target
      * fails without leaving its counters ahead of its peers'.  (A Reduce

@@ -254,6 +254,7 @@ unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
 /* What xhc_meet learns besides the peers' buffers. */
 struct xhc_meeting {
     int decider;  /* whose SINGLE every rank follows */
+    int root;     /* a Reduce's root, or -1 for Allreduce */
     int single;   /* in: mine; out: the decider's */
     int in_place; /* out: some rank's buffer is in a shared region */
     int private;  /* out: some rank's buffer is not */

@@ -1668,6 +1668,27 @@ def adaptive_cases(xcomm, comm, v, sz):
                 and cma == (ADAPT_CALLS if sz.copy == "cma" else 0)
         v.check(f"{kind}: calls by CMA", ok,
                 f"{cma} of {large} large calls by CMA (copy={sz.copy})")
+    shared_reductions_use_no_cma(xcomm, comm, v, count)
+
+
+def shared_reductions_use_no_cma(xcomm, comm, v, count):
+    """Large reductions of Comm.empty arrays only are read in place,
+    whatever the copy mode: none counts as moved by CMA, though a Reduce
+    non-root folds into private memory of its own."""
+    n, rank = comm.size, comm.rank
+    send, recv = xcomm.empty(count), xcomm.empty(count)
+    send[:] = np.arange(count) + rank
+    start = xcomm.stats
+    xcomm.Reduce(send, recv, root=n - 1)
+    want = np.arange(count) * n + n * (n - 1) // 2
+    v.check("shared Reduce result",
+            rank != n - 1 or np.array_equal(recv, want), "wrong sum")
+    xcomm.Allreduce(send, recv)
+    end = xcomm.stats
+    for kind in ("reduce", "allreduce"):
+        cma = end[kind + ".cma"] - start[kind + ".cma"]
+        v.check(f"shared {kind}: none by CMA", cma == 0,
+                f"{cma} call counted as moved by CMA")
 
 
 # -- the per-call path (xhc/_hot.c) ---------------------------------------------
