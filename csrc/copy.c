@@ -56,6 +56,7 @@ int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
     xhc_src_describe(ctx, sbuf, nbytes, &big->send);
     xhc_src_describe(ctx, rbuf, rbuf ? nbytes : 0, &big->recv);
     big->single = m->single;
+    big->root = m->root;
     /* Orders the descriptions and choice before peers see the number. */
     xhc_publish(ctx, &big->seq, seq);
     m->in_place = m->private = 0;
@@ -64,6 +65,13 @@ int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
         int rc = xhc_wait_eq(ctx, &pb->seq, seq, p);
         if (rc)
             return rc;
+        /* An erroneous program (ranks in different reductions, or with
+         * different roots or sizes) fails here, on every rank at once,
+         * instead of folding what it can. */
+        if (pb->root != m->root)
+            return xhc_fail(ctx, p, XHC_ERR_DISAGREE);
+        if (pb->send.nbytes != nbytes)
+            return xhc_fail(ctx, p, XHC_ERR_MISMATCH);
         ctx->peer_send[p] = pb->send;
         ctx->peer_recv[p] = pb->recv;
         if (p == m->decider)

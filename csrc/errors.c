@@ -23,6 +23,9 @@ const char *xhc_strerror(int code)
     case XHC_ERR_MISMATCH:
         return "a peer's buffer does not fit this call (the ranks passed "
                "different sizes)";
+    case XHC_ERR_DISAGREE:
+        return "a peer called another collective, or this one with another "
+               "root (XHC_DEBUG=1 names the difference)";
     default: return code < 0 ? strerror(-code) : "unknown error";
     }
 }

@@ -32,6 +32,8 @@ typedef struct xhc_ctx xhc_ctx_t;
                                    an error of its own */
 #define XHC_ERR_MISMATCH  -5010 /* a peer's buffer does not fit this call:
                                    the ranks passed different sizes */
+#define XHC_ERR_DISAGREE  -5011 /* a peer called another collective, or
+                                   this one with another root */
 
 #define XHC_INLINE_MAX 112      /* bytes carried inside a flag's line */
 #define XHC_ROUND_MIN 16384     /* smallest Bcast round with bcast_rounds */

@@ -635,6 +635,26 @@ def test_a_rank_that_took_part_then_raised_is_waited_for(disagreeing, case,
     assert all(float(after[r]["t"]) >= 2.0 for r in after if r != bad), after
 
 
+@pytest.mark.parametrize("case,pattern", [
+    ("two-roots", "a peer called another collective, or this one with "
+                  r"another root \(XHC_DEBUG=1 names the difference\) "
+                  r"\(rank \d\)$"),
+    ("reduce-allreduce", r"a peer called another collective.* \(rank \d\)$"),
+    ("sizes", r"a peer's buffer does not fit this call \(the ranks passed "
+              r"different sizes\) \(rank \d\)$")],
+    ids=["two-roots", "reduce-allreduce", "sizes"])
+def test_large_reductions_that_disagree_fail_at_once(disagreeing, case,
+                                                      pattern):
+    """Ranks that disagree on a large reduction's root, kind or size fail
+    at once, every one of them, instead of returning what they folded."""
+    rep = disagreeing.by_rank("LARGE-DISAGREE-" + case)
+    assert sorted(rep) == [0, 1, 2], disagreeing.output()
+    for r, kv in sorted(rep.items()):
+        assert kv["exc"] == "XhcError", f"rank {r} returned: {kv}"
+        assert re.search(pattern, kv["msg"]), kv["msg"]
+        assert float(kv["t"]) < 2.0, kv
+
+
 def test_ranks_that_pass_different_sizes_fail_at_once(disagreeing):
     """A peer's buffer too short for this rank's call is an error about
     that peer, raised at once; the ranks waiting on it give up at once."""

@@ -67,6 +67,9 @@ def error(rc, what, ctx=None, pids=None):
         msg += ")"
     if rc == lib.XHC_ERR_COPY and ctx and lib.xhc_failed_rank(ctx) >= 0:
         msg += f" (reading rank {lib.xhc_failed_rank(ctx)})"
+    if rc in (lib.XHC_ERR_MISMATCH, lib.XHC_ERR_DISAGREE) and ctx \
+            and lib.xhc_failed_rank(ctx) >= 0:
+        msg += f" (rank {lib.xhc_failed_rank(ctx)})"
     if rc == -errno.ENOSPC:
         msg += (" (/dev/shm has not that much free: free space there, "
                 "mount it larger, or use smaller arrays)")

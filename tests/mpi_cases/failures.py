@@ -595,6 +595,7 @@ def suite_roots(xc):
     one_rank_refuses()
     one_rank_took_part()
     sizes_differ()
+    large_calls_disagree()
     os._exit(0)
 
 
@@ -613,6 +614,34 @@ def sizes_differ():
     _emit_outcome("SIZES-DIFFER", t0, exc)
     W.Barrier()
     c.free()
+
+
+# Large reductions (the reduce-scatter) on which rank 1 disagrees.
+MIB = 1 << 17  # float64 elements
+LARGE_DISAGREE = [
+    ("two-roots", lambda c, a, b: c.Reduce(a, b, root=1 if RANK == 1 else 0)),
+    ("reduce-allreduce", lambda c, a, b: c.Allreduce(a, b) if RANK == 1
+     else c.Reduce(a, b, root=0)),
+    ("sizes", lambda c, a, b: c.Allreduce(a[:MIB // 2 if RANK == 1 else MIB],
+                                          b[:MIB // 2 if RANK == 1 else MIB])),
+]
+
+
+def large_calls_disagree():
+    """Each case on a new communicator, staging (which reads no peer's
+    buffer, so finds no size too short): every rank must fail at once,
+    where they used to fold what they could and return a wrong result."""
+    for case, call in LARGE_DISAGREE:
+        c = xhc.Comm(W, timeout=3, copy="cico")
+        a, b = np.ones(MIB), np.zeros(MIB)
+        t0, exc = time.monotonic(), None
+        try:
+            call(c, a, b)
+        except Exception as e:  # noqa: BLE001
+            exc = e
+        _emit_outcome("LARGE-DISAGREE-" + case, t0, exc)
+        W.Barrier()
+        c.free()
 
 
 # Allreduce calls only rank 1 makes, each refused before it takes part.
