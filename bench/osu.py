@@ -911,6 +911,8 @@ def main(argv=None):
         if comm.rank == 0:
             print(exc, file=sys.stderr, flush=True)
         comm.Barrier()  # every rank failed alike: let rank 0 finish first
+        if _started_mpi:  # finalized, a failing exit is no MPI_Abort
+            MPI.Finalize()  # under python -m mpi4py
         return 1
     return 0
 

@@ -29,7 +29,7 @@ line on stdout:
         seed=S hierarchy=H
 
 where bytes is the sum of the message sizes.  The exit code is non-zero
-if any rank saw a wrong result (or an xhc error: python -m mpi4py then
+if any rank saw a wrong result (after an xhc error, python -m mpi4py
 aborts the job).  --corrupt K flips one byte of every K-th non-empty
 result before the check: a self-test that the checker catches errors.
 """
@@ -380,4 +380,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if status:  # every rank counted the errors: finalized, python -m
+        MPI.Finalize()  # mpi4py exits with the status, without MPI_Abort
+    sys.exit(status)
