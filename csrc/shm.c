@@ -7,6 +7,10 @@
  *    kernel hands out zeroed pages.
  * 2. Every rank opens and maps it (xhc_ctx_open), then the creator unlinks
  *    it at once, so no crash afterwards can leave it in /dev/shm.
+ * 3. A Comm.empty array's file is created empty instead, and unlinked as
+ *    soon as every rank holds it open; then it is sized and reserved
+ *    through a descriptor (xhc_shm_reserve), which for a large array takes
+ *    long enough that a kill would otherwise often find it still named.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -59,9 +63,8 @@ size_t xhc_segment_size(int nranks, const xhc_config_t *cfg)
     return xhc_bstage_offset(nranks, cfg) + xhc_round_up(stage, 4096);
 }
 
-/* Size FD to SIZE bytes and reserve them: -ENOSPC at once if the file
- * system has not that much free (reserving would first fill it). */
-static int xhc_shm_reserve(int fd, size_t size)
+/* Checked first: reserving would fill the file system before failing. */
+int xhc_shm_reserve(int fd, size_t size)
 {
     struct statvfs vfs;
     if (fstatvfs(fd, &vfs) == 0

@@ -94,6 +94,9 @@ size_t xhc_segment_size(int nranks, const xhc_config_t *cfg);
 int xhc_shm_create(const char *name, size_t size);
 int xhc_shm_open(const char *name);
 int xhc_shm_unlink(const char *name);
+/* Size the open file FD to SIZE bytes and reserve its pages: -ENOSPC at
+ * once if the file system has not that much free. */
+int xhc_shm_reserve(int fd, size_t size);
 
 /* Every rank must have returned from xhc_ctx_open before any rank calls a
  * collective: until a rank opens, its flags do not yet hold seq_start. */

@@ -761,6 +761,17 @@ def test_nothing_left_after_exception(where):
     assert_nothing_left(launch, expect_segments=where != "abort-setup")
 
 
+def test_nothing_left_after_a_kill_in_empty():
+    """Every rank is SIGKILLed while rank 0 reserves a Comm.empty array's
+    pages (slow for a large one): the file is already unlinked, where it
+    used to stay in /dev/shm until a later sweep."""
+    launch = Launch(2, ["kill-empty"], timeout=60)
+    assert launch.result.returncode != 0, launch.output()
+    assert launch.get("KILLING-IN-EMPTY"), launch.output()
+    assert not launch.get("KILL-EMPTY-NOT-REACHED"), launch.output()
+    assert_nothing_left(launch)
+
+
 def test_segments_of_real_runs_are_private(args3):
     """Every segment the runs made was 0600, owned by us, with a name of
     96 random bits (a name whose segment could not be made, for an array

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from ._xhc import ffi, lib
-from .errors import XhcError, agree, error_text
+from .errors import XhcError, agree
 
 KINDS = {"barrier": lib.XHC_BARRIER, "bcast": lib.XHC_BCAST,
          "allreduce": lib.XHC_ALLREDUCE, "reduce": lib.XHC_REDUCE}
@@ -335,18 +335,6 @@ def kernel_isa():
     return None if isa == ffi.NULL else ffi.string(isa).decode()
 
 
-def _map_shared(name, total):
-    """Map the shared-memory file NAME of TOTAL bytes."""
-    fd = lib.xhc_shm_open(name.encode())
-    check(fd if fd < 0 else 0, "opening shared memory")
-    try:
-        return mmap.mmap(fd, total)
-    except OSError as exc:
-        raise XhcError(f"mapping shared memory: {exc.strerror}") from exc
-    finally:
-        os.close(fd)
-
-
 def _ask(shape, dtype):
     """Return (shape, dtype) as Comm.empty takes them; raise if invalid."""
     dtype = np.dtype(dtype)
@@ -382,29 +370,49 @@ def _agreed_ask(comm, shape, dtype):
 
 def _map_everywhere(comm, total):
     """Collective: map a new shared file of TOTAL bytes on every rank, or
-    raise on every rank, so that ranks number their regions alike."""
+    raise on every rank, so that ranks number their regions alike.  The
+    file is unlinked as soon as every rank holds it open, before rank 0
+    sizes and reserves it (slow for a large one): a kill from then on
+    leaves nothing in /dev/shm."""
     name, rc = None, 0
     if comm.rank == 0:
         name = new_name()
-        rc = lib.xhc_shm_create(name.encode(), total)
+        rc = lib.xhc_shm_create(name.encode(), 0)
     name, rc = comm.bcast((name, rc), root=0)
     check(rc, "allocating shared memory")
-    mm, failed = None, None
+    fd = lib.xhc_shm_open(name.encode())
     try:
-        mm = _map_shared(name, total)
-    except Exception as exc:  # noqa: BLE001 - every rank must hear of it
-        failed = error_text(exc)
-    finally:
-        failures = comm.allgather(failed)  # everyone has tried: unlink
+        opened = comm.allgather(
+            None if fd >= 0 else f"opening shared memory: {strerror(fd)}")
         if comm.rank == 0:
             lib.xhc_shm_unlink(name.encode())
+            rc = 0 if any(opened) else lib.xhc_shm_reserve(fd, total)
+        _all_or_none(opened)
+        check(comm.bcast(rc, root=0), "allocating shared memory")
+        mm, failed = None, None
+        try:
+            mm = mmap.mmap(fd, total)
+        except OSError as exc:
+            failed = f"mapping shared memory: {exc.strerror}"
+        try:
+            _all_or_none(comm.allgather(failed))
+        except XhcError:
+            if mm is not None:
+                mm.close()
+            raise
+        return mm
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _all_or_none(failures):
+    """Raise on every rank if FAILURES (one per rank, None: fine) holds
+    one."""
     bad = [r for r, f in enumerate(failures) if f]
     if bad:
-        if mm is not None:
-            mm.close()
         raise XhcError(f"Comm.empty failed on rank {bad[0]}: "
                        f"{failures[bad[0]]}; no rank kept the array")
-    return mm
 
 
 def shared_array(comm, ctx, shape, dtype):

@@ -84,7 +84,10 @@ def _logged_name():
 
 
 class _LibProxy:
-    """_core's view of the C library: reports each segment as created."""
+    """_core's view of the C library: reports each segment as created, and
+    calls RESERVING (if set) where a file's pages are being reserved."""
+
+    reserving = None
 
     def __init__(self, lib):
         self._lib = lib
@@ -98,9 +101,16 @@ class _LibProxy:
             st = os.stat("/dev/shm/" + name.decode().lstrip("/"))
             emit("SEGMODE", name.decode(), f"mode={st.st_mode & 0o777:04o}",
                  f"uid={st.st_uid}")
+            if size and self.reserving:
+                self.reserving()
         else:
             emit("SEGFAIL", name.decode(), f"rc={rc}")
         return rc
+
+    def xhc_shm_reserve(self, fd, size):
+        if self.reserving:
+            self.reserving()
+        return self._lib.xhc_shm_reserve(fd, size)
 
 
 _core.new_name = _logged_name
@@ -789,6 +799,22 @@ def suite_abort(xc, where):
     return xc
 
 
+def suite_kill_empty(xc):
+    """Rank 0 SIGKILLs every rank while it reserves a Comm.empty array's
+    pages: the slow step for a large array (0.3 s for 1 GiB here), where
+    a real kill most often lands."""
+    pids = W.allgather(os.getpid())
+
+    def kill_all():
+        emit("KILLING-IN-EMPTY", f"rank={RANK}")
+        for pid in sorted(pids, key=lambda p: p == os.getpid()):
+            os.kill(pid, signal.SIGKILL)
+    _core.lib.reserving = kill_all
+    xc.empty(1 << 20)
+    emit("KILL-EMPTY-NOT-REACHED", f"rank={RANK}")
+    return xc
+
+
 # -- threads ------------------------------------------------------------------
 
 def suite_gil(xc):
@@ -1014,6 +1040,7 @@ SUITES = {
     "abort-op": lambda xc: suite_abort(xc, "abort-op"),
     "abort-empty": lambda xc: suite_abort(xc, "abort-empty"),
     "abort-setup": lambda xc: suite_abort(xc, "abort-setup"),
+    "kill-empty": suite_kill_empty,
     "gil": suite_gil,
     "threads": suite_threads,
     "free-busy": suite_free_busy,
