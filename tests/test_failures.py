@@ -460,6 +460,15 @@ def test_init_while_another_thread_frees(freed_requests2, case):
     check_case(freed_requests2, case, "XhcError", r"^xhc\.Comm already freed$")
 
 
+@pytest.mark.parametrize("case", [c.replace("request-", "request-after-del-")
+                                  for c in FREED_REQUESTS])
+def test_request_started_after_its_comm_was_finalized(freed_requests2, case):
+    """In a garbage cycle, the xhc.Comm's finalizer may close its context
+    before another finalizer starts one of its requests: Start() raises,
+    where it used to run on the freed context (a bus error)."""
+    check_case(freed_requests2, case, "XhcError", r"^xhc\.Comm already freed$")
+
+
 def test_Free_frees_the_wrapped_communicator_too(freed_requests2):
     """xcomm.Free() is MPI's Free: it frees xhc's memory and the wrapped
     communicator, where it used to free the latter only and leave xhc
@@ -653,6 +662,20 @@ def test_large_reductions_that_disagree_fail_at_once(disagreeing, case,
         assert kv["exc"] == "XhcError", f"rank {r} returned: {kv}"
         assert re.search(pattern, kv["msg"]), kv["msg"]
         assert float(kv["t"]) < 2.0, kv
+
+
+def test_a_rank_whose_buffer_raises_in_init_is_not_waited_for():
+    """Bcast_init's agreement on Comm.empty buffers (2 ranks: one per
+    core, where it is made): the rank whose buffer raises when looked at
+    raises its own error, and its peer times out in Start(), instead of
+    both waiting for ever in the agreement."""
+    launch = Launch(2, ["init-raises"], timeout=60)
+    rep = launch.by_rank("INIT-RAISES")
+    assert sorted(rep) == [0, 1], launch.output()
+    assert rep[1]["exc"] == "RuntimeError", rep[1]
+    assert rep[1]["msg"] == "export refused", rep[1]
+    assert rep[0]["exc"] == "XhcError", rep[0]
+    assert TIMED_OUT in rep[0]["msg"], rep[0]
 
 
 def test_ranks_that_pass_different_sizes_fail_at_once(disagreeing):

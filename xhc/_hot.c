@@ -688,7 +688,10 @@ static PyTypeObject *hot_comm_type;  /* HotComm, made by hot_exec */
 static PyObject *req_start(HotRequest *r, PyObject *unused)
 {
     (void)unused;
-    if (!r->run && !r->barrier)
+    /* An owner without a context was freed, perhaps by a finalizer in a
+     * garbage cycle that did not reach this request to unbind it: its
+     * context is closed, and _Start says so. */
+    if ((!r->run && !r->barrier) || !r->owner->ctx)
         return PyObject_CallMethod((PyObject *)r, "_Start", NULL);
     HotComm *owner = r->owner;
     Py_INCREF(owner);  /* bound to the call until it returns */

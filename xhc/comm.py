@@ -369,13 +369,16 @@ class Comm(HotComm):
     def _in_shared(self, arr):
         """Is ARR a C-contiguous ndarray wholly inside one of our Comm.empty
         regions?  Never raises: bad arguments are judged later."""
-        if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
-            return False
-        lo = arr.__array_interface__["data"][0]
-        for mm, base in self._keep:
-            start = _address(base)
-            if start <= lo and lo + arr.nbytes <= start + len(mm):
-                return True
+        try:  # a subclass's properties run user code, which may raise
+            if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
+                return False
+            lo = arr.__array_interface__["data"][0]
+            for mm, base in self._keep:
+                start = _address(base)
+                if start <= lo and lo + arr.nbytes <= start + len(mm):
+                    return True
+        except Exception:  # noqa: BLE001
+            pass
         return False
 
     # -- plans: argument checks, off the hot path -----------------------------
@@ -655,7 +658,7 @@ def _same_rank(root, rank):
     is judged later, alike on every rank."""
     try:
         return operator.index(root) == rank
-    except TypeError:
+    except Exception:  # noqa: BLE001 - an __index__ may raise anything
         return False
 
 

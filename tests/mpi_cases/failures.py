@@ -420,8 +420,22 @@ def suite_freed_requests(xc):
              for kind, make in makers]
     cases += [("init-freed-" + kind, made_while_freed(make))
               for kind, make in makers]
+    cases += [("request-after-del-" + kind, started_after_del(make))
+              for kind, make in makers]
     cases.append(("comm-Free", freed_with_its_communicator))
     return run_cases(xc, cases)
+
+
+def started_after_del(make):
+    """A case: the xhc.Comm's finalizer runs, as it does first in a
+    garbage cycle that holds the comm and a request; another finalizer
+    of the cycle then starts the request."""
+    def case(_):
+        other = xhc.Comm(W)
+        req = make(other)
+        other.__del__()
+        req.Start()
+    return case
 
 
 def made_while_freed(make):
@@ -607,6 +621,36 @@ def suite_roots(xc):
     sizes_differ()
     large_calls_disagree()
     os._exit(0)
+
+
+class _RefusesExport(np.ndarray):
+    """An array whose description raises when looked at."""
+
+    @property
+    def __array_interface__(self):
+        raise RuntimeError("export refused")
+
+
+def suite_init_raises(xc):
+    """With a Comm.empty array made, on a node with a core per rank,
+    Bcast_init first agrees on whether every buffer is one; rank 1, the
+    root, passes a buffer that raises when looked at.  It must raise, and
+    the others time out in Start(), where they used to wait for ever in
+    that agreement."""
+    c = xhc.Comm(W, timeout=1)
+    c.empty(16)
+    buf = np.zeros(8)
+    if RANK == 1:
+        buf = buf.view(_RefusesExport)
+    t0, exc = time.monotonic(), None
+    try:
+        c.Bcast_init(buf, root=1).Start()
+    except Exception as e:  # noqa: BLE001
+        exc = e
+    _emit_outcome("INIT-RAISES", t0, exc)
+    W.Barrier()
+    c.free()
+    return xc
 
 
 def sizes_differ():
@@ -1041,6 +1085,7 @@ SUITES = {
     "abort-empty": lambda xc: suite_abort(xc, "abort-empty"),
     "abort-setup": lambda xc: suite_abort(xc, "abort-setup"),
     "kill-empty": suite_kill_empty,
+    "init-raises": suite_init_raises,
     "gil": suite_gil,
     "threads": suite_threads,
     "free-busy": suite_free_busy,
