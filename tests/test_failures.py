@@ -664,6 +664,18 @@ def test_large_reductions_that_disagree_fail_at_once(disagreeing, case,
         assert float(kv["t"]) < 2.0, kv
 
 
+def test_kept_plans_hold_at_most_their_budget():
+    """Plans kept for views of large arrays count the whole arrays they
+    keep alive: 40 views of dropped 32 MiB arrays leave at most the 256
+    MiB budget resident, where they used to keep all 1,280 MiB."""
+    launch = Launch(2, ["plan-budget"], timeout=120)
+    rep = launch.by_rank("PLAN-BUDGET")
+    assert sorted(rep) == [0, 1], launch.output()
+    for r, kv in rep.items():
+        assert int(kv["counted"]) <= 256, kv
+        assert int(kv["held"]) <= 256 + 64, kv
+
+
 def test_a_rank_whose_buffer_raises_in_init_is_not_waited_for():
     """Bcast_init's agreement on Comm.empty buffers (2 ranks: one per
     core, where it is made): the rank whose buffer raises when looked at

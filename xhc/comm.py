@@ -398,6 +398,20 @@ class Comm(HotComm):
         plans[key] = plan
         self._plan_bytes += plan[_NBYTES]
 
+    def _held_bytes(self, *bufs):
+        """Bytes a plan of BUFS (Buffers, or None) keeps alive: all the
+        memory of each one's base (a view of a large array keeps all of
+        it), once each, but for Comm.empty memory, kept anyway."""
+        roots = {}
+        for b in bufs:
+            obj = None if b is None else b.obj
+            while isinstance(obj, np.ndarray) and obj.base is not None:
+                obj = obj.base
+            roots[id(obj)] = obj
+        for mm, _ in self._keep:
+            roots.pop(id(mm), None)
+        return sum(_size_of(obj) for obj in roots.values())
+
     def _forget_plans(self):
         for plans in (self._bcast_plans, self._allreduce_plans,
                       self._reduce_plans):
@@ -430,7 +444,7 @@ class Comm(HotComm):
         call = _call(self._ctx, lib.XHC_BCAST, None, b, b.nbytes, root=root,
                      flags=flags)
         plan = _plan((buf, root), call, [(b, not sink, sink)],
-                     [(0, buf, sink, b)], b.nbytes, (b,))
+                     [(0, buf, sink, b)], self._held_bytes(b), (b,))
         if remember and not flags and _keepable(b):
             self._remember(self._bcast_plans, id(buf), _kept(plan, 2))
         return plan
@@ -456,7 +470,7 @@ class Comm(HotComm):
                                                   (r, False, True)]
         plan = _plan((sendbuf, recvbuf, op), call, moves,
                      [(0, sendbuf, False, s), (1, recvbuf, True, r)],
-                     r.nbytes + (0 if s is r else s.nbytes), (s, r))
+                     self._held_bytes(s, r), (s, r))
         if not flags and _keepable(s, r) and not _spec(sendbuf):
             self._remember(self._allreduce_plans, id(recvbuf),
                            _kept(plan, 3))
@@ -487,8 +501,7 @@ class Comm(HotComm):
                                        else [])
         plan = _plan((sendbuf, recvbuf, op, root), call, moves,
                      [(0, sendbuf, False, s), (1, recvbuf, is_root, r)],
-                     s.nbytes + (r.nbytes if r and r is not s else 0),
-                     (s, r))
+                     self._held_bytes(s, r), (s, r))
         if not flags and _keepable(s, r) and not _spec(sendbuf):
             self._remember(self._reduce_plans, id(sendbuf), _kept(plan, 4))
         return plan
@@ -651,6 +664,17 @@ def _node_index():
         if value.isdigit():
             return int(value)
     return MPI.COMM_WORLD.rank
+
+
+def _size_of(obj):
+    """The bytes of OBJ's memory, if it exports any."""
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    try:
+        with memoryview(obj) as view:
+            return view.nbytes
+    except TypeError:
+        return 0
 
 
 def _same_rank(root, rank):

@@ -631,6 +631,28 @@ class _RefusesExport(np.ndarray):
         raise RuntimeError("export refused")
 
 
+def suite_plan_budget(xc):
+    """40 Allreduces, each on a small Fortran-order view (planned, and
+    the plan kept) of a 32 MiB array the program then drops: the kept
+    plans must hold at most their budget of 256 MiB, counted by the
+    bases they keep alive, not by the views."""
+    def resident_mib():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+    c = xhc.Comm(W)
+    before = resident_mib()
+    for _ in range(40):
+        big = np.ones((4096, 1024), order="F")
+        view = big[:, :2]
+        c.Allreduce(MPI.IN_PLACE, view)
+        assert np.all(view == SIZE)
+        del big, view
+    emit("PLAN-BUDGET", f"rank={RANK}", f"held={resident_mib() - before}",
+         f"counted={c._plan_bytes >> 20}")
+    c.free()
+    return xc
+
+
 def suite_init_raises(xc):
     """With a Comm.empty array made, on a node with a core per rank,
     Bcast_init first agrees on whether every buffer is one; rank 1, the
@@ -1086,6 +1108,7 @@ SUITES = {
     "abort-setup": lambda xc: suite_abort(xc, "abort-setup"),
     "kill-empty": suite_kill_empty,
     "init-raises": suite_init_raises,
+    "plan-budget": suite_plan_budget,
     "gil": suite_gil,
     "threads": suite_threads,
     "free-busy": suite_free_busy,
