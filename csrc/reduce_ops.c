@@ -52,12 +52,16 @@ const char *xhc_kernel_isa(void)
 #endif
 }
 
+/* Buffers may be misaligned for their type (a numpy array at an odd
+ * offset into a byte buffer): the kernels access elements through a
+ * type of alignment 1, which x86-64 loads and stores as fast. */
 #define XHC_KERNEL(name, type, expr)                                      \
     XHC_CLONES                                                            \
     static void name(void *dst_, const void *a_, const void *b_, size_t n) \
     {                                                                     \
-        type *dst = dst_;                                                 \
-        const type *a = a_, *b = b_;                                      \
+        typedef type __attribute__((aligned(1))) elem;                    \
+        elem *dst = dst_;                                                 \
+        const elem *a = a_, *b = b_;                                      \
         for (size_t i = 0; i < n; i++) {                                  \
             type x = a[i], y = b[i];                                      \
             dst[i] = (type)(expr);                                        \
