@@ -708,28 +708,28 @@ def test_a_late_rank_is_waited_for(late):
     """Rank 0 roots a Bcast, then rank 2 joins an Allreduce, each 2.5
     XHC_TIMEOUTs after the others: a correct program, which MPI would
     wait for.  Every rank gets the right result, none raises."""
-    rep = late.by_rank("LATE")
-    assert sorted(rep) == [0, 1, 2], late.output()
+    assert_every_rank_waited(late, "LATE", 4.5)
+    check_completed(late)
+    assert_nothing_left(late)
+
+
+def assert_every_rank_waited(launch, kind, at_least):
+    """Every rank's KIND record: the right Allreduce, no exception, and
+    not before AT_LEAST seconds, when the late rank came."""
+    rep = launch.by_rank(kind)
+    assert sorted(rep) == [0, 1, 2], launch.output()
     for r, kv in sorted(rep.items()):
         assert kv["exc"] == "None", f"rank {r}: {kv['exc']}: {kv['msg']}"
         assert kv["right"] == "True", f"rank {r} got a wrong Allreduce"
-        assert float(kv["t"]) >= 4.5, \
-            f"rank {r} returned after {kv['t']} s, before the late ranks"
-    check_completed(late)
-    assert_nothing_left(late)
+        assert float(kv["t"]) >= at_least, \
+            f"rank {r} returned after {kv['t']} s, before the late rank came"
 
 
 def test_a_late_rank_is_waited_for_after_every_rank_refused(late):
     """Every rank refuses an Allreduce, then rank 1 comes 2.5 XHC_TIMEOUTs
     late to the next: no rank's refused call counts, so rank 1 is late
     to this one, not gone, and the others wait for it, as MPI would."""
-    rep = late.by_rank("LATE-AFTER-REFUSAL")
-    assert sorted(rep) == [0, 1, 2], late.output()
-    for r, kv in sorted(rep.items()):
-        assert kv["exc"] == "None", f"rank {r}: {kv['exc']}: {kv['msg']}"
-        assert kv["right"] == "True", f"rank {r} got a wrong Allreduce"
-        assert float(kv["t"]) >= 2.0, \
-            f"rank {r} returned after {kv['t']} s, before rank 1 came"
+    assert_every_rank_waited(late, "LATE-AFTER-REFUSAL", 2.0)
 
 
 # -- 3. a rank that dies ------------------------------------------------------
