@@ -74,7 +74,7 @@ int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
             return xhc_fail(ctx, p, XHC_ERR_MISMATCH);
         ctx->peer_send[p] = pb->send;
         ctx->peer_recv[p] = pb->recv;
-        if (p == m->decider)
+        if (p == xhc_decider(m))
             m->single = pb->single;
         m->in_place |= xhc_in_region(&pb->send) || xhc_in_region(&pb->recv);
         int result_read = m->root < 0 || p == m->root;

@@ -175,8 +175,6 @@ void xhc_ctx_leave(xhc_ctx_t *ctx)
  * A closing rank says "all of them", a count no peer's matches. */
 static void xhc_ctx_mark_withdrawn(xhc_ctx_t *ctx, uint32_t refusals)
 {
-    if (xhc_ctx_keep_mark(ctx))
-        return;
     /* Relaxed: published by the release in xhc_ctx_mark. */
     atomic_store_explicit(&xhc_ctl(ctx, ctx->rank)->entered.refusals,
                           refusals, memory_order_relaxed);
@@ -193,7 +191,8 @@ void xhc_ctx_close(xhc_ctx_t *ctx)
 {
     if (!ctx)
         return;
-    xhc_ctx_mark_withdrawn(ctx, UINT32_MAX);
+    if (!xhc_ctx_keep_mark(ctx))
+        xhc_ctx_mark_withdrawn(ctx, UINT32_MAX);
     xhc_xpmem_close(ctx);
     for (int k = 0; k < XHC_NKINDS; k++)
         xhc_hier_free(&ctx->hier[k], ctx->nranks);

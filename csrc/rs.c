@@ -193,8 +193,7 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
 {
     int whole = root < 0 || root == ctx->rank;
     unsigned char *target = whole ? rbuf : NULL;
-    struct xhc_meeting m = { .decider = root < 0 ? 0 : root,
-                             .root = root < 0 ? -1 : root };
+    struct xhc_meeting m = { .root = root < 0 ? -1 : root };
     struct xhc_pick pick;
     /* Before the sequence number: a rank that cannot get its target
      * fails without leaving its counters ahead of its peers'.  (A Reduce
@@ -204,7 +203,8 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
              ? 0 : xhc_rs_target(ctx, target, r, &target);
     if (rc)
         return rc;
-    xhc_tune_pick(ctx, kind, r->nbytes, ctx->rank == m.decider, &pick);
+    xhc_tune_pick(ctx, kind, r->nbytes, ctx->rank == xhc_decider(&m),
+                  &pick);
     m.single = pick.single;
     uint64_t seq = xhc_begin(ctx);
     /* No peer can finish this operation (and rewrite its big line)

@@ -254,12 +254,16 @@ unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
                                size_t len, int *rc);
 /* What xhc_meet learns besides the peers' buffers. */
 struct xhc_meeting {
-    int decider;  /* whose SINGLE every rank follows */
     int root;     /* a Reduce's root, or -1 for Allreduce */
-    int single;   /* in: mine; out: the decider's */
+    int single;   /* in: mine; out: the decider's (xhc_decider) */
     int in_place; /* out: some rank's buffer is in a shared region */
     int private;  /* out: some rank's buffer is not */
 };
+/* Whose choice of copy every rank follows: the root's, or rank 0's. */
+static inline int xhc_decider(const struct xhc_meeting *m)
+{
+    return m->root < 0 ? 0 : m->root;
+}
 int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
              size_t nbytes, struct xhc_meeting *m);
 void xhc_copy_stream(void *dst, const void *src, size_t len);
