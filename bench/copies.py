@@ -19,9 +19,9 @@ being untouched.  Per round, the time is the slowest rank's mean.  The
 summary gives, per operation and size, the median µs of each and the
 median per-round ratios of the adaptive one to each other.
 """
-import argparse
 import sys
 
+from bench import _mpi  # before mpi4py.MPI: --help needs no MPI
 import numpy as np
 from mpi4py import MPI
 
@@ -33,7 +33,7 @@ WAYS = ("cico", "cma", "adaptive")
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = _mpi.Parser(prog="bench.copies", description=__doc__.split("\n")[0])
     p.add_argument("-m", "--message-size", default="1M:16M",
                    help="[MIN:]MAX bytes: MIN, 2*MIN, ... up to MAX "
                    "(default 1M:16M)")
@@ -117,7 +117,7 @@ def time_one(op, comm, world, size, iters, seed):
 
 def main(argv=None):
     opts = parse_args(sys.argv[1:] if argv is None else argv)
-    world = MPI.COMM_WORLD
+    world = _mpi.start()
     impls, refused = {}, []
     for way in WAYS:
         try:  # collective: every rank gets the same answer

@@ -62,7 +62,6 @@ Columns merged from separate runs are not interleaved: on a noisy VM,
 differences under ~30 % between them are noise.
 """
 import argparse
-import atexit
 import collections
 import functools
 import os
@@ -73,15 +72,8 @@ if not __package__:  # run as a path: python -m mpi4py bench/osu.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))
 
+from bench import _mpi  # noqa: E402  (before mpi4py.MPI)
 import mpi4py  # noqa: E402
-
-# MPI starts once the command line is accepted (_start_mpi), so that a
-# process run alone prints --help or an error without it: a singleton
-# Open MPI leaves a file in /dev/shm.  (Unless something imported
-# mpi4py.MPI first: then its own settings stand.)
-if "mpi4py.MPI" not in sys.modules:
-    mpi4py.rc.initialize = False
-    mpi4py.rc.finalize = True
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
@@ -263,75 +255,11 @@ COMMANDS = {
 
 # -- options -----------------------------------------------------------------
 
-# Set in every rank by the launchers: Open MPI, PMIx (srun too), PMI
-# (Hydra, srun), MVAPICH, Cray PALS.
-LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
-                 "MV2_COMM_WORLD_RANK", "PALS_RANKID")
-
-
-_started_mpi = False  # set by _start_mpi: the MPI to finalize is ours
-
-
-def _rc_yes(value):
-    """An mpi4py rc value as a bool, the way mpi4py reads "yes"/"no"."""
-    if isinstance(value, str):
-        return value.strip().lower() in ("yes", "y", "on", "true", "1")
-    return bool(value)
-
-
-def _start_mpi():
-    """Start MPI as mpi4py's import would (its rc thread options), and
-    finalize it at exit unless told not to."""
-    global _started_mpi
-    if MPI.Is_initialized():
-        return
-    rc = mpi4py.rc
-    if _rc_yes(rc.threads):
-        level = str(rc.thread_level).strip().lower()
-        MPI.Init_thread(getattr(MPI, "THREAD_" + level.upper()))
-    else:
-        MPI.Init()
-    _started_mpi = True
-    if rc.finalize is None:  # mpi4py finalizes only what it started
-        atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
-
-
-def _world():
-    """COMM_WORLD, starting MPI if a launcher started this process; None
-    in a process run alone, which prints and exits without MPI."""
-    if not MPI.Is_initialized():
-        if not any(var in os.environ for var in LAUNCHER_VARS):
-            return None
-        _start_mpi()
-    return MPI.COMM_WORLD
-
-
-class _Parser(argparse.ArgumentParser):
-    """Print help and errors once (rank 0); every rank exits together."""
-
-    def _print_message(self, message, file=None):
-        world = _world()
-        if world is None or world.rank == 0:
-            super()._print_message(message, file)
-
-    def exit(self, status=0, message=None):
-        if message:
-            self._print_message(message, sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        world = _world()
-        if world is not None:
-            world.Barrier()  # rank 0 has printed before anyone exits
-            if _started_mpi:  # finalized, a failing exit is no MPI_Abort
-                MPI.Finalize()  # under python -m mpi4py
-        sys.exit(status)
-
-
 def parse_args(argv=None):
     """Parse the command line (OSU's short options plus xhc's long ones)."""
-    p = _Parser(prog="bench.osu", description=__doc__.split("\n")[0],
-                epilog="run: mpiexec -n N python -m mpi4py -m bench.osu "
-                "COMMAND [options]")
+    p = _mpi.Parser(prog="bench.osu", description=__doc__.split("\n")[0],
+                    epilog="run: mpiexec -n N python -m mpi4py -m bench.osu "
+                    "COMMAND [options]")
     p.add_argument("command", choices=COMMANDS)
     p.add_argument("-m", "--message-size", metavar="[MIN:]MAX",
                    help="bytes, K/M suffixes (1:1M bcast, 8:1M reductions)")
@@ -432,7 +360,7 @@ def _check_opts(parser, opts):
         parser.error(f"--peer needs Open MPI, not {MPI.get_vendor()[0]}: "
                      "time another MPI in a run of its own and merge the "
                      "JSON files with bench.compare")
-    world = _world()
+    world = _mpi.world()
     error = _option_error(opts, world.size if world else 1,
                           world.rank if world else 0)
     # Ranks may see the node and the file system differently: the first
@@ -903,16 +831,14 @@ def benchmark(comm, opts):
 def main(argv=None):
     """Entry point; return the process exit status."""
     opts = parse_args(argv)
-    _start_mpi()
-    comm = MPI.COMM_WORLD
+    comm = _mpi.start()
     try:
         benchmark(comm, opts)
     except BenchError as exc:
         if comm.rank == 0:
             print(exc, file=sys.stderr, flush=True)
         comm.Barrier()  # every rank failed alike: let rank 0 finish first
-        if _started_mpi:  # finalized, a failing exit is no MPI_Abort
-            MPI.Finalize()  # under python -m mpi4py
+        _mpi.finish()
         return 1
     return 0
 

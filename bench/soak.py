@@ -33,11 +33,11 @@ if any rank saw a wrong result (after an xhc error, python -m mpi4py
 aborts the job).  --corrupt K flips one byte of every K-th non-empty
 result before the check: a self-test that the checker catches errors.
 """
-import argparse
 import os
 import sys
 import time
 
+from . import _mpi  # before mpi4py.MPI: --help needs no MPI
 import numpy as np
 from mpi4py import MPI
 
@@ -59,8 +59,8 @@ SENTINEL = 0xA5
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m bench.soak",
-                                 description=__doc__.split("\n\n")[0])
+    ap = _mpi.Parser(prog="python -m bench.soak",
+                     description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", type=int, default=100000,
                     help="operations to run (default 100000)")
     ap.add_argument("--seed", type=int, default=1,
@@ -373,7 +373,7 @@ class Soak:
 
 def main(argv=None):
     args = parse_args(argv)
-    soak = Soak(MPI.COMM_WORLD, args)
+    soak = Soak(_mpi.start(), args)
     errors = soak.run()       # an xhc error propagates: mpi4py aborts
     soak.close()
     return 1 if errors else 0
@@ -381,6 +381,6 @@ def main(argv=None):
 
 if __name__ == "__main__":
     status = main()
-    if status:  # every rank counted the errors: finalized, python -m
-        MPI.Finalize()  # mpi4py exits with the status, without MPI_Abort
+    if status:  # every rank counted the errors
+        _mpi.finish()
     sys.exit(status)

@@ -295,39 +295,45 @@ def test_osu_peer_rejects_a_bad_name(text):
         _peer_name(text)
 
 
-# Run bench.osu alone with argv[1:], then fail if it started MPI.
+# Run bench.<argv[1]> alone with argv[2:], then fail if it started MPI.
 NO_MPI = """
-import sys
-from bench import osu
+import importlib, sys
+program = importlib.import_module("bench." + sys.argv[1])
 try:
-    status = osu.main(sys.argv[1:])
+    status = program.main(sys.argv[2:])
 except SystemExit as exc:
     status = exc.code
-assert not osu.MPI.Is_initialized(), "MPI was started"
+assert not program.MPI.Is_initialized(), "MPI was started"
 sys.exit(status)
 """
 
 
-@pytest.mark.parametrize("args, status", [(["--help"], 0),
-                                          (["allreduce", "-m", "x"], 2),
-                                          (["bcast", "--json", "/no/dir/x.json"], 2),
-                                          (["bcast", "--root", "3"], 2),
-                                          (["bogus"], 2)])
-def test_osu_alone_prints_help_and_errors_without_mpi(args, status):
+@pytest.mark.parametrize("program, args, status", [
+    ("osu", ["--help"], 0),
+    ("osu", ["allreduce", "-m", "x"], 2),
+    ("osu", ["bcast", "--json", "/no/dir/x.json"], 2),
+    ("osu", ["bcast", "--root", "3"], 2),
+    ("osu", ["bogus"], 2),
+    ("copies", ["--help"], 0),
+    ("copies", ["--ops", "scatter"], 2),
+    ("soak", ["--help"], 0),
+    ("soak", ["--ops", "x"], 2)])
+def test_alone_prints_help_and_errors_without_mpi(program, args, status):
     """--help and a malformed command line, outside mpiexec, print and
     exit without starting MPI (a singleton Open MPI leaves its segment in
     /dev/shm)."""
     env = dict(os.environ, PYTHONPATH=ROOT)
-    from bench.osu import LAUNCHER_VARS
+    from bench._mpi import LAUNCHER_VARS
     for var in LAUNCHER_VARS:
         env.pop(var, None)
     with mpi_scratch() as scratch:          # in case it does start
-        proc = subprocess.run([sys.executable, "-c", NO_MPI, *args],
+        proc = subprocess.run([sys.executable, "-c", NO_MPI, program, *args],
                               cwd=ROOT, env={**env, **scratch},
                               capture_output=True, text=True, timeout=60)
     assert "MPI was started" not in proc.stderr, proc.stderr
     assert proc.returncode == status, proc.stderr
-    assert "usage: bench.osu" in proc.stdout + proc.stderr
+    assert f"usage: {'python -m ' if program == 'soak' else ''}bench." \
+        f"{program}" in proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("args, status, text", [
