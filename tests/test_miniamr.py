@@ -146,6 +146,21 @@ def test_a_wrong_checksum_allreduce_fails_the_run(how, message, tmp_path):
     assert message in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("args, text", [
+    (["--help"], "usage: python -m mpi4py -m bench.miniamr"),
+    (["--bogus"], "error: unrecognized arguments: --bogus"),
+    (["--nx", "3"], "error: --nx must be even and > 0")])
+def test_options_refused_once_without_abort(args, text):
+    """Under mpiexec, help and errors come from rank 0 alone, and every
+    rank exits with the same status, without MPI_Abort."""
+    proc = run_mpi(2, ["-m", "bench.miniamr", *args], check=False,
+                   timeout=90)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == (0 if args == ["--help"] else 2), out
+    assert out.count(text) == 1, out
+    assert "abort" not in out.lower(), out
+
+
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_modes_agree(n, tmp_path, serial):
     mpi = run(n, "mpi", tmp_path)

@@ -15,6 +15,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from .. import _mpi  # before mpi4py.MPI: --help needs no MPI
 from . import checksum, options, report
 from . import objects as objmod
 from .balance import make_stages
@@ -223,15 +224,20 @@ class Run:
 
 
 def main(argv=None):
-    from mpi4py import MPI
-    raw = MPI.COMM_WORLD
+    """Run; return the exit status, after finalizing MPI if it failed (on
+    every rank alike), so that python -m mpi4py does not abort."""
+    o = options.build_parser().parse_args(argv)  # --help: no MPI alone
+    raw = _mpi.start()
     try:
-        o = options.parse(argv, raw.size)
+        o = options.complete(o, raw.size)
     except options.OptionError as e:
         if raw.rank == 0:
             print(f"bench.miniamr: error: {e}", file=sys.stderr)
-        return 2
-    run = Run(o, raw)
-    code = run.execute()
-    run.close()
+        code = 2
+    else:
+        run = Run(o, raw)
+        code = run.execute()
+        run.close()
+    if code:
+        _mpi.finish()
     return code

@@ -5,10 +5,11 @@ Every rank parses the command line (so a bad option fails everywhere the
 same way); rank 0's values are then broadcast as miniAMR does: one Bcast of
 the integer parameters and one of the doubles (error tolerance + objects).
 """
-import argparse
 import math
 
 import numpy as np
+
+from .. import _mpi  # before mpi4py.MPI: --help needs no MPI
 
 # The default problem: miniAMR's "allreduce-heavy" shape (4^3-cell blocks,
 # a checksum every stage, 20 stages per step), 2x2x2 blocks per rank, 3
@@ -31,7 +32,7 @@ OBJECT_TYPES = set(range(16)) | {20, 21, 22, 23, 24, 25}
 
 
 def build_parser():
-    p = argparse.ArgumentParser(
+    p = _mpi.Parser(
         prog="python -m mpi4py -m bench.miniamr",
         description="numpy/mpi4py port of miniAMR's algorithm; collectives "
                     "through xhc.Comm (--coll xhc) or plain mpi4py (--coll mpi).")
@@ -88,7 +89,12 @@ class OptionError(ValueError):
 
 def parse(argv, size):
     """Parse ARGV for a run on SIZE ranks; return an argparse Namespace."""
-    o = build_parser().parse_args(argv)
+    return complete(build_parser().parse_args(argv), size)
+
+
+def complete(o, size):
+    """Check the parsed options O for a run on SIZE ranks and fill in
+    what they leave to the run; return O."""
     if o.object is None:
         objs = [list(x) for x in DEFAULT_OBJECTS]
         if o.num_objects is not None:
