@@ -611,7 +611,7 @@ class Comm(HotComm):
             requests = list(self._requests)
         self._bind(ffi.NULL)
         for req in requests:
-            req.Free()
+            req._release()
         self._forget_plans()
         if ctx:
             lib.xhc_ctx_close(ctx)
@@ -812,6 +812,7 @@ class Request(HotRequest):
         self._what = what
         self._xcomm = xcomm
         self._plan = plan  # keeps the buffers the call points to
+        self._freed = False  # by its own Free()
         if bind is None and plan is not None and not plan[_STAGED]:
             bind = (_address(_run_fn), plan[-1], 0, 0)
         with xcomm._requests_lock:
@@ -843,13 +844,25 @@ class Request(HotRequest):
         """True: Start() completed the operation."""
         return True
 
+    def Get_status(self, status=None):
+        """True: Start() completed the operation."""
+        return True
+
     def __bool__(self):
         """False once freed, as an mpi4py request."""
         return self._call is not None
 
     def Free(self):
-        """Drop the buffers and the plan."""
+        """Drop the buffers and the plan.  A second Free() raises, as
+        mpi4py's; a Free() after the xhc.Comm's free() does not."""
+        if self._freed:
+            raise XhcError(f"{self._what}: request already freed")
         self._xcomm._refuse_if_busy("Request.Free()")
+        self._release()
+        self._freed = True
+
+    def _release(self):
+        """Unbind; drop the buffers and the plan."""
         self._hot_bind(self._xcomm, 0, 0, 0, 0)
         self._call = None
         self._plan = None

@@ -195,6 +195,15 @@ def first_diff(got, want):
             f"got {g[i]!r}, want {w[i]!r}")
 
 
+def raises(kind, call, *args, **kwargs):
+    """None if CALL(*ARGS, **KWARGS) raises KIND, else what it did."""
+    try:
+        call(*args, **kwargs)
+    except kind:
+        return None
+    return f"no {kind.__name__}"
+
+
 # -- collective verdicts ---------------------------------------------------
 
 class Verdicts:
@@ -564,20 +573,12 @@ def usage_errors(v, xcomm, comm):
             v.case(f"{call} float64 {op} refused", err)
     for what, s, r in (("dtype", np.ones(4, "i4"), np.ones(4, "i8")),
                        ("count", np.ones(4, "i4"), np.ones(5, "i4"))):
-        try:
-            xcomm.Allreduce(s, r)
-            err = "no ValueError"
-        except ValueError:
-            err = None
-        v.case(f"Allreduce mismatched {what} refused", err)
+        v.case(f"Allreduce mismatched {what} refused",
+               raises(ValueError, xcomm.Allreduce, s, r))
     ro = np.ones(4, "i4")
     ro.flags.writeable = False
-    try:
-        xcomm.Allreduce(np.ones(4, "i4"), ro)
-        err = "no ValueError"
-    except ValueError:
-        err = None
-    v.case("Allreduce into read-only refused", err)
+    v.case("Allreduce into read-only refused",
+           raises(ValueError, xcomm.Allreduce, np.ones(4, "i4"), ro))
     one_allreduce(v, xcomm, comm, np.dtype("f8"), "SUM", 9, seed_of(4), False)
 
 
@@ -2044,14 +2045,22 @@ def persistent_calls(xcomm, comm, v):
         v.case(f"persistent Reduce of a strided array #{i}", None if
                rank != 0 or np.array_equal(recv, np_fold("SUM", ins)) else
                f"got {recv}")
+    done = [req.Get_status() for req in reqs]
+    v.case("persistent requests' Get_status() is True",
+           None if done == [True] * len(reqs) else f"got {done}")
     for req in reqs:
         req.Free()
-    try:
-        reqs[2].Start()
-        err = "no error"
-    except xhc.XhcError:
-        err = None
-    v.case("persistent request started after Free raises", err)
+    v.case("persistent request started after Free raises",
+           raises(xhc.XhcError, reqs[2].Start))
+    v.case("persistent request freed twice raises",
+           raises(xhc.XhcError, reqs[2].Free))
+    other = xhc.Comm(comm)
+    req = other.Allreduce_init(send, recv)
+    other.free()
+    req.Free()
+    v.case("a request freed after its xhc.Comm is false",
+           None if not req else "still true")
+    v.case("... and raises when freed again", raises(xhc.XhcError, req.Free))
 
 
 # -- sequence numbers through zero -------------------------------------------
