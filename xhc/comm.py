@@ -8,6 +8,7 @@ import operator
 import os
 import sys
 import threading
+import traceback
 import warnings
 import weakref
 
@@ -64,8 +65,21 @@ def _leaving(entry):
                 self._withdraw()
             if isinstance(exc, TypeError) and exc.__traceback__.tb_next is None:
                 raise _misbound(entry, args, kwargs) or exc from None
+            _drop_locals(exc)
             raise
     return wrapper
+
+
+def _drop_locals(exc):
+    """Clear the finished frames of EXC's traceback (and of the exceptions
+    it chains), whose locals hold exports of the caller's buffers: a
+    bytearray must be resizable again in the caller's except clause, as
+    after a refused mpi4py call."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)  # skips running frames
+        exc = exc.__cause__ or exc.__context__
 
 
 def _misbound(entry, args, kwargs):

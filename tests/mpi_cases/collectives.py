@@ -579,6 +579,28 @@ def usage_errors(v, xcomm, comm):
     ro.flags.writeable = False
     v.case("Allreduce into read-only refused",
            raises(ValueError, xcomm.Allreduce, np.ones(4, "i4"), ro))
+    refusals = (
+        ("Allreduce into a larger buffer",
+         lambda b: xcomm.Allreduce(b, bytearray(16))),
+        ("Reduce into a smaller buffer at the root",
+         lambda b: xcomm.Reduce(b, bytearray(4) if comm.rank == 0 else None,
+                                root=0)),
+        ("Bcast of a specification longer than its buffer",
+         lambda b: xcomm.Bcast([b, 3, MPI.DOUBLE])))
+    for what, call in refusals:
+        b = bytearray(8)
+        grown = "not refused"
+        try:
+            call(b)
+        except ValueError:
+            try:  # while the exception lives, as in a caller's except
+                b.extend(bytes(8))
+                grown = None
+            except BufferError as exc:
+                grown = f"still exported: {exc}"
+        v.case(f"{what} refused, and lets go of the bytearray",
+               None if comm.rank != 0 and what.startswith("Reduce")
+               and grown == "not refused" else grown)
     one_allreduce(v, xcomm, comm, np.dtype("f8"), "SUM", 9, seed_of(4), False)
 
 
