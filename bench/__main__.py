@@ -45,7 +45,9 @@ def parse_args(argv=None):
     # default of nargs="*" against the choices and refuses it.
     ap.add_argument("ops", nargs="*", metavar="OP",
                     help=f"any of {', '.join(SWEEPS)} (default: all)")
-    ap.add_argument("--extra", default="", help="more bench.osu options")
+    ap.add_argument("--extra", default="",
+                    help="more bench.osu options, as one argument: "
+                    "--extra=-f, or --extra '-f --peer sm'")
     args = ap.parse_args(argv)
     bad = [op for op in args.ops if op not in SWEEPS]
     if bad:

@@ -4,7 +4,9 @@
 A process run alone (no launcher) prints --help or an error without
 starting MPI: a singleton Open MPI leaves a file in /dev/shm.  Import this
 module before anything that imports mpi4py.MPI; if something imported
-mpi4py.MPI first, its own settings stand.
+mpi4py.MPI first, or MPI4PY_RC_INITIALIZE asks mpi4py to start MPI at
+import, MPI starts as they say, and a failing run ends as python -m
+mpi4py ends it (MPI_Abort).
 """
 import argparse
 import atexit
@@ -14,8 +16,7 @@ import sys
 import mpi4py
 
 if "mpi4py.MPI" not in sys.modules:
-    mpi4py.rc.initialize = False
-    mpi4py.rc.finalize = True
+    mpi4py.rc.initialize = False  # MPI4PY_RC_INITIALIZE=1 still starts it
 from mpi4py import MPI  # noqa: E402
 
 # Set in every rank by the launchers: Open MPI, PMIx (srun too), PMI
@@ -35,7 +36,8 @@ def _rc_yes(value):
 
 def start():
     """Start MPI as mpi4py's import would (its rc thread options), and
-    finalize it at exit unless told not to; return COMM_WORLD."""
+    finalize it at exit unless mpi4py's rc says not to; return
+    COMM_WORLD."""
     global _started
     if MPI.Is_initialized():
         return MPI.COMM_WORLD
@@ -46,7 +48,7 @@ def start():
     else:
         MPI.Init()
     _started = True
-    if rc.finalize is None:  # mpi4py finalizes only what it started
+    if rc.finalize is None:  # mpi4py's default: finalize what it started
         atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
     return MPI.COMM_WORLD
 
@@ -67,6 +69,17 @@ def finish():
     calling MPI_Abort for a failing one."""
     if _started and not MPI.Is_finalized():
         MPI.Finalize()
+
+
+def int_at_least(low):
+    """argparse type: an integer >= LOW."""
+    def parse(text):
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text} is not >= {low}")
+        return value
+    parse.__name__ = "int"  # argparse names the type in its own errors
+    return parse
 
 
 class Parser(argparse.ArgumentParser):

@@ -37,10 +37,10 @@ def parse_args(argv):
     p.add_argument("-m", "--message-size", default="1M:16M",
                    help="[MIN:]MAX bytes: MIN, 2*MIN, ... up to MAX "
                    "(default 1M:16M)")
-    p.add_argument("-r", "--rounds", type=int, default=8,
+    p.add_argument("-r", "--rounds", type=_mpi.int_at_least(1), default=8,
                    help="rounds (default 8)")
-    p.add_argument("-i", "--iterations", type=int, default=10,
-                   help="timed calls per size and implementation")
+    p.add_argument("-i", "--iterations", type=_mpi.int_at_least(1),
+                   default=10, help="timed calls per size and implementation")
     p.add_argument("--ops", default=",".join(OPS),
                    help="comma-separated, of " + ", ".join(OPS))
     opts = p.parse_args(argv)
@@ -49,10 +49,9 @@ def parse_args(argv):
     except ValueError as exc:
         p.error(str(exc))
     opts.ops = opts.ops.split(",")
-    if any(s % 8 for s in opts.sizes) or set(opts.ops) - set(OPS) \
-            or opts.rounds < 1 or opts.iterations < 1:
+    if any(s % 8 for s in opts.sizes) or set(opts.ops) - set(OPS):
         p.error("sizes must be multiples of 8 bytes, ops among "
-                f"{', '.join(OPS)}, rounds and iterations positive")
+                f"{', '.join(OPS)}")
     return opts
 
 

@@ -313,18 +313,7 @@ def parse_args(argv=None):
     return opts
 
 
-def _int_at_least(low):
-    """argparse type: an integer >= LOW."""
-    def parse(text):
-        value = int(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{text} is not >= {low}")
-        return value
-    parse.__name__ = "int"  # argparse names the type in its own errors
-    return parse
-
-
-_positive, _natural = _int_at_least(1), _int_at_least(0)
+_positive, _natural = _mpi.int_at_least(1), _mpi.int_at_least(0)
 
 
 COLD_MIN = 64 << 10

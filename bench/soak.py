@@ -61,7 +61,7 @@ SENTINEL = 0xA5
 def parse_args(argv):
     ap = _mpi.Parser(prog="python -m bench.soak",
                      description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ops", type=int, default=100000,
+    ap.add_argument("--ops", type=_mpi.int_at_least(1), default=100000,
                     help="operations to run (default 100000)")
     ap.add_argument("--seed", type=int, default=1,
                     help="seed of the operation sequence (same on all ranks)")
@@ -74,7 +74,8 @@ def parse_args(argv):
                          "(default 0.2)")
     ap.add_argument("--progress", type=float, default=5.0,
                     help="seconds between progress lines on stderr")
-    ap.add_argument("--corrupt", type=int, default=0, metavar="K",
+    ap.add_argument("--corrupt", type=_mpi.int_at_least(0), default=0,
+                    metavar="K",
                     help="self-test: damage every K-th non-empty result")
     return ap.parse_args(argv)
 
