@@ -149,7 +149,10 @@ def test_a_wrong_checksum_allreduce_fails_the_run(how, message, tmp_path):
 @pytest.mark.parametrize("args, text", [
     (["--help"], "usage: python -m mpi4py -m bench.miniamr"),
     (["--bogus"], "error: unrecognized arguments: --bogus"),
-    (["--nx", "3"], "error: --nx must be even and > 0")])
+    (["--nx", "3"], "error: --nx must be even and > 0"),
+    (["--npx", "3", "--npy", "1"], "the ranks given do not divide 2 ranks"),
+    (["--object", "2", "0", "a"] + ["0"] * 11, "invalid float value: 'a'"),
+    (["--num_objects", "-1"], "--num_objects: -1 is not >= 0")])
 def test_options_refused_once_without_abort(args, text):
     """Under mpiexec, help and errors come from rank 0 alone, and every
     rank exits with the same status, without MPI_Abort."""
@@ -159,6 +162,35 @@ def test_options_refused_once_without_abort(args, text):
     assert proc.returncode == (0 if args == ["--help"] else 2), out
     assert out.count(text) == 1, out
     assert "abort" not in out.lower(), out
+
+
+# Every split of 1 to 64 ranks with none, one or two dimensions given.
+DIMS = """
+import itertools
+import math
+from mpi4py import MPI
+from bench.miniamr.options import dims_create
+for size in range(1, 65):
+    for dims in itertools.product((0, 1, 2, 3), repeat=3):
+        try:
+            want = MPI.Compute_dims(size, list(dims))
+        except MPI.Exception:
+            want = None
+        if want is not None and math.prod(want) != size:
+            want = None  # Open MPI answers some splits that cannot be
+        got = dims_create(size, list(dims))
+        assert got == want, (size, dims, got, want)
+print("dims agree")
+"""
+
+
+def test_dims_as_mpi_dims_create(tmp_path):
+    """The ranks' split, chosen without MPI (so that options are checked
+    before it starts), is MPI_Dims_create's."""
+    script = tmp_path / "dims.py"
+    script.write_text(DIMS)
+    proc = run_mpi(1, [str(script)], timeout=60)
+    assert "dims agree" in proc.stdout
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 8])

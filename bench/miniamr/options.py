@@ -45,9 +45,9 @@ def build_parser():
     a("--init_x", type=int, default=2, help="initial blocks per rank in x")
     a("--init_y", type=int, default=2, help="initial blocks per rank in y")
     a("--init_z", type=int, default=2, help="initial blocks per rank in z")
-    a("--npx", type=int, default=0, help="ranks in x (0: MPI_Dims_create)")
-    a("--npy", type=int, default=0, help="ranks in y (0: MPI_Dims_create)")
-    a("--npz", type=int, default=0, help="ranks in z (0: MPI_Dims_create)")
+    a("--npx", type=int, default=0, help="ranks in x (0: as MPI_Dims_create)")
+    a("--npy", type=int, default=0, help="ranks in y (0: as MPI_Dims_create)")
+    a("--npz", type=int, default=0, help="ranks in z (0: as MPI_Dims_create)")
     a("--num_vars", type=int, default=4, help="variables per cell")
     a("--comm_vars", type=int, default=0,
       help="variables exchanged (and checksummed) together; 0 = all")
@@ -73,9 +73,10 @@ def build_parser():
       help="rotate the order of the x/y/z exchange phases each stage")
     a("--report_diffusion", action="store_true",
       help="print every checksum on rank 0")
-    a("--num_objects", type=int, default=None,
+    a("--num_objects", type=_mpi.int_at_least(0), default=None,
       help="number of --object entries (default: the two built-in spheroids)")
-    a("--object", action="append", nargs=14, metavar="V", default=None,
+    a("--object", action="append", nargs=14, type=float, metavar="V",
+      default=None,
       help="type bounce cx cy cz mx my mz sx sy sz ix iy iz (as miniAMR)")
     a("--seed", type=int, default=12345, help="seed of the initial values")
     a("--json", default=None, metavar="FILE", help="write the report as JSON")
@@ -102,7 +103,7 @@ def complete(o, size):
             if o.num_objects > len(objs):
                 raise OptionError("--num_objects exceeds the --object entries")
     else:
-        objs = [[float(v) for v in x] for x in o.object]
+        objs = o.object
         if o.num_objects is not None and o.num_objects != len(objs):
             raise OptionError(f"--num_objects {o.num_objects} but "
                               f"{len(objs)} --object entries")
@@ -110,14 +111,44 @@ def complete(o, size):
     o.num_objects = len(o.objects)
     del o.object
     if o.npx <= 0 or o.npy <= 0 or o.npz <= 0:
-        from mpi4py import MPI
-        dims = MPI.Compute_dims(size, [max(o.npx, 0), max(o.npy, 0),
-                                       max(o.npz, 0)])
+        dims = dims_create(size, [o.npx, o.npy, o.npz])
+        if dims is None:
+            raise OptionError(f"--npx {o.npx} --npy {o.npy} --npz {o.npz}: "
+                              f"the ranks given do not divide {size} ranks")
         o.npx, o.npy, o.npz = dims
     o.permute = int(o.permute)
     o.report_diffusion = int(o.report_diffusion)
     finish(o, size)
     return o
+
+
+def dims_create(size, dims):
+    """MPI_Dims_create's answer, without MPI (which may not have started):
+    DIMS with its entries <= 0 set so that the product is SIZE, as close
+    to each other as they can be, largest first; None if the other
+    entries do not divide SIZE."""
+    fixed = math.prod(d for d in dims if d > 0)
+    free = [i for i, d in enumerate(dims) if d <= 0]
+    if size % fixed or not free and fixed != size:
+        return None
+    got = [1] * len(free)
+    for f in reversed(prime_factors(size // fixed)):  # largest first
+        got[got.index(min(got))] *= f
+    out = list(dims)
+    for i, v in zip(free, sorted(got, reverse=True)):
+        out[i] = v
+    return out
+
+
+def prime_factors(n):
+    """N's prime factors, smallest first, with repeats."""
+    out, f = [], 2
+    while f * f <= n:
+        while n % f == 0:
+            out.append(f)
+            n //= f
+        f += 1
+    return out + ([n] if n > 1 else [])
 
 
 def finish(o, size):
