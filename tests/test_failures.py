@@ -296,6 +296,19 @@ ARG_CASES = [
      r"or a smaller count$"),
     ("bcast-zero-extent-type", "ValueError",
      r"^datatype .* has extent 0; give it a positive one$"),
+    ("bcast-none-with-count", "ValueError",
+     r"^buffer is None but count is 2; pass a buffer, or \[MPI\.BOTTOM, "
+     r"count, datatype\] for a datatype of absolute addresses$"),
+    ("bcast-in-place", "ValueError",
+     r"^MPI\.IN_PLACE stands only for the send buffer of an Allreduce, or "
+     r"of a Reduce at its root$"),
+    ("bcast-bottom", "ValueError",
+     r"^MPI\.BOTTOM needs a count and an MPI\.Datatype of absolute "
+     r"addresses: pass \[MPI\.BOTTOM, count, datatype\]$"),
+    ("allreduce-recv-in-place", "ValueError",
+     r"^MPI\.IN_PLACE stands only for the send buffer"),
+    ("allreduce-in-place-one-item", "TypeError",
+     r"^a buffer specification of 1 items; pass one of mpi4py's forms"),
     ("allreduce-extra-arg", "TypeError",
      r"^Allreduce\(sendbuf, recvbuf, op=\.\.\.\): too many positional "
      r"arguments$"),
@@ -375,7 +388,8 @@ ARG_CASES = [
 @pytest.mark.parametrize("case", ["bcast-none-spec",
                                   "allreduce-struct-with-empty-member"])
 def test_unusual_but_valid_arguments_work(request, n, case):
-    """[None, 0, MPI.DOUBLE] (None as MPI.BOTTOM, as mpi4py takes it), and
+    """[None, 0, MPI.DOUBLE] (None with no count: an empty message, as
+    mpi4py takes it), and
     a struct whose only other member is empty, run on every rank."""
     launch = request.getfixturevalue(f"args{n}")
     cases = launch.by_rank("CASE", case)

@@ -55,7 +55,7 @@ def in_place(sendbuf):
     specification of it such as [MPI.IN_PLACE, MPI.DOUBLE]?"""
     if sendbuf is None or sendbuf is MPI.IN_PLACE:
         return True
-    return isinstance(sendbuf, (list, tuple)) and len(sendbuf) > 0 \
+    return isinstance(sendbuf, (list, tuple)) and 2 <= len(sendbuf) <= 4 \
         and sendbuf[0] is MPI.IN_PLACE
 
 
@@ -116,10 +116,22 @@ def _of_array(arr, obj=None):
                   functools.partial(np.copyto, arr, copy))
 
 
+# Predefined datatypes that MPI's arithmetic ops refuse, whose mpi4py
+# typecodes are those of integers: MPI.BYTE and MPI.PACKED take the
+# bitwise ops alone, Fortran's logicals the logical ones.  Their
+# reductions go to mpi4py, which gives MPI's answer or error.
+_NO_ARITHMETIC = tuple(
+    t for t in (getattr(MPI, name, MPI.DATATYPE_NULL) for name in (
+        "BYTE", "PACKED", "LOGICAL", "LOGICAL1", "LOGICAL2", "LOGICAL4",
+        "LOGICAL8")) if t != MPI.DATATYPE_NULL)
+
+
 def _element_type(dt):
     """The numpy dtype of the one predefined type that DT is made of;
     None if DT mixes types or numpy has no such type."""
     if dt.is_predefined:
+        if any(dt == t for t in _NO_ARITHMETIC):
+            return np.dtype(f"V{dt.Get_size()}")  # moved, never reduced
         try:
             npdt = np.dtype(dt.tocode())
         except (ValueError, TypeError, KeyError):
@@ -168,8 +180,6 @@ def _parse_spec(spec):
         raise TypeError(f"a buffer specification of {len(spec)} items; "
                         + _SPEC_FORMS)
     buf, *rest = spec
-    if buf is None:  # as mpi4py takes it
-        buf = MPI.BOTTOM
     if len(rest) == 1 and (rest[0] is None or not _is_type(rest[0])):
         dt, nums = None, rest  # [buf, count]
     else:
@@ -184,6 +194,12 @@ def _parse_spec(spec):
     except (TypeError, ValueError):
         raise TypeError(f"buffer specification {_brief(spec)}; "
                         + _SPEC_FORMS) from None
+    if buf is None:  # no memory: an empty message, as mpi4py takes it
+        if count:
+            raise ValueError(f"buffer is None but count is {count}; pass "
+                             "a buffer, or [MPI.BOTTOM, count, datatype] "
+                             "for a datatype of absolute addresses")
+        buf = bytearray(0)
     buf = _host(buf)
     if dt is None:
         dt = memoryview(buf).format
@@ -421,6 +437,13 @@ def resolve(obj):
     for what the core cannot take."""
     if isinstance(obj, np.ndarray):
         return _of_array(obj)
+    if obj is MPI.IN_PLACE:
+        raise ValueError("MPI.IN_PLACE stands only for the send buffer of "
+                         "an Allreduce, or of a Reduce at its root")
+    if obj is MPI.BOTTOM:
+        raise ValueError("MPI.BOTTOM needs a count and an MPI.Datatype of "
+                         "absolute addresses: pass [MPI.BOTTOM, count, "
+                         "datatype]")
     if isinstance(obj, (list, tuple)):
         return _of_spec(obj)
     return _of_object(obj)

@@ -1561,6 +1561,39 @@ def fallback_cases(xcomm, comm, v):
             lambda rep: None if np.array_equal(bout, np.logical_or.reduce(
                 bins)) else f"got {bout}")
 
+        # 4. Datatypes that MPI reduces with some ops only, though their
+        # typecodes are integers': MPI.BYTE (bitwise), Fortran's LOGICAL
+        # (logical).  mpi4py gives MPI's answer, or its error.
+        byts = [values(np.dtype("u1"), "BAND", seed_of(112, r), 9)
+                for r in range(n)]
+        byout = np.zeros(9, np.uint8)
+
+        def ar_byte(rep):
+            byout[:] = 0
+            xcomm.Allreduce([byts[rank], MPI.BYTE], [byout, MPI.BYTE],
+                            op=MPI.BAND)
+
+        run("Allreduce: datatype without a reduction kernel", ar_byte,
+            lambda rep: None if np.array_equal(
+                byout, np.bitwise_and.reduce(byts)) else f"got {byout}")
+        lout = np.zeros(4, np.int32)
+
+        def ar_logical_sum(rep, c=xcomm):
+            c.Allreduce([np.ones(4, np.int32), MPI.LOGICAL],
+                        [lout, MPI.LOGICAL], op=MPI.SUM)
+
+        run("Allreduce: datatype without a reduction kernel", ar_logical_sum,
+            lambda rep: "MPI's SUM of LOGICAL succeeded",
+            plain=lambda rep: ar_logical_sum(rep, comm))
+        # ... but they move in place, through the core.
+        want = pattern(seed_of(113), 16)
+        got = want.copy() if rank == n - 1 else np.zeros(16, np.uint8)
+        before = xcomm.stats["fallback"]
+        xcomm.Bcast([got, MPI.BYTE], root=n - 1)
+        v.case("Bcast of MPI.BYTE through the core",
+               first_diff(got, want) if not np.array_equal(got, want) else
+               None if xcomm.stats["fallback"] == before else "fell back")
+
     ours = [w for w in caught if issubclass(w.category, RuntimeWarning)
             and str(w.message).startswith("xhc:")]
     mine = [str(w.message) for w in ours]

@@ -314,6 +314,13 @@ def suite_args(xc):
          lambda c: c.Bcast([f8(4), 0, MPI.DOUBLE.Create_contiguous(0)
                             .Commit()])),
         ("bcast-none-spec", lambda c: c.Bcast([None, 0, MPI.DOUBLE])),
+        ("bcast-none-with-count", lambda c: c.Bcast([None, 2, MPI.DOUBLE])),
+        ("bcast-in-place", lambda c: c.Bcast(MPI.IN_PLACE, root=last)),
+        ("bcast-bottom", lambda c: c.Bcast(MPI.BOTTOM, root=last)),
+        ("allreduce-recv-in-place",
+         lambda c: c.Allreduce(f8(4, 1.0), MPI.IN_PLACE)),
+        ("allreduce-in-place-one-item",
+         lambda c: c.Allreduce((MPI.IN_PLACE,), f8(4))),
         ("allreduce-struct-with-empty-member", struct_with_empty_member),
         ("allreduce-extra-arg",
          lambda c: c.Allreduce(f8(4), f8(4), MPI.SUM, 5)),
