@@ -249,7 +249,8 @@ def late():
 BUFFER_FIX = (r"pass a numpy array, a buffer-protocol object, a DLPack CPU "
               r"array or \[buf, datatype\]$")
 INT_ONLY = r" data \(MPI defines bitwise and logical ops on integers only\)$"
-COMM_FIX = r"wrap a communicator such as MPI\.COMM_WORLD or one from Split\(\)$"
+COMM_FIX = (r"wrap a communicator such as MPI\.COMM_WORLD or one from "
+            r"Split\(\), on the ranks that have one$")
 
 ARG_CASES = [
     ("bcast-none", "TypeError", r"NoneType is not a buffer: " + BUFFER_FIX),
@@ -337,6 +338,8 @@ ARG_CASES = [
      r"needs an intra-communicator \(got Intercomm\); " + COMM_FIX),
     ("not-a-comm", "TypeError",
      r"needs an intra-communicator \(got NoneType\); " + COMM_FIX),
+    ("comm-null", "TypeError",
+     r"needs an intra-communicator \(got MPI\.COMM_NULL\); " + COMM_FIX),
     ("sleep-differs", "ValueError",
      r"different sleep values .*: set XHC_SLEEP \(or sleep=\) alike"),
     ("windows-differs", "ValueError",

@@ -106,6 +106,13 @@ class Comm(HotComm):
     windows, copy, debug.
     """
 
+    def __new__(cls, comm=None, *args, **kwargs):
+        # A Cartesian or graph communicator keeps its topology methods: its
+        # xhc.Comm is of a subclass that forwards them too.
+        if cls is Comm and isinstance(comm, MPI.Topocomm):
+            cls = _with_topology(type(comm))
+        return super().__new__(cls)
+
     def __init__(self, comm, *, hierarchy=None, topology=None, **tunables):
         self._comm = comm
         self._rank = self._size = 0
@@ -124,10 +131,14 @@ class Comm(HotComm):
         self._fallbacks = 0
         self._why = ""
         self.xhc_info = {}
-        if not isinstance(comm, MPI.Intracomm) or comm.Is_inter():
-            raise TypeError("xhc.Comm needs an intra-communicator (got "
-                            f"{type(comm).__name__}); wrap a communicator "
-                            "such as MPI.COMM_WORLD or one from Split()")
+        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL \
+                or comm.Is_inter():
+            got = "MPI.COMM_NULL" if isinstance(comm, MPI.Comm) and \
+                comm == MPI.COMM_NULL else type(comm).__name__
+            raise TypeError(f"xhc.Comm needs an intra-communicator (got "
+                            f"{got}); wrap a communicator such as "
+                            "MPI.COMM_WORLD or one from Split(), on the "
+                            "ranks that have one")
         # Kept, for free() may come after comm.Free() or MPI.Finalize().
         self._rank, self._size = comm.rank, comm.size
         problem = None
@@ -657,6 +668,21 @@ class Comm(HotComm):
         # be freed, or MPI finalized, by now.
         return f"<xhc.Comm rank {self._rank} of {self._size}, {self._state}>"
 
+    # Compared as the wrapped communicator (with MPI.COMM_WORLD, with
+    # MPI.COMM_NULL after Free(), or with another xhc.Comm); unhashable,
+    # as mpi4py's communicators.
+    def __eq__(self, other):
+        return self._comm == (other._comm if isinstance(other, Comm)
+                              else other)
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __bool__(self):
+        return bool(self._comm)
+
+    __hash__ = None
+
 
 def _user_level():
     """warnings.warn's stacklevel, called from the caller of this, that
@@ -807,6 +833,15 @@ def _add_passthrough(cls, comm_type):
 
 
 _add_passthrough(Comm, MPI.Intracomm)
+
+
+@functools.lru_cache(maxsize=None)
+def _with_topology(comm_type):
+    """The xhc.Comm subclass for COMM_TYPE (MPI.Cartcomm, say), which
+    also forwards that type's own methods (Get_coords, Shift, ...)."""
+    cls = type("Comm", (Comm,), {"__doc__": Comm.__doc__,
+                                 "__module__": Comm.__module__})
+    return _add_passthrough(cls, comm_type)
 
 
 def _info(info):

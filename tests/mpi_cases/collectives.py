@@ -1038,6 +1038,47 @@ def refuses_after_free(v, xc, tag):
         v.case(f"{tag}: {name} after free() raises XhcError", err)
 
 
+def comparisons(v, xcomm, comm):
+    """An xhc.Comm compares as its communicator does, as mpi4py's."""
+    dup = comm.Dup()
+    xdup = xhc.Comm(dup)
+    got = [xcomm == comm, comm == xcomm, xcomm != comm, xcomm == xdup,
+           xdup == dup, bool(xdup)]
+    v.case("==, != and bool as the wrapped communicator",
+           None if got == [True, True, False, False, True, True]
+           else f"got {got}")
+    xdup.Free()
+    got = [xdup == MPI.COMM_NULL, xdup != MPI.COMM_NULL, bool(xdup)]
+    v.case("after Free(), equal to MPI.COMM_NULL and false",
+           None if got == [True, False, False] else f"got {got}")
+    v.case("unhashable, as mpi4py's communicators",
+           raises(TypeError, hash, xcomm))
+
+
+def topology_passthrough(v, comm):
+    """A Cartesian or graph communicator keeps its own methods."""
+    n, rank = comm.size, comm.rank
+    cart = comm.Create_cart([n], periods=[True])
+    graph = comm.Create_dist_graph_adjacent([(rank - 1) % n],
+                                            [(rank + 1) % n])
+    with xhc.Comm(cart) as xcart, xhc.Comm(graph) as xgraph:
+        got = [xcart.Get_coords(rank), xcart.Shift(0, 1), xcart.dims,
+               xgraph.Get_dist_neighbors(), isinstance(xcart, xhc.Comm)]
+        want = [cart.Get_coords(rank), cart.Shift(0, 1), cart.dims,
+                graph.Get_dist_neighbors(), True]
+        v.case("Cartcomm and Distgraphcomm methods pass through",
+               None if got == want else f"got {got}, want {want}")
+        out = np.zeros(3, np.int64)
+        xcart.Allreduce(np.full(3, rank + 1, np.int64), out)
+        v.case("Allreduce on a Cartcomm",
+               None if (out == n * (n + 1) // 2).all() else f"got {out}")
+    with xhc.Comm(comm) as plain:
+        v.case("an intracomm's xhc.Comm lacks them",
+               raises(AttributeError, getattr, plain, "Shift"))
+    cart.Free()
+    graph.Free()
+
+
 def suite_subcomm(xcomm, comm, v, sz, args):
     n, rank = comm.size, comm.rank
     # Attribute passthrough.
@@ -1060,6 +1101,8 @@ def suite_subcomm(xcomm, comm, v, sz, args):
     except TypeError:
         err = None
     v.case("xhc.Comm of a non-communicator raises TypeError", err)
+    comparisons(v, xcomm, comm)
+    topology_passthrough(v, comm)
 
     dup = comm.Dup()
     half = comm.Split(rank % 2, rank)

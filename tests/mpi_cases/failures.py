@@ -340,6 +340,7 @@ def suite_args(xc):
         ("freed-with-barrier", lambda c: closed.Barrier()),
         ("intercomm", lambda c: intercomm_case()),
         ("not-a-comm", lambda c: xhc.Comm(None)),
+        ("comm-null", lambda c: xhc.Comm(W.Split(MPI.UNDEFINED))),
         ("sleep-differs", lambda c: xhc.Comm(W, sleep=RANK)),
         ("windows-differs", lambda c: xhc.Comm(W, windows=2 + RANK)),
         ("copy-differs",
