@@ -742,6 +742,15 @@ def assert_every_rank_waited(launch, kind, at_least):
             f"rank {r} returned after {kv['t']} s, before the late rank came"
 
 
+def test_a_late_rank_is_waited_for_after_an_interrupt(late):
+    """A KeyboardInterrupt that reaches rank 1 as its Bcast completes does
+    not make the call a refused one: when rank 1 comes 2.5 XHC_TIMEOUTs
+    late to the next, the others wait for it."""
+    rep = late.by_rank("LATE-AFTER-INTERRUPT")
+    assert rep.get(1, {}).get("interrupted") == "True", late.output()
+    assert_every_rank_waited(late, "LATE-AFTER-INTERRUPT", 2.0)
+
+
 def test_a_late_rank_is_waited_for_after_every_rank_refused(late):
     """Every rank refuses an Allreduce, then rank 1 comes 2.5 XHC_TIMEOUTs
     late to the next: no rank's refused call counts, so rank 1 is late

@@ -702,16 +702,21 @@ static PyObject *req_start(HotRequest *r, PyObject *unused)
     return PyObject_CallMethod((PyObject *)r, "_failed", "i", rc);
 }
 
+/* Wait(status=None): True at once; a status given is filled as MPI
+ * fills one for a completed collective, by the Python method _fill. */
 static PyObject *req_wait(HotRequest *r, PyObject *const *args,
                           size_t nargsf, PyObject *kwnames)
 {
-    (void)r;
-    (void)args;
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (n + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0) > 1) {
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (n + nkw > 1 || (nkw && !PyUnicode_Check(PyTuple_GET_ITEM(kwnames, 0)))
+        || (nkw && PyUnicode_CompareWithASCIIString(
+                       PyTuple_GET_ITEM(kwnames, 0), "status") != 0)) {
         PyErr_SetString(PyExc_TypeError, "Wait(status=None)");
         return NULL;
     }
+    if (n + nkw == 1 && args[0] != Py_None)
+        return PyObject_CallMethod((PyObject *)r, "_fill", "O", args[0]);
     Py_RETURN_TRUE;
 }
 

@@ -8,7 +8,6 @@ import operator
 import os
 import sys
 import threading
-import traceback
 import warnings
 import weakref
 
@@ -55,13 +54,18 @@ def _leaving(entry):
     took part (a bad argument, the wrong number of them, an MPI error
     while staging), this rank will not enter the collective its peers may
     be waiting in, so it withdraws (Comm._withdraw); its next collective
-    enters as usual."""
+    enters as usual.  What it raises once the core began the collective
+    (a KeyboardInterrupt as the call returns) withdraws nothing."""
     @functools.wraps(entry)
     def wrapper(self, *args, **kwargs):
+        comm = getattr(self, "_xcomm", self)  # a Request's, or self
+        ctx = comm._ctx
+        seq = lib.xhc_seq(ctx) if ctx else 0
         try:
             return entry(self, *args, **kwargs)
         except BaseException as exc:
-            if not getattr(exc, _SETTLED, False):
+            began = ctx and comm._ctx == ctx and lib.xhc_seq(ctx) != seq
+            if not began and not getattr(exc, _SETTLED, False):
                 self._withdraw()
             if isinstance(exc, TypeError) and exc.__traceback__.tb_next is None:
                 raise _misbound(entry, args, kwargs) or exc from None
@@ -70,15 +74,30 @@ def _leaving(entry):
     return wrapper
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_SUSPENDABLE = (inspect.CO_GENERATOR | inspect.CO_COROUTINE
+                | inspect.CO_ASYNC_GENERATOR)
+
+
 def _drop_locals(exc):
-    """Clear the finished frames of EXC's traceback (and of the exceptions
-    it chains), whose locals hold exports of the caller's buffers: a
-    bytearray must be resizable again in the caller's except clause, as
-    after a refused mpi4py call."""
+    """Clear xhc's own finished frames in EXC's traceback (and in those of
+    the exceptions it chains), whose locals hold exports of the caller's
+    buffers: a bytearray must be resizable again in the caller's except
+    clause, as after a refused mpi4py call.  The caller's frames, and any
+    generator's, stay as they are."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        traceback.clear_frames(exc.__traceback__)  # skips running frames
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_filename.startswith(_PACKAGE) \
+                    and not code.co_flags & _SUSPENDABLE:
+                try:
+                    tb.tb_frame.clear()
+                except RuntimeError:  # still running: the wrapper's own
+                    pass
+            tb = tb.tb_next
         exc = exc.__cause__ or exc.__context__
 
 
@@ -357,7 +376,7 @@ class Comm(HotComm):
         """A persistent Allreduce of SENDBUF into RECVBUF."""
         flags = self._shared_flag(recvbuf,
                                   None if in_place(sendbuf) else sendbuf)
-        p = self._allreduce_plan(sendbuf, recvbuf, op, flags)
+        p = self._allreduce_plan(sendbuf, recvbuf, op, flags, remember=False)
         if p is None:
             return self._fallback("Allreduce_init", sendbuf, recvbuf, op,
                                   *_info(info))
@@ -369,7 +388,8 @@ class Comm(HotComm):
         flags = self._shared_flag(None if in_place(sendbuf) else sendbuf,
                                   recvbuf if _same_rank(root, self._comm.rank)
                                   else None)
-        p = self._reduce_plan(sendbuf, recvbuf, op, root, flags)
+        p = self._reduce_plan(sendbuf, recvbuf, op, root, flags,
+                              remember=False)
         if p is None:
             return self._fallback("Reduce_init", sendbuf, recvbuf, op, root,
                                   *_info(info))
@@ -474,10 +494,11 @@ class Comm(HotComm):
             self._remember(self._bcast_plans, id(buf), _kept(plan, 2))
         return plan
 
-    def _allreduce_plan(self, sendbuf, recvbuf, op, flags=0):
-        """(sendbuf, recvbuf, op, run, call, ...): see _plan.  A plan with
-        FLAGS (agreed in *_init) is its request's alone: never remembered
-        for blocking calls."""
+    def _allreduce_plan(self, sendbuf, recvbuf, op, flags=0, remember=True):
+        """(sendbuf, recvbuf, op, run, call, ...): see _plan.  A request's
+        plan (made with REMEMBER false, and FLAGS agreed in *_init) is its
+        alone: never remembered for blocking calls, so that Free() lets go
+        of its buffers."""
         if not self._usable():
             return None
         known = predefined(op)
@@ -496,14 +517,15 @@ class Comm(HotComm):
         plan = _plan((sendbuf, recvbuf, op), call, moves,
                      [(0, sendbuf, False, s), (1, recvbuf, True, r)],
                      self._held_bytes(s, r), (s, r))
-        if not flags and _keepable(s, r) and not _spec(sendbuf):
+        if remember and not flags and _keepable(s, r) and not _spec(sendbuf):
             self._remember(self._allreduce_plans, id(recvbuf),
                            _kept(plan, 3))
         return plan
 
-    def _reduce_plan(self, sendbuf, recvbuf, op, root, flags=0):
+    def _reduce_plan(self, sendbuf, recvbuf, op, root, flags=0,
+                     remember=True):
         """(sendbuf, recvbuf, op, root, run, call, ...): see _plan; FLAGS
-        as for _allreduce_plan."""
+        and REMEMBER as for _allreduce_plan."""
         if not self._usable():
             return None
         root = self._root_arg(root, "Reduce")
@@ -527,7 +549,7 @@ class Comm(HotComm):
         plan = _plan((sendbuf, recvbuf, op, root), call, moves,
                      [(0, sendbuf, False, s), (1, recvbuf, is_root, r)],
                      self._held_bytes(s, r), (s, r))
-        if not flags and _keepable(s, r) and not _spec(sendbuf):
+        if remember and not flags and _keepable(s, r) and not _spec(sendbuf):
             self._remember(self._reduce_plans, id(sendbuf), _kept(plan, 4))
         return plan
 
@@ -891,19 +913,41 @@ class Request(HotRequest):
 
     def Test(self, status=None):
         """True: Start() completed the operation."""
-        return True
+        return self._fill(status)
 
     def Get_status(self, status=None):
         """True: Start() completed the operation."""
+        return self._fill(status)
+
+    @staticmethod
+    def _fill(status):
+        """True, and STATUS (an MPI.Status, or None) filled as MPI fills
+        one for a completed collective: empty."""
+        if status is not None:
+            if not isinstance(status, MPI.Status):
+                raise TypeError("status must be an MPI.Status or None, not "
+                                f"{type(status).__name__}")
+            status.source, status.tag = MPI.ANY_SOURCE, MPI.ANY_TAG
+            status.error = MPI.SUCCESS
+            status.Set_elements(MPI.BYTE, 0)
         return True
 
     def __bool__(self):
         """False once freed, as an mpi4py request."""
         return self._call is not None
 
+    def __eq__(self, other):
+        """A freed request equals MPI.REQUEST_NULL, as mpi4py's."""
+        if isinstance(other, MPI.Request):
+            return not self and other == MPI.REQUEST_NULL
+        return NotImplemented
+
+    __hash__ = HotRequest.__hash__  # its requests are kept in a WeakSet
+
     def Free(self):
-        """Drop the buffers and the plan.  A second Free() raises, as
-        mpi4py's; a Free() after the xhc.Comm's free() does not."""
+        """Drop the buffers and the plan.  A second Free() raises XhcError
+        (mpi4py raises MPI.Exception); a Free() after the xhc.Comm's free()
+        does not."""
         if self._freed:
             raise XhcError(f"{self._what}: request already freed")
         self._xcomm._refuse_if_busy("Request.Free()")

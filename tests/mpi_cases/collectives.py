@@ -587,6 +587,7 @@ def usage_errors(v, xcomm, comm):
                                 root=0)),
         ("Bcast of a specification longer than its buffer",
          lambda b: xcomm.Bcast([b, 3, MPI.DOUBLE])))
+    refused_while_handling(v, xcomm, comm)
     for what, call in refusals:
         b = bytearray(8)
         grown = "not refused"
@@ -602,6 +603,45 @@ def usage_errors(v, xcomm, comm):
                None if comm.rank != 0 and what.startswith("Reduce")
                and grown == "not refused" else grown)
     one_allreduce(v, xcomm, comm, np.dtype("f8"), "SUM", 9, seed_of(4), False)
+
+
+def refused_while_handling(v, xcomm, comm):
+    """A refused call made while the caller handles an exception of its
+    own leaves the caller's frames alone: a generator that caught it
+    goes on, and the frame that raised it keeps its locals."""
+    errors, got = [], []
+
+    def numbers(texts):
+        for text in texts:
+            try:
+                yield float(text)
+            except ValueError as exc:
+                errors.append(exc)     # kept; go on with the next text
+
+    def divide(x):
+        scale = 0
+        return x / scale
+
+    buf = np.zeros(4)
+    for value in numbers(["1", "oops", "2", "3"]):
+        got.append(value)
+        while errors:
+            try:
+                raise errors.pop()
+            except ValueError:
+                raises(ValueError, xcomm.Bcast, buf, root=comm.size)
+    v.case("a generator in the handled exception's frames goes on",
+           None if got == [1.0, 2.0, 3.0] else f"got {got}")
+    try:
+        divide(3)
+    except ZeroDivisionError as exc:
+        raises(ValueError, xcomm.Bcast, buf, root=comm.size)
+        tb = exc.__traceback__
+        while tb.tb_next:
+            tb = tb.tb_next
+        kept = sorted(tb.tb_frame.f_locals)
+    v.case("the frame that raised the handled exception keeps its locals",
+           None if kept == ["scale", "x"] else f"got {kept}")
 
 
 def overflow_cases(v, xcomm, comm):
@@ -2108,6 +2148,27 @@ def oversized_plans(xcomm, comm, v):
         xhc.comm._CACHE_BYTES = budget
 
 
+def freed_requests_let_go(v, xcomm, comm):
+    """A freed request holds none of its buffers: blocking calls do not
+    remember its plan."""
+    import gc
+    import weakref
+    root = comm.size - 1
+    for name in ("Bcast_init", "Allreduce_init", "Reduce_init"):
+        send, recv = np.ones(1 << 10), np.zeros(1 << 10)
+        req = (xcomm.Bcast_init(send, root) if name == "Bcast_init" else
+               xcomm.Allreduce_init(send, recv) if name == "Allreduce_init"
+               else xcomm.Reduce_init(send, recv, root=root))
+        req.Start()
+        req.Free()
+        alive = [weakref.ref(send), weakref.ref(recv)]
+        del send, recv, req
+        gc.collect()
+        v.case(f"{name}: no buffer alive after Free() and del",
+               None if not any(r() is not None for r in alive) else
+               f"alive: {[r() is not None for r in alive]}")
+
+
 def persistent_calls(xcomm, comm, v):
     """MPI-4 persistent requests, started many times on changing data:
     bound to the core (Start in C) or, with a strided buffer, staged in
@@ -2146,12 +2207,27 @@ def persistent_calls(xcomm, comm, v):
     done = [req.Get_status() for req in reqs]
     v.case("persistent requests' Get_status() is True",
            None if done == [True] * len(reqs) else f"got {done}")
+    status = MPI.Status()
+    status.source, status.tag = 5, 6
+    reqs[2].Wait(status)
+    v.case("Wait(status) gives an empty status, as MPI",
+           None if (status.source, status.tag, status.error,
+                    status.Get_count(MPI.BYTE)) ==
+           (MPI.ANY_SOURCE, MPI.ANY_TAG, MPI.SUCCESS, 0) else
+           f"got {status.source}, {status.tag}, {status.error}")
+    v.case("Test('x') raises TypeError", raises(TypeError, reqs[2].Test, "x"))
+    v.case("Wait('x') raises TypeError", raises(TypeError, reqs[2].Wait, "x"))
+    v.case("a live request is not MPI.REQUEST_NULL",
+           None if reqs[2] != MPI.REQUEST_NULL else "equal")
     for req in reqs:
         req.Free()
     v.case("persistent request started after Free raises",
            raises(xhc.XhcError, reqs[2].Start))
     v.case("persistent request freed twice raises",
            raises(xhc.XhcError, reqs[2].Free))
+    v.case("a freed request is MPI.REQUEST_NULL",
+           None if reqs[2] == MPI.REQUEST_NULL else "not equal")
+    freed_requests_let_go(v, xcomm, comm)
     other = xhc.Comm(comm)
     req = other.Allreduce_init(send, recv)
     other.free()

@@ -820,7 +820,42 @@ def suite_late(xc):
          f"right={right}", f"exc={type(exc).__name__ if exc else None}",
          f"msg={oneline(exc) if exc else ''}")
     late_after_every_rank_refused(xc, late)
+    late_after_an_interrupt(xc, late)
     return xc
+
+
+def late_after_an_interrupt(xc, late):
+    """A KeyboardInterrupt reaches rank 1 while it waits in a Bcast (the
+    Python path: a buffer specification), which then completes; rank 1
+    handles it and comes LATE seconds late to the next Allreduce.  It took
+    part in the Bcast, so it must not count as having refused it: the
+    others wait for it."""
+    buf = [np.arange(6.0) if RANK == 0 else np.zeros(6), MPI.DOUBLE]
+    out = np.zeros(6)
+    interrupted = False
+    W.Barrier()
+    if RANK == 1:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    else:
+        time.sleep(1.0)
+    try:
+        xc.Bcast(buf, root=0)
+    except KeyboardInterrupt:
+        interrupted = True
+    t0, exc = time.monotonic(), None
+    try:
+        if RANK == 1:
+            time.sleep(late)
+        xc.Allreduce(buf[0], out)
+    except Exception as e:  # noqa: BLE001
+        exc = e
+    right = np.array_equal(out, np.arange(6.0) * SIZE)
+    emit("LATE-AFTER-INTERRUPT", f"rank={RANK}",
+         f"t={time.monotonic() - t0:.3f}", f"right={right}",
+         f"interrupted={interrupted}",
+         f"exc={type(exc).__name__ if exc else None}",
+         f"msg={oneline(exc) if exc else ''}")
 
 
 def late_after_every_rank_refused(xc, late):
