@@ -942,7 +942,7 @@ class Request(HotRequest):
             return not self and other == MPI.REQUEST_NULL
         return NotImplemented
 
-    __hash__ = HotRequest.__hash__  # its requests are kept in a WeakSet
+    __hash__ = HotRequest.__hash__  # by identity: xhc.Comm keeps a WeakSet
 
     def Free(self):
         """Drop the buffers and the plan.  A second Free() raises XhcError
