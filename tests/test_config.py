@@ -72,6 +72,31 @@ def test_hierarchy_specs_are_checked_and_none_keeps_the_default():
         config.hierarchies("virtual:x")
 
 
+@pytest.mark.parametrize("given, kind, message", [
+    ({"spin": 1.5}, ValueError, r"tunable spin \(XHC_SPIN\): 1.5 is not a "
+                                r"whole number"),
+    ({"sleep": -0.5}, ValueError, r"tunable sleep .*-0.5 is not a whole"),
+    ({"windows": 2.9}, ValueError, r"tunable windows .*2.9 is not a whole"),
+    ({"copy": 1}, ValueError, r"copy must be auto, xpmem, adaptive, cma or "
+                              r"cico"),
+    ({"timeout": [1]}, ValueError, r"tunable timeout \(XHC_TIMEOUT\): "),
+])
+def test_keywords_are_checked_as_the_variables(given, kind, message):
+    """A keyword's value is refused where the same XHC_* value would be,
+    naming the tunable, never truncated or failing inside a parser."""
+    with pytest.raises(kind, match=message):
+        config.resolve(**given)
+    assert config.resolve(spin=7.0)["spin"] == 7
+
+
+def test_hierarchy_of_the_wrong_type_and_flat():
+    with pytest.raises(TypeError, match=r"hierarchy must be a spec such as "
+                       r"'numa,socket'.*not int"):
+        config.hierarchies(5)
+    from xhc.hierarchy import parse_levels
+    assert parse_levels("flat") == [] == parse_levels("")
+
+
 def test_keyword_wins_over_environment(monkeypatch):
     monkeypatch.setenv("XHC_WINDOWS", "9")
     assert config.resolve()["windows"] == 9

@@ -127,6 +127,17 @@ def test_strerror_names_every_code():
         assert strerror(-err) == os.strerror(err)
 
 
+def test_a_full_dev_shm_names_what_to_shrink():
+    """Out of /dev/shm, the segment's error names the tunables that size
+    it; an array's, smaller arrays."""
+    from xhc import _core
+    seg = str(_core.error(-errno.ENOSPC, "opening the shared segment "
+                                         "(rank 0)"))
+    arr = str(_core.error(-errno.ENOSPC, "Comm.empty"))
+    assert "set XHC_CHUNK_SIZE, XHC_WINDOWS or XHC_CICO_MAX lower" in seg
+    assert "use smaller arrays" in arr and "XHC_" not in arr
+
+
 def test_op_valid_and_dtype_size():
     ints = [lib.XHC_INT8, lib.XHC_INT16, lib.XHC_INT32, lib.XHC_INT64,
             lib.XHC_UINT8, lib.XHC_UINT16, lib.XHC_UINT32, lib.XHC_UINT64]

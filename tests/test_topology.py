@@ -438,3 +438,63 @@ def test_info_reports_waiting_for_the_load(n, env):
         assert (w["bcast_windows"], w["spin"], w["sleep"]) == \
             (2, config.DEFAULTS["spin"], 0)
         assert w["bcast_rounds"] == 0 and w["reduce_cico_max"] == 0
+
+
+# xhc.Comm's hierarchy on a synthetic machine, as rank 0 reports it.
+COMM_LEVELS = """
+import json
+from mpi4py import MPI
+import xhc
+with xhc.Comm(MPI.COMM_WORLD) as c:
+    if MPI.COMM_WORLD.rank == 0:
+        print(json.dumps(c.xhc_info["levels"]["allreduce"]))
+"""
+
+
+def test_info_places_ranks_as_comm_does(tmp_path):
+    """On a topology= machine, info places each rank where xhc.Comm does:
+    by its rank on the node, which Open MPI's mapping of 5 ranks here
+    does not number as COMM_WORLD does."""
+    script = tmp_path / "levels.py"
+    script.write_text(COMM_LEVELS)
+    env = {"XHC_TOPOLOGY": "pack:2 numa:2 core:2 pu:1"}
+    comm = run_mpi(5, [str(script)], env=env, timeout=90)
+    info = run_mpi(5, ["-m", "xhc", "info", "--op", "allreduce", "--json"],
+                   env=env, timeout=90)
+    got = json.loads(info.stdout.strip().splitlines()[-1])
+    want = json.loads(comm.stdout.strip().splitlines()[-1])
+    assert [[lv["name"], lv["groups"]] for lv in
+            got["hierarchies"]["allreduce"]] == want
+
+
+@pytest.mark.parametrize("copy", ["cico", "cma", "xpmem"])
+def test_info_reports_the_copy_asked_for(copy):
+    """XHC_COPY names the mechanism info reports, as xhc.Comm takes it."""
+    proc = run_mpi(2, ["-m", "xhc", "info", "--json"],
+                   env={"XHC_COPY": copy}, timeout=90)
+    moves = json.loads(proc.stdout.strip().splitlines()[-1])["transport"]
+    assert moves["name"] == copy, moves
+    assert moves["reason"].startswith(f"copy={copy} asked for it"), moves
+    from xhc import _core
+    works = {"cico": True, "cma": _core.cma_problem() is None,
+             "xpmem": _core.transport_info()[0] == "xpmem"}[copy]
+    assert ("refuses it here" in moves["reason"]) == (not works), moves
+
+
+def test_a_missing_topology_file_is_named(tmp_path):
+    """A path that names no file is said to be one, not only a bad
+    synthetic description; and hwloc-calc's other runs are reaped with
+    their pipes closed."""
+    missing = str(tmp_path / "machine.xml")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(XhcError, match=r"no file of that name exists: "
+                           r"pass an hwloc XML file"):
+            topology._core_table(missing)
+        import gc
+        gc.collect()
+    assert not [w for w in caught if w.category is ResourceWarning], \
+        [str(w.message) for w in caught]
+    with pytest.raises(TypeError, match=r"topology must be the path of an "
+                       r"hwloc XML file or a synthetic description"):
+        local_locality(5)

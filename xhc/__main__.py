@@ -8,7 +8,8 @@ import sys
 from . import config
 from .errors import XhcError
 from .hierarchy import DEFAULTS, build, parse_levels
-from .topology import describe, gather_localities, local_locality
+from .topology import (describe, gather_localities, local_locality,
+                       node_index)
 
 
 def _positive(text):
@@ -75,8 +76,10 @@ def _kernels():
 
 def _transport(crowded):
     """(name, reason) of the data-movement mechanism the C core would use
-    for ranks that are CROWDED (outnumber their CPUs) or not."""
-    said = _core_says(lambda core: core.transport_info(crowded))
+    for ranks that are CROWDED (outnumber their CPUs) or not, as the copy
+    tunable (XHC_COPY) asks."""
+    wanted = config.resolve()["copy"]
+    said = _core_says(lambda core: core.transport_info(crowded, wanted))
     return ("unknown", "core not built") if said is _UNBUILT else said
 
 
@@ -110,7 +113,7 @@ def _ranks(n):
 
 def _offline(args):
     """Hierarchy of --ranks simulated ranks placed on --topology cores."""
-    if args.topology is None and not os.environ.get("XHC_TOPOLOGY"):
+    if not args.topology and not os.environ.get("XHC_TOPOLOGY"):
         raise XhcError("--ranks needs --topology (or XHC_TOPOLOGY) to place ranks on")
     op = args.op or "allreduce"
     localities = [local_locality(args.topology, index=rank) for rank in range(args.ranks)]
@@ -139,7 +142,8 @@ def _online(args):
     if spans:  # rank 0 would read other nodes' bindings on its own machine
         raise XhcError("xhc info describes one node, and this job spans "
                        "several: run it with the ranks of one node")
-    localities = gather_localities(comm, args.topology, index=comm.Get_rank())
+    localities = gather_localities(comm, args.topology,
+                                   index=node_index(comm.Get_rank()))
     cpu_sets = comm.allgather(sorted(os.sched_getaffinity(0)))
     if comm.Get_rank() != 0:
         return 0

@@ -71,8 +71,11 @@ def error(rc, what, ctx=None, pids=None):
             and lib.xhc_failed_rank(ctx) >= 0:
         msg += f" (rank {lib.xhc_failed_rank(ctx)})"
     if rc == -errno.ENOSPC:
+        fix = ("set XHC_CHUNK_SIZE, XHC_WINDOWS or XHC_CICO_MAX lower, "
+               "which size it" if "segment" in what else
+               "use smaller arrays")
         msg += (" (/dev/shm has not that much free: free space there, "
-                "mount it larger, or use smaller arrays)")
+                f"mount it larger, or {fix})")
     if rc == lib.XHC_ERR_FREED:
         return XhcError("xhc.Comm already freed", rc)
     if rc in USAGE:
@@ -313,10 +316,22 @@ def cma_problem():
     return None
 
 
-def transport_info(crowded=False):
+def transport_info(crowded=False, wanted="auto"):
     """Return (mechanism, reason) for large private buffers, without MPI,
-    for ranks that are CROWDED (outnumber their CPUs) or not."""
+    for ranks that are CROWDED (outnumber their CPUs) or not, and the
+    mechanism WANTED (the copy tunable), as choose_copy settles it."""
+    if wanted == "cico":
+        return "cico", f"copy={wanted} asked for it; " + _CICO_WHY
+    if wanted in ("cma", "adaptive"):
+        problem = cma_problem()
+        return wanted, (f"copy={wanted} asked for it, but xhc.Comm refuses "
+                        f"it here: {problem}" if problem else
+                        f"copy={wanted} asked for it")
     status = lib.xhc_xpmem_check()
+    if wanted == "xpmem":
+        return "xpmem", ("copy=xpmem asked for it" if status == 0 else
+                         "copy=xpmem asked for it, but xhc.Comm refuses it "
+                         f"here: {xpmem_status_text(status)}")
     if status == 0:
         return "xpmem", "libxpmem and /dev/xpmem work; " + _XPMEM_WHY
     xp = f"no XPMEM: {xpmem_status_text(status)}; "

@@ -190,8 +190,8 @@ class Comm(HotComm):
 
     def _setup(self):
         comm, cfg = self._comm, self._cfg
-        localities = topology.gather_localities(comm, self._topology,
-                                                index=_node_index())
+        index = topology.node_index(MPI.COMM_WORLD.rank)
+        localities = topology.gather_localities(comm, self._topology, index)
         self._fit_to_load(cfg)
         self._levels = {
             kind: hierarchy.build(localities, hierarchy.parse_levels(spec))
@@ -715,17 +715,6 @@ def _user_level():
             frame.f_globals.get("__name__", "").partition(".")[0] == "xhc":
         frame, level = frame.f_back, level + 1
     return level
-
-
-def _node_index():
-    """This process's rank among those mpiexec started on its node (Open
-    MPI's or MPICH's local rank), else in COMM_WORLD: where a topology=
-    machine places it, as mpiexec would bind it."""
-    for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"):
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return MPI.COMM_WORLD.rank
 
 
 def _size_of(obj):

@@ -35,8 +35,11 @@ def parse_size(text):
 
 def _whole(text):
     try:
-        return int(text)
-    except ValueError:
+        value = int(text)
+        if isinstance(text, float) and value != text:
+            raise ValueError  # a keyword's 1.5, as XHC_SPIN=1.5
+        return value
+    except (TypeError, ValueError):
         raise ValueError(f"{text!r} is not a whole number") from None
 
 
@@ -57,7 +60,8 @@ def _switch(value):
 
 
 _PARSERS = {"cico_max": parse_size, "chunk_size": parse_size,
-            "timeout": float, "spin": _whole, "copy": str.lower,
+            "timeout": float, "spin": _whole,
+            "copy": lambda value: str(value).lower(),
             "sleep": _whole, "windows": _auto_or_int,
             "seq_start": _whole, "debug": _switch}
 # The largest values: beyond them a typo would reserve gigabytes of
@@ -94,7 +98,7 @@ def resolve(**given):
             value = os.environ.get("XHC_" + key.upper())
         try:
             out[key] = default if value is None else _PARSERS[key](value)
-        except ValueError as e:
+        except (TypeError, ValueError) as e:
             raise ValueError(f"xhc tunable {key} (XHC_{key.upper()}): {e}") \
                 from None
     _validate(out)
@@ -202,8 +206,12 @@ def hierarchies(hierarchy=None):
         specs = {**HIERARCHY_DEFAULTS,
                  **{op: spec for op, spec in hierarchy.items()
                     if spec is not None}}
-    else:
+    elif isinstance(hierarchy, (str, list, tuple)):
         specs = {op: hierarchy for op in HIERARCHY_DEFAULTS}
+    else:
+        raise TypeError("hierarchy must be a spec such as 'numa,socket' "
+                        "(or a list of levels), or a dict of them per "
+                        f"operation, not {type(hierarchy).__name__}")
     for spec in specs.values():
         parse_levels(spec)
     return specs

@@ -71,8 +71,9 @@ def _parse_one(name):
 
 
 def parse_levels(spec):
-    """Comma string or list of level names -> canonical names ([] = flat)."""
-    if spec is None:
+    """Comma string or list of level names -> canonical names ([] = flat:
+    an empty spec, or "flat", leaves the node level alone)."""
+    if spec is None or isinstance(spec, str) and spec.strip() == "flat":
         return []
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     names = [str(item) for item in items]

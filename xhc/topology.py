@@ -83,6 +83,11 @@ def _source(topology):
         topology = os.environ.get("XHC_TOPOLOGY")
     if not topology:
         return None
+    if not isinstance(topology, (str, os.PathLike)):
+        raise TypeError(f"topology must be the path of an hwloc XML file or "
+                        f"a synthetic description such as 'pack:2 core:4', "
+                        f"not {type(topology).__name__}")
+    topology = os.fspath(topology)
     return os.path.abspath(topology) if os.path.isfile(topology) else topology
 
 
@@ -127,7 +132,7 @@ def _run_all(source, arg_lists, stdin_text=None):
         for proc, _ in started:  # after a failure, reap the others
             if proc.poll() is None:
                 proc.kill()
-                proc.wait()
+            proc.communicate()  # and close their pipes
 
 
 def topology_error(source, stderr):
@@ -135,8 +140,16 @@ def topology_error(source, stderr):
     detail = " ".join((stderr or "").split()) or "no message"
     if source is None:
         return XhcError("hwloc-calc failed on this machine: %s" % detail)
-    kind = "XML file" if os.path.exists(source) else "synthetic description"
-    return XhcError("hwloc cannot read topology %s %r: %s" % (kind, source, detail))
+    if os.path.exists(source):
+        kind, fix = "XML file", ""
+    else:
+        kind = "synthetic description"
+        fix = ("; no file of that name exists: pass an hwloc XML file (lstopo "
+               "out.xml) or a synthetic description such as "
+               "'pack:2 numa:2 core:4 pu:1'"
+               if os.sep in source or source.lower().endswith(".xml") else "")
+    return XhcError("hwloc cannot read topology %s %r: %s%s"
+                    % (kind, source, detail, fix))
 
 
 def _parse_indexes(line):
@@ -336,6 +349,17 @@ def _machine_localities(comm):
                         for mask, locality in zip(masks, localities))
     warn_if_spanning(localities[comm.rank])
     return localities
+
+
+def node_index(fallback):
+    """This process's rank among those mpiexec started on its node (Open
+    MPI's or MPICH's local rank), else FALLBACK (its rank in COMM_WORLD):
+    where a topology= machine places it, as mpiexec would bind it."""
+    for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return fallback
 
 
 def local_locality(topology=None, index=0):
