@@ -133,7 +133,7 @@ int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
     ctx->bstage = ctx->seg + xhc_bstage_offset(nranks, cfg);
     ctx->round = cfg->seq_start;
     xhc_flags_init(xhc_ctl(ctx, rank), cfg->seq_start);
-    ctx->pids[rank] = getpid();
+    ctx->pids[rank] = ctx->opener = getpid();
     *out = ctx;
     return 0;
 }
@@ -152,10 +152,11 @@ static void xhc_ctx_mark(xhc_ctx_t *ctx, uint64_t how)
 
 /* Is my mark to stay as it is?  With no segment there is none; and once
  * I gave up on my last operation, what that said stands: a second leave,
- * or a withdraw, keeps it.  (Only I write my line.) */
+ * or a withdraw, keeps it.  (Only I write my line: a child forked with
+ * the context mapped, which closes it, does not speak for my rank.) */
 static int xhc_ctx_keep_mark(xhc_ctx_t *ctx)
 {
-    return !ctx || !ctx->ctl
+    return !ctx || !ctx->ctl || ctx->opener != getpid()
            || xhc_load_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq)
               == ctx->seq + XHC_LEFT;
 }

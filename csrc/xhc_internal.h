@@ -191,6 +191,7 @@ struct xhc_ctx {
     uint64_t round;     /* the last staged round, Bcast or reduce-scatter */
     uint64_t ack_floor; /* every rank's ack had reached this, last look */
     pid_t *pids;
+    pid_t opener;       /* the process that opened this context */
     struct xhc_hier hier[XHC_NKINDS];
     struct xhc_region regions[XHC_MAX_REGIONS];
     int nregions;

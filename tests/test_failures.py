@@ -751,6 +751,12 @@ def test_a_late_rank_is_waited_for_after_an_interrupt(late):
     assert_every_rank_waited(late, "LATE-AFTER-INTERRUPT", 2.0)
 
 
+def test_a_forked_child_does_not_speak_for_its_rank(late):
+    """A child of rank 1 frees the xhc.Comm it inherited; rank 1 then comes
+    2.5 XHC_TIMEOUTs late to the next Allreduce, and is waited for."""
+    assert_every_rank_waited(late, "LATE-AFTER-FORK", 2.0)
+
+
 def test_a_late_rank_is_waited_for_after_every_rank_refused(late):
     """Every rank refuses an Allreduce, then rank 1 comes 2.5 XHC_TIMEOUTs
     late to the next: no rank's refused call counts, so rank 1 is late
@@ -1062,3 +1068,25 @@ def test_an_mpi_that_will_not_load_names_the_fix():
     assert proc.returncode == 0, proc.stderr
     assert "pip install mpi4py" in proc.stdout, proc.stdout + proc.stderr
     assert "/nonexistent/libmpi.so" in proc.stdout, proc.stdout
+
+
+# An xhc.Comm (and its shared arrays) still alive when the interpreter
+# exits, in a program whose module state goes in an order that took
+# xhc.comm's globals first (the lambda that replaces os.sched_getaffinity
+# changes that order).
+ALIVE_AT_EXIT = """
+import os
+from mpi4py import MPI
+os.sched_getaffinity = lambda pid: {MPI.COMM_WORLD.rank}
+import xhc
+c = xhc.Comm(MPI.COMM_WORLD)
+s, r = c.empty(2048), c.empty(2048)
+"""
+
+
+def test_a_comm_alive_at_exit_goes_quietly(tmp_path):
+    """An xhc.Comm left alive at exit closes without a message."""
+    script = tmp_path / "alive.py"
+    script.write_text(ALIVE_AT_EXIT)
+    proc = run_mpi(3, [str(script)], timeout=90)
+    assert "Exception ignored" not in proc.stderr, proc.stderr

@@ -670,14 +670,16 @@ class Comm(HotComm):
     def __exit__(self, *exc):
         self.free()
 
-    def __del__(self):
+    def __del__(self, _null=ffi.NULL, _close=lib.xhc_ctx_close):
         # Unbound first: a finalizer of another object in a garbage cycle
-        # may still call a collective on this one.
+        # may still call a collective on this one.  (What it needs comes
+        # as defaults: at interpreter exit the module's globals may be
+        # gone before this object.)
         ctx = getattr(self, "_ctx", None)
         if ctx:
-            self._ctx, self._state = ffi.NULL, "freed"
+            self._ctx, self._state = _null, "freed"
             self._hot_bind(0, 0, 0, {}, {}, {}, None, 0, 0)
-            lib.xhc_ctx_close(ctx)
+            _close(ctx)
 
     def Free(self):
         """free(), then the wrapped communicator's Free(), as MPI's."""

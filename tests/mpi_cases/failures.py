@@ -821,7 +821,35 @@ def suite_late(xc):
          f"msg={oneline(exc) if exc else ''}")
     late_after_every_rank_refused(xc, late)
     late_after_an_interrupt(xc, late)
+    late_after_a_fork(xc, late)
     return xc
+
+
+def late_after_a_fork(xc, late):
+    """Rank 1 forks a child that frees the xhc.Comm it inherited, then
+    comes LATE seconds late to the next Allreduce: the child's free() does
+    not speak for rank 1, so the others wait for it."""
+    buf, out = np.full(6, RANK + 1.0), np.zeros(6)
+    W.Barrier()
+    if RANK == 1:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                xc.free()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+    t0, exc = time.monotonic(), None
+    try:
+        if RANK == 1:
+            time.sleep(late)
+        xc.Allreduce(buf, out)
+    except Exception as e:  # noqa: BLE001
+        exc = e
+    right = np.array_equal(out, np.full(6, SIZE * (SIZE + 1) / 2))
+    emit("LATE-AFTER-FORK", f"rank={RANK}", f"t={time.monotonic() - t0:.3f}",
+         f"right={right}", f"exc={type(exc).__name__ if exc else None}",
+         f"msg={oneline(exc) if exc else ''}")
 
 
 def late_after_an_interrupt(xc, late):
