@@ -242,6 +242,14 @@ int xhc_ctx_set_block_hook(xhc_ctx_t *ctx, void (*hook)(void *), void *arg)
     return 0;
 }
 
+int xhc_ctx_set_progress_hook(xhc_ctx_t *ctx, void (*hook)(void *),
+                              void *arg)
+{
+    ctx->progress_hook = hook;
+    ctx->progress_arg = arg;
+    return 0;
+}
+
 int xhc_ctx_add_region(xhc_ctx_t *ctx, void *base, size_t size)
 {
     if (ctx->nregions == XHC_MAX_REGIONS)

@@ -13,7 +13,10 @@
  *    wakes the flag's sleepers if its count is not 0 (xhc_publish).  A
  *    sleeping rank, unlike a yielding one, leaves its core to the ranks
  *    that still work.
- * 4. While yielding or sleeping, read the clock every few polls.  Once
+ * 4. While yielding or sleeping, read the clock every few polls.  Every
+ *    millisecond, let the front end drive its MPI library's progress
+ *    (progress_hook): a peer may be blocked in a send to me, or an RMA on
+ *    my window, before it can enter this collective.  Once
  *    the peer's process is gone, give up with an error that names it.
  *    Past CFG.timeout, give up too, unless some live rank has not yet
  *    entered this operation: it is late, not lost (a rank reading its
@@ -44,6 +47,9 @@
 #define XHC_YIELDS_PER_CHECK 64
 #define XHC_SLEEPS_PER_CHECK 4
 #define XHC_SLEEP_NS 20000000 /* a sleep's bound: liveness checks go on */
+#define XHC_PROGRESS_EVERY 1e-3 /* seconds between progress hook calls:
+                                   rare enough that taking Python's GIL
+                                   for it slows no other thread */
 
 static double xhc_now(void)
 {
@@ -161,7 +167,8 @@ static void xhc_inherit_cause(xhc_ctx_t *ctx, int peer)
 static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
                          int peer, int exact)
 {
-    double deadline = xhc_now() + ctx->cfg.timeout;
+    double now = xhc_now(), deadline = now + ctx->cfg.timeout;
+    double progress_at = now + XHC_PROGRESS_EVERY;
     if (ctx->block_hook)
         ctx->block_hook(ctx->block_arg);
     uint32_t sleep = ctx->cfg.sleep;
@@ -176,9 +183,14 @@ static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
             return 0;
         if (polls % (asleep ? XHC_SLEEPS_PER_CHECK : XHC_YIELDS_PER_CHECK))
             continue;
+        now = xhc_now();
+        if (ctx->progress_hook && now >= progress_at) {
+            ctx->progress_hook(ctx->progress_arg);
+            progress_at = now + XHC_PROGRESS_EVERY;
+        }
         int gone = !xhc_peer_alive(ctx, peer);
         int left = !gone && xhc_peer_left(ctx, peer);
-        if (!gone && !left && xhc_now() <= deadline)
+        if (!gone && !left && now <= deadline)
             continue;
         if (xhc_reached(flag, want, exact))
             return 0;

@@ -207,6 +207,8 @@ struct xhc_ctx {
     int cause_why, cause_who; /* this op's first error, and whom it names */
     void (*block_hook)(void *); /* see xhc_ctx_set_block_hook */
     void *block_arg;
+    void (*progress_hook)(void *); /* see xhc_ctx_set_progress_hook */
+    void *progress_arg;
     uint64_t stats[XHC_NPATHS];
     struct xhc_tune_class tune[XHC_NKINDS][XHC_TUNE_CLASSES]; /* tune.c */
 };

@@ -468,6 +468,42 @@ static void hot_block(void *arg)
         hot_released = PyEval_SaveThread();
 }
 
+/* What drives the MPI library's progress (set_progress), called by the
+ * core's progress hook, with the GIL, while a wait yields or sleeps. */
+static PyObject *hot_progress_fn;
+
+/* The core's progress hook (xhc_ctx_set_progress_hook).  The wait has let
+ * go of the GIL (here or in cffi), so take it.  It cannot raise: a
+ * KeyboardInterrupt is put back as a pending interrupt, anything else
+ * dropped (the next call sees its MPI error, if there is one). */
+static void hot_progress(void *arg)
+{
+    (void)arg;
+    PyGILState_STATE held = PyGILState_Ensure();
+    PyObject *fn = hot_progress_fn;
+    PyObject *r = fn ? PyObject_CallNoArgs(fn) : NULL;
+    if (r)
+        Py_DECREF(r);
+    else if (fn && PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+        PyErr_Clear();
+        PyErr_SetInterrupt();
+    } else if (fn)
+        PyErr_Clear();
+    PyGILState_Release(held);
+}
+
+static PyObject *set_progress(PyObject *mod, PyObject *fn)
+{
+    (void)mod;
+    if (!PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "set_progress(callable)");
+        return NULL;
+    }
+    Py_INCREF(fn);
+    Py_XSETREF(hot_progress_fn, fn);
+    Py_RETURN_NONE;
+}
+
 /* Run CALL with RUN, or (CALL NULL) BARRIER on CTX, with the GIL held
  * until the core blocks.  H counts the call as under way, so that a
  * free() from another thread meanwhile refuses to unmap the context. */
@@ -929,8 +965,23 @@ static PyObject *bind_plain(PyObject *module, PyObject *args)
 static PyMethodDef module_methods[] = {
     {"bind_plain", bind_plain, METH_VARARGS,
      "Bind the table of plain arrays' dtypes and ops."},
+    {"set_progress", set_progress, METH_O,
+     "Set what progress_hook calls: the MPI library's progress."},
     {NULL, NULL, 0, NULL},
 };
+
+/* Give module M the address of HOOK as NAME, for the core to call. */
+static int add_hook(PyObject *m, const char *name, void (*hook)(void *))
+{
+    void *addr;
+    memcpy(&addr, &hook, sizeof(addr)); /* POSIX: same bits */
+    PyObject *a = PyLong_FromVoidPtr(addr);
+    if (!a || PyModule_AddObject(m, name, a) < 0) {
+        Py_XDECREF(a);
+        return -1;
+    }
+    return 0;
+}
 
 static int hot_exec(PyObject *m)
 {
@@ -953,15 +1004,8 @@ static int hot_exec(PyObject *m)
             return -1;
         }
     }
-    void (*hook)(void *) = hot_block;
-    void *addr;
-    memcpy(&addr, &hook, sizeof(addr)); /* POSIX: same bits */
-    PyObject *a = PyLong_FromVoidPtr(addr);
-    if (!a || PyModule_AddObject(m, "block_hook", a) < 0) {
-        Py_XDECREF(a);
-        return -1;
-    }
-    return 0;
+    return add_hook(m, "block_hook", hot_block)
+           || add_hook(m, "progress_hook", hot_progress);
 }
 
 static PyModuleDef_Slot hot_module_slots[] = {

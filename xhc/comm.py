@@ -15,7 +15,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, config, debug, hierarchy, topology
-from ._hot import HotComm, HotRequest, bind_plain, block_hook
+from ._hot import (HotComm, HotRequest, bind_plain, block_hook,
+                   progress_hook, set_progress)
 from ._xhc import ffi, lib
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
                       plain_tables, predefined, resolve)
@@ -34,6 +35,20 @@ _CALL_T = ffi.typeof("xhc_call_t *")  # field order: see csrc/xhc.h
 _run_fn = ffi.addressof(lib, "xhc_run")
 _barrier_fn = ffi.addressof(lib, "xhc_barrier")
 _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
+_PROGRESS_HOOK = ffi.cast("void (*)(void *)", progress_hook)
+
+
+def _mpi_progress():
+    """Drive the MPI library's progress, as any MPI call does (Open MPI's
+    and MPICH's Iprobe poll every transport when nothing matches): while
+    this rank waits in an xhc collective, a peer's send to it, or an RMA
+    on its window, that the peer waits on before it enters completes, as
+    MPI's progress rule promises."""
+    if not MPI.Is_finalized():
+        MPI.COMM_SELF.Iprobe()
+
+
+set_progress(_mpi_progress)
 bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
 
 
@@ -643,6 +658,7 @@ class Comm(HotComm):
         """Let HotComm run plans on CTX (NULL: send every call here)."""
         if ctx:
             lib.xhc_ctx_set_block_hook(ctx, _BLOCK_HOOK, ffi.NULL)
+            lib.xhc_ctx_set_progress_hook(ctx, _PROGRESS_HOOK, ffi.NULL)
         self._hot_bind(_address(ctx), _address(_run_fn), _address(_barrier_fn),
                        self._bcast_plans, self._allreduce_plans,
                        self._reduce_plans, MPI.SUM, self._rank, self._size)

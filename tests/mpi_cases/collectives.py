@@ -1885,6 +1885,7 @@ def suite_calls(xcomm, comm, v, sz, args):
            None if np.array_equal(buf, want) else first_diff(buf, want))
     xcomm.Barrier()
     persistent_calls(xcomm, comm, v)
+    progress_while_waiting(v, xcomm, comm)
     reentrant_calls(xcomm, comm, v)
     oversized_plans(xcomm, comm, v)
     plain_calls(xcomm, comm, v)
@@ -2146,6 +2147,44 @@ def oversized_plans(xcomm, comm, v):
                    f"right: {ok}, kept: {kept}")
     finally:
         xhc.comm._CACHE_BYTES = budget
+
+
+def progress_while_waiting(v, xcomm, comm):
+    """MPI's progress rule across xhc's collectives: the last rank's
+    blocking Send into a receive that rank 0 posted, or its Get from rank
+    0's window, completes while rank 0 waits in an xhc collective, which
+    the last rank enters only afterwards (a rendezvous-sized message needs
+    the receiver's MPI to progress)."""
+    n, rank = comm.size, comm.rank
+    if n < 2:
+        return
+    last = n - 1
+    data = np.arange(1 << 18, dtype=np.float64)   # 2 MiB
+    for name in ("Barrier", "Allreduce"):
+        got = np.zeros_like(data)
+        req = comm.Irecv(got, source=last, tag=7) if rank == 0 else None
+        if rank == last:
+            comm.Send(data + 1, dest=0, tag=7)
+        if name == "Barrier":
+            xcomm.Barrier()
+        else:
+            xcomm.Allreduce(MPI.IN_PLACE, np.ones(4))
+        if req is not None:
+            req.Wait()
+        v.case(f"a Send completes while its receiver waits in {name}",
+               None if rank != 0 or np.array_equal(got, data + 1)
+               else first_diff(got, data + 1))
+    mem = np.full(1 << 17, rank + 1.0)
+    win = MPI.Win.Create(mem, comm=comm)
+    got = np.zeros_like(mem)
+    if rank == last:
+        win.Lock(0, MPI.LOCK_SHARED)
+        win.Get(got, 0)
+        win.Unlock(0)
+    xcomm.Barrier()
+    v.case("a Get from a window completes while its target waits",
+           None if rank != last or (got == 1.0).all() else f"got {got[:3]}")
+    win.Free()
 
 
 def freed_requests_let_go(v, xcomm, comm):
