@@ -454,25 +454,29 @@ def test_a_late_peer_is_waited_for_past_the_timeout():
     timeout, late = 0.3, 1.35
     cfg = make_config(timeout=timeout)
     with Segment(2, cfg) as seg:
+        # Rank 0 opens first, as xhc.Comm orders it: its open writes the
+        # header that rank 1's checks.
+        rc, ctx = open_ctx(seg, 0, 2, cfg)
+        assert rc == 0
         rfd, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:  # rank 1
             code = 1
             try:
-                rc, ctx = open_ctx(seg, 1, 2, cfg)
-                set_flat(ctx, 2)
-                os.write(wfd, b"o")
-                time.sleep(late)
-                code = 0 if rc == 0 and lib.xhc_barrier(ctx) == 0 else 2
+                rc, ctx1 = open_ctx(seg, 1, 2, cfg)
+                if rc == 0:
+                    set_flat(ctx1, 2)
+                    os.write(wfd, b"o")
+                    time.sleep(late)
+                    code = 0 if lib.xhc_barrier(ctx1) == 0 else 2
             finally:
                 os._exit(code)
-        rc, ctx = open_ctx(seg, 0, 2, cfg)
-        assert rc == 0
+        os.close(wfd)  # a child that fails closes the pipe: no hang here
         try:
             set_flat(ctx, 2)
             assert lib.xhc_ctx_set_pids(
                 ctx, ffi.new("int64_t[]", [os.getpid(), pid])) == 0
-            assert os.read(rfd, 1) == b"o"
+            assert os.read(rfd, 1) == b"o", "rank 1 did not open"
             t0 = time.monotonic()
             rc = lib.xhc_barrier(ctx)
             took = time.monotonic() - t0
@@ -482,7 +486,6 @@ def test_a_late_peer_is_waited_for_past_the_timeout():
             lib.xhc_ctx_close(ctx)
             _, status = os.waitpid(pid, 0)
             os.close(rfd)
-            os.close(wfd)
         assert os.waitstatus_to_exitcode(status) == 0
 
 
