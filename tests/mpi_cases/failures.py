@@ -829,7 +829,7 @@ def late_after_a_fork(xc, late):
     """Rank 1 forks a child that frees the xhc.Comm it inherited, then
     comes LATE seconds late to the next Allreduce: the child's free() does
     not speak for rank 1, so the others wait for it."""
-    buf, out = np.full(6, RANK + 1.0), np.zeros(6)
+    buf = np.full(6, RANK + 1.0)
     W.Barrier()
     if RANK == 1:
         pid = os.fork()
@@ -839,17 +839,7 @@ def late_after_a_fork(xc, late):
             finally:
                 os._exit(0)
         os.waitpid(pid, 0)
-    t0, exc = time.monotonic(), None
-    try:
-        if RANK == 1:
-            time.sleep(late)
-        xc.Allreduce(buf, out)
-    except Exception as e:  # noqa: BLE001
-        exc = e
-    right = np.array_equal(out, np.full(6, SIZE * (SIZE + 1) / 2))
-    emit("LATE-AFTER-FORK", f"rank={RANK}", f"t={time.monotonic() - t0:.3f}",
-         f"right={right}", f"exc={type(exc).__name__ if exc else None}",
-         f"msg={oneline(exc) if exc else ''}")
+    allreduce_with_rank1_late(xc, late, "LATE-AFTER-FORK", buf)
 
 
 def late_after_an_interrupt(xc, late):
@@ -859,7 +849,6 @@ def late_after_an_interrupt(xc, late):
     part in the Bcast, so it must not count as having refused it: the
     others wait for it."""
     buf = [np.arange(6.0) if RANK == 0 else np.zeros(6), MPI.DOUBLE]
-    out = np.zeros(6)
     interrupted = False
     W.Barrier()
     if RANK == 1:
@@ -871,19 +860,8 @@ def late_after_an_interrupt(xc, late):
         xc.Bcast(buf, root=0)
     except KeyboardInterrupt:
         interrupted = True
-    t0, exc = time.monotonic(), None
-    try:
-        if RANK == 1:
-            time.sleep(late)
-        xc.Allreduce(buf[0], out)
-    except Exception as e:  # noqa: BLE001
-        exc = e
-    right = np.array_equal(out, np.arange(6.0) * SIZE)
-    emit("LATE-AFTER-INTERRUPT", f"rank={RANK}",
-         f"t={time.monotonic() - t0:.3f}", f"right={right}",
-         f"interrupted={interrupted}",
-         f"exc={type(exc).__name__ if exc else None}",
-         f"msg={oneline(exc) if exc else ''}")
+    allreduce_with_rank1_late(xc, late, "LATE-AFTER-INTERRUPT", buf[0],
+                              f"interrupted={interrupted}")
 
 
 def late_after_every_rank_refused(xc, late):
@@ -898,6 +876,15 @@ def late_after_every_rank_refused(xc, late):
         pass
     else:
         raise AssertionError("BAND on float64 was not refused")
+    allreduce_with_rank1_late(xc, late, "LATE-AFTER-REFUSAL", buf)
+
+
+def allreduce_with_rank1_late(xc, late, kind, buf, *extra):
+    """An Allreduce of every rank's BUF that rank 1 comes LATE seconds
+    late to; emit KIND with its time, whether it gave numpy's sum, its
+    exception, and EXTRA."""
+    ins = W.allgather(buf)
+    out = np.zeros_like(buf)
     t0, exc = time.monotonic(), None
     try:
         if RANK == 1:
@@ -905,9 +892,9 @@ def late_after_every_rank_refused(xc, late):
         xc.Allreduce(buf, out)
     except Exception as e:  # noqa: BLE001
         exc = e
-    right = np.array_equal(out, np.full(6, SIZE * (SIZE + 1) / 2))
-    emit("LATE-AFTER-REFUSAL", f"rank={RANK}",
-         f"t={time.monotonic() - t0:.3f}", f"right={right}",
+    right = np.array_equal(out, np.sum(ins, axis=0))
+    emit(kind, f"rank={RANK}", f"t={time.monotonic() - t0:.3f}",
+         f"right={right}", *extra,
          f"exc={type(exc).__name__ if exc else None}",
          f"msg={oneline(exc) if exc else ''}")
 
