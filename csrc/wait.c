@@ -49,7 +49,7 @@
 #define XHC_SLEEP_NS 20000000 /* a sleep's bound: liveness checks go on */
 #define XHC_PROGRESS_EVERY 1e-3 /* seconds between progress hook calls:
                                    rare enough that taking Python's GIL
-                                   for it slows no other thread */
+                                   for them costs other threads little */
 
 static double xhc_now(void)
 {

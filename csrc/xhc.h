@@ -110,7 +110,7 @@ int xhc_ctx_set_copy(xhc_ctx_t *ctx, int copy);
  * CPU, at most a few times per collective: a front end that holds a
  * lock other threads need (Python's GIL) lets go of it there. */
 int xhc_ctx_set_block_hook(xhc_ctx_t *ctx, void (*hook)(void *), void *arg);
-/* Called (with ARG) every few polls while a wait yields or sleeps: a
+/* Called (with ARG) every millisecond while a wait yields or sleeps: a
  * front end on an MPI library drives that library's progress there, so
  * that a point-to-point or RMA operation a peer waits on before it
  * enters the collective completes (MPI's progress rule). */
