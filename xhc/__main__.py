@@ -74,18 +74,17 @@ def _kernels():
                        "(AVX-512) this CPU runs)")
 
 
-def _transport(crowded):
+def _transport(crowded, wanted):
     """(name, reason) of the data-movement mechanism the C core would use
     for ranks that are CROWDED (outnumber their CPUs) or not, as the copy
-    tunable (XHC_COPY) asks."""
-    wanted = config.resolve()["copy"]
+    tunable asks for (WANTED)."""
     said = _core_says(lambda core: core.transport_info(crowded, wanted))
     return ("unknown", "core not built") if said is _UNBUILT else said
 
 
-def _waiting(cpu_sets):
-    """How ranks wait and stage, as xhc.Comm settles it for this load."""
-    cfg = config.resolve()
+def _waiting(cfg, cpu_sets):
+    """How ranks wait and stage, as xhc.Comm settles CFG (the tunables)
+    for this load."""
     crowded, ncpu = config.fit_to_load(cfg, cpu_sets, config.chosen())
     return {"ranks": len(cpu_sets), "cpus": ncpu, "crowded": crowded,
             "spin": cfg["spin"], "sleep": cfg["sleep"],
@@ -147,10 +146,11 @@ def _online(args):
     cpu_sets = comm.allgather(sorted(os.sched_getaffinity(0)))
     if comm.Get_rank() != 0:
         return 0
-    waiting = _waiting(cpu_sets)
+    cfg = config.resolve()
+    waiting = _waiting(cfg, cpu_sets)
     ops = [args.op] if args.op else list(DEFAULTS)
     hierarchies = {op: build(localities, parse_levels(_level_spec(args, op))) for op in ops}
-    name, reason = _transport(waiting["crowded"])
+    name, reason = _transport(waiting["crowded"], cfg["copy"])
     if args.json:
         print(json.dumps({"machine": describe(args.topology), "ranks": len(localities),
                           "hierarchies": {op: _levels_json(h) for op, h in hierarchies.items()},

@@ -479,15 +479,16 @@ static PyObject *hot_progress_fn;
 static void hot_progress(void *arg)
 {
     (void)arg;
+    if (!hot_progress_fn)  /* set once, when xhc.comm is imported */
+        return;
     PyGILState_STATE held = PyGILState_Ensure();
-    PyObject *fn = hot_progress_fn;
-    PyObject *r = fn ? PyObject_CallNoArgs(fn) : NULL;
+    PyObject *r = PyObject_CallNoArgs(hot_progress_fn);
     if (r)
         Py_DECREF(r);
-    else if (fn && PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+    else if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
         PyErr_Clear();
         PyErr_SetInterrupt();
-    } else if (fn)
+    } else
         PyErr_Clear();
     PyGILState_Release(held);
 }

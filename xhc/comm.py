@@ -709,14 +709,11 @@ class Comm(HotComm):
         return f"<xhc.Comm rank {self._rank} of {self._size}, {self._state}>"
 
     # Compared as the wrapped communicator (with MPI.COMM_WORLD, with
-    # MPI.COMM_NULL after Free(), or with another xhc.Comm); unhashable,
-    # as mpi4py's communicators.
+    # MPI.COMM_NULL after Free(), or with another xhc.Comm; != is ==
+    # inverted); unhashable, as mpi4py's communicators.
     def __eq__(self, other):
         return self._comm == (other._comm if isinstance(other, Comm)
                               else other)
-
-    def __ne__(self, other):
-        return not self == other
 
     def __bool__(self):
         return bool(self._comm)
