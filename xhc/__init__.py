@@ -11,20 +11,22 @@ if _find_spec("mpi4py") is None:  # pragma: no cover
     raise ImportError(_NEEDS)
 
 if _TYPE_CHECKING:  # pragma: no cover
-    from .comm import Comm
+    from .comm import Comm, Request
 
 __version__ = "0.1.0"
-__all__ = ["Comm", "XhcError", "__version__"]
+__all__ = ["Comm", "Request", "XhcError", "__version__"]
+_LAZY = ("Comm", "Request")
 
 
 def __getattr__(name):
-    """Import Comm, and with it mpi4py.MPI, on first use: commands that
-    need no MPI (``python -m xhc --help``, ``info --topology``) then never
-    start it, and leave nothing of a singleton MPI behind."""
-    if name != "Comm":
+    """Import Comm and Request, and with them mpi4py.MPI, on first use:
+    commands that need no MPI (``python -m xhc --help``, ``info
+    --topology``) then never start it, and leave nothing of a singleton
+    MPI behind."""
+    if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
-        from .comm import Comm
+        from . import comm
     except ImportError as e:  # mpi4py.MPI itself, or a part of it
         if not (e.name or "").startswith("mpi4py"):
             raise
@@ -33,8 +35,8 @@ def __getattr__(name):
         if "cannot load MPI library" not in str(e):
             raise
         raise ImportError(f"{_NEEDS}: {e}") from e
-    globals()["Comm"] = Comm
-    return Comm
+    globals().update((lazy, getattr(comm, lazy)) for lazy in _LAZY)
+    return globals()[name]
 
 
 def __dir__():

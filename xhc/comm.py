@@ -923,6 +923,24 @@ class Request(HotRequest):
         """True: Start() completed the operation."""
         return self._fill(status)
 
+    get_status = Get_status
+
+    def wait(self, status=None):
+        """None, as mpi4py's wait() of a request that receives no object."""
+        self._fill(status)
+
+    def test(self, status=None):
+        """(True, None), as mpi4py's test() of a completed request that
+        receives no object."""
+        return self._fill(status), None
+
+    def Cancel(self):
+        """Refuse: MPI makes cancelling a collective erroneous."""
+        raise XhcError(f"{self._what}: a collective cannot be cancelled; "
+                       "Free() the request instead")
+
+    cancel = Cancel
+
     @staticmethod
     def _fill(status):
         """True, and STATUS (an MPI.Status, or None) filled as MPI fills
@@ -958,6 +976,11 @@ class Request(HotRequest):
         self._release()
         self._freed = True
 
+    def free(self):
+        """Free() unless freed already, as mpi4py's free()."""
+        if not self._freed:
+            self.Free()
+
     def _release(self):
         """Unbind; drop the buffers and the plan."""
         self._hot_bind(self._xcomm, 0, 0, 0, 0)
@@ -969,6 +992,37 @@ class Request(HotRequest):
         """Start every request, in order."""
         for req in requests:
             req.Start()
+
+    @staticmethod
+    def Waitall(requests, statuses=None):
+        """MPI.Request.Waitall for a list that may hold xhc's requests."""
+        return Request._all(MPI.Request.Waitall, requests, statuses)
+
+    @staticmethod
+    def Testall(requests, statuses=None):
+        """MPI.Request.Testall for a list that may hold xhc's requests."""
+        return Request._all(MPI.Request.Testall, requests, statuses)
+
+    @staticmethod
+    def _all(mpi_all, requests, statuses):
+        """Hand mpi4py's requests to MPI_ALL, which writes their statuses
+        into STATUSES' own objects; xhc's are complete once started.
+        STATUSES (a list, or None) grows to one per request, as mpi4py's."""
+        requests = list(requests)
+        if statuses is not None:
+            if not isinstance(statuses, list):
+                raise TypeError("statuses must be a list of MPI.Status or "
+                                f"None, not {type(statuses).__name__}")
+            statuses.extend(MPI.Status()
+                            for _ in range(len(requests) - len(statuses)))
+        theirs = [i for i, req in enumerate(requests)
+                  if not isinstance(req, Request)]
+        done = mpi_all([requests[i] for i in theirs], None if statuses is
+                       None else [statuses[i] for i in theirs])
+        if statuses is not None:
+            for i in set(range(len(requests))).difference(theirs):
+                Request._fill(statuses[i])
+        return done
 
 
 def _check_op(s, op, name):

@@ -2258,6 +2258,17 @@ def persistent_calls(xcomm, comm, v):
     v.case("Wait('x') raises TypeError", raises(TypeError, reqs[2].Wait, "x"))
     v.case("a live request is not MPI.REQUEST_NULL",
            None if reqs[2] != MPI.REQUEST_NULL else "equal")
+    got = (reqs[2].wait(), reqs[2].test(), reqs[2].get_status())
+    v.case("wait(), test(), get_status() answer as mpi4py's",
+           None if got == (None, (True, None), True) else f"got {got}")
+    v.case("Cancel() raises XhcError", raises(xhc.XhcError, reqs[2].Cancel))
+    v.case("xhc.Request is the requests' class",
+           None if all(type(r) is xhc.Request for r in reqs) and
+           "Request" in dir(xhc) else f"got {type(reqs[2])}")
+    v.case("xhc.Bogus raises AttributeError",
+           raises(AttributeError, getattr, xhc, "Bogus"))
+    for name in ("Waitall", "Testall"):
+        mixed_waits(v, comm, reqs, getattr(xhc.Request, name), name)
     for req in reqs:
         req.Free()
     v.case("persistent request started after Free raises",
@@ -2274,6 +2285,35 @@ def persistent_calls(xcomm, comm, v):
     v.case("a request freed after its xhc.Comm is false",
            None if not req else "still true")
     v.case("... and raises when freed again", raises(xhc.XhcError, req.Free))
+    req.free()
+    v.case("free() of a freed request does nothing, as mpi4py's", None)
+
+
+def mixed_waits(v, comm, reqs, wait_all, name):
+    """xhc.Request.Waitall/Testall over xhc's and mpi4py's requests:
+    mpi4py's complete, and every status is filled where MPI would."""
+    rank = comm.rank
+    sent = np.arange(3.0) + rank
+    recv = np.zeros(3)
+    send = comm.Isend(sent, dest=rank, tag=9)
+    comm.Probe(source=rank, tag=9)  # so that Testall finds both complete
+    theirs = [comm.Irecv(recv, source=rank, tag=9), send]
+    statuses = [MPI.Status()]
+    mine = statuses[0]
+    mine.source, mine.tag = 5, 6  # not what a collective's status holds
+    done = wait_all([reqs[2], theirs[0], reqs[0], theirs[1]], statuses)
+    v.case(f"{name}: True", None if done else "False")
+    MPI.Request.Waitall(theirs)
+    got = [(st.source, st.tag) for st in statuses]
+    want = [(MPI.ANY_SOURCE, MPI.ANY_TAG), (rank, 9)]
+    v.case(f"{name}: mpi4py's requests complete with their data",
+           None if np.array_equal(recv, sent) and
+           all(r == MPI.REQUEST_NULL for r in theirs) else f"got {recv}")
+    v.case(f"{name}: one status per request, filled in place",
+           None if len(statuses) == 4 and statuses[0] is mine and
+           got[:2] == want and got[2] == want[0] else f"got {got}")
+    v.case(f"{name}: a tuple of statuses raises TypeError",
+           raises(TypeError, wait_all, reqs[:1], ()))
 
 
 # -- sequence numbers through zero -------------------------------------------
