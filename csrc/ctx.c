@@ -73,7 +73,7 @@ static int xhc_ctx_alloc(xhc_ctx_t *ctx)
     ctx->peer_send = calloc((size_t)ctx->nranks, sizeof(struct xhc_src));
     ctx->peer_recv = calloc((size_t)ctx->nranks, sizeof(struct xhc_src));
     return ctx->pids && ctx->scratch && ctx->srcs && ctx->peer_send
-           && ctx->peer_recv ? 0 : -ENOMEM;
+           && ctx->peer_recv && xhc_pidfds_alloc(ctx) == 0 ? 0 : -ENOMEM;
 }
 
 /* Start every flag I write at SEQ_START, so that no operation number but
@@ -199,6 +199,8 @@ void xhc_ctx_close(xhc_ctx_t *ctx)
         xhc_hier_free(&ctx->hier[k], ctx->nranks);
     if (ctx->seg)
         munmap(ctx->seg, ctx->seg_size);
+    xhc_pidfds_reset(ctx);
+    free(ctx->pidfds);
     free(ctx->pids);
     free(ctx->scratch);
     free(ctx->srcs);
@@ -218,6 +220,7 @@ int xhc_ctx_set_hierarchy(xhc_ctx_t *ctx, int kind, int nlevels,
 
 int xhc_ctx_set_pids(xhc_ctx_t *ctx, const int64_t *pids)
 {
+    xhc_pidfds_reset(ctx); /* they were of the pids before */
     for (int r = 0; r < ctx->nranks; r++)
         ctx->pids[r] = (pid_t)pids[r];
     return 0;

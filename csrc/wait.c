@@ -37,7 +37,6 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
-#include <signal.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -56,12 +55,6 @@ static double xhc_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int xhc_peer_alive(const xhc_ctx_t *ctx, int peer)
-{
-    pid_t pid = ctx->pids[peer];
-    return pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH;
 }
 
 static int xhc_value_reached(uint64_t v, uint64_t want, int exact)

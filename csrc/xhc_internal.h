@@ -191,6 +191,7 @@ struct xhc_ctx {
     uint64_t round;     /* the last staged round, Bcast or reduce-scatter */
     uint64_t ack_floor; /* every rank's ack had reached this, last look */
     pid_t *pids;
+    int *pidfds;        /* per rank, opened on first need (alive.c) */
     pid_t opener;       /* the process that opened this context */
     struct xhc_hier hier[XHC_NKINDS];
     struct xhc_region regions[XHC_MAX_REGIONS];
@@ -214,6 +215,11 @@ struct xhc_ctx {
 };
 
 void xhc_wake(xhc_ctx_t *ctx, xhc_flag_t *flag); /* wait.c */
+
+/* alive.c */
+int xhc_pidfds_alloc(xhc_ctx_t *ctx);
+void xhc_pidfds_reset(xhc_ctx_t *ctx);
+int xhc_peer_alive(xhc_ctx_t *ctx, int peer);
 
 /* Publish V in FLAG, one of mine: every write before it is visible to a
  * reader that sees V; a reader asleep on FLAG is woken. */

@@ -426,25 +426,40 @@ def test_ranks_that_refused_the_same_calls_wait_for_each_other():
                 lib.xhc_ctx_close(ctx1)
 
 
-def test_a_dead_peer_fails_fast_and_is_named():
-    """Rank 1's process is gone: XHC_ERR_PEER_GONE long before the
-    timeout, although rank 1 never entered the Barrier."""
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
+def test_a_dead_peer_fails_fast_and_is_named(reaped):
+    """Rank 1's process is gone, or has exited and waits to be reaped:
+    XHC_ERR_PEER_GONE long before the timeout, although rank 1 never
+    entered the Barrier (a live rank that has not would be waited for)."""
     cfg = make_config(timeout=20.0)
     pid = os.fork()
     if pid == 0:
         os._exit(0)
-    os.waitpid(pid, 0)
+    # Until it is reaped, the exited child keeps its pid: kill() finds it.
+    os.waitid(os.P_PID, pid, os.WEXITED | (0 if reaped else os.WNOWAIT))
+    fds = set(os.listdir("/proc/self/fd"))
     with Segment(2, cfg) as seg:
         ctx0, ctx1 = _pair(seg, cfg, [os.getpid(), pid])
+        rc = []
+        waiter = threading.Thread(
+            target=lambda: rc.append(lib.xhc_barrier(ctx0)))
         try:
             t0 = time.monotonic()
-            rc = lib.xhc_barrier(ctx0)
-            assert rc == lib.XHC_ERR_PEER_GONE, strerror(rc)
+            waiter.start()  # cffi releases the GIL while it waits
+            waiter.join(10)
+            took = time.monotonic() - t0
+            if not reaped:
+                os.waitpid(pid, 0)  # the waiter ends, should it wait on
+            waiter.join(30)
+            assert rc == [lib.XHC_ERR_PEER_GONE], [strerror(r) for r in rc]
             assert lib.xhc_failed_rank(ctx0) == 1
-            assert time.monotonic() - t0 < 5
+            assert took < 5, took
         finally:
-            lib.xhc_ctx_close(ctx0)
-            lib.xhc_ctx_close(ctx1)
+            if not waiter.is_alive():
+                lib.xhc_ctx_close(ctx0)
+                lib.xhc_ctx_close(ctx1)
+    # The core's descriptors on its peers' processes closed with it.
+    assert set(os.listdir("/proc/self/fd")) == fds
 
 
 def test_a_late_peer_is_waited_for_past_the_timeout():
