@@ -204,6 +204,16 @@ int xhc_op_valid(int dtype, int op)
     return xhc_reduce_fn_get(dtype, op) != NULL;
 }
 
+int xhc_fold_into(void *inout, const void *in, size_t count, int dtype,
+                  int op)
+{
+    xhc_reduce_fn fn = xhc_reduce_fn_get(dtype, op);
+    if (!fn)
+        return XHC_ERR_ARG;
+    fn(inout, in, inout, count); /* dst may be b (see 1.) */
+    return 0;
+}
+
 /* dst = srcs[0] op srcs[1] op ... in list order.  ACC (COUNT elements,
  * private) holds partial results, so dst may alias any source: it is
  * written only by the last step, which reads ACC and the last source. */

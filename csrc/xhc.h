@@ -181,6 +181,11 @@ uint64_t xhc_stat(const xhc_ctx_t *ctx, int path);
 uint64_t xhc_seq(const xhc_ctx_t *ctx);
 size_t xhc_dtype_size(int dtype);
 int xhc_op_valid(int dtype, int op);
+/* inout[i] = in[i] op inout[i] for COUNT elements, with the collectives'
+ * kernels (as an MPI user-defined op computes); XHC_ERR_ARG if OP is not
+ * defined on DTYPE. */
+int xhc_fold_into(void *inout, const void *in, size_t count, int dtype,
+                  int op);
 int xhc_xpmem_check(void);
 int xhc_xpmem_present(void);
 int xhc_cma_selftest(void);
