@@ -100,6 +100,20 @@ def test_variant(n, env, levels):
     run_suites(n, VARIANT_SUITES, env=env, quick=n > 4, levels=levels)
 
 
+# Over several nodes (XHC_SPLIT_NODES cuts this machine's ranks into
+# nodes): what checks results; not the suites that count one node's paths.
+SPANNING_SUITES = ["bcast", "allreduce", "reduce", "barrier", "mixed",
+                   "subcomm", "fallback", "spanning"]
+
+
+@pytest.mark.parametrize("n,split", [(3, 2), (4, 2), (6, 3)])
+def test_several_nodes(n, split):
+    """xhc inside each node and MPI between them (xhc/nodes.py) give
+    what numpy and mpi4py give; nodes of one rank (n=3) included."""
+    run_suites(n, SPANNING_SUITES, env={"XHC_SPLIT_NODES": str(split)},
+               quick=n > 4)
+
+
 @pytest.mark.parametrize("n,env", [
     pytest.param(2, {}, id="n2"),
     pytest.param(3, {}, id="n3"),

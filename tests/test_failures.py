@@ -353,6 +353,11 @@ ARG_CASES = [
     ("hierarchy-differs", "ValueError",
      r"different hierarchy values .*set XHC_HIERARCHY"),
     ("windows-one", "ValueError", r"windows must be auto or 2 to 64"),
+    ("split-nodes-differs", "ValueError",
+     r"different split_nodes values .*: set XHC_SPLIT_NODES \(or "
+     r"split_nodes=\) alike"),
+    ("split-nodes-zero", "ValueError",
+     r"split_nodes must be 1 \(a node is a node\) or more"),
     ("tunable-bad-on-one-rank", "ValueError",
      r"^(rank {last}: )?xhc tunable chunk_size \(XHC_CHUNK_SIZE\): bad size "
      r"'abc': use a number with an optional K, M or G suffix"),

@@ -67,11 +67,12 @@ class Buffer:
     buffer before a call that reads it, STORE writes the copy back after
     a call that writes it.  Both are None for a buffer used in place.
     """
-    __slots__ = ("obj", "ptr", "nbytes", "count", "dtype", "writable",
-                 "load", "store")
+    __slots__ = ("obj", "arr", "ptr", "nbytes", "count", "dtype",
+                 "writable", "load", "store")
 
     def __init__(self, obj, arr, dtype, writable, load=None, store=None):
         self.obj = obj
+        self.arr = arr  # contiguous: the memory the core reads and writes
         self.ptr = ffi.from_buffer(arr)
         self.nbytes = arr.nbytes
         self.count = arr.size
@@ -82,6 +83,12 @@ class Buffer:
 
 
 _CODES = {}  # numpy dtype -> code, filled as dtypes are met
+
+
+def numpy_dtype(code):
+    """The native numpy dtype of core dtype CODE (not NOT_REDUCIBLE)."""
+    kind, size = next(key for key, each in _DTYPES.items() if each == code)
+    return np.dtype(f"={kind}{size}")
 
 
 def dtype_code(dtype):

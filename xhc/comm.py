@@ -14,17 +14,20 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from . import _core, config, debug, hierarchy, topology
+from . import _core, config, debug, hierarchy, nodes, topology
 from ._hot import (HotComm, HotRequest, bind_plain, block_hook,
                    progress_hook, set_progress)
 from ._xhc import ffi, lib
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
-                      plain_tables, predefined, resolve)
+                      numpy_dtype, plain_tables, predefined, resolve)
 from .errors import XhcError, agree
 
 _CACHE_MAX = 64           # plans kept per operation
 _CACHE_BYTES = 256 << 20  # buffer bytes the plans may keep alive
-_NOT_ACCELERATED = "communicator not accelerated"
+_READ_ONLY = ("Bcast: the buffer is read-only on a receiving rank; pass a "
+              "writable array")
+# xhc/nodes.py's collectives, and how many arguments each takes.
+_ACROSS = {"Barrier": 0, "Bcast": 2, "Allreduce": 3, "Reduce": 4}
 _IN_PLACE = MPI.IN_PLACE
 # Tunables that change the ranks' protocol or the segment's layout.
 _ALIKE = ("sleep", "windows", "copy", "debug", "cico_max", "chunk_size",
@@ -137,7 +140,8 @@ class Comm(HotComm):
     Creating one is collective over COMM.  Every attribute xhc does not
     define passes through to COMM.  Keywords (each also an XHC_* variable):
     hierarchy, topology, cico_max, chunk_size, timeout, spin, sleep,
-    windows, copy, debug.
+    windows, copy, split_nodes, debug.  Over several nodes, xhc works
+    inside each and MPI between them (xhc/nodes.py).
     """
 
     def __new__(cls, comm=None, *args, **kwargs):
@@ -151,7 +155,7 @@ class Comm(HotComm):
         self._comm = comm
         self._rank = self._size = 0
         self._ctx = ffi.NULL
-        self._state = "fallback"
+        self._state = "opening"
         self._bcast_plans, self._allreduce_plans = {}, {}
         self._reduce_plans = {}
         self._plan_bytes = 0
@@ -164,6 +168,7 @@ class Comm(HotComm):
         self._warned = set()
         self._fallbacks = 0
         self._why = ""
+        self._nodes = None  # for a communicator that spans several nodes
         self.xhc_info = {}
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL \
                 or comm.Is_inter():
@@ -182,26 +187,40 @@ class Comm(HotComm):
             self._specs = config.hierarchies(hierarchy)
         except (TypeError, ValueError) as exc:
             problem = exc
-        agree(comm, None, problem)
+        splits = agree(comm, None if problem else self._cfg["split_nodes"],
+                       problem)
+        config.check_alike("split_nodes", splits)
         self._topology = topology
-        reason = self._ineligible()
-        if reason:
-            self._warn(f"every collective: {reason}")
+        node = nodes.node_parts(comm, splits[0])
+        if node.size != comm.size:
+            self._span(node, hierarchy, topology, tunables)
             return
+        node.Free()
         self._setup()
         self._state = "open"
         self._bind(self._ctx)
         if self._cfg["debug"]:
             debug.install(self)
 
-    def _ineligible(self):
-        node = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
+    def _span(self, node, hierarchy, topology, tunables):
+        """COMM spans several nodes: collectives go through an xhc.Comm of
+        NODE, this rank's, and MPI between the nodes (xhc/nodes.py)."""
+        inner = problem = None
         try:
-            if node.size != self._comm.size:
-                return "the communicator spans several nodes"
-        finally:
+            inner = Comm(node, hierarchy=hierarchy, topology=topology,
+                         **dict(tunables, split_nodes=1))
+        except Exception as exc:  # raised on every rank of that node
+            problem = exc
+        try:  # ... and now on every rank of every node
+            agree(self._comm, None, problem)
+        except BaseException:
+            if inner is not None:
+                inner.free()
             node.Free()
-        return None
+            raise
+        self._nodes = nodes.Nodes(self._comm, node, inner)
+        self._state = "spanning"
+        self.xhc_info = dict(inner.xhc_info, nodes=self._nodes.count)
 
     def _setup(self):
         comm, cfg = self._comm, self._cfg
@@ -254,11 +273,90 @@ class Comm(HotComm):
                           RuntimeWarning, stacklevel=_user_level())
 
     def _fallback(self, name, *args):
+        if self._nodes is not None:
+            blocking = name[:-5] if name.endswith("_init") else name
+            run = self._across_nodes(blocking, args[:_ACROSS[blocking]])
+            if run is not None and blocking != name:
+                return Request(run, name, self)
+            if run is not None:
+                run()
+                return None
+        return self._to_mpi4py(name, *args)
+
+    def _to_mpi4py(self, name, *args):
         self._warn(f"{name}: {self._why}")
         self._fallbacks += 1
         try:
             return getattr(self._comm, name)(*args)
         except BaseException as exc:
+            raise _settled(exc)
+
+    # -- over several nodes (xhc/nodes.py) ------------------------------------
+    # The buffers are resolved and checked first, as for a plan, and the
+    # collective then runs on their contiguous memory (staged ones are
+    # loaded before and stored after), which xhc and MPI alike take.
+
+    def _across_nodes(self, name, args):
+        """A callable that runs collective NAME on ARGS over the nodes
+        (what a request's Start() runs, to completion, as every xhc request
+        does); None if mpi4py must reduce."""
+        if name == "Barrier":
+            return self._nodes.Barrier
+        root = None if name == "Allreduce" else self._root_arg(args[-1], name)
+        if name == "Bcast":
+            return self._bcast_across(args[0], root)
+        return self._reduce_across(name, *args[:3], root)
+
+    def _bcast_across(self, buf, root):
+        b = resolve(buf)
+        sink = self._rank != root
+        if sink and not b.writable:  # takes part, as _take_part_then_raise
+            self._nodes.Bcast(np.empty(b.nbytes, np.uint8), root)
+            raise _settled(ValueError(_READ_ONLY))
+        run = functools.partial(self._nodes.Bcast, _flat(b, np.uint8), root)
+        return functools.partial(_staged_run, run, _filled(b.load, not sink),
+                                 _filled(b.store, sink))
+
+    def _reduce_across(self, name, sendbuf, recvbuf, op, root):
+        """Allreduce (ROOT None) or Reduce, checked as _allreduce_plan and
+        _reduce_plan check theirs; None if mpi4py must reduce."""
+        inplace, receives = in_place(sendbuf), root in (None, self._rank)
+        if inplace and not receives:
+            raise ValueError(f"{name}: IN_PLACE is only for the root")
+        r = resolve(recvbuf) if root is None else None
+        s = r if inplace and r else resolve(recvbuf if inplace else sendbuf)
+        if r is not None:
+            _check_pair(s, r, name)
+        known = predefined(op)
+        if not self._reducible(known, s.dtype):
+            return None
+        _check_op(s, known, name)
+        dt = numpy_dtype(s.dtype)
+        ops = (known, nodes.between_nodes(known, OPS[id(known)], s.dtype))
+        if root is None:
+            run = functools.partial(self._nodes.Allreduce, _flat(s, dt),
+                                    _flat(r, dt), ops, inplace)
+        else:
+            if receives:
+                r = self._root_recv_across(s, recvbuf, ops, root, inplace, dt)
+            run = functools.partial(
+                self._nodes.Reduce, _flat(s, dt), r and _flat(r, dt), ops,
+                root, inplace, functools.partial(np.empty, s.count, dt))
+        return functools.partial(_staged_run, run, _filled(s.load),
+                                 _filled(r and r.store))
+
+    def _root_recv_across(self, s, recvbuf, ops, root, inplace, dt):
+        """The Reduce root's receive buffer; with a bad one, the root takes
+        part into scratch memory of dtype DT before it raises, as
+        _root_recv has it."""
+        try:
+            r = s if inplace else resolve(recvbuf)
+            _check_pair(s, r, "Reduce")
+            return r
+        except (TypeError, ValueError) as exc:
+            scratch = functools.partial(np.empty, s.count, dt)
+            self._nodes.Reduce(_flat(s, dt), scratch(), ops, root, False,
+                               scratch)
             raise _settled(exc)
 
     def _in_core(self, fn, *args):
@@ -289,6 +387,8 @@ class Comm(HotComm):
         allowed, but not to be made worse): that one is not over."""
         if self._ctx and not self._hot_busy(0):
             lib.xhc_ctx_withdraw(self._ctx)
+        if self._nodes is not None:  # its node's peers, then
+            self._nodes.inner._withdraw()
 
     def _raise(self, rc, what):
         """Raise for core error RC, which a collective returned: this rank
@@ -305,7 +405,6 @@ class Comm(HotComm):
         """True if the core can take calls; False if mpi4py must."""
         if self._state == "freed":
             raise XhcError("xhc.Comm already freed")
-        self._why = _NOT_ACCELERATED
         return self._state == "open"
 
     # -- collectives --------------------------------------------------------
@@ -370,7 +469,7 @@ class Comm(HotComm):
 
     @_leaving
     def Barrier_init(self, info=None):
-        """A persistent Barrier; falls back to mpi4py's when not accelerated."""
+        """A persistent Barrier."""
         if not self._usable():
             return self._fallback("Barrier_init", *_info(info))
         return Request(functools.partial(_barrier, self._ctx), "Barrier", self,
@@ -580,8 +679,7 @@ class Comm(HotComm):
                                        flags=flags))
         if rc:  # then the ranks are out of step: say so, not the buffer
             self._raise(rc, "Bcast")
-        raise _settled(ValueError("Bcast: the buffer is read-only on a "
-                                  "receiving rank; pass a writable array"))
+        raise _settled(ValueError(_READ_ONLY))
 
     def _root_recv(self, s, recvbuf, op, root, inplace, flags=0):
         """The root's receive buffer.  Only the root sees it, so if it is
@@ -618,11 +716,13 @@ class Comm(HotComm):
 
         Every rank calls it with the same shape and dtype (like
         MPI_Win_allocate_shared); the collectives read such arrays in
-        place.  The memory stays registered until free().
+        place.  The memory stays registered until free().  Where the
+        communicator spans several nodes, the ranks of each node share
+        theirs.
         """
-        if not self._usable():
-            raise XhcError("xhc.Comm is not accelerated on this "
-                           "communicator (see the warning)")
+        if self._nodes is not None:
+            return self._nodes.inner.empty(shape, dtype)
+        self._usable()  # raises if freed
         if len(self._keep) >= lib.XHC_MAX_REGIONS:  # alike on every rank
             raise ValueError(
                 f"Comm.empty: this xhc.Comm holds {len(self._keep)} arrays, "
@@ -649,6 +749,9 @@ class Comm(HotComm):
     def stats(self):
         """Calls per path since creation; "fallback" counts mpi4py calls."""
         out = {"fallback": self._fallbacks}
+        if self._nodes is not None:  # the node's paths, and its fallbacks
+            inner = self._nodes.inner.stats
+            out = dict(inner, fallback=inner["fallback"] + self._fallbacks)
         if self._ctx:
             out.update((k, int(lib.xhc_stat(self._ctx, v)))
                        for k, v in _core.PATHS.items())
@@ -679,6 +782,9 @@ class Comm(HotComm):
         if ctx:
             lib.xhc_ctx_close(ctx)
         self._keep.clear()
+        spanned, self._nodes = self._nodes, None
+        if spanned is not None:
+            spanned.free()
 
     def __enter__(self):
         return self
@@ -1072,6 +1178,16 @@ def _kept(plan, nargs):
     held = tuple(b if b is None or isinstance(b.obj, np.ndarray) else None
                  for b in plan[first:last])
     return plan[:first] + held + plan[last:]
+
+
+def _filled(step, wanted=True):
+    """[STEP] if there is one and it is WANTED, else []."""
+    return [step] if step and wanted else []
+
+
+def _flat(b, dtype):
+    """Buffer B's contiguous memory as a flat array of DTYPE."""
+    return b.arr.reshape(-1).view(dtype)
 
 
 def _check_pair(s, r, name):

@@ -17,6 +17,7 @@ DEFAULTS = {
                               # cma | cico
     "seq_start": 0,           # sequence numbers start here (wrap tests)
     "debug": False,           # check arguments agree across ranks
+    "split_nodes": 1,         # treat each node as this many (testing)
 }
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -63,7 +64,7 @@ _PARSERS = {"cico_max": parse_size, "chunk_size": parse_size,
             "timeout": float, "spin": _whole,
             "copy": lambda value: str(value).lower(),
             "sleep": _whole, "windows": _auto_or_int,
-            "seq_start": _whole, "debug": _switch}
+            "seq_start": _whole, "debug": _switch, "split_nodes": _whole}
 # The largest values: beyond them a typo would reserve gigabytes of
 # /dev/shm per rank (cico_max: 8 slots a rank) or overflow the core's
 # fields.
@@ -118,6 +119,8 @@ def _validate(cfg):
         raise ValueError("timeout must be a positive number of seconds")
     if cfg["spin"] < 0:
         raise ValueError("spin must be 0 or more")
+    if cfg["split_nodes"] < 1:
+        raise ValueError("split_nodes must be 1 (a node is a node) or more")
     if cfg["seq_start"] < 0:
         raise ValueError("seq_start must be 0 or more")
     if not 0 <= cfg["sleep"] < 2**32:

@@ -897,14 +897,37 @@ def address(a):
     return a.__array_interface__["data"][0]
 
 
+def node_parts(comm):
+    """Per rank, the node xhc counts it on: XHC_SPLIT_NODES=K cuts this
+    one machine's ranks into K blocks of consecutive ranks (xhc/nodes.py)."""
+    split = int(os.environ.get("XHC_SPLIT_NODES", "1"))
+    return [r * split // comm.size for r in range(comm.size)]
+
+
+def window_views(comm):
+    """Two int64 of every rank in one MPI shared window: (mine, views)."""
+    win = MPI.Win.Allocate_shared(16, 8, comm=comm)
+    views = [np.frombuffer(win.Shared_query(r)[0], np.int64, 2)
+             for r in range(comm.size)]
+    views[comm.rank][:] = 0
+    comm.Barrier()
+    return views[comm.rank], views, win
+
+
 def suite_barrier(xcomm, comm, v, sz, args):
     n, rank = comm.size, comm.rank
     iters = 600 if args.quick else 1500
-    mine = xcomm.zeros(2, np.int64)
-    views = peer_views(mine, n)
-    v.check("shared array layout", address(views[rank]) == address(mine),
-            "cannot locate the peers' parts of the shared array")
-    v.check("zeros() is zero", not mine.any(), "xcomm.zeros gave non-zeros")
+    parts = node_parts(comm)
+    win = None
+    if len(set(parts)) == 1:
+        mine = xcomm.zeros(2, np.int64)
+        views = peer_views(mine, n)
+        v.check("shared array layout", address(views[rank]) == address(mine),
+                "cannot locate the peers' parts of the shared array")
+        v.check("zeros() is zero", not mine.any(),
+                "xcomm.zeros gave non-zeros")
+    else:  # xhc's arrays are shared within each node only
+        mine, views, win = window_views(comm)
     v.flush()
     barrier = xcomm.Barrier
     if os.environ.get("XHC_TEST_SABOTAGE") == "barrier":
@@ -936,10 +959,14 @@ def suite_barrier(xcomm, comm, v, sz, args):
     before = xcomm.stats["barrier"]
     for _ in range(10):
         xcomm.Barrier()
-    want = 10 if n > 1 else 0
+    # Over several nodes, a Barrier is two on each node (xhc/nodes.py).
+    want = 0 if parts.count(parts[rank]) == 1 else \
+        10 if len(set(parts)) == 1 else 20
     got = xcomm.stats["barrier"] - before
     v.check("Barrier path counter", got == want,
             f"stats['barrier'] rose by {got}, want {want}")
+    if win is not None:
+        win.Free()
 
 
 # -- mixed -------------------------------------------------------------------
@@ -2740,13 +2767,92 @@ def changed_after_plan(xcomm, comm, v):
         v.check(f"Bcast of a list whose buffer changed, root {root}",
                 np.array_equal(spec[0], src), f"got {spec[0]}")
 
+# -- several nodes -------------------------------------------------------------
+
+def suite_spanning(xcomm, comm, v, sz, args):
+    """With XHC_SPLIT_NODES, one xhc.Comm over several (split) nodes: the
+    calls of the staged and calls suites that check results rather than
+    single-node paths, persistent requests (which run the blocking
+    collective), a bad buffer on one rank, node-shared arrays, and the
+    counts of the node's paths."""
+    parts = node_parts(comm)
+    v.check("spanning: several nodes", len(set(parts)) > 1,
+            f"XHC_SPLIT_NODES={os.environ.get('XHC_SPLIT_NODES')} with "
+            f"{comm.size} ranks makes one node")
+    v.flush()
+    staged_layouts(xcomm, comm, v)
+    staged_derived(xcomm, comm, v)
+    spec_forms(xcomm, comm, v)
+    persistent_calls(xcomm, comm, v)
+    usage_errors(v, xcomm, comm)
+    bad_buffer_on_one_rank(xcomm, comm, v)
+    node_shared_arrays(xcomm, comm, v, parts)
+    v.check("spanning: no fallback", xcomm.stats["fallback"] == 0,
+            f"stats: {xcomm.stats}")
+
+
+def bad_buffer_on_one_rank(xcomm, comm, v):
+    """A read-only Bcast receiver, and a Reduce root whose receive buffer
+    has the wrong dtype, raise on their rank after taking part: the other
+    ranks, on every node, complete, and an Allreduce after it is right."""
+    n, rank, last = comm.size, comm.rank, comm.size - 1
+    for what in ("Bcast", "Reduce", "Bcast_init", "Reduce_init"):
+        send = np.full(4, rank + 1.0)
+        buf = np.zeros(4)
+        if rank == last:
+            buf = np.zeros(4, np.float32 if "Reduce" in what else float)
+            buf.flags.writeable = "Bcast" not in what
+        call = {"Bcast": lambda: xcomm.Bcast(buf, 0),
+                "Reduce": lambda: xcomm.Reduce(send, buf, root=last),
+                "Bcast_init": lambda: xcomm.Bcast_init(buf, 0),
+                "Reduce_init": lambda: xcomm.Reduce_init(send, buf,
+                                                         root=last)}[what]
+        try:
+            req = call()
+            if req is not None:
+                req.Start()
+                req.Free()
+            err = "no error" if rank == last else None
+        except ValueError:
+            err = None if rank == last else "a rank with a good buffer raised"
+        out = np.empty(4)
+        xcomm.Allreduce(send, out)
+        if err is None and not np.all(out == n * (n + 1) / 2):
+            err = f"then an Allreduce gave {out}"
+        v.case(f"spanning: {what} with a bad buffer on rank {last}", err)
+
+
+def node_shared_arrays(xcomm, comm, v, parts):
+    """Comm.empty shares an array among the ranks of each node; the
+    collectives over all nodes read and write such arrays too."""
+    n, rank = comm.size, comm.rank
+    a, b = xcomm.empty(1000), xcomm.zeros(1000)
+    mates = [r for r in range(n) if parts[r] == parts[rank]]
+    views = peer_views(a, len(mates))
+    v.check("spanning: Comm.empty is shared on the node",
+            address(views[mates.index(rank)]) == address(a),
+            "cannot locate the node's parts of the array")
+    ins = [values(np.dtype("f8"), "SUM", seed_of(190, r), 1000)
+           for r in range(n)]
+    a[:] = ins[rank]
+    before = xcomm.stats
+    xcomm.Allreduce(a, b)
+    v.case("spanning: Allreduce of Comm.empty arrays",
+           compare(b, np_fold("SUM", ins), "SUM", b.dtype))
+    after = xcomm.stats
+    rose = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+    want = {} if len(mates) == 1 else {"reduce.cico": 1, "bcast.cico": 1}
+    v.check("spanning: the node's paths count one Reduce and one Bcast",
+            rose == want, f"rose {rose}, want {want}")
+
+
 SUITES = {
     "bcast": suite_bcast, "allreduce": suite_allreduce,
     "reduce": suite_reduce, "barrier": suite_barrier, "mixed": suite_mixed,
     "subcomm": suite_subcomm, "zerocopy": suite_zerocopy,
     "adaptive": suite_adaptive,
     "fallback": suite_fallback, "stats": suite_stats, "wrap": suite_wrap,
-    "calls": suite_calls, "staged": suite_staged,
+    "calls": suite_calls, "staged": suite_staged, "spanning": suite_spanning,
 }
 
 
@@ -2772,8 +2878,12 @@ def check_config(xcomm, comm, v, expect_levels):
     """The variant under test really took effect."""
     info = xcomm.xhc_info
     env = os.environ
-    v.check("accelerated", bool(info) and "open" in repr(xcomm),
+    parts = len(set(node_parts(comm)))
+    state = "spanning" if parts > 1 else "open"
+    v.check("accelerated", bool(info) and state in repr(xcomm),
             f"not accelerated: {xcomm!r}")
+    v.check("nodes", info.get("nodes", 1) == parts,
+            f"{info.get('nodes')} nodes, want {parts}")
     cfg = info["config"]
     for key in ("cico_max", "chunk_size", "seq_start"):
         if "XHC_" + key.upper() in env:
@@ -2782,7 +2892,9 @@ def check_config(xcomm, comm, v, expect_levels):
             v.check(f"config {key}", cfg[key] == want,
                     f"{cfg[key]} != {want}")
     cpus = comm.allgather(sorted(os.sched_getaffinity(0)))
-    crowded = comm.size > len(set().union(*map(set, cpus)))
+    part = node_parts(comm)
+    cpus = [c for r, c in enumerate(cpus) if part[r] == part[comm.rank]]
+    crowded = len(cpus) > len(set().union(*map(set, cpus)))
     for key in ("sleep", "windows"):
         given = env.get("XHC_" + key.upper())
         if given is not None:

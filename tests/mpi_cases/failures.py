@@ -350,6 +350,8 @@ def suite_args(xc):
         ("hierarchy-differs",
          lambda c: xhc.Comm(W, hierarchy="node" if RANK else "virtual:2")),
         ("windows-one", lambda c: xhc.Comm(W, windows=1)),
+        ("split-nodes-differs", lambda c: xhc.Comm(W, split_nodes=1 + RANK)),
+        ("split-nodes-zero", lambda c: xhc.Comm(W, split_nodes=0)),
         # Wrong on one rank only: every rank must raise, none wait.
         ("tunable-bad-on-one-rank",
          lambda c: xhc.Comm(W, chunk_size="abc" if RANK == last else None)),

@@ -1,0 +1,132 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Collectives of a communicator that spans several nodes: xhc inside
+each node, the wrapped MPI between one leader per node (the node's
+lowest rank).
+
+1. Allreduce: each node reduces to its leader (xhc), the leaders
+   allreduce among themselves in place (MPI), and each leader broadcasts
+   the result on its node (xhc).
+2. Reduce: each node reduces to its leader, into the root's receive
+   buffer where the root leads, else into scratch; the leaders reduce to
+   the leader of the root's node (MPI), which sends the result on to the
+   root if that is another rank of its node.
+3. Bcast: the root's node broadcasts from the root (xhc), the leaders
+   from the leader of the root's node (MPI), and every other node from
+   its leader (xhc).
+4. Barrier: an xhc Barrier on each node, an MPI Barrier among the
+   leaders, and another xhc Barrier on each node, which none leaves
+   before its leader has left the leaders'.
+
+Every rank knows each rank's node and its rank there (gathered once), so
+each call needs no exchange beyond its three steps.
+"""
+from mpi4py import MPI
+
+from ._xhc import ffi, lib
+
+_TAG = 1  # the node communicator is private: no user message shares it
+_IEEE = {(op, dtype): None for op in (lib.XHC_MIN, lib.XHC_MAX)
+         for dtype in (lib.XHC_FLOAT32, lib.XHC_FLOAT64)}
+
+
+def between_nodes(op, op_code, dtype_code):
+    """The MPI op the leaders reduce with: OP, but for float MIN and MAX,
+    where MPI keeps whichever operand `<` picks (it may drop a NaN), an op
+    that folds with xhc's kernels, IEEE 754's minimum and maximum, as the
+    nodes themselves do."""
+    key = (op_code, dtype_code)
+    if key not in _IEEE:
+        return op
+    if _IEEE[key] is None:
+        size = lib.xhc_dtype_size(dtype_code)
+
+        def fold(inbuf, inoutbuf, datatype):
+            inout = ffi.from_buffer(inoutbuf, require_writable=True)
+            lib.xhc_fold_into(inout, ffi.from_buffer(inbuf),
+                              len(inout) // size, dtype_code, op_code)
+        _IEEE[key] = MPI.Op.Create(fold, commute=True)
+    return _IEEE[key]
+
+
+def node_parts(comm, split):
+    """COMM's ranks on this rank's node, in COMM's order; with SPLIT > 1,
+    in SPLIT consecutive blocks of them, each then counted as a node."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    if split == 1:
+        return node
+    try:
+        return node.Split(node.rank * split // node.size, key=node.rank)
+    finally:
+        node.Free()
+
+
+class Nodes:
+    """The collectives of COMM over NODE (this rank's node, from
+    node_parts) and INNER (an xhc.Comm of NODE)."""
+
+    def __init__(self, comm, node, inner):
+        self.node, self.inner = node, inner
+        self.rank = comm.rank
+        self.leads = node.rank == 0
+        self.leaders = comm.Split(0 if self.leads else MPI.UNDEFINED,
+                                  key=comm.rank)
+        # My node's number: its leader's rank among the leaders.
+        self.index = node.bcast(self.leaders.rank if self.leads else None)
+        # Per rank of COMM: (its node's number, its rank on that node).
+        self.where = comm.allgather((self.index, node.rank))
+        self.count = len({index for index, _ in self.where})
+
+    def Barrier(self):
+        self.inner.Barrier()
+        if self.leads:
+            self.leaders.Barrier()
+        self.inner.Barrier()
+
+    def Bcast(self, buf, root):
+        home, local = self.where[root]
+        if self.index == home:
+            self.inner.Bcast(buf, local)
+        if self.leads:
+            self.leaders.Bcast(buf, home)
+        if self.index != home:
+            self.inner.Bcast(buf, 0)
+
+    def Allreduce(self, sendbuf, recvbuf, ops, inplace):
+        """OPS: the op within nodes, and between them (between_nodes)."""
+        op, across = ops
+        if self.leads:
+            self.inner.Reduce(MPI.IN_PLACE if inplace else sendbuf, recvbuf,
+                              op, 0)
+            self.leaders.Allreduce(MPI.IN_PLACE, recvbuf, across)
+        else:
+            self.inner.Reduce(recvbuf if inplace else sendbuf, None, op, 0)
+        self.inner.Bcast(recvbuf, 0)
+
+    def Reduce(self, sendbuf, recvbuf, ops, root, inplace, scratch):
+        """OPS as for Allreduce; INPLACE: the root's IN_PLACE.  SCRATCH()
+        makes a contiguous array of the message's type and count, where a
+        leader other than the root gathers its node's part."""
+        op, across = ops
+        home, local = self.where[root]
+        is_root = self.rank == root
+        mine = recvbuf if inplace else sendbuf
+        if not self.leads:
+            self.inner.Reduce(mine, None, op, 0)
+        else:
+            part = recvbuf if is_root else scratch()
+            self.inner.Reduce(MPI.IN_PLACE if inplace else mine, part, op,
+                              0)
+            gathers = self.index == home
+            self.leaders.Reduce(MPI.IN_PLACE if gathers else part,
+                                part if gathers else None, across, home)
+            if gathers and not is_root:
+                self.node.Send(part, dest=local, tag=_TAG)
+        if is_root and not self.leads:
+            self.node.Recv(recvbuf, source=0, tag=_TAG)
+
+    def free(self):
+        """Release the node's xhc.Comm and the two communicators."""
+        self.inner.free()
+        for comm in (self.leaders, self.node):
+            if comm != MPI.COMM_NULL and not MPI.Is_finalized():
+                comm.Free()
