@@ -169,6 +169,7 @@ class Comm(HotComm):
         self._fallbacks = 0
         self._why = ""
         self._nodes = None  # for a communicator that spans several nodes
+        self._runs = {}  # its calls, kept as plans are (_kept_run)
         self.xhc_info = {}
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL \
                 or comm.Is_inter():
@@ -273,14 +274,16 @@ class Comm(HotComm):
                           RuntimeWarning, stacklevel=_user_level())
 
     def _fallback(self, name, *args):
-        if self._nodes is not None:
-            blocking = name[:-5] if name.endswith("_init") else name
-            run = self._across_nodes(blocking, args[:_ACROSS[blocking]])
-            if run is not None and blocking != name:
-                return Request(run, name, self)
+        if self._nodes is not None and name in _ACROSS:
+            run = self._kept_run(name, args)
             if run is not None:
                 run()
                 return None
+        elif self._nodes is not None:  # a *_init
+            blocking = name[:-5]
+            run = self._across_nodes(blocking, args[:_ACROSS[blocking]])
+            if run is not None:
+                return Request(run, name, self)
         return self._to_mpi4py(name, *args)
 
     def _to_mpi4py(self, name, *args):
@@ -295,6 +298,24 @@ class Comm(HotComm):
     # The buffers are resolved and checked first, as for a plan, and the
     # collective then runs on their contiguous memory (staged ones are
     # loaded before and stored after), which xhc and MPI alike take.
+
+    def _kept_run(self, name, args):
+        """_across_nodes(NAME, ARGS), kept for the next call with the same
+        arrays, as a plan is: resolving and checking them costs several
+        times what the steps do.  Kept only for plain arrays (an array
+        this holds cannot be resized, as numpy refuses while it is
+        referenced), and used again only while each has the dtype, shape,
+        strides and writability it had."""
+        key = (name, *map(id, args))
+        kept = self._runs.get(key)
+        if kept is not None and kept[0] == _run_key(args):
+            return kept[1]
+        run = self._across_nodes(name, args)
+        if run is not None and all(type(a) in _KEEPABLE for a in args):
+            if len(self._runs) >= _CACHE_MAX:
+                self._runs.clear()
+            self._runs[key] = (_run_key(args), run)
+        return run
 
     def _across_nodes(self, name, args):
         """A callable that runs collective NAME on ARGS over the nodes
@@ -573,7 +594,7 @@ class Comm(HotComm):
 
     def _forget_plans(self):
         for plans in (self._bcast_plans, self._allreduce_plans,
-                      self._reduce_plans):
+                      self._reduce_plans, self._runs):
             plans.clear()
         self._plan_bytes = 0
 
@@ -1178,6 +1199,17 @@ def _kept(plan, nargs):
     held = tuple(b if b is None or isinstance(b.obj, np.ndarray) else None
                  for b in plan[first:last])
     return plan[:first] + held + plan[last:]
+
+
+# What _kept_run may keep a call of: arrays, and arguments that are not
+# buffers (an op, a root, IN_PLACE or None).
+_KEEPABLE = {np.ndarray, MPI.Op, int, type(MPI.IN_PLACE), type(None)}
+
+
+def _run_key(args):
+    """ARGS themselves, and what each array had, for _kept_run."""
+    return tuple((a, a.dtype, a.shape, a.strides, a.flags.writeable)
+                 if type(a) is np.ndarray else a for a in args)
 
 
 def _filled(step, wanted=True):

@@ -2786,6 +2786,7 @@ def suite_spanning(xcomm, comm, v, sz, args):
     persistent_calls(xcomm, comm, v)
     usage_errors(v, xcomm, comm)
     bad_buffer_on_one_rank(xcomm, comm, v)
+    kept_runs(xcomm, comm, v)
     node_shared_arrays(xcomm, comm, v, parts)
     v.check("spanning: no fallback", xcomm.stats["fallback"] == 0,
             f"stats: {xcomm.stats}")
@@ -2820,6 +2821,29 @@ def bad_buffer_on_one_rank(xcomm, comm, v):
         if err is None and not np.all(out == n * (n + 1) / 2):
             err = f"then an Allreduce gave {out}"
         v.case(f"spanning: {what} with a bad buffer on rank {last}", err)
+
+
+def kept_runs(xcomm, comm, v):
+    """A call over several nodes is kept for the same arrays, and made
+    anew once one of them changes dtype or writability in place."""
+    n, rank = comm.size, comm.rank
+    a, b = np.zeros(4), np.zeros(4)
+    xcomm._runs.clear()
+    for step in range(3):
+        a[:] = rank + step
+        xcomm.Allreduce(a, b)
+        v.case(f"spanning: Allreduce #{step} of the same arrays",
+               None if np.all(b == sum(range(n)) + n * step) else f"got {b}")
+    v.check("spanning: one kept call for the same arrays",
+            len(xcomm._runs) == 1, f"{len(xcomm._runs)} kept")
+    a.dtype = b.dtype = np.int64  # the same memory, read as integers
+    a[:] = 3 << 52  # as float64, a normal number: its sum differs
+    xcomm.Allreduce(a, b)
+    v.case("spanning: Allreduce after the arrays' dtype changed in place",
+           None if np.all(b == n * (3 << 52)) else f"got {b}")
+    b.flags.writeable = False
+    v.case("spanning: Allreduce into an array made read-only raises",
+           raises(ValueError, xcomm.Allreduce, a, b))
 
 
 def node_shared_arrays(xcomm, comm, v, parts):
