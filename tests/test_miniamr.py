@@ -45,10 +45,10 @@ def load(path):
         return json.load(f)
 
 
-def run(n, coll, tmp_path):
+def run(n, coll, tmp_path, env=None):
     out = tmp_path / f"miniamr-{coll}-{n}.json"
     run_mpi(n, ["-m", "bench.miniamr", "--coll", coll, *decomp_args(n),
-                *PROBLEM, "--json", str(out)], timeout=120)
+                *PROBLEM, "--json", str(out)], timeout=120, env=env)
     return load(out)
 
 
@@ -244,6 +244,19 @@ def test_modes_agree(n, tmp_path, serial):
     # ...and in fact exact: block sums are rounded to a fixed-point grid
     # before the Allreduce, so the decomposition does not matter either
     assert values(mpi) == ref
+
+
+def test_several_nodes_agree_with_mpi(tmp_path):
+    """Over several nodes (this machine's 4 ranks counted as 2 nodes),
+    xhc's collectives give miniAMR every checksum MPI's give, bit for
+    bit, and none falls back."""
+    mpi = run(4, "mpi", tmp_path)
+    xhc = run(4, "xhc", tmp_path, env={"XHC_SPLIT_NODES": "2"})
+    assert mpi["checksums"] == xhc["checksums"]
+    assert mpi["final_checksum_hex"] == xhc["final_checksum_hex"]
+    paths = xhc["xhc_paths"]
+    assert paths.get("fallback", 0) == 0, paths
+    assert sum(v for k, v in paths.items() if k != "fallback") > 0, paths
 
 
 def test_compare_catches_a_wrong_checksum():
