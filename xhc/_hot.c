@@ -963,11 +963,38 @@ static PyObject *bind_plain(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* kept_holds(guard, args): does every array that GUARD (the address of
+ * a guard of arrays alone, made by _guard in xhc/comm.py) names among
+ * the tuple ARGS still have what it had?  For the calls that a
+ * communicator over several nodes keeps in Python (_kept_run there). */
+static PyObject *kept_holds(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *addr, *argv;
+    if (!PyArg_ParseTuple(args, "OO!", &addr, &PyTuple_Type, &argv))
+        return NULL;
+    const uintptr_t *g = PyLong_AsVoidPtr(addr);
+    if (!g)
+        return PyErr_Occurred() ? NULL : PyBool_FromLong(0);
+    for (uintptr_t i = 0; i < g[0]; i++) {
+        const uintptr_t *e = g + 1 + 6 * i;
+        if (e[0] >= (uintptr_t)PyTuple_GET_SIZE(argv))
+            Py_RETURN_FALSE;
+        PyObject *obj = PyTuple_GET_ITEM(argv, (Py_ssize_t)e[0]);
+        if (!e[2] || !plain.ndarray || Py_TYPE(obj) != plain.ndarray
+            || !array_holds(e, (const ndarray_head *)obj))
+            Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef module_methods[] = {
     {"bind_plain", bind_plain, METH_VARARGS,
      "Bind the table of plain arrays' dtypes and ops."},
     {"set_progress", set_progress, METH_O,
      "Set what progress_hook calls: the MPI library's progress."},
+    {"kept_holds", kept_holds, METH_VARARGS,
+     "Do the arrays a guard names still have what they had?"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from . import _core, config, debug, hierarchy, nodes, topology
 from ._hot import (HotComm, HotRequest, bind_plain, block_hook,
-                   progress_hook, set_progress)
+                   kept_holds, progress_hook, set_progress)
 from ._xhc import ffi, lib
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
                       numpy_dtype, plain_tables, predefined, resolve)
@@ -274,10 +274,12 @@ class Comm(HotComm):
                           RuntimeWarning, stacklevel=_user_level())
 
     def _fallback(self, name, *args):
+        if self._state == "freed":  # by another thread, since _usable()
+            raise XhcError("xhc.Comm already freed")
         if self._nodes is not None and name in _ACROSS:
             run = self._kept_run(name, args)
             if run is not None:
-                run()
+                self._in_core(run)
                 return None
         elif self._nodes is not None:  # a *_init
             blocking = name[:-5]
@@ -301,21 +303,35 @@ class Comm(HotComm):
 
     def _kept_run(self, name, args):
         """_across_nodes(NAME, ARGS), kept for the next call with the same
-        arrays, as a plan is: resolving and checking them costs several
-        times what the steps do.  Kept only for plain arrays (an array
-        this holds cannot be resized, as numpy refuses while it is
-        referenced), and used again only while each has the dtype, shape,
-        strides and writability it had."""
+        arrays, as a plan is (resolving and checking them costs several
+        times what the steps do), within the plans' budget, and used again
+        only while each array passes a plan's guard: the same memory,
+        dtype, size, contiguity and writability (kept_holds)."""
         key = (name, *map(id, args))
-        kept = self._runs.get(key)
-        if kept is not None and kept[0] == _run_key(args):
-            return kept[1]
+        kept = self._runs.get(key)  # holds ARGS: no other has their ids
+        if kept is not None and kept_holds(kept[2], args):
+            return kept[-1]
         run = self._across_nodes(name, args)
         if run is not None and all(type(a) in _KEEPABLE for a in args):
-            if len(self._runs) >= _CACHE_MAX:
-                self._runs.clear()
-            self._runs[key] = (_run_key(args), run)
+            self._keep_run(key, args, run)
         return run
+
+    def _keep_run(self, key, args, run):
+        """Keep RUN for ARGS under KEY, as _remember keeps a plan."""
+        nbytes = self._bytes_kept_alive(args)
+        self._runs.pop(key, None)
+        if nbytes > _CACHE_BYTES:
+            return
+        if (sum(kept[3] for kept in self._runs.values()) + nbytes
+                > _CACHE_BYTES or len(self._runs) >= _CACHE_MAX):
+            self._runs.clear()
+        written = 0 if key[0] == "Bcast" and args[1] == self._rank else 1
+        guard, dtypes = _guard([(i, a, i == written, None)
+                                for i, a in enumerate(args)
+                                if type(a) is np.ndarray])
+        if kept_holds(_address(guard), args):  # not a strided array's
+            self._runs[key] = (args, guard, _address(guard), nbytes, dtypes,
+                               run)
 
     def _across_nodes(self, name, args):
         """A callable that runs collective NAME on ARGS over the nodes
@@ -579,12 +595,16 @@ class Comm(HotComm):
         self._plan_bytes += plan[_NBYTES]
 
     def _held_bytes(self, *bufs):
-        """Bytes a plan of BUFS (Buffers, or None) keeps alive: all the
-        memory of each one's base (a view of a large array keeps all of
-        it), once each, but for Comm.empty memory, kept anyway."""
+        """Bytes a plan of BUFS (Buffers, or None) keeps alive."""
+        return self._bytes_kept_alive(None if b is None else b.obj
+                                      for b in bufs)
+
+    def _bytes_kept_alive(self, objs):
+        """Bytes that holding OBJS keeps alive: all the memory of each
+        one's base (a view of a large array keeps all of it), once each,
+        but for Comm.empty memory, kept anyway."""
         roots = {}
-        for b in bufs:
-            obj = None if b is None else b.obj
+        for obj in objs:
             while isinstance(obj, np.ndarray) and obj.base is not None:
                 obj = obj.base
             roots[id(obj)] = obj
@@ -803,9 +823,8 @@ class Comm(HotComm):
         if ctx:
             lib.xhc_ctx_close(ctx)
         self._keep.clear()
-        spanned, self._nodes = self._nodes, None
-        if spanned is not None:
-            spanned.free()
+        if self._nodes is not None:  # kept: a call under way may hold it
+            self._nodes.free()
 
     def __enter__(self):
         return self
@@ -1204,12 +1223,6 @@ def _kept(plan, nargs):
 # What _kept_run may keep a call of: arrays, and arguments that are not
 # buffers (an op, a root, IN_PLACE or None).
 _KEEPABLE = {np.ndarray, MPI.Op, int, type(MPI.IN_PLACE), type(None)}
-
-
-def _run_key(args):
-    """ARGS themselves, and what each array had, for _kept_run."""
-    return tuple((a, a.dtype, a.shape, a.strides, a.flags.writeable)
-                 if type(a) is np.ndarray else a for a in args)
 
 
 def _filled(step, wanted=True):

@@ -125,7 +125,8 @@ class Nodes:
             self.node.Recv(recvbuf, source=0, tag=_TAG)
 
     def free(self):
-        """Release the node's xhc.Comm and the two communicators."""
+        """Release the node's xhc.Comm and the two communicators; again,
+        nothing."""
         self.inner.free()
         for comm in (self.leaders, self.node):
             if comm != MPI.COMM_NULL and not MPI.Is_finalized():

@@ -2844,6 +2844,61 @@ def kept_runs(xcomm, comm, v):
     b.flags.writeable = False
     v.case("spanning: Allreduce into an array made read-only raises",
            raises(ValueError, xcomm.Allreduce, a, b))
+    b = np.zeros(4, np.int64)
+    xcomm.Allreduce(a, b)
+    b.resize(1 << 20, refcheck=False)  # its memory moves ...
+    b.resize(4, refcheck=False)        # ... and it looks as it did
+    xcomm.Allreduce(a, b)
+    v.case("spanning: Allreduce into an array resized away and back",
+           None if np.all(b == n * (3 << 52)) else f"got {b}")
+    kept_within_budget(xcomm, comm, v)
+    free_while_a_call_waits(xcomm, comm, v)
+
+
+def kept_within_budget(xcomm, comm, v):
+    """Kept calls hold their arrays within the plans' byte budget."""
+    import gc
+    import weakref
+    budget = xhc.comm._CACHE_BYTES
+    xhc.comm._CACHE_BYTES = 1 << 20
+    try:
+        alive = []
+        for _ in range(6):
+            a, b = np.ones(1 << 15), np.zeros(1 << 15)  # 512 KiB together
+            xcomm.Allreduce(a, b)
+            alive += [weakref.ref(a), weakref.ref(b)]
+            del a, b
+        gc.collect()
+        held = sum(r() is not None for r in alive)
+        v.case("spanning: kept calls hold at most the budget's arrays",
+               None if held <= 4 else f"{held} arrays of 256 KiB alive")
+    finally:
+        xhc.comm._CACHE_BYTES = budget
+
+
+def free_while_a_call_waits(xcomm, comm, v):
+    """Rank 0's free() while its other thread waits in a collective (the
+    others come late) raises, and leaves the object whole."""
+    import threading
+    other = xhc.Comm(comm)
+    a = np.ones(4)
+    done = []
+    err = None
+    if comm.rank == 0:
+        t = threading.Thread(
+            target=lambda: done.append(other.Allreduce(MPI.IN_PLACE, a)))
+        t.start()
+        time.sleep(0.2)
+        err = raises(xhc.XhcError, other.free)
+        t.join(30)
+    else:
+        time.sleep(0.5)
+        other.Allreduce(MPI.IN_PLACE, a)
+    other.Allreduce(MPI.IN_PLACE, a)
+    v.case("spanning: free() while another thread's call waits raises, "
+           "and calls go on", err or (None if np.all(a == comm.size ** 2)
+                                     else f"got {a}"))
+    other.free()
 
 
 def node_shared_arrays(xcomm, comm, v, parts):
