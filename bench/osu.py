@@ -739,6 +739,9 @@ def header_lines(run):
              f"ranks: {doc['ranks']}", f"{what}.", f"mpi: {doc['mpi']}"]
     if doc["copy"]:
         lines.append(f"xhc copy: {doc['copy']} (large private buffers)")
+    if doc["nodes"] > 1:
+        lines.append(f"xhc nodes: {doc['nodes']} (xhc inside each, the MPI "
+                     "between them)")
     lines += [f"env: {k}={v}" for k, v in doc["env"].items()]
     sync = ("the plain MPI Barrier" if o.sync == "mpi"
             else "each implementation's own Barrier")
@@ -771,6 +774,8 @@ def new_doc(run, opts):
             "units": "us", "mpi": mpi_description(), "env": env_settings(),
             "copy": next((im.comm.xhc_info.get("copy") for im in run.impls
                           if im.key == "xhc"), None),
+            "nodes": next((im.comm.xhc_info.get("nodes", 1)
+                           for im in run.impls if im.key == "xhc"), 1),
             "buffers": {im.key: "shared (xcomm.empty)"
                         if im.key == "xhc" and opts.shm else "private (np.empty)"
                         for im in run.impls},

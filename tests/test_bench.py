@@ -30,13 +30,13 @@ def crowded(n):
     return n > len(os.sched_getaffinity(0))
 
 
-def run_osu(op, tmp_path, *extra, sizes="8:64K", impl=IMPL):
+def run_osu(op, tmp_path, *extra, sizes="8:64K", impl=IMPL, env=None):
     """Run bench.osu OP on 2 ranks; return (stdout, JSON document)."""
     path = str(tmp_path / f"{op}.json")
     args = ["-m", "bench.osu", op, *QUICK, "--impl", impl, "--json", path]
     if sizes:
         args += ["-m", sizes]
-    proc = run_mpi(2, args + list(extra), timeout=120)
+    proc = run_mpi(2, args + list(extra), timeout=120, env=env)
     with open(path, encoding="utf-8") as f:
         return proc.stdout, json.load(f)
 
@@ -72,6 +72,19 @@ def test_osu_sized(op, tmp_path):
     assert [r["size"] for r in doc["reference"]] == [65536]
     assert all(r["memcpy_us"] > 0 and r["add_us"] > 0
                for r in doc["reference"])
+
+
+def test_osu_over_two_nodes(tmp_path):
+    """Counted as two nodes, the benchmark says so, and every result is
+    right."""
+    out, doc = run_osu("allreduce", tmp_path, env={"XHC_SPLIT_NODES": "2"})
+    check_doc(doc, SIZES)
+    assert doc["nodes"] == 2
+    assert "# xhc nodes: 2 (xhc inside each, the MPI between them)" in out
+    assert "# env: XHC_SPLIT_NODES=2" in out
+    assert out.count("Pass") == len(SIZES)
+    _, one = run_osu("barrier", tmp_path, sizes=None)
+    assert one["nodes"] == 1
 
 
 # Run bench.osu with one xhc collective, argv[1], doing nothing at all.
