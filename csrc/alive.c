@@ -6,10 +6,14 @@
  *    whether or not its parent has reaped it, and never stands for a
  *    later process that reuses the pid.
  * 2. Every later question is a poll of that pidfd that does not wait.
- * 3. Without a pidfd (a kernel before 5.3, no descriptor left), kill(pid,
- *    0) answers.  It takes an exited process that nobody has reaped (a
- *    zombie) for a live one, so a rank that waits on it waits out its
- *    timeout.
+ *    Before it says "gone", a null signal through it must show that it
+ *    is still a pidfd: a descriptor that someone else closed, and whose
+ *    number now names another file, is no longer taken for the peer's.
+ * 3. Without a pidfd, kill(pid, 0) answers: for good where the kernel has
+ *    none (before 5.3) or refuses it (a seccomp filter), until the next
+ *    question where no descriptor was left.  kill() takes an exited
+ *    process that nobody has reaped (a zombie) for a live one, so a rank
+ *    that waits on it waits out its timeout.
  */
 #include <errno.h>
 #include <poll.h>
@@ -48,12 +52,33 @@ static int xhc_pidfd(xhc_ctx_t *ctx, int peer)
     int fd = ctx->pidfds[peer];
     if (fd != XHC_PIDFD_UNOPENED)
         return fd;
-#ifdef SYS_pidfd_open
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_send_signal)
     fd = (int)syscall(SYS_pidfd_open, ctx->pids[peer], 0);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOMEM))
+        return XHC_PIDFD_NONE; /* for now: ask again next time */
 #endif
     /* A pid already gone gets no pidfd either: kill() then says so. */
     ctx->pidfds[peer] = fd >= 0 ? fd : XHC_PIDFD_NONE;
     return ctx->pidfds[peer];
+}
+
+/* Has the process of PIDFD (ours, opened on PEER) exited? */
+static int xhc_pidfd_exited(xhc_ctx_t *ctx, int peer, int pidfd)
+{
+    struct pollfd p = {.fd = pidfd, .events = POLLIN};
+    /* An interrupted poll tells nothing: ask again next time. */
+    if (poll(&p, 1, 0) != 1 || !(p.revents & POLLIN))
+        return 0;
+#ifdef SYS_pidfd_send_signal
+    /* Any answer but EBADF comes from a pidfd (a zombie takes the null
+     * signal): then its readability holds. */
+    if (syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0
+        || errno != EBADF)
+        return 1;
+#endif
+    /* Not a pidfd any more (not ours to close): kill() answers. */
+    ctx->pidfds[peer] = XHC_PIDFD_NONE;
+    return 0;
 }
 
 int xhc_peer_alive(xhc_ctx_t *ctx, int peer)
@@ -62,10 +87,7 @@ int xhc_peer_alive(xhc_ctx_t *ctx, int peer)
     if (pid <= 0)
         return 1; /* not known: only the timeout can tell */
     int fd = xhc_pidfd(ctx, peer);
-    if (fd >= 0) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        /* An interrupted poll tells nothing: ask again next time. */
-        return poll(&p, 1, 0) != 1 || !(p.revents & POLLIN);
-    }
+    if (fd >= 0)
+        return !xhc_pidfd_exited(ctx, peer, fd);
     return kill(pid, 0) == 0 || errno != ESRCH;
 }

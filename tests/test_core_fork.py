@@ -426,7 +426,18 @@ def test_ranks_that_refused_the_same_calls_wait_for_each_other():
                 lib.xhc_ctx_close(ctx1)
 
 
-@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
+def _have_pidfds():
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        return True
+    except (AttributeError, OSError):  # before Linux 5.3, or refused
+        return False
+
+
+@pytest.mark.parametrize("reaped", [
+    True, pytest.param(False, marks=pytest.mark.skipif(
+        not _have_pidfds(), reason="without pidfds a zombie looks alive"))],
+    ids=["reaped", "zombie"])
 def test_a_dead_peer_fails_fast_and_is_named(reaped):
     """Rank 1's process is gone, or has exited and waits to be reaped:
     XHC_ERR_PEER_GONE long before the timeout, although rank 1 never
@@ -460,6 +471,64 @@ def test_a_dead_peer_fails_fast_and_is_named(reaped):
                 lib.xhc_ctx_close(ctx1)
     # The core's descriptors on its peers' processes closed with it.
     assert set(os.listdir("/proc/self/fd")) == fds
+
+
+def _pidfds():
+    """This process's pidfds, by number."""
+    return [int(fd) for fd in os.listdir("/proc/self/fd")
+            if _link(fd) == "anon_inode:[pidfd]"]
+
+
+def _link(fd):
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfds")
+def test_a_pidfd_closed_by_someone_else_is_no_false_alarm():
+    """Other code closes the core's pidfd on a live peer, and a file of
+    its own takes the number: the waiting rank does not take the file's
+    readability for the peer's exit (kill() answers from then on), the
+    peer's real exit still ends the wait, and closing the context leaves
+    the file open."""
+    cfg = make_config(timeout=20.0)
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    reaped = []
+    try:
+        with Segment(2, cfg) as seg:
+            ctx0, ctx1 = _pair(seg, cfg, [os.getpid(), pid])
+            rc = []
+            waiter = threading.Thread(
+                target=lambda: rc.append(lib.xhc_barrier(ctx0)))
+            waiter.start()
+            deadline = time.monotonic() + 10
+            while not _pidfds() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            (fd,) = _pidfds()
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, fd)  # closes the pidfd: the number is the file's
+            os.close(null)
+            try:
+                time.sleep(0.5)
+                assert waiter.is_alive() and rc == [], rc
+                os.kill(pid, signal.SIGKILL)
+                reaped.append(os.waitpid(pid, 0))
+                waiter.join(10)
+                assert rc == [lib.XHC_ERR_PEER_GONE], rc
+                lib.xhc_ctx_close(ctx0)
+                lib.xhc_ctx_close(ctx1)
+                assert _link(fd) == os.devnull  # still the file's
+            finally:
+                os.close(fd)
+    finally:
+        if not reaped:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 def test_a_late_peer_is_waited_for_past_the_timeout():

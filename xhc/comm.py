@@ -1098,6 +1098,7 @@ class Request(HotRequest):
             status.source, status.tag = MPI.ANY_SOURCE, MPI.ANY_TAG
             status.error = MPI.SUCCESS
             status.Set_elements(MPI.BYTE, 0)
+            status.Set_cancelled(False)
         return True
 
     def __bool__(self):
@@ -1152,23 +1153,31 @@ class Request(HotRequest):
     @staticmethod
     def _all(mpi_all, requests, statuses):
         """Hand mpi4py's requests to MPI_ALL, which writes their statuses
-        into STATUSES' own objects; xhc's are complete once started.
-        STATUSES (a list, or None) grows to one per request, as mpi4py's."""
+        into STATUSES' own objects; xhc's are complete once started.  As
+        mpi4py's: STATUSES (a list or a tuple of MPI.Status, or None) is
+        filled as far as it goes, and a list grows to one per request."""
         requests = list(requests)
         if statuses is not None:
-            if not isinstance(statuses, list):
-                raise TypeError("statuses must be a list of MPI.Status or "
-                                f"None, not {type(statuses).__name__}")
-            statuses.extend(MPI.Status()
-                            for _ in range(len(requests) - len(statuses)))
+            _check_statuses(statuses)
+            if isinstance(statuses, list):
+                statuses.extend(MPI.Status() for _ in
+                                range(len(requests) - len(statuses)))
+        filled = 0 if statuses is None else min(len(statuses), len(requests))
         theirs = [i for i, req in enumerate(requests)
                   if not isinstance(req, Request)]
         done = mpi_all([requests[i] for i in theirs], None if statuses is
-                       None else [statuses[i] for i in theirs])
-        if statuses is not None:
-            for i in set(range(len(requests))).difference(theirs):
-                Request._fill(statuses[i])
+                       None else [statuses[i] for i in theirs if i < filled])
+        for i in set(range(filled)).difference(theirs):
+            Request._fill(statuses[i])
         return done
+
+
+def _check_statuses(statuses):
+    """Raise TypeError unless STATUSES is a list or tuple of MPI.Status."""
+    if not isinstance(statuses, (list, tuple)) or not all(
+            isinstance(st, MPI.Status) for st in statuses):
+        raise TypeError("statuses must be a list (or tuple) of MPI.Status, "
+                        f"or None, not {statuses!r}")
 
 
 def _check_op(s, op, name):

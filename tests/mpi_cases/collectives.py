@@ -2275,12 +2275,14 @@ def persistent_calls(xcomm, comm, v):
            None if done == [True] * len(reqs) else f"got {done}")
     status = MPI.Status()
     status.source, status.tag = 5, 6
+    status.Set_cancelled(True)
     reqs[2].Wait(status)
     v.case("Wait(status) gives an empty status, as MPI",
            None if (status.source, status.tag, status.error,
-                    status.Get_count(MPI.BYTE)) ==
-           (MPI.ANY_SOURCE, MPI.ANY_TAG, MPI.SUCCESS, 0) else
-           f"got {status.source}, {status.tag}, {status.error}")
+                    status.Get_count(MPI.BYTE), status.Is_cancelled()) ==
+           (MPI.ANY_SOURCE, MPI.ANY_TAG, MPI.SUCCESS, 0, False) else
+           f"got {status.source}, {status.tag}, {status.error}, "
+           f"cancelled {status.Is_cancelled()}")
     v.case("Test('x') raises TypeError", raises(TypeError, reqs[2].Test, "x"))
     v.case("Wait('x') raises TypeError", raises(TypeError, reqs[2].Wait, "x"))
     v.case("a live request is not MPI.REQUEST_NULL",
@@ -2339,8 +2341,13 @@ def mixed_waits(v, comm, reqs, wait_all, name):
     v.case(f"{name}: one status per request, filled in place",
            None if len(statuses) == 4 and statuses[0] is mine and
            got[:2] == want and got[2] == want[0] else f"got {got}")
-    v.case(f"{name}: a tuple of statuses raises TypeError",
-           raises(TypeError, wait_all, reqs[:1], ()))
+    held = (MPI.Status(),)
+    held[0].tag = 6
+    wait_all(reqs[:2], held)
+    v.case(f"{name}: a tuple of statuses is filled as far as it goes",
+           None if held[0].tag == MPI.ANY_TAG else f"tag {held[0].tag}")
+    v.case(f"{name}: a status that is None raises TypeError",
+           raises(TypeError, wait_all, reqs[:1], [None]))
 
 
 # -- sequence numbers through zero -------------------------------------------
