@@ -2895,11 +2895,14 @@ def free_while_a_call_waits(xcomm, comm, v):
         t = threading.Thread(
             target=lambda: done.append(other.Allreduce(MPI.IN_PLACE, a)))
         t.start()
-        time.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while not other._hot_busy(0) and time.monotonic() < deadline:
+            time.sleep(0.001)  # until the call is under way
         err = raises(xhc.XhcError, other.free)
+        comm.bcast("go")  # the others join the call only now
         t.join(30)
     else:
-        time.sleep(0.5)
+        comm.bcast(None)
         other.Allreduce(MPI.IN_PLACE, a)
     other.Allreduce(MPI.IN_PLACE, a)
     v.case("spanning: free() while another thread's call waits raises, "
