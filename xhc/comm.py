@@ -325,7 +325,9 @@ class Comm(HotComm):
         if (sum(kept[3] for kept in self._runs.values()) + nbytes
                 > _CACHE_BYTES or len(self._runs) >= _CACHE_MAX):
             self._runs.clear()
-        written = 0 if key[0] == "Bcast" and args[1] == self._rank else 1
+        # The argument the call writes: a Bcast's buffer but at the root,
+        # a reduction's receive buffer.
+        written = 0 if key[0] == "Bcast" and args[1] != self._rank else 1
         guard, dtypes = _guard([(i, a, i == written, None)
                                 for i, a in enumerate(args)
                                 if type(a) is np.ndarray])

@@ -2858,6 +2858,13 @@ def kept_runs(xcomm, comm, v):
     xcomm.Allreduce(a, b)
     v.case("spanning: Allreduce into an array resized away and back",
            None if np.all(b == n * (3 << 52)) else f"got {b}")
+    buf = np.arange(4.0) if rank == 0 else np.zeros(4)
+    xcomm.Bcast(buf, 0)
+    if rank != 0:
+        buf.flags.writeable = False
+    v.case("spanning: Bcast into an array made read-only raises there",
+           raises(ValueError, xcomm.Bcast, buf, 0) if rank != 0
+           else xcomm.Bcast(buf, 0))
     kept_within_budget(xcomm, comm, v)
     free_while_a_call_waits(xcomm, comm, v)
 
