@@ -309,31 +309,27 @@ class Comm(HotComm):
         dtype, size, contiguity and writability (kept_holds)."""
         key = (name, *map(id, args))
         kept = self._runs.get(key)  # holds ARGS: no other has their ids
-        if kept is not None and kept_holds(kept[2], args):
-            return kept[-1]
+        if kept is not None and kept_holds(kept[-2], args):
+            return kept[1]
         run = self._across_nodes(name, args)
         if run is not None and all(type(a) in _KEEPABLE for a in args):
             self._keep_run(key, args, run)
         return run
 
     def _keep_run(self, key, args, run):
-        """Keep RUN for ARGS under KEY, as _remember keeps a plan."""
-        nbytes = self._bytes_kept_alive(args)
-        self._runs.pop(key, None)
-        if nbytes > _CACHE_BYTES:
-            return
-        if (sum(kept[3] for kept in self._runs.values()) + nbytes
-                > _CACHE_BYTES or len(self._runs) >= _CACHE_MAX):
-            self._runs.clear()
+        """Keep RUN for ARGS under KEY, laid out as a plan's tail for
+        _remember: (ARGS, RUN, bytes kept alive, not kept (a strided
+        array, which no guard passes), (guard, dtypes), guard address)."""
         # The argument the call writes: a Bcast's buffer but at the root,
         # a reduction's receive buffer.
         written = 0 if key[0] == "Bcast" and args[1] != self._rank else 1
         guard, dtypes = _guard([(i, a, i == written, None)
                                 for i, a in enumerate(args)
                                 if type(a) is np.ndarray])
-        if kept_holds(_address(guard), args):  # not a strided array's
-            self._runs[key] = (args, guard, _address(guard), nbytes, dtypes,
-                               run)
+        address = _address(guard)
+        self._remember(self._runs, key, (
+            args, run, self._bytes_kept_alive(args),
+            not kept_holds(address, args), (guard, dtypes), address, None))
 
     def _across_nodes(self, name, args):
         """A callable that runs collective NAME on ARGS over the nodes
