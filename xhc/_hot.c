@@ -38,6 +38,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -710,7 +711,9 @@ static void hot_dealloc(HotComm *h)
  * runs the bound call in C, as a planned call does; Wait() has nothing to
  * wait for, since Start() completes the operation.  An unbound request
  * (freed, or staging its buffers in Python) starts through its Python
- * method _Start. */
+ * method _Start.  ACTIVE is MPI's state of a persistent request: set by
+ * a Start, cleared by the Wait or Test that completes it, so that
+ * Waitany and Waitsome pick each start once. */
 typedef struct {
     PyObject_HEAD
     xhc_run_fn run;          /* with CALL; or NULL and: */
@@ -718,6 +721,7 @@ typedef struct {
     void *call;
     void *ctx;
     HotComm *owner;          /* counts the call as under way; with CALL */
+    char active;             /* started, not yet waited for */
 } HotRequest;
 
 static PyTypeObject *hot_comm_type;  /* HotComm, made by hot_exec */
@@ -734,8 +738,10 @@ static PyObject *req_start(HotRequest *r, PyObject *unused)
     Py_INCREF(owner);  /* bound to the call until it returns */
     int rc = hot_invoke(owner, r->run, r->call, r->barrier, r->ctx);
     Py_DECREF(owner);
-    if (rc == 0)
+    if (rc == 0) {
+        r->active = 1;
         Py_RETURN_NONE;
+    }
     return PyObject_CallMethod((PyObject *)r, "_failed", "i", rc);
 }
 
@@ -752,9 +758,14 @@ static PyObject *req_wait(HotRequest *r, PyObject *const *args,
         PyErr_SetString(PyExc_TypeError, "Wait(status=None)");
         return NULL;
     }
+    PyObject *done = Py_True;
     if (n + nkw == 1 && args[0] != Py_None)
-        return PyObject_CallMethod((PyObject *)r, "_fill", "O", args[0]);
-    Py_RETURN_TRUE;
+        done = PyObject_CallMethod((PyObject *)r, "_fill", "O", args[0]);
+    else
+        Py_INCREF(done);
+    if (done)
+        r->active = 0;  /* completed: inactive, as MPI leaves it */
+    return done;
 }
 
 /* _hot_bind(owner, run, call, barrier, ctx): the xhc.Comm, then
@@ -788,6 +799,12 @@ static PyMethodDef req_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef req_members[] = {
+    {"_active", T_BOOL, offsetof(HotRequest, active), 0,
+     "Started and not yet completed by a Wait or a Test."},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static int req_traverse(HotRequest *r, visitproc visit, void *arg)
 {
     Py_VISIT(r->owner);
@@ -814,6 +831,7 @@ static void req_dealloc(HotRequest *r)
 static PyType_Slot req_slots[] = {
     {Py_tp_doc, "The Start and Wait of xhc's persistent collectives."},
     {Py_tp_methods, req_methods},
+    {Py_tp_members, req_members},
     {Py_tp_traverse, req_traverse},
     {Py_tp_clear, req_clear},
     {Py_tp_dealloc, req_dealloc},

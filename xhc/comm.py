@@ -14,7 +14,7 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from . import _core, config, debug, hierarchy, nodes, topology
+from . import _core, completion, config, debug, hierarchy, nodes, topology
 from ._hot import (HotComm, HotRequest, bind_plain, block_hook,
                    kept_holds, progress_hook, set_progress)
 from ._xhc import ffi, lib
@@ -1052,6 +1052,7 @@ class Request(HotRequest):
         rc = self._xcomm._in_core(call)
         if rc:
             self._failed(rc)
+        self._active = True
 
     def _failed(self, rc):
         self._xcomm._raise(rc, self._what)
@@ -1060,23 +1061,23 @@ class Request(HotRequest):
         self._xcomm._withdraw()
 
     def Test(self, status=None):
-        """True: Start() completed the operation."""
-        return self._fill(status)
+        """True: Start() completed the operation, which is now inactive."""
+        return self.Wait(status)
 
     def Get_status(self, status=None):
-        """True: Start() completed the operation."""
+        """True: Start() completed the operation (it stays active)."""
         return self._fill(status)
 
     get_status = Get_status
 
     def wait(self, status=None):
         """None, as mpi4py's wait() of a request that receives no object."""
-        self._fill(status)
+        self.Wait(status)
 
     def test(self, status=None):
         """(True, None), as mpi4py's test() of a completed request that
         receives no object."""
-        return self._fill(status), None
+        return self.Wait(status), None
 
     def Cancel(self):
         """Refuse: MPI makes cancelling a collective erroneous."""
@@ -1085,19 +1086,7 @@ class Request(HotRequest):
 
     cancel = Cancel
 
-    @staticmethod
-    def _fill(status):
-        """True, and STATUS (an MPI.Status, or None) filled as MPI fills
-        one for a completed collective: empty."""
-        if status is not None:
-            if not isinstance(status, MPI.Status):
-                raise TypeError("status must be an MPI.Status or None, not "
-                                f"{type(status).__name__}")
-            status.source, status.tag = MPI.ANY_SOURCE, MPI.ANY_TAG
-            status.error = MPI.SUCCESS
-            status.Set_elements(MPI.BYTE, 0)
-            status.Set_cancelled(False)
-        return True
+    _fill = staticmethod(completion.fill_empty)  # for _hot.c's Wait
 
     def __bool__(self):
         """False once freed, as an mpi4py request."""
@@ -1129,6 +1118,7 @@ class Request(HotRequest):
     def _release(self):
         """Unbind; drop the buffers and the plan."""
         self._hot_bind(self._xcomm, 0, 0, 0, 0)
+        self._active = False
         self._call = None
         self._plan = None
 
@@ -1138,44 +1128,12 @@ class Request(HotRequest):
         for req in requests:
             req.Start()
 
-    @staticmethod
-    def Waitall(requests, statuses=None):
-        """MPI.Request.Waitall for a list that may hold xhc's requests."""
-        return Request._all(MPI.Request.Waitall, requests, statuses)
 
-    @staticmethod
-    def Testall(requests, statuses=None):
-        """MPI.Request.Testall for a list that may hold xhc's requests."""
-        return Request._all(MPI.Request.Testall, requests, statuses)
-
-    @staticmethod
-    def _all(mpi_all, requests, statuses):
-        """Hand mpi4py's requests to MPI_ALL, which writes their statuses
-        into STATUSES' own objects; xhc's are complete once started.  As
-        mpi4py's: STATUSES (a list or a tuple of MPI.Status, or None) is
-        filled as far as it goes, and a list grows to one per request."""
-        requests = list(requests)
-        if statuses is not None:
-            _check_statuses(statuses)
-            if isinstance(statuses, list):
-                statuses.extend(MPI.Status() for _ in
-                                range(len(requests) - len(statuses)))
-        filled = 0 if statuses is None else min(len(statuses), len(requests))
-        theirs = [i for i, req in enumerate(requests)
-                  if not isinstance(req, Request)]
-        done = mpi_all([requests[i] for i in theirs], None if statuses is
-                       None else [statuses[i] for i in theirs if i < filled])
-        for i in set(range(filled)).difference(theirs):
-            Request._fill(statuses[i])
-        return done
-
-
-def _check_statuses(statuses):
-    """Raise TypeError unless STATUSES is a list or tuple of MPI.Status."""
-    if not isinstance(statuses, (list, tuple)) or not all(
-            isinstance(st, MPI.Status) for st in statuses):
-        raise TypeError("statuses must be a list (or tuple) of MPI.Status, "
-                        f"or None, not {statuses!r}")
+# Waitall, Waitany, ..., testsome: over lists that may mix xhc's requests
+# with mpi4py's, as mpi4py's class methods of the same names.
+for _name in completion.CALLS:
+    setattr(Request, _name, staticmethod(getattr(completion, _name)))
+del _name
 
 
 def _check_op(s, op, name):

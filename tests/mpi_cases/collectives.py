@@ -2298,6 +2298,12 @@ def persistent_calls(xcomm, comm, v):
            raises(AttributeError, getattr, xhc, "Bogus"))
     for name in ("Waitall", "Testall"):
         mixed_waits(v, comm, reqs, getattr(xhc.Request, name), name)
+    for name in ("Waitany", "Testany", "waitany", "testany"):
+        any_waits(v, comm, reqs, name)
+    for name in ("Waitsome", "Testsome", "waitsome", "testsome"):
+        some_waits(v, comm, reqs, name)
+    lowercase_alls(v, comm, reqs)
+    active_states(v, comm, reqs)
     for req in reqs:
         req.Free()
     v.case("persistent request started after Free raises",
@@ -2306,6 +2312,9 @@ def persistent_calls(xcomm, comm, v):
            raises(xhc.XhcError, reqs[2].Free))
     v.case("a freed request is MPI.REQUEST_NULL",
            None if reqs[2] == MPI.REQUEST_NULL else "not equal")
+    got = (xhc.Request.Waitany(reqs), xhc.Request.Testsome(reqs))
+    v.case("freed requests count as inactive",
+           None if got == (MPI.UNDEFINED, None) else f"got {got}")
     freed_requests_let_go(v, xcomm, comm)
     other = xhc.Comm(comm)
     req = other.Allreduce_init(send, recv)
@@ -2348,6 +2357,133 @@ def mixed_waits(v, comm, reqs, wait_all, name):
            None if held[0].tag == MPI.ANY_TAG else f"tag {held[0].tag}")
     v.case(f"{name}: a status that is None raises TypeError",
            raises(TypeError, wait_all, reqs[:1], [None]))
+
+
+def self_pair(comm, tag, pickled=False):
+    """[receive, send] of one message from this rank to itself, both
+    complete (the message has arrived), and what is sent."""
+    rank = comm.rank
+    sent = {"from": rank, "tag": tag} if pickled else np.arange(3.0) + rank
+    if pickled:
+        send = comm.isend(sent, dest=rank, tag=tag)
+        comm.Probe(source=rank, tag=tag)
+        return [comm.irecv(source=rank, tag=tag), send], sent, None
+    recv = np.zeros(3)
+    send = comm.Isend(sent, dest=rank, tag=tag)
+    comm.Probe(source=rank, tag=tag)
+    return [comm.Irecv(recv, source=rank, tag=tag), send], sent, recv
+
+
+def any_waits(v, comm, reqs, name):
+    """Waitany and its kin take each started request of xhc's once, first
+    in the list, then mpi4py's, then give MPI.UNDEFINED."""
+    wait_any = getattr(xhc.Request, name)
+    lower = name.islower()
+    theirs, sent, recv = self_pair(comm, 9, pickled=lower)
+    reqs[2].Start()
+    reqs[0].Start()
+    mixed = [reqs[2], theirs[0], reqs[0], theirs[1]]
+    order, objs, statuses = [], [], []
+    for _ in range(5):
+        st = MPI.Status()
+        st.tag = 6
+        got = wait_any(mixed, st)
+        got = got if isinstance(got, tuple) else (got,)
+        order.append(got[0])
+        objs.append(got[-1] if lower else None)
+        statuses.append((st.source, st.tag))
+        if name.startswith(("T", "t")) and got[1] is not True:
+            order.append("flag false")
+    empty = (MPI.ANY_SOURCE, MPI.ANY_TAG)
+    v.case(f"{name}: xhc's first, then mpi4py's, then MPI.UNDEFINED",
+           None if order[:2] == [0, 2] and sorted(order[2:4]) == [1, 3] and
+           order[4] == MPI.UNDEFINED else f"got {order}")
+    at = order.index(1) if 1 in order else 0
+    v.case(f"{name}: statuses empty for xhc's, the message's for mpi4py's",
+           None if statuses[:2] == [empty, empty] and statuses[4] == empty
+           and statuses[at] == (comm.rank, 9) else f"got {statuses}")
+    v.case(f"{name}: mpi4py's message arrives", None if (
+        objs[at] == sent if lower else np.array_equal(recv, sent))
+        else f"got {objs[at] if lower else recv}")
+
+
+def some_waits(v, comm, reqs, name):
+    """Waitsome and its kin return every started request of xhc's, with
+    what of mpi4py's is complete, each once; then None."""
+    wait_some = getattr(xhc.Request, name)
+    lower = name.islower()
+    theirs, sent, recv = self_pair(comm, 10, pickled=lower)
+    for req in reqs[:3]:
+        req.Start()
+    mixed = [theirs[0], reqs[2], theirs[1], reqs[0], reqs[3]]
+    seen, statuses, objs = [], [], {}
+    for _ in range(4):
+        st = []
+        got = wait_some(mixed, st)
+        indices, got_objs = got if lower else (got, None)
+        if indices is None:
+            seen.append(None)
+            break
+        seen.extend(indices)
+        statuses.extend((s.source, s.tag) for s in st[:len(indices)])
+        objs.update(zip(indices, got_objs or ()))
+    v.case(f"{name}: every active request once, then None",
+           None if seen[:2] == [1, 3] and sorted(seen[2:4]) == [0, 2] and
+           seen[4:] == [None] else f"got {seen}")
+    at = seen.index(0) if 0 in seen else 0
+    v.case(f"{name}: statuses in completion order",
+           None if len(statuses) == 4 and statuses[at] == (comm.rank, 10)
+           and statuses[0] == (MPI.ANY_SOURCE, MPI.ANY_TAG) else
+           f"got {statuses}")
+    v.case(f"{name}: mpi4py's message arrives", None if (
+        objs.get(0) == sent and objs.get(1, 0) is None if lower else
+        np.array_equal(recv, sent)) else f"got {objs if lower else recv}")
+    v.case(f"{name}: statuses that are not MPI.Status raise TypeError",
+           raises(TypeError, wait_some, mixed, "x"))
+    v.case(f"{name}: a request that is None raises TypeError",
+           raises(TypeError, wait_some, [reqs[2], None]))
+
+
+def lowercase_alls(v, comm, reqs):
+    """waitall and testall give mpi4py's objects, None for xhc's."""
+    for name in ("waitall", "testall"):
+        theirs, sent, _ = self_pair(comm, 11, pickled=True)
+        reqs[2].Start()
+        got = getattr(xhc.Request, name)([reqs[2], theirs[0], theirs[1]])
+        want = [None, sent, None]
+        v.case(f"{name}: mpi4py's objects, None for xhc's",
+               None if got == (want if name == "waitall" else (True, want))
+               else f"got {got}")
+
+
+def active_states(v, comm, reqs):
+    """A request is active from Start() to the Wait or Test that completes
+    it, as MPI's persistent requests; Testall that finds one of mpi4py's
+    incomplete leaves xhc's active."""
+    req = reqs[2]
+    req.Start()
+    req.Get_status()
+    first = xhc.Request.Waitany([req])
+    again = xhc.Request.Waitany([req])
+    v.case("Get_status() leaves a request active; Waitany completes it",
+           None if (first, again) == (0, MPI.UNDEFINED) else
+           f"got {first}, {again}")
+    for done in ("Wait", "Test", "wait", "test"):
+        req.Start()
+        getattr(req, done)()
+        got = (xhc.Request.Testany([req]), xhc.Request.Waitsome([req]))
+        v.case(f"{done}() makes a request inactive",
+               None if got == ((MPI.UNDEFINED, True), None) else f"got {got}")
+    rank = comm.rank
+    buf = np.zeros(1)
+    pending = comm.Irecv(buf, source=rank, tag=12)
+    req.Start()
+    flag = xhc.Request.Testall([req, pending])
+    left = xhc.Request.Waitany([pending, req])
+    comm.Send(np.ones(1), dest=rank, tag=12)
+    pending.Wait()
+    v.case("Testall that is False leaves xhc's requests active",
+           None if (flag, left) == (False, 1) else f"got {flag}, {left}")
 
 
 # -- sequence numbers through zero -------------------------------------------

@@ -1,0 +1,222 @@
+"""Completing lists of requests that mix xhc's persistent collectives with
+mpi4py's requests: Waitall, Waitany, Waitsome, their Test forms, and the
+lowercase forms that also return mpi4py's received objects.
+
+1. xhc's request completes inside Start(), so it is complete whenever it
+   is active: started, and not yet completed by a Wait or a Test (MPI's
+   state of a persistent request, kept in C as HotRequest._active).
+2. mpi4py's requests go to MPI's own call, on the sublist of them; the
+   indices MPI returns are mapped back into the whole list, and MPI
+   writes their statuses into the caller's own MPI.Status objects.
+3. Where some of xhc's are active, an any or some call takes them without
+   blocking: Waitany returns the first of them, Waitsome all of them and
+   whatever of mpi4py's MPI finds complete already (by Testsome).
+4. An inactive or freed request of xhc's counts as MPI counts an
+   inactive one: a list of such alone gives MPI.UNDEFINED (any) or None
+   (some), and an empty status.
+Statuses follow mpi4py: a list or tuple of MPI.Status, filled as far as
+it goes; a list grows to one per request (all) or per completion
+(some).
+"""
+
+from mpi4py import MPI
+
+from ._hot import HotRequest
+
+CALLS = ("Waitall", "Testall", "Waitany", "Testany", "Waitsome", "Testsome",
+         "waitall", "testall", "waitany", "testany", "waitsome", "testsome")
+
+
+def fill_empty(status):
+    """True, and STATUS (an MPI.Status, or None) filled as MPI fills one
+    for a completed collective or an inactive request: empty."""
+    if status is not None:
+        if not isinstance(status, MPI.Status):
+            raise TypeError("status must be an MPI.Status or None, not "
+                            f"{type(status).__name__}")
+        status.source, status.tag = MPI.ANY_SOURCE, MPI.ANY_TAG
+        status.error = MPI.SUCCESS
+        status.Set_elements(MPI.BYTE, 0)
+        status.Set_cancelled(False)
+    return True
+
+
+def _checked(statuses):
+    """STATUSES, unless it is not None nor a list or tuple of MPI.Status
+    (TypeError)."""
+    if statuses is not None and (not isinstance(statuses, (list, tuple))
+                                 or not all(isinstance(st, MPI.Status)
+                                            for st in statuses)):
+        raise TypeError("statuses must be a list (or tuple) of MPI.Status, "
+                        f"or None, not {statuses!r}")
+    return statuses
+
+
+def _grow(statuses, n):
+    """Grow a list of statuses to N entries, as mpi4py does."""
+    if isinstance(statuses, list):
+        statuses.extend(MPI.Status() for _ in range(n - len(statuses)))
+
+
+class _Split:
+    """A list of requests, split into mpi4py's (THEIRS, their indices)
+    and xhc's active ones (OURS, indices)."""
+
+    __slots__ = ("requests", "theirs", "ours")
+
+    def __init__(self, requests):
+        self.requests = requests = list(requests)
+        for req in requests:
+            if not isinstance(req, (HotRequest, MPI.Request)):
+                raise TypeError("requests must be xhc's or mpi4py's "
+                                f"requests, not {type(req).__name__}")
+        self.theirs = [i for i, req in enumerate(requests)
+                       if not isinstance(req, HotRequest)]
+        self.ours = [i for i, req in enumerate(requests)
+                     if isinstance(req, HotRequest) and req._active]
+
+    def their_requests(self):
+        return [self.requests[i] for i in self.theirs]
+
+    def complete(self, indices):
+        """Make xhc's requests at INDICES inactive."""
+        for i in indices:
+            self.requests[i]._active = False
+
+
+def _all(requests, statuses, mpi_all):
+    """(flag, objects): MPI_ALL(their requests, their statuses) gives
+    theirs; xhc's are complete, each with an empty status."""
+    split, statuses = _Split(requests), _checked(statuses)
+    n = len(split.requests)
+    _grow(statuses, n)
+    filled = 0 if statuses is None else min(len(statuses), n)
+    flag, objs = mpi_all(split.their_requests(), None if statuses is None
+                         else [statuses[i] for i in split.theirs
+                               if i < filled])
+    if not flag:
+        return False, None
+    ours = sorted(set(range(n)).difference(split.theirs))
+    split.complete(ours)
+    for i in ours:
+        if i < filled:
+            fill_empty(statuses[i])
+    got = [None] * n
+    for i, obj in zip(split.theirs, objs or ()):
+        got[i] = obj
+    return True, got
+
+
+def _any(requests, status, mpi_any):
+    """(index, flag, object): the first active request of xhc's, else
+    MPI_ANY(their requests, STATUS) mapped back."""
+    split = _Split(requests)
+    if split.ours or not split.theirs:
+        fill_empty(status)
+        if not split.ours:
+            return MPI.UNDEFINED, True, None
+        split.complete(split.ours[:1])
+        return split.ours[0], True, None
+    index, flag, obj = mpi_any(split.their_requests(), status)
+    return (index if index == MPI.UNDEFINED else split.theirs[index],
+            flag, obj)
+
+
+def _some(requests, statuses, mpi_some, mpi_test_some):
+    """(indices, objects): xhc's active requests, then those of theirs
+    that MPI_SOME (or, when xhc's give a completion already,
+    MPI_TEST_SOME) completes; (None, None) if none is active."""
+    split, statuses = _Split(requests), _checked(statuses)
+    k = len(split.ours)
+    _grow(statuses, k)
+    rest = None if statuses is None else list(statuses[k:])
+    got, objs = None, None
+    if split.theirs:
+        got, objs = (mpi_test_some if k else mpi_some)(
+            split.their_requests(), rest)
+    if got is None and not k:
+        return None, None
+    if isinstance(statuses, list):  # mpi4py grew REST to its completions
+        statuses.extend(rest[len(statuses) - k:])
+    split.complete(split.ours)
+    for st in (statuses or ())[:k]:
+        fill_empty(st)
+    return (split.ours + [split.theirs[j] for j in got or ()],
+            [None] * k + list(objs or [None] * len(got or ())))
+
+
+def Waitall(requests, statuses=None):
+    """MPI.Request.Waitall for a list that may hold xhc's requests."""
+    return _all(requests, statuses,
+                lambda r, s: (MPI.Request.Waitall(r, s), None))[0]
+
+
+def Testall(requests, statuses=None):
+    """MPI.Request.Testall for a list that may hold xhc's requests."""
+    return _all(requests, statuses,
+                lambda r, s: (MPI.Request.Testall(r, s), None))[0]
+
+
+def waitall(requests, statuses=None):
+    """mpi4py's waitall: the objects received, None for xhc's."""
+    return _all(requests, statuses,
+                lambda r, s: (True, MPI.Request.waitall(r, s)))[1]
+
+
+def testall(requests, statuses=None):
+    """mpi4py's testall: (flag, the objects received or None)."""
+    return _all(requests, statuses, MPI.Request.testall)
+
+
+def Waitany(requests, status=None):
+    """MPI.Request.Waitany for a list that may hold xhc's requests."""
+    return _any(requests, status,
+                lambda r, s: (MPI.Request.Waitany(r, s), True, None))[0]
+
+
+def Testany(requests, status=None):
+    """MPI.Request.Testany for a list that may hold xhc's requests."""
+    return _any(requests, status,
+                lambda r, s: (*MPI.Request.Testany(r, s), None))[:2]
+
+
+def waitany(requests, status=None):
+    """mpi4py's waitany: (index, the object received)."""
+    index, _, obj = _any(requests, status, lambda r, s: _flagged(
+        MPI.Request.waitany(r, s)))
+    return index, obj
+
+
+def testany(requests, status=None):
+    """mpi4py's testany: (index, flag, the object received)."""
+    return _any(requests, status, MPI.Request.testany)
+
+
+def _flagged(index_obj):
+    index, obj = index_obj
+    return index, True, obj
+
+
+def Waitsome(requests, statuses=None):
+    """MPI.Request.Waitsome for a list that may hold xhc's requests."""
+    return _some(requests, statuses,
+                 lambda r, s: (MPI.Request.Waitsome(r, s), None),
+                 lambda r, s: (MPI.Request.Testsome(r, s), None))[0]
+
+
+def Testsome(requests, statuses=None):
+    """MPI.Request.Testsome for a list that may hold xhc's requests."""
+    test = lambda r, s: (MPI.Request.Testsome(r, s), None)  # noqa: E731
+    return _some(requests, statuses, test, test)[0]
+
+
+def waitsome(requests, statuses=None):
+    """mpi4py's waitsome: (indices, the objects received)."""
+    return _some(requests, statuses, MPI.Request.waitsome,
+                 MPI.Request.testsome)
+
+
+def testsome(requests, statuses=None):
+    """mpi4py's testsome: (indices, the objects received)."""
+    return _some(requests, statuses, MPI.Request.testsome,
+                 MPI.Request.testsome)
