@@ -27,6 +27,9 @@
  *    plans come from Python; it only skips the interpreter.
  * 5. A persistent request (HotRequest, the base of xhc.comm.Request) is
  *    bound to its core call once, so Start() goes straight to the core.
+ * 5a. Over several nodes (xhc/nodes.py) a kept plan, and a request,
+ *    hold a Python callable instead, the call's steps, which run from
+ *    here with nothing of Python's in between (run_across).
  * 6. The GIL stays held while the collective spins; if a wait goes on
  *    long enough to yield the CPU, the core's block hook releases it, so
  *    other threads run, and it is taken back before returning.
@@ -59,6 +62,7 @@ typedef struct {
     PyObject *zero;          /* 0, the default root */
     int rank, size;          /* in the communicator */
     int busy;                /* core calls under way (changed with the GIL) */
+    PyObject *span;          /* over several nodes: their Barrier; or NULL */
 } HotComm;
 
 /* The plan's layout, fixed by xhc/comm.py: the arguments it was made for
@@ -524,6 +528,36 @@ static int hot_invoke(HotComm *h, xhc_run_fn run, void *call,
     return rc;
 }
 
+/* Run RUN, a call over several nodes that H kept (xhc/nodes.py), as
+ * Comm._in_core runs it: counted as under way.  What it raises goes
+ * through H's _raised_across first, which withdraws as _leaving does. */
+static PyObject *run_across(HotComm *h, PyObject *run)
+{
+    Py_INCREF(run);  /* whatever the call does to the plan holding it */
+    h->busy++;
+    PyObject *res = PyObject_CallNoArgs(run);
+    h->busy--;
+    Py_DECREF(run);
+    if (res) {
+        Py_DECREF(res);
+        Py_RETURN_NONE;
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb)
+        PyException_SetTraceback(value, tb);
+    PyObject *done = PyObject_CallMethod((PyObject *)h, "_raised_across",
+                                         "O", value);
+    if (!done) {  /* its own error stands instead */
+        Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
+        return NULL;
+    }
+    Py_DECREF(done);
+    PyErr_Restore(type, value, tb);
+    return NULL;
+}
+
 /* Hand error RC of NAME, called with the NARGV arguments ARGV, to
  * Comm._failed, which raises. */
 static PyObject *failed(HotComm *h, const char *name, int rc,
@@ -560,11 +594,19 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
     } else {
         held_views hv;
         hv.n = 0;
-        PyObject *plan = h->ctx ? plan_for(h, kind, argv, &hv) : NULL;
+        PyObject *plan = h->ctx || h->span ? plan_for(h, kind, argv, &hv)
+                                           : NULL;
         if (!plan) {
             if (PyErr_Occurred())
                 return NULL;
             return slow((PyObject *)h, name, args, nargsf, kwnames);
+        }
+        if (h->span) {  /* a kept run over the nodes: Python, from here */
+            PyObject *res = run_across(
+                h, PyTuple_GET_ITEM(plan, KIND[kind].nargs));
+            Py_DECREF(plan);
+            views_release(&hv);
+            return res;
         }
         void *call = PyLong_AsVoidPtr(
             PyTuple_GET_ITEM(plan, PyTuple_GET_SIZE(plan) - 1));
@@ -634,6 +676,8 @@ static PyObject *hot_reduce(HotComm *h, PyObject *const *args, size_t nargsf,
 static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
                              size_t nargsf, PyObject *kwnames)
 {
+    if (h->span && !PyVectorcall_NARGS(nargsf) && !kwnames)
+        return run_across(h, h->span);
     if (!h->ctx || PyVectorcall_NARGS(nargsf) || kwnames)
         return slow((PyObject *)h, "_Barrier", args, nargsf, kwnames);
     int rc = hot_invoke(h, h->run, NULL, h->barrier, h->ctx);
@@ -643,16 +687,24 @@ static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
 }
 
 /* _hot_bind(ctx, run, barrier, bcast_plans, allreduce_plans,
- *           reduce_plans, sum, rank, size): addresses as ints; ctx 0
- * unbinds. */
+ *           reduce_plans, sum, rank, size, span=None): addresses as ints;
+ * ctx 0 unbinds.  SPAN, for a communicator over several nodes, is its
+ * Barrier; its plans then hold calls that run in Python (run_across). */
 static PyObject *hot_bind(HotComm *h, PyObject *args)
 {
     unsigned long long ctx, run, barrier;
-    PyObject *p[NPLANS], *sum;
-    if (!PyArg_ParseTuple(args, "KKKO!O!O!Oii", &ctx, &run, &barrier,
+    PyObject *p[NPLANS], *sum, *span = Py_None;
+    if (!PyArg_ParseTuple(args, "KKKO!O!O!Oii|O", &ctx, &run, &barrier,
                           &PyDict_Type, &p[0], &PyDict_Type, &p[1],
-                          &PyDict_Type, &p[2], &sum, &h->rank, &h->size))
+                          &PyDict_Type, &p[2], &sum, &h->rank, &h->size,
+                          &span))
         return NULL;
+    if (span == Py_None)
+        Py_CLEAR(h->span);
+    else {
+        Py_INCREF(span);
+        Py_XSETREF(h->span, span);
+    }
     for (int i = 0; i < NPLANS; i++) {
         Py_INCREF(p[i]);
         Py_XSETREF(h->plans[i], p[i]);
@@ -684,6 +736,7 @@ static int hot_traverse(HotComm *h, visitproc visit, void *arg)
         Py_VISIT(h->plans[i]);
     Py_VISIT(h->sum);
     Py_VISIT(h->zero);
+    Py_VISIT(h->span);
     Py_VISIT(Py_TYPE(h));
     return 0;
 }
@@ -695,6 +748,7 @@ static int hot_clear(HotComm *h)
         Py_CLEAR(h->plans[i]);
     Py_CLEAR(h->sum);
     Py_CLEAR(h->zero);
+    Py_CLEAR(h->span);
     return 0;
 }
 
@@ -721,6 +775,7 @@ typedef struct {
     void *call;
     void *ctx;
     HotComm *owner;          /* counts the call as under way; with CALL */
+    PyObject *across;        /* or, over several nodes, what Start runs */
     char active;             /* started, not yet waited for */
 } HotRequest;
 
@@ -729,6 +784,12 @@ static PyTypeObject *hot_comm_type;  /* HotComm, made by hot_exec */
 static PyObject *req_start(HotRequest *r, PyObject *unused)
 {
     (void)unused;
+    if (r->across && r->owner->span) {
+        PyObject *res = run_across(r->owner, r->across);
+        if (res)
+            r->active = 1;
+        return res;
+    }
     /* An owner without a context was freed, perhaps by a finalizer in a
      * garbage cycle that did not reach this request to unbind it: its
      * context is closed, and _Start says so. */
@@ -768,17 +829,24 @@ static PyObject *req_wait(HotRequest *r, PyObject *const *args,
     return done;
 }
 
-/* _hot_bind(owner, run, call, barrier, ctx): the xhc.Comm, then
- * addresses as ints; all 0 unbinds. */
+/* _hot_bind(owner, run, call, barrier, ctx, across=None): the xhc.Comm,
+ * then addresses as ints, or ACROSS, a call over several nodes that its
+ * owner runs (run_across); all 0 and None unbinds. */
 static PyObject *req_bind(HotRequest *r, PyObject *args)
 {
     unsigned long long run, call, barrier, ctx;
-    PyObject *owner;
-    if (!PyArg_ParseTuple(args, "O!KKKK", hot_comm_type, &owner, &run,
-                          &call, &barrier, &ctx))
+    PyObject *owner, *across = Py_None;
+    if (!PyArg_ParseTuple(args, "O!KKKK|O", hot_comm_type, &owner, &run,
+                          &call, &barrier, &ctx, &across))
         return NULL;
     Py_INCREF(owner);
     Py_XSETREF(r->owner, (HotComm *)owner);
+    if (across == Py_None)
+        Py_CLEAR(r->across);
+    else {
+        Py_INCREF(across);
+        Py_XSETREF(r->across, across);
+    }
     r->run = (xhc_run_fn)(uintptr_t)run;
     r->call = (void *)(uintptr_t)call;
     r->barrier = (xhc_barrier_fn)(uintptr_t)barrier;
@@ -808,6 +876,7 @@ static PyMemberDef req_members[] = {
 static int req_traverse(HotRequest *r, visitproc visit, void *arg)
 {
     Py_VISIT(r->owner);
+    Py_VISIT(r->across);
     Py_VISIT(Py_TYPE(r));
     return 0;
 }
@@ -816,6 +885,7 @@ static int req_clear(HotRequest *r)
 {
     r->run = NULL, r->barrier = NULL;
     Py_CLEAR(r->owner);
+    Py_CLEAR(r->across);
     return 0;
 }
 

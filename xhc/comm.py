@@ -169,7 +169,6 @@ class Comm(HotComm):
         self._fallbacks = 0
         self._why = ""
         self._nodes = None  # for a communicator that spans several nodes
-        self._runs = {}  # its calls, kept as plans are (_kept_run)
         self.xhc_info = {}
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL \
                 or comm.Is_inter():
@@ -221,6 +220,7 @@ class Comm(HotComm):
             raise
         self._nodes = nodes.Nodes(self._comm, node, inner)
         self._state = "spanning"
+        self._bind(ffi.NULL, self._nodes.Barrier)
         self.xhc_info = dict(inner.xhc_info, nodes=self._nodes.count)
 
     def _setup(self):
@@ -284,8 +284,8 @@ class Comm(HotComm):
         elif self._nodes is not None:  # a *_init
             blocking = name[:-5]
             run = self._across_nodes(blocking, args[:_ACROSS[blocking]])
-            if run is not None:
-                return Request(run, name, self)
+            if run is not None:  # Start() runs it from xhc/_hot.c
+                return Request(run, name, self, bind=(0, 0, 0, 0, run))
         return self._to_mpi4py(name, *args)
 
     def _to_mpi4py(self, name, *args):
@@ -302,34 +302,43 @@ class Comm(HotComm):
     # loaded before and stored after), which xhc and MPI alike take.
 
     def _kept_run(self, name, args):
-        """_across_nodes(NAME, ARGS), kept for the next call with the same
-        arrays, as a plan is (resolving and checking them costs several
-        times what the steps do), within the plans' budget, and used again
-        only while each array passes a plan's guard: the same memory,
-        dtype, size, contiguity and writability (kept_holds)."""
-        key = (name, *map(id, args))
-        kept = self._runs.get(key)  # holds ARGS: no other has their ids
-        if kept is not None and kept_holds(kept[-2], args):
-            return kept[1]
+        """_across_nodes(NAME, ARGS), kept as a plan is (resolving and
+        checking the buffers costs several times what the steps do), for
+        xhc/_hot.c to run again for the same arrays while each passes a
+        plan's guard: the same memory, dtype, size, contiguity and
+        writability."""
         run = self._across_nodes(name, args)
-        if run is not None and all(type(a) in _KEEPABLE for a in args):
-            self._keep_run(key, args, run)
+        if run is not None and name != "Barrier" and all(
+                type(a) in _KEEPABLE for a in args):
+            self._keep_run(name, args, run)
         return run
 
-    def _keep_run(self, key, args, run):
-        """Keep RUN for ARGS under KEY, laid out as a plan's tail for
-        _remember: (ARGS, RUN, bytes kept alive, not kept (a strided
-        array, which no guard passes), (guard, dtypes), guard address)."""
+    def _keep_run(self, name, args, run):
+        """Keep RUN for ARGS where xhc/_hot.c looks for their plan, laid
+        out as one: (*ARGS, RUN, no call, bytes kept alive, not kept (a
+        strided array, which no guard passes), (guard, dtypes), guard
+        address, call address 0, which has _hot.c call RUN)."""
         # The argument the call writes: a Bcast's buffer but at the root,
         # a reduction's receive buffer.
-        written = 0 if key[0] == "Bcast" and args[1] != self._rank else 1
+        written = 0 if name == "Bcast" and args[1] != self._rank else 1
         guard, dtypes = _guard([(i, a, i == written, None)
                                 for i, a in enumerate(args)
                                 if type(a) is np.ndarray])
         address = _address(guard)
-        self._remember(self._runs, key, (
-            args, run, self._bytes_kept_alive(args),
-            not kept_holds(address, args), (guard, dtypes), address, None))
+        plans, key = ((self._allreduce_plans, id(args[1]))
+                      if name == "Allreduce" else
+                      (self._bcast_plans if name == "Bcast"
+                       else self._reduce_plans, id(args[0])))
+        self._remember(plans, key, (
+            *args, run, None, self._bytes_kept_alive(args),
+            not kept_holds(address, args), (guard, dtypes), address, 0))
+
+    def _raised_across(self, exc):
+        """A call over the nodes that xhc/_hot.c ran raised EXC: withdraw,
+        as _leaving does, unless this rank's part is settled."""
+        if not getattr(exc, _SETTLED, False):
+            self._withdraw()
+        _drop_locals(exc)
 
     def _across_nodes(self, name, args):
         """A callable that runs collective NAME on ARGS over the nodes
@@ -612,7 +621,7 @@ class Comm(HotComm):
 
     def _forget_plans(self):
         for plans in (self._bcast_plans, self._allreduce_plans,
-                      self._reduce_plans, self._runs):
+                      self._reduce_plans):
             plans.clear()
         self._plan_bytes = 0
 
@@ -796,14 +805,16 @@ class Comm(HotComm):
                        for k, v in _core.PATHS.items())
         return out
 
-    def _bind(self, ctx):
-        """Let HotComm run plans on CTX (NULL: send every call here)."""
+    def _bind(self, ctx, span=None):
+        """Let HotComm run plans on CTX (NULL: send every call here), or
+        with SPAN, the Barrier over several nodes, their kept calls."""
         if ctx:
             lib.xhc_ctx_set_block_hook(ctx, _BLOCK_HOOK, ffi.NULL)
             lib.xhc_ctx_set_progress_hook(ctx, _PROGRESS_HOOK, ffi.NULL)
         self._hot_bind(_address(ctx), _address(_run_fn), _address(_barrier_fn),
                        self._bcast_plans, self._allreduce_plans,
-                       self._reduce_plans, MPI.SUM, self._rank, self._size)
+                       self._reduce_plans, MPI.SUM, self._rank, self._size,
+                       span)
 
     def free(self):
         """Release the shared memory; the wrapped communicator stays."""

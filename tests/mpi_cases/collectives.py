@@ -2971,14 +2971,22 @@ def kept_runs(xcomm, comm, v):
     anew once one of them changes dtype or writability in place."""
     n, rank = comm.size, comm.rank
     a, b = np.zeros(4), np.zeros(4)
-    xcomm._runs.clear()
-    for step in range(3):
-        a[:] = rank + step
-        xcomm.Allreduce(a, b)
-        v.case(f"spanning: Allreduce #{step} of the same arrays",
-               None if np.all(b == sum(range(n)) + n * step) else f"got {b}")
-    v.check("spanning: one kept call for the same arrays",
-            len(xcomm._runs) == 1, f"{len(xcomm._runs)} kept")
+    xcomm._forget_plans()
+    made = []
+    xcomm._kept_run = lambda *args: made.append(args) or \
+        type(xcomm)._kept_run(xcomm, *args)
+    try:
+        for step in range(3):
+            a[:] = rank + step
+            xcomm.Allreduce(a, b)
+            v.case(f"spanning: Allreduce #{step} of the same arrays",
+                   None if np.all(b == sum(range(n)) + n * step) else
+                   f"got {b}")
+    finally:
+        del xcomm._kept_run
+    v.check("spanning: one kept call for the same arrays, made once",
+            (len(xcomm._allreduce_plans), len(made)) == (1, 1),
+            f"{len(xcomm._allreduce_plans)} kept, made {len(made)} times")
     a.dtype = b.dtype = np.int64  # the same memory, read as integers
     a[:] = 3 << 52  # as float64, a normal number: its sum differs
     xcomm.Allreduce(a, b)
@@ -3003,6 +3011,43 @@ def kept_runs(xcomm, comm, v):
            else xcomm.Bcast(buf, 0))
     kept_within_budget(xcomm, comm, v)
     free_while_a_call_waits(xcomm, comm, v)
+    raised_in_kept_runs(xcomm, comm, v)
+
+
+def raised_in_kept_runs(xcomm, comm, v):
+    """A kept call, run from xhc/_hot.c, that raises before this rank took
+    part withdraws it once, as _leaving would, and leaves the object
+    usable; a persistent request's Start() alike."""
+    n = comm.size
+    a, b = np.ones(4), np.zeros(4)
+    req = xcomm.Allreduce_init(a, b)
+    for _ in range(2):
+        xcomm.Allreduce(a, b)  # kept: the second ran from C
+    real, withdrawn = xcomm._nodes.inner, []
+
+    class Refusing:
+        def Reduce(self, *args):
+            raise ValueError("refused")
+
+        def _withdraw(self):
+            withdrawn.append(True)
+
+    xcomm._nodes.inner = Refusing()
+    try:
+        errs = [raises(ValueError, xcomm.Allreduce, a, b),
+                raises(ValueError, req.Start)]
+    finally:
+        xcomm._nodes.inner = real
+    busy = xcomm._hot_busy(0)
+    xcomm.Allreduce(a, b)
+    req.Start()
+    req.Free()
+    v.case("spanning: a kept call and a Start() that raise withdraw once "
+           "each, and calls go on",
+           next((e for e in errs if e), None) or (
+               None if withdrawn == [True, True] and busy == 0 and
+               np.all(b == n) else f"withdrawn {withdrawn}, busy {busy}, "
+               f"got {b}"))
 
 
 def kept_within_budget(xcomm, comm, v):
