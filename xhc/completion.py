@@ -27,15 +27,18 @@ CALLS = ("Waitall", "Testall", "Waitany", "Testany", "Waitsome", "Testsome",
          "waitall", "testall", "waitany", "testany", "waitsome", "testsome")
 
 
-def fill_empty(status):
+def fill_empty(status, error=False):
     """True, and STATUS (an MPI.Status, or None) filled as MPI fills one
-    for a completed collective or an inactive request: empty."""
+    for a completed collective or an inactive request: empty.  Its error
+    field is MPI.SUCCESS with ERROR, as the calls that complete several
+    requests set it; the others leave it (MPI 4.1, 3.2.5)."""
     if status is not None:
         if not isinstance(status, MPI.Status):
             raise TypeError("status must be an MPI.Status or None, not "
                             f"{type(status).__name__}")
         status.source, status.tag = MPI.ANY_SOURCE, MPI.ANY_TAG
-        status.error = MPI.SUCCESS
+        if error:
+            status.error = MPI.SUCCESS
         status.Set_elements(MPI.BYTE, 0)
         status.Set_cancelled(False)
     return True
@@ -84,6 +87,18 @@ class _Split:
             self.requests[i]._active = False
 
 
+def _completing(call, complete_ours):
+    """CALL(), MPI's completion call; if it raises MPI.ERR_IN_STATUS, MPI
+    completed what it was given, one request or more with an error in
+    its status, so xhc's complete too (COMPLETE_OURS) before it raises."""
+    try:
+        return call()
+    except MPI.Exception as exc:
+        if exc.Get_error_class() == MPI.ERR_IN_STATUS:
+            complete_ours()
+        raise
+
+
 def _all(requests, statuses, mpi_all):
     """(flag, objects): MPI_ALL(their requests, their statuses) gives
     theirs; xhc's are complete, each with an empty status."""
@@ -91,16 +106,19 @@ def _all(requests, statuses, mpi_all):
     n = len(split.requests)
     _grow(statuses, n)
     filled = 0 if statuses is None else min(len(statuses), n)
-    flag, objs = mpi_all(split.their_requests(), None if statuses is None
-                         else [statuses[i] for i in split.theirs
-                               if i < filled])
+    ours = sorted(set(range(n)).difference(split.theirs))
+
+    def complete_ours():
+        split.complete(ours)
+        for i in ours:
+            if i < filled:
+                fill_empty(statuses[i], error=True)
+    flag, objs = _completing(lambda: mpi_all(
+        split.their_requests(), None if statuses is None else
+        [statuses[i] for i in split.theirs if i < filled]), complete_ours)
     if not flag:
         return False, None
-    ours = sorted(set(range(n)).difference(split.theirs))
-    split.complete(ours)
-    for i in ours:
-        if i < filled:
-            fill_empty(statuses[i])
+    complete_ours()
     got = [None] * n
     for i, obj in zip(split.theirs, objs or ()):
         got[i] = obj
@@ -130,17 +148,20 @@ def _some(requests, statuses, mpi_some, mpi_test_some):
     k = len(split.ours)
     _grow(statuses, k)
     rest = None if statuses is None else list(statuses[k:])
+
+    def complete_ours():
+        if isinstance(statuses, list):  # mpi4py grew REST to its completions
+            statuses.extend(rest[len(statuses) - k:])
+        split.complete(split.ours)
+        for st in (statuses or ())[:k]:
+            fill_empty(st, error=True)
     got, objs = None, None
     if split.theirs:
-        got, objs = (mpi_test_some if k else mpi_some)(
-            split.their_requests(), rest)
+        got, objs = _completing(lambda: (mpi_test_some if k else mpi_some)(
+            split.their_requests(), rest), complete_ours)
     if got is None and not k:
         return None, None
-    if isinstance(statuses, list):  # mpi4py grew REST to its completions
-        statuses.extend(rest[len(statuses) - k:])
-    split.complete(split.ours)
-    for st in (statuses or ())[:k]:
-        fill_empty(st)
+    complete_ours()
     return (split.ours + [split.theirs[j] for j in got or ()],
             [None] * k + list(objs or [None] * len(got or ())))
 

@@ -2484,6 +2484,40 @@ def active_states(v, comm, reqs):
     pending.Wait()
     v.case("Testall that is False leaves xhc's requests active",
            None if (flag, left) == (False, 1) else f"got {flag}, {left}")
+    errors = []
+    for call in (req.Wait, lambda st: xhc.Request.Waitany([req], st),
+                 lambda st: xhc.Request.Waitall([req], [st])):
+        req.Start()
+        st = MPI.Status()
+        st.error = 7
+        call(st)
+        errors.append(st.error)
+    v.case("Wait and Waitany leave a status' error field, Waitall sets it, "
+           "as MPI", None if errors == [7, 7, MPI.SUCCESS] else
+           f"got {errors}")
+    in_status_errors(v, comm, req)
+
+
+def in_status_errors(v, comm, req):
+    """Waitall and Waitsome that raise MPI.ERR_IN_STATUS (MPI completed
+    every request, one with an error) complete xhc's requests too."""
+    rank = comm.rank
+    for name in ("Waitall", "Waitsome"):
+        comm.Send(np.ones(3), dest=rank, tag=13)  # too long for SMALL
+        small = np.zeros(1)
+        truncated = comm.Irecv(small, source=rank, tag=13)
+        req.Start()
+        statuses = [MPI.Status(), MPI.Status()]
+        statuses[1].error = 12345
+        err = raises(MPI.Exception, getattr(xhc.Request, name),
+                     [truncated, req], statuses)
+        after = xhc.Request.Waitsome([req])
+        v.case(f"{name} that raises MPI.ERR_IN_STATUS completes xhc's "
+               "requests", err or (
+                   None if after is None and
+                   statuses[name == "Waitall"].error == MPI.SUCCESS else
+                   f"then Waitsome gave {after}, statuses' errors "
+                   f"{[st.error for st in statuses]}"))
 
 
 # -- sequence numbers through zero -------------------------------------------
