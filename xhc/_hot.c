@@ -63,6 +63,7 @@ typedef struct {
     int rank, size;          /* in the communicator */
     int busy;                /* core calls under way (changed with the GIL) */
     PyObject *span;          /* over several nodes: their Barrier; or NULL */
+    int closed;              /* by free(): nothing may run or bind again */
 } HotComm;
 
 /* The plan's layout, fixed by xhc/comm.py: the arguments it was made for
@@ -716,16 +717,39 @@ static PyObject *hot_bind(HotComm *h, PyObject *args)
     h->run = (xhc_run_fn)(uintptr_t)run;
     h->barrier = (xhc_barrier_fn)(uintptr_t)barrier;
     h->ctx = h->run && h->barrier ? (void *)(uintptr_t)ctx : NULL;
+    if (h->closed) {
+        h->ctx = NULL;
+        Py_CLEAR(h->span);
+    }
     Py_RETURN_NONE;
 }
 
+/* _hot_close(): unbind for good and return True, unless a call is under
+ * way (False).  In one step under the GIL, so that no call can begin
+ * between the check and the unbinding, as one could between two Python
+ * statements; every later call finds nothing bound, and Python's own
+ * (Comm._in_core) find _hot_busy refusing. */
+static PyObject *hot_close(HotComm *h, PyObject *unused)
+{
+    (void)unused;
+    if (h->busy)
+        Py_RETURN_FALSE;
+    h->closed = 1;
+    h->ctx = NULL;
+    Py_CLEAR(h->span);
+    Py_RETURN_TRUE;
+}
+
 /* _hot_busy(delta): add DELTA to the count of core calls under way
- * (Python's own core calls count themselves so); return the count. */
+ * (Python's own core calls count themselves so); return the count, or
+ * -1, counting nothing, for a call that would begin once closed. */
 static PyObject *hot_busy(HotComm *h, PyObject *arg)
 {
     long delta = PyLong_AsLong(arg);
     if (delta == -1 && PyErr_Occurred())
         return NULL;
+    if (delta > 0 && h->closed)
+        return PyLong_FromLong(-1);
     h->busy += (int)delta;
     return PyLong_FromLong(h->busy);
 }
@@ -926,6 +950,8 @@ static PyMethodDef hot_methods[] = {
      "Block until every rank has called Barrier."},
     {"_hot_bind", (PyCFunction)hot_bind, METH_VARARGS,
      "Bind the context, the core's entry points and the plan dicts."},
+    {"_hot_close", (PyCFunction)hot_close, METH_NOARGS,
+     "Unbind for good, unless a call is under way (then False)."},
     {"_hot_busy", (PyCFunction)hot_busy, METH_O,
      "Add to the count of core calls under way; return it."},
     {NULL, NULL, 0, NULL},

@@ -407,8 +407,10 @@ class Comm(HotComm):
         """FN(*ARGS), a core call that may release the GIL while it waits:
         counted as under way, as HotComm counts its own.  The count comes
         first: a free() from another thread since this call began (while
-        its plan was made) has closed the context FN would run on."""
-        self._hot_busy(1)
+        its plan was made) has closed the context FN would run on, and
+        the count refuses (-1) once free() has begun."""
+        if self._hot_busy(1) < 0:
+            raise XhcError("xhc.Comm already freed")
         try:
             if self._state == "freed":
                 raise XhcError("xhc.Comm already freed")
@@ -420,9 +422,7 @@ class Comm(HotComm):
         """Raise if a collective runs on this object in another thread:
         the memory it polls must not go away under it."""
         if self._hot_busy(0):
-            raise XhcError(f"xhc.Comm {what} while a collective runs on it "
-                           "in another thread; call it once that collective "
-                           "has returned")
+            raise _busy_error(what)
 
     def _withdraw(self):
         """This rank raises instead of taking part: its peers stop counting
@@ -818,7 +818,10 @@ class Comm(HotComm):
 
     def free(self):
         """Release the shared memory; the wrapped communicator stays."""
-        self._refuse_if_busy("free()")
+        # Refuse if a call runs, or else let none begin from now on: one
+        # step in C, which no other thread's call can come between.
+        if not self._hot_close():
+            raise _busy_error("free()")
         # Nothing may reach the context once its closing has begun: the
         # close releases the GIL.
         with self._requests_lock:
@@ -1145,6 +1148,12 @@ class Request(HotRequest):
 for _name in completion.CALLS:
     setattr(Request, _name, staticmethod(getattr(completion, _name)))
 del _name
+
+
+def _busy_error(what):
+    return XhcError(f"xhc.Comm {what} while a collective runs on it in "
+                    "another thread; call it once that collective has "
+                    "returned")
 
 
 def _check_op(s, op, name):

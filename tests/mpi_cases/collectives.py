@@ -2304,6 +2304,7 @@ def persistent_calls(xcomm, comm, v):
         some_waits(v, comm, reqs, name)
     lowercase_alls(v, comm, reqs)
     active_states(v, comm, reqs)
+    calls_once_free_began(v, comm)
     for req in reqs:
         req.Free()
     v.case("persistent request started after Free raises",
@@ -3046,6 +3047,38 @@ def kept_runs(xcomm, comm, v):
     kept_within_budget(xcomm, comm, v)
     free_while_a_call_waits(xcomm, comm, v)
     raised_in_kept_runs(xcomm, comm, v)
+
+
+def calls_once_free_began(v, comm):
+    """Calls that begin once free() has begun, before it marked the object
+    freed (as another thread could, or a finalizer), raise XhcError
+    instead of running on what free() is taking away."""
+    other = xhc.Comm(comm)
+    a, b = np.ones(4), np.zeros(4)
+    for _ in range(2):
+        other.Allreduce(a, b)  # kept, over several nodes
+    req = other.Allreduce_init(a, b)
+    seen = []
+
+    class Hooked:
+        """free()'s lock, which first makes the calls."""
+        def __init__(self, lock):
+            self.lock = lock
+
+        def __enter__(self):
+            for call in (lambda: other.Allreduce(a, b), other.Barrier,
+                         req.Start):
+                seen.append(raises(xhc.XhcError, call))
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    other._requests_lock = Hooked(other._requests_lock)
+    other.free()
+    nodes = other.xhc_info.get("nodes", 1)
+    v.case(f"{nodes} node(s): calls that begin once free() has begun raise",
+           next((e for e in seen if e), None))
 
 
 def raised_in_kept_runs(xcomm, comm, v):
