@@ -880,12 +880,28 @@ static PyObject *req_bind(HotRequest *r, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* _hot_release(): unbind and return True, unless a call runs on the
+ * owner (False): in one step under the GIL, so that no Start() can begin
+ * between the check and the unbinding. */
+static PyObject *req_release(HotRequest *r, PyObject *unused)
+{
+    (void)unused;
+    if (r->owner && r->owner->busy)
+        Py_RETURN_FALSE;
+    r->run = NULL, r->barrier = NULL;
+    r->call = NULL, r->ctx = NULL;
+    Py_CLEAR(r->across);
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef req_methods[] = {
     {"Start", (PyCFunction)req_start, METH_NOARGS,
      "Run the collective (all ranks Start their matching requests)."},
     {"Wait", (PyCFunction)(void (*)(void))req_wait,
      METH_FASTCALL | METH_KEYWORDS,
      "Return True at once: Start() completed the operation."},
+    {"_hot_release", (PyCFunction)req_release, METH_NOARGS,
+     "Unbind, unless a call runs on the owner (then False)."},
     {"_hot_bind", (PyCFunction)req_bind, METH_VARARGS,
      "Bind the core call (or barrier) that Start runs."},
     {NULL, NULL, 0, NULL},

@@ -1120,7 +1120,10 @@ class Request(HotRequest):
         does not."""
         if self._freed:
             raise XhcError(f"{self._what}: request already freed")
-        self._xcomm._refuse_if_busy("Request.Free()")
+        # Refuse while a call runs, or unbind: one step in C, which no
+        # Start() in another thread can come between.
+        if not self._hot_release():
+            raise _busy_error("Request.Free()")
         self._release()
         self._freed = True
 
@@ -1130,8 +1133,9 @@ class Request(HotRequest):
             self.Free()
 
     def _release(self):
-        """Unbind; drop the buffers and the plan."""
-        self._hot_bind(self._xcomm, 0, 0, 0, 0)
+        """Unbind (the xhc.Comm's free() let no call run); drop the
+        buffers and the plan."""
+        self._hot_release()
         self._active = False
         self._call = None
         self._plan = None
