@@ -62,24 +62,27 @@ def _grow(statuses, n):
 
 
 class _Split:
-    """A list of requests, split into mpi4py's (THEIRS, their indices)
-    and xhc's active ones (OURS, indices)."""
+    """A list of requests, split in one pass (a solver may wait on one
+    every step) into mpi4py's (THEIRS, their indices; THEIR_REQUESTS),
+    and xhc's (MINE, indices), of which OURS are active."""
 
-    __slots__ = ("requests", "theirs", "ours")
+    __slots__ = ("requests", "theirs", "their_requests", "mine", "ours")
 
     def __init__(self, requests):
         self.requests = requests = list(requests)
-        for req in requests:
-            if not isinstance(req, (HotRequest, MPI.Request)):
+        self.theirs, self.their_requests = [], []
+        self.mine, self.ours = [], []
+        for i, req in enumerate(requests):
+            if isinstance(req, HotRequest):
+                self.mine.append(i)
+                if req._active:
+                    self.ours.append(i)
+            elif isinstance(req, MPI.Request):
+                self.theirs.append(i)
+                self.their_requests.append(req)
+            else:
                 raise TypeError("requests must be xhc's or mpi4py's "
                                 f"requests, not {type(req).__name__}")
-        self.theirs = [i for i, req in enumerate(requests)
-                       if not isinstance(req, HotRequest)]
-        self.ours = [i for i, req in enumerate(requests)
-                     if isinstance(req, HotRequest) and req._active]
-
-    def their_requests(self):
-        return [self.requests[i] for i in self.theirs]
 
     def complete(self, indices):
         """Make xhc's requests at INDICES inactive."""
@@ -106,19 +109,20 @@ def _all(requests, statuses, mpi_all):
     n = len(split.requests)
     _grow(statuses, n)
     filled = 0 if statuses is None else min(len(statuses), n)
-    ours = sorted(set(range(n)).difference(split.theirs))
 
     def complete_ours():
-        split.complete(ours)
-        for i in ours:
+        split.complete(split.mine)
+        for i in split.mine:
             if i < filled:
                 fill_empty(statuses[i], error=True)
     flag, objs = _completing(lambda: mpi_all(
-        split.their_requests(), None if statuses is None else
+        split.their_requests, None if statuses is None else
         [statuses[i] for i in split.theirs if i < filled]), complete_ours)
     if not flag:
         return False, None
     complete_ours()
+    if objs is None:  # the capitalised calls return no objects
+        return True, None
     got = [None] * n
     for i, obj in zip(split.theirs, objs or ()):
         got[i] = obj
@@ -135,7 +139,7 @@ def _any(requests, status, mpi_any):
             return MPI.UNDEFINED, True, None
         split.complete(split.ours[:1])
         return split.ours[0], True, None
-    index, flag, obj = mpi_any(split.their_requests(), status)
+    index, flag, obj = mpi_any(split.their_requests, status)
     return (index if index == MPI.UNDEFINED else split.theirs[index],
             flag, obj)
 
@@ -158,7 +162,7 @@ def _some(requests, statuses, mpi_some, mpi_test_some):
     got, objs = None, None
     if split.theirs:
         got, objs = _completing(lambda: (mpi_test_some if k else mpi_some)(
-            split.their_requests(), rest), complete_ours)
+            split.their_requests, rest), complete_ours)
     if got is None and not k:
         return None, None
     complete_ours()
