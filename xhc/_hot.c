@@ -213,21 +213,25 @@ struct plain_table {
         PyObject *descr;                 /* one of numpy's dtype singletons */
         int32_t code;                    /* the core's dtype; -1: Bcast only */
         Py_ssize_t itemsize;
+        int lanes;                       /* core elements per element: 2 for
+                                          * a complex, a pair of floats */
+        uint32_t ops;                    /* bit K: op code K reduces it */
     } dtype[PLAIN_DTYPES];
     struct {
         PyObject *op;
         int32_t code;
     } op[PLAIN_OPS];
-    uint32_t ops_on[XHC_NDTYPES];        /* bit K: op code K reduces it */
 };
 static struct plain_table plain;
 
 /* A plain array's memory, in the core's terms. */
 struct plain_buf {
     char *data;
-    Py_ssize_t count;  /* elements */
+    Py_ssize_t count;  /* the core's elements */
     Py_ssize_t nbytes;
     int32_t code;
+    int lanes;
+    uint32_t ops;      /* the op codes that reduce it */
 };
 
 /* Is OBJ a plain array (writable, if WRITTEN)?  Fill B if so. */
@@ -244,25 +248,32 @@ static int plain_array(PyObject *obj, int written, struct plain_buf *b)
         t++;
     if (t == plain.ndtypes)
         return 0;
-    b->count = 1;
+    Py_ssize_t elements = 1;
     for (int d = 0; d < a->nd; d++)
-        b->count *= a->dimensions[d];
-    b->nbytes = b->count * plain.dtype[t].itemsize;
+        elements *= a->dimensions[d];
+    b->nbytes = elements * plain.dtype[t].itemsize;
+    b->count = elements * plain.dtype[t].lanes;
     b->data = a->data;
     b->code = plain.dtype[t].code;
+    b->lanes = plain.dtype[t].lanes;
+    b->ops = plain.dtype[t].ops;
     return 1;
 }
 
-/* The core's code for OP if it reduces dtype CODE, else -1. */
-static int32_t plain_op(PyObject *op, int32_t code)
+/* The core's code for OP if it reduces B, else -1. */
+static int32_t plain_op(PyObject *op, const struct plain_buf *b)
 {
-    if (code < 0)
-        return -1;
     for (int i = 0; i < plain.nops; i++)
         if (plain.op[i].op == op)
-            return plain.ops_on[code] >> plain.op[i].code & 1
-                   ? plain.op[i].code : -1;
+            return b->ops >> plain.op[i].code & 1 ? plain.op[i].code : -1;
     return -1;
+}
+
+/* Do S and R hold different types (a complex and a pair of floats
+ * included)? */
+static int unlike(const struct plain_buf *s, const struct plain_buf *r)
+{
+    return s->code != r->code || s->lanes != r->lanes;
 }
 
 static int is_in_place(PyObject *obj)
@@ -318,8 +329,8 @@ static int plain_allreduce(PyObject *const *argv, xhc_call_t *c)
         s = r;
     else if (!plain_array(argv[0], 0, &s))
         return 0;
-    int32_t op = plain_op(argv[2], r.code);
-    if (op < 0 || s.code != r.code || s.count != r.count
+    int32_t op = plain_op(argv[2], &r);
+    if (op < 0 || unlike(&s, &r) || s.count != r.count
         || partly_overlap(&s, &r))
         return 0;
     return reduction_call(c, &s, r.data, op);
@@ -331,7 +342,7 @@ static int plain_reduce(const HotComm *h, PyObject *const *argv,
                         xhc_call_t *c)
 {
     int root = plain_root(h, argv[3]), at_root = root == h->rank;
-    struct plain_buf s, r = {NULL, 0, 0, 0};
+    struct plain_buf s, r = {NULL, 0, 0, 0, 0, 0};
     if (root < 0 || (at_root && !plain_array(argv[1], 1, &r)))
         return 0;
     if (is_in_place(argv[0])) {
@@ -341,8 +352,8 @@ static int plain_reduce(const HotComm *h, PyObject *const *argv,
     } else if (!plain_array(argv[0], 0, &s)) {
         return 0;
     }
-    int32_t op = plain_op(argv[2], s.code);
-    if (op < 0 || (at_root && (s.code != r.code || s.count != r.count
+    int32_t op = plain_op(argv[2], &s);
+    if (op < 0 || (at_root && (unlike(&s, &r) || s.count != r.count
                                || partly_overlap(&s, &r))))
         return 0;
     c->root = root;
@@ -1006,22 +1017,25 @@ static int table_int(PyObject *tuple, Py_ssize_t at, long lo, long hi,
 }
 
 /* Fill T from the tuples of bind_plain; no references taken yet. */
-static int table_fill(struct plain_table *t, PyObject *dtypes, PyObject *ops,
-                      PyObject *ops_on)
+static int table_fill(struct plain_table *t, PyObject *dtypes, PyObject *ops)
 {
-    long code, size, bits;
+    long code, size, lanes, bits;
     t->ndtypes = (int)PyTuple_GET_SIZE(dtypes);
     t->nops = (int)PyTuple_GET_SIZE(ops);
     for (int i = 0; i < t->ndtypes; i++) {
         PyObject *e = PyTuple_GET_ITEM(dtypes, i);
-        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 3)
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 5)
             goto bad;
         if (table_int(e, 1, -1, XHC_NDTYPES, &code) < 0
-            || table_int(e, 2, 1, 1 << 16, &size) < 0)
+            || table_int(e, 2, 1, 1 << 16, &size) < 0
+            || table_int(e, 3, 1, 3, &lanes) < 0
+            || table_int(e, 4, 0, code < 0 ? 1 : 1L << XHC_NOPS, &bits) < 0)
             return -1;
         t->dtype[i].descr = PyTuple_GET_ITEM(e, 0);
         t->dtype[i].code = (int32_t)code;
         t->dtype[i].itemsize = size;
+        t->dtype[i].lanes = (int)lanes;
+        t->dtype[i].ops = (uint32_t)bits;
     }
     for (int i = 0; i < t->nops; i++) {
         PyObject *e = PyTuple_GET_ITEM(ops, i);
@@ -1031,11 +1045,6 @@ static int table_fill(struct plain_table *t, PyObject *dtypes, PyObject *ops,
             return -1;
         t->op[i].op = PyTuple_GET_ITEM(e, 0);
         t->op[i].code = (int32_t)code;
-    }
-    for (int i = 0; i < XHC_NDTYPES; i++) {
-        if (table_int(ops_on, i, 0, 1L << XHC_NOPS, &bits) < 0)
-            return -1;
-        t->ops_on[i] = (uint32_t)bits;
     }
     return 0;
 bad:
@@ -1062,27 +1071,25 @@ static void table_refs(struct plain_table *t, int take)
     }
 }
 
-/* bind_plain(ndarray, in_place, dtypes, ops, ops_on): the table of 3.;
- * DTYPES is a tuple of (dtype, code, itemsize), OPS of (op, code), OPS_ON
- * per dtype code the bits of the op codes that reduce it.  A new binding
- * (a reloaded xhc.comm) replaces the old one. */
+/* bind_plain(ndarray, in_place, dtypes, ops): the table of 3.; DTYPES
+ * is a tuple of (dtype, code, itemsize, lanes, the bits of the op codes
+ * that reduce it), OPS of (op, code).  A new binding (a reloaded
+ * xhc.comm) replaces the old one. */
 static PyObject *bind_plain(PyObject *module, PyObject *args)
 {
-    PyObject *ndarray, *in_place, *dtypes, *ops, *ops_on;
+    PyObject *ndarray, *in_place, *dtypes, *ops;
     (void)module;
-    if (!PyArg_ParseTuple(args, "O!OO!O!O!", &PyType_Type, &ndarray,
+    if (!PyArg_ParseTuple(args, "O!OO!O!", &PyType_Type, &ndarray,
                           &in_place, &PyTuple_Type, &dtypes, &PyTuple_Type,
-                          &ops, &PyTuple_Type, &ops_on))
+                          &ops))
         return NULL;
     if (PyTuple_GET_SIZE(dtypes) > PLAIN_DTYPES
-        || PyTuple_GET_SIZE(ops) > PLAIN_OPS
-        || PyTuple_GET_SIZE(ops_on) != XHC_NDTYPES) {
-        PyErr_SetString(PyExc_ValueError, "bind_plain: a table is too long "
-                        "or ops_on does not list every dtype code");
+        || PyTuple_GET_SIZE(ops) > PLAIN_OPS) {
+        PyErr_SetString(PyExc_ValueError, "bind_plain: a table is too long");
         return NULL;
     }
     struct plain_table next = {0};
-    if (table_fill(&next, dtypes, ops, ops_on) < 0)
+    if (table_fill(&next, dtypes, ops) < 0)
         return NULL;
     next.ndarray = (PyTypeObject *)ndarray;
     next.in_place = in_place;

@@ -31,6 +31,9 @@ _DTYPES = {("i", 1): lib.XHC_INT8, ("i", 2): lib.XHC_INT16,
            ("u", 4): lib.XHC_UINT32, ("u", 8): lib.XHC_UINT64,
            ("f", 4): lib.XHC_FLOAT32, ("f", 8): lib.XHC_FLOAT64}
 NOT_REDUCIBLE = -1  # bytes that Bcast moves but no kernel reduces
+# Complex numbers, whose SUM is the SUM of their real and imaginary
+# parts: reduced as twice as many floats of half the size (PAIRED).
+_PAIRED = {np.dtype("=c8"): lib.XHC_FLOAT32, np.dtype("=c16"): lib.XHC_FLOAT64}
 DTYPE_NAMES = {code: f"{'int' if k == 'i' else 'uint' if k == 'u' else 'float'}"
                f"{8 * size}" for (k, size), code in _DTYPES.items()}
 DTYPE_NAMES[NOT_REDUCIBLE] = "bytes"
@@ -38,16 +41,20 @@ DTYPE_NAMES[NOT_REDUCIBLE] = "bytes"
 
 def plain_tables():
     """What xhc/_hot.c needs to pass plain arrays straight to the core
-    (its bind_plain): (dtype, code, itemsize) for numpy's numeric and bool
-    dtypes (NOT_REDUCIBLE: Bcast only), (op, code) for the ops above, and
-    per dtype code the bits of the op codes defined on it."""
-    dtypes = tuple((dt, dtype_code(dt), dt.itemsize)
-                   for dt in map(np.dtype, "dlifqhbBHILQP?egFDG"))
+    (its bind_plain): for numpy's numeric and bool dtypes, (dtype, code
+    (NOT_REDUCIBLE: Bcast only), itemsize, the core's elements per
+    element, the bits of the op codes that reduce it), as Buffer takes
+    them; and (op, code) for the ops above."""
     ops = tuple((op, code) for op, code, _ in _OP_TABLE)
-    ops_on = tuple(sum(1 << code for _, code in ops
-                       if lib.xhc_op_valid(dt, code))
-                   for dt in range(lib.XHC_NDTYPES))
-    return dtypes, ops, ops_on
+    dtypes = []
+    for dt in map(np.dtype, "dlifqhbBHILQP?egFDG"):
+        code, lanes = dtype_code(dt), 1
+        if dt in _PAIRED:
+            code, lanes = _PAIRED[dt], 2
+        bits = sum(1 << c for op, c in ops if code != NOT_REDUCIBLE and
+                   lib.xhc_op_valid(code, c) and (lanes == 1 or op is MPI.SUM))
+        dtypes.append((dt, code, dt.itemsize, lanes, bits))
+    return tuple(dtypes), ops
 
 
 def in_place(sendbuf):
@@ -67,11 +74,16 @@ class Buffer:
     buffer before a call that reads it, STORE writes the copy back after
     a call that writes it.  Both are None for a buffer used in place.
     """
-    __slots__ = ("obj", "arr", "ptr", "nbytes", "count", "dtype",
+    __slots__ = ("obj", "arr", "ptr", "nbytes", "count", "dtype", "paired",
                  "writable", "load", "store")
 
     def __init__(self, obj, arr, dtype, writable, load=None, store=None):
         self.obj = obj
+        # Complex: reduced by SUM only, as the pairs of floats they are.
+        self.paired = dtype == NOT_REDUCIBLE and arr.dtype in _PAIRED
+        if self.paired:
+            dtype = _PAIRED[arr.dtype]
+            arr = arr.reshape(-1).view(numpy_dtype(dtype))
         self.arr = arr  # contiguous: the memory the core reads and writes
         self.ptr = ffi.from_buffer(arr)
         self.nbytes = arr.nbytes

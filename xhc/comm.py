@@ -372,7 +372,7 @@ class Comm(HotComm):
         if r is not None:
             _check_pair(s, r, name)
         known = predefined(op)
-        if not self._reducible(known, s.dtype):
+        if not self._reducible(known, s):
             return None
         _check_op(s, known, name)
         dt = numpy_dtype(s.dtype)
@@ -669,7 +669,7 @@ class Comm(HotComm):
         # Only this rank sees its receive buffer: a mismatch raises here,
         # before the dtype could make this rank alone fall back.
         _check_pair(s, r, "Allreduce")
-        if not self._reducible(known, r.dtype):
+        if not self._reducible(known, r):
             return None
         _check_op(r, known, "Allreduce")
         call = _call(self._ctx, lib.XHC_ALLREDUCE, s, r, r.count, r.dtype,
@@ -697,7 +697,7 @@ class Comm(HotComm):
             raise ValueError("Reduce: IN_PLACE is only for the root")
         known = predefined(op)
         s = resolve(recvbuf if mine else sendbuf)
-        if not self._reducible(known, s.dtype):
+        if not self._reducible(known, s):
             return None
         _check_op(s, known, "Reduce")
         r = None
@@ -748,12 +748,16 @@ class Comm(HotComm):
                 self._raise(rc, "Reduce")
             raise _settled(exc)
 
-    def _reducible(self, op, dtype):
+    def _reducible(self, op, buf):
+        """Can the core reduce Buffer BUF with OP?  If not, say why."""
         if id(op) not in OPS:
             self._why = "user-defined or MAXLOC/MINLOC op"
             return False
-        if dtype == NOT_REDUCIBLE:
+        if buf.dtype == NOT_REDUCIBLE:
             self._why = "datatype without a reduction kernel"
+            return False
+        if buf.paired and op is not MPI.SUM:
+            self._why = "complex data with an op other than SUM"
             return False
         return True
 
@@ -1230,16 +1234,22 @@ def _check_pair(s, r, name):
     if not r.writable:
         raise ValueError(f"{name}: the receive buffer is read-only; pass a "
                          "writable array")
-    if s.dtype != r.dtype:
+    if s.dtype != r.dtype or s.paired != r.paired:
         raise ValueError(f"{name}: send and receive buffers differ in dtype; "
                          "use the same dtype for both")
     if s.count != r.count:
-        raise ValueError(f"{name}: send buffer has {s.count} elements, "
-                         f"receive buffer {r.count}; make them equal")
+        raise ValueError(f"{name}: send buffer has {_elements(s)} elements, "
+                         f"receive buffer {_elements(r)}; make them equal")
     if _partly_overlap(s, r):
         raise ValueError(f"{name}: the send and receive buffers overlap, "
                          "which MPI forbids; pass MPI.IN_PLACE as the send "
                          "buffer, or separate arrays")
+
+
+def _elements(b):
+    """Buffer B's elements as the caller counts them (a complex one, two
+    floats to the core)."""
+    return b.count // 2 if b.paired else b.count
 
 
 def _partly_overlap(s, r):

@@ -41,6 +41,7 @@ INT_DTYPES = [np.dtype(c) for c in ("i1", "i2", "i4", "i8",
                                     "u1", "u2", "u4", "u8")]
 FLOAT_DTYPES = [np.dtype("f4"), np.dtype("f8")]
 DTYPES = INT_DTYPES + FLOAT_DTYPES
+COMPLEX_DTYPES = [np.dtype("c8"), np.dtype("c16")]  # SUM only
 ARITH = ["SUM", "PROD", "MIN", "MAX"]
 BITLOGIC = ["LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"]
 OPS = ARITH + BITLOGIC
@@ -108,6 +109,10 @@ def pattern(seed, nbytes):
 
 def values(dtype, op, seed, count):
     """Inputs of one rank for a reduction of OP over DTYPE."""
+    if dtype.kind == "c":  # a float of each part
+        part = np.dtype(f"f{dtype.itemsize // 2}")
+        return (values(part, op, seed, count).astype(dtype) + 1j *
+                values(part, op, seed ^ 0x5A5A, count)).astype(dtype)
     x = rand64(seed, count)
     if dtype.kind == "f":
         if op == NOISE:
@@ -459,7 +464,7 @@ def inputs_for(dtype, op, count, case, n):
 def compare(got, want, op, dtype):
     """None if GOT equals WANT (exactly, or within tolerance for NOISE)."""
     if op == NOISE:
-        tol = 1e-4 if dtype == np.float32 else 1e-12
+        tol = 1e-4 if dtype in (np.float32, np.complex64) else 1e-12
         if got.shape == want.shape and np.allclose(got, want, rtol=tol,
                                                    atol=tol):
             return None
@@ -807,6 +812,7 @@ def suite_allreduce(xcomm, comm, v, sz, args):
             case += 1
             one_allreduce(v, xcomm, comm, dt, NOISE, count, seed_of(12, case),
                           in_place=j % 2 == 1, repeat=True)
+    complex_cases(v, xcomm, comm, sz, args, one_allreduce, seed_of(14))
     # Several MiB.
     for k, (dt, op) in enumerate([(np.dtype("f8"), "SUM"),
                                   (np.dtype("i4"), "BXOR"),
@@ -818,6 +824,22 @@ def suite_allreduce(xcomm, comm, v, sz, args):
     overflow_cases(v, xcomm, comm)
     special_values(v, xcomm, comm, sz)
     usage_errors(v, xcomm, comm)
+
+
+def complex_cases(v, xcomm, comm, sz, args, one, seed):
+    """ONE (one_allreduce or a root-taking wrapper of one_reduce) on
+    complex data with SUM, which xhc folds as pairs of floats: exact with
+    integer parts, within tolerance and alike on every rank with
+    fractions, and equal to mpi4py's."""
+    for dt in COMPLEX_DTYPES:
+        counts = sz.small_counts(dt.itemsize) + \
+            sz.large_counts(dt.itemsize, comm.size)
+        for j, count in enumerate(counts):
+            if args.quick and j % 2:
+                continue
+            for k, op in enumerate(("SUM", NOISE)):
+                one(v, xcomm, comm, dt, op, count, seed_of(seed, dt.num, j, k),
+                    in_place=(j + k) % 2 == 0)
 
 
 def suite_reduce(xcomm, comm, v, sz, args):
@@ -859,6 +881,11 @@ def suite_reduce(xcomm, comm, v, sz, args):
                    seed_of(24, case), root, in_place=k == 0,
                    nonroot_buf=False)
     special_values(v, xcomm, comm, sz, reduce_root=n - 1)
+
+    def reduce_to_last(v, xcomm, comm, dt, op, count, seed, in_place):
+        one_reduce(v, xcomm, comm, dt, op, count, seed, n - 1, in_place,
+                   nonroot_buf=False)
+    complex_cases(v, xcomm, comm, sz, args, reduce_to_last, seed_of(25))
     # IN_PLACE on a non-root is a usage error, refused locally.
     if n > 1:
         try:
@@ -1671,6 +1698,23 @@ def fallback_cases(xcomm, comm, v):
             lambda rep: None if np.array_equal(bout, np.logical_or.reduce(
                 bins)) else f"got {bout}")
 
+        # 3b. Complex data with an op other than SUM: PROD is MPI's to
+        # compute, MIN MPI's to refuse.
+        cins = [values(np.dtype("c16"), "PROD", seed_of(114, r), 5)
+                for r in range(n)]
+        cout = np.zeros(5, np.complex128)
+
+        def ar_complex(rep, c=xcomm, op=MPI.PROD):
+            cout[:] = 0
+            c.Allreduce(cins[rank], cout, op=op)
+
+        run("Allreduce: complex data with an op other than SUM", ar_complex,
+            lambda rep: None if np.array_equal(cout, np_fold("PROD", cins))
+            else f"got {cout}")
+        run("Allreduce: complex data with an op other than SUM",
+            lambda rep: ar_complex(rep, op=MPI.MIN),
+            lambda rep: "MPI's MIN of complex numbers succeeded",
+            plain=lambda rep: ar_complex(rep, comm, MPI.MIN))
         # 4. Datatypes that MPI reduces with some ops only, though their
         # typecodes are integers': MPI.BYTE (bitwise), Fortran's LOGICAL
         # (logical).  mpi4py gives MPI's answer, or its error.
@@ -1936,9 +1980,9 @@ def plain_calls(xcomm, comm, v):
     for name in ("_Bcast", "_Allreduce", "_Reduce"):
         setattr(xcomm, name, counted(name, getattr(xcomm, name)))
     try:
-        for i, ch in enumerate("dlifqhbBHILQP"):
+        for i, ch in enumerate("dlifqhbBHILQPFD"):
             dt = np.dtype(ch)
-            for op in (FLOAT_OPS if dt.kind == "f" else INT_OPS):
+            for op in {"f": FLOAT_OPS, "c": ("SUM",)}.get(dt.kind, INT_OPS):
                 ins = [values(dt, op, seed_of(160, i, r), 7)
                        for r in range(n)]
                 want = np_fold(op, ins)
@@ -1951,7 +1995,7 @@ def plain_calls(xcomm, comm, v):
                 xcomm.Reduce(ins[rank].copy(), got, mpi_op(op), root)
                 v.case(f"plain: Reduce {dt.char} {op} root {root}",
                        compare(got, want, op, dt) if rank == root else None)
-        for i, ch in enumerate("?egFDG"):
+        for i, ch in enumerate("?egFDG"):  # G: no complex long double SUM
             dt, root = np.dtype(ch), i % n
             raw = pattern(seed_of(161, i), 5 * dt.itemsize)
             if dt.kind == "b":
@@ -1988,15 +2032,14 @@ def plain_table_rebound(xcomm, comm, v):
     """Binding the table again (a reloaded xhc.comm does) replaces it;
     a malformed table is refused and leaves the old one in force."""
     from xhc import _hot, buffers
-    dtypes, ops, ops_on = buffers.plain_tables()
-    _hot.bind_plain(np.ndarray, MPI.IN_PLACE, dtypes, ops, ops_on)
-    bad = ((dtypes[0][0], 99, 8),) + dtypes[1:]
-    try:
-        _hot.bind_plain(np.ndarray, MPI.IN_PLACE, bad, ops, ops_on)
-        err = "no ValueError"
-    except ValueError:
-        err = None
-    v.case("plain: a dtype code out of range is refused", err)
+    dtypes, ops = buffers.plain_tables()
+    _hot.bind_plain(np.ndarray, MPI.IN_PLACE, dtypes, ops)
+    for what, entry in (("a dtype code", (99, 8, 1, 1)),
+                        ("a lane count", (lib.XHC_FLOAT64, 8, 3, 1)),
+                        ("an op mask", (lib.XHC_FLOAT64, 8, 1, 1 << 20))):
+        bad = ((dtypes[0][0], *entry),) + dtypes[1:]
+        v.case(f"plain: {what} out of range is refused", raises(
+            ValueError, _hot.bind_plain, np.ndarray, MPI.IN_PLACE, bad, ops))
     r = np.full(4, comm.rank + 1.0)
     xcomm.Allreduce(MPI.IN_PLACE, r)
     n = comm.size
