@@ -958,7 +958,8 @@ def test_gil_released_while_waiting(args2, op, path):
         f"{op}: {inc} increments in {wait} s, {per_s:.0f}/s when free"
 
 
-@pytest.mark.parametrize("path", ["plain", "python", "request"])
+@pytest.mark.parametrize("path", ["plain", "python", "request",
+                                  "staged-request"])
 def test_free_refused_while_another_thread_waits(args2, path):
     """free() (or a request's Free()) from a second thread while the main
     thread waits in a collective raises, where it used to unmap the memory
@@ -967,7 +968,7 @@ def test_free_refused_while_another_thread_waits(args2, path):
     check_completed(args2)
     rep = args2.get("FREE-BUSY", path)
     assert len(rep) == 1, args2.output()
-    what = "Request.Free()" if path == "request" else "free()"
+    what = "Request.Free()" if path.endswith("request") else "free()"
     assert rep[0]["msg"] == (
         f"xhc.Comm {what} while a collective runs on it in another thread; "
         "call it once that collective has returned"), rep[0]["msg"]

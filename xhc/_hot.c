@@ -812,6 +812,7 @@ typedef struct {
     HotComm *owner;          /* counts the call as under way; with CALL */
     PyObject *across;        /* or, over several nodes, what Start runs */
     char active;             /* started, not yet waited for */
+    char released;           /* by _hot_release: no Start() may run */
 } HotRequest;
 
 static PyTypeObject *hot_comm_type;  /* HotComm, made by hot_exec */
@@ -891,14 +892,16 @@ static PyObject *req_bind(HotRequest *r, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* _hot_release(): unbind and return True, unless a call runs on the
- * owner (False): in one step under the GIL, so that no Start() can begin
- * between the check and the unbinding. */
+/* _hot_release(): unbind, mark released and return True, unless a call
+ * runs on the owner (False): in one step under the GIL.  A Start() that
+ * comes after finds nothing bound, and its Python path (_Start) finds
+ * _released once it counts as under way. */
 static PyObject *req_release(HotRequest *r, PyObject *unused)
 {
     (void)unused;
     if (r->owner && r->owner->busy)
         Py_RETURN_FALSE;
+    r->released = 1;
     r->run = NULL, r->barrier = NULL;
     r->call = NULL, r->ctx = NULL;
     Py_CLEAR(r->across);
@@ -921,6 +924,8 @@ static PyMethodDef req_methods[] = {
 static PyMemberDef req_members[] = {
     {"_active", T_BOOL, offsetof(HotRequest, active), 0,
      "Started and not yet completed by a Wait or a Test."},
+    {"_released", T_BOOL, offsetof(HotRequest, released), READONLY,
+     "Released by _hot_release: Start() must not run its call."},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -355,7 +355,8 @@ class Comm(HotComm):
         b = resolve(buf)
         sink = self._rank != root
         if sink and not b.writable:  # takes part, as _take_part_then_raise
-            self._nodes.Bcast(np.empty(b.nbytes, np.uint8), root)
+            self._in_core(self._nodes.Bcast, np.empty(b.nbytes, np.uint8),
+                          root)
             raise _settled(ValueError(_READ_ONLY))
         run = functools.partial(self._nodes.Bcast, _flat(b, np.uint8), root)
         return functools.partial(_staged_run, run, _filled(b.load, not sink),
@@ -399,8 +400,8 @@ class Comm(HotComm):
             return r
         except (TypeError, ValueError) as exc:
             scratch = functools.partial(np.empty, s.count, dt)
-            self._nodes.Reduce(_flat(s, dt), scratch(), ops, root, False,
-                               scratch)
+            self._in_core(self._nodes.Reduce, _flat(s, dt), scratch(), ops,
+                          root, False, scratch)
             raise _settled(exc)
 
     def _in_core(self, fn, *args):
@@ -1057,20 +1058,32 @@ class Request(HotRequest):
             # closed the context the plan points to.
             if xcomm._state == "freed":
                 raise XhcError("xhc.Comm already freed")
-            if bind is not None:
-                self._hot_bind(xcomm, *bind)
+            # Bound to its owner even unbound to a call: Free() checks the
+            # owner's calls under way.
+            self._hot_bind(xcomm, *(bind or (0, 0, 0, 0)))
             xcomm._requests.add(self)  # free() frees its requests
 
     @_leaving
     def _Start(self):
-        call = self._call
-        if call is None:
-            raise XhcError(f"{self._what}: request already freed (or its "
-                           "xhc.Comm: already freed)")
-        rc = self._xcomm._in_core(call)
+        if self._call is None:
+            raise self._gone()
+        rc = self._xcomm._in_core(self._run_call)
         if rc:
             self._failed(rc)
         self._active = True
+
+    def _run_call(self):
+        """The call, counted as under way (_in_core): a Free() that came
+        first has released the request, and one that comes later refuses
+        while the count is up."""
+        call = self._call
+        if call is None or self._released:
+            raise self._gone()
+        return call()
+
+    def _gone(self):
+        return XhcError(f"{self._what}: request already freed (or its "
+                        "xhc.Comm: already freed)")
 
     def _failed(self, rc):
         self._xcomm._raise(rc, self._what)

@@ -3101,6 +3101,12 @@ def calls_once_free_began(v, comm):
     for _ in range(2):
         other.Allreduce(a, b)  # kept, over several nodes
     req = other.Allreduce_init(a, b)
+    # Buffers that make a rank take part before it raises: a read-only
+    # Bcast receiver, a Reduce root's receive buffer of the wrong size.
+    frozen = np.arange(4.0)
+    if comm.rank != 0:
+        frozen.flags.writeable = False
+    short = np.zeros(3) if comm.rank == 0 else None
     seen = []
 
     class Hooked:
@@ -3110,7 +3116,8 @@ def calls_once_free_began(v, comm):
 
         def __enter__(self):
             for call in (lambda: other.Allreduce(a, b), other.Barrier,
-                         req.Start):
+                         req.Start, lambda: other.Bcast(frozen, 0),
+                         lambda: other.Reduce(a, short, root=0)):
                 seen.append(raises(xhc.XhcError, call))
             return self.lock.__enter__()
 
@@ -3122,6 +3129,23 @@ def calls_once_free_began(v, comm):
     nodes = other.xhc_info.get("nodes", 1)
     v.case(f"{nodes} node(s): calls that begin once free() has begun raise",
            next((e for e in seen if e), None))
+    released_requests_never_start(v, comm)
+
+
+def released_requests_never_start(v, comm):
+    """Once a request is released (Free()'s first step, in C), a Start()
+    raises instead of running the call whose buffers Free() drops next;
+    a staged request too, whose Start() runs in Python."""
+    other = xhc.Comm(comm)
+    for name, send in (("bound", np.ones(4)), ("staged", np.ones(8)[::2])):
+        got = np.zeros(4)
+        req = other.Allreduce_init(send, got)
+        req._hot_release()
+        err = raises(xhc.XhcError, req.Start)
+        req.Free()
+        v.case(f"a released {name} request's Start() raises and runs "
+               "nothing", err or (None if not got.any() else f"got {got}"))
+    other.free()
 
 
 def raised_in_kept_runs(xcomm, comm, v):
