@@ -269,11 +269,11 @@ static int32_t plain_op(PyObject *op, const struct plain_buf *b)
     return -1;
 }
 
-/* Do S and R hold different types (a complex and a pair of floats
- * included)? */
+/* Do S and R hold different types (a complex and a pair of floats, a
+ * bool and a byte included)? */
 static int unlike(const struct plain_buf *s, const struct plain_buf *r)
 {
-    return s->code != r->code || s->lanes != r->lanes;
+    return s->code != r->code || s->lanes != r->lanes || s->ops != r->ops;
 }
 
 static int is_in_place(PyObject *obj)

@@ -31,9 +31,26 @@ _DTYPES = {("i", 1): lib.XHC_INT8, ("i", 2): lib.XHC_INT16,
            ("u", 4): lib.XHC_UINT32, ("u", 8): lib.XHC_UINT64,
            ("f", 4): lib.XHC_FLOAT32, ("f", 8): lib.XHC_FLOAT64}
 NOT_REDUCIBLE = -1  # bytes that Bcast moves but no kernel reduces
-# Complex numbers, whose SUM is the SUM of their real and imaginary
-# parts: reduced as twice as many floats of half the size (PAIRED).
-_PAIRED = {np.dtype("=c8"): lib.XHC_FLOAT32, np.dtype("=c16"): lib.XHC_FLOAT64}
+
+
+class Alias:
+    """How the core reduces a dtype it has no kernel of its own for: as
+    LANES elements of dtype CODE each, with the ops ONLY, which MPI
+    defines on it (NAME names it in messages)."""
+    __slots__ = ("name", "code", "lanes", "only")
+
+    def __init__(self, name, code, lanes, only):
+        self.name, self.code, self.lanes, self.only = name, code, lanes, only
+
+
+# Complex numbers sum as the pairs of floats they are; bools, which MPI
+# reduces with the logical ops alone, as bytes of 0 or 1.
+_ALIASES = {
+    np.dtype("=c8"): Alias("complex", lib.XHC_FLOAT32, 2, (MPI.SUM,)),
+    np.dtype("=c16"): Alias("complex", lib.XHC_FLOAT64, 2, (MPI.SUM,)),
+    np.dtype("?"): Alias("bool", lib.XHC_UINT8, 1,
+                         (MPI.LAND, MPI.LOR, MPI.LXOR)),
+}
 DTYPE_NAMES = {code: f"{'int' if k == 'i' else 'uint' if k == 'u' else 'float'}"
                f"{8 * size}" for (k, size), code in _DTYPES.items()}
 DTYPE_NAMES[NOT_REDUCIBLE] = "bytes"
@@ -48,11 +65,12 @@ def plain_tables():
     ops = tuple((op, code) for op, code, _ in _OP_TABLE)
     dtypes = []
     for dt in map(np.dtype, "dlifqhbBHILQP?egFDG"):
-        code, lanes = dtype_code(dt), 1
-        if dt in _PAIRED:
-            code, lanes = _PAIRED[dt], 2
+        alias = _ALIASES.get(dt)
+        code, lanes = (alias.code, alias.lanes) if alias else \
+            (dtype_code(dt), 1)
         bits = sum(1 << c for op, c in ops if code != NOT_REDUCIBLE and
-                   lib.xhc_op_valid(code, c) and (lanes == 1 or op is MPI.SUM))
+                   lib.xhc_op_valid(code, c) and
+                   (alias is None or op in alias.only))
         dtypes.append((dt, code, dt.itemsize, lanes, bits))
     return tuple(dtypes), ops
 
@@ -74,15 +92,16 @@ class Buffer:
     buffer before a call that reads it, STORE writes the copy back after
     a call that writes it.  Both are None for a buffer used in place.
     """
-    __slots__ = ("obj", "arr", "ptr", "nbytes", "count", "dtype", "paired",
+    __slots__ = ("obj", "arr", "ptr", "nbytes", "count", "dtype", "alias",
                  "writable", "load", "store")
 
     def __init__(self, obj, arr, dtype, writable, load=None, store=None):
         self.obj = obj
-        # Complex: reduced by SUM only, as the pairs of floats they are.
-        self.paired = dtype == NOT_REDUCIBLE and arr.dtype in _PAIRED
-        if self.paired:
-            dtype = _PAIRED[arr.dtype]
+        # Complex and bool: reduced as the core's type of their Alias.
+        self.alias = _ALIASES.get(arr.dtype) if dtype == NOT_REDUCIBLE \
+            else None
+        if self.alias is not None:
+            dtype = self.alias.code
             arr = arr.reshape(-1).view(numpy_dtype(dtype))
         self.arr = arr  # contiguous: the memory the core reads and writes
         self.ptr = ffi.from_buffer(arr)

@@ -757,8 +757,10 @@ class Comm(HotComm):
         if buf.dtype == NOT_REDUCIBLE:
             self._why = "datatype without a reduction kernel"
             return False
-        if buf.paired and op is not MPI.SUM:
-            self._why = "complex data with an op other than SUM"
+        alias = buf.alias
+        if alias is not None and op not in alias.only:
+            self._why = (f"{alias.name} data with an op other than " +
+                         ", ".join(OP_NAMES[id(o)] for o in alias.only))
             return False
         return True
 
@@ -1247,7 +1249,7 @@ def _check_pair(s, r, name):
     if not r.writable:
         raise ValueError(f"{name}: the receive buffer is read-only; pass a "
                          "writable array")
-    if s.dtype != r.dtype or s.paired != r.paired:
+    if s.dtype != r.dtype or s.alias is not r.alias:
         raise ValueError(f"{name}: send and receive buffers differ in dtype; "
                          "use the same dtype for both")
     if s.count != r.count:
@@ -1262,7 +1264,7 @@ def _check_pair(s, r, name):
 def _elements(b):
     """Buffer B's elements as the caller counts them (a complex one, two
     floats to the core)."""
-    return b.count // 2 if b.paired else b.count
+    return b.count // b.alias.lanes if b.alias else b.count
 
 
 def _partly_overlap(s, r):

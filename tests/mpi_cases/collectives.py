@@ -41,7 +41,9 @@ INT_DTYPES = [np.dtype(c) for c in ("i1", "i2", "i4", "i8",
                                     "u1", "u2", "u4", "u8")]
 FLOAT_DTYPES = [np.dtype("f4"), np.dtype("f8")]
 DTYPES = INT_DTYPES + FLOAT_DTYPES
-COMPLEX_DTYPES = [np.dtype("c8"), np.dtype("c16")]  # SUM only
+# Reduced as another type of the core's, with the ops MPI defines on them.
+ALIASED = [(np.dtype("c8"), ("SUM", "SUM~")), (np.dtype("c16"), ("SUM", "SUM~")),
+           (np.dtype("?"), ("LAND", "LOR", "LXOR"))]
 ARITH = ["SUM", "PROD", "MIN", "MAX"]
 BITLOGIC = ["LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"]
 OPS = ARITH + BITLOGIC
@@ -109,6 +111,8 @@ def pattern(seed, nbytes):
 
 def values(dtype, op, seed, count):
     """Inputs of one rank for a reduction of OP over DTYPE."""
+    if dtype.kind == "b":
+        return values(np.dtype("u1"), op, seed, count) % 3 == 0
     if dtype.kind == "c":  # a float of each part
         part = np.dtype(f"f{dtype.itemsize // 2}")
         return (values(part, op, seed, count).astype(dtype) + 1j *
@@ -812,7 +816,7 @@ def suite_allreduce(xcomm, comm, v, sz, args):
             case += 1
             one_allreduce(v, xcomm, comm, dt, NOISE, count, seed_of(12, case),
                           in_place=j % 2 == 1, repeat=True)
-    complex_cases(v, xcomm, comm, sz, args, one_allreduce, seed_of(14))
+    aliased_cases(v, xcomm, comm, sz, args, one_allreduce, seed_of(14))
     # Several MiB.
     for k, (dt, op) in enumerate([(np.dtype("f8"), "SUM"),
                                   (np.dtype("i4"), "BXOR"),
@@ -826,18 +830,19 @@ def suite_allreduce(xcomm, comm, v, sz, args):
     usage_errors(v, xcomm, comm)
 
 
-def complex_cases(v, xcomm, comm, sz, args, one, seed):
+def aliased_cases(v, xcomm, comm, sz, args, one, seed):
     """ONE (one_allreduce or a root-taking wrapper of one_reduce) on
-    complex data with SUM, which xhc folds as pairs of floats: exact with
+    complex data with SUM, which xhc folds as pairs of floats (exact with
     integer parts, within tolerance and alike on every rank with
-    fractions, and equal to mpi4py's."""
-    for dt in COMPLEX_DTYPES:
+    fractions), and on bools with the logical ops, folded as bytes: equal
+    to numpy's and mpi4py's."""
+    for dt, ops in ALIASED:
         counts = sz.small_counts(dt.itemsize) + \
             sz.large_counts(dt.itemsize, comm.size)
         for j, count in enumerate(counts):
             if args.quick and j % 2:
                 continue
-            for k, op in enumerate(("SUM", NOISE)):
+            for k, op in enumerate(ops):
                 one(v, xcomm, comm, dt, op, count, seed_of(seed, dt.num, j, k),
                     in_place=(j + k) % 2 == 0)
 
@@ -885,7 +890,7 @@ def suite_reduce(xcomm, comm, v, sz, args):
     def reduce_to_last(v, xcomm, comm, dt, op, count, seed, in_place):
         one_reduce(v, xcomm, comm, dt, op, count, seed, n - 1, in_place,
                    nonroot_buf=False)
-    complex_cases(v, xcomm, comm, sz, args, reduce_to_last, seed_of(25))
+    aliased_cases(v, xcomm, comm, sz, args, reduce_to_last, seed_of(25))
     # IN_PLACE on a non-root is a usage error, refused locally.
     if n > 1:
         try:
@@ -1685,18 +1690,18 @@ def fallback_cases(xcomm, comm, v):
                     np.array_equal(loc_out[:, 1], where)
                 v.check("fallback MINLOC MPI_2INT", ok,
                         f"got {loc_out[:3].tolist()}")
-        # 3. A dtype without a kernel (bool) in Allreduce.
-        bins = [values(np.dtype("u1"), "LOR", seed_of(111, r), 9) > 0
-                for r in range(n)]
-        bout = np.zeros(9, bool)
+        # 3. A dtype without a kernel (float16) in Allreduce.
+        hins = [values(np.dtype("i1"), "SUM", seed_of(111, r), 9).astype(
+            np.float16) for r in range(n)]
+        hout = np.zeros(9, np.float16)
 
-        def ar_bool(rep):
-            bout[:] = False
-            xcomm.Allreduce(bins[rank], bout, op=MPI.LOR)
+        def ar_half(rep):
+            hout[:] = 0
+            xcomm.Allreduce(hins[rank], hout, op=MPI.SUM)
 
-        run("Allreduce: datatype without a reduction kernel", ar_bool,
-            lambda rep: None if np.array_equal(bout, np.logical_or.reduce(
-                bins)) else f"got {bout}")
+        run("Allreduce: datatype without a reduction kernel", ar_half,
+            lambda rep: None if np.array_equal(hout, np_fold("SUM", hins))
+            else f"got {hout}")
 
         # 3b. Complex data with an op other than SUM: PROD is MPI's to
         # compute, MIN MPI's to refuse.
@@ -1715,6 +1720,14 @@ def fallback_cases(xcomm, comm, v):
             lambda rep: ar_complex(rep, op=MPI.MIN),
             lambda rep: "MPI's MIN of complex numbers succeeded",
             plain=lambda rep: ar_complex(rep, comm, MPI.MIN))
+        bout = np.zeros(5, bool)
+
+        def ar_bool(rep, c=xcomm):
+            c.Allreduce(np.ones(5, bool), bout, op=MPI.BAND)
+
+        run("Allreduce: bool data with an op other than LAND, LOR, LXOR",
+            ar_bool, lambda rep: "MPI's BAND of bools succeeded",
+            plain=lambda rep: ar_bool(rep, comm))
         # 4. Datatypes that MPI reduces with some ops only, though their
         # typecodes are integers': MPI.BYTE (bitwise), Fortran's LOGICAL
         # (logical).  mpi4py gives MPI's answer, or its error.
@@ -1980,9 +1993,10 @@ def plain_calls(xcomm, comm, v):
     for name in ("_Bcast", "_Allreduce", "_Reduce"):
         setattr(xcomm, name, counted(name, getattr(xcomm, name)))
     try:
-        for i, ch in enumerate("dlifqhbBHILQPFD"):
+        for i, ch in enumerate("dlifqhbBHILQPFD?"):
             dt = np.dtype(ch)
-            for op in {"f": FLOAT_OPS, "c": ("SUM",)}.get(dt.kind, INT_OPS):
+            for op in {"f": FLOAT_OPS, "c": ("SUM",),
+                       "b": ("LAND", "LOR", "LXOR")}.get(dt.kind, INT_OPS):
                 ins = [values(dt, op, seed_of(160, i, r), 7)
                        for r in range(n)]
                 want = np_fold(op, ins)
