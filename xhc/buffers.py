@@ -430,7 +430,7 @@ def _of_object(obj):
                              f"format {view.format!r}, which numpy cannot "
                              "take; pass a contiguous buffer") from None
     try:
-        npdt = np.dtype(view.format)
+        npdt = _format_dtype(view.format)
         arr = np.frombuffer(view.cast("B"), npdt)
     except (TypeError, ValueError):
         npdt, arr = None, np.frombuffer(view.cast("B"), np.uint8)
@@ -438,6 +438,21 @@ def _of_object(obj):
         return _of_array(arr, obj)  # refused there
     code = NOT_REDUCIBLE if npdt is None else dtype_code(npdt)
     return Buffer(obj, arr, code, not view.readonly)
+
+
+_PEP3118_COMPLEX = {"Zf": "F", "Zd": "D", "Zg": "G"}
+
+
+def _format_dtype(fmt):
+    """numpy's dtype for buffer format FMT, PEP 3118's complex formats
+    ('Zd', '<Zf', ...) included, which np.dtype() does not read: mpi4py
+    takes them as MPI's complex types, and an ndarray of the same
+    numbers must go the same way."""
+    if "Z" in fmt:
+        order, code = (fmt[0], fmt[1:]) if fmt[:1] in "@=<>!" else ("", fmt)
+        fmt = {"@": "=", "!": ">"}.get(order, order) + \
+            _PEP3118_COMPLEX.get(code, code)
+    return np.dtype(fmt)
 
 
 _DLPACK_CPU = 1  # DLPack's kDLCPU

@@ -539,7 +539,7 @@ class Comm(HotComm):
         if p is None:
             return self._fallback("Allreduce_init", sendbuf, recvbuf, op,
                                   *_info(info))
-        return Request(p[3], f"Allreduce ({p[4].count} elements)", self, p)
+        return Request(p[3], f"Allreduce ({_elements(p[4])} elements)", self, p)
 
     @_leaving
     def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=None):
@@ -552,7 +552,7 @@ class Comm(HotComm):
         if p is None:
             return self._fallback("Reduce_init", sendbuf, recvbuf, op, root,
                                   *_info(info))
-        return Request(p[4], f"Reduce(root={root}, {p[5].count} elements)",
+        return Request(p[4], f"Reduce(root={root}, {_elements(p[5])} elements)",
                        self, p)
 
     def _shared_flag(self, *arrays):

@@ -817,6 +817,7 @@ def suite_allreduce(xcomm, comm, v, sz, args):
             one_allreduce(v, xcomm, comm, dt, NOISE, count, seed_of(12, case),
                           in_place=j % 2 == 1, repeat=True)
     aliased_cases(v, xcomm, comm, sz, args, one_allreduce, seed_of(14))
+    complex_forms(v, xcomm, comm)
     # Several MiB.
     for k, (dt, op) in enumerate([(np.dtype("f8"), "SUM"),
                                   (np.dtype("i4"), "BXOR"),
@@ -845,6 +846,34 @@ def aliased_cases(v, xcomm, comm, sz, args, one, seed):
             for k, op in enumerate(ops):
                 one(v, xcomm, comm, dt, op, count, seed_of(seed, dt.num, j, k),
                     in_place=(j + k) % 2 == 0)
+
+
+def complex_forms(v, xcomm, comm):
+    """Complex buffers as an ndarray, a memoryview (format 'Zd', which
+    np.dtype() does not read) or a numpy scalar, mixed across ranks:
+    every rank takes the same road, as mpi4py takes them all as MPI's
+    complex type, and gets mpi4py's sum."""
+    n, rank = comm.size, comm.rank
+    forms = (lambda a: a, memoryview, lambda a: [memoryview(a), None])
+    mine = np.arange(5) * (rank + 1) + 1j * (np.arange(5) - rank)
+    want = np.zeros(5, complex)
+    comm.Allreduce(mine, want)
+    for k in range(len(forms)):
+        form = forms[(rank + k) % len(forms)]
+        got = np.zeros(5, complex)
+        xcomm.Allreduce(form(mine.copy()), form(got))
+        v.case(f"complex as mixed buffer forms #{k}: Allreduce",
+               None if np.array_equal(got, want) else f"got {got}")
+        got = np.zeros(5, complex)
+        xcomm.Reduce(form(mine.copy()), form(got) if rank == k % n else None,
+                     root=k % n)
+        v.case(f"complex as mixed buffer forms #{k}: Reduce",
+               None if rank != k % n or np.array_equal(got, want) else
+               f"got {got}")
+    one = np.zeros(1, complex)
+    xcomm.Allreduce(np.complex128(rank + 1j), one)
+    v.case("a numpy complex scalar as the send buffer",
+           None if one[0] == n * (n - 1) / 2 + n * 1j else f"got {one}")
 
 
 def suite_reduce(xcomm, comm, v, sz, args):
