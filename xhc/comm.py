@@ -539,7 +539,9 @@ class Comm(HotComm):
         if p is None:
             return self._fallback("Allreduce_init", sendbuf, recvbuf, op,
                                   *_info(info))
-        return Request(p[3], f"Allreduce ({_elements(p[4])} elements)", self, p)
+        # The plan: (sendbuf, recvbuf, op, run, call, send Buffer, ...).
+        return Request(p[3], f"Allreduce ({_elements(p[5])} elements)",
+                       self, p)
 
     @_leaving
     def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=None):
@@ -552,8 +554,9 @@ class Comm(HotComm):
         if p is None:
             return self._fallback("Reduce_init", sendbuf, recvbuf, op, root,
                                   *_info(info))
-        return Request(p[4], f"Reduce(root={root}, {_elements(p[5])} elements)",
-                       self, p)
+        # The plan: (sendbuf, recvbuf, op, root, run, call, send Buffer, ...).
+        return Request(p[4], f"Reduce(root={root}, {_elements(p[6])} "
+                       "elements)", self, p)
 
     def _shared_flag(self, *arrays):
         """Collective, from *_init: XHC_CALL_SHARED if every rank's ARRAYS
