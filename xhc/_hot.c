@@ -698,6 +698,17 @@ static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
     return failed(h, "_Barrier", rc, NULL, 0);
 }
 
+/* Hold OBJ in *SLOT, or nothing if OBJ is None. */
+static void hold_or_clear(PyObject **slot, PyObject *obj)
+{
+    if (obj == Py_None)
+        Py_CLEAR(*slot);
+    else {
+        Py_INCREF(obj);
+        Py_XSETREF(*slot, obj);
+    }
+}
+
 /* _hot_bind(ctx, run, barrier, bcast_plans, allreduce_plans,
  *           reduce_plans, sum, rank, size, span=None): addresses as ints;
  * ctx 0 unbinds.  SPAN, for a communicator over several nodes, is its
@@ -711,12 +722,7 @@ static PyObject *hot_bind(HotComm *h, PyObject *args)
                           &PyDict_Type, &p[2], &sum, &h->rank, &h->size,
                           &span))
         return NULL;
-    if (span == Py_None)
-        Py_CLEAR(h->span);
-    else {
-        Py_INCREF(span);
-        Py_XSETREF(h->span, span);
-    }
+    hold_or_clear(&h->span, span);
     for (int i = 0; i < NPLANS; i++) {
         Py_INCREF(p[i]);
         Py_XSETREF(h->plans[i], p[i]);
@@ -877,12 +883,7 @@ static PyObject *req_bind(HotRequest *r, PyObject *args)
         return NULL;
     Py_INCREF(owner);
     Py_XSETREF(r->owner, (HotComm *)owner);
-    if (across == Py_None)
-        Py_CLEAR(r->across);
-    else {
-        Py_INCREF(across);
-        Py_XSETREF(r->across, across);
-    }
+    hold_or_clear(&r->across, across);
     r->run = (xhc_run_fn)(uintptr_t)run;
     r->call = (void *)(uintptr_t)call;
     r->barrier = (xhc_barrier_fn)(uintptr_t)barrier;

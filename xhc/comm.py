@@ -1142,11 +1142,8 @@ class Request(HotRequest):
         does not."""
         if self._freed:
             raise XhcError(f"{self._what}: request already freed")
-        # Refuse while a call runs, or unbind: one step in C, which no
-        # Start() in another thread can come between.
-        if not self._hot_release():
+        if not self._release():
             raise _busy_error("Request.Free()")
-        self._release()
         self._freed = True
 
     def free(self):
@@ -1155,12 +1152,16 @@ class Request(HotRequest):
             self.Free()
 
     def _release(self):
-        """Unbind (the xhc.Comm's free() let no call run); drop the
-        buffers and the plan."""
-        self._hot_release()
+        """Unbind, then drop the buffers and the plan; False, doing
+        nothing, while a call runs on the xhc.Comm (never from its free(),
+        which let none run).  The check and the unbinding are one step in
+        C, which no Start() in another thread can come between."""
+        if not self._hot_release():
+            return False
         self._active = False
         self._call = None
         self._plan = None
+        return True
 
     @staticmethod
     def Startall(requests):

@@ -124,7 +124,7 @@ def _all(requests, statuses, mpi_all):
     if objs is None:  # the capitalised calls return no objects
         return True, None
     got = [None] * n
-    for i, obj in zip(split.theirs, objs or ()):
+    for i, obj in zip(split.theirs, objs):
         got[i] = obj
     return True, got
 
