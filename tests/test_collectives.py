@@ -23,7 +23,8 @@ from mpirun import run_mpi
 
 SCRIPT = "tests/mpi_cases/collectives.py"
 ALL_SUITES = ["bcast", "allreduce", "reduce", "barrier", "mixed", "subcomm",
-              "zerocopy", "fallback", "stats", "calls", "staged", "adaptive"]
+              "zerocopy", "fallback", "stats", "calls", "staged", "adaptive",
+              "objects"]
 # Variants: all but fallback (no XHC_* setting changes what falls back).
 VARIANT_SUITES = ["bcast", "allreduce", "reduce", "barrier", "mixed",
                   "subcomm", "zerocopy", "stats", "calls", "adaptive"]
@@ -103,7 +104,7 @@ def test_variant(n, env, levels):
 # Over several nodes (XHC_SPLIT_NODES cuts this machine's ranks into
 # nodes): what checks results; not the suites that count one node's paths.
 SPANNING_SUITES = ["bcast", "allreduce", "reduce", "barrier", "mixed",
-                   "subcomm", "fallback", "spanning"]
+                   "subcomm", "fallback", "spanning", "objects"]
 
 
 @pytest.mark.parametrize("n,split", [(3, 2), (4, 2), (6, 3)])

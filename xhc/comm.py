@@ -14,7 +14,8 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from . import _core, completion, config, debug, hierarchy, nodes, topology
+from . import (_core, completion, config, debug, hierarchy, nodes, objects,
+               topology)
 from ._hot import (HotComm, HotRequest, bind_plain, block_hook,
                    kept_holds, progress_hook, set_progress)
 from ._xhc import ffi, lib
@@ -135,7 +136,8 @@ def _misbound(entry, args, kwargs):
 
 class Comm(HotComm):
     """Wrap an mpi4py intra-communicator; accelerate Bcast, Barrier,
-    Allreduce and Reduce through node shared memory.
+    Allreduce and Reduce through node shared memory, and their forms on
+    Python objects (bcast, barrier, allreduce, reduce) through those.
 
     Creating one is collective over COMM.  Every attribute xhc does not
     define passes through to COMM.  Keywords (each also an XHC_* variable):
@@ -169,6 +171,7 @@ class Comm(HotComm):
         self._fallbacks = 0
         self._why = ""
         self._nodes = None  # for a communicator that spans several nodes
+        self._objects = None  # slots for bcast, allreduce and reduce
         self.xhc_info = {}
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL \
                 or comm.Is_inter():
@@ -508,6 +511,42 @@ class Comm(HotComm):
         if hasattr(buf, "nbytes"):
             what.append(f"{buf.nbytes} B")
         self._raise(rc, f"{name[1:]}({', '.join(what)})")
+
+    # -- Python objects (xhc/objects.py) --------------------------------------
+    # mpi4py's lowercase collectives, on xhc's of bytes: the same results,
+    # a new object on every rank, each reduction folded in rank order.
+
+    def barrier(self):
+        """Block until every rank has called barrier (Barrier())."""
+        self.Barrier()
+
+    def bcast(self, obj, root=0):
+        """ROOT's picklable OBJ, as a new object on every rank."""
+        return (self._objects or self._new_objects()).bcast(
+            self, obj, self._object_root(root, "bcast"))
+
+    def allreduce(self, sendobj, op=MPI.SUM):
+        """Every rank's SENDOBJ folded by OP (an MPI.Op or a callable of
+        two objects) in rank order, on every rank."""
+        return (self._objects or self._new_objects()).reduce(
+            self, "allreduce", sendobj, op, None)
+
+    def reduce(self, sendobj, op=MPI.SUM, root=0):
+        """allreduce's result on ROOT; None on the other ranks."""
+        return (self._objects or self._new_objects()).reduce(
+            self, "reduce", sendobj, op, self._object_root(root, "reduce"))
+
+    def _object_root(self, root, name):
+        """ROOT, checked; a rank that raises takes no part."""
+        try:
+            return self._root_arg(root, name)
+        except ValueError:
+            self._withdraw()
+            raise
+
+    def _new_objects(self):
+        self._objects = objects.Objects(self._rank, self._size)
+        return self._objects
 
     # -- persistent collectives (MPI-4 style) ---------------------------------
     # All argument work happens in *_init; Start() is the C call alone.

@@ -32,6 +32,7 @@ import warnings
 import numpy as np
 from mpi4py import MPI
 from host import expected_copy
+from object_cases import suite_objects
 from xhc._xhc import lib
 
 import xhc
@@ -3312,6 +3313,7 @@ SUITES = {
     "adaptive": suite_adaptive,
     "fallback": suite_fallback, "stats": suite_stats, "wrap": suite_wrap,
     "calls": suite_calls, "staged": suite_staged, "spanning": suite_spanning,
+    "objects": suite_objects,
 }
 
 

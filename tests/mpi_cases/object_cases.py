@@ -1,0 +1,224 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The objects suite of collectives.py: xhc.Comm's bcast, allreduce,
+reduce and barrier on Python objects, against two truths: the fold of
+every rank's object in rank order, which each rank computes alone, and
+mpi4py's own call on the wrapped communicator."""
+import functools
+import pickle
+import threading
+import warnings
+
+import numpy as np
+from mpi4py import MPI
+
+import xhc
+from xhc import objects
+
+
+def _merge(a, b):
+    return {**a, **b}
+
+
+def _pair(a, b):
+    return [a, b] if not isinstance(a, list) else a + [b]
+
+
+def _cases(rank, size):
+    """(name, every rank's object, op, exact): EXACT if mpi4py's tree, which
+    folds in another order, must give the same result."""
+    rng = np.random.default_rng(1234)
+    floats = rng.standard_normal(size) * 10.0 ** rng.integers(-8, 8, size)
+    long_text = ["x" * (objects.CAP + 40 * r) if r % 2 else "y" * r
+                 for r in range(size)]
+    return [
+        ("float SUM", [float(f) for f in floats], MPI.SUM, False),
+        ("float MAX", [float(f) for f in floats], MPI.MAX, True),
+        ("signed zeros and NaN MIN",
+         [[-0.0, 0.0, float("nan"), float("inf")][r % 4] for r in range(size)],
+         MPI.MIN, False),
+        ("int SUM", [r * 7 - 3 for r in range(size)], MPI.SUM, True),
+        ("int64 edges MAX", [(-1 << 63) + r if r % 2 else (1 << 63) - 1 - r
+                             for r in range(size)], MPI.MAX, True),
+        ("big int SUM", [(1 << 70) + r for r in range(size)], MPI.SUM, True),
+        ("bool LAND", [r != 1 for r in range(size)], MPI.LAND, True),
+        ("bool SUM", [True] * size, MPI.SUM, True),
+        ("int and float SUM", [r if r % 2 else r + 0.5 for r in range(size)],
+         MPI.SUM, True),
+        ("str SUM", [f"<{r}>" for r in range(size)], MPI.SUM, True),
+        ("bytes SUM", [bytes([r]) for r in range(size)], MPI.SUM, True),
+        ("list SUM", [[r, -r] for r in range(size)], MPI.SUM, True),
+        ("tuple MAXLOC", [(float(r % 3), r) for r in range(size)], MPI.MAXLOC,
+         True),
+        ("dict by a callable", [{f"k{r}": r} for r in range(size)], _merge,
+         True),
+        ("None by a callable", [None] * size, lambda a, b: a, True),
+        ("numpy array SUM", [np.arange(5.0) * (r + 1) for r in range(size)],
+         MPI.SUM, True),
+        ("numpy scalar SUM", [np.float32(r) for r in range(size)], MPI.SUM,
+         True),
+        ("pickles longer than a slot on some ranks", long_text, MPI.SUM,
+         True),
+        ("non-commutative callable, rank order", [r for r in range(size)],
+         _pair, False),
+    ]
+
+
+def _same(got, want):
+    """None if GOT is WANT's equal in type and value (NaN and -0.0 by
+    their bits); else what differs."""
+    if type(got) is not type(want):
+        return f"got a {type(got).__name__}, want a {type(want).__name__}"
+    if isinstance(want, np.ndarray):
+        ok = want.dtype == got.dtype and np.array_equal(got, want)
+    else:
+        ok = pickle.dumps(got) == pickle.dumps(want)
+    return None if ok else f"got {got!r:.80}, want {want!r:.80}"
+
+
+def _fold(objs, op):
+    return functools.reduce(op, objs[1:], objs[0])
+
+
+def _digest(obj):
+    return pickle.dumps(obj).hex()[:64]
+
+
+def results(xcomm, comm, v):
+    """Every case through allreduce, reduce to every root and bcast from
+    every root: results equal the rank-order fold, bit for bit on every
+    rank, and mpi4py's own where its order cannot matter; a new object
+    each (but for numbers)."""
+    rank, size = comm.rank, comm.size
+    for name, objs, op, exact in _cases(rank, size):
+        mine, want = objs[rank], _fold(objs, op)
+        got = xcomm.allreduce(mine, op)
+        v.case(f"allreduce {name}", _same(got, want), same=_digest(got))
+        if exact:
+            v.case(f"allreduce {name} as mpi4py's",
+                   _same(got, comm.allreduce(mine, op)))
+        if isinstance(mine, (list, dict, np.ndarray)):
+            v.check(f"allreduce {name}: a new object", got is not mine,
+                    "returned the rank's own object")
+        for root in range(size):
+            got = xcomm.reduce(mine, op, root=root)
+            v.case(f"reduce {name} to {root}",
+                   _same(got, want if rank == root else None))
+            got = xcomm.bcast(mine, root=root)
+            v.case(f"bcast {name} from {root}", _same(got, objs[root]))
+            if isinstance(mine, (list, dict, np.ndarray)):
+                v.check(f"bcast {name} from {root}: a new object",
+                        got is not mine, "returned the root's own object")
+
+
+def failures(xcomm, comm, v):
+    """A rank whose object does not pickle raises its own error and every
+    other rank an XhcError naming it; a bad op, an op that raises, a bad
+    root raise on every rank.  No rank is left waiting: the next call
+    works."""
+    rank, size = comm.rank, comm.size
+    bad = size - 1
+    unpicklable = threading.Lock()
+
+    def outcome(call):
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 -- compared below
+            return exc
+        return None
+
+    def expect(desc, exc, kind, *words):
+        err = None
+        if not isinstance(exc, kind):
+            err = f"raised {exc!r}, want {kind.__name__}"
+        elif any(w not in str(exc) for w in words):
+            err = f"{exc} does not say {words}"
+        v.case(desc, err)
+
+    for name, call in [
+            ("allreduce", lambda o: xcomm.allreduce(o)),
+            ("reduce to 0", lambda o: xcomm.reduce(o, root=0)),
+            ("reduce to the failing rank", lambda o: xcomm.reduce(o, root=bad)),
+            ("bcast from the failing rank", lambda o: xcomm.bcast(o, root=bad))]:
+        exc = outcome(lambda: call(unpicklable if rank == bad else [rank]))
+        desc = (f"{name}: an unpicklable object raises its own error there, "
+                "an XhcError naming its rank elsewhere")
+        if rank == bad:
+            expect(desc, exc, TypeError, "pickle")
+        else:
+            expect(desc, exc, xhc.XhcError, f"rank {bad} could not pickle",
+                   "picklable object")
+        v.case(f"{name}: the next call works",
+               _same(xcomm.allreduce(rank), size * (size - 1) // 2))
+    expect("an op that is not callable", outcome(
+        lambda: xcomm.allreduce(1, op=5)), TypeError, "op must be")
+    exc = outcome(lambda: xcomm.allreduce("a" if rank else 1))
+    expect("an op that raises, on every rank",
+           exc if size > 1 else TypeError("no fold"), TypeError)
+    for name in ("reduce", "bcast"):
+        exc = outcome(lambda: getattr(xcomm, name)(1, root=size))
+        expect(f"{name} to a root out of range", exc, ValueError,
+               f"{name}: invalid root {size}")
+    v.case("after the failures", _same(xcomm.bcast(rank + 1, root=bad),
+                                       bad + 1))
+
+
+def long_and_custom(xcomm, comm, v):
+    """Pickles above objects.LIMIT together go to mpi4py's call, warned
+    once; MPI.pickle set by the user pickles on xhc's path too."""
+    rank, size = comm.rank, comm.size
+    big = np.arange(objects.LIMIT // 8 + 1, dtype=np.float64) + rank
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        before = xcomm.stats["fallback"]
+        got = xcomm.allreduce(big)
+    want = _fold([np.arange(big.size, dtype=np.float64) + r
+                  for r in range(size)], MPI.SUM)
+    v.case("objects above LIMIT: mpi4py's result", _same(got, want))
+    said = [str(w.message) for w in seen]
+    v.check("objects above LIMIT: warned, counted as a fallback",
+            xcomm.stats["fallback"] == before + 1 and any(
+                "more than 1 MiB" in s for s in said), f"warnings {said}")
+    calls = []
+
+    def counting_dumps(obj, *args):
+        calls.append(obj)
+        return pickle.dumps(obj, *args)
+
+    MPI.pickle.__init__(counting_dumps, pickle.loads)
+    try:
+        got = xcomm.allreduce([rank])
+    finally:
+        MPI.pickle.__init__(pickle.dumps, pickle.loads)
+    v.case("MPI.pickle's dumps pickles", _same(got, list(range(size)))
+           or (None if calls == [[rank]] else f"dumps saw {calls}"))
+
+
+def barrier_orders(xcomm, comm, v):
+    """barrier() is Barrier(): no rank leaves before every rank came."""
+    rank, size = comm.rank, comm.size
+    win = MPI.Win.Allocate_shared(8 if rank == 0 else 0, 8, comm=comm)
+    try:
+        buf, _ = win.Shared_query(0)
+        count = np.frombuffer(buf, np.int64, 1)
+        if rank == 0:
+            count[0] = 0
+        xcomm.barrier()
+        win.Lock_all()
+        win.Fetch_and_op(np.ones(1, np.int64), np.empty(1, np.int64), 0, 0,
+                         MPI.SUM)
+        win.Flush(0)
+        xcomm.barrier()
+        win.Sync()
+        seen = int(count[0])
+        win.Unlock_all()
+        v.check("barrier: every rank's arrival is seen after it",
+                seen == size, f"saw {seen} of {size}")
+    finally:
+        win.Free()
+
+
+def suite_objects(xcomm, comm, v, sz, args):
+    results(xcomm, comm, v)
+    failures(xcomm, comm, v)
+    long_and_custom(xcomm, comm, v)
+    barrier_orders(xcomm, comm, v)

@@ -1,0 +1,207 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""mpi4py's collectives on Python objects (bcast, allreduce, reduce),
+run on xhc's collectives of bytes.
+
+1. Each object travels in a slot of SLOT bytes: a tag, a float, an int,
+   then a pickle's bytes.  Python floats, ints of 64 bits and bools go
+   in the float or the int (the tag names the type); anything else is
+   pickled by mpi4py's MPI.pickle (the tag is the pickle's length),
+   inline if it fits in the slot.
+2. bcast: one Bcast of the root's slot; a longer pickle follows in a
+   second Bcast of exactly its bytes.
+3. allreduce and reduce: every rank writes its slot of an array of one
+   slot per rank and leaves the others zero; an Allreduce with BOR gives
+   every rank every slot, and with it every rank's tag.  The pickles too
+   long for their slots then follow, laid end to end, in a second BOR
+   exchange (an Allreduce, or a Reduce to the root), which every rank
+   sizes alike from the tags.
+4. Each rank that receives the result folds the objects in rank order,
+   op(lower ranks' result, next rank's object), as MPI orders a reduction
+   and mpi4py applies an op to objects.  A fold that raises raises on
+   every such rank; no peer is left waiting.
+5. A rank that cannot pickle its object still takes part, with a tag that
+   makes every rank raise, so no peer waits for it.
+6. When the long pickles come to more than LIMIT bytes, every rank (all
+   know the tags) calls mpi4py's own reduction instead: each rank would
+   receive every object, where mpi4py's tree passes fewer along.
+Every result is a new object, as mpi4py's (the root's of a bcast too),
+except the 8-byte numbers, whose identity no program can tell apart.
+"""
+import struct
+
+import numpy as np
+from mpi4py import MPI
+
+from .errors import XhcError, error_text
+
+SLOT = 128             # bytes of one rank's slot
+_HEAD = 24             # the tag, a float and an int, then a pickle's bytes
+CAP = SLOT - _HEAD     # the longest pickle a slot holds
+LIMIT = 1 << 20        # long pickles' bytes above which mpi4py reduces
+FLOAT, INT, BOOL, FAILED = -1, -2, -3, -4  # tags; a pickle's is its length
+_HEADER = struct.Struct("<qdq")
+_INT64 = range(-1 << 63, 1 << 63)
+_MPI4PY = object()     # _objects' answer: let mpi4py reduce
+
+
+def _pickled(obj):
+    """(tag, int, pickle, exception) for OBJ: its pickle's length, 0 and
+    its pickle; or if it does not pickle FAILED, the length of the error's
+    text, the text, which every rank must still hear of, and the error."""
+    try:
+        data = MPI.pickle.dumps(obj)
+    except Exception as exc:
+        reason = error_text(exc).encode()[:CAP]
+        return FAILED, len(reason), reason, exc
+    return len(data), 0, data, None
+
+
+def _number(tag, f, i):
+    """The 8-byte number a slot's TAG (< 0), F and I stand for."""
+    return f if tag == FLOAT else i if tag == INT else bool(i)
+
+
+def _failed(name, rank, slot, length):
+    """The XhcError for RANK, whose object did not pickle: its SLOT holds
+    the reason, LENGTH bytes."""
+    reason = bytes(slot[_HEAD:_HEAD + length]).decode(errors="replace")
+    return XhcError(f"{name}: rank {rank} could not pickle its object "
+                    f"({reason}); every rank must pass a picklable object")
+
+
+class Objects:
+    """One xhc.Comm's slots for the collectives on objects."""
+
+    def __init__(self, rank, size):
+        self._rank, self._size = rank, size
+        self._mine = rank * SLOT
+        self._send = np.zeros(size * SLOT, np.uint8)  # zero but my slot
+        self._recv = np.zeros(size * SLOT, np.uint8)
+        self._one = np.zeros(SLOT, np.uint8)          # a bcast's slot
+        self._views = (memoryview(self._send), memoryview(self._one),
+                       memoryview(self._recv))
+        self._all = struct.Struct("<" + f"qdq{CAP}x" * size)
+
+    def _put(self, view, offset, obj):
+        """Write OBJ's slot at OFFSET of VIEW; (its tag, its pickle, the
+        exception that kept it from pickling)."""
+        kind = type(obj)
+        if kind is float:
+            _HEADER.pack_into(view, offset, FLOAT, obj, 0)
+            return FLOAT, None, None
+        if kind is int and obj in _INT64 or kind is bool:
+            tag = INT if kind is int else BOOL
+            _HEADER.pack_into(view, offset, tag, 0.0, obj)
+            return tag, None, None
+        tag, i, data, exc = _pickled(obj)
+        _HEADER.pack_into(view, offset, tag, 0.0, i)
+        if len(data) <= CAP:
+            view[offset + _HEAD:offset + _HEAD + len(data)] = data
+        return tag, data, exc
+
+    def bcast(self, x, obj, root):
+        """ROOT's OBJ by xhc.Comm X, a new one on every rank (but for
+        8-byte numbers)."""
+        one = self._one
+        if self._rank == root:
+            tag, data, exc = self._put(self._views[1], 0, obj)
+            x.Bcast(one, root)
+            if exc is not None:
+                raise exc
+            if tag > CAP:
+                x.Bcast(data, root)
+            return obj if data is None else MPI.pickle.loads(data)
+        x.Bcast(one, root)
+        tag, f, i = _HEADER.unpack_from(one)
+        if tag == FAILED:
+            raise _failed("bcast", root, one, i)
+        if tag > CAP:
+            data = bytearray(tag)
+            x.Bcast(data, root)
+            return MPI.pickle.loads(data)
+        if tag < 0:
+            return _number(tag, f, i)
+        return MPI.pickle.loads(self._views[1][_HEAD:_HEAD + tag])
+
+    def reduce(self, x, name, obj, op, root):
+        """The fold of every rank's OBJ by OP on ROOT (None: on every
+        rank), None elsewhere, by xhc.Comm X; mpi4py's own if the pickles
+        are too long."""
+        if not callable(op):
+            x._withdraw()  # takes no part
+            raise TypeError(f"{name}: op must be an MPI.Op or a callable, "
+                            f"not {type(op).__name__}")
+        tag, data, exc = self._put(self._views[0], self._mine, obj)
+        x.Allreduce(self._send, self._recv, MPI.BOR)
+        if exc is not None:
+            raise exc
+        fields = self._all.unpack_from(self._recv)
+        tags = fields[0::3]
+        if tags.count(FLOAT) == self._size:  # all floats, or all ints
+            objs = fields[1::3]
+        elif tags.count(INT) == self._size:
+            objs = fields[2::3]
+        else:
+            objs = self._objects(x, name, root, fields, data)
+            if objs is _MPI4PY:
+                return x._to_mpi4py(name, obj, op,
+                                          *(() if root is None else (root,)))
+        if root is not None and root != self._rank:
+            return None
+        result = objs[0]
+        for each in objs[1:]:
+            result = op(result, each)
+        return result
+
+    def _objects(self, x, name, root, fields, data):
+        """Every rank's object, from the first exchange's FIELDS and, for
+        pickles too long for their slots, a second exchange (DATA is this
+        rank's pickle); None where ROOT is another rank; _MPI4PY if the
+        long ones are too long together."""
+        tags = fields[0::3]
+        if FAILED in tags:
+            r = tags.index(FAILED)
+            raise _failed(name, r, self._recv[r * SLOT:], fields[3 * r + 2])
+        long = [tag if tag > CAP else 0 for tag in tags]
+        total = sum(long)
+        if total > LIMIT:
+            x._why = ("objects that pickle to more than "
+                            f"{LIMIT >> 20} MiB together")
+            return _MPI4PY
+        pickles = self._long_pickles(x, data, long, root, total) \
+            if total else None
+        if root is not None and root != self._rank:
+            return None
+        recv, loads = self._views[2], MPI.pickle.loads
+        objs = []
+        for r, tag in enumerate(tags):
+            if tag < 0:
+                objs.append(_number(tag, fields[3 * r + 1], fields[3 * r + 2]))
+            else:
+                start = r * SLOT + _HEAD
+                objs.append(loads(pickles[r] if long[r]
+                                  else recv[start:start + tag]))
+        return objs
+
+    def _long_pickles(self, x, data, long, root, total):
+        """The second exchange: LONG gives each rank's pickle length (0 for
+        those that fit their slots), laid end to end in rank order.  Every
+        rank's (a view; None for those 0) on the ranks that fold; DATA is
+        this rank's."""
+        send = np.zeros(total, np.uint8)
+        start = sum(long[:self._rank])
+        if long[self._rank]:
+            send[start:start + len(data)] = np.frombuffer(data, np.uint8)
+        folds = root is None or root == self._rank
+        recv = np.empty(total, np.uint8) if folds else None
+        if root is None:
+            x.Allreduce(send, recv, MPI.BOR)
+        else:
+            x.Reduce(send, recv, MPI.BOR, root)
+        if not folds:
+            return None
+        pickles, start = [], 0
+        for length in long:
+            pickles.append(recv[start:start + length] if length else None)
+            start += length
+        return pickles
