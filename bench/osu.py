@@ -245,6 +245,45 @@ def barrier_case(ctx, impl, data):
     return Case(barrier, audit=audit, close=close)
 
 
+def object_case(ctx, impl, data):
+    """--objects: the lowercase collective on Python objects, as mpi4py
+    code passes them: for one element, the Python number (float or int);
+    above, the numpy array of the pattern, which both sides pickle.  Every
+    rank checks the object it gets (None off a reduce's root)."""
+    command, root = ctx.opts.command, ctx.opts.root
+    if command == "bcast":
+        objs = truths = [_object(p) for p in data]
+    else:
+        objs = [_object(p) for p in data[0]]
+        truths = [None if t is None else _object(t)
+                  for t in (data[1] or [None] * _osu.NPAT)]
+        if command == "reduce" and ctx.rank != root:
+            truths = [None] * _osu.NPAT
+    method = getattr(impl.comm, command)
+    args = (ctx.mpi_op,) if command == "allreduce" else \
+        (root,) if command == "bcast" else (ctx.mpi_op, root)
+    sent, got = [objs[0]], [None]
+
+    def run():
+        got[0] = method(sent[0], *args)
+
+    def fill(k):
+        sent[0] = objs[k]
+
+    def check(k):
+        want = truths[k]
+        if want is None or got[0] is None:
+            return int(got[0] is not want)
+        return _osu.count_errors(got[0], want)
+    return Case(run, fill, check)
+
+
+def _object(pattern):
+    """A pattern as --objects sends it: its one element as a Python
+    number, or the array itself."""
+    return pattern[0].item() if pattern.size == 1 else pattern
+
+
 COMMANDS = {
     "bcast": Command("Broadcast", 1, bcast_data, bcast_case),
     "allreduce": Command("Allreduce", 8, reduce_data, allreduce_case),
@@ -293,6 +332,10 @@ def parse_args(argv=None):
     p.add_argument("--persistent", action="store_true",
                    help="time MPI-4 persistent collectives on both sides: "
                    "*_init once per size, Start() and Wait() per call")
+    p.add_argument("--objects", action="store_true",
+                   help="time the lowercase calls (bcast, allreduce, reduce) "
+                   "on Python objects on both sides: one element as a "
+                   "Python number, more as a numpy array, pickled")
     p.add_argument("--cold", metavar="BYTES", type=_cold_size, default=0,
                    help="rewrite a private buffer of BYTES (K/M suffixes) "
                         "before each call, untimed, so that it runs with "
@@ -343,6 +386,11 @@ def _peer_name(text):
 
 
 def _check_opts(parser, opts):
+    if opts.objects and (opts.command == "barrier" or opts.persistent
+                         or opts.shm or opts.op != "sum"):
+        parser.error("--objects times bcast, allreduce and reduce, with "
+                     "--op sum (Python's + on arrays), not with --persistent "
+                     "or --shm")
     if opts.shm and opts.impl == "mpi":
         parser.error("--shm applies to xhc's buffers: use --impl xhc|both")
     if opts.peer and MPI.get_vendor()[0] != "Open MPI":
@@ -610,7 +658,8 @@ class Run:
         iters, warmup = _osu.loop_counts(size, self.opts.iterations,
                                          self.opts.warmup)
         data = self.cmd.data(self.ctx, size)
-        cases = [self.cmd.case(self.ctx, im, data) for im in self.impls]
+        case = object_case if self.opts.objects else self.cmd.case
+        cases = [case(self.ctx, im, data) for im in self.impls]
         own = self.opts.sync == "own"
         for case, im in zip(cases, self.impls):
             case.sync = im.comm.Barrier if own else self.comm.Barrier
@@ -746,6 +795,7 @@ def header_lines(run):
     sync = ("the plain MPI Barrier" if o.sync == "mpi"
             else "each implementation's own Barrier")
     calls = ("a persistent request's Start() and Wait()" if o.persistent
+             else f"each {o.command}() of a Python object" if o.objects
              else "each call")
     lines.append(f"method: {sync}, then time {calls}; avg of per-rank "
                  "means, min/max over ranks")
@@ -765,7 +815,7 @@ def new_doc(run, opts):
     """Return the JSON record, before any result."""
     keep = ("command", "message_size", "iterations", "warmup", "full",
             "validate", "impl", "shm", "sync", "root", "dtype", "op", "blocks",
-            "label", "sizes", "persistent", "cold", "peer")
+            "label", "sizes", "persistent", "objects", "cold", "peer")
     title = (f"OSU-style xhc {run.cmd.title} Latency Test v{xhc_version()}")
     return {"benchmark": opts.command, "title": title,
             "version": xhc_version(), "ranks": run.comm.size,

@@ -254,6 +254,27 @@ def test_osu_persistent(op, tmp_path):
     assert doc["xhc_stats"]["fallback"] == 0
 
 
+@pytest.mark.parametrize("op", ["bcast", "allreduce", "reduce"])
+def test_osu_objects(op, tmp_path):
+    """--objects times the lowercase calls on Python objects on both
+    sides, validated: a number for one element, an array above, short and
+    long pickles alike."""
+    out, doc = run_osu(op, tmp_path, "--objects", sizes="8:4K")
+    check_doc(doc, SIZES[:10])
+    assert doc["options"]["objects"] is True
+    assert f"each {op}() of a Python object" in out
+    assert doc["xhc_stats"]["fallback"] == 0
+
+
+@pytest.mark.parametrize("args", [["barrier"], ["allreduce", "--op", "max"],
+                                  ["bcast", "--persistent"]])
+def test_osu_objects_refused(args):
+    proc = run_mpi(2, ["-m", "bench.osu", *args, "--objects"], check=False,
+                   timeout=90)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--objects times bcast, allreduce and reduce" in proc.stderr
+
+
 def test_osu_shm(tmp_path):
     _, doc = run_osu("allreduce", tmp_path, "--shm", "-f", sizes="8:1M",
                      impl="both")
@@ -384,7 +405,8 @@ def test_osu_peer_refuses_another_mpi(monkeypatch):
     def error(message):
         raise Refused(message)
     monkeypatch.setattr(osu.MPI, "get_vendor", lambda: ("MPICH", (4, 2, 0)))
-    opts = types.SimpleNamespace(peer="sm", shm=False, impl="both")
+    opts = types.SimpleNamespace(peer="sm", shm=False, impl="both",
+                                 objects=False)
     with pytest.raises(Refused, match="--peer needs Open MPI, not MPICH.*"
                        "bench.compare"):
         osu._check_opts(types.SimpleNamespace(error=error), opts)

@@ -7,8 +7,8 @@ run on xhc's collectives of bytes.
    in the float or the int (the tag names the type); anything else is
    pickled by mpi4py's MPI.pickle (the tag is the pickle's length),
    inline if it fits in the slot.
-2. bcast: one Bcast of the root's slot; a longer pickle follows in a
-   second Bcast of exactly its bytes.
+2. bcast: one Bcast of the root's slot, of 1 KiB; a longer pickle
+   follows in a second Bcast of exactly its bytes.
 3. allreduce and reduce: every rank writes its slot of an array of one
    slot per rank and leaves the others zero; an Allreduce with BOR gives
    every rank every slot, and with it every rank's tag.  The pickles too
@@ -34,9 +34,10 @@ from mpi4py import MPI
 
 from .errors import XhcError, error_text
 
-SLOT = 128             # bytes of one rank's slot
+SLOT = 256             # bytes of one rank's slot
 _HEAD = 24             # the tag, a float and an int, then a pickle's bytes
 CAP = SLOT - _HEAD     # the longest pickle a slot holds
+ONE_CAP = 1024 - _HEAD  # ... and a bcast's one slot, which costs no more
 LIMIT = 1 << 20        # long pickles' bytes above which mpi4py reduces
 FLOAT, INT, BOOL, FAILED = -1, -2, -3, -4  # tags; a pickle's is its length
 _HEADER = struct.Struct("<qdq")
@@ -77,14 +78,15 @@ class Objects:
         self._mine = rank * SLOT
         self._send = np.zeros(size * SLOT, np.uint8)  # zero but my slot
         self._recv = np.zeros(size * SLOT, np.uint8)
-        self._one = np.zeros(SLOT, np.uint8)          # a bcast's slot
+        self._one = np.zeros(_HEAD + ONE_CAP, np.uint8)  # a bcast's slot
         self._views = (memoryview(self._send), memoryview(self._one),
                        memoryview(self._recv))
         self._all = struct.Struct("<" + f"qdq{CAP}x" * size)
 
-    def _put(self, view, offset, obj):
-        """Write OBJ's slot at OFFSET of VIEW; (its tag, its pickle, the
-        exception that kept it from pickling)."""
+    def _put(self, view, offset, obj, cap=CAP):
+        """Write OBJ's slot at OFFSET of VIEW, with room for a pickle of CAP
+        bytes; (its tag, its pickle, the exception that kept it from
+        pickling)."""
         kind = type(obj)
         if kind is float:
             _HEADER.pack_into(view, offset, FLOAT, obj, 0)
@@ -95,7 +97,7 @@ class Objects:
             return tag, None, None
         tag, i, data, exc = _pickled(obj)
         _HEADER.pack_into(view, offset, tag, 0.0, i)
-        if len(data) <= CAP:
+        if len(data) <= cap:
             view[offset + _HEAD:offset + _HEAD + len(data)] = data
         return tag, data, exc
 
@@ -104,19 +106,19 @@ class Objects:
         8-byte numbers)."""
         one = self._one
         if self._rank == root:
-            tag, data, exc = self._put(self._views[1], 0, obj)
+            tag, data, exc = self._put(self._views[1], 0, obj, ONE_CAP)
             x.Bcast(one, root)
             if exc is not None:
                 raise exc
-            if tag > CAP:
-                x.Bcast(data, root)
+            if tag > ONE_CAP:
+                x.Bcast(np.frombuffer(data, np.uint8), root)
             return obj if data is None else MPI.pickle.loads(data)
         x.Bcast(one, root)
         tag, f, i = _HEADER.unpack_from(one)
         if tag == FAILED:
             raise _failed("bcast", root, one, i)
-        if tag > CAP:
-            data = bytearray(tag)
+        if tag > ONE_CAP:
+            data = np.empty(tag, np.uint8)
             x.Bcast(data, root)
             return MPI.pickle.loads(data)
         if tag < 0:

@@ -58,6 +58,8 @@ def _cases(rank, size):
          True),
         ("pickles longer than a slot on some ranks", long_text, MPI.SUM,
          True),
+        ("pickles longer than a bcast's slot",
+         ["z" * (objects.ONE_CAP + r) for r in range(size)], MPI.SUM, True),
         ("non-commutative callable, rank order", [r for r in range(size)],
          _pair, False),
     ]
