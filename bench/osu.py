@@ -51,6 +51,10 @@ files:
         --label MPICH --json b.json
     python -m bench.compare a.json b.json
 
+``--objects`` times the lowercase calls on Python objects instead
+(bcast, allreduce, reduce): one element as a Python number, more as the
+numpy array, which both sides pickle.
+
 ``--cold BYTES`` makes every call cold, as in an application that
 computes between collectives: before each call's barrier, untimed, every
 rank adds 1 to each byte of a private buffer of BYTES (larger than the

@@ -147,7 +147,7 @@ class Objects:
             objs = self._objects(x, name, root, fields, data)
             if objs is _MPI4PY:
                 return x._to_mpi4py(name, obj, op,
-                                          *(() if root is None else (root,)))
+                                    *(() if root is None else (root,)))
         if root is not None and root != self._rank:
             return None
         result = objs[0]
@@ -168,7 +168,7 @@ class Objects:
         total = sum(long)
         if total > LIMIT:
             x._why = ("objects that pickle to more than "
-                            f"{LIMIT >> 20} MiB together")
+                      f"{LIMIT >> 20} MiB together")
             return _MPI4PY
         pickles = self._long_pickles(x, data, long, root, total) \
             if total else None
