@@ -540,7 +540,7 @@ class Comm(HotComm):
         """ROOT, checked; a rank that raises takes no part."""
         try:
             return self._root_arg(root, name)
-        except ValueError:
+        except BaseException:  # a root whose __index__ raises, too
             self._withdraw()
             raise
 
@@ -675,10 +675,10 @@ class Comm(HotComm):
             r = operator.index(root)
         except TypeError:
             r = -1
-        if not 0 <= r < self._comm.size:
+        if not 0 <= r < self._size:
             raise ValueError(f"{name}: invalid root {root!r} for a "
-                             f"communicator of size {self._comm.size}; pass "
-                             f"an int from 0 to {self._comm.size - 1}")
+                             f"communicator of size {self._size}; pass "
+                             f"an int from 0 to {self._size - 1}")
         return r
 
     def _bcast_plan(self, buf, root, remember=True, flags=0):

@@ -48,13 +48,25 @@ _MPI4PY = object()     # _objects' answer: let mpi4py reduce
 def _pickled(obj):
     """(tag, int, pickle, exception) for OBJ: its pickle's length, 0 and
     its pickle; or if it does not pickle FAILED, the length of the error's
-    text, the text, which every rank must still hear of, and the error."""
+    text, the text, which every rank must still hear of, and the error.
+    Nothing it raises may keep this rank from taking part."""
     try:
         data = MPI.pickle.dumps(obj)
+        if type(data) is not bytes:  # a user's dumps may return anything
+            data = memoryview(data).tobytes()
     except Exception as exc:
-        reason = error_text(exc).encode()[:CAP]
+        reason = _reason(exc)
         return FAILED, len(reason), reason, exc
     return len(data), 0, data, None
+
+
+def _reason(exc):
+    """EXC's text, as at most CAP bytes of UTF-8, whatever it holds."""
+    try:
+        text = error_text(exc)
+    except Exception:  # a __str__ that raises
+        text = type(exc).__name__
+    return text.encode(errors="backslashreplace")[:CAP]
 
 
 def _number(tag, f, i):

@@ -4,6 +4,7 @@ reduce and barrier on Python objects, against two truths: the fold of
 every rank's object in rank order, which each rank computes alone, and
 mpi4py's own call on the wrapped communicator."""
 import functools
+import itertools
 import pickle
 import threading
 import warnings
@@ -112,6 +113,21 @@ def results(xcomm, comm, v):
                         got is not mine, "returned the root's own object")
 
 
+class _SurrogateError:
+    """An object whose pickling fails with text that UTF-8 cannot hold."""
+
+    def __reduce__(self):
+        raise TypeError("cannot pickle /data/caf\udce9.bin")
+
+
+_NO_PICKLE = object()
+
+
+def _dumps_or_none(obj, *args):
+    """A user's dumps that returns None for _NO_PICKLE."""
+    return None if obj is _NO_PICKLE else pickle.dumps(obj, *args)
+
+
 def failures(xcomm, comm, v):
     """A rank whose object does not pickle raises its own error and every
     other rank an XhcError naming it; a bad op, an op that raises, a bad
@@ -119,7 +135,6 @@ def failures(xcomm, comm, v):
     works."""
     rank, size = comm.rank, comm.size
     bad = size - 1
-    unpicklable = threading.Lock()
 
     def outcome(call):
         try:
@@ -136,16 +151,24 @@ def failures(xcomm, comm, v):
             err = f"{exc} does not say {words}"
         v.case(desc, err)
 
-    for name, call in [
-            ("allreduce", lambda o: xcomm.allreduce(o)),
-            ("reduce to 0", lambda o: xcomm.reduce(o, root=0)),
-            ("reduce to the failing rank", lambda o: xcomm.reduce(o, root=bad)),
-            ("bcast from the failing rank", lambda o: xcomm.bcast(o, root=bad))]:
-        exc = outcome(lambda: call(unpicklable if rank == bad else [rank]))
-        desc = (f"{name}: an unpicklable object raises its own error there, "
-                "an XhcError naming its rank elsewhere")
+    calls = [
+        ("allreduce", lambda o: xcomm.allreduce(o)),
+        ("reduce to 0", lambda o: xcomm.reduce(o, root=0)),
+        ("reduce to the failing rank", lambda o: xcomm.reduce(o, root=bad)),
+        ("bcast from the failing rank", lambda o: xcomm.bcast(o, root=bad))]
+    for (name, call), (what, unpicklable) in itertools.product(calls, [
+            ("a lock", threading.Lock()),
+            ("an error whose text is no UTF-8", _SurrogateError()),
+            ("a dumps that returns None", _NO_PICKLE)]):
+        MPI.pickle.__init__(_dumps_or_none, pickle.loads)
+        try:
+            exc = outcome(lambda: call(unpicklable if rank == bad else [rank]))
+        finally:
+            MPI.pickle.__init__(pickle.dumps, pickle.loads)
+        desc = (f"{name}, {what}: an unpicklable object raises its own error "
+                "there, an XhcError naming its rank elsewhere")
         if rank == bad:
-            expect(desc, exc, TypeError, "pickle")
+            expect(desc, exc, TypeError)
         else:
             expect(desc, exc, xhc.XhcError, f"rank {bad} could not pickle",
                    "picklable object")
