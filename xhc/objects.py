@@ -151,28 +151,29 @@ class Objects:
             raise exc
         fields = self._all.unpack_from(self._recv)
         tags = fields[0::3]
+        folds = root is None or root == self._rank
         if tags.count(FLOAT) == self._size:  # all floats, or all ints
             objs = fields[1::3]
         elif tags.count(INT) == self._size:
             objs = fields[2::3]
         else:
-            objs = self._objects(x, name, root, fields, data)
+            objs = self._objects(x, name, root, folds, tags, fields, data)
             if objs is _MPI4PY:
                 return x._to_mpi4py(name, obj, op,
                                     *(() if root is None else (root,)))
-        if root is not None and root != self._rank:
+        if not folds:
             return None
         result = objs[0]
         for each in objs[1:]:
             result = op(result, each)
         return result
 
-    def _objects(self, x, name, root, fields, data):
-        """Every rank's object, from the first exchange's FIELDS and, for
-        pickles too long for their slots, a second exchange (DATA is this
-        rank's pickle); None where ROOT is another rank; _MPI4PY if the
-        long ones are too long together."""
-        tags = fields[0::3]
+    def _objects(self, x, name, root, folds, tags, fields, data):
+        """Every rank's object, from the first exchange's FIELDS (TAGS, its
+        every third) and, for pickles too long for their slots, a second
+        exchange (DATA is this rank's pickle); None unless this rank FOLDS
+        (ROOT's or every rank's result); _MPI4PY if the long ones are too
+        long together."""
         if FAILED in tags:
             r = tags.index(FAILED)
             raise _failed(name, r, self._recv[r * SLOT:], fields[3 * r + 2])
@@ -182,9 +183,9 @@ class Objects:
             x._why = ("objects that pickle to more than "
                       f"{LIMIT >> 20} MiB together")
             return _MPI4PY
-        pickles = self._long_pickles(x, data, long, root, total) \
+        pickles = self._long_pickles(x, data, long, root, folds, total) \
             if total else None
-        if root is not None and root != self._rank:
+        if not folds:
             return None
         recv, loads = self._views[2], MPI.pickle.loads
         objs = []
@@ -197,16 +198,15 @@ class Objects:
                                   else recv[start:start + tag]))
         return objs
 
-    def _long_pickles(self, x, data, long, root, total):
+    def _long_pickles(self, x, data, long, root, folds, total):
         """The second exchange: LONG gives each rank's pickle length (0 for
         those that fit their slots), laid end to end in rank order.  Every
-        rank's (a view; None for those 0) on the ranks that fold; DATA is
-        this rank's."""
+        rank's (a view; None for those 0) if this rank FOLDS; DATA is this
+        rank's."""
         send = np.zeros(total, np.uint8)
         start = sum(long[:self._rank])
         if long[self._rank]:
             send[start:start + len(data)] = np.frombuffer(data, np.uint8)
-        folds = root is None or root == self._rank
         recv = np.empty(total, np.uint8) if folds else None
         if root is None:
             x.Allreduce(send, recv, MPI.BOR)
