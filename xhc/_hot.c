@@ -39,53 +39,34 @@
  * The core is reached through function pointers handed over by cffi, so
  * this module links against nothing but Python.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_hot.h" /* Python.h first */
+
 #include <structmember.h>
 #include <stddef.h>
 #include <string.h>
-
-#include "xhc.h" /* types and codes only: nothing of the core is linked */
-
-typedef int (*xhc_run_fn)(const void *call);
-typedef int (*xhc_barrier_fn)(void *ctx);
-
-enum { BCAST, ALLREDUCE, REDUCE, NPLANS };
-
-typedef struct {
-    PyObject_HEAD
-    void *ctx;               /* NULL: every call takes the Python path */
-    xhc_run_fn run;
-    xhc_barrier_fn barrier;
-    PyObject *plans[NPLANS]; /* dicts: id(buffer) -> plan */
-    PyObject *sum;           /* MPI.SUM, the default op */
-    PyObject *zero;          /* 0, the default root */
-    int rank, size;          /* in the communicator */
-    int busy;                /* core calls under way (changed with the GIL) */
-    PyObject *span;          /* over several nodes: their Barrier; or NULL */
-    int closed;              /* by free(): nothing may run or bind again */
-} HotComm;
 
 /* The plan's layout, fixed by xhc/comm.py: the arguments it was made for
  * first; the address of its guard second to last, of its xhc_call last. */
 static const int NKEYS[NPLANS] = { 1, 3, 3 };   /* identity-checked */
 
 /* Each collective's arguments in order, named as mpi4py names them, with
- * their kinds ('b' a buffer, required; 'r' the root, default 0; 'o' the
- * op, default MPI.SUM), and its Python twin. */
+ * their kinds ('b' a buffer or 'x' an object, required; 'r' the root,
+ * default 0; 'o' the op, default MPI.SUM), and its Python twin. */
 static const struct {
     const char *twin;
     int nargs;
     const char *names[4];
     const char *kinds;
-} KIND[NPLANS] = {
+} KIND[NKINDS] = {
     {"_Bcast", 2, {"buf", "root"}, "br"},
     {"_Allreduce", 3, {"sendbuf", "recvbuf", "op"}, "bbo"},
     {"_Reduce", 4, {"sendbuf", "recvbuf", "op", "root"}, "bbor"},
+    {"_allreduce", 2, {"sendobj", "op"}, "xo"},
+    {"_reduce", 3, {"sendobj", "op", "root"}, "xor"},
 };
-static const int ROOT_AT[NPLANS] = { 1, -1, 3 }; /* equality-checked */
+static const int ROOT_AT[NKINDS] = { 1, -1, 3, -1, 2 }; /* plans': equal */
 
-static PyObject *slow(PyObject *self, const char *name, PyObject *const *args,
+PyObject *hot_slow(PyObject *self, const char *name, PyObject *const *args,
                       size_t nargsf, PyObject *kwnames)
 {
     PyObject *meth = PyUnicode_FromString(name);
@@ -292,7 +273,7 @@ static Py_ssize_t root_value(PyObject *root)
 }
 
 /* ROOT (an exact int) if it is a rank of H's communicator, else -1. */
-static int plain_root(const HotComm *h, PyObject *root)
+int hot_plain_root(const HotComm *h, PyObject *root)
 {
     Py_ssize_t r = root_value(root);
     return 0 <= r && r < h->size ? (int)r : -1;
@@ -341,7 +322,7 @@ static int plain_allreduce(PyObject *const *argv, xhc_call_t *c)
 static int plain_reduce(const HotComm *h, PyObject *const *argv,
                         xhc_call_t *c)
 {
-    int root = plain_root(h, argv[3]), at_root = root == h->rank;
+    int root = hot_plain_root(h, argv[3]), at_root = root == h->rank;
     struct plain_buf s, r = {NULL, 0, 0, 0, 0, 0};
     if (root < 0 || (at_root && !plain_array(argv[1], 1, &r)))
         return 0;
@@ -366,7 +347,7 @@ static int plain_bcast(const HotComm *h, PyObject *const *argv,
                        xhc_call_t *c)
 {
     struct plain_buf b;
-    int root = plain_root(h, argv[1]);
+    int root = hot_plain_root(h, argv[1]);
     if (root < 0 || !plain_array(argv[0], root != h->rank, &b))
         return 0;
     c->rbuf = b.data;
@@ -376,7 +357,7 @@ static int plain_bcast(const HotComm *h, PyObject *const *argv,
 }
 
 /* The core's call for ARGV if its buffers are plain (see 3.), in C. */
-static int plain_call(const HotComm *h, int kind, PyObject *const *argv,
+int hot_plain_call(const HotComm *h, int kind, PyObject *const *argv,
                       xhc_call_t *c)
 {
     if (!plain.ndarray)
@@ -437,7 +418,7 @@ static PyObject *plan_for(HotComm *h, int kind, PyObject *const *argv,
 /* KIND's argument names, interned: the keywords of a call are interned
  * strings too, so a pointer comparison finds them without reading the
  * (cold) characters. */
-static PyObject *KW_NAMES[NPLANS][4];
+static PyObject *KW_NAMES[NKINDS][4];
 
 /* The index of keyword KW among KIND's names from FIRST on, or -1. */
 static int kw_index(int kind, int first, PyObject *kw)
@@ -525,7 +506,7 @@ static PyObject *set_progress(PyObject *mod, PyObject *fn)
 /* Run CALL with RUN, or (CALL NULL) BARRIER on CTX, with the GIL held
  * until the core blocks.  H counts the call as under way, so that a
  * free() from another thread meanwhile refuses to unmap the context. */
-static int hot_invoke(HotComm *h, xhc_run_fn run, void *call,
+int hot_invoke(HotComm *h, xhc_run_fn run, void *call,
                       xhc_barrier_fn barrier, void *ctx)
 {
     h->busy++;
@@ -572,7 +553,7 @@ static PyObject *run_across(HotComm *h, PyObject *run)
 
 /* Hand error RC of NAME, called with the NARGV arguments ARGV, to
  * Comm._failed, which raises. */
-static PyObject *failed(HotComm *h, const char *name, int rc,
+PyObject *hot_failed(HotComm *h, const char *name, int rc,
                         PyObject **argv, int nargv)
 {
     PyObject *tuple = PyTuple_New(nargv);
@@ -595,7 +576,7 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
     const char *name = KIND[kind].twin;
     xhc_call_t direct;
     int rc;
-    if (h->ctx && plain_call(h, kind, argv, &direct)) {
+    if (h->ctx && hot_plain_call(h, kind, argv, &direct)) {
         /* The caller holds the arguments; our references also stop numpy
          * resizing an array while a wait has released the GIL. */
         for (int i = 0; i < KIND[kind].nargs; i++)
@@ -611,7 +592,7 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
         if (!plan) {
             if (PyErr_Occurred())
                 return NULL;
-            return slow((PyObject *)h, name, args, nargsf, kwnames);
+            return hot_slow((PyObject *)h, name, args, nargsf, kwnames);
         }
         if (h->span) {  /* a kept run over the nodes: Python, from here */
             PyObject *res = run_across(
@@ -634,10 +615,11 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
     }
     if (rc == 0)
         Py_RETURN_NONE;
-    return failed(h, name, rc, argv, KIND[kind].nargs);
+    return hot_failed(h, name, rc, argv, KIND[kind].nargs);
 }
 
-/* Bcast, Allreduce or Reduce (KIND), as called from Python. */
+/* Bcast, Allreduce or Reduce, or allreduce or reduce on objects (KIND),
+ * as called from Python. */
 static PyObject *hot_collective(HotComm *h, int kind, PyObject *const *args,
                                 size_t nargsf, PyObject *kwnames)
 {
@@ -660,9 +642,12 @@ static PyObject *hot_collective(HotComm *h, int kind, PyObject *const *args,
         given = root != NULL;
         argv[r] = root;
     }
-    PyObject *res = given ? run_or_slow(h, kind, argv, args, nargsf, kwnames)
-                          : slow((PyObject *)h, KIND[kind].twin, args,
-                                 nargsf, kwnames);
+    PyObject *res =
+        !given ? hot_slow((PyObject *)h, KIND[kind].twin, args, nargsf,
+                          kwnames)
+        : kind < NPLANS ? run_or_slow(h, kind, argv, args, nargsf, kwnames)
+                        : hot_objects_call(h, kind, argv, args, nargsf,
+                                           kwnames);
     Py_XDECREF(root);
     return res;
 }
@@ -685,17 +670,29 @@ static PyObject *hot_reduce(HotComm *h, PyObject *const *args, size_t nargsf,
     return hot_collective(h, REDUCE, args, nargsf, kwnames);
 }
 
+static PyObject *hot_obj_allreduce(HotComm *h, PyObject *const *args,
+                                   size_t nargsf, PyObject *kwnames)
+{
+    return hot_collective(h, OBJ_ALLREDUCE, args, nargsf, kwnames);
+}
+
+static PyObject *hot_obj_reduce(HotComm *h, PyObject *const *args,
+                                size_t nargsf, PyObject *kwnames)
+{
+    return hot_collective(h, OBJ_REDUCE, args, nargsf, kwnames);
+}
+
 static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
                              size_t nargsf, PyObject *kwnames)
 {
     if (h->span && !PyVectorcall_NARGS(nargsf) && !kwnames)
         return run_across(h, h->span);
     if (!h->ctx || PyVectorcall_NARGS(nargsf) || kwnames)
-        return slow((PyObject *)h, "_Barrier", args, nargsf, kwnames);
+        return hot_slow((PyObject *)h, "_Barrier", args, nargsf, kwnames);
     int rc = hot_invoke(h, h->run, NULL, h->barrier, h->ctx);
     if (rc == 0)
         Py_RETURN_NONE;
-    return failed(h, "_Barrier", rc, NULL, 0);
+    return hot_failed(h, "_Barrier", rc, NULL, 0);
 }
 
 /* Hold OBJ in *SLOT, or nothing if OBJ is None. */
@@ -779,7 +776,7 @@ static int hot_traverse(HotComm *h, visitproc visit, void *arg)
     Py_VISIT(h->zero);
     Py_VISIT(h->span);
     Py_VISIT(Py_TYPE(h));
-    return 0;
+    return hot_objects_traverse(h, visit, arg);
 }
 
 static int hot_clear(HotComm *h)
@@ -790,6 +787,7 @@ static int hot_clear(HotComm *h)
     Py_CLEAR(h->sum);
     Py_CLEAR(h->zero);
     Py_CLEAR(h->span);
+    hot_objects_clear(h);
     return 0;
 }
 
@@ -981,6 +979,13 @@ static PyMethodDef hot_methods[] = {
      "Reduce SENDBUF over all ranks into ROOT's RECVBUF."},
     {"Barrier", (PyCFunction)(void (*)(void))hot_barrier, FAST,
      "Block until every rank has called Barrier."},
+    {"allreduce", (PyCFunction)(void (*)(void))hot_obj_allreduce, FAST,
+     "Every rank's SENDOBJ folded by OP (an MPI.Op or a callable of two\n"
+     "objects) in rank order, on every rank."},
+    {"reduce", (PyCFunction)(void (*)(void))hot_obj_reduce, FAST,
+     "allreduce's result on ROOT; None on the other ranks."},
+    {"_hot_objects", (PyCFunction)hot_objects_bind, METH_VARARGS,
+     "Bind the Objects and its slot arrays (None unbinds)."},
     {"_hot_bind", (PyCFunction)hot_bind, METH_VARARGS,
      "Bind the context, the core's entry points and the plan dicts."},
     {"_hot_close", (PyCFunction)hot_close, METH_NOARGS,
@@ -1136,6 +1141,8 @@ static PyMethodDef module_methods[] = {
      "Bind the table of plain arrays' dtypes and ops."},
     {"set_progress", set_progress, METH_O,
      "Set what progress_hook calls: the MPI library's progress."},
+    {"bind_objects", bind_objects, METH_VARARGS,
+     "Bind the slots' layout and tags, and the ops folded in C."},
     {"kept_holds", kept_holds, METH_VARARGS,
      "Do the arrays a guard names still have what they had?"},
     {NULL, NULL, 0, NULL},
@@ -1156,7 +1163,7 @@ static int add_hook(PyObject *m, const char *name, void (*hook)(void *))
 
 static int hot_exec(PyObject *m)
 {
-    for (int k = 0; k < NPLANS; k++)
+    for (int k = 0; k < NKINDS; k++)
         for (int i = 0; i < KIND[k].nargs; i++)
             if (!KW_NAMES[k][i]
                 && !(KW_NAMES[k][i] = PyUnicode_InternFromString(

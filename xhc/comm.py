@@ -525,6 +525,10 @@ class Comm(HotComm):
         return (self._objects or self._new_objects()).bcast(
             self, obj, self._object_root(root, "bcast"))
 
+    # allreduce and reduce are HotComm's (xhc/_hot_objects.c), which
+    # runs those on numbers with the ops it folds; the rest come here, to
+    # twins named (for their errors' sake) as the public methods.
+
     def allreduce(self, sendobj, op=MPI.SUM):
         """Every rank's SENDOBJ folded by OP (an MPI.Op or a callable of
         two objects) in rank order, on every rank."""
@@ -536,6 +540,9 @@ class Comm(HotComm):
         return (self._objects or self._new_objects()).reduce(
             self, "reduce", sendobj, op, self._object_root(root, "reduce"))
 
+    _allreduce, _reduce = allreduce, reduce
+    del allreduce, reduce
+
     def _object_root(self, root, name):
         """ROOT, checked; a rank that raises takes no part."""
         try:
@@ -545,8 +552,9 @@ class Comm(HotComm):
             raise
 
     def _new_objects(self):
-        self._objects = objects.Objects(self._rank, self._size)
-        return self._objects
+        o = self._objects = objects.Objects(self._rank, self._size)
+        self._hot_objects(o, o._send, o._recv)
+        return o
 
     # -- persistent collectives (MPI-4 style) ---------------------------------
     # All argument work happens in *_init; Start() is the C call alone.

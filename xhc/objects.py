@@ -3,7 +3,8 @@
 run on xhc's collectives of bytes.
 
 1. Each object travels in a slot of SLOT bytes: a tag, a float, an int,
-   then a pickle's bytes.  Python floats, ints of 64 bits and bools go
+   then a pickle's bytes.  Numbers (Python's floats, ints of 64 bits and
+   bools; numpy's float64, float32, int64, int32 and bool_ scalars) go
    in the float or the int (the tag names the type); anything else is
    pickled by mpi4py's MPI.pickle (the tag is the pickle's length),
    inline if it fits in the slot.
@@ -18,20 +19,23 @@ run on xhc's collectives of bytes.
 4. Each rank that receives the result folds the objects in rank order,
    op(lower ranks' result, next rank's object), as MPI orders a reduction
    and mpi4py applies an op to objects.  A fold that raises raises on
-   every such rank; no peer is left waiting.
+   every such rank; no peer is left waiting.  (xhc/_hot_objects.c runs
+   3. and 4. in C for numbers, and hands the rest to finish here.)
 5. A rank that cannot pickle its object still takes part, with a tag that
    makes every rank raise, so no peer waits for it.
 6. When the long pickles come to more than LIMIT bytes, every rank (all
    know the tags) calls mpi4py's own reduction instead: each rank would
    receive every object, where mpi4py's tree passes fewer along.
 Every result is a new object, as mpi4py's (the root's of a bcast too),
-except the 8-byte numbers, whose identity no program can tell apart.
+except the numbers: immutable values, which the root's bcast returns as
+they are.
 """
 import struct
 
 import numpy as np
 from mpi4py import MPI
 
+from ._hot import bind_objects
 from .errors import XhcError, error_text
 
 SLOT = 256             # bytes of one rank's slot
@@ -40,9 +44,22 @@ CAP = SLOT - _HEAD     # the longest pickle a slot holds
 ONE_CAP = 1024 - _HEAD  # ... and a bcast's one slot, which costs no more
 LIMIT = 1 << 20        # long pickles' bytes above which mpi4py reduces
 FLOAT, INT, BOOL, FAILED = -1, -2, -3, -4  # tags; a pickle's is its length
+# The numbers that travel raw, not pickled: (tag, type, in the float
+# field), in the order xhc/_hot_objects.c knows them.
+_NUMBERS = ((FLOAT, float, True), (INT, int, False), (BOOL, bool, False),
+            (-5, np.float64, True), (-6, np.float32, True),
+            (-7, np.int64, False), (-8, np.int32, False),
+            (-9, np.bool_, False))
+_TAG = {kind: tag for tag, kind, _ in _NUMBERS}
+_TYPE = {tag: kind for tag, kind, _ in _NUMBERS}
+_IN_FLOAT = {tag for tag, _, in_float in _NUMBERS if in_float}
 _HEADER = struct.Struct("<qdq")
 _INT64 = range(-1 << 63, 1 << 63)
 _MPI4PY = object()     # _objects' answer: let mpi4py reduce
+# xhc/_hot_objects.c writes numbers' slots, runs the exchange and folds
+# with these ops itself.
+bind_objects(SLOT, MPI.BOR, (MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN),
+             *zip(*((kind, tag) for tag, kind, _ in _NUMBERS)))
 
 
 def _pickled(obj):
@@ -70,8 +87,8 @@ def _reason(exc):
 
 
 def _number(tag, f, i):
-    """The 8-byte number a slot's TAG (< 0), F and I stand for."""
-    return f if tag == FLOAT else i if tag == INT else bool(i)
+    """The number a slot's TAG (< 0), F and I stand for."""
+    return _TYPE[tag](f if tag in _IN_FLOAT else i)
 
 
 def _failed(name, rank, slot, length):
@@ -99,13 +116,12 @@ class Objects:
         """Write OBJ's slot at OFFSET of VIEW, with room for a pickle of CAP
         bytes; (its tag, its pickle, the exception that kept it from
         pickling)."""
-        kind = type(obj)
-        if kind is float:
-            _HEADER.pack_into(view, offset, FLOAT, obj, 0)
-            return FLOAT, None, None
-        if kind is int and obj in _INT64 or kind is bool:
-            tag = INT if kind is int else BOOL
-            _HEADER.pack_into(view, offset, tag, 0.0, obj)
+        tag = _TAG.get(type(obj))
+        if tag is not None and (tag != INT or obj in _INT64):
+            if tag in _IN_FLOAT:
+                _HEADER.pack_into(view, offset, tag, obj, 0)
+            else:
+                _HEADER.pack_into(view, offset, tag, 0.0, int(obj))
             return tag, None, None
         tag, i, data, exc = _pickled(obj)
         _HEADER.pack_into(view, offset, tag, 0.0, i)
@@ -115,7 +131,7 @@ class Objects:
 
     def bcast(self, x, obj, root):
         """ROOT's OBJ by xhc.Comm X, a new one on every rank (but for
-        8-byte numbers)."""
+        numbers)."""
         one = self._one
         if self._rank == root:
             tag, data, exc = self._put(self._views[1], 0, obj, ONE_CAP)
@@ -149,12 +165,19 @@ class Objects:
         x.Allreduce(self._send, self._recv, MPI.BOR)
         if exc is not None:
             raise exc
+        return self.finish(x, name, obj, op, root, data)
+
+    def finish(self, x, name, obj, op, root, data=None):
+        """reduce's result from the slots exchanged, OBJ's pickle DATA if
+        it did not fit its slot (xhc/_hot_objects.c calls this for the
+        exchanges it does not fold itself)."""
         fields = self._all.unpack_from(self._recv)
         tags = fields[0::3]
         folds = root is None or root == self._rank
-        if tags.count(FLOAT) == self._size:  # all floats, or all ints
-            objs = fields[1::3]
-        elif tags.count(INT) == self._size:
+        first = tags[0]
+        if first == FLOAT and tags.count(FLOAT) == self._size:
+            objs = fields[1::3]  # all floats, or all ints: as they are
+        elif first == INT and tags.count(INT) == self._size:
             objs = fields[2::3]
         else:
             objs = self._objects(x, name, root, folds, tags, fields, data)

@@ -55,8 +55,38 @@ def _cases(rank, size):
         ("None by a callable", [None] * size, lambda a, b: a, True),
         ("numpy array SUM", [np.arange(5.0) * (r + 1) for r in range(size)],
          MPI.SUM, True),
-        ("numpy scalar SUM", [np.float32(r) for r in range(size)], MPI.SUM,
+        ("numpy float32 SUM", [np.float32(r) for r in range(size)], MPI.SUM,
          True),
+        ("numpy float64 SUM", [np.float64(f) for f in floats], MPI.SUM,
+         False),
+        ("numpy float32 SUM, rounded at each step",
+         [np.float32(1.0 if r == 0 else 2.0 ** -24) for r in range(size)],
+         MPI.SUM, False),
+        ("numpy float64 MAX, NaN and signed zeros",
+         [np.float64([0.0, -0.0, np.nan, 1.5][r % 4]) for r in range(size)],
+         MPI.MAX, False),
+        ("numpy float32 PROD", [np.float32(f) for f in floats], MPI.PROD,
+         False),
+        ("numpy int64 SUM", [np.int64(r * 1000003 - 7) for r in range(size)],
+         MPI.SUM, True),
+        ("numpy int32 MIN", [np.int32(2 - r * r) for r in range(size)],
+         MPI.MIN, True),
+        ("numpy bool_ SUM", [np.bool_(r % 2) for r in range(size)], MPI.SUM,
+         True),
+        ("float and numpy float64 SUM",
+         [np.float64(r) if r % 2 else r + 0.5 for r in range(size)],
+         MPI.SUM, False),
+        ("int64 SUM beyond 64 bits", [(1 << 62) + r for r in range(size)],
+         MPI.SUM, True),
+        ("numpy int64 SUM that wraps",
+         [np.int64((1 << 62) + r) for r in range(size)], MPI.SUM, True),
+        ("numpy int32 PROD that wraps",
+         [np.int32(65537 + r) for r in range(size)], MPI.PROD, True),
+        ("numpy float64 SUM to inf", [np.float64(1e308)] * size, MPI.SUM,
+         True),
+        ("floats and a pickle longer than a slot MAX",
+         [float(r) if r != size - 1 else 1 << 3000 for r in range(size)],
+         MPI.MAX, True),
         ("pickles longer than a slot on some ranks", long_text, MPI.SUM,
          True),
         ("pickles longer than a bcast's slot",
@@ -91,26 +121,90 @@ def results(xcomm, comm, v):
     every root: results equal the rank-order fold, bit for bit on every
     rank, and mpi4py's own where its order cannot matter; a new object
     each (but for numbers)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy's wrapping
+        for case in _cases(comm.rank, comm.size):
+            _results(xcomm, comm, v, *case)
+
+
+def _warned(fn):
+    """FN's result, and the kinds of warning it gave."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = fn()
+    return out, sorted({w.category.__name__ for w in seen})
+
+
+def _results(xcomm, comm, v, name, objs, op, exact):
+    """One case of results: NAME, OBJS (every rank's), OP, EXACT; numpy's
+    warnings (an int that wraps) as the fold gives them."""
     rank, size = comm.rank, comm.size
-    for name, objs, op, exact in _cases(rank, size):
-        mine, want = objs[rank], _fold(objs, op)
-        got = xcomm.allreduce(mine, op)
-        v.case(f"allreduce {name}", _same(got, want), same=_digest(got))
-        if exact:
-            v.case(f"allreduce {name} as mpi4py's",
-                   _same(got, comm.allreduce(mine, op)))
+    mine, (want, warned) = objs[rank], _warned(lambda: _fold(objs, op))
+    got, got_warned = _warned(lambda: xcomm.allreduce(mine, op))
+    v.case(f"allreduce {name}", _same(got, want) or (
+        None if got_warned == warned else f"warned {got_warned}, "
+        f"not {warned}"), same=_digest(got))
+    if exact:
+        v.case(f"allreduce {name} as mpi4py's",
+               _same(got, comm.allreduce(mine, op)))
+    if isinstance(mine, (list, dict, np.ndarray)):
+        v.check(f"allreduce {name}: a new object", got is not mine,
+                "returned the rank's own object")
+    for root in range(size):
+        got = xcomm.reduce(mine, op, root=root)
+        v.case(f"reduce {name} to {root}",
+               _same(got, want if rank == root else None))
+        got = xcomm.bcast(mine, root=root)
+        v.case(f"bcast {name} from {root}", _same(got, objs[root]))
         if isinstance(mine, (list, dict, np.ndarray)):
-            v.check(f"allreduce {name}: a new object", got is not mine,
-                    "returned the rank's own object")
-        for root in range(size):
-            got = xcomm.reduce(mine, op, root=root)
-            v.case(f"reduce {name} to {root}",
-                   _same(got, want if rank == root else None))
-            got = xcomm.bcast(mine, root=root)
-            v.case(f"bcast {name} from {root}", _same(got, objs[root]))
-            if isinstance(mine, (list, dict, np.ndarray)):
-                v.check(f"bcast {name} from {root}: a new object",
-                        got is not mine, "returned the root's own object")
+            v.check(f"bcast {name} from {root}: a new object",
+                    got is not mine, "returned the root's own object")
+
+
+def routes(xcomm, comm, v):
+    """Numbers with the ops folded in C (xhc/_hot_objects.c) take no
+    Python method; keywords are mpi4py's; anything else reaches the
+    Python twins, and mixed kinds Objects.finish."""
+    rank, size = comm.rank, comm.size
+    seen = []
+    twins = {n: getattr(xhc.Comm, n) for n in ("_allreduce", "_reduce")}
+    finish = objects.Objects.finish
+
+    def spy(name, fn):
+        return lambda *a, **k: seen.append(name) or fn(*a, **k)
+
+    for n, fn in twins.items():
+        setattr(xhc.Comm, n, spy(n, fn))
+    objects.Objects.finish = spy("finish", finish)
+    try:
+        xcomm.allreduce([rank])  # the first call makes the slots
+        del seen[:]
+        got = [xcomm.allreduce(1.5 * rank), xcomm.allreduce(rank, MPI.MAX),
+               xcomm.allreduce(sendobj=np.float64(rank), op=MPI.MIN),
+               xcomm.reduce(np.int32(rank), MPI.PROD, np.int64(size - 1)),
+               xcomm.reduce(sendobj=float(rank), root=0, op=MPI.SUM)]
+        want = [1.5 * sum(range(size)), size - 1, np.float64(0),
+                np.int32(0) if rank == size - 1 else None,
+                float(sum(range(size))) if rank == 0 else None]
+        v.case("numbers by keyword and position",
+               next(filter(None, map(_same, got, want)), None))
+        # Over several nodes (a node's communicator in C, MPI between the
+        # nodes) every call is Python's.
+        spans = xcomm._nodes is not None
+        want = ["_allreduce", "finish"] * 3 + ["_reduce", "finish"] * 2
+        v.check("numbers fold in C", seen == (want if spans else []),
+                f"went through {seen}")
+        del seen[:]
+        xcomm.allreduce([rank]), xcomm.allreduce(1.5, op=MPI.LAND)
+        xcomm.allreduce(np.float64(rank) if rank % 2 else float(rank))
+        want = ["_allreduce", "finish"] * (3 if spans else 2)
+        if size > 1 and not spans:
+            want.append("finish")  # mixed kinds
+        v.check("the rest in Python", seen == want, f"went through {seen}")
+    finally:
+        for n, fn in twins.items():
+            setattr(xhc.Comm, n, fn)
+        objects.Objects.finish = finish
 
 
 class _SurrogateError:
@@ -156,17 +250,18 @@ def failures(xcomm, comm, v):
         ("reduce to 0", lambda o: xcomm.reduce(o, root=0)),
         ("reduce to the failing rank", lambda o: xcomm.reduce(o, root=bad)),
         ("bcast from the failing rank", lambda o: xcomm.bcast(o, root=bad))]
-    for (name, call), (what, unpicklable) in itertools.product(calls, [
+    for (name, call), (what, unpicklable), good in itertools.product(calls, [
             ("a lock", threading.Lock()),
             ("an error whose text is no UTF-8", _SurrogateError()),
-            ("a dumps that returns None", _NO_PICKLE)]):
+            ("a dumps that returns None", _NO_PICKLE)], ([rank], 0.5)):
         MPI.pickle.__init__(_dumps_or_none, pickle.loads)
         try:
-            exc = outcome(lambda: call(unpicklable if rank == bad else [rank]))
+            exc = outcome(lambda: call(unpicklable if rank == bad else good))
         finally:
             MPI.pickle.__init__(pickle.dumps, pickle.loads)
-        desc = (f"{name}, {what}: an unpicklable object raises its own error "
-                "there, an XhcError naming its rank elsewhere")
+        desc = (f"{name}, {what}, {type(good).__name__}s elsewhere: an "
+                "unpicklable object raises its own error there, an "
+                "XhcError naming its rank elsewhere")
         if rank == bad:
             expect(desc, exc, TypeError)
         else:
@@ -244,6 +339,7 @@ def barrier_orders(xcomm, comm, v):
 
 def suite_objects(xcomm, comm, v, sz, args):
     results(xcomm, comm, v)
+    routes(xcomm, comm, v)
     failures(xcomm, comm, v)
     long_and_custom(xcomm, comm, v)
     barrier_orders(xcomm, comm, v)

@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* _hot.h: what xhc/_hot.c shares with xhc/_hot_objects.c. */
+#ifndef XHC_HOT_H
+#define XHC_HOT_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "xhc.h" /* types and codes only: nothing of the core is linked */
+
+typedef int (*xhc_run_fn)(const void *call);
+typedef int (*xhc_barrier_fn)(void *ctx);
+
+/* The collectives HotComm runs: first those on buffers, which have plans,
+ * then those on objects (xhc/_hot_objects.c). */
+enum { BCAST, ALLREDUCE, REDUCE, NPLANS,
+       OBJ_ALLREDUCE = NPLANS, OBJ_REDUCE, NKINDS };
+
+typedef struct {
+    PyObject_HEAD
+    void *ctx;               /* NULL: every call takes the Python path */
+    xhc_run_fn run;
+    xhc_barrier_fn barrier;
+    PyObject *plans[NPLANS]; /* dicts: id(buffer) -> plan */
+    PyObject *sum;           /* MPI.SUM, the default op */
+    PyObject *zero;          /* 0, the default root */
+    int rank, size;          /* in the communicator */
+    int busy;                /* core calls under way (changed with the GIL) */
+    PyObject *span;          /* over several nodes: their Barrier; or NULL */
+    int closed;              /* by free(): nothing may run or bind again */
+    PyObject *objects;       /* xhc/objects.py's Objects, or NULL */
+    PyObject *slots[2];      /* its arrays of slots: send, receive */
+} HotComm;
+
+/* The Python method NAME of SELF, called with these arguments. */
+PyObject *hot_slow(PyObject *self, const char *name, PyObject *const *args,
+                   size_t nargsf, PyObject *kwnames);
+/* The core's call for ARGV (KIND's arguments) if its buffers are plain
+ * arrays; 0 if not. */
+int hot_plain_call(const HotComm *h, int kind, PyObject *const *argv,
+                   xhc_call_t *c);
+/* ROOT (an exact int) if it is a rank of H's communicator, else -1. */
+int hot_plain_root(const HotComm *h, PyObject *root);
+/* Run CALL with RUN (or BARRIER on CTX), counted as under way on H. */
+int hot_invoke(HotComm *h, xhc_run_fn run, void *call,
+               xhc_barrier_fn barrier, void *ctx);
+/* Raise error RC of twin NAME, called with ARGV, through Comm._failed. */
+PyObject *hot_failed(HotComm *h, const char *name, int rc, PyObject **argv,
+                     int nargv);
+
+/* xhc/_hot_objects.c: the lowercase reductions of KIND with ARGV. */
+PyObject *hot_objects_call(HotComm *h, int kind, PyObject **argv,
+                           PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames);
+PyObject *hot_objects_bind(HotComm *h, PyObject *args);
+PyObject *bind_objects(PyObject *module, PyObject *args);
+int hot_objects_traverse(HotComm *h, visitproc visit, void *arg);
+void hot_objects_clear(HotComm *h);
+
+#endif

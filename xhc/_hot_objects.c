@@ -1,0 +1,338 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* _hot_objects.c: allreduce and reduce of Python numbers, in C.
+ *
+ * 1. xhc/objects.py exchanges objects in slots, one per rank: a tag, a
+ *    float and an int, then a pickle.  A call whose object is a number
+ *    that travels raw (Python's float, bool and int of 64 bits; numpy's
+ *    float64, float32, int64, int32 and bool_), and whose op is one
+ *    folded here (SUM, PROD, MAX, MIN), writes its slot here as
+ *    objects.py would and runs the same exchange: the core's Allreduce
+ *    with BOR of the arrays of slots, as a call on plain arrays.
+ * 2. When every rank's slot holds a number of one kind, not a bool, the
+ *    fold is done here, in rank order, as Python folds with mpi4py's
+ *    ops: a + b, a * b, and for MAX b only if b > a (for MIN b < a), so
+ *    that NaNs and signed zeros come out the same; float32 in float32.
+ *    A result that Python or numpy treats apart (an int beyond its
+ *    width; a numpy float that is not finite, which numpy may warn of)
+ *    is left to 3.
+ * 3. Any other exchange (numbers of mixed kinds, a pickle, a rank whose
+ *    object did not pickle) is finished by Objects.finish in Python,
+ *    from the same slots.  Every rank reads the same tags, so all take
+ *    the same road after the exchange, whichever road each came by.
+ * 4. Any other call (another object or op, a root that is not a rank, no
+ *    slots bound, a freed communicator or one over several nodes) is the
+ *    Python twin's, whole.
+ */
+#include "_hot.h" /* Python.h first */
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define SLOTS_NATIVE 1 /* objects.py packs little-endian, as we store */
+#else
+#define SLOTS_NATIVE 0
+#endif
+
+enum { FOLD_SUM, FOLD_PROD, FOLD_MAX, FOLD_MIN, NFOLDS };
+
+/* The numbers that travel raw, as objects.py lists them: Python's float,
+ * int and bool, then numpy's float64, float32, int64, int32 and bool_. */
+enum { K_FLOAT, K_INT, K_BOOL, K_F64, K_F32, K_I64, K_I32, K_NPBOOL,
+       NNUMBERS };
+
+/* A slot's head, as objects._HEADER packs it ("<qdq"). */
+struct slot_head {
+    int64_t tag;
+    double f;   /* the floating kinds' value */
+    int64_t i;  /* the others' */
+};
+
+/* numpy's scalars: the value follows the object's head (numpy's
+ * arrayscalars.h); bind_objects checks each against a sample. */
+typedef struct { PyObject_HEAD double v; } np_f64;
+typedef struct { PyObject_HEAD float v; } np_f32;
+typedef struct { PyObject_HEAD int64_t v; } np_i64;
+typedef struct { PyObject_HEAD int32_t v; } np_i32;
+typedef struct { PyObject_HEAD unsigned char v; } np_bool;
+
+/* What objects.py lays out and binds once (bind_objects); strong
+ * references, kept for the life of the process. */
+static struct {
+    Py_ssize_t slot;                /* bytes of one rank's slot; 0: unbound */
+    int64_t tag[NNUMBERS];          /* each number's tag */
+    PyTypeObject *type[NNUMBERS];   /* and type; NULL: not read here */
+    PyObject *bor;                  /* the exchange's op */
+    PyObject *op[NFOLDS];           /* the ops folded here */
+} objs;
+
+/* OP's index among the ops folded here, or -1. */
+static int fold_of(PyObject *op)
+{
+    for (int k = 0; k < NFOLDS; k++)
+        if (op == objs.op[k])
+            return k;
+    return -1;
+}
+
+/* The kind of number OBJ is, or -1. */
+static int number_of(PyObject *obj)
+{
+    for (int n = 0; n < NNUMBERS; n++)
+        if (Py_TYPE(obj) == objs.type[n])
+            return n;
+    return -1;
+}
+
+/* OBJ's slot head, as objects.py packs it; 0 if OBJ travels pickled. */
+static int head_of(PyObject *obj, struct slot_head *s)
+{
+    int n = number_of(obj), over = 0;
+    if (n < 0)
+        return 0;
+    s->tag = objs.tag[n];
+    s->f = 0.0;
+    s->i = 0;
+    switch (n) {
+    case K_FLOAT: s->f = PyFloat_AS_DOUBLE(obj); break;
+    case K_INT: s->i = PyLong_AsLongLongAndOverflow(obj, &over); break;
+    case K_BOOL: s->i = obj == Py_True; break;
+    case K_F64: s->f = ((np_f64 *)obj)->v; break;
+    case K_F32: s->f = ((np_f32 *)obj)->v; break;
+    case K_I64: s->i = ((np_i64 *)obj)->v; break;
+    case K_I32: s->i = ((np_i32 *)obj)->v; break;
+    default: s->i = ((np_bool *)obj)->v != 0; break;
+    }
+    return !over;  /* an int beyond 64 bits is pickled */
+}
+
+/* A folded with B by K, in their own type: float32 in float32, which
+ * SSE rounds at each step, as numpy does. */
+#define FOLD_SAME(a, b, k)                                                \
+    ((k) == FOLD_SUM    ? (a) + (b)                                       \
+     : (k) == FOLD_PROD ? (a) * (b)                                       \
+     : (k) == FOLD_MAX  ? ((b) > (a) ? (b) : (a))                         \
+                        : ((b) < (a) ? (b) : (a)))
+
+static double fold_double(double a, double b, int k)
+{
+    return FOLD_SAME(a, b, k);
+}
+
+static float fold_float(float a, float b, int k)
+{
+    return FOLD_SAME(a, b, k);
+}
+
+/* *A folded with B by K; 0 if the result leaves 64 bits. */
+static int fold_int(int64_t *a, int64_t b, int k)
+{
+    switch (k) {
+    case FOLD_SUM:
+        return !__builtin_add_overflow(*a, b, a);
+    case FOLD_PROD:
+        return !__builtin_mul_overflow(*a, b, a);
+    case FOLD_MAX:
+        *a = b > *a ? b : *a;
+        return 1;
+    default:
+        *a = b < *a ? b : *a;
+        return 1;
+    }
+}
+
+/* ACC, of number kind N, folded with S by K; 0 where Python must fold:
+ * bools, and results that Python or numpy treats apart (an int beyond
+ * its width, which Python widens and numpy wraps with a warning; a
+ * numpy float that is not finite, which numpy may warn of). */
+static int fold_step(int n, struct slot_head *acc, const struct slot_head *s,
+                     int k)
+{
+    switch (n) {
+    case K_FLOAT:
+        acc->f = fold_double(acc->f, s->f, k);
+        return 1;
+    case K_F64:
+        acc->f = fold_double(acc->f, s->f, k);
+        return isfinite(acc->f);
+    case K_F32:
+        acc->f = fold_float((float)acc->f, (float)s->f, k);
+        return isfinite(acc->f);
+    case K_INT:
+    case K_I64:
+        return fold_int(&acc->i, s->i, k);
+    case K_I32:
+        return fold_int(&acc->i, s->i, k) && acc->i == (int32_t)acc->i;
+    default:
+        return 0;
+    }
+}
+
+/* A new object of number kind N with ACC's value. */
+static PyObject *number_object(int n, const struct slot_head *acc)
+{
+    int floating = n == K_FLOAT || n == K_F64 || n == K_F32;
+    PyObject *v = floating ? PyFloat_FromDouble(acc->f)
+                           : PyLong_FromLongLong(acc->i);
+    if (!v || n == K_FLOAT || n == K_INT)
+        return v;
+    PyObject *res = PyObject_CallOneArg((PyObject *)objs.type[n], v);
+    Py_DECREF(v);
+    return res;
+}
+
+/* The fold by K of the N slots at ALL, a new object; NULL, with no error
+ * set, unless every slot holds a number of one kind that folds here. */
+static PyObject *fold_slots(const unsigned char *all, int n, int k)
+{
+    struct slot_head acc, s;
+    memcpy(&acc, all, sizeof acc);
+    int kind = 0;
+    while (kind < NNUMBERS && objs.tag[kind] != acc.tag)
+        kind++;
+    if (kind == NNUMBERS || kind == K_BOOL || kind == K_NPBOOL)
+        return NULL;  /* bools fold to ints or bools: Python's */
+    for (int r = 1; r < n; r++) {
+        memcpy(&s, all + (Py_ssize_t)r * objs.slot, sizeof s);
+        if (s.tag != acc.tag || !fold_step(kind, &acc, &s, k))
+            return NULL;
+    }
+    return number_object(kind, &acc);
+}
+
+/* After the exchange into ALL: the result of the call of KIND with ARGV
+ * on this rank, which folds if it is ROOT. */
+static PyObject *finish(HotComm *h, int kind, PyObject **argv, int root,
+                        const unsigned char *all)
+{
+    PyObject *res = fold_slots(all, h->size, fold_of(argv[1]));
+    if (!res && !PyErr_Occurred())
+        return PyObject_CallMethod(
+            h->objects, "finish", "OsOOO", (PyObject *)h,
+            kind == OBJ_ALLREDUCE ? "allreduce" : "reduce", argv[0],
+            argv[1], kind == OBJ_REDUCE ? argv[2] : Py_None);
+    if (res && root != h->rank) {
+        Py_DECREF(res);
+        Py_RETURN_NONE;
+    }
+    return res;
+}
+
+PyObject *hot_objects_call(HotComm *h, int kind, PyObject **argv,
+                           PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames)
+{
+    int root = kind == OBJ_REDUCE ? hot_plain_root(h, argv[2]) : h->rank;
+    PyObject *held[4] = {h->slots[0], h->slots[1], objs.bor, h->objects};
+    xhc_call_t c;
+    struct slot_head mine;
+    if (!SLOTS_NATIVE || !h->ctx || !h->objects || !objs.slot || root < 0
+        || fold_of(argv[1]) < 0 || !hot_plain_call(h, ALLREDUCE, held, &c)
+        || c.count != (size_t)h->size * (size_t)objs.slot
+        || !head_of(argv[0], &mine))
+        return hot_slow((PyObject *)h,
+                        kind == OBJ_ALLREDUCE ? "_allreduce" : "_reduce",
+                        args, nargsf, kwnames);
+    memcpy((unsigned char *)c.sbuf + h->rank * objs.slot, &mine, sizeof mine);
+    /* Ours while a wait may release the GIL, whatever others rebind. */
+    for (int i = 0; i < 4; i++)
+        Py_INCREF(held[i]);
+    int rc = hot_invoke(h, h->run, &c, h->barrier, h->ctx);
+    PyObject *res = rc ? hot_failed(h, "_Allreduce", rc, held, 3)
+                       : finish(h, kind, argv, root, c.rbuf);
+    for (int i = 0; i < 4; i++)
+        Py_DECREF(held[i]);
+    return res;
+}
+
+/* _hot_objects(objects, send, recv): the Objects of this communicator
+ * and its arrays of slots, to send and to receive. */
+PyObject *hot_objects_bind(HotComm *h, PyObject *args)
+{
+    PyObject *next[3];
+    if (!PyArg_ParseTuple(args, "OOO", &next[0], &next[1], &next[2]))
+        return NULL;
+    PyObject **at[3] = {&h->objects, &h->slots[0], &h->slots[1]};
+    for (int i = 0; i < 3; i++) {
+        Py_INCREF(next[i]);
+        Py_XSETREF(*at[i], next[i]);
+    }
+    Py_RETURN_NONE;
+}
+
+/* Does the value read from SAMPLE, numpy's scalar of kind N made from
+ * 1, show that its layout is the one read here? */
+static int reads_one(int n, PyObject *sample)
+{
+    struct slot_head s;
+    return head_of(sample, &s) && (n == K_F64 || n == K_F32 ? s.f == 1.0
+                                                            : s.i == 1);
+}
+
+/* Take TYPES (numpy's from K_F64 on) and TAGS, two tuples of NNUMBERS;
+ * leave out a numpy type whose sample does not read back. */
+static int bind_numbers(PyObject *types, PyObject *tags)
+{
+    static PyTypeObject *const python[K_F64] = {
+        &PyFloat_Type, &PyLong_Type, &PyBool_Type };
+    for (int n = 0; n < NNUMBERS; n++) {
+        PyObject *t = PyTuple_GET_ITEM(types, n);
+        objs.tag[n] = PyLong_AsLongLong(PyTuple_GET_ITEM(tags, n));
+        if (PyErr_Occurred() || !PyType_Check(t)
+            || (n < K_F64 && (PyTypeObject *)t != python[n]))
+            return -1;
+        Py_INCREF(t);
+        Py_XSETREF(objs.type[n], (PyTypeObject *)t);
+        PyObject *sample = n < K_F64 ? NULL : PyObject_CallFunction(t, "i", 1);
+        if (n >= K_F64 && !(sample && reads_one(n, sample)))
+            Py_CLEAR(objs.type[n]);
+        Py_XDECREF(sample);
+        PyErr_Clear();
+    }
+    return 0;
+}
+
+/* bind_objects(slot, bor, (sum, prod, max, min), types, tags): the
+ * slots' size (objects.py), the exchange's op, the ops folded here, and
+ * the numbers' types and tags in the order of K_*. */
+PyObject *bind_objects(PyObject *module, PyObject *args)
+{
+    Py_ssize_t slot;
+    PyObject *bor, *ops, *types, *tags;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "nOO!O!O!", &slot, &bor, &PyTuple_Type, &ops,
+                          &PyTuple_Type, &types, &PyTuple_Type, &tags))
+        return NULL;
+    objs.slot = 0;  /* unbound until all is taken */
+    if (slot < (Py_ssize_t)sizeof(struct slot_head)
+        || PyTuple_GET_SIZE(ops) != NFOLDS
+        || PyTuple_GET_SIZE(types) != NNUMBERS
+        || PyTuple_GET_SIZE(tags) != NNUMBERS || bind_numbers(types, tags)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "bind_objects: bad layout");
+        return NULL;
+    }
+    Py_INCREF(bor);
+    Py_XSETREF(objs.bor, bor);
+    for (int k = 0; k < NFOLDS; k++) {
+        Py_INCREF(PyTuple_GET_ITEM(ops, k));
+        Py_XSETREF(objs.op[k], PyTuple_GET_ITEM(ops, k));
+    }
+    objs.slot = slot;
+    Py_RETURN_NONE;
+}
+
+int hot_objects_traverse(HotComm *h, visitproc visit, void *arg)
+{
+    Py_VISIT(h->objects);
+    Py_VISIT(h->slots[0]);
+    Py_VISIT(h->slots[1]);
+    return 0;
+}
+
+void hot_objects_clear(HotComm *h)
+{
+    Py_CLEAR(h->objects);
+    Py_CLEAR(h->slots[0]);
+    Py_CLEAR(h->slots[1]);
+}
