@@ -251,15 +251,17 @@ def barrier_case(ctx, impl, data):
 
 def object_case(ctx, impl, data):
     """--objects: the lowercase collective on Python objects, as mpi4py
-    code passes them: for one element, the Python number (float or int);
-    above, the numpy array of the pattern, which both sides pickle.  Every
-    rank checks the object it gets (None off a reduce's root)."""
+    code passes them: for one element, the Python number (float or int),
+    or with --numpy-scalar numpy's scalar; above, the numpy array of the
+    pattern, which both sides pickle.  Every rank checks the object it
+    gets, its type too (None off a reduce's root)."""
     command, root = ctx.opts.command, ctx.opts.root
+    scalar = ctx.opts.numpy_scalar
     if command == "bcast":
-        objs = truths = [_object(p) for p in data]
+        objs = truths = [_object(p, scalar) for p in data]
     else:
-        objs = [_object(p) for p in data[0]]
-        truths = [None if t is None else _object(t)
+        objs = [_object(p, scalar) for p in data[0]]
+        truths = [None if t is None else _object(t, scalar)
                   for t in (data[1] or [None] * _osu.NPAT)]
         if command == "reduce" and ctx.rank != root:
             truths = [None] * _osu.NPAT
@@ -278,14 +280,18 @@ def object_case(ctx, impl, data):
         want = truths[k]
         if want is None or got[0] is None:
             return int(got[0] is not want)
+        if type(got[0]) is not type(want):
+            return 1
         return _osu.count_errors(got[0], want)
     return Case(run, fill, check)
 
 
-def _object(pattern):
+def _object(pattern, scalar=False):
     """A pattern as --objects sends it: its one element as a Python
-    number, or the array itself."""
-    return pattern[0].item() if pattern.size == 1 else pattern
+    number (numpy's scalar if SCALAR), or the array itself."""
+    if pattern.size > 1:
+        return pattern
+    return pattern[0] if scalar else pattern[0].item()
 
 
 COMMANDS = {
@@ -340,6 +346,9 @@ def parse_args(argv=None):
                    help="time the lowercase calls (bcast, allreduce, reduce) "
                    "on Python objects on both sides: one element as a "
                    "Python number, more as a numpy array, pickled")
+    p.add_argument("--numpy-scalar", action="store_true",
+                   help="with --objects, one element as numpy's scalar "
+                   "(np.float64 for float64), as np.sum returns it")
     p.add_argument("--cold", metavar="BYTES", type=_cold_size, default=0,
                    help="rewrite a private buffer of BYTES (K/M suffixes) "
                         "before each call, untimed, so that it runs with "
@@ -395,6 +404,8 @@ def _check_opts(parser, opts):
         parser.error("--objects times bcast, allreduce and reduce, with "
                      "--op sum (Python's + on arrays), not with --persistent "
                      "or --shm")
+    if opts.numpy_scalar and not opts.objects:
+        parser.error("--numpy-scalar goes with --objects")
     if opts.shm and opts.impl == "mpi":
         parser.error("--shm applies to xhc's buffers: use --impl xhc|both")
     if opts.peer and MPI.get_vendor()[0] != "Open MPI":
@@ -799,7 +810,9 @@ def header_lines(run):
     sync = ("the plain MPI Barrier" if o.sync == "mpi"
             else "each implementation's own Barrier")
     calls = ("a persistent request's Start() and Wait()" if o.persistent
-             else f"each {o.command}() of a Python object" if o.objects
+             else f"each {o.command}() of a Python object"
+            + (" (one element: a numpy scalar)" if o.numpy_scalar else "")
+            if o.objects
              else "each call")
     lines.append(f"method: {sync}, then time {calls}; avg of per-rank "
                  "means, min/max over ranks")
@@ -819,7 +832,8 @@ def new_doc(run, opts):
     """Return the JSON record, before any result."""
     keep = ("command", "message_size", "iterations", "warmup", "full",
             "validate", "impl", "shm", "sync", "root", "dtype", "op", "blocks",
-            "label", "sizes", "persistent", "objects", "cold", "peer")
+            "label", "sizes", "persistent", "objects", "numpy_scalar", "cold",
+            "peer")
     title = (f"OSU-style xhc {run.cmd.title} Latency Test v{xhc_version()}")
     return {"benchmark": opts.command, "title": title,
             "version": xhc_version(), "ranks": run.comm.size,

@@ -266,6 +266,17 @@ def test_osu_objects(op, tmp_path):
     assert doc["xhc_stats"]["fallback"] == 0
 
 
+def test_osu_objects_numpy_scalar(tmp_path):
+    """--numpy-scalar sends one element as numpy's scalar: validated with
+    its type, with no fallback."""
+    out, doc = run_osu("allreduce", tmp_path, "--objects", "--numpy-scalar",
+                       sizes="8:64")
+    check_doc(doc, SIZES[:4])
+    assert doc["options"]["numpy_scalar"] is True
+    assert "(one element: a numpy scalar)" in out
+    assert doc["xhc_stats"]["fallback"] == 0
+
+
 @pytest.mark.parametrize("args", [["barrier"], ["allreduce", "--op", "max"],
                                   ["bcast", "--persistent"]])
 def test_osu_objects_refused(args):
@@ -273,6 +284,13 @@ def test_osu_objects_refused(args):
                    timeout=90)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--objects times bcast, allreduce and reduce" in proc.stderr
+
+
+def test_osu_numpy_scalar_needs_objects():
+    proc = run_mpi(2, ["-m", "bench.osu", "allreduce", "--numpy-scalar"],
+                   check=False, timeout=90)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--numpy-scalar goes with --objects" in proc.stderr
 
 
 def test_osu_shm(tmp_path):
