@@ -13,8 +13,8 @@
  *    ops: a + b, a * b, and for MAX b only if b > a (for MIN b < a), so
  *    that NaNs and signed zeros come out the same; float32 in float32.
  *    A result that Python or numpy treats apart (an int beyond its
- *    width; a numpy float that is not finite, which numpy may warn of)
- *    is left to 3.
+ *    width; a numpy float that is not finite or underflowed, which
+ *    numpy may warn of or raise for) is left to 3.
  * 3. Any other exchange (numbers of mixed kinds, a pickle, a rank whose
  *    object did not pickle) is finished by Objects.finish in Python,
  *    from the same slots.  Every rank reads the same tags, so all take
@@ -25,6 +25,7 @@
  */
 #include "_hot.h" /* Python.h first */
 
+#include <fenv.h>
 #include <math.h>
 #include <string.h>
 
@@ -192,11 +193,16 @@ static PyObject *fold_slots(const unsigned char *all, int n, int k)
         kind++;
     if (kind == NNUMBERS || kind == K_BOOL || kind == K_NPBOOL)
         return NULL;  /* bools fold to ints or bools: Python's */
+    feclearexcept(FE_UNDERFLOW);
     for (int r = 1; r < n; r++) {
         memcpy(&s, all + (Py_ssize_t)r * objs.slot, sizeof s);
         if (s.tag != acc.tag || !fold_step(kind, &acc, &s, k))
             return NULL;
     }
+    /* numpy may warn of an underflow, or raise (np.errstate): Python's
+     * floats never do. */
+    if ((kind == K_F64 || kind == K_F32) && fetestexcept(FE_UNDERFLOW))
+        return NULL;
     return number_object(kind, &acc);
 }
 

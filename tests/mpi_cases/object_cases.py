@@ -269,6 +269,16 @@ def failures(xcomm, comm, v):
                    "picklable object")
         v.case(f"{name}: the next call works",
                _same(xcomm.allreduce(rank), size * (size - 1) // 2))
+    for name, call in (("allreduce", lambda o: xcomm.allreduce(o, MPI.PROD)),
+                       ("reduce", lambda o: xcomm.reduce(o, MPI.PROD))):
+        with np.errstate(under="raise"):
+            exc = outcome(lambda: call(np.float64(1e-200)))
+        desc = (f"{name}: numpy's underflow under errstate raises where "
+                "the fold runs, nowhere else")
+        if size > 1 and (name == "allreduce" or rank == 0):
+            expect(desc, exc, FloatingPointError, "underflow")
+        else:
+            v.case(desc, exc and f"raised {exc!r}")
     expect("an op that is not callable", outcome(
         lambda: xcomm.allreduce(1, op=5)), TypeError, "op must be")
     exc = outcome(lambda: xcomm.allreduce("a" if rank else 1))
