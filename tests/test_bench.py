@@ -424,7 +424,7 @@ def test_osu_peer_refuses_another_mpi(monkeypatch):
         raise Refused(message)
     monkeypatch.setattr(osu.MPI, "get_vendor", lambda: ("MPICH", (4, 2, 0)))
     opts = types.SimpleNamespace(peer="sm", shm=False, impl="both",
-                                 objects=False)
+                                 objects=False, numpy_scalar=False)
     with pytest.raises(Refused, match="--peer needs Open MPI, not MPICH.*"
                        "bench.compare"):
         osu._check_opts(types.SimpleNamespace(error=error), opts)
