@@ -36,6 +36,8 @@
  * 7. Every core call, from here or from Python, counts on its HotComm
  *    while it runs, so that free() from a thread that got the GIL
  *    meanwhile refuses instead of unmapping what the wait polls.
+ * 8. The lowercase allreduce and reduce, on objects, take their arguments
+ *    here too; xhc/_hot_objects.c runs them, or hands them to Python.
  * The core is reached through function pointers handed over by cffi, so
  * this module links against nothing but Python.
  */
@@ -67,7 +69,7 @@ static const struct {
 static const int ROOT_AT[NKINDS] = { 1, -1, 3, -1, 2 }; /* plans': equal */
 
 PyObject *hot_slow(PyObject *self, const char *name, PyObject *const *args,
-                      size_t nargsf, PyObject *kwnames)
+                   size_t nargsf, PyObject *kwnames)
 {
     PyObject *meth = PyUnicode_FromString(name);
     if (!meth)
@@ -358,7 +360,7 @@ static int plain_bcast(const HotComm *h, PyObject *const *argv,
 
 /* The core's call for ARGV if its buffers are plain (see 3.), in C. */
 int hot_plain_call(const HotComm *h, int kind, PyObject *const *argv,
-                      xhc_call_t *c)
+                   xhc_call_t *c)
 {
     if (!plain.ndarray)
         return 0;
@@ -507,7 +509,7 @@ static PyObject *set_progress(PyObject *mod, PyObject *fn)
  * until the core blocks.  H counts the call as under way, so that a
  * free() from another thread meanwhile refuses to unmap the context. */
 int hot_invoke(HotComm *h, xhc_run_fn run, void *call,
-                      xhc_barrier_fn barrier, void *ctx)
+               xhc_barrier_fn barrier, void *ctx)
 {
     h->busy++;
     hot_running = 1;
@@ -554,7 +556,7 @@ static PyObject *run_across(HotComm *h, PyObject *run)
 /* Hand error RC of NAME, called with the NARGV arguments ARGV, to
  * Comm._failed, which raises. */
 PyObject *hot_failed(HotComm *h, const char *name, int rc,
-                        PyObject **argv, int nargv)
+                     PyObject **argv, int nargv)
 {
     PyObject *tuple = PyTuple_New(nargv);
     if (!tuple)
@@ -985,7 +987,7 @@ static PyMethodDef hot_methods[] = {
     {"reduce", (PyCFunction)(void (*)(void))hot_obj_reduce, FAST,
      "allreduce's result on ROOT; None on the other ranks."},
     {"_hot_objects", (PyCFunction)hot_objects_bind, METH_VARARGS,
-     "Bind the Objects and its slot arrays (None unbinds)."},
+     "Bind the Objects and its arrays of slots."},
     {"_hot_bind", (PyCFunction)hot_bind, METH_VARARGS,
      "Bind the context, the core's entry points and the plan dicts."},
     {"_hot_close", (PyCFunction)hot_close, METH_NOARGS,
