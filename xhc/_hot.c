@@ -648,8 +648,8 @@ static PyObject *hot_collective(HotComm *h, int kind, PyObject *const *args,
         !given ? hot_slow((PyObject *)h, KIND[kind].twin, args, nargsf,
                           kwnames)
         : kind < NPLANS ? run_or_slow(h, kind, argv, args, nargsf, kwnames)
-                        : hot_objects_call(h, kind, argv, args, nargsf,
-                                           kwnames);
+                        : hot_objects_call(h, kind, KIND[kind].twin, argv,
+                                           args, nargsf, kwnames);
     Py_XDECREF(root);
     return res;
 }

@@ -48,10 +48,11 @@ int hot_invoke(HotComm *h, xhc_run_fn run, void *call,
 PyObject *hot_failed(HotComm *h, const char *name, int rc, PyObject **argv,
                      int nargv);
 
-/* xhc/_hot_objects.c: the lowercase reductions of KIND with ARGV. */
-PyObject *hot_objects_call(HotComm *h, int kind, PyObject **argv,
-                           PyObject *const *args, size_t nargsf,
-                           PyObject *kwnames);
+/* xhc/_hot_objects.c: the lowercase reduction of KIND with ARGV, whose
+ * Python TWIN ("_allreduce", "_reduce") takes any call it does not. */
+PyObject *hot_objects_call(HotComm *h, int kind, const char *twin,
+                           PyObject **argv, PyObject *const *args,
+                           size_t nargsf, PyObject *kwnames);
 PyObject *hot_objects_bind(HotComm *h, PyObject *args);
 PyObject *bind_objects(PyObject *module, PyObject *args);
 int hot_objects_traverse(HotComm *h, visitproc visit, void *arg);

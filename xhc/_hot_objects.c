@@ -182,41 +182,43 @@ static PyObject *number_object(int n, const struct slot_head *acc)
     return res;
 }
 
-/* The fold by K of the N slots at ALL, a new object; NULL, with no error
- * set, unless every slot holds a number of one kind that folds here. */
-static PyObject *fold_slots(const unsigned char *all, int n, int k)
+/* The fold by K of the NRANKS slots at ALL, a new object; NULL, with no
+ * error set, unless every slot holds a number of one kind that folds
+ * here. */
+static PyObject *fold_slots(const unsigned char *all, int nranks, int k)
 {
     struct slot_head acc, s;
     memcpy(&acc, all, sizeof acc);
-    int kind = 0;
-    while (kind < NNUMBERS && objs.tag[kind] != acc.tag)
-        kind++;
-    if (kind == NNUMBERS || kind == K_BOOL || kind == K_NPBOOL)
+    int n = 0;
+    while (n < NNUMBERS && objs.tag[n] != acc.tag)
+        n++;
+    if (n == NNUMBERS || n == K_BOOL || n == K_NPBOOL)
         return NULL;  /* bools fold to ints or bools: Python's */
     feclearexcept(FE_UNDERFLOW);
-    for (int r = 1; r < n; r++) {
+    for (int r = 1; r < nranks; r++) {
         memcpy(&s, all + (Py_ssize_t)r * objs.slot, sizeof s);
-        if (s.tag != acc.tag || !fold_step(kind, &acc, &s, k))
+        if (s.tag != acc.tag || !fold_step(n, &acc, &s, k))
             return NULL;
     }
     /* numpy may warn of an underflow, or raise (np.errstate): Python's
      * floats never do. */
-    if ((kind == K_F64 || kind == K_F32) && fetestexcept(FE_UNDERFLOW))
+    if ((n == K_F64 || n == K_F32) && fetestexcept(FE_UNDERFLOW))
         return NULL;
-    return number_object(kind, &acc);
+    return number_object(n, &acc);
 }
 
-/* After the exchange into ALL: the result of the call of KIND with ARGV
- * on this rank, which folds if it is ROOT. */
-static PyObject *finish(HotComm *h, int kind, PyObject **argv, int root,
+/* After the exchange into ALL: the result on this rank, which folds by K
+ * if it is ROOT, of the call NAME with ARGV (object, op) and ROOT_ARG
+ * (None for allreduce). */
+static PyObject *finish(HotComm *h, const char *name, PyObject **argv,
+                        PyObject *root_arg, int k, int root,
                         const unsigned char *all)
 {
-    PyObject *res = fold_slots(all, h->size, fold_of(argv[1]));
+    PyObject *res = fold_slots(all, h->size, k);
     if (!res && !PyErr_Occurred())
-        return PyObject_CallMethod(
-            h->objects, "finish", "OsOOO", (PyObject *)h,
-            kind == OBJ_ALLREDUCE ? "allreduce" : "reduce", argv[0],
-            argv[1], kind == OBJ_REDUCE ? argv[2] : Py_None);
+        return PyObject_CallMethod(h->objects, "finish", "OsOOO",
+                                   (PyObject *)h, name, argv[0], argv[1],
+                                   root_arg);
     if (res && root != h->rank) {
         Py_DECREF(res);
         Py_RETURN_NONE;
@@ -224,28 +226,29 @@ static PyObject *finish(HotComm *h, int kind, PyObject **argv, int root,
     return res;
 }
 
-PyObject *hot_objects_call(HotComm *h, int kind, PyObject **argv,
-                           PyObject *const *args, size_t nargsf,
-                           PyObject *kwnames)
+PyObject *hot_objects_call(HotComm *h, int kind, const char *twin,
+                           PyObject **argv, PyObject *const *args,
+                           size_t nargsf, PyObject *kwnames)
 {
-    int root = kind == OBJ_REDUCE ? hot_plain_root(h, argv[2]) : h->rank;
+    PyObject *root_arg = kind == OBJ_REDUCE ? argv[2] : Py_None;
+    int root = kind == OBJ_REDUCE ? hot_plain_root(h, root_arg) : h->rank;
+    int k = fold_of(argv[1]);
     PyObject *held[4] = {h->slots[0], h->slots[1], objs.bor, h->objects};
     xhc_call_t c;
     struct slot_head mine;
     if (!SLOTS_NATIVE || !h->ctx || !h->objects || !objs.slot || root < 0
-        || fold_of(argv[1]) < 0 || !hot_plain_call(h, ALLREDUCE, held, &c)
+        || k < 0 || !hot_plain_call(h, ALLREDUCE, held, &c)
         || c.count != (size_t)h->size * (size_t)objs.slot
         || !head_of(argv[0], &mine))
-        return hot_slow((PyObject *)h,
-                        kind == OBJ_ALLREDUCE ? "_allreduce" : "_reduce",
-                        args, nargsf, kwnames);
+        return hot_slow((PyObject *)h, twin, args, nargsf, kwnames);
     memcpy((unsigned char *)c.sbuf + h->rank * objs.slot, &mine, sizeof mine);
     /* Ours while a wait may release the GIL, whatever others rebind. */
     for (int i = 0; i < 4; i++)
         Py_INCREF(held[i]);
     int rc = hot_invoke(h, h->run, &c, h->barrier, h->ctx);
     PyObject *res = rc ? hot_failed(h, "_Allreduce", rc, held, 3)
-                       : finish(h, kind, argv, root, c.rbuf);
+                       : finish(h, twin + 1, argv, root_arg, k, root,
+                                c.rbuf);
     for (int i = 0; i < 4; i++)
         Py_DECREF(held[i]);
     return res;
