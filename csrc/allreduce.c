@@ -118,10 +118,12 @@ static int xhc_pass_down(xhc_ctx_t *ctx, const struct xhc_view *v,
 int xhc_allreduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
                         const void *sbuf, void *rbuf, const struct xhc_red *r)
 {
-    uint64_t seq = xhc_begin(ctx);
+    uint64_t seq;
+    int rc = xhc_begin(ctx, &seq);
     const void *mine = sbuf;
     unsigned char *up = xhc_payload(ctx, ctx->rank, XHC_UP, seq, r->nbytes);
-    int rc = xhc_ring_reserve(ctx, seq);
+    if (rc == 0)
+        rc = xhc_ring_reserve(ctx, seq);
     if (rc == 0)
         rc = xhc_fold_children(ctx, v->child, v->nsub, seq, r, up, &mine);
     if (rc == 0)

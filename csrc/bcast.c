@@ -32,8 +32,10 @@
 static int xhc_bcast_small(xhc_ctx_t *ctx, const struct xhc_view *v,
                            unsigned char *buf, size_t nbytes, int root)
 {
-    uint64_t seq = xhc_begin(ctx);
-    int rc = v->nchild ? xhc_ring_reserve(ctx, seq) : 0;
+    uint64_t seq;
+    int rc = xhc_begin(ctx, &seq);
+    if (rc == 0 && v->nchild)
+        rc = xhc_ring_reserve(ctx, seq);
     const unsigned char *src = buf;
     if (rc == 0 && ctx->rank != root) {
         rc = xhc_wait_eq(ctx, &xhc_line(ctx, v->parent, XHC_DOWN, seq)->seq,
@@ -234,13 +236,13 @@ static size_t xhc_bcast_step(const xhc_ctx_t *ctx, size_t nbytes)
 static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
                            unsigned char *buf, size_t nbytes, int root)
 {
-    uint64_t seq = xhc_begin(ctx);
+    uint64_t seq;
+    int rc = xhc_begin(ctx, &seq);
     struct xhc_pipe p = { .buf = buf, .nbytes = nbytes, .v = v };
     struct xhc_pick pick;
     xhc_tune_pick(ctx, XHC_BCAST, nbytes, v->nchild > 0, &pick);
-    int rc = v->nchild ? xhc_bcast_announce(ctx, seq, &p, ctx->rank == root,
-                                            &pick)
-                       : 0;
+    if (rc == 0 && v->nchild)
+        rc = xhc_bcast_announce(ctx, seq, &p, ctx->rank == root, &pick);
     if (rc == 0 && ctx->rank != root)
         rc = xhc_bcast_listen(ctx, seq, &p);
     if (rc == 0 && xhc_bcast_by_cma(ctx, &p))

@@ -92,6 +92,7 @@ static void xhc_flags_init(struct xhc_rank_ctl *mine, uint64_t start)
     xhc_store_relaxed(&mine->reduced.seq, start);
     xhc_store_relaxed(&mine->finished.seq, start);
     xhc_store_relaxed(&mine->entered.seq, start);
+    xhc_store_relaxed(&mine->entered.abandoned, start);
     /* Orders all the flags above with the ack: seen together. */
     xhc_store_release(&mine->ack.seq, start);
 }
@@ -148,6 +149,7 @@ static void xhc_ctx_mark(xhc_ctx_t *ctx, uint64_t how)
      * published before, so it does not mistake one it missed for one I
      * will never raise. */
     xhc_store_release(&xhc_ctl(ctx, ctx->rank)->entered.seq, ctx->seq + how);
+    ctx->away = 1;
 }
 
 /* Is my mark to stay as it is?  With no segment there is none; and once
@@ -166,9 +168,11 @@ void xhc_ctx_leave(xhc_ctx_t *ctx)
     if (xhc_ctx_keep_mark(ctx))
         return;
     struct xhc_entered_line *e = &xhc_ctl(ctx, ctx->rank)->entered;
-    /* Relaxed: published by the release in xhc_ctx_mark. */
+    /* Relaxed: published by the releases below. */
     atomic_store_explicit(&e->why, ctx->cause_why, memory_order_relaxed);
     atomic_store_explicit(&e->who, ctx->cause_who, memory_order_relaxed);
+    /* Release: a rank that reads it reads the cause above with it. */
+    xhc_store_release(&e->abandoned, ctx->seq);
     xhc_ctx_mark(ctx, XHC_LEFT);
 }
 

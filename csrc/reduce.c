@@ -20,12 +20,14 @@ static int xhc_reduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
                             const void *sbuf, void *rbuf,
                             const struct xhc_red *r)
 {
-    uint64_t seq = xhc_begin(ctx);
+    uint64_t seq;
+    int rc = xhc_begin(ctx, &seq);
     const void *mine = sbuf;
     int is_root = v->parent < 0;
     void *dst = is_root ? rbuf
                         : xhc_payload(ctx, ctx->rank, XHC_UP, seq, r->nbytes);
-    int rc = xhc_ring_reserve(ctx, seq);
+    if (rc == 0)
+        rc = xhc_ring_reserve(ctx, seq);
     if (rc == 0)
         rc = xhc_fold_children(ctx, v->child, v->nchild, seq, r, dst, &mine);
     if (rc == 0 && !is_root)

@@ -206,10 +206,12 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
     xhc_tune_pick(ctx, kind, r->nbytes, ctx->rank == xhc_decider(&m),
                   &pick);
     m.single = pick.single;
-    uint64_t seq = xhc_begin(ctx);
+    uint64_t seq;
+    rc = xhc_begin(ctx, &seq);
     /* No peer can finish this operation (and rewrite its big line)
      * before every rank has met. */
-    rc = xhc_meet(ctx, seq, sbuf, target, r->nbytes, &m);
+    if (rc == 0)
+        rc = xhc_meet(ctx, seq, sbuf, target, r->nbytes, &m);
     if (rc)
         return rc;
     if (m.single && m.private && ctx->cfg.copy != XHC_COPY_XPMEM)

@@ -32,6 +32,14 @@
  *    not wait for it in turn: one that waits on it in the same operation
  *    gives up at once, naming it (a leader whose peer died, and then its
  *    subtree), and one that waits on it in a later operation times out.
+ * 5. A rank that was away (left, or withdrew) may come back to an
+ *    operation that its peers, not counting it late, gave up on without
+ *    it.  Entered, it would take their flags of that operation, raised
+ *    before they gave up, for live ones, and return what they no longer
+ *    wait for.  So its first operation back first reads the last one each
+ *    peer gave up on; if one gave up on it or a later one, it gives up on
+ *    all of them too, with that peer's first error, and its next
+ *    operation meets their next one.
  */
 #include <errno.h>
 #include <limits.h>
@@ -148,13 +156,23 @@ static int xhc_peer_left(xhc_ctx_t *ctx, int peer)
 static void xhc_inherit_cause(xhc_ctx_t *ctx, int peer)
 {
     struct xhc_entered_line *e = &xhc_ctl(ctx, peer)->entered;
-    /* Relaxed: written before the release of its leave, which
-     * xhc_peer_left acquired. */
+    /* Relaxed: written before the releases of its leave, one of which
+     * xhc_peer_left or xhc_skip_abandoned acquired. */
     int why = atomic_load_explicit(&e->why, memory_order_relaxed);
     if (why) {
         ctx->cause_why = why;
         ctx->cause_who = atomic_load_explicit(&e->who, memory_order_relaxed);
     }
+}
+
+/* Fail with RC about PEER, with its first error if it left, and leave. */
+static int xhc_give_up(xhc_ctx_t *ctx, int peer, int rc)
+{
+    xhc_fail(ctx, peer, rc);
+    if (rc == XHC_ERR_PEER_LEFT)
+        xhc_inherit_cause(ctx, peer);
+    xhc_ctx_leave(ctx);
+    return rc;
 }
 
 static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
@@ -195,14 +213,32 @@ static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
             deadline = xhc_now() + ctx->cfg.timeout;
             continue;
         }
-        int rc = gone ? XHC_ERR_PEER_GONE
-                      : left ? XHC_ERR_PEER_LEFT : XHC_ERR_TIMEOUT;
-        xhc_fail(ctx, peer, rc);
-        if (left)
-            xhc_inherit_cause(ctx, peer);
-        xhc_ctx_leave(ctx);
-        return rc;
+        return xhc_give_up(ctx, peer, gone ? XHC_ERR_PEER_GONE
+                                      : left ? XHC_ERR_PEER_LEFT
+                                             : XHC_ERR_TIMEOUT);
     }
+}
+
+/* See 5.: skip to the last operation a peer gave up on, if it is not
+ * before *SEQ, the one I am about to enter, and give up on it. */
+int xhc_skip_abandoned(xhc_ctx_t *ctx, uint64_t *seq)
+{
+    int peer = -1;
+    uint64_t last = *seq;
+    for (int p = 0; p < ctx->nranks; p++) {
+        /* Acquire: pairs with the release in xhc_ctx_leave, which wrote
+         * the cause first. */
+        uint64_t a = xhc_load_acquire(&xhc_ctl(ctx, p)->entered.abandoned);
+        if (p != ctx->rank && xhc_seq_reached(a, last)) {
+            last = a;
+            peer = p;
+        }
+    }
+    if (peer < 0)
+        return 0;
+    *seq = ctx->seq = last;
+    xhc_ack(ctx, last); /* I read nothing of what I skip */
+    return xhc_give_up(ctx, peer, XHC_ERR_PEER_LEFT);
 }
 
 static int xhc_wait(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,

@@ -135,7 +135,10 @@ void xhc_ctx_leave(xhc_ctx_t *ctx);
  * as for a late rank, and time out, but for peers that refused as many
  * calls since that collective (every rank refused the same ones): to
  * them it stays late.  xhc_ctx_close withdraws for good.  The next
- * collective undoes either. */
+ * collective undoes either; if peers gave up on it meanwhile (or on
+ * later ones), not counting this rank late, it gives those up too and
+ * fails (XHC_ERR_PEER_LEFT, with their first error), and the one after
+ * meets their next. */
 void xhc_ctx_withdraw(xhc_ctx_t *ctx);
 void xhc_ctx_close(xhc_ctx_t *ctx);
 

@@ -56,6 +56,9 @@ struct xhc_entered_line {
     /* Calls I refused (withdrew from) since my last operation began: a
      * peer that refused as many there is in step with me (wait.c). */
     _Atomic uint32_t refusals;
+    /* The last operation I gave up on: it stays when I go on, so that a
+     * rank that was away then does not enter it after me (wait.c). */
+    xhc_flag_t abandoned;
 } XHC_ALIGNED;
 
 /* Ranks asleep on one of my flags (cfg.sleep): the one counter several
@@ -188,6 +191,7 @@ struct xhc_ctx {
     uint64_t seq;       /* the last operation this rank started */
     uint32_t refusals;  /* calls refused since then */
     uint32_t refused_before; /* calls refused before it began */
+    int away;           /* I left or withdrew since it began */
     uint64_t round;     /* the last staged round, Bcast or reduce-scatter */
     uint64_t ack_floor; /* every rank's ack had reached this, last look */
     pid_t *pids;
@@ -215,6 +219,7 @@ struct xhc_ctx {
 };
 
 void xhc_wake(xhc_ctx_t *ctx, xhc_flag_t *flag); /* wait.c */
+int xhc_skip_abandoned(xhc_ctx_t *ctx, uint64_t *seq); /* wait.c */
 
 /* alive.c */
 int xhc_pidfds_alloc(xhc_ctx_t *ctx);
@@ -367,18 +372,24 @@ static inline struct xhc_rank_ctl *xhc_ctl(xhc_ctx_t *ctx, int rank)
     return &ctx->ctl[rank];
 }
 
-/* Start my next operation: number it, and tell waiters that I have
- * entered it, so that a rank that has not yet is known to be late. */
-static inline uint64_t xhc_begin(xhc_ctx_t *ctx)
+/* Start my next operation: number it (*SEQ), and tell waiters that I
+ * have entered it, so that a rank that has not yet is known to be late.
+ * If I was away since my last one, peers may have given up on this one
+ * without me: then I give up too (xhc_skip_abandoned). */
+static inline int xhc_begin(xhc_ctx_t *ctx, uint64_t *seq)
 {
-    uint64_t seq = ++ctx->seq;
+    *seq = ++ctx->seq;
     ctx->cause_why = 0;
     ctx->refused_before = ctx->refusals;
     ctx->refusals = 0;
     /* Relaxed: read only by waiters past their timeout (wait.c); it
      * orders nothing. */
-    xhc_store_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq, seq);
-    return seq;
+    xhc_store_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq, *seq);
+    if (__builtin_expect(ctx->away, 0)) {
+        ctx->away = 0;
+        return xhc_skip_abandoned(ctx, seq);
+    }
+    return 0;
 }
 
 /* Fail with RC, an error about PEER: name it, as this op's first error

@@ -426,6 +426,82 @@ def test_ranks_that_refused_the_same_calls_wait_for_each_other():
                 lib.xhc_ctx_close(ctx1)
 
 
+def _run_op(ctx, op, rank, value):
+    """OP on CTX for RANK with VALUE (OP-large: above cico_max, for 2
+    ranks meeting on their buffers): (rc, what it returned)."""
+    op, _, large = op.partition("-")
+    a = np.full(1024 if large else 4, value, dtype=np.int64)
+    r = np.zeros_like(a)
+    root = 0 if op.endswith("0") else 1
+    if op == "barrier":
+        return lib.xhc_barrier(ctx), None
+    if op.startswith("bcast"):
+        rc = lib.xhc_bcast(ctx, ffi.from_buffer(a), a.nbytes, root)
+        return rc, int(a[0])
+    fn = getattr(lib, f"xhc_{op.rstrip('01')}")
+    args = (ffi.from_buffer(a), ffi.from_buffer(r), a.size, lib.XHC_INT64,
+            lib.XHC_SUM)
+    rc = fn(ctx, *args, root) if op.startswith("reduce") else fn(ctx, *args)
+    return rc, int(r[0]) if op == "allreduce" or rank == root else None
+
+
+def _pair_call(ctxs, op, values):
+    """OP on both ranks at once, rank 1 in a thread: [(rc, result)] * 2."""
+    out = {}
+    t = threading.Thread(
+        target=lambda: out.__setitem__(1, _run_op(ctxs[1], op, 1, values[1])))
+    t.start()  # cffi releases the GIL while it waits
+    out[0] = _run_op(ctxs[0], op, 0, values[0])
+    t.join(20)
+    assert not t.is_alive()
+    return [out[0], out[1]]
+
+
+@pytest.mark.parametrize("away", ["withdraw", "leave"])
+@pytest.mark.parametrize("op,gone,abandoned", [
+    ("barrier", 0, 1), ("allreduce", 1, 1), ("allreduce", 0, 2),
+    ("bcast1", 1, 1), ("reduce0", 1, 1), ("reduce1", 0, 1),
+    ("allreduce-large", 0, 1), ("bcast0-large", 0, 1)])
+def test_a_rank_back_from_away_does_not_enter_what_peers_gave_up(
+        away, op, gone, abandoned):
+    """Rank GONE steps out (it refused a call's arguments, or left a
+    collective after an error), and its peer gives up, ABANDONED times,
+    on the collective OP it waits in for it (OP roots itself where the
+    peer must wait).  When rank GONE comes back, its call raises that
+    its peer gave up (with the peer's timeout as the first error)
+    instead of returning a result made of the peer's stale contribution
+    or leaving its data to no one; then the two ranks' next calls meet
+    again."""
+    cfg = make_config(timeout=0.3)
+    with Segment(2, cfg) as seg:
+        ctxs = _pair(seg, cfg, [os.getpid()] * 2)
+        try:
+            waiter = 1 - gone
+            assert _pair_call(ctxs, "barrier", (0, 0)) == [(0, None)] * 2
+            getattr(lib, f"xhc_ctx_{away}")(ctxs[gone])
+            for _ in range(abandoned):
+                rc, _ = _run_op(ctxs[waiter], op, waiter, 1)
+                assert rc == lib.XHC_ERR_TIMEOUT, strerror(rc)
+            before = lib.xhc_seq(ctxs[gone])
+            rc, _ = _run_op(ctxs[gone], op, gone, 10)
+            assert rc == lib.XHC_ERR_PEER_LEFT, strerror(rc)
+            assert lib.xhc_failed_rank(ctxs[gone]) == waiter
+            who = ffi.new("int *")
+            assert lib.xhc_failed_cause(ctxs[gone], who) \
+                == lib.XHC_ERR_TIMEOUT
+            assert who[0] == gone
+            assert lib.xhc_seq(ctxs[gone]) - before == abandoned
+            want = {"barrier": [None] * 2, "allreduce": [120] * 2,
+                    "bcast1": [20] * 2, "reduce0": [120, None],
+                    "reduce1": [None, 120], "allreduce-large": [120] * 2,
+                    "bcast0-large": [100] * 2}[op]
+            assert _pair_call(ctxs, op, (100, 20)) == [(0, w) for w in want]
+            assert _pair_call(ctxs, "allreduce", (3, 4)) == [(0, 7)] * 2
+        finally:
+            lib.xhc_ctx_close(ctxs[0])
+            lib.xhc_ctx_close(ctxs[1])
+
+
 def _have_pidfds():
     try:
         os.close(os.pidfd_open(os.getpid()))

@@ -638,7 +638,10 @@ def test_a_rank_that_refuses_any_way_is_not_waited_for(disagreeing, case,
     """Whatever rank 1 raises before it takes part (an MPI error about a
     datatype, the wrong number of arguments, a receive buffer that would
     have made it alone fall back), its peers time out instead of waiting
-    for it until its next collective, and pairing with that one."""
+    for it until its next collective, and pairing with that one.  Rank 1's
+    next call raises that they gave up (with their timeout as the first
+    error), instead of folding their stale contributions into its
+    result; the calls after meet again, with every rank's data."""
     rep = disagreeing.by_rank("REFUSES-" + case)
     assert sorted(rep) == [0, 1, 2], disagreeing.output()
     assert rep[1]["exc"] == exc and re.search(pattern, rep[1]["msg"]), rep[1]
@@ -646,6 +649,14 @@ def test_a_rank_that_refuses_any_way_is_not_waited_for(disagreeing, case,
         assert rep[r]["exc"] == "XhcError", rep[r]
         assert TIMED_OUT in rep[r]["msg"], rep[r]
         assert float(rep[r]["t"]) <= 2 * 1 + 4, rep[r]
+    back = disagreeing.by_rank("REFUSES-BACK-" + case)
+    assert sorted(back) == [1], disagreeing.output()
+    assert back[1]["exc"] == "XhcError", back[1]
+    assert GAVE_UP in back[1]["msg"] and TIMED_OUT in back[1]["msg"], back[1]
+    again = disagreeing.by_rank("REFUSES-AGAIN-" + case)
+    assert sorted(again) == [0, 1, 2], disagreeing.output()
+    assert all(kv["exc"] == "None" and kv["got"] == "6"
+               for kv in again.values()), again
 
 
 @pytest.mark.parametrize("case,bad", [("bcast-readonly", 1),

@@ -600,31 +600,17 @@ def suite_kill(xc, large):
 def suite_roots(xc):
     buf, out = np.arange(4.0), np.zeros(4)
     W.Barrier()
-    t0 = time.monotonic()
-    exc = None
-    try:
-        xc.Reduce(buf, out, root=1 if RANK == 1 else 0)
-    except Exception as e:  # noqa: BLE001
-        exc = e
-    _emit_outcome("ROOTS", t0, exc)
+    _outcome_of("ROOTS", lambda: xc.Reduce(buf, out,
+                                           root=1 if RANK == 1 else 0))
     if RANK == 2:  # the others have raised, and will not come
-        t0, exc = time.monotonic(), None
-        try:
-            xc.Barrier()
-        except Exception as e:  # noqa: BLE001
-            exc = e
-        _emit_outcome("LEFT", t0, exc)
+        _outcome_of("LEFT", xc.Barrier)
     # No process has died: MPI itself can still line the ranks up, so the
     # rank that returned stays alive until the others have timed out.
     W.Barrier()
     xc2 = xhc.Comm(W)
     W.Barrier()
-    t0, exc = time.monotonic(), None
-    try:
-        xc2.Allreduce(np.ones(4), np.zeros(5 if RANK == 1 else 4))
-    except Exception as e:  # noqa: BLE001
-        exc = e
-    _emit_outcome("BADARG", t0, exc)
+    _outcome_of("BADARG", lambda: xc2.Allreduce(
+        np.ones(4), np.zeros(5 if RANK == 1 else 4)))
     W.Barrier()
     one_rank_refuses()
     one_rank_took_part()
@@ -674,12 +660,7 @@ def suite_init_raises(xc):
     buf = np.zeros(8)
     if RANK == 1:
         buf = buf.view(_RefusesExport)
-    t0, exc = time.monotonic(), None
-    try:
-        c.Bcast_init(buf, root=1).Start()
-    except Exception as e:  # noqa: BLE001
-        exc = e
-    _emit_outcome("INIT-RAISES", t0, exc)
+    _outcome_of("INIT-RAISES", lambda: c.Bcast_init(buf, root=1).Start())
     W.Barrier()
     c.free()
     return xc
@@ -692,12 +673,7 @@ def sizes_differ():
     c = xhc.Comm(W, timeout=3, copy="cma")
     n = 1 << 16
     a = np.ones(n * (2 if RANK == 1 else 1))
-    t0, exc = time.monotonic(), None
-    try:
-        c.Allreduce(a, np.zeros_like(a))
-    except Exception as e:  # noqa: BLE001
-        exc = e
-    _emit_outcome("SIZES-DIFFER", t0, exc)
+    _outcome_of("SIZES-DIFFER", lambda: c.Allreduce(a, np.zeros_like(a)))
     W.Barrier()
     c.free()
 
@@ -720,12 +696,7 @@ def large_calls_disagree():
     for case, call in LARGE_DISAGREE:
         c = xhc.Comm(W, timeout=3, copy="cico")
         a, b = np.ones(MIB), np.zeros(MIB)
-        t0, exc = time.monotonic(), None
-        try:
-            call(c, a, b)
-        except Exception as e:  # noqa: BLE001
-            exc = e
-        _emit_outcome("LARGE-DISAGREE-" + case, t0, exc)
+        _outcome_of("LARGE-DISAGREE-" + case, lambda: call(c, a, b))
         W.Barrier()
         c.free()
 
@@ -745,20 +716,21 @@ ONE_RANK_REFUSES = [
 def one_rank_refuses():
     """Each case on a new communicator (timeout 1 s): rank 1 raises, and
     the others, whose Allreduce it will never join, must time out rather
-    than wait for it (and then take its next collective for this one)."""
+    than wait for it (and then take its next collective for this one).
+    Back after they gave up, rank 1's next Allreduce raises that they did,
+    rather than fold their stale parts; then all meet again."""
     for case, call in ONE_RANK_REFUSES:
         c = xhc.Comm(W, timeout=1)
         a, b = np.ones(4), np.zeros(4)
-        t0, exc = time.monotonic(), None
-        try:
-            if RANK == 1:
-                call(c, a, b)
-            else:
-                c.Allreduce(a, b)
-        except Exception as e:  # noqa: BLE001
-            exc = e
-        _emit_outcome("REFUSES-" + case, t0, exc)
+        _outcome_of("REFUSES-" + case, lambda: call(c, a, b) if RANK == 1
+                    else c.Allreduce(a, b))
+        W.Barrier()  # the others gave up on that Allreduce: rank 1 skips it
+        if RANK == 1:
+            _outcome_of("REFUSES-BACK-" + case, lambda: c.Allreduce(a, b))
         W.Barrier()
+        a[:] = RANK + 1
+        _outcome_of("REFUSES-AGAIN-" + case, lambda: c.Allreduce(a, b),
+                    lambda: f"got={b[0]:g}")
         c.free()
 
 
@@ -777,26 +749,25 @@ def one_rank_took_part():
     2.5 timeouts late, which its peers must wait for: it is in step."""
     for case, bad, call in ONE_RANK_TOOK_PART:
         c = xhc.Comm(W, timeout=1)
-        t0, exc = time.monotonic(), None
-        try:
-            call(c)
-        except Exception as e:  # noqa: BLE001
-            exc = e
-        _emit_outcome("TOOK-PART-" + case, t0, exc)
+        _outcome_of("TOOK-PART-" + case, lambda: call(c))
         if RANK == bad:
             time.sleep(2.5)
-        t0, exc = time.monotonic(), None
-        try:
-            c.Barrier()
-        except Exception as e:  # noqa: BLE001
-            exc = e
-        _emit_outcome("TOOK-PART-AFTER-" + case, t0, exc)
+        _outcome_of("TOOK-PART-AFTER-" + case, c.Barrier)
         W.Barrier()
         c.free()
 
 
-def _emit_outcome(kind, t0, exc):
+def _outcome_of(kind, call, *extra):
+    """Run CALL and emit KIND with its time, the fields EXTRA gives (each
+    a string, or a function of nothing that makes one after the call),
+    and the exception it raised."""
+    t0, exc = time.monotonic(), None
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001
+        exc = e
     emit(kind, f"rank={RANK}", f"t={time.monotonic() - t0:.3f}",
+         *(x() if callable(x) else x for x in extra),
          f"exc={type(exc).__name__ if exc else None}",
          f"msg={oneline(exc) if exc else ''}")
 
@@ -887,18 +858,13 @@ def allreduce_with_rank1_late(xc, late, kind, buf, *extra):
     exception, and EXTRA."""
     ins = W.allgather(buf)
     out = np.zeros_like(buf)
-    t0, exc = time.monotonic(), None
-    try:
+
+    def late_allreduce():
         if RANK == 1:
             time.sleep(late)
         xc.Allreduce(buf, out)
-    except Exception as e:  # noqa: BLE001
-        exc = e
-    right = np.array_equal(out, np.sum(ins, axis=0))
-    emit(kind, f"rank={RANK}", f"t={time.monotonic() - t0:.3f}",
-         f"right={right}", *extra,
-         f"exc={type(exc).__name__ if exc else None}",
-         f"msg={oneline(exc) if exc else ''}")
+    _outcome_of(kind, late_allreduce, lambda: "right="
+                f"{np.array_equal(out, np.sum(ins, axis=0))}", *extra)
 
 
 def suite_abort(xc, where):
