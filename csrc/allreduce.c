@@ -171,7 +171,7 @@ int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
     }
     const struct xhc_view *v = xhc_view_get(ctx, kind, root < 0 ? 0 : root);
     if (!v)
-        return XHC_ERR_HIERARCHY;
+        return xhc_refuse(ctx, XHC_ERR_HIERARCHY);
     /* The three paths of each reduction are consecutive in xhc_path. */
     int path = kind == XHC_ALLREDUCE ? XHC_PATH_ALLREDUCE_INLINE
                                      : XHC_PATH_REDUCE_INLINE;

@@ -22,7 +22,7 @@ int xhc_barrier(xhc_ctx_t *ctx)
         return 0;
     const struct xhc_view *v = xhc_view_get(ctx, XHC_BARRIER, 0);
     if (!v)
-        return XHC_ERR_HIERARCHY;
+        return xhc_refuse(ctx, XHC_ERR_HIERARCHY);
     struct xhc_red nothing;
     unsigned char none = 0; /* zero bytes move, but pointers must be valid */
     xhc_red_init(&nothing, 0, XHC_UINT8, XHC_BOR);

@@ -281,7 +281,7 @@ int xhc_bcast_with(xhc_ctx_t *ctx, void *buf, size_t nbytes, int root,
         return 0;
     const struct xhc_view *v = xhc_view_get(ctx, XHC_BCAST, root);
     if (!v)
-        return XHC_ERR_HIERARCHY;
+        return xhc_refuse(ctx, XHC_ERR_HIERARCHY);
     if (nbytes <= XHC_INLINE_MAX) {
         ctx->stats[XHC_PATH_BCAST_INLINE]++;
         return xhc_bcast_small(ctx, v, buf, nbytes, root);

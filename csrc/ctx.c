@@ -6,8 +6,9 @@
  * 2. Every operation takes the next sequence number.  A rank writes its
  *    ring entry SEQ % XHC_RING only once every rank has acknowledged
  *    operation SEQ - XHC_RING, so nobody still reads what it overwrites.
- * 3. At the end of each operation a rank stores its ack; large operations,
- *    whose peers read user buffers, also wait for everyone's ack.
+ * 3. At the end of each operation a rank stores its ack (and when it
+ *    gives up on one: it reads no more of it); large operations, whose
+ *    peers read user buffers, also wait for everyone's ack.
  * 4. Large operations move in rounds, counted across operations alike on
  *    every rank, through W staging windows (XHC_RS_WINDOWS for
  *    reduce-scatter, cfg.windows for Bcast, each its own): a rank rewrites
@@ -163,17 +164,32 @@ static int xhc_ctx_keep_mark(xhc_ctx_t *ctx)
               == ctx->seq + XHC_LEFT;
 }
 
+/* Did I withdraw since my last operation began?  Then I began nothing
+ * that I could leave. */
+static int xhc_ctx_withdrawn(xhc_ctx_t *ctx)
+{
+    return xhc_load_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq)
+           == ctx->seq + XHC_LEFT + XHC_WITHDRAWN;
+}
+
 void xhc_ctx_leave(xhc_ctx_t *ctx)
 {
-    if (xhc_ctx_keep_mark(ctx))
+    if (xhc_ctx_keep_mark(ctx) || xhc_ctx_withdrawn(ctx))
         return;
-    struct xhc_entered_line *e = &xhc_ctl(ctx, ctx->rank)->entered;
+    struct xhc_rank_ctl *mine = xhc_ctl(ctx, ctx->rank);
+    struct xhc_entered_line *e = &mine->entered;
     /* Relaxed: published by the releases below. */
     atomic_store_explicit(&e->why, ctx->cause_why, memory_order_relaxed);
     atomic_store_explicit(&e->who, ctx->cause_who, memory_order_relaxed);
-    /* Release: a rank that reads it reads the cause above with it. */
+    xhc_store_relaxed(&e->round, ctx->round);
+    /* Release: a rank that reads it reads the cause and round above. */
     xhc_store_release(&e->abandoned, ctx->seq);
     xhc_ctx_mark(ctx, XHC_LEFT);
+    /* I read nothing more of this operation or its rounds: peers may
+     * reuse what they used (else four operations given up on in a row
+     * would hold the ring for good). */
+    xhc_ack(ctx, ctx->seq);
+    xhc_publish(ctx, &mine->finished.seq, ctx->round);
 }
 
 /* Withdraw, having refused REFUSALS calls since my last operation began.
@@ -190,6 +206,12 @@ void xhc_ctx_withdraw(xhc_ctx_t *ctx)
 {
     if (!xhc_ctx_keep_mark(ctx))
         xhc_ctx_mark_withdrawn(ctx, ++ctx->refusals);
+}
+
+int xhc_refuse(xhc_ctx_t *ctx, int rc)
+{
+    xhc_ctx_withdraw(ctx);
+    return rc;
 }
 
 void xhc_ctx_close(xhc_ctx_t *ctx)

@@ -196,13 +196,13 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
     struct xhc_meeting m = { .root = root < 0 ? -1 : root };
     struct xhc_pick pick;
     /* Before the sequence number: a rank that cannot get its target
-     * fails without leaving its counters ahead of its peers'.  (A Reduce
-     * non-root gets a private buffer of the message's size, of which it
-     * touches its slice, and only if the call reads in place.) */
+     * refuses the call, its counters still in step with its peers'.  (A
+     * Reduce non-root gets a private buffer of the message's size, of
+     * which it touches its slice, and only if the call reads in place.) */
     int rc = ctx->cfg.copy == XHC_COPY_CICO
              ? 0 : xhc_rs_target(ctx, target, r, &target);
     if (rc)
-        return rc;
+        return xhc_refuse(ctx, rc);
     xhc_tune_pick(ctx, kind, r->nbytes, ctx->rank == xhc_decider(&m),
                   &pick);
     m.single = pick.single;

@@ -37,9 +37,16 @@
  *    it.  Entered, it would take their flags of that operation, raised
  *    before they gave up, for live ones, and return what they no longer
  *    wait for.  So its first operation back first reads the last one each
- *    peer gave up on; if one gave up on it or a later one, it gives up on
- *    all of them too, with that peer's first error, and its next
- *    operation meets their next one.
+ *    peer gave up on, and if one gave up on this one or a later one,
+ *    gives it up too, with that peer's first error, and takes the round
+ *    count they reached.  It stays away, so its next operation does the
+ *    same: one call fails for each operation given up on without it,
+ *    and then its calls and theirs meet in order again.  A peer that
+ *    gives up at the very moment the rank comes back may miss its
+ *    return as the rank misses its giving up (each reads before the
+ *    other writes): the rank then completes that operation with what the
+ *    peer gave before it timed out, as with any timeout that fires as
+ *    the last rank arrives.
  */
 #include <errno.h>
 #include <limits.h>
@@ -219,26 +226,25 @@ static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
     }
 }
 
-/* See 5.: skip to the last operation a peer gave up on, if it is not
- * before *SEQ, the one I am about to enter, and give up on it. */
-int xhc_skip_abandoned(xhc_ctx_t *ctx, uint64_t *seq)
+/* See 5.: give up on SEQ, the operation I am about to enter, if a peer
+ * did, or on a later one. */
+int xhc_skip_abandoned(xhc_ctx_t *ctx, uint64_t seq)
 {
     int peer = -1;
-    uint64_t last = *seq;
     for (int p = 0; p < ctx->nranks; p++) {
+        struct xhc_entered_line *e = &xhc_ctl(ctx, p)->entered;
         /* Acquire: pairs with the release in xhc_ctx_leave, which wrote
-         * the cause first. */
-        uint64_t a = xhc_load_acquire(&xhc_ctl(ctx, p)->entered.abandoned);
-        if (p != ctx->rank && xhc_seq_reached(a, last)) {
-            last = a;
+         * the cause and the round first. */
+        if (p == ctx->rank
+            || !xhc_seq_reached(xhc_load_acquire(&e->abandoned), seq))
+            continue;
+        uint64_t round = xhc_load_relaxed(&e->round);
+        if (xhc_seq_reached(round, ctx->round))
+            ctx->round = round;
+        if (peer < 0)
             peer = p;
-        }
     }
-    if (peer < 0)
-        return 0;
-    *seq = ctx->seq = last;
-    xhc_ack(ctx, last); /* I read nothing of what I skip */
-    return xhc_give_up(ctx, peer, XHC_ERR_PEER_LEFT);
+    return peer < 0 ? 0 : xhc_give_up(ctx, peer, XHC_ERR_PEER_LEFT);
 }
 
 static int xhc_wait(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,

@@ -128,17 +128,20 @@ int xhc_xpmem_probe(xhc_ctx_t *ctx, int peer, uintptr_t address);
 /* This rank gave up on the collective it began last, after an error of
  * its own: peers that wait on it there fail at once (XHC_ERR_PEER_LEFT),
  * and in later collectives they stop waiting for it as for a late rank,
- * and time out.  Collectives that fail in a wait call it themselves. */
+ * and time out.  Collectives that fail in a wait call it themselves.  It
+ * stays on record for peers that were away then (see withdraw).  A
+ * collective that fails before it begins (no hierarchy, no memory)
+ * withdraws instead, and a leave after it changes nothing. */
 void xhc_ctx_leave(xhc_ctx_t *ctx);
 /* This rank finished every collective it began, and will not take the
  * next one in step (it refused its arguments): peers stop waiting for it
  * as for a late rank, and time out, but for peers that refused as many
  * calls since that collective (every rank refused the same ones): to
  * them it stays late.  xhc_ctx_close withdraws for good.  The next
- * collective undoes either; if peers gave up on it meanwhile (or on
- * later ones), not counting this rank late, it gives those up too and
- * fails (XHC_ERR_PEER_LEFT, with their first error), and the one after
- * meets their next. */
+ * collective undoes either, unless peers gave up on it meanwhile (or
+ * on a later one), not counting this rank late: then it gives it up too
+ * and fails (XHC_ERR_PEER_LEFT, with their first error), and so on, one
+ * call for each, until its calls and theirs meet in order again. */
 void xhc_ctx_withdraw(xhc_ctx_t *ctx);
 void xhc_ctx_close(xhc_ctx_t *ctx);
 

@@ -56,9 +56,11 @@ struct xhc_entered_line {
     /* Calls I refused (withdrew from) since my last operation began: a
      * peer that refused as many there is in step with me (wait.c). */
     _Atomic uint32_t refusals;
-    /* The last operation I gave up on: it stays when I go on, so that a
-     * rank that was away then does not enter it after me (wait.c). */
+    /* The last operation I gave up on, and my round then: they stay
+     * when I go on, so that a rank that was away does not enter it after
+     * me, and counts rounds as I do (wait.c). */
     xhc_flag_t abandoned;
+    xhc_flag_t round;
 } XHC_ALIGNED;
 
 /* Ranks asleep on one of my flags (cfg.sleep): the one counter several
@@ -219,7 +221,7 @@ struct xhc_ctx {
 };
 
 void xhc_wake(xhc_ctx_t *ctx, xhc_flag_t *flag); /* wait.c */
-int xhc_skip_abandoned(xhc_ctx_t *ctx, uint64_t *seq); /* wait.c */
+int xhc_skip_abandoned(xhc_ctx_t *ctx, uint64_t seq); /* wait.c */
 
 /* alive.c */
 int xhc_pidfds_alloc(xhc_ctx_t *ctx);
@@ -382,15 +384,18 @@ static inline int xhc_begin(xhc_ctx_t *ctx, uint64_t *seq)
     ctx->cause_why = 0;
     ctx->refused_before = ctx->refusals;
     ctx->refusals = 0;
-    /* Relaxed: read only by waiters past their timeout (wait.c); it
-     * orders nothing. */
+    /* Relaxed: read only by waiters past their timeout (wait.c), which
+     * order nothing by it (see wait.c 5 for what that leaves open). */
     xhc_store_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq, *seq);
     if (__builtin_expect(ctx->away, 0)) {
         ctx->away = 0;
-        return xhc_skip_abandoned(ctx, seq);
+        return xhc_skip_abandoned(ctx, *seq);
     }
     return 0;
 }
+
+/* Fail with RC before my operation began: withdraw (ctx.c). */
+int xhc_refuse(xhc_ctx_t *ctx, int rc);
 
 /* Fail with RC, an error about PEER: name it, as this op's first error
  * unless one came before. */

@@ -209,10 +209,11 @@ def open_ctx(seg, rank, n, cfg):
     return rc, out[0]
 
 
-def set_flat(ctx, n):
+def set_flat(ctx, n, but=None):
     groups = ffi.new("int[]", [0] * n)
     for kind in range(lib.XHC_NKINDS):
-        assert lib.xhc_ctx_set_hierarchy(ctx, kind, 1, groups) == 0
+        if kind != but:
+            assert lib.xhc_ctx_set_hierarchy(ctx, kind, 1, groups) == 0
 
 
 def test_open_checks_its_arguments():
@@ -344,13 +345,14 @@ def test_single_rank_context_needs_no_peer():
             lib.xhc_ctx_close(ctx)
 
 
-def _pair(seg, cfg, pids):
-    """Ranks 0 and 1 of 2 in this process, flat, watching PIDS."""
+def _pair(seg, cfg, pids, skip=(None, None)):
+    """Ranks 0 and 1 of 2 in this process, flat, watching PIDS; rank
+    SKIP[0] has no hierarchy for collective SKIP[1]."""
     ctxs = []
     for rank in (0, 1):
         rc, ctx = open_ctx(seg, rank, 2, cfg)
         assert rc == 0
-        set_flat(ctx, 2)
+        set_flat(ctx, 2, skip[1] if rank == skip[0] else None)
         assert lib.xhc_ctx_set_pids(ctx, ffi.new("int64_t[]", pids)) == 0
         ctxs.append(ctx)
     return ctxs
@@ -427,10 +429,11 @@ def test_ranks_that_refused_the_same_calls_wait_for_each_other():
 
 
 def _run_op(ctx, op, rank, value):
-    """OP on CTX for RANK with VALUE (OP-large: above cico_max, for 2
-    ranks meeting on their buffers): (rc, what it returned)."""
+    """OP on CTX for RANK with VALUE (OP-large: 16 KiB, above cico_max:
+    2 ranks meet on their buffers, or a Bcast goes in 4 rounds):
+    (rc, what it returned)."""
     op, _, large = op.partition("-")
-    a = np.full(1024 if large else 4, value, dtype=np.int64)
+    a = np.full(2048 if large else 4, value, dtype=np.int64)
     r = np.zeros_like(a)
     root = 0 if op.endswith("0") else 1
     if op == "barrier":
@@ -460,18 +463,21 @@ def _pair_call(ctxs, op, values):
 @pytest.mark.parametrize("away", ["withdraw", "leave"])
 @pytest.mark.parametrize("op,gone,abandoned", [
     ("barrier", 0, 1), ("allreduce", 1, 1), ("allreduce", 0, 2),
-    ("bcast1", 1, 1), ("reduce0", 1, 1), ("reduce1", 0, 1),
-    ("allreduce-large", 0, 1), ("bcast0-large", 0, 1)])
+    ("allreduce", 0, 5), ("bcast1", 1, 1), ("reduce0", 1, 1),
+    ("reduce1", 0, 1), ("allreduce-large", 0, 1), ("bcast0-large", 0, 1),
+    ("bcast0-large", 1, 1), ("bcast0-large", 1, 2)])
 def test_a_rank_back_from_away_does_not_enter_what_peers_gave_up(
         away, op, gone, abandoned):
     """Rank GONE steps out (it refused a call's arguments, or left a
     collective after an error), and its peer gives up, ABANDONED times,
     on the collective OP it waits in for it (OP roots itself where the
-    peer must wait).  When rank GONE comes back, its call raises that
-    its peer gave up (with the peer's timeout as the first error)
-    instead of returning a result made of the peer's stale contribution
-    or leaving its data to no one; then the two ranks' next calls meet
-    again."""
+    peer must wait; a large Bcast's root, waiting, stages rounds ahead).  When rank GONE comes back, each of its next
+    ABANDONED calls raises that its peer gave up (with the peer's timeout
+    as the first error) instead of returning a result made of the peer's
+    stale contribution or leaving its data to no one; then the two
+    ranks' calls meet again, in order, however many were given up on
+    (the ring of small operations is not held up by them) and however
+    many rounds of a large Bcast the peer counted before it gave up."""
     cfg = make_config(timeout=0.3)
     with Segment(2, cfg) as seg:
         ctxs = _pair(seg, cfg, [os.getpid()] * 2)
@@ -482,25 +488,51 @@ def test_a_rank_back_from_away_does_not_enter_what_peers_gave_up(
             for _ in range(abandoned):
                 rc, _ = _run_op(ctxs[waiter], op, waiter, 1)
                 assert rc == lib.XHC_ERR_TIMEOUT, strerror(rc)
-            before = lib.xhc_seq(ctxs[gone])
-            rc, _ = _run_op(ctxs[gone], op, gone, 10)
-            assert rc == lib.XHC_ERR_PEER_LEFT, strerror(rc)
-            assert lib.xhc_failed_rank(ctxs[gone]) == waiter
             who = ffi.new("int *")
-            assert lib.xhc_failed_cause(ctxs[gone], who) \
-                == lib.XHC_ERR_TIMEOUT
-            assert who[0] == gone
-            assert lib.xhc_seq(ctxs[gone]) - before == abandoned
+            for _ in range(abandoned):
+                rc, _ = _run_op(ctxs[gone], op, gone, 10)
+                assert rc == lib.XHC_ERR_PEER_LEFT, strerror(rc)
+                assert lib.xhc_failed_rank(ctxs[gone]) == waiter
+                assert lib.xhc_failed_cause(ctxs[gone], who) \
+                    == lib.XHC_ERR_TIMEOUT
+                assert who[0] == gone
+            assert lib.xhc_seq(ctxs[gone]) == lib.xhc_seq(ctxs[waiter])
             want = {"barrier": [None] * 2, "allreduce": [120] * 2,
                     "bcast1": [20] * 2, "reduce0": [120, None],
                     "reduce1": [None, 120], "allreduce-large": [120] * 2,
                     "bcast0-large": [100] * 2}[op]
-            assert _pair_call(ctxs, op, (100, 20)) == [(0, w) for w in want]
+            for _ in range(2):
+                assert _pair_call(ctxs, op, (100, 20)) \
+                    == [(0, w) for w in want]
             assert _pair_call(ctxs, "allreduce", (3, 4)) == [(0, 7)] * 2
         finally:
             lib.xhc_ctx_close(ctxs[0])
             lib.xhc_ctx_close(ctxs[1])
 
+
+def test_a_call_that_fails_before_it_begins_gives_up_nothing():
+    """Rank 1 refused a call; rank 0, a Bcast's root, completes that Bcast
+    without it, then fails its next call before it begins (it has no
+    hierarchy for an Allreduce), and leaves, as the front end does after
+    any error but a usage error.  That call withdraws: rank 0 gave up on
+    no collective, so rank 1, back, takes the Bcast it missed and its
+    data, as MPI's matching would."""
+    cfg = make_config(timeout=0.3)
+    with Segment(2, cfg) as seg:
+        ctxs = _pair(seg, cfg, [os.getpid()] * 2, skip=(0, lib.XHC_ALLREDUCE))
+        try:
+            a = np.full(4, 5, dtype=np.int64)
+            lib.xhc_ctx_withdraw(ctxs[1])
+            assert lib.xhc_bcast(ctxs[0], ffi.from_buffer(a), a.nbytes, 0) \
+                == 0
+            assert _run_op(ctxs[0], "allreduce", 0, 1)[0] \
+                == lib.XHC_ERR_HIERARCHY
+            lib.xhc_ctx_leave(ctxs[0])
+            assert _run_op(ctxs[1], "bcast0", 1, 0) == (0, 5)
+            assert _pair_call(ctxs, "bcast1", (0, 8)) == [(0, 8)] * 2
+        finally:
+            lib.xhc_ctx_close(ctxs[0])
+            lib.xhc_ctx_close(ctxs[1])
 
 def _have_pidfds():
     try:
