@@ -36,8 +36,9 @@
  * 7. Every core call, from here or from Python, counts on its HotComm
  *    while it runs, so that free() from a thread that got the GIL
  *    meanwhile refuses instead of unmapping what the wait polls.
- * 8. The lowercase allreduce and reduce, on objects, take their arguments
- *    here too; xhc/_hot_objects.c runs them, or hands them to Python.
+ * 8. The lowercase allreduce, reduce and bcast, on objects, take their
+ *    arguments here too; xhc/_hot_objects.c runs them, or hands them to
+ *    Python.
  * The core is reached through function pointers handed over by cffi, so
  * this module links against nothing but Python.
  */
@@ -65,8 +66,9 @@ static const struct {
     {"_Reduce", 4, {"sendbuf", "recvbuf", "op", "root"}, "bbor"},
     {"_allreduce", 2, {"sendobj", "op"}, "xo"},
     {"_reduce", 3, {"sendobj", "op", "root"}, "xor"},
+    {"_bcast", 2, {"obj", "root"}, "xr"},
 };
-static const int ROOT_AT[NKINDS] = { 1, -1, 3, -1, 2 }; /* plans': equal */
+static const int ROOT_AT[NKINDS] = { 1, -1, 3, -1, 2, 1 }; /* equal */
 
 PyObject *hot_slow(PyObject *self, const char *name, PyObject *const *args,
                    size_t nargsf, PyObject *kwnames)
@@ -684,6 +686,12 @@ static PyObject *hot_obj_reduce(HotComm *h, PyObject *const *args,
     return hot_collective(h, OBJ_REDUCE, args, nargsf, kwnames);
 }
 
+static PyObject *hot_obj_bcast(HotComm *h, PyObject *const *args,
+                               size_t nargsf, PyObject *kwnames)
+{
+    return hot_collective(h, OBJ_BCAST, args, nargsf, kwnames);
+}
+
 static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
                              size_t nargsf, PyObject *kwnames)
 {
@@ -986,6 +994,9 @@ static PyMethodDef hot_methods[] = {
      "objects) in rank order, on every rank."},
     {"reduce", (PyCFunction)(void (*)(void))hot_obj_reduce, FAST,
      "allreduce's result on ROOT; None on the other ranks."},
+    {"bcast", (PyCFunction)(void (*)(void))hot_obj_bcast, FAST,
+     "ROOT's picklable OBJ, as a new object on every rank (but for\n"
+     "numbers)."},
     {"_hot_objects", (PyCFunction)hot_objects_bind, METH_VARARGS,
      "Bind the Objects and its arrays of slots."},
     {"_hot_bind", (PyCFunction)hot_bind, METH_VARARGS,

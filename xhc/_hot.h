@@ -14,7 +14,7 @@ typedef int (*xhc_barrier_fn)(void *ctx);
 /* The collectives HotComm runs: first those on buffers, which have plans,
  * then those on objects (xhc/_hot_objects.c). */
 enum { BCAST, ALLREDUCE, REDUCE, NPLANS,
-       OBJ_ALLREDUCE = NPLANS, OBJ_REDUCE, NKINDS };
+       OBJ_ALLREDUCE = NPLANS, OBJ_REDUCE, OBJ_BCAST, NKINDS };
 
 typedef struct {
     PyObject_HEAD
@@ -29,7 +29,8 @@ typedef struct {
     PyObject *span;          /* over several nodes: their Barrier; or NULL */
     int closed;              /* by free(): nothing may run or bind again */
     PyObject *objects;       /* xhc/objects.py's Objects, or NULL */
-    PyObject *slots[2];      /* its arrays of slots: send, receive */
+    PyObject *slots[3];      /* its arrays of slots: send, receive, and
+                                a bcast's one */
 } HotComm;
 
 /* The Python method NAME of SELF, called with these arguments. */
@@ -48,8 +49,9 @@ int hot_invoke(HotComm *h, xhc_run_fn run, void *call,
 PyObject *hot_failed(HotComm *h, const char *name, int rc, PyObject **argv,
                      int nargv);
 
-/* xhc/_hot_objects.c: the lowercase reduction of KIND with ARGV, whose
- * Python TWIN ("_allreduce", "_reduce") takes any call it does not. */
+/* xhc/_hot_objects.c: the lowercase call of KIND with ARGV, whose
+ * Python TWIN ("_allreduce", "_reduce", "_bcast") takes any call it does
+ * not. */
 PyObject *hot_objects_call(HotComm *h, int kind, const char *twin,
                            PyObject **argv, PyObject *const *args,
                            size_t nargsf, PyObject *kwnames);

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* _hot_objects.c: allreduce and reduce of Python numbers, in C.
+/* _hot_objects.c: allreduce, reduce and bcast of Python numbers, in C.
  *
  * 1. xhc/objects.py exchanges objects in slots, one per rank: a tag, a
  *    float and an int, then a pickle.  A call whose object is a number
@@ -22,6 +22,13 @@
  * 4. Any other call (another object or op, a root that is not a rank, no
  *    slots bound, a freed communicator or one over several nodes) is the
  *    Python twin's, whole.
+ * 5. bcast: a root whose object is a number writes the slot head here and
+ *    runs the core's Bcast of the one slot, as objects.py does, and
+ *    returns the number itself; any other root's call is the twin's.
+ *    Every other rank runs the same Bcast here, whatever the root sends,
+ *    and makes the number the head names, or hands the slot to
+ *    Objects.received, which reads the rest (a pickle, inline or in a
+ *    second Bcast, or a root's failure to pickle).
  */
 #include "_hot.h" /* Python.h first */
 
@@ -226,9 +233,29 @@ static PyObject *finish(HotComm *h, const char *name, PyObject **argv,
     return res;
 }
 
-PyObject *hot_objects_call(HotComm *h, int kind, const char *twin,
-                           PyObject **argv, PyObject *const *args,
-                           size_t nargsf, PyObject *kwnames)
+/* Take (TAKE) or drop references to the N objects a call holds: ours
+ * while a wait may release the GIL, or Python code runs, whatever others
+ * rebind. */
+static void hold(PyObject **held, int n, int take)
+{
+    for (int i = 0; i < n; i++) {
+        if (take)
+            Py_INCREF(held[i]);
+        else
+            Py_DECREF(held[i]);
+    }
+}
+
+/* Can H run calls on objects here at all? */
+static int objects_bound(const HotComm *h)
+{
+    return SLOTS_NATIVE && h->ctx && h->objects && objs.slot;
+}
+
+/* allreduce or reduce (KIND) with ARGV: see 1.-3. */
+static PyObject *reduce_call(HotComm *h, int kind, const char *twin,
+                             PyObject **argv, PyObject *const *args,
+                             size_t nargsf, PyObject *kwnames)
 {
     PyObject *root_arg = kind == OBJ_REDUCE ? argv[2] : Py_None;
     int root = kind == OBJ_REDUCE ? hot_plain_root(h, root_arg) : h->rank;
@@ -236,33 +263,86 @@ PyObject *hot_objects_call(HotComm *h, int kind, const char *twin,
     PyObject *held[4] = {h->slots[0], h->slots[1], objs.bor, h->objects};
     xhc_call_t c;
     struct slot_head mine;
-    if (!SLOTS_NATIVE || !h->ctx || !h->objects || !objs.slot || root < 0
-        || k < 0 || !hot_plain_call(h, ALLREDUCE, held, &c)
+    if (!objects_bound(h) || root < 0 || k < 0
+        || !hot_plain_call(h, ALLREDUCE, held, &c)
         || c.count != (size_t)h->size * (size_t)objs.slot
         || !head_of(argv[0], &mine))
         return hot_slow((PyObject *)h, twin, args, nargsf, kwnames);
     memcpy((unsigned char *)c.sbuf + h->rank * objs.slot, &mine, sizeof mine);
-    /* Ours while a wait may release the GIL, whatever others rebind. */
-    for (int i = 0; i < 4; i++)
-        Py_INCREF(held[i]);
+    hold(held, 4, 1);
     int rc = hot_invoke(h, h->run, &c, h->barrier, h->ctx);
     PyObject *res = rc ? hot_failed(h, "_Allreduce", rc, held, 3)
                        : finish(h, twin + 1, argv, root_arg, k, root,
                                 c.rbuf);
-    for (int i = 0; i < 4; i++)
-        Py_DECREF(held[i]);
+    hold(held, 4, 0);
     return res;
 }
 
-/* _hot_objects(objects, send, recv): the Objects of this communicator
- * and its arrays of slots, to send and to receive. */
+/* The object a bcast's slot ONE (received from ROOT_ARG) stands for. */
+static PyObject *received(HotComm *h, const unsigned char *one,
+                          PyObject *root_arg)
+{
+    struct slot_head s;
+    memcpy(&s, one, sizeof s);
+    for (int n = 0; n < NNUMBERS; n++)
+        if (objs.type[n] && s.tag == objs.tag[n])
+            return number_object(n, &s);
+    return PyObject_CallMethod(h->objects, "received", "OO", (PyObject *)h,
+                               root_arg);
+}
+
+/* bcast with ARGV (object, root): see 5. */
+static PyObject *bcast_call(HotComm *h, const char *twin, PyObject **argv,
+                            PyObject *const *args, size_t nargsf,
+                            PyObject *kwnames)
+{
+    int root = hot_plain_root(h, argv[1]);
+    PyObject *held[3] = {h->slots[2], argv[1], argv[0]};
+    xhc_call_t c;
+    struct slot_head mine;
+    if (!objects_bound(h) || root < 0
+        || (root == h->rank && !head_of(argv[0], &mine))
+        || !hot_plain_call(h, BCAST, held, &c)
+        || c.count < sizeof mine)
+        return hot_slow((PyObject *)h, twin, args, nargsf, kwnames);
+    if (root == h->rank)
+        memcpy(c.rbuf, &mine, sizeof mine);
+    hold(held, 3, 1);
+    int rc = hot_invoke(h, h->run, &c, h->barrier, h->ctx);
+    PyObject *res;
+    if (rc)
+        res = hot_failed(h, "_Bcast", rc, held, 2);
+    else if (root != h->rank)
+        res = received(h, c.rbuf, argv[1]);
+    else {
+        res = argv[0];  /* a number: immutable, returned as it is */
+        Py_INCREF(res);
+    }
+    hold(held, 3, 0);
+    return res;
+}
+
+PyObject *hot_objects_call(HotComm *h, int kind, const char *twin,
+                           PyObject **argv, PyObject *const *args,
+                           size_t nargsf, PyObject *kwnames)
+{
+    return kind == OBJ_BCAST
+               ? bcast_call(h, twin, argv, args, nargsf, kwnames)
+               : reduce_call(h, kind, twin, argv, args, nargsf, kwnames);
+}
+
+/* _hot_objects(objects, send, recv, one): the Objects of this
+ * communicator and its arrays of slots, to send and to receive, and a
+ * bcast's one slot. */
 PyObject *hot_objects_bind(HotComm *h, PyObject *args)
 {
-    PyObject *next[3];
-    if (!PyArg_ParseTuple(args, "OOO", &next[0], &next[1], &next[2]))
+    PyObject *next[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &next[0], &next[1], &next[2],
+                          &next[3]))
         return NULL;
-    PyObject **at[3] = {&h->objects, &h->slots[0], &h->slots[1]};
-    for (int i = 0; i < 3; i++) {
+    PyObject **at[4] = {&h->objects, &h->slots[0], &h->slots[1],
+                        &h->slots[2]};
+    for (int i = 0; i < 4; i++) {
         Py_INCREF(next[i]);
         Py_XSETREF(*at[i], next[i]);
     }
@@ -336,6 +416,7 @@ int hot_objects_traverse(HotComm *h, visitproc visit, void *arg)
     Py_VISIT(h->objects);
     Py_VISIT(h->slots[0]);
     Py_VISIT(h->slots[1]);
+    Py_VISIT(h->slots[2]);
     return 0;
 }
 
@@ -344,4 +425,5 @@ void hot_objects_clear(HotComm *h)
     Py_CLEAR(h->objects);
     Py_CLEAR(h->slots[0]);
     Py_CLEAR(h->slots[1]);
+    Py_CLEAR(h->slots[2]);
 }

@@ -520,14 +520,15 @@ class Comm(HotComm):
         """Block until every rank has called barrier (Barrier())."""
         self.Barrier()
 
+    # bcast, allreduce and reduce are HotComm's (xhc/_hot_objects.c),
+    # which runs those on numbers (with the ops it folds); the rest come
+    # here, to twins named (for their errors' sake) as the public methods.
+
     def bcast(self, obj, root=0):
-        """ROOT's picklable OBJ, as a new object on every rank."""
+        """ROOT's picklable OBJ, as a new object on every rank (but for
+        numbers)."""
         return (self._objects or self._new_objects()).bcast(
             self, obj, self._object_root(root, "bcast"))
-
-    # allreduce and reduce are HotComm's (xhc/_hot_objects.c), which
-    # runs those on numbers with the ops it folds; the rest come here, to
-    # twins named (for their errors' sake) as the public methods.
 
     def allreduce(self, sendobj, op=MPI.SUM):
         """Every rank's SENDOBJ folded by OP (an MPI.Op or a callable of
@@ -540,8 +541,8 @@ class Comm(HotComm):
         return (self._objects or self._new_objects()).reduce(
             self, "reduce", sendobj, op, self._object_root(root, "reduce"))
 
-    _allreduce, _reduce = allreduce, reduce
-    del allreduce, reduce
+    _bcast, _allreduce, _reduce = bcast, allreduce, reduce
+    del bcast, allreduce, reduce
 
     def _object_root(self, root, name):
         """ROOT, checked; a rank that raises takes no part."""
@@ -553,7 +554,7 @@ class Comm(HotComm):
 
     def _new_objects(self):
         o = self._objects = objects.Objects(self._rank, self._size)
-        self._hot_objects(o, o._send, o._recv)
+        self._hot_objects(o, o._send, o._recv, o._one)
         return o
 
     # -- persistent collectives (MPI-4 style) ---------------------------------

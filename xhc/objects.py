@@ -20,7 +20,8 @@ run on xhc's collectives of bytes.
    op(lower ranks' result, next rank's object), as MPI orders a reduction
    and mpi4py applies an op to objects.  A fold that raises raises on
    every such rank; no peer is left waiting.  (xhc/_hot_objects.c runs
-   3. and 4. in C for numbers, and hands the rest to finish here.)
+   2. to 4. in C for numbers, and hands the rest to received and finish
+   here.)
 5. A rank that cannot pickle its object still takes part, with a tag that
    makes every rank raise, so no peer waits for it.
 6. When the long pickles come to more than LIMIT bytes, every rank (all
@@ -142,6 +143,13 @@ class Objects:
                 x.Bcast(np.frombuffer(data, np.uint8), root)
             return obj if data is None else MPI.pickle.loads(data)
         x.Bcast(one, root)
+        return self.received(x, root)
+
+    def received(self, x, root):
+        """The object of a bcast whose slot came from ROOT by xhc.Comm X
+        (xhc/_hot_objects.c calls this for the slots it does not read
+        itself)."""
+        one = self._one
         tag, f, i = _HEADER.unpack_from(one)
         if tag == FAILED:
             raise _failed("bcast", root, one, i)

@@ -162,49 +162,80 @@ def _results(xcomm, comm, v, name, objs, op, exact):
 
 
 def routes(xcomm, comm, v):
-    """Numbers with the ops folded in C (xhc/_hot_objects.c) take no
-    Python method; keywords are mpi4py's; anything else reaches the
-    Python twins, and mixed kinds Objects.finish."""
-    rank, size = comm.rank, comm.size
+    """Numbers with the ops folded in C (xhc/_hot_objects.c), and numbers
+    a bcast sends, take no Python method; keywords are mpi4py's; anything
+    else reaches the Python twins, mixed kinds Objects.finish, and a
+    pickle a bcast sends Objects.received."""
     seen = []
-    twins = {n: getattr(xhc.Comm, n) for n in ("_allreduce", "_reduce")}
-    finish = objects.Objects.finish
+    twins = {n: getattr(xhc.Comm, n) for n in ("_allreduce", "_reduce",
+                                                "_bcast")}
+    hooks = {n: getattr(objects.Objects, n) for n in ("finish", "received")}
 
     def spy(name, fn):
         return lambda *a, **k: seen.append(name) or fn(*a, **k)
 
     for n, fn in twins.items():
         setattr(xhc.Comm, n, spy(n, fn))
-    objects.Objects.finish = spy("finish", finish)
+    for n, fn in hooks.items():
+        setattr(objects.Objects, n, spy(n, fn))
     try:
-        xcomm.allreduce([rank])  # the first call makes the slots
-        del seen[:]
-        got = [xcomm.allreduce(1.5 * rank), xcomm.allreduce(rank, MPI.MAX),
-               xcomm.allreduce(sendobj=np.float64(rank), op=MPI.MIN),
-               xcomm.reduce(np.int32(rank), MPI.PROD, np.int64(size - 1)),
-               xcomm.reduce(sendobj=float(rank), root=0, op=MPI.SUM)]
-        want = [1.5 * sum(range(size)), size - 1, np.float64(0),
-                np.int32(0) if rank == size - 1 else None,
-                float(sum(range(size))) if rank == 0 else None]
-        v.case("numbers by keyword and position",
-               next(filter(None, map(_same, got, want)), None))
-        # Over several nodes (a node's communicator in C, MPI between the
-        # nodes) every call is Python's.
-        spans = xcomm._nodes is not None
-        want = ["_allreduce", "finish"] * 3 + ["_reduce", "finish"] * 2
-        v.check("numbers fold in C", seen == (want if spans else []),
-                f"went through {seen}")
-        del seen[:]
-        xcomm.allreduce([rank]), xcomm.allreduce(1.5, op=MPI.LAND)
-        xcomm.allreduce(np.float64(rank) if rank % 2 else float(rank))
-        want = ["_allreduce", "finish"] * (3 if spans else 2)
-        if size > 1 and not spans:
-            want.append("finish")  # mixed kinds
-        v.check("the rest in Python", seen == want, f"went through {seen}")
+        _routes_of_reductions(xcomm, comm, v, seen)
+        _routes_of_bcast(xcomm, comm, v, seen)
     finally:
         for n, fn in twins.items():
             setattr(xhc.Comm, n, fn)
-        objects.Objects.finish = finish
+        for n, fn in hooks.items():
+            setattr(objects.Objects, n, fn)
+
+
+def _routes_of_reductions(xcomm, comm, v, seen):
+    rank, size = comm.rank, comm.size
+    xcomm.allreduce([rank])  # the first call makes the slots
+    del seen[:]
+    got = [xcomm.allreduce(1.5 * rank), xcomm.allreduce(rank, MPI.MAX),
+           xcomm.allreduce(sendobj=np.float64(rank), op=MPI.MIN),
+           xcomm.reduce(np.int32(rank), MPI.PROD, np.int64(size - 1)),
+           xcomm.reduce(sendobj=float(rank), root=0, op=MPI.SUM)]
+    want = [1.5 * sum(range(size)), size - 1, np.float64(0),
+            np.int32(0) if rank == size - 1 else None,
+            float(sum(range(size))) if rank == 0 else None]
+    v.case("numbers by keyword and position",
+           next(filter(None, map(_same, got, want)), None))
+    # Over several nodes (a node's communicator in C, MPI between the
+    # nodes) every call is Python's.
+    spans = xcomm._nodes is not None
+    want = ["_allreduce", "finish"] * 3 + ["_reduce", "finish"] * 2
+    v.check("numbers fold in C", seen == (want if spans else []),
+            f"went through {seen}")
+    del seen[:]
+    xcomm.allreduce([rank]), xcomm.allreduce(1.5, op=MPI.LAND)
+    xcomm.allreduce(np.float64(rank) if rank % 2 else float(rank))
+    want = ["_allreduce", "finish"] * (3 if spans else 2)
+    if size > 1 and not spans:
+        want.append("finish")  # mixed kinds
+    v.check("the rest in Python", seen == want, f"went through {seen}")
+
+
+def _routes_of_bcast(xcomm, comm, v, seen):
+    rank, size = comm.rank, comm.size
+    spans = xcomm._nodes is not None
+    del seen[:]
+    got = [xcomm.bcast(1.5 * rank, root=size - 1),
+           xcomm.bcast(obj=np.int32(rank)),
+           xcomm.bcast(rank == 0, np.int64(0))]
+    v.case("bcast numbers by keyword and position",
+           next(filter(None, map(_same, got, [1.5 * (size - 1), np.int32(0),
+                                              True])), None))
+    want = [n for root in (size - 1, 0, 0) if spans
+            for n in ["_bcast"] + (["received"] if rank != root else [])]
+    v.check("bcast numbers in C", seen == want, f"went through {seen}")
+    del seen[:]
+    got = xcomm.bcast({"rank": rank}, root=0)
+    v.case("bcast a pickle", _same(got, {"rank": 0}))
+    want = (["_bcast"] if rank == 0 or spans else []) + (
+        ["received"] if rank != 0 else [])
+    v.check("bcast a pickle: root and reader in Python", seen == want,
+            f"went through {seen}")
 
 
 class _SurrogateError:
