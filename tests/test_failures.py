@@ -531,6 +531,7 @@ DEBUG_CASES = [
     ("allreduce-init-count", "Allreduce_init",
      "sendbuf: rank 0 has '4 x float64', rank 2 has '5 x float64'"),
     ("reduce-init-root", "Reduce_init", "root: rank 0 has 0, rank 2 has 1"),
+    ("objects-bcast-root", "Bcast", "root: rank 0 has 0, rank 2 has 1"),
 ]
 
 

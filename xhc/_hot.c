@@ -68,7 +68,9 @@ static const struct {
     {"_reduce", 3, {"sendobj", "op", "root"}, "xor"},
     {"_bcast", 2, {"obj", "root"}, "xr"},
 };
-static const int ROOT_AT[NKINDS] = { 1, -1, 3, -1, 2, 1 }; /* equal */
+/* The root's index, or -1: made an int before any lookup, and compared
+ * with a plan's by value. */
+static const int ROOT_AT[NKINDS] = { 1, -1, 3, -1, 2, 1 };
 
 PyObject *hot_slow(PyObject *self, const char *name, PyObject *const *args,
                    size_t nargsf, PyObject *kwnames)

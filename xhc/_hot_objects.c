@@ -20,8 +20,8 @@
  *    from the same slots.  Every rank reads the same tags, so all take
  *    the same road after the exchange, whichever road each came by.
  * 4. Any other call (another object or op, a root that is not a rank, no
- *    slots bound, a freed communicator or one over several nodes) is the
- *    Python twin's, whole.
+ *    slots bound, as under XHC_DEBUG, whose checks are Python's, a freed
+ *    communicator or one over several nodes) is the Python twin's, whole.
  * 5. bcast: a root whose object is a number writes the slot head here and
  *    runs the core's Bcast of the one slot, as objects.py does, and
  *    returns the number itself; any other root's call is the twin's.
@@ -278,16 +278,16 @@ static PyObject *reduce_call(HotComm *h, int kind, const char *twin,
     return res;
 }
 
-/* The object a bcast's slot ONE (received from ROOT_ARG) stands for. */
-static PyObject *received(HotComm *h, const unsigned char *one,
-                          PyObject *root_arg)
+/* The object a bcast's slot ONE (of OBJECTS, from ROOT_ARG) stands for. */
+static PyObject *received(HotComm *h, PyObject *objects,
+                          const unsigned char *one, PyObject *root_arg)
 {
     struct slot_head s;
     memcpy(&s, one, sizeof s);
     for (int n = 0; n < NNUMBERS; n++)
         if (objs.type[n] && s.tag == objs.tag[n])
             return number_object(n, &s);
-    return PyObject_CallMethod(h->objects, "received", "OO", (PyObject *)h,
+    return PyObject_CallMethod(objects, "received", "OO", (PyObject *)h,
                                root_arg);
 }
 
@@ -297,7 +297,7 @@ static PyObject *bcast_call(HotComm *h, const char *twin, PyObject **argv,
                             PyObject *kwnames)
 {
     int root = hot_plain_root(h, argv[1]);
-    PyObject *held[3] = {h->slots[2], argv[1], argv[0]};
+    PyObject *held[4] = {h->slots[2], argv[1], argv[0], h->objects};
     xhc_call_t c;
     struct slot_head mine;
     if (!objects_bound(h) || root < 0
@@ -307,18 +307,18 @@ static PyObject *bcast_call(HotComm *h, const char *twin, PyObject **argv,
         return hot_slow((PyObject *)h, twin, args, nargsf, kwnames);
     if (root == h->rank)
         memcpy(c.rbuf, &mine, sizeof mine);
-    hold(held, 3, 1);
+    hold(held, 4, 1);
     int rc = hot_invoke(h, h->run, &c, h->barrier, h->ctx);
     PyObject *res;
     if (rc)
         res = hot_failed(h, "_Bcast", rc, held, 2);
     else if (root != h->rank)
-        res = received(h, c.rbuf, argv[1]);
+        res = received(h, held[3], c.rbuf, argv[1]);
     else {
         res = argv[0];  /* a number: immutable, returned as it is */
         Py_INCREF(res);
     }
-    hold(held, 3, 0);
+    hold(held, 4, 0);
     return res;
 }
 

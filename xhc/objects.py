@@ -19,9 +19,7 @@ run on xhc's collectives of bytes.
 4. Each rank that receives the result folds the objects in rank order,
    op(lower ranks' result, next rank's object), as MPI orders a reduction
    and mpi4py applies an op to objects.  A fold that raises raises on
-   every such rank; no peer is left waiting.  (xhc/_hot_objects.c runs
-   2. to 4. in C for numbers, and hands the rest to received and finish
-   here.)
+   every such rank; no peer is left waiting.
 5. A rank that cannot pickle its object still takes part, with a tag that
    makes every rank raise, so no peer waits for it.
 6. When the long pickles come to more than LIMIT bytes, every rank (all
@@ -29,7 +27,9 @@ run on xhc's collectives of bytes.
    receive every object, where mpi4py's tree passes fewer along.
 Every result is a new object, as mpi4py's (the root's of a bcast too),
 except the numbers: immutable values, which the root's bcast returns as
-they are.
+they are.  xhc/_hot_objects.c runs 2. for a root's number and for every
+reader, and 3. and 4. for numbers, in C; it hands the rest to received
+and finish here.
 """
 import struct
 

@@ -515,6 +515,11 @@ def debug_cases():
          lambda c: c.Allreduce_init(f8(n), f8(n))),
         ("debug-reduce-init-root",
          lambda c: c.Reduce_init(f8(4), f8(4), root=1 if odd else 0)),
+        # Calls on objects run on the checked calls: after a pickle's bcast
+        # and an allreduce of mixed kinds, a bcast of a number.
+        ("debug-objects-bcast-root", lambda c: (
+            c.bcast({"k": 1}), c.allreduce(1 if odd else 1.0),
+            c.bcast(float(RANK), root=1 if odd else 0))),
         # A call that cannot even be compared, on one rank.
         ("debug-bcast-extra-arg",
          lambda c: c.Bcast(f8(4), 0, "extra") if odd else c.Bcast(f8(4), 0)),
