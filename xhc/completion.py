@@ -1,6 +1,7 @@
 """Completing lists of requests that mix xhc's persistent collectives with
 mpi4py's requests: Waitall, Waitany, Waitsome, their Test forms, and the
-lowercase forms that also return mpi4py's received objects.
+lowercase forms that also return mpi4py's received objects; and looking at
+them without completing any (MPI 4.1's Get_status_all, _any, _some).
 
 1. xhc's request completes inside Start(), so it is complete whenever it
    is active: started, and not yet completed by a Wait or a Test (MPI's
@@ -14,6 +15,8 @@ lowercase forms that also return mpi4py's received objects.
 4. An inactive or freed request of xhc's counts as MPI counts an
    inactive one: a list of such alone gives MPI.UNDEFINED (any) or None
    (some), and an empty status.
+5. Get_status_* answer as Test* would, but leave xhc's requests active,
+   and ask MPI (which may not have these calls) only about mpi4py's.
 Statuses follow mpi4py: a list or tuple of MPI.Status, filled as far as
 it goes; a list grows to one per request (all) or per completion
 (some).
@@ -24,7 +27,9 @@ from mpi4py import MPI
 from ._hot import HotRequest
 
 CALLS = ("Waitall", "Testall", "Waitany", "Testany", "Waitsome", "Testsome",
-         "waitall", "testall", "waitany", "testany", "waitsome", "testsome")
+         "waitall", "testall", "waitany", "testany", "waitsome", "testsome",
+         "Get_status_all", "Get_status_any", "Get_status_some",
+         "get_status_all", "get_status_any", "get_status_some")
 
 
 def fill_empty(status, error=False):
@@ -64,11 +69,14 @@ def _grow(statuses, n):
 class _Split:
     """A list of requests, split in one pass (a solver may wait on one
     every step) into mpi4py's (THEIRS, their indices; THEIR_REQUESTS),
-    and xhc's (MINE, indices), of which OURS are active."""
+    and xhc's (MINE, indices), of which OURS are active; with KEEP, none
+    of xhc's completes (5.)."""
 
-    __slots__ = ("requests", "theirs", "their_requests", "mine", "ours")
+    __slots__ = ("requests", "theirs", "their_requests", "mine", "ours",
+                 "keep")
 
-    def __init__(self, requests):
+    def __init__(self, requests, keep=False):
+        self.keep = keep
         self.requests = requests = list(requests)
         self.theirs, self.their_requests = [], []
         self.mine, self.ours = [], []
@@ -85,8 +93,8 @@ class _Split:
                                 f"requests, not {type(req).__name__}")
 
     def complete(self, indices):
-        """Make xhc's requests at INDICES inactive."""
-        for i in indices:
+        """Make xhc's requests at INDICES inactive, unless KEEP."""
+        for i in () if self.keep else indices:
             self.requests[i]._active = False
 
 
@@ -102,10 +110,10 @@ def _completing(call, complete_ours):
         raise
 
 
-def _all(requests, statuses, mpi_all):
+def _all(requests, statuses, mpi_all, keep=False):
     """(flag, objects): MPI_ALL(their requests, their statuses) gives
     theirs; xhc's are complete, each with an empty status."""
-    split, statuses = _Split(requests), _checked(statuses)
+    split, statuses = _Split(requests, keep), _checked(statuses)
     n = len(split.requests)
     _grow(statuses, n)
     filled = 0 if statuses is None else min(len(statuses), n)
@@ -129,10 +137,10 @@ def _all(requests, statuses, mpi_all):
     return True, got
 
 
-def _any(requests, status, mpi_any):
+def _any(requests, status, mpi_any, keep=False):
     """(index, flag, object): the first active request of xhc's, else
     MPI_ANY(their requests, STATUS) mapped back."""
-    split = _Split(requests)
+    split = _Split(requests, keep)
     if split.ours or not split.theirs:
         fill_empty(status)
         if not split.ours:
@@ -144,11 +152,11 @@ def _any(requests, status, mpi_any):
             flag, obj)
 
 
-def _some(requests, statuses, mpi_some, mpi_test_some):
+def _some(requests, statuses, mpi_some, mpi_test_some, keep=False):
     """(indices, objects): xhc's active requests, then those of theirs
     that MPI_SOME (or, when xhc's give a completion already,
     MPI_TEST_SOME) completes; (None, None) if none is active."""
-    split, statuses = _Split(requests), _checked(statuses)
+    split, statuses = _Split(requests, keep), _checked(statuses)
     k = len(split.ours)
     _grow(statuses, k)
     rest = None if statuses is None else list(statuses[k:])
@@ -245,3 +253,30 @@ def testsome(requests, statuses=None):
     """mpi4py's testsome: (indices, the objects received)."""
     return _some(requests, statuses, MPI.Request.testsome,
                  MPI.Request.testsome)
+
+
+def Get_status_all(requests, statuses=None):
+    """MPI.Request.Get_status_all for a list that may hold xhc's requests:
+    Testall's answer, with no request completed."""
+    return _all(requests, statuses, lambda r, s: (
+        MPI.Request.Get_status_all(r, s) if r else True, None), keep=True)[0]
+
+
+def Get_status_any(requests, status=None):
+    """MPI.Request.Get_status_any for a list that may hold xhc's requests:
+    Testany's answer, with no request completed."""
+    return _any(requests, status, lambda r, s: (
+        *MPI.Request.Get_status_any(r, s), None), keep=True)[:2]
+
+
+def Get_status_some(requests, statuses=None):
+    """MPI.Request.Get_status_some for a list that may hold xhc's requests:
+    Testsome's answer, with no request completed."""
+    peek = lambda r, s: (MPI.Request.Get_status_some(r, s), None)  # noqa: E731
+    return _some(requests, statuses, peek, peek, keep=True)[0]
+
+
+# mpi4py's lowercase forms take and return the same.
+get_status_all = Get_status_all
+get_status_any = Get_status_any
+get_status_some = Get_status_some

@@ -2395,6 +2395,8 @@ def persistent_calls(xcomm, comm, v):
     for name in ("Waitsome", "Testsome", "waitsome", "testsome"):
         some_waits(v, comm, reqs, name)
     lowercase_alls(v, comm, reqs)
+    for name in ("Get_status", "get_status"):
+        status_peeks(v, comm, reqs, name)
     active_states(v, comm, reqs)
     calls_once_free_began(v, comm)
     for req in reqs:
@@ -2535,6 +2537,46 @@ def some_waits(v, comm, reqs, name):
            raises(TypeError, wait_some, mixed, "x"))
     v.case(f"{name}: a request that is None raises TypeError",
            raises(TypeError, wait_some, [reqs[2], None]))
+
+
+def status_peeks(v, comm, reqs, name):
+    """NAME_all, _any and _some answer as Testall, Testany and Testsome
+    would, and complete nothing: xhc's requests stay active, and MPI is
+    asked about mpi4py's alone (Open MPI 5.0 has no such calls)."""
+    peek_all, peek_any, peek_some = (getattr(xhc.Request, f"{name}_{k}")
+                                     for k in ("all", "any", "some"))
+    xhc.Request.Waitall(reqs)
+    reqs[0].Start()
+    reqs[2].Start()
+    ours = [reqs[1], reqs[2], reqs[0]]  # reqs[1] inactive
+    statuses = [MPI.Status()]
+    statuses[0].source = 5
+    got = (peek_all(ours, statuses), peek_any(ours), peek_some(ours),
+           peek_some(ours), len(statuses), statuses[0].source)
+    v.case(f"{name}_all/any/some of xhc's: all complete, none completes",
+           None if got == (True, (1, True), [1, 2], [1, 2], 3,
+                           MPI.ANY_SOURCE) else f"got {got}")
+    xhc.Request.Waitall(ours)
+    got = (peek_all(ours), peek_any(ours), peek_some(ours))
+    v.case(f"{name}_*: inactive requests, as MPI's",
+           None if got == (True, (MPI.UNDEFINED, True), None)
+           else f"got {got}")
+    buf = np.zeros(1)
+    pending = comm.Irecv(buf, source=comm.rank, tag=13)
+    reqs[2].Start()
+    mixed = [pending, reqs[2]]
+    try:
+        getattr(MPI.Request, f"{name}_all")([pending])
+        got = (peek_all(mixed), peek_any(mixed), peek_some(mixed))
+        want = (False, (1, True), [1])
+    except NotImplementedError:  # this MPI's own call: ours says so too
+        got = raises(NotImplementedError, peek_all, mixed)
+        want = None
+    comm.Send(np.ones(1), dest=comm.rank, tag=13)
+    pending.Wait()
+    left = xhc.Request.Waitany([reqs[2]])
+    v.case(f"{name}_* with mpi4py's: MPI answers for them",
+           None if got == want and left == 0 else f"got {got}, {left}")
 
 
 def lowercase_alls(v, comm, reqs):
