@@ -11,7 +11,8 @@
  * 2. When every rank's slot holds a number of one kind, not a bool, the
  *    fold is done here, in rank order, as Python folds with mpi4py's
  *    ops: a + b, a * b, and for MAX b only if b > a (for MIN b < a), so
- *    that NaNs and signed zeros come out the same; float32 in float32.
+ *    that NaNs and signed zeros come out the same; float32 in float32,
+ *    from and to the bits its slot carries (a signalling NaN stays one).
  *    A result that Python or numpy treats apart (an int beyond its
  *    width; a numpy float that is not finite or underflowed, which
  *    numpy may warn of or raise for) is left to 3.
@@ -92,6 +93,23 @@ static int number_of(PyObject *obj)
     return -1;
 }
 
+/* A float32 from the bits objects.py packs it as, and back: bits, not
+ * a conversion to double, which would quiet a signalling NaN. */
+static float f32_of(int64_t bits)
+{
+    uint32_t u = (uint32_t)bits;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static int64_t bits_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
 /* OBJ's slot head, as objects.py packs it; 0 if OBJ travels pickled. */
 static int head_of(PyObject *obj, struct slot_head *s)
 {
@@ -106,7 +124,7 @@ static int head_of(PyObject *obj, struct slot_head *s)
     case K_INT: s->i = PyLong_AsLongLongAndOverflow(obj, &over); break;
     case K_BOOL: s->i = obj == Py_True; break;
     case K_F64: s->f = ((np_f64 *)obj)->v; break;
-    case K_F32: s->f = ((np_f32 *)obj)->v; break;
+    case K_F32: s->i = bits_of(((np_f32 *)obj)->v); break;
     case K_I64: s->i = ((np_i64 *)obj)->v; break;
     case K_I32: s->i = ((np_i32 *)obj)->v; break;
     default: s->i = ((np_bool *)obj)->v != 0; break;
@@ -163,9 +181,11 @@ static int fold_step(int n, struct slot_head *acc, const struct slot_head *s,
     case K_F64:
         acc->f = fold_double(acc->f, s->f, k);
         return isfinite(acc->f);
-    case K_F32:
-        acc->f = fold_float((float)acc->f, (float)s->f, k);
-        return isfinite(acc->f);
+    case K_F32: {
+        float r = fold_float(f32_of(acc->i), f32_of(s->i), k);
+        acc->i = bits_of(r);
+        return isfinite(r);
+    }
     case K_INT:
     case K_I64:
         return fold_int(&acc->i, s->i, k);
@@ -179,7 +199,14 @@ static int fold_step(int n, struct slot_head *acc, const struct slot_head *s,
 /* A new object of number kind N with ACC's value. */
 static PyObject *number_object(int n, const struct slot_head *acc)
 {
-    int floating = n == K_FLOAT || n == K_F64 || n == K_F32;
+    if (n == K_F32) {  /* numpy's own way to a scalar: alloc, then set */
+        PyTypeObject *t = objs.type[n];
+        PyObject *res = t->tp_alloc(t, 0);
+        if (res)
+            ((np_f32 *)res)->v = f32_of(acc->i);
+        return res;
+    }
+    int floating = n == K_FLOAT || n == K_F64;
     PyObject *v = floating ? PyFloat_FromDouble(acc->f)
                            : PyLong_FromLongLong(acc->i);
     if (!v || n == K_FLOAT || n == K_INT)
@@ -354,8 +381,9 @@ PyObject *hot_objects_bind(HotComm *h, PyObject *args)
 static int reads_one(int n, PyObject *sample)
 {
     struct slot_head s;
-    return head_of(sample, &s) && (n == K_F64 || n == K_F32 ? s.f == 1.0
-                                                            : s.i == 1);
+    return head_of(sample, &s) && (n == K_F64   ? s.f == 1.0
+                                   : n == K_F32 ? f32_of(s.i) == 1.0f
+                                                : s.i == 1);
 }
 
 /* Take TYPES (numpy's from K_F64 on) and TAGS, two tuples of NNUMBERS;

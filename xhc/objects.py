@@ -5,8 +5,9 @@ run on xhc's collectives of bytes.
 1. Each object travels in a slot of SLOT bytes: a tag, a float, an int,
    then a pickle's bytes.  Numbers (Python's floats, ints of 64 bits and
    bools; numpy's float64, float32, int64, int32 and bool_ scalars) go
-   in the float or the int (the tag names the type); anything else is
-   pickled by mpi4py's MPI.pickle (the tag is the pickle's length),
+   in the float or the int (the tag names the type; a float32 as its
+   bits, which a signalling NaN keeps, as a pickle would); anything else
+   is pickled by mpi4py's MPI.pickle (the tag is the pickle's length),
    inline if it fits in the slot.
 2. bcast: one Bcast of the root's slot, of 1 KiB; a longer pickle
    follows in a second Bcast of exactly its bytes.
@@ -45,10 +46,11 @@ CAP = SLOT - _HEAD     # the longest pickle a slot holds
 ONE_CAP = 1024 - _HEAD  # ... and a bcast's one slot, which costs no more
 LIMIT = 1 << 20        # long pickles' bytes above which mpi4py reduces
 FLOAT, INT, BOOL, FAILED = -1, -2, -3, -4  # tags; a pickle's is its length
+_F32 = -6              # a float32's tag: its bits go in the int field
 # The numbers that travel raw, not pickled: (tag, type, in the float
 # field), in the order xhc/_hot_objects.c knows them.
 _NUMBERS = ((FLOAT, float, True), (INT, int, False), (BOOL, bool, False),
-            (-5, np.float64, True), (-6, np.float32, True),
+            (-5, np.float64, True), (_F32, np.float32, False),
             (-7, np.int64, False), (-8, np.int32, False),
             (-9, np.bool_, False))
 _TAG = {kind: tag for tag, kind, _ in _NUMBERS}
@@ -89,6 +91,8 @@ def _reason(exc):
 
 def _number(tag, f, i):
     """The number a slot's TAG (< 0), F and I stand for."""
+    if tag == _F32:
+        return np.uint32(i).view(np.float32)
     return _TYPE[tag](f if tag in _IN_FLOAT else i)
 
 
@@ -122,7 +126,8 @@ class Objects:
             if tag in _IN_FLOAT:
                 _HEADER.pack_into(view, offset, tag, obj, 0)
             else:
-                _HEADER.pack_into(view, offset, tag, 0.0, int(obj))
+                _HEADER.pack_into(view, offset, tag, 0.0, int(
+                    obj.view(np.uint32) if tag == _F32 else obj))
             return tag, None, None
         tag, i, data, exc = _pickled(obj)
         _HEADER.pack_into(view, offset, tag, 0.0, i)

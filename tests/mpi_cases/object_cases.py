@@ -24,6 +24,10 @@ def _pair(a, b):
     return [a, b] if not isinstance(a, list) else a + [b]
 
 
+# A float32 signalling NaN: pickled, its bits travel as they are.
+_SNAN32 = np.array([0x7fa00001], np.uint32).view(np.float32)[0]
+
+
 def _cases(rank, size):
     """(name, every rank's object, op, exact): EXACT if mpi4py's tree, which
     folds in another order, must give the same result."""
@@ -67,6 +71,10 @@ def _cases(rank, size):
          MPI.MAX, False),
         ("numpy float32 PROD", [np.float32(f) for f in floats], MPI.PROD,
          False),
+        ("numpy float32 MAX, a signalling NaN", [_SNAN32 if r % 2 else
+                                                 np.float32(r - 1.5)
+                                                 for r in range(size)],
+         MPI.MAX, False),
         ("numpy int64 SUM", [np.int64(r * 1000003 - 7) for r in range(size)],
          MPI.SUM, True),
         ("numpy int32 MIN", [np.int32(2 - r * r) for r in range(size)],
