@@ -54,8 +54,25 @@ def mpi_scratch():
         shutil.rmtree(path, ignore_errors=True)
 
 
+def kill_session(sid):
+    """SIGKILL every process of session SID, until none is left: an
+    mpiexec started in a session of its own, and its ranks, which Open
+    MPI puts in process groups of their own but leaves in its session."""
+    for _ in range(10):
+        found = False
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            with contextlib.suppress(OSError):  # gone meanwhile
+                if os.getsid(int(entry)) == sid:
+                    os.kill(int(entry), signal.SIGKILL)
+                    found = True
+        if not found:
+            return
+
+
 def run_tree(cmd, env, timeout):
-    """Run CMD (which may start MPI) in a process group of its own, with
+    """Run CMD (which may start MPI) in a session of its own, with
     mpi_scratch added to ENV; return the CompletedProcess.  A run still
     going after TIMEOUT seconds is killed with every process it started
     (mpiexec and its ranks too), and fails the test."""
@@ -67,7 +84,7 @@ def run_tree(cmd, env, timeout):
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_session(proc.pid)
             out, err = proc.communicate()
             pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n"
                         f"--- stdout\n{out}\n--- stderr\n{err}")
@@ -79,7 +96,7 @@ def run_mpi(n, args, timeout=120, env=None, check=True):
 
     ARGS is a list such as ``["tests/mpi_cases/bcast.py", "--quick"]`` or
     ``["-m", "bench.osu", "bcast"]``.  A run still going after TIMEOUT
-    seconds is killed with its whole process group and fails the test.
+    seconds is killed with its ranks and fails the test.
     With CHECK, a non-zero exit code fails the test, showing the output.
     """
     full_env = dict(os.environ)

@@ -12,6 +12,7 @@ cases).
 import os
 import re
 import sys
+import time
 
 import pytest
 
@@ -128,6 +129,31 @@ def test_sequence_numbers_wrap_through_zero(n, env):
     # core from costing 15 s per stuck target.
     run_suites(n, ["wrap"], env={**env, "XHC_TIMEOUT": "5"},
                levels=2 if "XHC_HIERARCHY" in env else 0)
+
+
+def _alive(pid):
+    """Is PID a process that has not exited (a zombie has)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_run_that_times_out_leaves_no_rank_behind():
+    """A run past its timeout fails the test and takes its ranks with it:
+    a deadlocked rank left spinning would slow every test after it."""
+    code = "import os, time; print('pid', os.getpid()); time.sleep(600)"
+    with pytest.raises(pytest.fail.Exception) as failed:
+        run_mpi(2, ["-c", code], timeout=10)
+    pids = [int(p) for p in re.findall(r"^pid (\d+)$", str(failed.value),
+                                       re.M)]
+    assert len(pids) == 2, str(failed.value)
+    for _ in range(50):
+        if not any(map(_alive, pids)):
+            break
+        time.sleep(0.1)
+    assert not any(map(_alive, pids)), f"ranks {pids} outlived their run"
 
 
 def test_barrier_check_catches_a_missing_barrier():
