@@ -75,9 +75,11 @@ def _clean_environment(monkeypatch):
             monkeypatch.delenv(key)
 
 
-def run_suites(n, suites, env=None, quick=False, levels=0, timeout=240):
-    """Run SUITES on N ranks; every one must report its cases passed."""
-    args = [SCRIPT, "--suite", ",".join(suites)]
+def run_suites(n, suites, env=None, quick=False, levels=0, timeout=240,
+               extra=()):
+    """Run SUITES on N ranks (with the script's EXTRA options); every one
+    must report its cases passed."""
+    args = [SCRIPT, "--suite", ",".join(suites), *extra]
     if quick:
         args.append("--quick")
     if levels:
@@ -100,6 +102,14 @@ def test_every_suite_default_config(n):
 def test_variant(n, env, levels):
     # Every case up to 4 ranks; a thinner selection above (time budget).
     run_suites(n, VARIANT_SUITES, env=env, quick=n > 4, levels=levels)
+
+
+def test_more_ranks_than_two_on_a_node_that_is_not_crowded():
+    """With more ranks than cores every run here is crowded (shorter
+    spins, Bcast in rounds, staging only): 4 ranks that take themselves
+    for bound to 4 CPUs run what a larger node runs (adaptive copies, no
+    rounds, the agreement on in-place buffers at *_init) at 4 ranks."""
+    run_suites(4, VARIANT_SUITES, extra=["--cpu-per-rank"])
 
 
 # Over several nodes (XHC_SPLIT_NODES cuts this machine's ranks into

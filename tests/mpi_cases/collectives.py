@@ -3434,7 +3434,13 @@ def main(argv=None):
     p.add_argument("--expect-levels", type=int, default=0,
                    help="every operation's hierarchy must have this many "
                    "levels (node included)")
+    p.add_argument("--cpu-per-rank", action="store_true",
+                   help="take each rank for bound to a CPU of its own, so "
+                   "that more ranks than cores run as on a node of as many "
+                   "cores (not crowded)")
     args = p.parse_args(argv)
+    if args.cpu_per_rank:
+        os.sched_getaffinity = lambda pid: {MPI.COMM_WORLD.rank}
     names = [s.strip() for s in args.suite.split(",") if s.strip()]
     unknown = [s for s in names if s not in SUITES]
     if unknown:
