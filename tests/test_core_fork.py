@@ -471,10 +471,11 @@ def test_a_rank_back_from_away_does_not_enter_what_peers_gave_up(
     """Rank GONE steps out (it refused a call's arguments, or left a
     collective after an error), and its peer gives up, ABANDONED times,
     on the collective OP it waits in for it (OP roots itself where the
-    peer must wait; a large Bcast's root, waiting, stages rounds ahead).  When rank GONE comes back, each of its next
-    ABANDONED calls raises that its peer gave up (with the peer's timeout
-    as the first error) instead of returning a result made of the peer's
-    stale contribution or leaving its data to no one; then the two
+    peer must wait; a large Bcast's root, waiting, stages rounds ahead).
+    When rank GONE comes back, each of its next ABANDONED calls raises
+    that its peer gave up (with the peer's timeout as the first error)
+    instead of returning a result made of the peer's stale contribution
+    or leaving its data to no one; then the two
     ranks' calls meet again, in order, however many were given up on
     (the ring of small operations is not held up by them) and however
     many rounds of a large Bcast the peer counted before it gave up."""
