@@ -210,6 +210,13 @@ def debug_env3():
 
 
 @pytest.fixture(scope="module")
+def threads4():
+    # Two levels (groups of 2): the threads' flags cross a leader too.
+    return Launch(4, ["threads"],
+                  env={"XHC_TIMEOUT": "10", "XHC_HIERARCHY": "virtual:2"})
+
+
+@pytest.fixture(scope="module")
 def freed_requests2():
     return Launch(2, ["freed-requests"], env={"XHC_TIMEOUT": "10"})
 
@@ -1000,13 +1007,19 @@ def test_free_while_a_call_is_planned_stops_the_call(args2):
     assert rep[1]["exc"] == "XhcError", rep[1]
 
 
-def test_threads_on_two_dup_communicators(args2):
-    levels = args2.by_rank("THREAD-LEVEL")
-    assert sorted(levels) == [0, 1], args2.output()
+@pytest.mark.parametrize("launch", ["args2", "threads4"])
+def test_threads_on_two_dup_communicators(request, launch):
+    """Each rank runs two threads, each with its own xhc.Comm of a Dup
+    of the world, 500 Allreduces and Bcasts of mixed sizes and roots,
+    every result checked; at 4 ranks, over two levels."""
+    launch = request.getfixturevalue(launch)
+    ranks = list(range(launch.n))
+    levels = launch.by_rank("THREAD-LEVEL")
+    assert sorted(levels) == ranks, launch.output()
     assert all(kv["multiple"] == "True" for kv in levels.values()), levels
-    rep = args2.get("THREADS")
+    rep = launch.get("THREADS")
     assert sorted((int(kv["rank"]), int(kv["thread"])) for kv in rep) == \
-        [(0, 0), (0, 1), (1, 0), (1, 1)], args2.output()
+        [(r, t) for r in ranks for t in (0, 1)], launch.output()
     for kv in rep:
         assert kv["exc"] == "None", kv
         assert int(kv["ops"]) == 500, kv
