@@ -172,6 +172,10 @@ class Comm(HotComm):
         self._why = ""
         self._nodes = None  # for a communicator that spans several nodes
         self._objects = None  # slots for bcast, allreduce and reduce
+        # For Dup(): the duplicate gets this object's keywords.
+        self._keywords = dict(tunables, hierarchy=hierarchy,
+                              topology=topology)
+        self._owns_comm = False  # made by Dup(): free() frees the comm too
         self.xhc_info = {}
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL \
                 or comm.Is_inter():
@@ -876,7 +880,8 @@ class Comm(HotComm):
                        span)
 
     def free(self):
-        """Release the shared memory; the wrapped communicator stays."""
+        """Release the shared memory; the wrapped communicator stays, but
+        for one that Dup() made, which goes with it."""
         # Refuse if a call runs, or else let none begin from now on: one
         # step in C, which no other thread's call can come between.
         if not self._hot_close():
@@ -896,6 +901,9 @@ class Comm(HotComm):
         self._keep.clear()
         if self._nodes is not None:  # kept: a call under way may hold it
             self._nodes.free()
+        if self._owns_comm and self._comm != MPI.COMM_NULL \
+                and not MPI.Is_finalized():
+            self._comm.Free()
 
     def __enter__(self):
         return self
@@ -919,6 +927,32 @@ class Comm(HotComm):
         self._refuse_if_busy("Free()")
         self._comm.Free()
         self.free()
+
+    # Duplicates keep the class, as mpi4py's do: an xhc.Comm of the
+    # wrapped communicator's duplicate, with this one's keywords, that owns
+    # it.  (Idup() passes through: wrapping waits for the other ranks.)
+    def Dup(self, info=None):
+        """MPI's Dup() of the wrapped communicator, wrapped in an xhc.Comm
+        made with this one's keywords; its free() frees the duplicate."""
+        return self._duplicate(self._comm.Dup, *_info(info))
+
+    def Clone(self):
+        """Dup(), as mpi4py's Clone()."""
+        return self._duplicate(self._comm.Clone)
+
+    def Dup_with_info(self, info):
+        """Dup() with INFO, as MPI's Dup_with_info()."""
+        return self._duplicate(self._comm.Dup_with_info, info)
+
+    def _duplicate(self, dup, *args):
+        comm = dup(*args)
+        try:
+            made = Comm(comm, **self._keywords)
+        except BaseException:  # raised on every rank: none keeps COMM
+            comm.Free()
+            raise
+        made._owns_comm = True
+        return made
 
     def __repr__(self):
         # The rank and size kept at creation: the wrapped communicator may

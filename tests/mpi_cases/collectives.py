@@ -1212,6 +1212,51 @@ def topology_passthrough(v, comm):
     graph.Free()
 
 
+def duplicates(v, comm):
+    """Dup(), Clone() and Dup_with_info() keep the class, as mpi4py's do:
+    an xhc.Comm of a congruent duplicate, with the keywords of the one
+    duplicated, that runs xhc's paths and frees the duplicate with it."""
+    n = comm.size
+    info = MPI.Info.Create()
+    info.Set("mpi_assert_no_any_tag", "true")
+    ways = {"Dup()": lambda x: x.Dup(), "Dup(info)": lambda x: x.Dup(info),
+            "Clone()": lambda x: x.Clone(),
+            "Dup_with_info()": lambda x: x.Dup_with_info(info)}
+    with xhc.Comm(comm, chunk_size=8192, hierarchy="flat") as xc:
+        for k, (way, dup) in enumerate(ways.items()):
+            xd = dup(xc)
+            wrapped = xd.comm
+            got = [type(xd) is xhc.Comm,
+                   MPI.Comm.Compare(wrapped, comm) == MPI.CONGRUENT,
+                   xd.xhc_info["config"]["chunk_size"]]
+            v.case(f"{way}: an xhc.Comm of a duplicate, same keywords",
+                   None if got == [True, True, 8192] else f"got {got}")
+            quick_checks(v, xd, wrapped, way, 170 + k)
+            # Over several nodes a node counts an Allreduce as a Reduce
+            # and a Bcast, and a node of one rank counts nothing.
+            large = wrapped.allreduce(xd.stats["allreduce.large"] +
+                                      xd.stats["reduce.large"], op=MPI.MAX)
+            alone = xd.xhc_info.get("nodes", 1) == n
+            v.case(f"{way}: xhc's large path ran",
+                   None if alone or large > 0 else f"stats {xd.stats}")
+            xd.free()
+            v.case(f"{way}: free() frees the duplicate",
+                   None if wrapped == MPI.COMM_NULL else "still alive")
+        quick_checks(v, xc, comm, "after the duplicates", 175)
+    info.Free()
+    cart = comm.Create_cart([n])
+    with xhc.Comm(cart) as xcart:
+        xd = xcart.Dup()
+        got = [isinstance(xd, xhc.Comm), type(xd) is type(xcart),
+               xd.Get_coords(comm.rank) == cart.Get_coords(comm.rank)]
+        v.case("a Cartcomm's Dup() keeps its methods",
+               None if got == [True, True, True] else f"got {got}")
+        xd.Free()
+        v.case("Free() of a duplicate", None if xd == MPI.COMM_NULL
+               else "not freed")
+    cart.Free()
+
+
 def suite_subcomm(xcomm, comm, v, sz, args):
     n, rank = comm.size, comm.rank
     # Attribute passthrough.
@@ -1236,6 +1281,7 @@ def suite_subcomm(xcomm, comm, v, sz, args):
     v.case("xhc.Comm of a non-communicator raises TypeError", err)
     comparisons(v, xcomm, comm)
     topology_passthrough(v, comm)
+    duplicates(v, comm)
 
     dup = comm.Dup()
     half = comm.Split(rank % 2, rank)
