@@ -172,9 +172,10 @@ class Comm(HotComm):
         self._why = ""
         self._nodes = None  # for a communicator that spans several nodes
         self._objects = None  # slots for bcast, allreduce and reduce
-        # For Dup(): the duplicate gets this object's keywords.
-        self._keywords = dict(tunables, hierarchy=hierarchy,
-                              topology=topology)
+        # For Dup(): the duplicate gets this object's keywords (a copy of
+        # a hierarchy dict, which its caller may change later).
+        self._keywords = dict(tunables, topology=topology, hierarchy=(
+            dict(hierarchy) if isinstance(hierarchy, dict) else hierarchy))
         self._owns_comm = False  # made by Dup(): free() frees the comm too
         self.xhc_info = {}
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL \
@@ -298,8 +299,8 @@ class Comm(HotComm):
     def _to_mpi4py(self, name, *args):
         self._warn(f"{name}: {self._why}")
         self._fallbacks += 1
-        try:
-            return getattr(self._comm, name)(*args)
+        try:  # counted as under way: free() must not free a Dup()'s
+            return self._in_core(getattr(self._comm, name), *args)
         except BaseException as exc:
             raise _settled(exc)
 
@@ -412,11 +413,13 @@ class Comm(HotComm):
             raise _settled(exc)
 
     def _in_core(self, fn, *args):
-        """FN(*ARGS), a core call that may release the GIL while it waits:
-        counted as under way, as HotComm counts its own.  The count comes
-        first: a free() from another thread since this call began (while
-        its plan was made) has closed the context FN would run on, and
-        the count refuses (-1) once free() has begun."""
+        """FN(*ARGS), a core call (or MPI's on the wrapped communicator,
+        which free() frees if Dup() made this object) that may release
+        the GIL while it waits: counted as under way, as HotComm counts
+        its own.  The count comes first: a free() from another thread
+        since this call began (while its plan was made) has closed the
+        context FN would run on, and the count refuses (-1) once free()
+        has begun."""
         if self._hot_busy(1) < 0:
             raise XhcError("xhc.Comm already freed")
         try:
@@ -624,7 +627,8 @@ class Comm(HotComm):
                 or not self._keep:
             return 0
         mine = all(a is None or self._in_shared(a) for a in arrays)
-        return lib.XHC_CALL_SHARED if all(self._comm.allgather(mine)) else 0
+        everyone = self._in_core(self._comm.allgather, mine)
+        return lib.XHC_CALL_SHARED if all(everyone) else 0
 
     def _in_shared(self, arr):
         """Is ARR a C-contiguous ndarray wholly inside one of our Comm.empty
@@ -947,7 +951,7 @@ class Comm(HotComm):
     def _duplicate(self, dup, *args):
         comm = dup(*args)
         try:
-            made = Comm(comm, **self._keywords)
+            made = type(self)(comm, **self._keywords)
         except BaseException:  # raised on every rank: none keeps COMM
             comm.Free()
             raise

@@ -82,7 +82,16 @@ def checked(xcomm, name, call):
             mine = _signature(xcomm, name, bound)
         except Exception as exc:  # noqa: BLE001
             problem = exc
-        diffs = _differences(agree(xcomm._comm, mine, problem))
+        # Counted as under way, so that free() in another thread refuses
+        # rather than free a Dup()'s communicator meanwhile; once freed,
+        # it still agrees, and the call raises after.
+        counted = xcomm._hot_busy(1) >= 0
+        try:
+            answers = agree(xcomm._comm, mine, problem)
+        finally:
+            if counted:
+                xcomm._hot_busy(-1)
+        diffs = _differences(answers)
         if diffs:
             raise XhcError(f"XHC_DEBUG: ranks disagree on {name}: "
                            + "; ".join(diffs[:4]))

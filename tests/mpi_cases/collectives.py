@@ -1212,25 +1212,56 @@ def topology_passthrough(v, comm):
     graph.Free()
 
 
+class Recording(MPI.Intracomm):
+    """Records how it is duplicated (mpi4py's duplicates keep the class)."""
+    calls = []
+
+    def Dup(self, info=None):
+        Recording.calls.append(("Dup", info))
+        return super().Dup(info)
+
+    def Clone(self):
+        Recording.calls.append(("Clone", None))
+        return super().Clone()
+
+    def Dup_with_info(self, info):
+        Recording.calls.append(("Dup_with_info", info))
+        return super().Dup_with_info(info)
+
+
+class Derived(xhc.Comm):
+    """A user's subclass, which duplicates keep."""
+
+
 def duplicates(v, comm):
     """Dup(), Clone() and Dup_with_info() keep the class, as mpi4py's do:
-    an xhc.Comm of a congruent duplicate, with the keywords of the one
+    an object of the same class, of the wrapped communicator's duplicate
+    (made as asked: the info passed on), with the keywords of the one
     duplicated, that runs xhc's paths and frees the duplicate with it."""
     n = comm.size
     info = MPI.Info.Create()
     info.Set("mpi_assert_no_any_tag", "true")
-    ways = {"Dup()": lambda x: x.Dup(), "Dup(info)": lambda x: x.Dup(info),
-            "Clone()": lambda x: x.Clone(),
-            "Dup_with_info()": lambda x: x.Dup_with_info(info)}
-    with xhc.Comm(comm, chunk_size=8192, hierarchy="flat") as xc:
-        for k, (way, dup) in enumerate(ways.items()):
+    ways = {"Dup()": (lambda x: x.Dup(), ("Dup", None)),
+            "Dup(info)": (lambda x: x.Dup(info), ("Dup", info)),
+            "Clone()": (lambda x: x.Clone(), ("Clone", None)),
+            "Dup_with_info()": (lambda x: x.Dup_with_info(info),
+                                ("Dup_with_info", info))}
+    # Messages of 40,000 bytes take the large path above cico_max.
+    keywords = dict(chunk_size=8192, cico_max=4096, hierarchy="flat")
+    with Derived(Recording(comm), **keywords) as xc:
+        for k, (way, (dup, asked)) in enumerate(ways.items()):
+            Recording.calls.clear()
             xd = dup(xc)
             wrapped = xd.comm
-            got = [type(xd) is xhc.Comm,
+            cfg = xd.xhc_info["config"]
+            got = [type(xd) is Derived,
                    MPI.Comm.Compare(wrapped, comm) == MPI.CONGRUENT,
-                   xd.xhc_info["config"]["chunk_size"]]
-            v.case(f"{way}: an xhc.Comm of a duplicate, same keywords",
-                   None if got == [True, True, 8192] else f"got {got}")
+                   Recording.calls == [asked],
+                   cfg["chunk_size"], cfg["cico_max"]]
+            v.case(f"{way}: a Derived of a duplicate made as asked, "
+                   "same keywords",
+                   None if got == [True, True, True, 8192, 4096]
+                   else f"got {got}, calls {Recording.calls}")
             quick_checks(v, xd, wrapped, way, 170 + k)
             # Over several nodes a node counts an Allreduce as a Reduce
             # and a Bcast, and a node of one rank counts nothing.

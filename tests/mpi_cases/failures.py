@@ -959,10 +959,15 @@ def suite_gil(xc):
 def suite_free_busy(xc):
     """Rank 0 frees its xhc.Comm (or a request) from a second thread while
     its main thread waits in a collective that rank 1 enters 0.5 s late:
-    the free must refuse, not unmap the memory the wait polls."""
+    the free must refuse, not unmap the memory the wait polls (nor, for
+    a Dup()'s, free the communicator a fallback to mpi4py waits in)."""
     for k, path in enumerate(("plain", "python", "request",
-                              "staged-request")):
-        c = xhc.Comm(W)
+                              "staged-request", "fallback")):
+        if path == "fallback":  # its free() would free the communicator
+            with xhc.Comm(W) as parent:
+                c = parent.Dup()
+        else:
+            c = xhc.Comm(W)
         want = np.arange(4.0) + 10 * (k + 1)
         b = want.copy() if RANK == 1 else f8(4)
         if path == "staged-request":  # strided: its Start() runs in Python
@@ -985,6 +990,10 @@ def suite_free_busy(xc):
             c.Bcast(b, root=1)              # from C
         elif path == "python":
             c.Bcast([b, MPI.DOUBLE], root=1)  # through Python and cffi
+        elif path == "fallback":  # float16 has no kernel: mpi4py's
+            half = b.astype(np.float16)
+            c.Allreduce(MPI.IN_PLACE, half)
+            b[:] = half
         else:
             req.Start()
         if th is not None:
