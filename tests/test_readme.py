@@ -23,7 +23,9 @@ def test_readme_example_runs(tmp_path, n):
     mpi4py (which warns)."""
     app = tmp_path / "app.py"
     app.write_text(readme_example())
-    result = run_mpi(n, [str(app)], timeout=60)
+    # Warnings shown whatever the caller's PYTHONWARNINGS says.
+    result = run_mpi(n, [str(app)], timeout=60,
+                     env={"PYTHONWARNINGS": "default"})
     lines = sorted(result.stdout.split("\n"))
     assert [ln for ln in lines if ln] == [f"{r} {n}" for r in range(n)], \
         result.stdout
