@@ -22,7 +22,13 @@
  *    buffer is in node shared memory, every owner folds its slice
  *    straight into it: no rank copies a result byte at all.  In place is
  *    still safe: an owner writes only the chunk of its slice it has just
- *    read.
+ *    read.  A Reduce over two ranks whose root's receive buffer is
+ *    private has the root own the whole vector instead: it reads the
+ *    other rank's send buffer once and folds alone, as a staged Reduce
+ *    does.  Split, half the vector would cross between the ranks twice
+ *    (read by its owner, then taken by the root); where a line that
+ *    crosses between cores costs several times a local one, the split
+ *    took up to four times as long.
  * 4. All ack, and wait for all acks: peers read our buffers until then.
  */
 #include <errno.h>
@@ -30,9 +36,16 @@
 
 #include "xhc_internal.h"
 
-static void xhc_slice(const xhc_ctx_t *ctx, const struct xhc_red *r, int i,
-                      size_t *lo, size_t *hi)
+/* Rank I's slice of the vector; with an OWNER (>= 0), all of it is
+ * OWNER's. */
+static void xhc_slice(const xhc_ctx_t *ctx, const struct xhc_red *r,
+                      int owner, int i, size_t *lo, size_t *hi)
 {
+    if (owner >= 0) {
+        *lo = 0;
+        *hi = i == owner ? r->count : 0;
+        return;
+    }
     size_t line = 64 / r->esize;
     size_t per = (r->count + (size_t)ctx->nranks - 1) / (size_t)ctx->nranks;
     per = (per + line - 1) / line * line;
@@ -108,10 +121,10 @@ static int xhc_rs_push(xhc_ctx_t *ctx, const unsigned char *src, size_t off,
 
 static int xhc_rs_reduce_mine(xhc_ctx_t *ctx, uint64_t seq,
                               const unsigned char *sbuf, unsigned char *dst,
-                              const struct xhc_red *r, int push)
+                              const struct xhc_red *r, int owner, int push)
 {
     size_t lo, hi, step = ctx->cfg.chunk_size / r->esize;
-    xhc_slice(ctx, r, ctx->rank, &lo, &hi);
+    xhc_slice(ctx, r, owner, ctx->rank, &lo, &hi);
     for (size_t at = lo; at < hi; at += step) {
         size_t n = hi - at < step ? hi - at : step;
         int rc = xhc_rs_chunk(ctx, sbuf, dst, at, n, r);
@@ -130,12 +143,12 @@ static int xhc_rs_reduce_mine(xhc_ctx_t *ctx, uint64_t seq,
 /* Step 3: copy every other rank's finished slice into RBUF, or, if the
  * owners put them there (PUSHED), wait until they are all there. */
 static int xhc_rs_gather(xhc_ctx_t *ctx, uint64_t seq, unsigned char *rbuf,
-                         const struct xhc_red *r, int pushed)
+                         const struct xhc_red *r, int owner, int pushed)
 {
     for (int k = 1; k < ctx->nranks; k++) {
         int p = (ctx->rank + k) % ctx->nranks;
         size_t lo, hi;
-        xhc_slice(ctx, r, p, &lo, &hi);
+        xhc_slice(ctx, r, owner, p, &lo, &hi);
         if (hi == lo)
             continue;
         int rc = xhc_wait_eq(ctx, &xhc_ctl(ctx, p)->done.seq, seq, p);
@@ -154,9 +167,10 @@ static int xhc_rs_gather(xhc_ctx_t *ctx, uint64_t seq, unsigned char *rbuf,
  * on every rank. */
 int xhc_rs_mode(const xhc_ctx_t *ctx, int root)
 {
+    if (root >= 0 && xhc_in_region(&ctx->peer_recv[root]))
+        return XHC_RS_DIRECT;
     if (root >= 0)
-        return xhc_in_region(&ctx->peer_recv[root]) ? XHC_RS_DIRECT
-                                                    : XHC_RS_TAKE;
+        return ctx->nranks == 2 ? XHC_RS_ROOT : XHC_RS_TAKE;
     for (int p = 0; p < ctx->nranks; p++)
         if (!xhc_in_region(&ctx->peer_recv[p]))
             return XHC_RS_TAKE;
@@ -176,9 +190,12 @@ int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
                                  &rc);
     if (!target)
         return xhc_fail(ctx, root, rc ? rc : XHC_ERR_MISMATCH);
-    rc = xhc_rs_reduce_mine(ctx, seq, sbuf, target, r, mode == XHC_RS_PUSH);
+    int owner = mode == XHC_RS_ROOT ? root : -1;
+    rc = xhc_rs_reduce_mine(ctx, seq, sbuf, target, r, owner,
+                            mode == XHC_RS_PUSH);
     if (rc == 0 && whole)
-        rc = xhc_rs_gather(ctx, seq, target, r, mode != XHC_RS_TAKE);
+        rc = xhc_rs_gather(ctx, seq, target, r, owner,
+                           mode == XHC_RS_PUSH || mode == XHC_RS_DIRECT);
     if (rc == 0)
         rc = xhc_ack_all(ctx, seq);
     return rc;

@@ -158,7 +158,8 @@ static int xhc_stages_nothing(const xhc_ctx_t *ctx, int root)
     for (int p = 0; p < ctx->nranks; p++)
         if (!xhc_in_region(&ctx->peer_send[p]))
             return 0;
-    return xhc_rs_mode(ctx, root) != XHC_RS_TAKE;
+    int mode = xhc_rs_mode(ctx, root);
+    return mode == XHC_RS_PUSH || mode == XHC_RS_DIRECT;
 }
 
 /* Elements of one owner's part of a window: the staging part, or less,

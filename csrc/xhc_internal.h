@@ -329,6 +329,8 @@ enum {
                       shared receive buffer */
     XHC_RS_DIRECT, /* owners fold straight into the root's shared receive
                       buffer (Reduce) */
+    XHC_RS_ROOT,   /* the root owns every slice (Reduce over two ranks
+                      into a private receive buffer) */
 };
 int xhc_rs_mode(const xhc_ctx_t *ctx, int root);
 int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
