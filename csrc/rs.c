@@ -5,11 +5,11 @@
  * 1. Every rank exposes its send buffer and the buffer its result slice
  *    goes to (its receive buffer; for Reduce on a non-root, private
  *    memory), then raises `big.seq`.
- * 2. Rank i owns slice i (whole 64-byte lines, the last one shorter).  For
- *    each chunk of it, rank i reads the chunk of every rank's send buffer
- *    in rank order (in place from node shared memory or through XPMEM,
- *    else by CMA into a private buffer) and folds them into its result
- *    slice.
+ * 2. Rank i owns slice i (whole 64-byte lines, the last one shorter; but
+ *    see the end of 3. for a Reduce over two ranks).  For each chunk of
+ *    it, rank i reads the chunk of every rank's send buffer in rank order
+ *    (in place from node shared memory or through XPMEM, else by CMA into
+ *    a private buffer) and folds them into its result slice.
  * 3. It raises `done`.  Every rank that wants the whole result (all for
  *    Allreduce, the root for Reduce) copies each other slice from its
  *    owner once that owner is done; an in-place receive buffer is safe,
@@ -201,6 +201,18 @@ int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
     return rc;
 }
 
+/* Does a single-copy call read a private buffer across, by CMA?  In ROOT
+ * mode only the other rank's send buffer is read. */
+static int xhc_rs_by_cma(const xhc_ctx_t *ctx, const struct xhc_meeting *m,
+                         int root)
+{
+    if (ctx->cfg.copy == XHC_COPY_XPMEM || !m->private)
+        return 0;
+    if (xhc_rs_mode(ctx, root) == XHC_RS_ROOT)
+        return !xhc_in_region(&ctx->peer_send[1 - root]);
+    return 1;
+}
+
 /* Reduce SBUF over all ranks; the whole result lands in RBUF on every rank
  * (ROOT < 0) or on ROOT only.  Rank 0, or the root, decides whether the
  * ranks read each other's buffers in place (steps 1-4) or stage them
@@ -215,7 +227,8 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
     /* Before the sequence number: a rank that cannot get its target
      * refuses the call, its counters still in step with its peers'.  (A
      * Reduce non-root gets a private buffer of the message's size, of
-     * which it touches its slice, and only if the call reads in place.) */
+     * which it touches its slice, if it has one, and only if the call
+     * reads in place.) */
     int rc = ctx->cfg.copy == XHC_COPY_CICO
              ? 0 : xhc_rs_target(ctx, target, r, &target);
     if (rc)
@@ -231,7 +244,7 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
         rc = xhc_meet(ctx, seq, sbuf, target, r->nbytes, &m);
     if (rc)
         return rc;
-    if (m.single && m.private && ctx->cfg.copy != XHC_COPY_XPMEM)
+    if (m.single && xhc_rs_by_cma(ctx, &m, root))
         ctx->stats[kind == XHC_REDUCE ? XHC_PATH_REDUCE_CMA
                                       : XHC_PATH_ALLREDUCE_CMA]++;
     rc = m.single ? xhc_rs_met(ctx, seq, sbuf, target, r, root)

@@ -152,7 +152,9 @@ static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
 }
 
 /* Can every rank's send buffer be read in place, and every folded slice
- * land where it is wanted without a copy through the segment? */
+ * land where it is wanted without a copy through the segment?  (Not in
+ * ROOT mode, which would need a non-root's target, which staging calls
+ * do not get.) */
 static int xhc_stages_nothing(const xhc_ctx_t *ctx, int root)
 {
     for (int p = 0; p < ctx->nranks; p++)

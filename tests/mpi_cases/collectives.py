@@ -2023,6 +2023,16 @@ def shared_reductions_use_no_cma(xcomm, comm, v, count):
         cma = end[kind + ".cma"] - start[kind + ".cma"]
         v.check(f"shared {kind}: none by CMA", cma == 0,
                 f"{cma} call counted as moved by CMA")
+    # Over two ranks the root folds alone, reading the other's send array
+    # in place: its private receive buffer moves nothing by CMA.
+    mine = np.empty(count) if rank == n - 1 else None
+    before = xcomm.stats["reduce.cma"]
+    xcomm.Reduce(send, mine, root=n - 1)
+    v.check("shared sends, private root: result",
+            rank != n - 1 or np.array_equal(mine, want), "wrong sum")
+    cma = xcomm.stats["reduce.cma"] - before
+    v.check("shared sends, private root, 2 ranks: none by CMA",
+            n != 2 or cma == 0, f"{cma} call counted as moved by CMA")
 
 
 # -- the per-call path (xhc/_hot.c) ---------------------------------------------
