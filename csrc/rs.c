@@ -28,7 +28,7 @@
  *    does.  Split, half the vector would cross between the ranks twice
  *    (read by its owner, then taken by the root); where a line that
  *    crosses between cores costs several times a local one, the split
- *    took up to four times as long.
+ *    took up to four and a half times as long.
  * 4. All ack, and wait for all acks: peers read our buffers until then.
  */
 #include <errno.h>

@@ -932,12 +932,13 @@ class Comm(HotComm):
         self._comm.Free()
         self.free()
 
-    # Duplicates keep the class, as mpi4py's do: an xhc.Comm of the
-    # wrapped communicator's duplicate, with this one's keywords, that owns
-    # it.  (Idup() passes through: wrapping waits for the other ranks.)
+    # Duplicates keep the class, as mpi4py's do: an object of this class
+    # that wraps the wrapped communicator's duplicate, with this one's
+    # keywords, and owns it.  (Idup() passes through: wrapping waits for
+    # the other ranks.)
     def Dup(self, info=None):
-        """MPI's Dup() of the wrapped communicator, wrapped in an xhc.Comm
-        made with this one's keywords; its free() frees the duplicate."""
+        """MPI's Dup() of the wrapped communicator, wrapped as this object
+        is, with its keywords; its free() frees the duplicate."""
         return self._duplicate(self._comm.Dup, *_info(info))
 
     def Clone(self):
