@@ -188,9 +188,9 @@ int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
     if (mode == XHC_RS_DIRECT)
         target = xhc_region_span(ctx, &ctx->peer_recv[root], 0, r->nbytes,
                                  &rc);
-    if (!target)
-        return xhc_fail(ctx, root, rc ? rc : XHC_ERR_MISMATCH);
     int owner = mode == XHC_RS_ROOT ? root : -1;
+    if (!target && (owner < 0 || whole))  /* a ROOT non-root folds nothing */
+        return xhc_fail(ctx, root, rc ? rc : XHC_ERR_MISMATCH);
     rc = xhc_rs_reduce_mine(ctx, seq, sbuf, target, r, owner,
                             mode == XHC_RS_PUSH);
     if (rc == 0 && whole)
@@ -227,10 +227,12 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
     /* Before the sequence number: a rank that cannot get its target
      * refuses the call, its counters still in step with its peers'.  (A
      * Reduce non-root gets a private buffer of the message's size, of
-     * which it touches its slice, if it has one, and only if the call
-     * reads in place.) */
-    int rc = ctx->cfg.copy == XHC_COPY_CICO
-             ? 0 : xhc_rs_target(ctx, target, r, &target);
+     * which it touches its slice, and only if the call reads in place;
+     * over two ranks it has no slice to fold: the root folds alone, or
+     * every owner into the root's shared buffer.) */
+    int needs = ctx->cfg.copy != XHC_COPY_CICO
+                && (whole || ctx->nranks > 2);
+    int rc = needs ? xhc_rs_target(ctx, target, r, &target) : 0;
     if (rc)
         return xhc_refuse(ctx, rc);
     xhc_tune_pick(ctx, kind, r->nbytes, ctx->rank == xhc_decider(&m),

@@ -152,16 +152,14 @@ static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
 }
 
 /* Can every rank's send buffer be read in place, and every folded slice
- * land where it is wanted without a copy through the segment?  (Not in
- * ROOT mode, which would need a non-root's target, which staging calls
- * do not get.) */
+ * land where it is wanted without a copy through the segment?  (In ROOT
+ * mode the root folds alone into its own buffer.) */
 static int xhc_stages_nothing(const xhc_ctx_t *ctx, int root)
 {
     for (int p = 0; p < ctx->nranks; p++)
         if (!xhc_in_region(&ctx->peer_send[p]))
             return 0;
-    int mode = xhc_rs_mode(ctx, root);
-    return mode == XHC_RS_PUSH || mode == XHC_RS_DIRECT;
+    return xhc_rs_mode(ctx, root) != XHC_RS_TAKE;
 }
 
 /* Elements of one owner's part of a window: the staging part, or less,
