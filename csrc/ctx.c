@@ -118,7 +118,7 @@ int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
     ctx->seq = ctx->ack_floor = cfg->seq_start;
     ctx->failed_rank = -1;
     ctx->probe_word = xhc_probe_value(rank);
-    rc = xhc_shm_map(name, size, &ctx->seg);
+    rc = xhc_shm_map_rank(name, size, rank, nranks, cfg, &ctx->seg);
     if (rc == 0) {
         ctx->seg_size = size;
         rc = xhc_header_check(ctx);

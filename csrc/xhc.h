@@ -91,6 +91,9 @@ typedef struct xhc_config {
 } xhc_config_t;
 
 size_t xhc_segment_size(int nranks, const xhc_config_t *cfg);
+/* Create NAME with SIZE bytes, -ENOSPC if /dev/shm has not that much
+ * free; its pages are reserved by the ranks' xhc_ctx_open, each those it
+ * writes. */
 int xhc_shm_create(const char *name, size_t size);
 int xhc_shm_open(const char *name);
 int xhc_shm_unlink(const char *name);

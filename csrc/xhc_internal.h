@@ -245,7 +245,8 @@ size_t xhc_slots_offset(int nranks);
 size_t xhc_stage_offset(int nranks, const xhc_config_t *cfg);
 size_t xhc_bstage_offset(int nranks, const xhc_config_t *cfg);
 size_t xhc_stage_part(int nranks, const xhc_config_t *cfg);
-int xhc_shm_map(const char *name, size_t size, unsigned char **out);
+int xhc_shm_map_rank(const char *name, size_t size, int rank, int nranks,
+                     const xhc_config_t *cfg, unsigned char **out);
 
 /* view.c */
 int xhc_hier_set(struct xhc_hier *h, int n, int nlevels, const int *groups);

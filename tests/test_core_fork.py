@@ -255,6 +255,31 @@ def test_open_checks_its_arguments():
     assert lib.xhc_ctx_open(out, missing, seg.size, 0, 2, cfg) == -errno.ENOENT
 
 
+def test_each_rank_reserves_the_pages_it_writes():
+    """Creating a segment only sizes it.  Each rank's open reserves the
+    control block and its own slots and windows, so that /dev/shm running
+    full fails an open rather than a later touch; all the ranks' opens
+    together leave no page of the segment unreserved."""
+    for n, cfg in ((3, make_config()),
+                   (2, make_config(cico_max=4096, chunk_size=65536,
+                                   windows=5, reduce_cico_max=16384))):
+        with Segment(n, cfg) as seg:
+            path = "/dev/shm" + seg.name.decode()
+            assert os.stat(path).st_blocks == 0
+            ctxs = []
+            try:
+                for rank in range(n):
+                    rc, ctx = open_ctx(seg, rank, n, cfg)
+                    assert rc == 0
+                    ctxs.append(ctx)
+                    reserved = os.stat(path).st_blocks * 512
+                    assert (reserved < seg.size) == (rank < n - 1), rank
+                assert reserved == seg.size
+            finally:
+                for ctx in ctxs:
+                    lib.xhc_ctx_close(ctx)
+
+
 def test_collectives_check_their_arguments():
     cfg = make_config()
     buf = np.zeros(16)
