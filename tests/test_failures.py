@@ -396,6 +396,10 @@ ARG_CASES = [
     ("empty-fails-on-one-rank", "XhcError",
      r"^Comm\.empty failed on rank {last}: opening shared memory: Too many "
      r"open files; no rank kept the array$"),
+    ("segment-full-on-one-rank", "XhcError",
+     r"^opening the shared segment \(rank {last}\): No space left on "
+     r"device \(/dev/shm has not that much free: .*set XHC_CHUNK_SIZE, "
+     r"XHC_WINDOWS or XHC_CICO_MAX lower"),
 ]
 
 

@@ -47,6 +47,7 @@ zc-reuse      private large Allreduce alternating with one on Comm.empty
               arrays: the minimal form of a failure the soak found.
 """
 import contextlib
+import errno
 import os
 import resource
 import signal
@@ -111,6 +112,16 @@ class _LibProxy:
         if self.reserving:
             self.reserving()
         return self._lib.xhc_shm_reserve(fd, size)
+
+    # Set: this rank's next segment open finds /dev/shm full when it
+    # reserves its part of the segment.
+    open_finds_shm_full = False
+
+    def xhc_ctx_open(self, out, name, size, rank, nranks, cfg):
+        if self.open_finds_shm_full:
+            self.open_finds_shm_full = False
+            return -errno.ENOSPC
+        return self._lib.xhc_ctx_open(out, name, size, rank, nranks, cfg)
 
 
 _core.new_name = _logged_name
@@ -244,6 +255,26 @@ def empty_fails_on_one_rank(c):
         raise failure
 
 
+def segment_full_on_one_rank(c):
+    """The last rank finds /dev/shm full when it reserves its part of a
+    new segment (each rank reserves the pages it writes).  Every rank
+    must raise, naming the tunables to lower, and the next xhc.Comm must
+    work."""
+    _core.lib.open_finds_shm_full = RANK == SIZE - 1
+    failure = None
+    try:
+        xhc.Comm(W)
+    except xhc.XhcError as exc:
+        failure = exc
+    with xhc.Comm(W) as again:
+        out = f8(4)
+        again.Allreduce(f8(4, RANK + 1), out)
+    if not np.all(out == SIZE * (SIZE + 1) / 2):
+        raise AssertionError(f"the next xhc.Comm's Allreduce gave {out}")
+    if failure:
+        raise failure
+
+
 def struct_with_empty_member(c):
     """A struct whose int member has no elements holds float64s alone: it
     is reduced in the core like them, not taken for mixed data."""
@@ -371,6 +402,7 @@ def suite_args(xc):
         ("empty-negative-on-one-rank",
          lambda c: c.empty(-1 if RANK == last else 16)),
         ("empty-fails-on-one-rank", empty_fails_on_one_rank),
+        ("segment-full-on-one-rank", segment_full_on_one_rank),
     ]
     return run_cases(xc, cases)
 
