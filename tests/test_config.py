@@ -108,7 +108,8 @@ def test_keyword_wins_over_environment(monkeypatch):
     (2, 2, 256 << 10, 2, 16384, 0),  # one rank per CPU: spin long
     (1, 64, 256 << 10, 2, 16384, 0),
     # Crowded: deep Bcast staging, short spin, Reduce through the slots.
-    (4, 2, 256 << 10, 32, 16, 512 << 10),
+    (3, 2, 256 << 10, 32, 16, 1 << 20),
+    (4, 2, 256 << 10, 32, 16, 1 << 20),
     (8, 2, 256 << 10, 32, 16, 512 << 10),  # 8 x 32 x 256 KiB = 64 MiB
     (16, 8, 256 << 10, 16, 16, 256 << 10),  # 64 MiB caps the depth, and
     (128, 64, 256 << 10, 2, 16, 0),         # 4 MiB the slots; never

@@ -433,7 +433,7 @@ def test_info_reports_waiting_for_the_load(n, env):
     elif w["crowded"]:
         assert w["bcast_windows"] > 2 and w["spin"] <= 16 and w["sleep"] == 0
         assert w["bcast_rounds"] == 16
-        assert w["reduce_cico_max"] == 512 << 10
+        assert w["reduce_cico_max"] == 1 << 20  # 4 MiB over 4 ranks
     else:
         assert (w["bcast_windows"], w["spin"], w["sleep"]) == \
             (2, config.DEFAULTS["spin"], 0)

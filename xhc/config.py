@@ -138,9 +138,11 @@ _CROWDED_WINDOWS, _CROWDED_STAGING = 32, 64 << 20
 # root's core copy out early ones while it stages later ones.
 _CROWDED_ROUNDS = 16
 # ... and the largest Reduce whose non-roots publish through up slots and
-# go: at most 512 KiB, and at most 4 MiB over the node's ranks (the core
-# keeps 4 up slots a rank: 16 MiB).
-_CROWDED_REDUCE, _CROWDED_REDUCE_NODE = 512 << 10, 4 << 20
+# go: at most 1 MiB, and at most 4 MiB over the node's ranks (the core
+# keeps 4 up slots a rank: 16 MiB).  On 3 and 4 ranks a 1 MiB Reduce took
+# 0.35-0.7 of the reduce-scatter's time, whose every round waits for
+# ranks that are not running.
+_CROWDED_REDUCE, _CROWDED_REDUCE_NODE = 1 << 20, 4 << 20
 
 
 def crowded_reduce_max(nranks, cico_max):

@@ -716,13 +716,15 @@ def sizes_differ():
 
 
 # Large reductions (the reduce-scatter) on which rank 1 disagrees.
-MIB = 1 << 17  # float64 elements
+# 2 MiB of float64: above the slots that a crowded Reduce takes (1 MiB).
+LARGE = 1 << 18
 LARGE_DISAGREE = [
     ("two-roots", lambda c, a, b: c.Reduce(a, b, root=1 if RANK == 1 else 0)),
     ("reduce-allreduce", lambda c, a, b: c.Allreduce(a, b) if RANK == 1
      else c.Reduce(a, b, root=0)),
-    ("sizes", lambda c, a, b: c.Allreduce(a[:MIB // 2 if RANK == 1 else MIB],
-                                          b[:MIB // 2 if RANK == 1 else MIB])),
+    ("sizes", lambda c, a, b: c.Allreduce(
+        a[:LARGE // 2 if RANK == 1 else LARGE],
+        b[:LARGE // 2 if RANK == 1 else LARGE])),
 ]
 
 
@@ -732,7 +734,7 @@ def large_calls_disagree():
     where they used to fold what they could and return a wrong result."""
     for case, call in LARGE_DISAGREE:
         c = xhc.Comm(W, timeout=3, copy="cico")
-        a, b = np.ones(MIB), np.zeros(MIB)
+        a, b = np.ones(LARGE), np.zeros(LARGE)
         _outcome_of("LARGE-DISAGREE-" + case, lambda: call(c, a, b))
         W.Barrier()
         c.free()
