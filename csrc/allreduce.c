@@ -154,6 +154,46 @@ static size_t xhc_small_max(const xhc_ctx_t *ctx, int kind, int flags)
     return (flags & XHC_CALL_SHARED) && shared < most ? shared : most;
 }
 
+/* A Reduce above the slots on a node whose ranks outnumber its cores
+ * (the front end then sets reduce_cico_max), staging, of buffers that
+ * the ranks did not all agree are in node shared memory: it goes
+ * through the slots in pieces instead, each an operation of its own, so
+ * that non-roots publish and go (reduce.c). */
+static int xhc_in_pieces(const xhc_ctx_t *ctx, int kind, int flags)
+{
+    return kind == XHC_REDUCE && ctx->cfg.copy == XHC_COPY_CICO
+           && ctx->cfg.reduce_cico_max > ctx->cfg.cico_max
+           && !(flags & XHC_CALL_SHARED);
+}
+
+static int xhc_small_in_pieces(xhc_ctx_t *ctx, const struct xhc_view *v,
+                               const void *sbuf, void *rbuf,
+                               const struct xhc_red *r, xhc_small_fn small)
+{
+    size_t per = xhc_up_max(&ctx->cfg) / r->esize;
+    for (size_t done = 0; done < r->count; done += per) {
+        struct xhc_red piece = *r;
+        piece.count = r->count - done < per ? r->count - done : per;
+        piece.nbytes = piece.count * r->esize;
+        size_t at = done * r->esize;
+        int rc = small(ctx, v, (const unsigned char *)sbuf + at,
+                       rbuf ? (unsigned char *)rbuf + at : NULL, &piece);
+        if (rc == 0)
+            continue;
+        /* Give up on the pieces not run too, so that every rank ends the
+         * call at the same sequence number, wherever it failed: peers
+         * that went on to later pieces gave them, and a rank back from
+         * away must find them given up on (wait.c 5). */
+        size_t rest = (r->count - done - piece.count + per - 1) / per;
+        if (rest) {
+            ctx->seq += rest;
+            xhc_ctx_leave(ctx);
+        }
+        return rc;
+    }
+    return 0;
+}
+
 /* What Allreduce and Reduce share: checks, the trivial cases, and the
  * choice of path by size.  ROOT < 0: everyone gets the result. */
 int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
@@ -180,6 +220,8 @@ int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
         return small(ctx, v, sbuf, rbuf, &r);
     }
     ctx->stats[path + 2]++;
+    if (xhc_in_pieces(ctx, kind, flags))
+        return xhc_small_in_pieces(ctx, v, sbuf, rbuf, &r, small);
     return xhc_rs_run(ctx, kind, sbuf, rbuf, &r, root);
 }
 

@@ -143,6 +143,10 @@ static void xhc_rank_parts(int rank, int nranks, const xhc_config_t *cfg,
  * maps it writable too and cannot race with a peer's write. */
 static void xhc_populate(unsigned char *p, size_t len)
 {
+    /* Whole pages: a rank's slots need not start on one. */
+    size_t skip = (uintptr_t)p % 4096;
+    p -= skip;
+    len += skip;
 #ifdef MADV_POPULATE_WRITE
     if (madvise(p, len, MADV_POPULATE_WRITE) == 0)
         return;

@@ -536,6 +536,69 @@ def test_a_rank_back_from_away_does_not_enter_what_peers_gave_up(
             lib.xhc_ctx_close(ctxs[1])
 
 
+def _all_at_once(calls):
+    """Run CALLS (rank -> function of nothing) at once, each in a thread:
+    {rank: what it returned}; none may hang."""
+    out = {}
+    threads = [threading.Thread(target=lambda r=r, f=f: out.__setitem__(r, f()))
+               for r, f in calls.items()]
+    for t in threads:
+        t.start()  # cffi releases the GIL while it waits
+    for t in threads:
+        t.join(20)
+        assert not t.is_alive()
+    return out
+
+
+@pytest.mark.parametrize("n,pieces,gone", [(2, 6, 0), (2, 6, 1), (3, 4, 2),
+                                           (3, 7, 2), (3, 7, 0)])
+def test_a_reduce_in_pieces_given_up_part_way_keeps_ranks_in_step(
+        n, pieces, gone):
+    """Where ranks outnumber cores (reduce_cico_max set), a Reduce above
+    the slots goes through them in PIECES, one operation each.  Rank GONE
+    steps out (it refused a call); the others run a Reduce to rank 0
+    without it, and give up on the piece where they wait for it, or a
+    later one (non-roots run four pieces ahead).  GONE, back, gives that
+    Reduce up too.  Every rank must then end at the same sequence number,
+    and the Allreduces that follow must be right on every rank."""
+    piece = 4096
+    cfg = make_config(timeout=0.3, cico_max=1024, reduce_cico_max=piece)
+    count = pieces * piece // 8 - 3
+
+    def reduce_to_0(rank):
+        a = np.full(count, rank + 1, dtype=np.int64)
+        r = np.zeros_like(a)
+        return lib.xhc_reduce(ctxs[rank], ffi.from_buffer(a),
+                              ffi.from_buffer(r) if rank == 0 else ffi.NULL,
+                              count, lib.XHC_INT64, lib.XHC_SUM, 0)
+
+    with Segment(n, cfg) as seg:
+        ctxs = []
+        try:
+            for rank in range(n):
+                rc, ctx = open_ctx(seg, rank, n, cfg)
+                assert rc == 0
+                ctxs.append(ctx)
+                set_flat(ctx, n)
+                assert lib.xhc_ctx_set_pids(
+                    ctx, ffi.new("int64_t[]", [os.getpid()] * n)) == 0
+            lib.xhc_ctx_withdraw(ctxs[gone])
+            first = _all_at_once({r: lambda r=r: reduce_to_0(r)
+                                  for r in range(n) if r != gone})
+            assert lib.XHC_ERR_TIMEOUT in first.values(), first
+            assert reduce_to_0(gone) == lib.XHC_ERR_PEER_LEFT
+            assert len({lib.xhc_seq(c) for c in ctxs}) == 1, \
+                [lib.xhc_seq(c) for c in ctxs]
+            for i in range(1, 4):
+                got = _all_at_once({r: lambda r=r: _run_op(
+                    ctxs[r], "allreduce", r, (r + 1) * i) for r in range(n)})
+                assert got == {r: (0, i * n * (n + 1) // 2)
+                               for r in range(n)}, (i, got)
+        finally:
+            for ctx in ctxs:
+                lib.xhc_ctx_close(ctx)
+
+
 def test_a_call_that_fails_before_it_begins_gives_up_nothing():
     """Rank 1 refused a call; rank 0, a Bcast's root, completes that Bcast
     without it, then fails its next call before it begins (it has no

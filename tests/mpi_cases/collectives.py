@@ -921,6 +921,7 @@ def suite_reduce(xcomm, comm, v, sz, args):
                    seed_of(24, case), root, in_place=k == 0,
                    nonroot_buf=False)
     special_values(v, xcomm, comm, sz, reduce_root=n - 1)
+    nonroots_publish_pieces_and_go(v, xcomm, comm, sz)
 
     def reduce_to_last(v, xcomm, comm, dt, op, count, seed, in_place):
         one_reduce(v, xcomm, comm, dt, op, count, seed, n - 1, in_place,
@@ -2830,6 +2831,30 @@ def suite_wrap(xcomm, comm, v, sz, args):
 
 
 # -- staged ------------------------------------------------------------------
+
+def nonroots_publish_pieces_and_go(v, xcomm, comm, sz):
+    """Where ranks outnumber cores, a Reduce above the slots goes through
+    them in pieces: non-roots publish three pieces and a bit (the ring
+    holds four) and return without waiting for a root that comes a
+    second late; the root then gets the sum."""
+    if not (sz.crowded and sz.copy == "cico" and sz.reduce_cico > sz.cico):
+        return
+    n, rank, root = comm.size, comm.rank, comm.size - 1
+    count = 3 * sz.reduce_cico // 8 + 7
+    send = np.arange(count, dtype=np.float64) * (rank + 1)
+    recv = np.zeros(count) if rank == root else None
+    comm.Barrier()
+    t0 = time.monotonic()
+    if rank == root:
+        time.sleep(1.0)
+    xcomm.Reduce(send, recv, root=root)
+    took = time.monotonic() - t0
+    want = np.arange(count, dtype=np.float64) * (n * (n + 1) // 2)
+    ok = np.array_equal(recv, want) if rank == root else took < 0.5
+    v.check("Reduce in pieces: non-roots go, the root sums", ok,
+            "wrong sum at the root" if rank == root else
+            f"a non-root waited {took:.3f} s for the late root")
+
 
 def suite_staged(world, comm, v, sz, args):
     """Buffers the core cannot use in place go through it anyway, staged:

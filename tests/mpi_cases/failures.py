@@ -716,8 +716,7 @@ def sizes_differ():
 
 
 # Large reductions (the reduce-scatter) on which rank 1 disagrees.
-# 2 MiB of float64: above the slots that a crowded Reduce takes (1 MiB).
-LARGE = 1 << 18
+LARGE = 1 << 17  # float64 elements: 1 MiB
 LARGE_DISAGREE = [
     ("two-roots", lambda c, a, b: c.Reduce(a, b, root=1 if RANK == 1 else 0)),
     ("reduce-allreduce", lambda c, a, b: c.Allreduce(a, b) if RANK == 1
@@ -731,9 +730,11 @@ LARGE_DISAGREE = [
 def large_calls_disagree():
     """Each case on a new communicator, staging (which reads no peer's
     buffer, so finds no size too short): every rank must fail at once,
-    where they used to fold what they could and return a wrong result."""
+    where they used to fold what they could and return a wrong result.
+    The cico_max chosen keeps Reduce on the reduce-scatter, which crowded
+    ranks would otherwise leave for the slots."""
     for case, call in LARGE_DISAGREE:
-        c = xhc.Comm(W, timeout=3, copy="cico")
+        c = xhc.Comm(W, timeout=3, copy="cico", cico_max=32 << 10)
         a, b = np.ones(LARGE), np.zeros(LARGE)
         _outcome_of("LARGE-DISAGREE-" + case, lambda: call(c, a, b))
         W.Barrier()
