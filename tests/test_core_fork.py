@@ -540,8 +540,9 @@ def _all_at_once(calls):
     """Run CALLS (rank -> function of nothing) at once, each in a thread:
     {rank: what it returned}; none may hang."""
     out = {}
-    threads = [threading.Thread(target=lambda r=r, f=f: out.__setitem__(r, f()))
-               for r, f in calls.items()]
+    threads = [threading.Thread(
+        target=lambda r=r, f=f: out.__setitem__(r, f()))
+        for r, f in calls.items()]
     for t in threads:
         t.start()  # cffi releases the GIL while it waits
     for t in threads:
