@@ -255,6 +255,23 @@ def test_open_checks_its_arguments():
     assert lib.xhc_ctx_open(out, missing, seg.size, 0, 2, cfg) == -errno.ENOENT
 
 
+@contextlib.contextmanager
+def _ranks(seg, n, cfg, each=lambda rank, ctx: None):
+    """Ranks 0 to N-1 of SEG in this process, opened in order (EACH runs
+    after each open), closed on exit."""
+    ctxs = []
+    try:
+        for rank in range(n):
+            rc, ctx = open_ctx(seg, rank, n, cfg)
+            assert rc == 0
+            ctxs.append(ctx)
+            each(rank, ctx)
+        yield ctxs
+    finally:
+        for ctx in ctxs:
+            lib.xhc_ctx_close(ctx)
+
+
 def test_each_rank_reserves_the_pages_it_writes():
     """Creating a segment only sizes it.  Each rank's open reserves the
     control block and its own slots and windows, so that /dev/shm running
@@ -266,18 +283,13 @@ def test_each_rank_reserves_the_pages_it_writes():
         with Segment(n, cfg) as seg:
             path = "/dev/shm" + seg.name.decode()
             assert os.stat(path).st_blocks == 0
-            ctxs = []
-            try:
-                for rank in range(n):
-                    rc, ctx = open_ctx(seg, rank, n, cfg)
-                    assert rc == 0
-                    ctxs.append(ctx)
-                    reserved = os.stat(path).st_blocks * 512
-                    assert (reserved < seg.size) == (rank < n - 1), rank
-                assert reserved == seg.size
-            finally:
-                for ctx in ctxs:
-                    lib.xhc_ctx_close(ctx)
+
+            def reserved_so_far(rank, ctx):
+                reserved = os.stat(path).st_blocks * 512
+                assert (reserved < seg.size) == (rank < n - 1), rank
+
+            with _ranks(seg, n, cfg, reserved_so_far):
+                assert os.stat(path).st_blocks * 512 == seg.size
 
 
 def test_collectives_check_their_arguments():
@@ -573,31 +585,24 @@ def test_a_reduce_in_pieces_given_up_part_way_keeps_ranks_in_step(
                               ffi.from_buffer(r) if rank == 0 else ffi.NULL,
                               count, lib.XHC_INT64, lib.XHC_SUM, 0)
 
-    with Segment(n, cfg) as seg:
-        ctxs = []
-        try:
-            for rank in range(n):
-                rc, ctx = open_ctx(seg, rank, n, cfg)
-                assert rc == 0
-                ctxs.append(ctx)
-                set_flat(ctx, n)
-                assert lib.xhc_ctx_set_pids(
-                    ctx, ffi.new("int64_t[]", [os.getpid()] * n)) == 0
-            lib.xhc_ctx_withdraw(ctxs[gone])
-            first = _all_at_once({r: lambda r=r: reduce_to_0(r)
-                                  for r in range(n) if r != gone})
-            assert lib.XHC_ERR_TIMEOUT in first.values(), first
-            assert reduce_to_0(gone) == lib.XHC_ERR_PEER_LEFT
-            assert len({lib.xhc_seq(c) for c in ctxs}) == 1, \
-                [lib.xhc_seq(c) for c in ctxs]
-            for i in range(1, 4):
-                got = _all_at_once({r: lambda r=r: _run_op(
-                    ctxs[r], "allreduce", r, (r + 1) * i) for r in range(n)})
-                assert got == {r: (0, i * n * (n + 1) // 2)
-                               for r in range(n)}, (i, got)
-        finally:
-            for ctx in ctxs:
-                lib.xhc_ctx_close(ctx)
+    def flat_here(rank, ctx):
+        set_flat(ctx, n)
+        assert lib.xhc_ctx_set_pids(
+            ctx, ffi.new("int64_t[]", [os.getpid()] * n)) == 0
+
+    with Segment(n, cfg) as seg, _ranks(seg, n, cfg, flat_here) as ctxs:
+        lib.xhc_ctx_withdraw(ctxs[gone])
+        first = _all_at_once({r: lambda r=r: reduce_to_0(r)
+                              for r in range(n) if r != gone})
+        assert lib.XHC_ERR_TIMEOUT in first.values(), first
+        assert reduce_to_0(gone) == lib.XHC_ERR_PEER_LEFT
+        assert len({lib.xhc_seq(c) for c in ctxs}) == 1, \
+            [lib.xhc_seq(c) for c in ctxs]
+        for i in range(1, 4):
+            got = _all_at_once({r: lambda r=r: _run_op(
+                ctxs[r], "allreduce", r, (r + 1) * i) for r in range(n)})
+            assert got == {r: (0, i * n * (n + 1) // 2)
+                           for r in range(n)}, (i, got)
 
 
 def test_a_call_that_fails_before_it_begins_gives_up_nothing():
