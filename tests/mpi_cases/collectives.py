@@ -945,6 +945,30 @@ def suite_reduce(xcomm, comm, v, sz, args):
         v.case(f"Reduce root {bad!r} refused", err)
 
 
+def nonroots_publish_pieces_and_go(v, xcomm, comm, sz):
+    """Where ranks outnumber cores, a Reduce above the slots goes through
+    them in pieces: non-roots publish three pieces and a bit (the ring
+    holds four) and return without waiting for a root that comes a
+    second late; the root then gets the sum."""
+    if not (sz.crowded and sz.copy == "cico" and sz.reduce_cico > sz.cico):
+        return
+    n, rank, root = comm.size, comm.rank, comm.size - 1
+    count = 3 * sz.reduce_cico // 8 + 7
+    send = np.arange(count, dtype=np.float64) * (rank + 1)
+    recv = np.zeros(count) if rank == root else None
+    comm.Barrier()
+    t0 = time.monotonic()
+    if rank == root:
+        time.sleep(1.0)
+    xcomm.Reduce(send, recv, root=root)
+    took = time.monotonic() - t0
+    want = np.arange(count, dtype=np.float64) * (n * (n + 1) // 2)
+    ok = np.array_equal(recv, want) if rank == root else took < 0.5
+    v.check("Reduce in pieces: non-roots go, the root sums", ok,
+            "wrong sum at the root" if rank == root else
+            f"a non-root waited {took:.3f} s for the late root")
+
+
 # -- Barrier -----------------------------------------------------------------
 
 def peer_views(arr, size):
@@ -2831,30 +2855,6 @@ def suite_wrap(xcomm, comm, v, sz, args):
 
 
 # -- staged ------------------------------------------------------------------
-
-def nonroots_publish_pieces_and_go(v, xcomm, comm, sz):
-    """Where ranks outnumber cores, a Reduce above the slots goes through
-    them in pieces: non-roots publish three pieces and a bit (the ring
-    holds four) and return without waiting for a root that comes a
-    second late; the root then gets the sum."""
-    if not (sz.crowded and sz.copy == "cico" and sz.reduce_cico > sz.cico):
-        return
-    n, rank, root = comm.size, comm.rank, comm.size - 1
-    count = 3 * sz.reduce_cico // 8 + 7
-    send = np.arange(count, dtype=np.float64) * (rank + 1)
-    recv = np.zeros(count) if rank == root else None
-    comm.Barrier()
-    t0 = time.monotonic()
-    if rank == root:
-        time.sleep(1.0)
-    xcomm.Reduce(send, recv, root=root)
-    took = time.monotonic() - t0
-    want = np.arange(count, dtype=np.float64) * (n * (n + 1) // 2)
-    ok = np.array_equal(recv, want) if rank == root else took < 0.5
-    v.check("Reduce in pieces: non-roots go, the root sums", ok,
-            "wrong sum at the root" if rank == root else
-            f"a non-root waited {took:.3f} s for the late root")
-
 
 def suite_staged(world, comm, v, sz, args):
     """Buffers the core cannot use in place go through it anyway, staged:

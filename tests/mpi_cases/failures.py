@@ -716,14 +716,13 @@ def sizes_differ():
 
 
 # Large reductions (the reduce-scatter) on which rank 1 disagrees.
-LARGE = 1 << 17  # float64 elements: 1 MiB
+MIB = 1 << 17  # float64 elements
 LARGE_DISAGREE = [
     ("two-roots", lambda c, a, b: c.Reduce(a, b, root=1 if RANK == 1 else 0)),
     ("reduce-allreduce", lambda c, a, b: c.Allreduce(a, b) if RANK == 1
      else c.Reduce(a, b, root=0)),
-    ("sizes", lambda c, a, b: c.Allreduce(
-        a[:LARGE // 2 if RANK == 1 else LARGE],
-        b[:LARGE // 2 if RANK == 1 else LARGE])),
+    ("sizes", lambda c, a, b: c.Allreduce(a[:MIB // 2 if RANK == 1 else MIB],
+                                          b[:MIB // 2 if RANK == 1 else MIB])),
 ]
 
 
@@ -735,7 +734,7 @@ def large_calls_disagree():
     ranks would otherwise leave for the slots."""
     for case, call in LARGE_DISAGREE:
         c = xhc.Comm(W, timeout=3, copy="cico", cico_max=32 << 10)
-        a, b = np.ones(LARGE), np.zeros(LARGE)
+        a, b = np.ones(MIB), np.zeros(MIB)
         _outcome_of("LARGE-DISAGREE-" + case, lambda: call(c, a, b))
         W.Barrier()
         c.free()
