@@ -112,6 +112,18 @@ def test_more_ranks_than_two_on_a_node_that_is_not_crowded():
     run_suites(4, VARIANT_SUITES, extra=["--cpu-per-rank"])
 
 
+@pytest.mark.parametrize("n,free,extra", [
+    (4, "24M", []),                    # crowded: Bcast depth, Reduce slots
+    (3, "4M", ["--cpu-per-rank"]),     # one rank per CPU: chunk_size
+    (2, "1M", []),                     # ... and cico_max
+])
+def test_suites_with_little_room_in_dev_shm(n, free, extra):
+    """Where /dev/shm has little free, as in a container, xhc.Comm cuts
+    its segment to half of it and warns once; every result still checks
+    (the script takes /dev/shm for having only FREE bytes free)."""
+    run_suites(n, VARIANT_SUITES, extra=["--shm-free", free, *extra])
+
+
 # Over several nodes (XHC_SPLIT_NODES cuts this machine's ranks into
 # nodes): what checks results; not the suites that count one node's paths.
 SPANNING_SUITES = ["bcast", "allreduce", "reduce", "barrier", "mixed",

@@ -143,3 +143,60 @@ def test_fit_to_load_needs_a_line_per_rank_in_a_window():
     assert config.fit_to_load(cfg, [[0]] * 64) == (True, 1)
     with pytest.raises(ValueError, match=r"XHC_CHUNK_SIZE .* at least 4160"):
         config.fit_to_load(config.resolve(chunk_size=4096), [[0]] * 65)
+
+
+def _loaded(nranks, ncpu, **given):
+    cfg = config.resolve(**given)
+    config.fit_to_load(cfg, [[r % ncpu] for r in range(nranks)],
+                       config.chosen(**given))
+    return cfg
+
+
+def _segment(nranks):
+    from xhc import _core
+    return lambda cfg: _core.segment_size(nranks, cfg)
+
+
+def test_fit_to_space_leaves_a_segment_that_fits():
+    cfg = _loaded(4, 2)
+    before = dict(cfg)
+    size = _segment(4)
+    assert config.fit_to_space(cfg, 4, 2 * size(cfg), size) == []
+    assert cfg == before
+
+
+@pytest.mark.parametrize("nranks, ncpu, free, shrunk, want", [
+    # Docker's 64 MiB: a crowded node halves its Bcast staging depth.
+    (4, 2, 64 << 20, ["windows"], {"windows": 8}),
+    # ... then its Reduce slots.
+    (4, 2, 24 << 20, ["windows", "reduce_cico_max"],
+     {"windows": 2, "reduce_cico_max": 256 << 10}),
+    # One rank per CPU: chunk_size to 64 KiB, cico_max to 8 KiB, by turns,
+    (64, 64, 64 << 20, ["chunk_size", "cico_max"],
+     {"chunk_size": 64 << 10, "cico_max": 16 << 10}),
+    # ... then as far as 16 KiB and 4 KiB.
+    (4, 4, 1 << 20, ["chunk_size", "cico_max"],
+     {"chunk_size": 16 << 10, "cico_max": 4 << 10}),
+    # The chunk keeps a line per rank in a window: 64 x 512 = 32 KiB.
+    (512, 512, 16 << 20, ["chunk_size", "cico_max"],
+     {"chunk_size": 32 << 10, "cico_max": 4 << 10}),
+])
+def test_fit_to_space_shrinks_in_order(nranks, ncpu, free, shrunk, want):
+    cfg, size = _loaded(nranks, ncpu), _segment(nranks)
+    assert config.fit_to_space(cfg, nranks, free, size) == shrunk
+    assert {key: cfg[key] for key in want} == want
+    if size(cfg) <= free // 2:
+        # ... no further than it had to: one step less would not fit.
+        last = shrunk[-1]
+        bigger = dict(cfg, **{last: cfg[last] * 2})
+        if last == "reduce_cico_max" and cfg[last] == 0:
+            bigger[last] = 2 * cfg["cico_max"]
+        assert size(bigger) > free // 2
+
+
+def test_fit_to_space_keeps_what_the_user_chose():
+    cfg = _loaded(64, 64, chunk_size=1 << 20)
+    size = _segment(64)
+    shrunk = config.fit_to_space(cfg, 64, 64 << 20, size, {"chunk_size"})
+    assert shrunk == ["cico_max"] and cfg["chunk_size"] == 1 << 20
+    assert cfg["cico_max"] == 4 << 10 and size(cfg) > 32 << 20

@@ -400,6 +400,10 @@ ARG_CASES = [
      r"^opening the shared segment \(rank {last}\): No space left on "
      r"device \(/dev/shm has not that much free: .*set XHC_CHUNK_SIZE, "
      r"XHC_WINDOWS or XHC_CICO_MAX lower"),
+    ("shm-too-small-on-one-rank", "XhcError",
+     r"^sizing the shared segment \([0-9.]+ MiB for {n} ranks, 0\.1 MiB "
+     r"free\): No space left on device \(/dev/shm has not that much free: "
+     r"free space there, mount it larger"),
 ]
 
 

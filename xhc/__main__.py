@@ -83,14 +83,42 @@ def _transport(crowded, wanted):
 
 
 def _waiting(cfg, cpu_sets):
-    """How ranks wait and stage, as xhc.Comm settles CFG (the tunables)
-    for this load."""
+    """(segment, waiting): the segment (_segment), and how ranks wait
+    and stage, as xhc.Comm settles CFG (the tunables) for this load and
+    the room in /dev/shm."""
     crowded, ncpu = config.fit_to_load(cfg, cpu_sets, config.chosen())
-    return {"ranks": len(cpu_sets), "cpus": ncpu, "crowded": crowded,
+    segment = _segment(cfg, len(cpu_sets))
+    return segment, {"ranks": len(cpu_sets), "cpus": ncpu, "crowded": crowded,
             "spin": cfg["spin"], "sleep": cfg["sleep"],
             "bcast_windows": cfg["windows"],
             "bcast_rounds": cfg["bcast_rounds"],
             "reduce_cico_max": cfg["reduce_cico_max"]}
+
+
+def _segment(cfg, nranks):
+    """The segment xhc.Comm would make for NRANKS ranks with CFG (as
+    fit_to_load left it), cut to fit /dev/shm as xhc.Comm cuts it (which
+    settles CFG): {"bytes", "free", "shrunk"}, or None if the core is not
+    built."""
+    def size_of(c):
+        return _core_says(lambda core: core.segment_size(nranks, c))
+    if size_of(cfg) is _UNBUILT:
+        return None
+    free = _core_says(lambda core: core.shm_free())
+    shrunk = [] if free is None else config.fit_to_space(
+        cfg, nranks, free, size_of, config.chosen())
+    return {"bytes": size_of(cfg), "free": free, "shrunk": shrunk}
+
+
+def _segment_text(seg):
+    if seg is None:
+        return "shared memory: unknown (core not built)"
+    free = "unknown" if seg["free"] is None else "%.1f MiB" % (
+        seg["free"] / (1 << 20))
+    cut = ("; cut to fit half of it (%s)" % ", ".join(seg["shrunk"])
+           if seg["shrunk"] else "")
+    return ("shared memory: a segment of %.1f MiB per xhc.Comm; /dev/shm "
+            "has %s free%s" % (seg["bytes"] / (1 << 20), free, cut))
 
 
 def _waiting_text(w):
@@ -147,7 +175,7 @@ def _online(args):
     if comm.Get_rank() != 0:
         return 0
     cfg = config.resolve()
-    waiting = _waiting(cfg, cpu_sets)
+    segment, waiting = _waiting(cfg, cpu_sets)
     ops = [args.op] if args.op else list(DEFAULTS)
     hierarchies = {op: build(localities, parse_levels(_level_spec(args, op))) for op in ops}
     name, reason = _transport(waiting["crowded"], cfg["copy"])
@@ -156,7 +184,7 @@ def _online(args):
                           "hierarchies": {op: _levels_json(h) for op, h in hierarchies.items()},
                           "transport": {"name": name, "reason": reason},
                           "kernels": _kernels()[0],
-                          "waiting": waiting}))
+                          "waiting": waiting, "segment": segment}))
         return 0
     print(describe(args.topology))
     print("ranks: %d" % len(localities))
@@ -166,6 +194,7 @@ def _online(args):
     print("data movement: %s (%s)" % (name, reason))
     print("reduction kernels: %s" % _kernels()[1])
     print(_waiting_text(waiting))
+    print(_segment_text(segment))
     return 0
 
 

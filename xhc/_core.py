@@ -143,6 +143,20 @@ def collective_check(comm, rc, what):
         raise error(code, f"{what} (rank {rank})")
 
 
+def shm_free():
+    """Bytes free in /dev/shm for this process, or None if unknown."""
+    try:
+        vfs = os.statvfs(_SHM_DIR)
+    except OSError:
+        return None
+    return vfs.f_bavail * vfs.f_frsize
+
+
+def segment_size(nranks, cfg):
+    """Bytes of the segment of NRANKS ranks with the tunables CFG."""
+    return lib.xhc_segment_size(nranks, make_config(cfg))
+
+
 def open_context(comm, cfg):
     """Create, map and unlink the segment; return this rank's context."""
     size = lib.xhc_segment_size(comm.size, cfg)

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """xhc.Comm: an mpi4py intra-communicator with shared-memory collectives."""
 import array
+import errno
 import functools
 import inspect
 import mmap
@@ -251,7 +252,8 @@ class Comm(HotComm):
             self._ctx = ffi.NULL
             raise
         self.xhc_info = {"copy": copy, "copy_reason": why,
-                         "levels": self._levels, "config": dict(cfg)}
+                         "levels": self._levels, "config": dict(cfg),
+                         "segment_bytes": _core.segment_size(comm.size, cfg)}
 
     def _fit_to_load(self, cfg):
         """Settle the waiting and staging tunables for the node's load
@@ -263,15 +265,40 @@ class Comm(HotComm):
         alike = {key: cfg[key] for key in _ALIKE}
         alike["hierarchy"] = self._specs
         mine = (sorted(os.sched_getaffinity(0)), alike,
-                "cico_max" in self._chosen)
-        everyone = self._comm.allgather(mine)
+                "cico_max" in self._chosen, _core.shm_free())
+        cpus, alikes, cico_chosen, frees = zip(*self._comm.allgather(mine))
         for key in alike:
-            config.check_alike(key, [each[key] for _, each, _ in everyone])
+            config.check_alike(key, [each[key] for each in alikes])
         chosen = self._chosen - {"cico_max"}
-        if any(cico_chosen for _, _, cico_chosen in everyone):
+        if any(cico_chosen):
             chosen.add("cico_max")
-        self._crowded, _ = config.fit_to_load(
-            cfg, [cpus for cpus, _, _ in everyone], chosen)
+        self._crowded, _ = config.fit_to_load(cfg, cpus, chosen)
+        known = [free for free in frees if free is not None]
+        if known:
+            self._fit_to_space(cfg, min(known), chosen)
+
+    def _fit_to_space(self, cfg, free, chosen):
+        """Shrink the segment to fit half of FREE, the bytes free in
+        /dev/shm on the rank with least (config.fit_to_space); every rank
+        decides alike from the same numbers.  Raise, naming the fix, if
+        even the smallest cannot fit."""
+        n = self._comm.size
+        shrunk = config.fit_to_space(
+            cfg, n, free, lambda c: _core.segment_size(n, c), chosen)
+        size = _core.segment_size(n, cfg)
+        if size > free:
+            raise _core.error(-errno.ENOSPC, f"sizing the shared segment "
+                              f"({_mib(size)} for {n} ranks, {_mib(free)} "
+                              "free)")
+        if shrunk and self._comm.rank == 0:
+            lowered = ", ".join(f"{_SHRUNK_NAMES.get(key, key)}={cfg[key]}"
+                                for key in shrunk)
+            warnings.warn(
+                f"xhc: /dev/shm has {_mib(free)} free, so this "
+                f"communicator's segment was cut to {_mib(size)} ({lowered}),"
+                " and large messages may run slower: give /dev/shm more room "
+                "(docker run --shm-size=1g) or set these tunables yourself",
+                RuntimeWarning, stacklevel=_user_level())
 
     # -- errors and fallback ------------------------------------------------
 
@@ -975,6 +1002,14 @@ class Comm(HotComm):
         return bool(self._comm)
 
     __hash__ = None
+
+
+# What the warning of Comm._fit_to_space calls what it shrank.
+_SHRUNK_NAMES = {"reduce_cico_max": "crowded Reduce slot size"}
+
+
+def _mib(nbytes):
+    return f"{nbytes / (1 << 20):.1f} MiB"
 
 
 def _user_level():

@@ -192,6 +192,47 @@ def fit_to_load(cfg, cpu_sets, chosen=()):
     return crowded, ncpu
 
 
+# A communicator's segment takes at most half of the space free in
+# /dev/shm when it is made, so that the next communicator and Comm.empty
+# arrays find room too (Docker gives containers 64 MiB).  While it is
+# over, fit_to_space halves the unchosen tunables stage by stage: the
+# crowded extras first, then chunk_size and cico_max by turns, first to
+# sizes that still pipeline and copy well, then to the least that works.
+_SHM_SHARE = 2
+
+
+def _shrink_stages(nranks):
+    """(tunable, least value) for each stage of fit_to_space."""
+    least_chunk = max(16 << 10, 64 * nranks)  # a line per rank in a window
+    return (("windows", 2), ("reduce_cico_max", 0),
+            ("chunk_size", max(64 << 10, least_chunk)), ("cico_max", 8 << 10),
+            ("chunk_size", least_chunk), ("cico_max", 4 << 10))
+
+
+def _halve(cfg, key, least):
+    """Halve CFG's KEY, as far as LEAST (and whole 64-byte lines)."""
+    half = cfg[key] // 2 if key == "windows" else cfg[key] // 2 // 64 * 64
+    cfg[key] = max(least, half)
+    if cfg["reduce_cico_max"] <= cfg["cico_max"]:  # no larger up slots
+        cfg["reduce_cico_max"] = 0
+
+
+def fit_to_space(cfg, nranks, free, size_of, chosen=()):
+    """Shrink CFG's staging, as far as the user's choices (the tunables
+    named in CHOSEN) allow, until SIZE_OF(CFG), the bytes of the segment
+    of NRANKS ranks, is at most half of FREE, the bytes free in /dev/shm.
+    Return the names of the tunables it shrank, in order.  A segment it
+    cannot shrink that far is left as small as it got."""
+    budget, shrunk = free // _SHM_SHARE, []
+    for key, least in _shrink_stages(nranks):
+        while key not in chosen and cfg[key] > least \
+                and size_of(cfg) > budget:
+            _halve(cfg, key, least)
+            if key not in shrunk:
+                shrunk.append(key)
+    return shrunk
+
+
 def hierarchies(hierarchy=None):
     """The level spec of each operation: keyword, XHC_HIERARCHY, defaults;
     each checked here, on this rank, before any rank builds from it.

@@ -3491,6 +3491,43 @@ def check_mpi_wraps(comm, v):
     v.flush()
 
 
+def unfitted_config(comm):
+    """The tunables xhc.Comm would take for COMM's node with room in
+    /dev/shm (as config.fit_to_load settles them)."""
+    cfg = xhc.config.resolve()
+    cpus = comm.allgather(sorted(os.sched_getaffinity(0)))
+    part = node_parts(comm)
+    xhc.config.fit_to_load(cfg, [c for r, c in enumerate(cpus)
+                                 if part[r] == part[comm.rank]],
+                           xhc.config.chosen())
+    return cfg
+
+
+def shrunk_by_fit(xcomm, comm):
+    """The tunables xhc.Comm's fit to /dev/shm left below their value."""
+    cfg, was = xcomm.xhc_info["config"], unfitted_config(comm)
+    return {key for key in was if cfg.get(key) != was[key]}
+
+
+def check_fit(xcomm, comm, v, free, said):
+    """With FREE bytes in /dev/shm (as --shm-free says), the segment had
+    to shrink, did to half of that, and rank 0 (only) said so once."""
+    n, cfg = comm.size, xcomm.xhc_info["config"]
+    size = xcomm.xhc_info["segment_bytes"]
+    v.check("fit needed", xhc._core.segment_size(n, unfitted_config(comm))
+            > free // 2, "the segment fits unshrunk: a test of nothing")
+    v.check("fit size", size == xhc._core.segment_size(n, cfg), size)
+    v.check("fit within half", size <= free // 2, f"{size} > {free // 2}")
+    lowered = shrunk_by_fit(xcomm, comm)
+    v.check("fit lowered", lowered and all(
+        cfg[key] < unfitted_config(comm)[key] for key in lowered), lowered)
+    told = [str(w.message) for w in said if "/dev/shm has" in str(w.message)
+            and issubclass(w.category, RuntimeWarning)]
+    v.check("fit warned", len(told) == (comm.rank == 0) and all(
+        "--shm-size" in t for t in told), told)
+    v.flush()
+
+
 def check_config(xcomm, comm, v, expect_levels):
     """The variant under test really took effect."""
     info = xcomm.xhc_info
@@ -3519,7 +3556,8 @@ def check_config(xcomm, comm, v, expect_levels):
                     f"{cfg[key]} != {given}")
     if "XHC_SLEEP" not in env:
         v.check("config sleep default", cfg["sleep"] == 0, cfg["sleep"])
-    if "XHC_WINDOWS" not in env:  # deeper Bcast staging on a crowded node
+    cut = "XHC_WINDOWS" in env or "windows" in shrunk_by_fit(xcomm, comm)
+    if not cut:  # deeper Bcast staging on a crowded node
         v.check("config windows auto", (cfg["windows"] > 2) == crowded,
                 f"{cfg['windows']} with {comm.size} ranks on cpus "
                 f"{sorted(set().union(*map(set, cpus)))}")
@@ -3551,18 +3589,30 @@ def main(argv=None):
                    help="take each rank for bound to a CPU of its own, so "
                    "that more ranks than cores run as on a node of as many "
                    "cores (not crowded)")
+    p.add_argument("--shm-free", type=xhc.config.parse_size, default=0,
+                   metavar="BYTES", help="take /dev/shm for having only "
+                   "BYTES free, as in a container: xhc.Comm shrinks its "
+                   "segment to fit")
     args = p.parse_args(argv)
     if args.cpu_per_rank:
         os.sched_getaffinity = lambda pid: {MPI.COMM_WORLD.rank}
+    if args.shm_free:
+        xhc._core.shm_free = lambda: args.shm_free
     names = [s.strip() for s in args.suite.split(",") if s.strip()]
     unknown = [s for s in names if s not in SUITES]
     if unknown:
         p.error(f"unknown suite(s) {unknown}")
     comm = MPI.COMM_WORLD
-    xcomm = xhc.Comm(comm)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        xcomm = xhc.Comm(comm)
+    for w in said:  # shown as they would have been
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     sz = Sizes(xcomm)
     check_mpi_wraps(comm, Verdicts(comm, "mpi4py"))
     check_config(xcomm, comm, Verdicts(comm, "config"), args.expect_levels)
+    if args.shm_free:
+        check_fit(xcomm, comm, Verdicts(comm, "fit"), args.shm_free, said)
     for name in names:
         t0 = time.perf_counter()
         v = Verdicts(comm, name)

@@ -275,6 +275,30 @@ def segment_full_on_one_rank(c):
         raise failure
 
 
+def shm_too_small_on_one_rank(c):
+    """The last rank finds too little free in /dev/shm for even the
+    smallest segment xhc.Comm would shrink to.  Every rank must raise
+    before any creates it, naming the fix, and the next xhc.Comm (with
+    room again) must work."""
+    real = _core.shm_free
+    if RANK == SIZE - 1:
+        _core.shm_free = lambda: 64 << 10
+    failure = None
+    try:
+        xhc.Comm(W)
+    except xhc.XhcError as exc:
+        failure = exc
+    finally:
+        _core.shm_free = real
+    with xhc.Comm(W) as again:
+        out = f8(4)
+        again.Allreduce(f8(4, RANK + 1), out)
+    if not np.all(out == SIZE * (SIZE + 1) / 2):
+        raise AssertionError(f"the next xhc.Comm's Allreduce gave {out}")
+    if failure:
+        raise failure
+
+
 def struct_with_empty_member(c):
     """A struct whose int member has no elements holds float64s alone: it
     is reduced in the core like them, not taken for mixed data."""
@@ -403,6 +427,7 @@ def suite_args(xc):
          lambda c: c.empty(-1 if RANK == last else 16)),
         ("empty-fails-on-one-rank", empty_fails_on_one_rank),
         ("segment-full-on-one-rank", segment_full_on_one_rank),
+        ("shm-too-small-on-one-rank", shm_too_small_on_one_rank),
     ]
     return run_cases(xc, cases)
 
