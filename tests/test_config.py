@@ -161,7 +161,8 @@ def test_fit_to_space_leaves_a_segment_that_fits():
     cfg = _loaded(4, 2)
     before = dict(cfg)
     size = _segment(4)
-    assert config.fit_to_space(cfg, 4, 2 * size(cfg), size) == []
+    assert config.fit_to_space(cfg, 4, size(cfg), 2 * size(cfg), size) \
+        == []
     assert cfg == before
 
 
@@ -183,7 +184,7 @@ def test_fit_to_space_leaves_a_segment_that_fits():
 ])
 def test_fit_to_space_shrinks_in_order(nranks, ncpu, free, shrunk, want):
     cfg, size = _loaded(nranks, ncpu), _segment(nranks)
-    assert config.fit_to_space(cfg, nranks, free, size) == shrunk
+    assert config.fit_to_space(cfg, nranks, free // 2, free, size) == shrunk
     assert {key: cfg[key] for key in want} == want
     if size(cfg) <= free // 2:
         # ... no further than it had to: one step less would not fit.
@@ -195,8 +196,42 @@ def test_fit_to_space_shrinks_in_order(nranks, ncpu, free, shrunk, want):
 
 
 def test_fit_to_space_keeps_what_the_user_chose():
+    # 1 MiB chunks on 64 ranks: 274 MiB, and at least 260 whatever else
+    # is cut.  A budget of 200 is out of reach, so it cuts only to fit
+    # the 270 free,
     cfg = _loaded(64, 64, chunk_size=1 << 20)
     size = _segment(64)
-    shrunk = config.fit_to_space(cfg, 64, 64 << 20, size, {"chunk_size"})
+    shrunk = config.fit_to_space(cfg, 64, 200 << 20, 270 << 20, size,
+                                 {"chunk_size"})
     assert shrunk == ["cico_max"] and cfg["chunk_size"] == 1 << 20
-    assert cfg["cico_max"] == 4 << 10 and size(cfg) > 32 << 20
+    assert cfg["cico_max"] == 16 << 10 and size(cfg) <= 270 << 20
+    # ... and with room for all of it, cuts nothing for nothing.
+    cfg = _loaded(64, 64, chunk_size=1 << 20)
+    assert config.fit_to_space(cfg, 64, 200 << 20, 512 << 20, size,
+                               {"chunk_size"}) == []
+    assert cfg["cico_max"] == 32 << 10
+
+
+def test_auto_is_no_choice(monkeypatch):
+    monkeypatch.setenv("XHC_WINDOWS", "AUTO")
+    assert config.chosen(chunk_size=1 << 20, copy="auto") == {"chunk_size"}
+
+
+def test_space_is_shared_out_by_ranks():
+    # Half of what is free, for all of a node's ranks; a quarter of
+    # them, an eighth of it.
+    assert config.space_budget(64 << 20, 8) == 32 << 20
+    assert config.space_budget(64 << 20, 8, 8) == 32 << 20
+    assert config.space_budget(64 << 20, 2, 8) == 8 << 20
+
+
+def test_fit_segment_takes_the_least_room_of_any_rank():
+    size = _segment(4)
+    fit = config.fit_segment(_loaded(4, 2), 4, [1 << 30, None, 64 << 20],
+                             4, size)
+    assert (fit["free"], fit["budget"]) == (64 << 20, 32 << 20)
+    assert fit["shrunk"] == ["windows"] and fit["bytes"] <= 32 << 20
+    cfg = _loaded(4, 2)
+    assert config.fit_segment(cfg, 4, [None] * 4, 4, size) == {
+        "bytes": size(_loaded(4, 2)), "free": None, "budget": None,
+        "shrunk": []}

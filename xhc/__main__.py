@@ -82,12 +82,12 @@ def _transport(crowded, wanted):
     return ("unknown", "core not built") if said is _UNBUILT else said
 
 
-def _waiting(cfg, cpu_sets):
+def _waiting(cfg, cpu_sets, frees):
     """(segment, waiting): the segment (_segment), and how ranks wait
     and stage, as xhc.Comm settles CFG (the tunables) for this load and
-    the room in /dev/shm."""
+    the room in /dev/shm (FREES: each rank's free bytes there)."""
     crowded, ncpu = config.fit_to_load(cfg, cpu_sets, config.chosen())
-    segment = _segment(cfg, len(cpu_sets))
+    segment = _segment(cfg, len(cpu_sets), frees)
     return segment, {"ranks": len(cpu_sets), "cpus": ncpu, "crowded": crowded,
             "spin": cfg["spin"], "sleep": cfg["sleep"],
             "bcast_windows": cfg["windows"],
@@ -95,30 +95,36 @@ def _waiting(cfg, cpu_sets):
             "reduce_cico_max": cfg["reduce_cico_max"]}
 
 
-def _segment(cfg, nranks):
-    """The segment xhc.Comm would make for NRANKS ranks with CFG (as
-    fit_to_load left it), cut to fit /dev/shm as xhc.Comm cuts it (which
-    settles CFG): {"bytes", "free", "shrunk"}, or None if the core is not
-    built."""
+def _segment(cfg, nranks, frees):
+    """The segment xhc.Comm would make for the NRANKS ranks of one node
+    with CFG (as fit_to_load left it), cut to fit /dev/shm as xhc.Comm
+    cuts it (which settles CFG): config.fit_segment's report, or None if
+    the core is not built."""
     def size_of(c):
         return _core_says(lambda core: core.segment_size(nranks, c))
     if size_of(cfg) is _UNBUILT:
         return None
-    free = _core_says(lambda core: core.shm_free())
-    shrunk = [] if free is None else config.fit_to_space(
-        cfg, nranks, free, size_of, config.chosen())
-    return {"bytes": size_of(cfg), "free": free, "shrunk": shrunk}
+    return config.fit_segment(cfg, nranks, frees, nranks, size_of,
+                              config.chosen())
 
 
 def _segment_text(seg):
     if seg is None:
         return "shared memory: unknown (core not built)"
-    free = "unknown" if seg["free"] is None else "%.1f MiB" % (
-        seg["free"] / (1 << 20))
-    cut = ("; cut to fit half of it (%s)" % ", ".join(seg["shrunk"])
-           if seg["shrunk"] else "")
-    return ("shared memory: a segment of %.1f MiB per xhc.Comm; /dev/shm "
-            "has %s free%s" % (seg["bytes"] / (1 << 20), free, cut))
+    size = "a segment of %.1f MiB per xhc.Comm" % (seg["bytes"] / (1 << 20))
+    if seg["free"] is None:
+        return "shared memory: %s; free space in /dev/shm unknown" % size
+    if seg["bytes"] > seg["free"]:
+        verdict = "; too large even cut: xhc.Comm refuses it"
+    elif seg["bytes"] > seg["budget"]:
+        verdict = ("; more than its share, %.1f MiB, for the tunables set"
+                   % (seg["budget"] / (1 << 20)))
+    elif seg["shrunk"]:
+        verdict = "; cut to fit half of it (%s)" % ", ".join(seg["shrunk"])
+    else:
+        verdict = ""
+    return "shared memory: %s; /dev/shm has %.1f MiB free%s" % (
+        size, seg["free"] / (1 << 20), verdict)
 
 
 def _waiting_text(w):
@@ -171,11 +177,14 @@ def _online(args):
                        "several: run it with the ranks of one node")
     localities = gather_localities(comm, args.topology,
                                    index=node_index(comm.Get_rank()))
-    cpu_sets = comm.allgather(sorted(os.sched_getaffinity(0)))
+    shm_free = _core_says(lambda core: core.shm_free())
+    cpu_sets, frees = zip(*comm.allgather((
+        sorted(os.sched_getaffinity(0)),
+        None if shm_free is _UNBUILT else shm_free)))
     if comm.Get_rank() != 0:
         return 0
     cfg = config.resolve()
-    segment, waiting = _waiting(cfg, cpu_sets)
+    segment, waiting = _waiting(cfg, cpu_sets, frees)
     ops = [args.op] if args.op else list(DEFAULTS)
     hierarchies = {op: build(localities, parse_levels(_level_spec(args, op))) for op in ops}
     name, reason = _transport(waiting["crowded"], cfg["copy"])

@@ -257,48 +257,40 @@ class Comm(HotComm):
 
     def _fit_to_load(self, cfg):
         """Settle the waiting and staging tunables for the node's load
-        (config.fit_to_load).  The _ALIKE tunables and the hierarchy must
-        be alike on every rank (the topology source was checked when the
+        (config.fit_to_load) and for the room in /dev/shm
+        (_fit_to_space).  The _ALIKE tunables and the hierarchy must be
+        alike on every rank (the topology source was checked when the
         localities were gathered): ranks that built different group tables
-        would wait for each other for ever.  A cico_max chosen on any rank
-        counts as chosen on all, as it decides the segment's layout."""
+        would wait for each other for ever.  A tunable of the segment's
+        layout that any rank chose counts as chosen on all, and every rank
+        fits the segment to the same numbers, so all settle alike."""
         alike = {key: cfg[key] for key in _ALIKE}
         alike["hierarchy"] = self._specs
         mine = (sorted(os.sched_getaffinity(0)), alike,
-                "cico_max" in self._chosen, _core.shm_free())
-        cpus, alikes, cico_chosen, frees = zip(*self._comm.allgather(mine))
+                self._chosen & _LAYOUT, _core.shm_free(),
+                topology.node_size(self._comm.size))
+        cpus, alikes, layout, frees, node_sizes = zip(
+            *self._comm.allgather(mine))
         for key in alike:
             config.check_alike(key, [each[key] for each in alikes])
-        chosen = self._chosen - {"cico_max"}
-        if any(cico_chosen):
-            chosen.add("cico_max")
+        chosen = (self._chosen - _LAYOUT).union(*layout)
         self._crowded, _ = config.fit_to_load(cfg, cpus, chosen)
-        known = [free for free in frees if free is not None]
-        if known:
-            self._fit_to_space(cfg, min(known), chosen)
+        self._fit_to_space(cfg, frees, max(node_sizes), chosen)
 
-    def _fit_to_space(self, cfg, free, chosen):
-        """Shrink the segment to fit half of FREE, the bytes free in
-        /dev/shm on the rank with least (config.fit_to_space); every rank
-        decides alike from the same numbers.  Raise, naming the fix, if
-        even the smallest cannot fit."""
+    def _fit_to_space(self, cfg, frees, node_ranks, chosen):
+        """Cut the segment to its share of /dev/shm (config.fit_segment,
+        from every rank's FREES); raise on every rank, naming the fix, if
+        it cannot fit at all, and have rank 0 say what it cut."""
         n = self._comm.size
-        shrunk = config.fit_to_space(
-            cfg, n, free, lambda c: _core.segment_size(n, c), chosen)
-        size = _core.segment_size(n, cfg)
-        if size > free:
+        fit = config.fit_segment(cfg, n, frees, node_ranks,
+                                 lambda c: _core.segment_size(n, c), chosen)
+        if fit["free"] is not None and fit["bytes"] > fit["free"]:
             raise _core.error(-errno.ENOSPC, f"sizing the shared segment "
-                              f"({_mib(size)} for {n} ranks, {_mib(free)} "
-                              "free)")
-        if shrunk and self._comm.rank == 0:
-            lowered = ", ".join(f"{_SHRUNK_NAMES.get(key, key)}={cfg[key]}"
-                                for key in shrunk)
-            warnings.warn(
-                f"xhc: /dev/shm has {_mib(free)} free, so this "
-                f"communicator's segment was cut to {_mib(size)} ({lowered}),"
-                " and large messages may run slower: give /dev/shm more room "
-                "(docker run --shm-size=1g) or set these tunables yourself",
-                RuntimeWarning, stacklevel=_user_level())
+                              f"({_mib(fit['bytes'])} for {n} ranks, "
+                              f"{_mib(fit['free'])} free)")
+        said = _space_warning(fit, cfg)
+        if said and self._comm.rank == 0:
+            warnings.warn(said, RuntimeWarning, stacklevel=_user_level())
 
     # -- errors and fallback ------------------------------------------------
 
@@ -1004,8 +996,31 @@ class Comm(HotComm):
     __hash__ = None
 
 
+# The tunables that decide the segment's layout.
+_LAYOUT = frozenset(("cico_max", "chunk_size", "windows"))
 # What the warning of Comm._fit_to_space calls what it shrank.
 _SHRUNK_NAMES = {"reduce_cico_max": "crowded Reduce slot size"}
+
+
+def _space_warning(fit, cfg):
+    """What to tell the user of the segment config.fit_segment settled
+    (FIT, with tunables CFG), or None if it took its share untouched."""
+    if fit["free"] is None or not fit["shrunk"] and \
+            fit["bytes"] <= fit["budget"]:
+        return None
+    size, free = _mib(fit["bytes"]), _mib(fit["free"])
+    fix = ("give /dev/shm more room (docker run --shm-size=1g) or set "
+           "these tunables yourself")
+    if fit["bytes"] > fit["budget"]:
+        return (f"xhc: this communicator's segment takes {size} of the "
+                f"{free} free in /dev/shm, more than its share "
+                f"({_mib(fit['budget'])}), for the tunables set: the next "
+                "communicator or Comm.empty may not find room; " + fix)
+    lowered = ", ".join(f"{_SHRUNK_NAMES.get(key, key)}={cfg[key]}"
+                        for key in fit["shrunk"])
+    return (f"xhc: /dev/shm has {free} free, so this communicator's "
+            f"segment was cut to {size} ({lowered}), and large messages "
+            "may run slower: " + fix)
 
 
 def _mib(nbytes):

@@ -83,10 +83,17 @@ def _check_keywords(given):
 
 
 def chosen(**given):
-    """Return the names of the tunables set in GIVEN or the environment:
-    what the user chose, which fit_to_load leaves alone."""
-    return {key for key in DEFAULTS if given.get(key) is not None
-            or "XHC_" + key.upper() in os.environ}
+    """Return the names of the tunables set in GIVEN or the environment,
+    to a value other than auto: what the user chose, which fit_to_load
+    and fit_to_space leave alone."""
+    out = set()
+    for key in DEFAULTS:
+        value = given.get(key)
+        if value is None:
+            value = os.environ.get("XHC_" + key.upper())
+        if value is not None and str(value).lower() != "auto":
+            out.add(key)
+    return out
 
 
 def resolve(**given):
@@ -193,12 +200,20 @@ def fit_to_load(cfg, cpu_sets, chosen=()):
 
 
 # A communicator's segment takes at most half of the space free in
-# /dev/shm when it is made, so that the next communicator and Comm.empty
-# arrays find room too (Docker gives containers 64 MiB).  While it is
-# over, fit_to_space halves the unchosen tunables stage by stage: the
-# crowded extras first, then chunk_size and cico_max by turns, first to
-# sizes that still pipeline and copy well, then to the least that works.
+# /dev/shm when it is made, shared out by ranks: a communicator of a
+# quarter of the node's ranks, an eighth.  So the next communicator,
+# those made at once on other ranks, and Comm.empty arrays find room too
+# (Docker gives containers 64 MiB).  While it is over, fit_to_space
+# halves the unchosen tunables stage by stage: the crowded extras first,
+# then chunk_size and cico_max by turns, first to sizes that still
+# pipeline and copy well, then to the least that works.
 _SHM_SHARE = 2
+
+
+def space_budget(free, nranks, node_ranks=0):
+    """The bytes of FREE a segment of NRANKS of a node's NODE_RANKS ranks
+    (0: unknown, taken for NRANKS) may take."""
+    return free * nranks // (_SHM_SHARE * max(nranks, node_ranks))
 
 
 def _shrink_stages(nranks):
@@ -217,20 +232,47 @@ def _halve(cfg, key, least):
         cfg["reduce_cico_max"] = 0
 
 
-def fit_to_space(cfg, nranks, free, size_of, chosen=()):
-    """Shrink CFG's staging, as far as the user's choices (the tunables
-    named in CHOSEN) allow, until SIZE_OF(CFG), the bytes of the segment
-    of NRANKS ranks, is at most half of FREE, the bytes free in /dev/shm.
-    Return the names of the tunables it shrank, in order.  A segment it
-    cannot shrink that far is left as small as it got."""
-    budget, shrunk = free // _SHM_SHARE, []
+def _shrink(cfg, nranks, target, size_of, chosen):
+    """Halve CFG's unchosen tunables, stage by stage, until SIZE_OF(CFG)
+    is at most TARGET or none is left to halve; return their names."""
+    shrunk = []
     for key, least in _shrink_stages(nranks):
         while key not in chosen and cfg[key] > least \
-                and size_of(cfg) > budget:
+                and size_of(cfg) > target:
             _halve(cfg, key, least)
             if key not in shrunk:
                 shrunk.append(key)
     return shrunk
+
+
+def fit_to_space(cfg, nranks, budget, free, size_of, chosen=()):
+    """Shrink CFG's staging, as far as the user's choices (the tunables
+    named in CHOSEN) allow, until SIZE_OF(CFG), the bytes of the segment
+    of NRANKS ranks, is at most BUDGET (space_budget).  Return the names
+    of the tunables it shrank, in order.  Where the user's choices keep
+    it above BUDGET, it shrinks only as far as it must to fit FREE, the
+    bytes free in /dev/shm: the rest would be cut for nothing."""
+    smallest = dict(cfg)
+    _shrink(smallest, nranks, 0, size_of, chosen)
+    target = budget if size_of(smallest) <= budget else free
+    return _shrink(cfg, nranks, target, size_of, chosen)
+
+
+def fit_segment(cfg, nranks, frees, node_ranks, size_of, chosen=()):
+    """Fit the segment of NRANKS ranks with CFG (as fit_to_load left it)
+    to /dev/shm, by fit_to_space, given FREES, every rank's bytes free
+    there (None: unknown), and NODE_RANKS (space_budget).  Return
+    {"bytes", "free", "budget", "shrunk"}; free and budget are None, and
+    nothing is cut, if no rank knows."""
+    known = [free for free in frees if free is not None]
+    if not known:
+        return {"bytes": size_of(cfg), "free": None, "budget": None,
+                "shrunk": []}
+    free = min(known)
+    budget = space_budget(free, nranks, node_ranks)
+    shrunk = fit_to_space(cfg, nranks, budget, free, size_of, chosen)
+    return {"bytes": size_of(cfg), "free": free, "budget": budget,
+            "shrunk": shrunk}
 
 
 def hierarchies(hierarchy=None):

@@ -362,6 +362,16 @@ def node_index(fallback):
     return fallback
 
 
+def node_size(fallback):
+    """How many processes mpiexec started on this process's node (Open
+    MPI's or MPICH's local size), else FALLBACK."""
+    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return fallback
+
+
 def local_locality(topology=None, index=0):
     """Locality dict of process INDEX (see the module docstring for the format)."""
     source = _source(topology)

@@ -3514,10 +3514,11 @@ def check_fit(xcomm, comm, v, free, said):
     to shrink, did to half of that, and rank 0 (only) said so once."""
     n, cfg = comm.size, xcomm.xhc_info["config"]
     size = xcomm.xhc_info["segment_bytes"]
+    share = free // 2  # COMM_WORLD is all of the node's ranks
     v.check("fit needed", xhc._core.segment_size(n, unfitted_config(comm))
-            > free // 2, "the segment fits unshrunk: a test of nothing")
+            > share, "the segment fits unshrunk: a test of nothing")
     v.check("fit size", size == xhc._core.segment_size(n, cfg), size)
-    v.check("fit within half", size <= free // 2, f"{size} > {free // 2}")
+    v.check("fit within half", size <= share, f"{size} > {share}")
     lowered = shrunk_by_fit(xcomm, comm)
     v.check("fit lowered", lowered and all(
         cfg[key] < unfitted_config(comm)[key] for key in lowered), lowered)
@@ -3525,7 +3526,33 @@ def check_fit(xcomm, comm, v, free, said):
             and issubclass(w.category, RuntimeWarning)]
     v.check("fit warned", len(told) == (comm.rank == 0) and all(
         "--shm-size" in t for t in told), told)
+    fits_alike_when_one_rank_chose(v, comm)
     v.flush()
+
+
+def fits_alike_when_one_rank_chose(v, comm):
+    """A tunable of the segment's layout that one rank sets, even to its
+    default, binds every rank: they all settle alike, or all refuse."""
+    default_chunk = unfitted_config(comm)["chunk_size"]  # collective
+    mine = {}
+    if comm.rank == 0:
+        mine = {"chunk_size": default_chunk, "windows": "auto"}
+    got = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            other = xhc.Comm(comm, **mine)
+        with other:
+            out = np.zeros(4)
+            other.Allreduce(np.full(4, 1.0), out)
+            got = (other.xhc_info["config"], list(out))
+    except xhc.XhcError as exc:
+        got = str(exc)
+    everyone = comm.allgather(got)
+    refused = isinstance(got, str)
+    v.check("fit alike", all(g == everyone[0] for g in everyone) and (
+        got.startswith("sizing the shared segment") if refused
+        else got[1] == [comm.size] * 4), everyone)
 
 
 def check_config(xcomm, comm, v, expect_levels):
