@@ -255,15 +255,14 @@ def empty_fails_on_one_rank(c):
         raise failure
 
 
-def segment_full_on_one_rank(c):
-    """The last rank finds /dev/shm full when it reserves its part of a
-    new segment (each rank reserves the pages it writes).  Every rank
-    must raise, naming the tunables to lower, and the next xhc.Comm must
-    work."""
-    _core.lib.open_finds_shm_full = RANK == SIZE - 1
+def refused_then_next_works(trouble):
+    """Make an xhc.Comm with TROUBLE (a context manager) in force, then
+    one without it, whose Allreduce must work; raise what the first
+    raised.  Every rank must raise, or none."""
     failure = None
     try:
-        xhc.Comm(W)
+        with trouble:
+            xhc.Comm(W)
     except xhc.XhcError as exc:
         failure = exc
     with xhc.Comm(W) as again:
@@ -273,6 +272,27 @@ def segment_full_on_one_rank(c):
         raise AssertionError(f"the next xhc.Comm's Allreduce gave {out}")
     if failure:
         raise failure
+
+
+@contextlib.contextmanager
+def on_last_rank(obj, name, value):
+    """OBJ.NAME is VALUE on the last rank while in force."""
+    real = getattr(obj, name)
+    if RANK == SIZE - 1:
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, real)
+
+
+def segment_full_on_one_rank(c):
+    """The last rank finds /dev/shm full when it reserves its part of a
+    new segment (each rank reserves the pages it writes).  Every rank
+    must raise, naming the tunables to lower, and the next xhc.Comm must
+    work."""
+    refused_then_next_works(
+        on_last_rank(_core.lib, "open_finds_shm_full", True))
 
 
 def shm_too_small_on_one_rank(c):
@@ -280,23 +300,8 @@ def shm_too_small_on_one_rank(c):
     smallest segment xhc.Comm would shrink to.  Every rank must raise
     before any creates it, naming the fix, and the next xhc.Comm (with
     room again) must work."""
-    real = _core.shm_free
-    if RANK == SIZE - 1:
-        _core.shm_free = lambda: 64 << 10
-    failure = None
-    try:
-        xhc.Comm(W)
-    except xhc.XhcError as exc:
-        failure = exc
-    finally:
-        _core.shm_free = real
-    with xhc.Comm(W) as again:
-        out = f8(4)
-        again.Allreduce(f8(4, RANK + 1), out)
-    if not np.all(out == SIZE * (SIZE + 1) / 2):
-        raise AssertionError(f"the next xhc.Comm's Allreduce gave {out}")
-    if failure:
-        raise failure
+    refused_then_next_works(
+        on_last_rank(_core, "shm_free", lambda: 64 << 10))
 
 
 def struct_with_empty_member(c):
