@@ -235,3 +235,15 @@ def test_fit_segment_takes_the_least_room_of_any_rank():
     assert config.fit_segment(cfg, 4, [None] * 4, 4, size) == {
         "bytes": size(_loaded(4, 2)), "free": None, "budget": None,
         "shrunk": []}
+
+
+def test_a_crowded_node_crowds_each_communicator_on_it():
+    # Two ranks with a CPU each, on a node whose 4 processes share its 2
+    # CPUs (a communicator of half of them): they wait and stage as
+    # crowded ranks do.  With a CPU for each process, they do not.
+    cfg = config.resolve()
+    assert config.fit_to_load(cfg, [[0], [1]], (), (4, 2)) == (True, 2)
+    assert cfg["spin"] == 16 and cfg["bcast_rounds"] == 16
+    cfg = config.resolve()
+    assert config.fit_to_load(cfg, [[0], [1]], (), (64, 64)) == (False, 2)
+    assert config.fit_to_load(cfg, [[0], [1]], (), (0, 0)) == (False, 2)

@@ -528,3 +528,16 @@ def test_info_cuts_the_segment_as_xhc_comm_would(monkeypatch):
     seg, _ = cli._waiting(config.resolve(), [[0]] * 4, [64 << 10, None])
     assert cli._segment_text(seg).endswith(
         "has 0.1 MiB free; too large even cut: xhc.Comm refuses it")
+
+
+@pytest.mark.parametrize("text, count", [("0-3,8,10-11\n", 7), ("5", 1),
+                                         ("0-1,", 2)])
+def test_node_cpus_reads_the_cgroup_cpuset(monkeypatch, tmp_path, text,
+                                           count):
+    cpuset = tmp_path / "cpuset.cpus.effective"
+    cpuset.write_text(text)
+    monkeypatch.setattr(topology, "_CPUSETS", (str(tmp_path / "none"),
+                                               str(cpuset)))
+    assert topology.node_cpus() == count
+    cpuset.write_text("")  # says nothing: every online CPU
+    assert topology.node_cpus() == os.cpu_count()

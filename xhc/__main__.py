@@ -9,7 +9,7 @@ from . import config
 from .errors import XhcError
 from .hierarchy import DEFAULTS, build, parse_levels
 from .topology import (describe, gather_localities, local_locality,
-                       node_index)
+                       node_cpus, node_index)
 
 
 def _positive(text):
@@ -86,7 +86,8 @@ def _waiting(cfg, cpu_sets, frees):
     """(segment, waiting): the segment (_segment), and how ranks wait
     and stage, as xhc.Comm settles CFG (the tunables) for this load and
     the room in /dev/shm (FREES: each rank's free bytes there)."""
-    crowded, ncpu = config.fit_to_load(cfg, cpu_sets, config.chosen())
+    crowded, ncpu = config.fit_to_load(cfg, cpu_sets, config.chosen(),
+                                       (len(cpu_sets), node_cpus()))
     segment = _segment(cfg, len(cpu_sets), frees)
     return segment, {"ranks": len(cpu_sets), "cpus": ncpu, "crowded": crowded,
             "spin": cfg["spin"], "sleep": cfg["sleep"],

@@ -268,13 +268,14 @@ class Comm(HotComm):
         alike["hierarchy"] = self._specs
         mine = (sorted(os.sched_getaffinity(0)), alike,
                 self._chosen & _LAYOUT, _core.shm_free(),
-                topology.node_size(self._comm.size))
-        cpus, alikes, layout, frees, node_sizes = zip(
+                topology.node_size(self._comm.size), topology.node_cpus())
+        cpus, alikes, layout, frees, node_sizes, node_cpus = zip(
             *self._comm.allgather(mine))
         for key in alike:
             config.check_alike(key, [each[key] for each in alikes])
         chosen = (self._chosen - _LAYOUT).union(*layout)
-        self._crowded, _ = config.fit_to_load(cfg, cpus, chosen)
+        self._crowded, _ = config.fit_to_load(
+            cfg, cpus, chosen, (max(node_sizes), min(node_cpus)))
         self._fit_to_space(cfg, frees, max(node_sizes), chosen)
 
     def _fit_to_space(self, cfg, frees, node_ranks, chosen):

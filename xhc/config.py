@@ -170,11 +170,15 @@ def check_alike(key, values):
                          "alike on every rank")
 
 
-def fit_to_load(cfg, cpu_sets, chosen=()):
+def fit_to_load(cfg, cpu_sets, chosen=(), node_load=(0, 0)):
     """Settle CFG for ranks with the CPU affinities CPU_SETS (one per
-    rank); return (crowded, number of CPUs they may run on).
+    rank), on a node that runs NODE_LOAD[0] processes of the job on
+    NODE_LOAD[1] CPUs (0: unknown); return (crowded, number of CPUs the
+    ranks may run on).
 
-    When ranks outnumber those CPUs, a waiting rank yields almost at once,
+    When ranks outnumber those CPUs, or the job's processes the node's
+    (as for a communicator of some of an oversubscribed node's ranks,
+    whose CPUs the others share), a waiting rank yields almost at once,
     Bcast stages deeper, in smaller rounds, and larger Reduces let
     non-roots publish and go, so that a rank seldom waits for one that is
     not running.  What the user chose (the tunables named in CHOSEN) stands:
@@ -186,7 +190,8 @@ def fit_to_load(cfg, cpu_sets, chosen=()):
             f"chunk_size {cfg['chunk_size']} is too small for {nranks} "
             f"ranks: a window holds 64 bytes per rank; set XHC_CHUNK_SIZE "
             f"(or chunk_size=) to at least {64 * nranks}")
-    crowded = nranks > ncpu
+    processes, cpus = node_load
+    crowded = nranks > ncpu or 0 < cpus < processes
     if crowded and "spin" not in chosen:
         cfg["spin"] = min(cfg["spin"], 16)
     cfg["bcast_rounds"] = _CROWDED_ROUNDS if crowded else 0

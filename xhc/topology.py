@@ -372,6 +372,35 @@ def node_size(fallback):
     return fallback
 
 
+# Where cgroups (v2, then v1) say which CPUs this node's processes get.
+_CPUSETS = ("/sys/fs/cgroup/cpuset.cpus.effective",
+            "/sys/fs/cgroup/cpuset/cpuset.effective_cpus")
+
+
+def node_cpus():
+    """The CPUs this process's node gives it and its peers: its cgroup's
+    cpuset, where one says, else every online CPU."""
+    for path in _CPUSETS:
+        try:
+            with open(path) as f:
+                count = _count_cpu_list(f.read())
+        except (OSError, ValueError):
+            continue
+        if count:
+            return count
+    return os.cpu_count() or 0
+
+
+def _count_cpu_list(text):
+    """How many CPUs a list such as '0-3,8,10-11' names."""
+    count = 0
+    for part in text.split(","):
+        if part.strip():
+            lo, _, hi = part.partition("-")
+            count += int(hi or lo) - int(lo) + 1
+    return count
+
+
 def local_locality(topology=None, index=0):
     """Locality dict of process INDEX (see the module docstring for the format)."""
     source = _source(topology)

@@ -949,8 +949,10 @@ def nonroots_publish_pieces_and_go(v, xcomm, comm, sz):
     """Where ranks outnumber cores, a Reduce above the slots goes through
     them in pieces: non-roots publish three pieces and a bit (the ring
     holds four) and return without waiting for a root that comes a
-    second late; the root then gets the sum."""
-    if not (sz.crowded and sz.copy == "cico" and sz.reduce_cico > sz.cico):
+    second late; the root then gets the sum.  (Over several nodes the
+    leaders' MPI Reduce waits for the root's node.)"""
+    if not (sz.crowded and sz.copy == "cico" and sz.reduce_cico > sz.cico
+            and xcomm.xhc_info.get("nodes", 1) == 1):
         return
     n, rank, root = comm.size, comm.rank, comm.size - 1
     count = 3 * sz.reduce_cico // 8 + 7
@@ -3499,8 +3501,13 @@ def unfitted_config(comm):
     part = node_parts(comm)
     xhc.config.fit_to_load(cfg, [c for r, c in enumerate(cpus)
                                  if part[r] == part[comm.rank]],
-                           xhc.config.chosen())
+                           xhc.config.chosen(), node_load(comm))
     return cfg
+
+
+def node_load(comm):
+    """(processes, CPUs) of this machine: COMM is all of its ranks."""
+    return comm.size, xhc.topology.node_cpus()
 
 
 def shrunk_by_fit(xcomm, comm):
@@ -3575,7 +3582,8 @@ def check_config(xcomm, comm, v, expect_levels):
     cpus = comm.allgather(sorted(os.sched_getaffinity(0)))
     part = node_parts(comm)
     cpus = [c for r, c in enumerate(cpus) if part[r] == part[comm.rank]]
-    crowded = len(cpus) > len(set().union(*map(set, cpus)))
+    procs, ncpu = node_load(comm)
+    crowded = len(cpus) > len(set().union(*map(set, cpus))) or procs > ncpu
     for key in ("sleep", "windows"):
         given = env.get("XHC_" + key.upper())
         if given is not None:
@@ -3623,6 +3631,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.cpu_per_rank:
         os.sched_getaffinity = lambda pid: {MPI.COMM_WORLD.rank}
+        xhc.topology.node_cpus = lambda: MPI.COMM_WORLD.size
     if args.shm_free:
         xhc._core.shm_free = lambda: args.shm_free
     names = [s.strip() for s in args.suite.split(",") if s.strip()]
