@@ -530,14 +530,26 @@ def test_info_cuts_the_segment_as_xhc_comm_would(monkeypatch):
         "has 0.1 MiB free; too large even cut: xhc.Comm refuses it")
 
 
-@pytest.mark.parametrize("text, count", [("0-3,8,10-11\n", 7), ("5", 1),
-                                         ("0-1,", 2)])
-def test_node_cpus_reads_the_cgroup_cpuset(monkeypatch, tmp_path, text,
-                                           count):
-    cpuset = tmp_path / "cpuset.cpus.effective"
-    cpuset.write_text(text)
-    monkeypatch.setattr(topology, "_CPUSETS", (str(tmp_path / "none"),
-                                               str(cpuset)))
+@pytest.mark.parametrize("proc, where, count", [
+    ("0::/job/step\n", "job/step/cpuset.cpus.effective", 7),
+    # A cgroup without the cpuset controller: the nearest one up the tree.
+    ("0::/job/step\n", "job/cpuset.cpus.effective", 7),
+    ("0::/\n", "cpuset.cpus.effective", 7),
+    ("4:cpuset,cpuacct:/slurm/job\n1:memory:/x\n",
+     "cpuset/slurm/job/cpuset.effective_cpus", 7),
+])
+def test_node_cpus_reads_the_processs_cpuset(monkeypatch, tmp_path, proc,
+                                              where, count):
+    (tmp_path / "cgroup").write_text(proc)
+    cpuset = tmp_path / "fs" / where
+    cpuset.parent.mkdir(parents=True, exist_ok=True)
+    cpuset.write_text("0-3,8,10-11\n")
+    # The root's, where it is not the process's own, says otherwise.
+    if where != "cpuset.cpus.effective":
+        (tmp_path / "fs" / "cpuset.cpus.effective").write_text("0-63\n")
+    monkeypatch.setattr(topology, "_PROC_CGROUP", str(tmp_path / "cgroup"))
+    monkeypatch.setattr(topology, "_CGROUP_ROOT", str(tmp_path / "fs"))
     assert topology.node_cpus() == count
-    cpuset.write_text("")  # says nothing: every online CPU
-    assert topology.node_cpus() == os.cpu_count()
+    cpuset.write_text("")  # says nothing: the root's, or all online CPUs
+    assert topology.node_cpus() == (
+        os.cpu_count() if where == "cpuset.cpus.effective" else 64)

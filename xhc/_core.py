@@ -211,8 +211,9 @@ _ADAPT_WHY = ("pipelined copy-in-copy-out or CMA (process_vm_readv), "
               "call by call: each message size takes the one that has "
               "been faster here, and tries the other now and then")
 _XPMEM_WHY = "peers' buffers are attached and read in place: one copy"
-_CROWDED_WHY = ("ranks outnumber CPUs, and a rank whose buffer is read by "
-                "CMA waits in the call for readers that may not be running")
+_CROWDED_WHY = ("ranks outnumber CPUs (this communicator's, or the job's "
+                "on the node), and a rank whose buffer is read by CMA "
+                "waits in the call for readers that may not be running")
 _XPMEM_FIX = ("unset XHC_COPY, or install and load XPMEM (the xpmem "
               "kernel module and libxpmem)")
 
@@ -287,7 +288,7 @@ def choose_copy(comm, ctx, wanted, crowded=False):
     between staging through the segment (two memcpys that overlap in a
     pipeline) and process_vm_readv (one copy, but it pins every page), by
     what each took for messages of about that size (csrc/tune.c); else it
-    stages.  On a CROWDED node (ranks outnumber CPUs) it stages: a rank
+    stages.  On a CROWDED node (config.fit_to_load) it stages: a rank
     whose buffer is read in place must wait in the call until every
     reader is done, and a reader that is not running keeps it there.
     "adaptive", "cma" and "cico" are taken as asked, or refused.

@@ -274,9 +274,13 @@ class Comm(HotComm):
         for key in alike:
             config.check_alike(key, [each[key] for each in alikes])
         chosen = (self._chosen - _LAYOUT).union(*layout)
+        # A rank that cannot tell its node's CPUs (0) does not count; a
+        # communicator of two jobs (Connect, spawn) has at least its size.
+        processes = max(*node_sizes, self._comm.size)
+        cpus_known = [count for count in node_cpus if count > 0]
         self._crowded, _ = config.fit_to_load(
-            cfg, cpus, chosen, (max(node_sizes), min(node_cpus)))
-        self._fit_to_space(cfg, frees, max(node_sizes), chosen)
+            cfg, cpus, chosen, (processes, min(cpus_known, default=0)))
+        self._fit_to_space(cfg, frees, processes, chosen)
 
     def _fit_to_space(self, cfg, frees, node_ranks, chosen):
         """Cut the segment to its share of /dev/shm (config.fit_segment,
@@ -1010,18 +1014,18 @@ def _space_warning(fit, cfg):
             fit["bytes"] <= fit["budget"]:
         return None
     size, free = _mib(fit["bytes"]), _mib(fit["free"])
-    fix = ("give /dev/shm more room (docker run --shm-size=1g) or set "
-           "these tunables yourself")
-    if fit["bytes"] > fit["budget"]:
-        return (f"xhc: this communicator's segment takes {size} of the "
-                f"{free} free in /dev/shm, more than its share "
-                f"({_mib(fit['budget'])}), for the tunables set: the next "
-                "communicator or Comm.empty may not find room; " + fix)
     lowered = ", ".join(f"{_SHRUNK_NAMES.get(key, key)}={cfg[key]}"
                         for key in fit["shrunk"])
-    return (f"xhc: /dev/shm has {free} free, so this communicator's "
+    said = (f"xhc: /dev/shm has {free} free, so this communicator's "
             f"segment was cut to {size} ({lowered}), and large messages "
-            "may run slower: " + fix)
+            "may run slower" if lowered else
+            f"xhc: this communicator's segment takes {size} of the {free} "
+            "free in /dev/shm")
+    if fit["bytes"] > fit["budget"]:
+        said += (f"; that is more than its share ({_mib(fit['budget'])}), "
+                 "so the next communicator or Comm.empty may not find room")
+    return said + (": give /dev/shm more room (docker run --shm-size=1g) "
+                   "or set these tunables yourself")
 
 
 def _mib(nbytes):

@@ -237,30 +237,19 @@ def _halve(cfg, key, least):
         cfg["reduce_cico_max"] = 0
 
 
-def _shrink(cfg, nranks, target, size_of, chosen):
-    """Halve CFG's unchosen tunables, stage by stage, until SIZE_OF(CFG)
-    is at most TARGET or none is left to halve; return their names."""
+def fit_to_space(cfg, nranks, budget, size_of, chosen=()):
+    """Shrink CFG's staging, as far as the user's choices (the tunables
+    named in CHOSEN) allow, until SIZE_OF(CFG), the bytes of the segment
+    of NRANKS ranks, is at most BUDGET (space_budget), or as small as it
+    goes.  Return the names of the tunables it shrank, in order."""
     shrunk = []
     for key, least in _shrink_stages(nranks):
         while key not in chosen and cfg[key] > least \
-                and size_of(cfg) > target:
+                and size_of(cfg) > budget:
             _halve(cfg, key, least)
             if key not in shrunk:
                 shrunk.append(key)
     return shrunk
-
-
-def fit_to_space(cfg, nranks, budget, free, size_of, chosen=()):
-    """Shrink CFG's staging, as far as the user's choices (the tunables
-    named in CHOSEN) allow, until SIZE_OF(CFG), the bytes of the segment
-    of NRANKS ranks, is at most BUDGET (space_budget).  Return the names
-    of the tunables it shrank, in order.  Where the user's choices keep
-    it above BUDGET, it shrinks only as far as it must to fit FREE, the
-    bytes free in /dev/shm: the rest would be cut for nothing."""
-    smallest = dict(cfg)
-    _shrink(smallest, nranks, 0, size_of, chosen)
-    target = budget if size_of(smallest) <= budget else free
-    return _shrink(cfg, nranks, target, size_of, chosen)
 
 
 def fit_segment(cfg, nranks, frees, node_ranks, size_of, chosen=()):
@@ -275,7 +264,7 @@ def fit_segment(cfg, nranks, frees, node_ranks, size_of, chosen=()):
                 "shrunk": []}
     free = min(known)
     budget = space_budget(free, nranks, node_ranks)
-    shrunk = fit_to_space(cfg, nranks, budget, free, size_of, chosen)
+    shrunk = fit_to_space(cfg, nranks, budget, size_of, chosen)
     return {"bytes": size_of(cfg), "free": free, "budget": budget,
             "shrunk": shrunk}
 

@@ -364,23 +364,50 @@ def node_index(fallback):
 
 def node_size(fallback):
     """How many processes mpiexec started on this process's node (Open
-    MPI's or MPICH's local size), else FALLBACK."""
-    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+    MPI's, MPICH's or MVAPICH's local size), else FALLBACK."""
+    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                 "MV2_COMM_WORLD_LOCAL_SIZE"):
         value = os.environ.get(name, "")
         if value.isdigit():
             return int(value)
     return fallback
 
 
-# Where cgroups (v2, then v1) say which CPUs this node's processes get.
-_CPUSETS = ("/sys/fs/cgroup/cpuset.cpus.effective",
-            "/sys/fs/cgroup/cpuset/cpuset.effective_cpus")
+# Where the kernel says which cgroups this process is in, and where
+# they are mounted.
+_PROC_CGROUP, _CGROUP_ROOT = "/proc/self/cgroup", "/sys/fs/cgroup"
+
+
+def _cpuset_files():
+    """The files that may name this process's CPUs, most particular first:
+    its cgroup's cpuset (v2: the nearest cgroup up the tree that has one;
+    v1: the cpuset hierarchy's), then the roots'."""
+    files = []
+    try:
+        with open(_PROC_CGROUP) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        parts = [p for p in path.split("/") if p]
+        if controllers == "":  # v2: one tree
+            files += [os.path.join(_CGROUP_ROOT, *parts[:depth],
+                                   "cpuset.cpus.effective")
+                      for depth in range(len(parts), -1, -1)]
+        elif "cpuset" in controllers.split(","):
+            files.append(os.path.join(_CGROUP_ROOT, "cpuset", *parts,
+                                      "cpuset.effective_cpus"))
+    return files + [os.path.join(_CGROUP_ROOT, "cpuset.cpus.effective"),
+                    os.path.join(_CGROUP_ROOT, "cpuset",
+                                 "cpuset.effective_cpus")]
 
 
 def node_cpus():
     """The CPUs this process's node gives it and its peers: its cgroup's
-    cpuset, where one says, else every online CPU."""
-    for path in _CPUSETS:
+    cpuset, where one says (a batch system's job, a container), else
+    every online CPU."""
+    for path in _cpuset_files():
         try:
             with open(path) as f:
                 count = _count_cpu_list(f.read())

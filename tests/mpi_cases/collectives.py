@@ -3562,7 +3562,7 @@ def fits_alike_when_one_rank_chose(v, comm):
         else got[1] == [comm.size] * 4), everyone)
 
 
-def check_config(xcomm, comm, v, expect_levels):
+def check_config(xcomm, comm, v, expect_levels, shm_free=0):
     """The variant under test really took effect."""
     info = xcomm.xhc_info
     env = os.environ
@@ -3591,8 +3591,9 @@ def check_config(xcomm, comm, v, expect_levels):
                     f"{cfg[key]} != {given}")
     if "XHC_SLEEP" not in env:
         v.check("config sleep default", cfg["sleep"] == 0, cfg["sleep"])
-    cut = "XHC_WINDOWS" in env or "windows" in shrunk_by_fit(xcomm, comm)
-    if not cut:  # deeper Bcast staging on a crowded node
+    # Deeper Bcast staging on a crowded node, unless set, or cut to fit
+    # the little room --shm-free gives.
+    if "XHC_WINDOWS" not in env and not shm_free:
         v.check("config windows auto", (cfg["windows"] > 2) == crowded,
                 f"{cfg['windows']} with {comm.size} ranks on cpus "
                 f"{sorted(set().union(*map(set, cpus)))}")
@@ -3646,7 +3647,8 @@ def main(argv=None):
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     sz = Sizes(xcomm)
     check_mpi_wraps(comm, Verdicts(comm, "mpi4py"))
-    check_config(xcomm, comm, Verdicts(comm, "config"), args.expect_levels)
+    check_config(xcomm, comm, Verdicts(comm, "config"), args.expect_levels,
+                 args.shm_free)
     if args.shm_free:
         check_fit(xcomm, comm, Verdicts(comm, "fit"), args.shm_free, said)
     for name in names:
