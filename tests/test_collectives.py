@@ -130,10 +130,11 @@ SPANNING_SUITES = ["bcast", "allreduce", "reduce", "barrier", "mixed",
                    "subcomm", "fallback", "spanning", "objects"]
 
 
-@pytest.mark.parametrize("n,split", [(3, 2), (4, 2), (6, 3)])
+@pytest.mark.parametrize("n,split", [(2, 2), (3, 2), (4, 2), (6, 3)])
 def test_several_nodes(n, split):
     """xhc inside each node and MPI between them (xhc/nodes.py) give
-    what numpy and mpi4py give; nodes of one rank (n=3) included."""
+    what numpy and mpi4py give; nodes of one rank (n=3, and n=2, where
+    every rank is alone and takes the leaders' step only) included."""
     run_suites(n, SPANNING_SUITES, env={"XHC_SPLIT_NODES": str(split)},
                quick=n > 4)
 

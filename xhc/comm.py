@@ -391,8 +391,7 @@ class Comm(HotComm):
                           root)
             raise _settled(ValueError(_READ_ONLY))
         run = functools.partial(self._nodes.Bcast, _flat(b, np.uint8), root)
-        return functools.partial(_staged_run, run, _filled(b.load, not sink),
-                                 _filled(b.store, sink))
+        return _staged(run, _filled(b.load, not sink), _filled(b.store, sink))
 
     def _reduce_across(self, name, sendbuf, recvbuf, op, root):
         """Allreduce (ROOT None) or Reduce, checked as _allreduce_plan and
@@ -419,8 +418,7 @@ class Comm(HotComm):
             run = functools.partial(
                 self._nodes.Reduce, _flat(s, dt), r and _flat(r, dt), ops,
                 root, inplace, functools.partial(np.empty, s.count, dt))
-        return functools.partial(_staged_run, run, _filled(s.load),
-                                 _filled(r and r.store))
+        return _staged(run, _filled(s.load), _filled(r and r.store))
 
     def _root_recv_across(self, s, recvbuf, ops, root, inplace, dt):
         """The Reduce root's receive buffer; with a bad one, the root takes
@@ -1089,11 +1087,17 @@ def _plan(args, call, moves, guarded, nbytes, buffers):
     run = functools.partial(_run, call)
     loads = [b.load for b, read, _ in moves if read and b.load]
     stores = [b.store for b, _, written in moves if written and b.store]
-    if loads or stores:
-        run = functools.partial(_staged_run, run, loads, stores)
+    run = _staged(run, loads, stores)
     guard, dtypes = _guard(guarded)
     return (*args, run, call, *buffers, nbytes, bool(loads or stores),
             (guard, dtypes), _address(guard), _address(call))
+
+
+def _staged(run, loads, stores):
+    """RUN, with the staged copies LOADS filled before and STORES written
+    back after (_staged_run), where there are any."""
+    return functools.partial(_staged_run, run, loads, stores) \
+        if loads or stores else run
 
 
 def _staged_run(run, loads, stores):

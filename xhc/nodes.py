@@ -18,7 +18,9 @@ lowest rank).
    before its leader has left the leaders'.
 
 Every rank knows each rank's node and its rank there (gathered once), so
-each call needs no exchange beyond its three steps.
+each call needs no exchange beyond its three steps.  A rank alone on its
+node (one rank a node, as MPI+threads jobs run) takes the leaders' step
+only, with its own buffers.
 """
 from mpi4py import MPI
 
@@ -68,6 +70,7 @@ class Nodes:
         self.node, self.inner = node, inner
         self.rank = comm.rank
         self.leads = node.rank == 0
+        self.alone = node.size == 1
         self.leaders = comm.Split(0 if self.leads else MPI.UNDEFINED,
                                   key=comm.rank)
         # My node's number: its leader's rank among the leaders.
@@ -77,6 +80,8 @@ class Nodes:
         self.count = len({index for index, _ in self.where})
 
     def Barrier(self):
+        if self.alone:
+            return self.leaders.Barrier()
         self.inner.Barrier()
         if self.leads:
             self.leaders.Barrier()
@@ -84,6 +89,8 @@ class Nodes:
 
     def Bcast(self, buf, root):
         home, local = self.where[root]
+        if self.alone:
+            return self.leaders.Bcast(buf, home)
         if self.index == home:
             self.inner.Bcast(buf, local)
         if self.leads:
@@ -94,6 +101,9 @@ class Nodes:
     def Allreduce(self, sendbuf, recvbuf, ops, inplace):
         """OPS: the op within nodes, and between them (between_nodes)."""
         op, across = ops
+        if self.alone:
+            return self.leaders.Allreduce(
+                MPI.IN_PLACE if inplace else sendbuf, recvbuf, across)
         if self.leads:
             self.inner.Reduce(MPI.IN_PLACE if inplace else sendbuf, recvbuf,
                               op, 0)
@@ -110,6 +120,10 @@ class Nodes:
         home, local = self.where[root]
         is_root = self.rank == root
         mine = recvbuf if inplace else sendbuf
+        if self.alone:  # the root's node is this one if it is the root
+            return self.leaders.Reduce(MPI.IN_PLACE if inplace else mine,
+                                       recvbuf if is_root else None, across,
+                                       home)
         if not self.leads:
             self.inner.Reduce(mine, None, op, 0)
         else:

@@ -3364,21 +3364,26 @@ def raised_in_kept_runs(xcomm, comm, v):
     req = xcomm.Allreduce_init(a, b)
     for _ in range(2):
         xcomm.Allreduce(a, b)  # kept: the second ran from C
-    real, withdrawn = xcomm._nodes.inner, []
+    nodes, withdrawn = xcomm._nodes, []
+    real = nodes.inner, nodes.leaders
 
     class Refusing:
         def Reduce(self, *args):
             raise ValueError("refused")
 
+        Allreduce = Reduce  # a rank alone on its node goes straight to it
+
         def _withdraw(self):
             withdrawn.append(True)
 
-    xcomm._nodes.inner = Refusing()
+    nodes.inner = Refusing()
+    if nodes.alone:
+        nodes.leaders = Refusing()
     try:
         errs = [raises(ValueError, xcomm.Allreduce, a, b),
                 raises(ValueError, req.Start)]
     finally:
-        xcomm._nodes.inner = real
+        nodes.inner, nodes.leaders = real
     busy = xcomm._hot_busy(0)
     xcomm.Allreduce(a, b)
     req.Start()
