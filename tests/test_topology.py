@@ -530,26 +530,26 @@ def test_info_cuts_the_segment_as_xhc_comm_would(monkeypatch):
         "has 0.1 MiB free; too large even cut: xhc.Comm refuses it")
 
 
-@pytest.mark.parametrize("proc, where, count", [
-    ("0::/job/step\n", "job/step/cpuset.cpus.effective", 7),
+@pytest.mark.parametrize("proc, where, root", [
+    ("0::/job/step\n", "job/step/cpuset.cpus.effective",
+     "cpuset.cpus.effective"),
     # A cgroup without the cpuset controller: the nearest one up the tree.
-    ("0::/job/step\n", "job/cpuset.cpus.effective", 7),
-    ("0::/\n", "cpuset.cpus.effective", 7),
-    ("4:cpuset,cpuacct:/slurm/job\n1:memory:/x\n",
-     "cpuset/slurm/job/cpuset.effective_cpus", 7),
+    ("0::/job/step\n", "job/cpuset.cpus.effective", "cpuset.cpus.effective"),
+    ("0::/\n", "cpuset.cpus.effective", None),
+    # cgroup v1, among lines that name no cgroup or leave the tree.
+    ("\n4:cpuset,cpuacct:/slurm/job\n1:memory:/x\n0::/../../etc\n",
+     "cpuset/slurm/job/cpuset.effective_cpus", "cpuset/cpuset.effective_cpus"),
 ])
 def test_node_cpus_reads_the_processs_cpuset(monkeypatch, tmp_path, proc,
-                                              where, count):
+                                              where, root):
     (tmp_path / "cgroup").write_text(proc)
-    cpuset = tmp_path / "fs" / where
-    cpuset.parent.mkdir(parents=True, exist_ok=True)
-    cpuset.write_text("0-3,8,10-11\n")
-    # The root's, where it is not the process's own, says otherwise.
-    if where != "cpuset.cpus.effective":
-        (tmp_path / "fs" / "cpuset.cpus.effective").write_text("0-63\n")
+    fs = tmp_path / "fs"
+    for path, cpus in ((root, "0-63\n"), (where, "0-3,8,10-11\n")):
+        if path:  # the root's says otherwise, where it is not the own
+            (fs / path).parent.mkdir(parents=True, exist_ok=True)
+            (fs / path).write_text(cpus)
     monkeypatch.setattr(topology, "_PROC_CGROUP", str(tmp_path / "cgroup"))
-    monkeypatch.setattr(topology, "_CGROUP_ROOT", str(tmp_path / "fs"))
-    assert topology.node_cpus() == count
-    cpuset.write_text("")  # says nothing: the root's, or all online CPUs
-    assert topology.node_cpus() == (
-        os.cpu_count() if where == "cpuset.cpus.effective" else 64)
+    monkeypatch.setattr(topology, "_CGROUP_ROOT", str(fs))
+    assert topology.node_cpus() == 7
+    (fs / where).write_text("")  # says nothing: the root's, or all online
+    assert topology.node_cpus() == (64 if root else os.cpu_count())

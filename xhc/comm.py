@@ -274,12 +274,13 @@ class Comm(HotComm):
         for key in alike:
             config.check_alike(key, [each[key] for each in alikes])
         chosen = (self._chosen - _LAYOUT).union(*layout)
-        # A rank that cannot tell its node's CPUs (0) does not count; a
+        # A rank that cannot tell its node's CPUs (0) does not count, and
+        # one in a cgroup of its own sees fewer than the node has; a
         # communicator of two jobs (Connect, spawn) has at least its size.
         processes = max(*node_sizes, self._comm.size)
         cpus_known = [count for count in node_cpus if count > 0]
         self._crowded, _ = config.fit_to_load(
-            cfg, cpus, chosen, (processes, min(cpus_known, default=0)))
+            cfg, cpus, chosen, (processes, max(cpus_known, default=0)))
         self._fit_to_space(cfg, frees, processes, chosen)
 
     def _fit_to_space(self, cfg, frees, node_ranks, chosen):
@@ -1023,7 +1024,8 @@ def _space_warning(fit, cfg):
         said += (f"; that is more than its share ({_mib(fit['budget'])}), "
                  "so the next communicator or Comm.empty may not find room")
     return said + (": give /dev/shm more room (docker run --shm-size=1g) "
-                   "or set these tunables yourself")
+                   "or set " + ("these tunables yourself" if lowered else
+                                "chunk_size, windows or cico_max lower"))
 
 
 def _mib(nbytes):

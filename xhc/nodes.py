@@ -20,7 +20,7 @@ lowest rank).
 Every rank knows each rank's node and its rank there (gathered once), so
 each call needs no exchange beyond its three steps.  A rank alone on its
 node (one rank a node, as MPI+threads jobs run) takes the leaders' step
-only, with its own buffers.
+only, in place in its receive buffer as every leader.
 """
 from mpi4py import MPI
 
@@ -101,9 +101,10 @@ class Nodes:
     def Allreduce(self, sendbuf, recvbuf, ops, inplace):
         """OPS: the op within nodes, and between them (between_nodes)."""
         op, across = ops
-        if self.alone:
-            return self.leaders.Allreduce(
-                MPI.IN_PLACE if inplace else sendbuf, recvbuf, across)
+        if self.alone:  # in place, as every leader (and send may be recv)
+            if not inplace:
+                recvbuf[...] = sendbuf
+            return self.leaders.Allreduce(MPI.IN_PLACE, recvbuf, across)
         if self.leads:
             self.inner.Reduce(MPI.IN_PLACE if inplace else sendbuf, recvbuf,
                               op, 0)
@@ -121,9 +122,11 @@ class Nodes:
         is_root = self.rank == root
         mine = recvbuf if inplace else sendbuf
         if self.alone:  # the root's node is this one if it is the root
-            return self.leaders.Reduce(MPI.IN_PLACE if inplace else mine,
-                                       recvbuf if is_root else None, across,
-                                       home)
+            if not is_root:
+                return self.leaders.Reduce(mine, None, across, home)
+            if not inplace:  # in place, as a gathering leader (see above)
+                recvbuf[...] = sendbuf
+            return self.leaders.Reduce(MPI.IN_PLACE, recvbuf, across, home)
         if not self.leads:
             self.inner.Reduce(mine, None, op, 0)
         else:

@@ -384,13 +384,18 @@ def _cpuset_files():
     v1: the cpuset hierarchy's), then the roots'."""
     files = []
     try:
-        with open(_PROC_CGROUP) as f:
+        with open(_PROC_CGROUP, errors="replace") as f:
             lines = f.read().splitlines()
     except OSError:
         lines = []
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
         parts = [p for p in path.split("/") if p]
+        if ".." in parts:  # outside this namespace's tree
+            continue
         if controllers == "":  # v2: one tree
             files += [os.path.join(_CGROUP_ROOT, *parts[:depth],
                                    "cpuset.cpus.effective")
@@ -398,8 +403,7 @@ def _cpuset_files():
         elif "cpuset" in controllers.split(","):
             files.append(os.path.join(_CGROUP_ROOT, "cpuset", *parts,
                                       "cpuset.effective_cpus"))
-    return files + [os.path.join(_CGROUP_ROOT, "cpuset.cpus.effective"),
-                    os.path.join(_CGROUP_ROOT, "cpuset",
+    return files + [os.path.join(_CGROUP_ROOT, "cpuset",
                                  "cpuset.effective_cpus")]
 
 

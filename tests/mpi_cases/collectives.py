@@ -830,6 +830,37 @@ def suite_allreduce(xcomm, comm, v, sz, args):
     overflow_cases(v, xcomm, comm)
     special_values(v, xcomm, comm, sz)
     usage_errors(v, xcomm, comm)
+    one_array_twice(v, xcomm, comm, sz)
+
+
+def one_array_twice(v, xcomm, comm, sz):
+    """The same array as send and receive buffer is taken as IN_PLACE, in
+    Allreduce and at a Reduce root, blocking and persistent, small and
+    above cico_max: the sums numpy gives."""
+    n, rank = comm.size, comm.rank
+    for count in (5, sz.cico // 8 + 3):
+        def mine():
+            return np.arange(count, dtype=np.float64) * (rank + 1) + rank
+
+        want = sum(np.arange(count, dtype=np.float64) * (r + 1) + r
+                   for r in range(n))
+        a = mine()
+        xcomm.Allreduce(a, a)
+        v.check(f"Allreduce(a, a) of {count}", np.array_equal(a, want),
+                first_diff(a, want))
+        a = mine()
+        req = xcomm.Allreduce_init(a, a)
+        req.Start()
+        req.Wait()
+        req.Free()
+        v.check(f"Allreduce_init(a, a) of {count}", np.array_equal(a, want),
+                first_diff(a, want))
+        for root in range(n):
+            a = mine()
+            xcomm.Reduce(a, a if rank == root else None, root=root)
+            v.check(f"Reduce(a, a, root={root}) of {count}",
+                    rank != root or np.array_equal(a, want),
+                    first_diff(a, want))
 
 
 def aliased_cases(v, xcomm, comm, sz, args, one, seed):
@@ -3212,6 +3243,7 @@ def suite_spanning(xcomm, comm, v, sz, args):
     spec_forms(xcomm, comm, v)
     persistent_calls(xcomm, comm, v)
     usage_errors(v, xcomm, comm)
+    one_array_twice(v, xcomm, comm, sz)
     bad_buffer_on_one_rank(xcomm, comm, v)
     kept_runs(xcomm, comm, v)
     node_shared_arrays(xcomm, comm, v, parts)
