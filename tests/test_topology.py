@@ -524,6 +524,11 @@ def test_info_cuts_the_segment_as_xhc_comm_would(monkeypatch):
     assert cli._segment_text(seg).endswith(
         "has 24.0 MiB free; cut to fit half of it (windows, "
         "reduce_cico_max)")
+    # Too little for its share: cut as far as it goes, and said so.
+    seg, _ = cli._waiting(config.resolve(), [[0]] * 4, [512 << 10] * 4)
+    assert cli._segment_text(seg).endswith(
+        "has 0.5 MiB free; more than its share, 0.2 MiB, even cut (windows, "
+        "reduce_cico_max, chunk_size, cico_max)")
     # Too little for the smallest: info says xhc.Comm refuses it.
     seg, _ = cli._waiting(config.resolve(), [[0]] * 4, [64 << 10, None])
     assert cli._segment_text(seg).endswith(

@@ -118,8 +118,9 @@ def _segment_text(seg):
     if seg["bytes"] > seg["free"]:
         verdict = "; too large even cut: xhc.Comm refuses it"
     elif seg["bytes"] > seg["budget"]:
-        verdict = ("; more than its share, %.1f MiB, for the tunables set"
-                   % (seg["budget"] / (1 << 20)))
+        verdict = ("; more than its share, %.1f MiB, even cut (%s)"
+                   % (seg["budget"] / (1 << 20),
+                      ", ".join(seg["shrunk"]) or "at the tunables set"))
     elif seg["shrunk"]:
         verdict = "; cut to fit half of it (%s)" % ", ".join(seg["shrunk"])
     else:
