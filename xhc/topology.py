@@ -351,26 +351,29 @@ def _machine_localities(comm):
     return localities
 
 
-def node_index(fallback):
-    """This process's rank among those mpiexec started on its node (Open
-    MPI's or MPICH's local rank), else FALLBACK (its rank in COMM_WORLD):
-    where a topology= machine places it, as mpiexec would bind it."""
-    for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"):
+def _launcher_says(names, fallback):
+    """The first of the launcher's variables NAMES that holds a count,
+    else FALLBACK."""
+    for name in names:
         value = os.environ.get(name, "")
         if value.isdigit():
             return int(value)
     return fallback
+
+
+def node_index(fallback):
+    """This process's rank among those mpiexec started on its node (Open
+    MPI's or MPICH's local rank), else FALLBACK (its rank in COMM_WORLD):
+    where a topology= machine places it, as mpiexec would bind it."""
+    return _launcher_says(("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
+                          fallback)
 
 
 def node_size(fallback):
     """How many processes mpiexec started on this process's node (Open
     MPI's, MPICH's or MVAPICH's local size), else FALLBACK."""
-    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
-                 "MV2_COMM_WORLD_LOCAL_SIZE"):
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return fallback
+    return _launcher_says(("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                           "MV2_COMM_WORLD_LOCAL_SIZE"), fallback)
 
 
 # Where the kernel says which cgroups this process is in, and where

@@ -3534,12 +3534,17 @@ def unfitted_config(comm):
     """The tunables xhc.Comm would take for COMM's node with room in
     /dev/shm (as config.fit_to_load settles them)."""
     cfg = xhc.config.resolve()
+    xhc.config.fit_to_load(cfg, node_cpu_sets(comm), xhc.config.chosen(),
+                           node_load(comm))
+    return cfg
+
+
+def node_cpu_sets(comm):
+    """The CPU affinities of the ranks of this rank's node (node_parts),
+    in rank order; collective over COMM."""
     cpus = comm.allgather(sorted(os.sched_getaffinity(0)))
     part = node_parts(comm)
-    xhc.config.fit_to_load(cfg, [c for r, c in enumerate(cpus)
-                                 if part[r] == part[comm.rank]],
-                           xhc.config.chosen(), node_load(comm))
-    return cfg
+    return [c for r, c in enumerate(cpus) if part[r] == part[comm.rank]]
 
 
 def node_load(comm):
@@ -3616,9 +3621,7 @@ def check_config(xcomm, comm, v, expect_levels, shm_free=0):
                 if key != "seq_start" else int(env["XHC_SEQ_START"])
             v.check(f"config {key}", cfg[key] == want,
                     f"{cfg[key]} != {want}")
-    cpus = comm.allgather(sorted(os.sched_getaffinity(0)))
-    part = node_parts(comm)
-    cpus = [c for r, c in enumerate(cpus) if part[r] == part[comm.rank]]
+    cpus = node_cpu_sets(comm)
     procs, ncpu = node_load(comm)
     crowded = len(cpus) > len(set().union(*map(set, cpus))) or procs > ncpu
     for key in ("sleep", "windows"):
