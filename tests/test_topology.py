@@ -558,3 +558,46 @@ def test_node_cpus_reads_the_processs_cpuset(monkeypatch, tmp_path, proc,
     assert topology.node_cpus() == 7
     (fs / where).write_text("")  # says nothing: the root's, or all online
     assert topology.node_cpus() == (64 if root else os.cpu_count())
+
+
+_LAUNCHERS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+              "MV2_COMM_WORLD_LOCAL_SIZE", "SLURM_LOCALID", "SLURM_NODEID",
+              "SLURM_STEP_TASKS_PER_NODE")
+
+
+@pytest.mark.parametrize("env, size", [
+    ({}, 9),  # no launcher says: the fallback
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, 3),
+    ({"MPI_LOCALNRANKS": "5", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+      "SLURM_STEP_TASKS_PER_NODE": "2"}, 5),  # mpiexec's own count first
+    # srun: the count at this node's place in the step.
+    ({"SLURM_LOCALID": "1", "SLURM_NODEID": "0",
+      "SLURM_STEP_TASKS_PER_NODE": "4(x2),3"}, 4),
+    ({"SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+      "SLURM_STEP_TASKS_PER_NODE": "4(x2),3"}, 4),
+    ({"SLURM_LOCALID": "0", "SLURM_NODEID": "2",
+      "SLURM_STEP_TASKS_PER_NODE": "4(x2),3"}, 3),
+    ({"SLURM_LOCALID": "0", "SLURM_NODEID": "1",
+      "SLURM_STEP_TASKS_PER_NODE": "1,16(x3)"}, 16),
+    # Not started by srun, a node past the list, a form not understood.
+    ({"SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "2"}, 9),
+    ({"SLURM_LOCALID": "0", "SLURM_NODEID": "3",
+      "SLURM_STEP_TASKS_PER_NODE": "4(x2),3"}, 9),
+    ({"SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+      "SLURM_STEP_TASKS_PER_NODE": "4*2"}, 9),
+])
+def test_node_size_asks_the_launcher(monkeypatch, env, size):
+    for name in _LAUNCHERS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert topology.node_size(9) == size
+
+
+def test_node_index_under_srun(monkeypatch):
+    for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_LOCALID", "2")
+    assert topology.node_index(7) == 2
+    monkeypatch.delenv("SLURM_LOCALID")
+    assert topology.node_index(7) == 7

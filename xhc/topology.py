@@ -362,18 +362,42 @@ def _launcher_says(names, fallback):
 
 
 def node_index(fallback):
-    """This process's rank among those mpiexec started on its node (Open
-    MPI's or MPICH's local rank), else FALLBACK (its rank in COMM_WORLD):
-    where a topology= machine places it, as mpiexec would bind it."""
-    return _launcher_says(("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
-                          fallback)
+    """This process's rank among those the launcher started on its node
+    (Open MPI's, MPICH's or srun's local rank), else FALLBACK (its rank
+    in COMM_WORLD): where a topology= machine places it, as mpiexec would
+    bind it."""
+    return _launcher_says(("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                           "SLURM_LOCALID"), fallback)
 
 
 def node_size(fallback):
-    """How many processes mpiexec started on this process's node (Open
-    MPI's, MPICH's or MVAPICH's local size), else FALLBACK."""
-    return _launcher_says(("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
-                           "MV2_COMM_WORLD_LOCAL_SIZE"), fallback)
+    """How many processes the launcher started on this process's node
+    (Open MPI's, MPICH's or MVAPICH's local size, else srun's count for
+    this node), else FALLBACK."""
+    size = _launcher_says(("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                           "MV2_COMM_WORLD_LOCAL_SIZE"), None)
+    if size is None:
+        size = _srun_tasks_here()
+    return fallback if size is None else size
+
+
+def _srun_tasks_here():
+    """srun's count of a step's tasks on this node: the entry of
+    SLURM_STEP_TASKS_PER_NODE ('4(x2),3': 4 on each of the first two
+    nodes, then 3) at SLURM_NODEID (this node's place in the step); None
+    where srun did not start this process or says it in another form."""
+    node = os.environ.get("SLURM_NODEID", "")
+    if "SLURM_LOCALID" not in os.environ or not node.isdigit():
+        return None
+    node = int(node)
+    for entry in os.environ.get("SLURM_STEP_TASKS_PER_NODE", "").split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", entry.strip())
+        if match is None:
+            return None
+        node -= int(match.group(2) or 1)
+        if node < 0:
+            return int(match.group(1))
+    return None
 
 
 # Where the kernel says which cgroups this process is in, and where
