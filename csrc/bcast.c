@@ -286,9 +286,7 @@ int xhc_bcast_with(xhc_ctx_t *ctx, void *buf, size_t nbytes, int root,
         ctx->stats[XHC_PATH_BCAST_INLINE]++;
         return xhc_bcast_small(ctx, v, buf, nbytes, root);
     }
-    size_t cico_max = ctx->cfg.cico_max;
-    if (ctx->cfg.bcast_rounds && cico_max > XHC_ROUND_MIN)
-        cico_max = XHC_ROUND_MIN;
+    size_t cico_max = xhc_bcast_cico_max(&ctx->cfg);
     if ((flags & XHC_CALL_SHARED) && cico_max >= XHC_SHARED_BCAST_MIN)
         cico_max = XHC_SHARED_BCAST_MIN - 1;
     if (nbytes <= cico_max) {

@@ -140,6 +140,12 @@ int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
     return 0;
 }
 
+void xhc_ctx_map_windows(xhc_ctx_t *ctx)
+{
+    if (ctx)
+        xhc_shm_map_windows(ctx->seg, ctx->nranks, &ctx->cfg);
+}
+
 /* However far peers have gone, I am not late to their operation: I will
  * not enter it in step.  Waiters past their timeout then give up instead
  * of waiting for me, and those that wait on me in the operation I gave

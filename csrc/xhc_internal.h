@@ -247,6 +247,8 @@ size_t xhc_bstage_offset(int nranks, const xhc_config_t *cfg);
 size_t xhc_stage_part(int nranks, const xhc_config_t *cfg);
 int xhc_shm_map_rank(const char *name, size_t size, int rank, int nranks,
                      const xhc_config_t *cfg, unsigned char **out);
+void xhc_shm_map_windows(unsigned char *seg, int nranks,
+                         const xhc_config_t *cfg);
 
 /* view.c */
 int xhc_hier_set(struct xhc_hier *h, int n, int nlevels, const int *groups);
@@ -417,6 +419,15 @@ static inline size_t xhc_up_max(const xhc_config_t *cfg)
 {
     return cfg->reduce_cico_max > cfg->cico_max ? cfg->reduce_cico_max
                                                 : cfg->cico_max;
+}
+
+/* Largest Bcast copied through the slots: cico_max, but on a crowded
+ * node (bcast_rounds set) no more than a staging round's least
+ * (bcast.c, 2.). */
+static inline size_t xhc_bcast_cico_max(const xhc_config_t *cfg)
+{
+    return cfg->bcast_rounds && cfg->cico_max > XHC_ROUND_MIN
+               ? XHC_ROUND_MIN : cfg->cico_max;
 }
 
 /* Each rank's slots: XHC_RING down slots of cico_max bytes, then XHC_RING

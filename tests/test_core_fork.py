@@ -292,6 +292,44 @@ def test_each_rank_reserves_the_pages_it_writes():
                 assert os.stat(path).st_blocks * 512 == seg.size
 
 
+def _mapped_kib(path):
+    """KiB of PATH's pages that this process's mappings of it hold."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
+                inside = line.split(maxsplit=5)[-1].strip() in (
+                    path, path + " (deleted)")
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.parametrize("kw, least", [
+    # The least staged Bcast: one byte over cico_max, or on a crowded
+    # node over a round's least, up to a window.
+    (dict(cico_max=1024, chunk_size=65536, windows=3), 1025),
+    (dict(cico_max=32768, chunk_size=262144, windows=32, bcast_rounds=16),
+     16385),
+    (dict(cico_max=8192, chunk_size=4096, windows=4), 4096),
+])
+def test_the_first_pages_of_every_window_are_mapped_at_once(kw, least):
+    """xhc_ctx_map_windows maps, in every rank's Bcast windows, the pages
+    the least staged Bcast copies through, and no more."""
+    n, cfg = 3, make_config(**kw)
+    with Segment(n, cfg) as seg, _ranks(seg, n, cfg) as ctxs:
+        path = "/dev/shm" + seg.name.decode()
+        before = _mapped_kib(path)
+        lib.xhc_ctx_map_windows(ctxs[1])
+        grown = (_mapped_kib(path) - before) // 4
+        windows = n * cfg.windows
+        pages = -(-least // 4096)  # each window's span, if page-aligned
+        assert windows * pages <= grown <= windows * (pages + 1)
+        assert grown < windows * cfg.chunk_size // 4096 or \
+            least == cfg.chunk_size
+    lib.xhc_ctx_map_windows(ffi.NULL)  # a freed context: nothing
+
+
 def test_collectives_check_their_arguments():
     cfg = make_config()
     buf = np.zeros(16)

@@ -183,6 +183,8 @@ def open_context(comm, cfg):
         comm.Barrier()
         if comm.rank == 0 and name:
             lib.xhc_shm_unlink(name.encode())
+    # Every rank has reserved its pages: map the windows' first ones.
+    lib.xhc_ctx_map_windows(out[0])
     return out[0]
 
 
