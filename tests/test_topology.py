@@ -585,6 +585,8 @@ _LAUNCHERS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
       "SLURM_STEP_TASKS_PER_NODE": "4(x2),3"}, 9),
     ({"SLURM_LOCALID": "0", "SLURM_NODEID": "0",
       "SLURM_STEP_TASKS_PER_NODE": "4*2"}, 9),
+    ({"SLURM_LOCALID": "0", "SLURM_NODEID": "\u00b2",
+      "SLURM_STEP_TASKS_PER_NODE": "4"}, 9),
 ])
 def test_node_size_asks_the_launcher(monkeypatch, env, size):
     for name in _LAUNCHERS:
@@ -594,10 +596,20 @@ def test_node_size_asks_the_launcher(monkeypatch, env, size):
     assert topology.node_size(9) == size
 
 
-def test_node_index_under_srun(monkeypatch):
-    for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"):
+@pytest.mark.parametrize("env, index", [
+    ({}, 7),
+    ({"MV2_COMM_WORLD_LOCAL_RANK": "3", "SLURM_LOCALID": "0"}, 3),
+    # srun's, where srun started this process ...
+    ({"SLURM_LOCALID": "2", "SLURM_NODEID": "1",
+      "SLURM_STEP_TASKS_PER_NODE": "4(x2)"}, 2),
+    # ... not a batch script's, nor a launcher's run from one.
+    ({"SLURM_LOCALID": "0", "SLURM_NODEID": "0"}, 7),
+    ({"MPI_LOCALRANKID": "\u00b2"}, 7),  # a digit int() refuses
+])
+def test_node_index_asks_the_launcher(monkeypatch, env, index):
+    for name in _LAUNCHERS + ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                              "MV2_COMM_WORLD_LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("SLURM_LOCALID", "2")
-    assert topology.node_index(7) == 2
-    monkeypatch.delenv("SLURM_LOCALID")
-    assert topology.node_index(7) == 7
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert topology.node_index(7) == index

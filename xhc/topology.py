@@ -351,23 +351,31 @@ def _machine_localities(comm):
     return localities
 
 
+def _env_count(text):
+    """TEXT as a count (ASCII digits alone), else None."""
+    return int(text) if text.isascii() and text.isdecimal() else None
+
+
 def _launcher_says(names, fallback):
     """The first of the launcher's variables NAMES that holds a count,
     else FALLBACK."""
     for name in names:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
+        value = _env_count(os.environ.get(name, ""))
+        if value is not None:
+            return value
     return fallback
 
 
 def node_index(fallback):
     """This process's rank among those the launcher started on its node
-    (Open MPI's, MPICH's or srun's local rank), else FALLBACK (its rank
-    in COMM_WORLD): where a topology= machine places it, as mpiexec would
-    bind it."""
-    return _launcher_says(("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                           "SLURM_LOCALID"), fallback)
+    (Open MPI's, MPICH's, MVAPICH's or srun's local rank), else FALLBACK
+    (its rank in COMM_WORLD): where a topology= machine places it, as
+    mpiexec would bind it."""
+    names = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+             "MV2_COMM_WORLD_LOCAL_RANK")
+    if _srun_tasks_here() is not None:  # a batch script has SLURM_LOCALID too
+        names += ("SLURM_LOCALID",)
+    return _launcher_says(names, fallback)
 
 
 def node_size(fallback):
@@ -386,12 +394,11 @@ def _srun_tasks_here():
     SLURM_STEP_TASKS_PER_NODE ('4(x2),3': 4 on each of the first two
     nodes, then 3) at SLURM_NODEID (this node's place in the step); None
     where srun did not start this process or says it in another form."""
-    node = os.environ.get("SLURM_NODEID", "")
-    if "SLURM_LOCALID" not in os.environ or not node.isdigit():
+    node = _env_count(os.environ.get("SLURM_NODEID", ""))
+    if "SLURM_LOCALID" not in os.environ or node is None:
         return None
-    node = int(node)
     for entry in os.environ.get("SLURM_STEP_TASKS_PER_NODE", "").split(","):
-        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", entry.strip())
+        match = re.fullmatch(r"([0-9]+)(?:\(x([0-9]+)\))?", entry.strip())
         if match is None:
             return None
         node -= int(match.group(2) or 1)
