@@ -391,7 +391,7 @@ class Comm(HotComm):
             self._in_core(self._nodes.Bcast, np.empty(b.nbytes, np.uint8),
                           root)
             raise _settled(ValueError(_READ_ONLY))
-        run = functools.partial(self._nodes.Bcast, _flat(b, np.uint8), root)
+        run = self._nodes.bcast_call(_flat(b, np.uint8), root)
         return _staged(run, _filled(b.load, not sink), _filled(b.store, sink))
 
     def _reduce_across(self, name, sendbuf, recvbuf, op, root):
@@ -411,14 +411,14 @@ class Comm(HotComm):
         dt = numpy_dtype(s.dtype)
         ops = (known, nodes.between_nodes(known, OPS[id(known)], s.dtype))
         if root is None:
-            run = functools.partial(self._nodes.Allreduce, _flat(s, dt),
-                                    _flat(r, dt), ops, inplace)
+            run = self._nodes.allreduce_call(_flat(s, dt), _flat(r, dt), ops,
+                                             inplace)
         else:
             if receives:
                 r = self._root_recv_across(s, recvbuf, ops, root, inplace, dt)
-            run = functools.partial(
-                self._nodes.Reduce, _flat(s, dt), r and _flat(r, dt), ops,
-                root, inplace, functools.partial(np.empty, s.count, dt))
+            run = self._nodes.reduce_call(
+                _flat(s, dt), r and _flat(r, dt), ops, root, inplace,
+                functools.partial(np.empty, s.count, dt))
         return _staged(run, _filled(s.load), _filled(r and r.store))
 
     def _root_recv_across(self, s, recvbuf, ops, root, inplace, dt):

@@ -20,8 +20,13 @@ lowest rank).
 Every rank knows each rank's node and its rank there (gathered once), so
 each call needs no exchange beyond its three steps.  A rank alone on its
 node (one rank a node, as MPI+threads jobs run) takes the leaders' step
-only, in place in its receive buffer as every leader.
+only, in place in its receive buffer as every leader; its calls (the
+*_call methods) are MPI's own, but where its send buffer must first be
+copied there.
 """
+import functools
+
+import numpy as np
 from mpi4py import MPI
 
 from ._xhc import ffi, lib
@@ -78,6 +83,42 @@ class Nodes:
         # Per rank of COMM: (its node's number, its rank on that node).
         self.where = comm.allgather((self.index, node.rank))
         self.count = len({index for index, _ in self.where})
+        self.all_alone = self.count == len(self.where)
+
+    # A call for the same buffers is made once and kept (xhc/comm.py).
+
+    def bcast_call(self, buf, root):
+        if self.alone:
+            return functools.partial(self.leaders.Bcast, buf,
+                                     self.where[root][0])
+        return functools.partial(self.Bcast, buf, root)
+
+    def allreduce_call(self, sendbuf, recvbuf, ops, inplace):
+        """Every leader reduces in place, so a rank alone passes MPI its
+        send buffer only where every rank is alone (IN_PLACE is all or
+        none) and the two do not overlap (MPI refuses that)."""
+        if self.alone and inplace:
+            return functools.partial(self.leaders.Allreduce, MPI.IN_PLACE,
+                                     recvbuf, ops[1])
+        if self.all_alone and not np.may_share_memory(sendbuf, recvbuf):
+            return functools.partial(self.leaders.Allreduce, sendbuf,
+                                     recvbuf, ops[1])
+        return functools.partial(self.Allreduce, sendbuf, recvbuf, ops,
+                                 inplace)
+
+    def reduce_call(self, sendbuf, recvbuf, ops, root, inplace, scratch):
+        """IN_PLACE is the root's alone: a rank alone passes MPI its
+        buffers as they are, unless they overlap."""
+        home = self.where[root][0]
+        if self.alone and (recvbuf is None or inplace):
+            return functools.partial(self.leaders.Reduce, MPI.IN_PLACE
+                                     if inplace else sendbuf, recvbuf,
+                                     ops[1], home)
+        if self.alone and not np.may_share_memory(sendbuf, recvbuf):
+            return functools.partial(self.leaders.Reduce, sendbuf, recvbuf,
+                                     ops[1], home)
+        return functools.partial(self.Reduce, sendbuf, recvbuf, ops, root,
+                                 inplace, scratch)
 
     def Barrier(self):
         if self.alone:

@@ -3393,29 +3393,39 @@ def raised_in_kept_runs(xcomm, comm, v):
     usable; a persistent request's Start() alike."""
     n = comm.size
     a, b = np.ones(4), np.zeros(4)
-    req = xcomm.Allreduce_init(a, b)
-    for _ in range(2):
-        xcomm.Allreduce(a, b)  # kept: the second ran from C
     nodes, withdrawn = xcomm._nodes, []
     real = nodes.inner, nodes.leaders
+
+    class Leaders:
+        """The leaders' communicator, which refuses once told to: a rank
+        alone on its node keeps its bound Allreduce in its calls."""
+        refuse = False
+
+        def __getattr__(self, name):
+            return getattr(real[1], name)
+
+        def Allreduce(self, *args):
+            if self.refuse:
+                raise ValueError("refused")
+            return real[1].Allreduce(*args)
 
     class Refusing:
         def Reduce(self, *args):
             raise ValueError("refused")
 
-        Allreduce = Reduce  # a rank alone on its node goes straight to it
-
         def _withdraw(self):
             withdrawn.append(True)
 
-    nodes.inner = Refusing()
-    if nodes.alone:
-        nodes.leaders = Refusing()
+    nodes.leaders = leaders = Leaders()
     try:
+        req = xcomm.Allreduce_init(a, b)
+        for _ in range(2):
+            xcomm.Allreduce(a, b)  # kept: the second ran from C
+        nodes.inner, leaders.refuse = Refusing(), nodes.alone
         errs = [raises(ValueError, xcomm.Allreduce, a, b),
                 raises(ValueError, req.Start)]
-    finally:
-        nodes.inner, nodes.leaders = real
+    finally:  # the kept calls keep the wrapper's Allreduce
+        nodes.inner, nodes.leaders, leaders.refuse = *real, False
     busy = xcomm._hot_busy(0)
     xcomm.Allreduce(a, b)
     req.Start()
