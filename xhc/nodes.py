@@ -20,9 +20,10 @@ lowest rank).
 Every rank knows each rank's node and its rank there (gathered once), so
 each call needs no exchange beyond its three steps.  A rank alone on its
 node (one rank a node, as MPI+threads jobs run) takes the leaders' step
-only, in place in its receive buffer as every leader; its calls (the
-*_call methods) are MPI's own, but where its send buffer must first be
-copied there.
+only, in place in its receive buffer as every leader.  The *_call
+methods make the call that is kept for a call's buffers: for such a
+rank, MPI's own among the leaders, unless its send buffer must first be
+copied into its receive buffer.
 """
 import functools
 
@@ -55,6 +56,12 @@ def between_nodes(op, op_code, dtype_code):
     return _IEEE[key]
 
 
+def _overlap(a, b):
+    """Whether arrays A and B may share memory, or start at one address
+    (as empty ones may, which numpy says share none)."""
+    return np.may_share_memory(a, b) or a.ctypes.data == b.ctypes.data
+
+
 def node_parts(comm, split):
     """COMM's ranks on this rank's node, in COMM's order; with SPLIT > 1,
     in SPLIT consecutive blocks of them, each then counted as a node."""
@@ -83,9 +90,6 @@ class Nodes:
         # Per rank of COMM: (its node's number, its rank on that node).
         self.where = comm.allgather((self.index, node.rank))
         self.count = len({index for index, _ in self.where})
-        self.all_alone = self.count == len(self.where)
-
-    # A call for the same buffers is made once and kept (xhc/comm.py).
 
     def bcast_call(self, buf, root):
         if self.alone:
@@ -94,29 +98,29 @@ class Nodes:
         return functools.partial(self.Bcast, buf, root)
 
     def allreduce_call(self, sendbuf, recvbuf, ops, inplace):
-        """Every leader reduces in place, so a rank alone passes MPI its
-        send buffer only where every rank is alone (IN_PLACE is all or
-        none) and the two do not overlap (MPI refuses that)."""
+        """Every leader passes MPI IN_PLACE, as MPI wants of all ranks or
+        none: a rank alone whose send buffer is not its receive buffer
+        copies it there first (Allreduce)."""
         if self.alone and inplace:
             return functools.partial(self.leaders.Allreduce, MPI.IN_PLACE,
-                                     recvbuf, ops[1])
-        if self.all_alone and not np.may_share_memory(sendbuf, recvbuf):
-            return functools.partial(self.leaders.Allreduce, sendbuf,
                                      recvbuf, ops[1])
         return functools.partial(self.Allreduce, sendbuf, recvbuf, ops,
                                  inplace)
 
     def reduce_call(self, sendbuf, recvbuf, ops, root, inplace, scratch):
-        """IN_PLACE is the root's alone: a rank alone passes MPI its
-        buffers as they are, unless they overlap."""
-        home = self.where[root][0]
-        if self.alone and (recvbuf is None or inplace):
-            return functools.partial(self.leaders.Reduce, MPI.IN_PLACE
-                                     if inplace else sendbuf, recvbuf,
-                                     ops[1], home)
-        if self.alone and not np.may_share_memory(sendbuf, recvbuf):
+        """Only the root may pass MPI IN_PLACE: a rank alone passes its
+        buffers as they are, unless the root's two are one (MPI forbids
+        that), which Reduce copies."""
+        home, across = self.where[root][0], ops[1]
+        if self.alone and recvbuf is None:  # not the root
+            return functools.partial(self.leaders.Reduce, sendbuf, None,
+                                     across, home)
+        if self.alone and inplace:
+            return functools.partial(self.leaders.Reduce, MPI.IN_PLACE,
+                                     recvbuf, across, home)
+        if self.alone and not _overlap(sendbuf, recvbuf):
             return functools.partial(self.leaders.Reduce, sendbuf, recvbuf,
-                                     ops[1], home)
+                                     across, home)
         return functools.partial(self.Reduce, sendbuf, recvbuf, ops, root,
                                  inplace, scratch)
 

@@ -3328,6 +3328,58 @@ def kept_runs(xcomm, comm, v):
     kept_within_budget(xcomm, comm, v)
     free_while_a_call_waits(xcomm, comm, v)
     raised_in_kept_runs(xcomm, comm, v)
+    leaders_get_what_mpi_allows(comm, v)
+
+
+def leaders_get_what_mpi_allows(comm, v):
+    """Whatever form each rank gives its buffers in (IN_PLACE, one array
+    twice, two arrays), MPI's Allreduce among the leaders gets IN_PLACE
+    from all (MPI wants it from all or none), and its Reduce never one
+    buffer as both; blocking and kept calls, and requests, alike."""
+    n, rank = comm.size, comm.rank
+    other = xhc.Comm(comm)
+    nodes, seen = other._nodes, []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def Allreduce(self, send, recv, op):
+            seen.append(("Allreduce", send is MPI.IN_PLACE))
+            return real.Allreduce(send, recv, op)
+
+        def Reduce(self, send, recv, op, root):
+            aliased = recv is not None and send is not MPI.IN_PLACE and \
+                np.may_share_memory(send, recv)
+            seen.append(("Reduce", send is MPI.IN_PLACE, aliased))
+            return real.Reduce(send, recv, op, root)
+
+    real, nodes.leaders = nodes.leaders, Recording()
+    form = rank % 3  # 0: IN_PLACE, 1: one array twice, 2: two arrays
+    want = float(sum(range(1, n + 1)))
+    try:
+        for _ in range(3):  # the first call, then kept ones
+            a, b = np.full(4, rank + 1.0), np.zeros(4)
+            args = ((MPI.IN_PLACE, a), (a, a), (a, b))[form]
+            other.Allreduce(*args)
+            req = other.Allreduce_init(*args)
+            req.Start()
+            req.Free()
+            for root in range(n):
+                a, b = np.full(4, rank + 1.0), np.zeros(4)
+                args = ((MPI.IN_PLACE, a), (a, a), (a, b))[form] \
+                    if rank == root else (a, None)
+                other.Reduce(*args, root=root)
+                got = args[1] if rank == root else None
+                if got is not None and not np.all(got == want):
+                    seen.append(("wrong", root, list(got)))
+    finally:
+        nodes.leaders = real
+        other.free()
+    mine = {entry for entry in seen if entry[0] != "Reduce" or entry[2]}
+    v.case("spanning: the leaders' Allreduce gets IN_PLACE from all, their "
+           "Reduce no buffer twice, whatever form each rank's buffers take",
+           None if mine <= {("Allreduce", True)} else f"saw {mine}")
 
 
 def calls_once_free_began(v, comm):
