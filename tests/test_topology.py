@@ -560,14 +560,15 @@ def test_node_cpus_reads_the_processs_cpuset(monkeypatch, tmp_path, proc,
     assert topology.node_cpus() == (64 if root else os.cpu_count())
 
 
-_LAUNCHERS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
-              "MV2_COMM_WORLD_LOCAL_SIZE", "SLURM_LOCALID", "SLURM_NODEID",
-              "SLURM_STEP_TASKS_PER_NODE")
+_LAUNCHERS = topology._LOCAL_RANKS + topology._LOCAL_SIZES + (
+    "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE")
 
 
 @pytest.mark.parametrize("env, size", [
     ({}, 9),  # no launcher says: the fallback
     ({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, 3),
+    ({"PALS_LOCAL_SIZE": "4", "PMI_LOCAL_SIZE": "6"}, 4),  # Cray PALS
+    ({"JSM_NAMESPACE_LOCAL_SIZE": "6"}, 6),  # IBM jsrun
     ({"MPI_LOCALNRANKS": "5", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
       "SLURM_STEP_TASKS_PER_NODE": "2"}, 5),  # mpiexec's own count first
     # srun: the count at this node's place in the step.
@@ -599,6 +600,9 @@ def test_node_size_asks_the_launcher(monkeypatch, env, size):
 @pytest.mark.parametrize("env, index", [
     ({}, 7),
     ({"MV2_COMM_WORLD_LOCAL_RANK": "3", "SLURM_LOCALID": "0"}, 3),
+    ({"PALS_LOCAL_RANKID": "5"}, 5),
+    ({"JSM_NAMESPACE_LOCAL_RANK": "1"}, 1),
+    ({"PMI_LOCAL_RANK": "2"}, 2),
     # srun's, where srun started this process ...
     ({"SLURM_LOCALID": "2", "SLURM_NODEID": "1",
       "SLURM_STEP_TASKS_PER_NODE": "4(x2)"}, 2),
@@ -607,8 +611,7 @@ def test_node_size_asks_the_launcher(monkeypatch, env, size):
     ({"MPI_LOCALRANKID": "\u00b2"}, 7),  # a digit int() refuses
 ])
 def test_node_index_asks_the_launcher(monkeypatch, env, index):
-    for name in _LAUNCHERS + ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                              "MV2_COMM_WORLD_LOCAL_RANK"):
+    for name in _LAUNCHERS:
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

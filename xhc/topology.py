@@ -366,13 +366,22 @@ def _launcher_says(names, fallback):
     return fallback
 
 
+# Where launchers say a process's rank among those they started on its
+# node, and how many those are: Open MPI, MPICH (and Intel MPI), MVAPICH,
+# HPE Cray's PALS, IBM's jsrun, and PMI's names.
+_LOCAL_RANKS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                "MV2_COMM_WORLD_LOCAL_RANK", "PALS_LOCAL_RANKID",
+                "JSM_NAMESPACE_LOCAL_RANK", "PMI_LOCAL_RANK")
+_LOCAL_SIZES = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                "MV2_COMM_WORLD_LOCAL_SIZE", "PALS_LOCAL_SIZE",
+                "JSM_NAMESPACE_LOCAL_SIZE", "PMI_LOCAL_SIZE")
+
+
 def node_index(fallback):
     """This process's rank among those the launcher started on its node
-    (Open MPI's, MPICH's, MVAPICH's or srun's local rank), else FALLBACK
-    (its rank in COMM_WORLD): where a topology= machine places it, as
-    mpiexec would bind it."""
-    names = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-             "MV2_COMM_WORLD_LOCAL_RANK")
+    (_LOCAL_RANKS, else srun's), else FALLBACK (its rank in COMM_WORLD):
+    where a topology= machine places it, as mpiexec would bind it."""
+    names = _LOCAL_RANKS
     if _srun_tasks_here() is not None:  # a batch script has SLURM_LOCALID too
         names += ("SLURM_LOCALID",)
     return _launcher_says(names, fallback)
@@ -380,10 +389,8 @@ def node_index(fallback):
 
 def node_size(fallback):
     """How many processes the launcher started on this process's node
-    (Open MPI's, MPICH's or MVAPICH's local size, else srun's count for
-    this node), else FALLBACK."""
-    size = _launcher_says(("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
-                           "MV2_COMM_WORLD_LOCAL_SIZE"), None)
+    (_LOCAL_SIZES, else srun's count for this node), else FALLBACK."""
+    size = _launcher_says(_LOCAL_SIZES, None)
     if size is None:
         size = _srun_tasks_here()
     return fallback if size is None else size
