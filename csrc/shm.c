@@ -17,10 +17,11 @@
  *    (xhc_shm_map_windows).  Otherwise the first calls that cycle
  *    through the windows fault page by page: on a crowded node, with 32
  *    windows a rank, a 32 KiB Bcast took 18-24 us in its first 20 calls
- *    on 4 ranks, and 2-4 us once the pages were mapped.  The rest of the
+ *    on 4 ranks, and 2-5 us once the pages were mapped.  The rest of the
  *    windows, and the reduce-scatter windows (two a rank, soon all in
- *    use), fault in at the first call that reaches them: mapping all of
- *    them here made each xhc.Comm take 36 ms longer to create there.
+ *    use), fault in at the first call that reaches them: mapping the
+ *    whole segment in every rank made a 4-rank xhc.Comm take 56 ms to
+ *    create there instead of 20 (23 with this).
  *    Each rank maps the start of N x windows windows; on a crowded
  *    node the windows per rank shrink as N grows (config.py).
  * 4. A Comm.empty array's file is created empty instead, and unlinked as

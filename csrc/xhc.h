@@ -105,9 +105,12 @@ int xhc_shm_reserve(int fd, size_t size);
  * collective: until a rank opens, its flags do not yet hold seq_start. */
 int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
                  int rank, int nranks, const xhc_config_t *cfg);
-/* Once every rank has returned from xhc_ctx_open: map the segment's pages
- * that the first staged Bcasts would otherwise fault in one by one (a
- * page it leaves unmapped faults in at first use, as before). */
+/* Map the pages of every rank's Bcast windows that the least staged Bcast
+ * uses, which the first calls would otherwise fault in one by one (the
+ * rest fault in at first use).  Call it once every rank has returned
+ * from xhc_ctx_open, so that each page was placed by the rank that
+ * writes it; it changes no data, so peers may already be running
+ * collectives.  A NULL context does nothing. */
 void xhc_ctx_map_windows(xhc_ctx_t *ctx);
 int xhc_ctx_set_hierarchy(xhc_ctx_t *ctx, int kind, int nlevels,
                           const int *groups);

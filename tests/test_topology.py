@@ -561,7 +561,28 @@ def test_node_cpus_reads_the_processs_cpuset(monkeypatch, tmp_path, proc,
 
 
 _LAUNCHERS = topology._LOCAL_RANKS + topology._LOCAL_SIZES + (
-    "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE")
+    "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_TASK_PID")
+
+
+def _srun(task="self", **env):
+    """srun's variables for a task whose process is TASK (this one, its
+    parent, or another), with ENV's."""
+    return dict(env, SLURM_TASK_PID=task)
+
+
+def _launched(monkeypatch, env):
+    """The environment of a process that a launcher started with ENV."""
+    for name in _LAUNCHERS:
+        monkeypatch.delenv(name, raising=False)
+    pids = {"self": os.getpid(), "parent": os.getppid(),
+            "other": os.getpid() + os.getppid() + 1}
+    for name, value in env.items():
+        monkeypatch.setenv(name, str(pids[value]) if name == "SLURM_TASK_PID"
+                           else value)
+
+
+_STEP = dict(SLURM_STEP_TASKS_PER_NODE="4(x2),3")
 
 
 @pytest.mark.parametrize("env, size", [
@@ -569,31 +590,26 @@ _LAUNCHERS = topology._LOCAL_RANKS + topology._LOCAL_SIZES + (
     ({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, 3),
     ({"PALS_LOCAL_SIZE": "4", "PMI_LOCAL_SIZE": "6"}, 4),  # Cray PALS
     ({"JSM_NAMESPACE_LOCAL_SIZE": "6"}, 6),  # IBM jsrun
-    ({"MPI_LOCALNRANKS": "5", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-      "SLURM_STEP_TASKS_PER_NODE": "2"}, 5),  # mpiexec's own count first
+    (_srun(MPI_LOCALNRANKS="5", SLURM_LOCALID="0", SLURM_NODEID="0",
+           SLURM_STEP_TASKS_PER_NODE="2"), 5),  # mpiexec's own count first
     # srun: the count at this node's place in the step.
-    ({"SLURM_LOCALID": "1", "SLURM_NODEID": "0",
-      "SLURM_STEP_TASKS_PER_NODE": "4(x2),3"}, 4),
-    ({"SLURM_LOCALID": "1", "SLURM_NODEID": "1",
-      "SLURM_STEP_TASKS_PER_NODE": "4(x2),3"}, 4),
-    ({"SLURM_LOCALID": "0", "SLURM_NODEID": "2",
-      "SLURM_STEP_TASKS_PER_NODE": "4(x2),3"}, 3),
-    ({"SLURM_LOCALID": "0", "SLURM_NODEID": "1",
-      "SLURM_STEP_TASKS_PER_NODE": "1,16(x3)"}, 16),
-    # Not started by srun, a node past the list, a form not understood.
-    ({"SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "2"}, 9),
-    ({"SLURM_LOCALID": "0", "SLURM_NODEID": "3",
-      "SLURM_STEP_TASKS_PER_NODE": "4(x2),3"}, 9),
-    ({"SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-      "SLURM_STEP_TASKS_PER_NODE": "4*2"}, 9),
-    ({"SLURM_LOCALID": "0", "SLURM_NODEID": "\u00b2",
-      "SLURM_STEP_TASKS_PER_NODE": "4"}, 9),
+    (_srun(SLURM_LOCALID="1", SLURM_NODEID="0", **_STEP), 4),
+    (_srun(SLURM_LOCALID="1", SLURM_NODEID="1", **_STEP), 4),
+    (_srun(SLURM_LOCALID="0", SLURM_NODEID="2", **_STEP), 3),
+    (_srun("parent", SLURM_LOCALID="0", SLURM_NODEID="2", **_STEP), 3),
+    (_srun(SLURM_LOCALID="0", SLURM_NODEID="1",
+           SLURM_STEP_TASKS_PER_NODE="1,16(x3)"), 16),
+    # Not srun's task (another launcher started from one), a node past
+    # the list, a form not understood.
+    (_srun("other", SLURM_LOCALID="0", SLURM_NODEID="0", **_STEP), 9),
+    ({"SLURM_LOCALID": "0", "SLURM_NODEID": "0", **_STEP}, 9),
+    (_srun(SLURM_LOCALID="0", SLURM_NODEID="3", **_STEP), 9),
+    (_srun(SLURM_LOCALID="0", SLURM_NODEID="0",
+           SLURM_STEP_TASKS_PER_NODE="4*2"), 9),
+    (_srun(SLURM_LOCALID="0", SLURM_NODEID="\u00b2", **_STEP), 9),
 ])
 def test_node_size_asks_the_launcher(monkeypatch, env, size):
-    for name in _LAUNCHERS:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+    _launched(monkeypatch, env)
     assert topology.node_size(9) == size
 
 
@@ -604,15 +620,12 @@ def test_node_size_asks_the_launcher(monkeypatch, env, size):
     ({"JSM_NAMESPACE_LOCAL_RANK": "1"}, 1),
     ({"PMI_LOCAL_RANK": "2"}, 2),
     # srun's, where srun started this process ...
-    ({"SLURM_LOCALID": "2", "SLURM_NODEID": "1",
-      "SLURM_STEP_TASKS_PER_NODE": "4(x2)"}, 2),
-    # ... not a batch script's, nor a launcher's run from one.
+    (_srun(SLURM_LOCALID="2", SLURM_NODEID="1", **_STEP), 2),
+    # ... not a batch script's, nor a launcher's run from an srun task.
     ({"SLURM_LOCALID": "0", "SLURM_NODEID": "0"}, 7),
+    (_srun("other", SLURM_LOCALID="2", SLURM_NODEID="1", **_STEP), 7),
     ({"MPI_LOCALRANKID": "\u00b2"}, 7),  # a digit int() refuses
 ])
 def test_node_index_asks_the_launcher(monkeypatch, env, index):
-    for name in _LAUNCHERS:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+    _launched(monkeypatch, env)
     assert topology.node_index(7) == index

@@ -388,8 +388,8 @@ class Comm(HotComm):
         b = resolve(buf)
         sink = self._rank != root
         if sink and not b.writable:  # takes part, as _take_part_then_raise
-            self._in_core(self._nodes.Bcast, np.empty(b.nbytes, np.uint8),
-                          root)
+            self._in_core(self._nodes.bcast_call(
+                np.empty(b.nbytes, np.uint8), root))
             raise _settled(ValueError(_READ_ONLY))
         run = self._nodes.bcast_call(_flat(b, np.uint8), root)
         return _staged(run, _filled(b.load, not sink), _filled(b.store, sink))
@@ -431,8 +431,8 @@ class Comm(HotComm):
             return r
         except (TypeError, ValueError) as exc:
             scratch = functools.partial(np.empty, s.count, dt)
-            self._in_core(self._nodes.Reduce, _flat(s, dt), scratch(), ops,
-                          root, False, scratch)
+            self._in_core(self._nodes.reduce_call(
+                _flat(s, dt), scratch(), ops, root, False, scratch))
             raise _settled(exc)
 
     def _in_core(self, fn, *args):

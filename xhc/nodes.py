@@ -20,10 +20,9 @@ lowest rank).
 Every rank knows each rank's node and its rank there (gathered once), so
 each call needs no exchange beyond its three steps.  A rank alone on its
 node (one rank a node, as MPI+threads jobs run) takes the leaders' step
-only, in place in its receive buffer as every leader.  The *_call
-methods make the call that is kept for a call's buffers: for such a
-rank, MPI's own among the leaders, unless its send buffer must first be
-copied into its receive buffer.
+only: MPI's own call, with IN_PLACE for an Allreduce as every leader
+(having copied its send buffer into its receive buffer), and with its
+own buffers for a Bcast or Reduce.
 """
 import functools
 
@@ -92,6 +91,8 @@ class Nodes:
         self.count = len({index for index, _ in self.where})
 
     def bcast_call(self, buf, root):
+        """Bcast(BUF, ROOT) as a callable, to be kept for these buffers
+        (xhc/comm.py); so are the next two."""
         if self.alone:
             return functools.partial(self.leaders.Bcast, buf,
                                      self.where[root][0])
@@ -99,30 +100,33 @@ class Nodes:
 
     def allreduce_call(self, sendbuf, recvbuf, ops, inplace):
         """Every leader passes MPI IN_PLACE, as MPI wants of all ranks or
-        none: a rank alone whose send buffer is not its receive buffer
-        copies it there first (Allreduce)."""
-        if self.alone and inplace:
+        none: a rank alone copies its send buffer into its receive
+        buffer first, unless they are one (the only overlap the checks
+        let through)."""
+        if not self.alone:
+            return functools.partial(self.Allreduce, sendbuf, recvbuf, ops,
+                                     inplace)
+        if inplace or _overlap(sendbuf, recvbuf):
             return functools.partial(self.leaders.Allreduce, MPI.IN_PLACE,
                                      recvbuf, ops[1])
-        return functools.partial(self.Allreduce, sendbuf, recvbuf, ops,
-                                 inplace)
+        return functools.partial(self._allreduce_alone, sendbuf, recvbuf,
+                                 ops[1])
+
+    def _allreduce_alone(self, sendbuf, recvbuf, across):
+        recvbuf[...] = sendbuf
+        self.leaders.Allreduce(MPI.IN_PLACE, recvbuf, across)
 
     def reduce_call(self, sendbuf, recvbuf, ops, root, inplace, scratch):
         """Only the root may pass MPI IN_PLACE: a rank alone passes its
-        buffers as they are, unless the root's two are one (MPI forbids
-        that), which Reduce copies."""
-        home, across = self.where[root][0], ops[1]
-        if self.alone and recvbuf is None:  # not the root
-            return functools.partial(self.leaders.Reduce, sendbuf, None,
-                                     across, home)
-        if self.alone and inplace:
-            return functools.partial(self.leaders.Reduce, MPI.IN_PLACE,
-                                     recvbuf, across, home)
-        if self.alone and not _overlap(sendbuf, recvbuf):
-            return functools.partial(self.leaders.Reduce, sendbuf, recvbuf,
-                                     across, home)
-        return functools.partial(self.Reduce, sendbuf, recvbuf, ops, root,
-                                 inplace, scratch)
+        buffers as they are, but IN_PLACE for a root's buffers that are
+        one (MPI forbids passing them twice)."""
+        if not self.alone:
+            return functools.partial(self.Reduce, sendbuf, recvbuf, ops,
+                                     root, inplace, scratch)
+        same = recvbuf is not None and (inplace or _overlap(sendbuf, recvbuf))
+        return functools.partial(self.leaders.Reduce,
+                                 MPI.IN_PLACE if same else sendbuf, recvbuf,
+                                 ops[1], self.where[root][0])
 
     def Barrier(self):
         if self.alone:
@@ -132,10 +136,11 @@ class Nodes:
             self.leaders.Barrier()
         self.inner.Barrier()
 
+    # The steps of a rank that shares its node (a rank alone takes the
+    # *_call methods' shortcuts).
+
     def Bcast(self, buf, root):
         home, local = self.where[root]
-        if self.alone:
-            return self.leaders.Bcast(buf, home)
         if self.index == home:
             self.inner.Bcast(buf, local)
         if self.leads:
@@ -146,10 +151,6 @@ class Nodes:
     def Allreduce(self, sendbuf, recvbuf, ops, inplace):
         """OPS: the op within nodes, and between them (between_nodes)."""
         op, across = ops
-        if self.alone:  # in place, as every leader (and send may be recv)
-            if not inplace:
-                recvbuf[...] = sendbuf
-            return self.leaders.Allreduce(MPI.IN_PLACE, recvbuf, across)
         if self.leads:
             self.inner.Reduce(MPI.IN_PLACE if inplace else sendbuf, recvbuf,
                               op, 0)
@@ -166,12 +167,6 @@ class Nodes:
         home, local = self.where[root]
         is_root = self.rank == root
         mine = recvbuf if inplace else sendbuf
-        if self.alone:  # the root's node is this one if it is the root
-            if not is_root:
-                return self.leaders.Reduce(mine, None, across, home)
-            if not inplace:  # in place, as a gathering leader (see above)
-                recvbuf[...] = sendbuf
-            return self.leaders.Reduce(MPI.IN_PLACE, recvbuf, across, home)
         if not self.leads:
             self.inner.Reduce(mine, None, op, 0)
         else:

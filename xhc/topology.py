@@ -316,7 +316,7 @@ def gather_localities(comm, topology=None, index=0):
     whole communicator, one hwloc-calc per level type rather than per
     level and rank, and sends the answer (or its failure, raised on every
     rank) to all.  With a topology source each rank is placed by its INDEX
-    (its rank in COMM_WORLD, as mpiexec places it)."""
+    (node_index: its rank on its node, as the launcher placed it)."""
     source = _source(topology)
     check_alike("topology", comm.allgather(source))
     if source is None:
@@ -400,9 +400,12 @@ def _srun_tasks_here():
     """srun's count of a step's tasks on this node: the entry of
     SLURM_STEP_TASKS_PER_NODE ('4(x2),3': 4 on each of the first two
     nodes, then 3) at SLURM_NODEID (this node's place in the step); None
-    where srun did not start this process or says it in another form."""
+    where srun did not start this process (or a script it started), or
+    says it in another form.  Processes that another launcher started
+    from an srun task (an `srun --pty bash`) inherit the variables."""
     node = _env_count(os.environ.get("SLURM_NODEID", ""))
-    if "SLURM_LOCALID" not in os.environ or node is None:
+    task = _env_count(os.environ.get("SLURM_TASK_PID", ""))
+    if task not in (os.getpid(), os.getppid()) or node is None:
         return None
     for entry in os.environ.get("SLURM_STEP_TASKS_PER_NODE", "").split(","):
         match = re.fullmatch(r"([0-9]+)(?:\(x([0-9]+)\))?", entry.strip())

@@ -3359,12 +3359,17 @@ def leaders_get_what_mpi_allows(comm, v):
     want = float(sum(range(1, n + 1)))
     try:
         for _ in range(3):  # the first call, then kept ones
-            a, b = np.full(4, rank + 1.0), np.zeros(4)
-            args = ((MPI.IN_PLACE, a), (a, a), (a, b))[form]
-            other.Allreduce(*args)
-            req = other.Allreduce_init(*args)
-            req.Start()
-            req.Free()
+            for start in (False, True):  # blocking, then a request
+                a, b = np.full(4, rank + 1.0), np.zeros(4)
+                args = ((MPI.IN_PLACE, a), (a, a), (a, b))[form]
+                if start:
+                    req = other.Allreduce_init(*args)
+                    req.Start()
+                    req.Free()
+                else:
+                    other.Allreduce(*args)
+                if not np.all(args[1] == want):
+                    seen.append(("wrong", "Allreduce", list(args[1])))
             for root in range(n):
                 a, b = np.full(4, rank + 1.0), np.zeros(4)
                 args = ((MPI.IN_PLACE, a), (a, a), (a, b))[form] \
