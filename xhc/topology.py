@@ -382,8 +382,8 @@ def node_index(fallback):
     (_LOCAL_RANKS, else srun's), else FALLBACK (its rank in COMM_WORLD):
     where a topology= machine places it, as mpiexec would bind it."""
     names = _LOCAL_RANKS
-    if _srun_tasks_here() is not None:  # a batch script has SLURM_LOCALID too
-        names += ("SLURM_LOCALID",)
+    if _srun_tasks_here() is not None:  # srun's task: a batch script,
+        names += ("SLURM_LOCALID",)     # and what it starts, have it too
     return _launcher_says(names, fallback)
 
 
