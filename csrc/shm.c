@@ -12,18 +12,21 @@
  *    faults in the control block and its own slots.  Then the creator
  *    unlinks it, so no crash afterwards can leave it in /dev/shm.
  * 3. Once all have reserved theirs (so that each page lies where its
- *    writer runs), every rank faults in the start of every rank's Bcast
+ *    writer runs), every rank faults in every rank's reduce-scatter
+ *    staging (two windows a rank) and the start of every rank's Bcast
  *    windows, as much as the least staged Bcast copies through each
- *    (xhc_shm_map_windows).  Otherwise the first calls that cycle
- *    through the windows fault page by page: on a crowded node, with 32
- *    windows a rank, a 32 KiB Bcast took 18-24 us in its first 20 calls
- *    on 4 ranks, and 2-5 us once the pages were mapped.  The rest of the
- *    windows, and the reduce-scatter windows (two a rank, soon all in
- *    use), fault in at the first call that reaches them: mapping the
- *    whole segment in every rank made a 4-rank xhc.Comm take 56 ms to
- *    create there instead of 20 (23 with this).
- *    Each rank maps the start of N x windows windows; on a crowded
- *    node the windows per rank shrink as N grows (config.py).
+ *    (xhc_shm_map_windows).  Otherwise the first calls through them
+ *    fault page by page: on a crowded node, with 32 Bcast windows a
+ *    rank, a 32 KiB Bcast took 18-24 us in its first 20 calls on 4
+ *    ranks, and 2-5 us once the pages were mapped; on 2 ranks the first
+ *    two staged 64 KiB Allreduces took 49-63 us against 7 warm, and the
+ *    adaptive copy, timing staging cold, chose CMA at 128 KiB (22 us a
+ *    call against staging's 16).  The rest of the Bcast windows fault
+ *    in at the first call that reaches them: mapping the whole segment
+ *    in every rank made a 4-rank xhc.Comm take 56 ms to create there
+ *    instead of 20 (about 24 with this).  Each rank maps N x windows
+ *    windows' starts (on a crowded node the windows per rank shrink as
+ *    N grows, config.py) and N x 2 x chunk_size bytes of staging.
  * 4. A Comm.empty array's file is created empty instead, and unlinked as
  *    soon as every rank holds it open; then it is sized and reserved
  *    through a descriptor (xhc_shm_reserve), which for a large array takes
@@ -200,9 +203,9 @@ int xhc_shm_map_rank(const char *name, size_t size, int rank, int nranks,
     return 0;
 }
 
-/* Step 3: fault in, in every rank's Bcast windows, the bytes the least
- * staged Bcast copies through each: one more than the largest through
- * the slots, up to a window. */
+/* Step 3: fault in every rank's reduce-scatter staging, and in every
+ * rank's Bcast windows the bytes the least staged Bcast copies through
+ * each: one more than the largest through the slots, up to a window. */
 void xhc_shm_map_windows(unsigned char *seg, int nranks,
                          const xhc_config_t *cfg)
 {
@@ -213,4 +216,8 @@ void xhc_shm_map_windows(unsigned char *seg, int nranks,
                            + XHC_WINDOW_SKEW;
     for (size_t w = 0; w < (size_t)nranks * cfg->windows; w++)
         xhc_populate(first + w * cfg->chunk_size, least);
+    size_t stage = XHC_RS_WINDOWS
+                   * (cfg->chunk_size + xhc_stage_part(nranks, cfg));
+    xhc_populate(seg + xhc_stage_offset(nranks, cfg) + XHC_WINDOW_SKEW,
+                 (size_t)nranks * stage);
 }

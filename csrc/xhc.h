@@ -105,9 +105,9 @@ int xhc_shm_reserve(int fd, size_t size);
  * collective: until a rank opens, its flags do not yet hold seq_start. */
 int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
                  int rank, int nranks, const xhc_config_t *cfg);
-/* Map the pages of every rank's Bcast windows that the least staged Bcast
- * uses, which the first calls would otherwise fault in one by one (the
- * rest fault in at first use).  Call it once every rank has returned
+/* Map every rank's reduce-scatter staging, and the pages of every rank's
+ * Bcast windows that the least staged Bcast uses, which the first calls
+ * would otherwise fault in one by one (the rest fault in at first use).  Call it once every rank has returned
  * from xhc_ctx_open, so that each page was placed by the rank that
  * writes it; it changes no data, so peers may already be running
  * collectives.  A NULL context does nothing. */
