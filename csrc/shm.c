@@ -69,10 +69,17 @@ size_t xhc_stage_part(int nranks, const xhc_config_t *cfg)
     return cfg->chunk_size / (size_t)nranks / 64 * 64;
 }
 
+/* One rank's reduce-scatter staging: its input windows, then its result
+ * parts (xhc_internal.h's xhc_stage_in and xhc_stage_res). */
+size_t xhc_stage_per_rank(int nranks, const xhc_config_t *cfg)
+{
+    return XHC_RS_WINDOWS * (cfg->chunk_size + xhc_stage_part(nranks, cfg));
+}
+
 size_t xhc_bstage_offset(int nranks, const xhc_config_t *cfg)
 {
-    size_t stage = XHC_WINDOW_SKEW + (size_t)nranks * XHC_RS_WINDOWS
-                   * (cfg->chunk_size + xhc_stage_part(nranks, cfg));
+    size_t stage = XHC_WINDOW_SKEW
+                   + (size_t)nranks * xhc_stage_per_rank(nranks, cfg);
     return xhc_stage_offset(nranks, cfg) + xhc_round_up(stage, 4096);
 }
 
@@ -138,8 +145,7 @@ static void xhc_rank_parts(int rank, int nranks, const xhc_config_t *cfg,
                            size_t parts[4][2])
 {
     size_t slots = XHC_RING * (cfg->cico_max + xhc_up_max(cfg));
-    size_t stage = XHC_RS_WINDOWS
-                   * (cfg->chunk_size + xhc_stage_part(nranks, cfg));
+    size_t stage = xhc_stage_per_rank(nranks, cfg);
     size_t bstage = cfg->windows * cfg->chunk_size;
     parts[0][0] = 0;
     parts[0][1] = xhc_slots_offset(nranks);
@@ -216,8 +222,6 @@ void xhc_shm_map_windows(unsigned char *seg, int nranks,
                            + XHC_WINDOW_SKEW;
     for (size_t w = 0; w < (size_t)nranks * cfg->windows; w++)
         xhc_populate(first + w * cfg->chunk_size, least);
-    size_t stage = XHC_RS_WINDOWS
-                   * (cfg->chunk_size + xhc_stage_part(nranks, cfg));
     xhc_populate(seg + xhc_stage_offset(nranks, cfg) + XHC_WINDOW_SKEW,
-                 (size_t)nranks * stage);
+                 (size_t)nranks * xhc_stage_per_rank(nranks, cfg));
 }

@@ -245,6 +245,7 @@ size_t xhc_slots_offset(int nranks);
 size_t xhc_stage_offset(int nranks, const xhc_config_t *cfg);
 size_t xhc_bstage_offset(int nranks, const xhc_config_t *cfg);
 size_t xhc_stage_part(int nranks, const xhc_config_t *cfg);
+size_t xhc_stage_per_rank(int nranks, const xhc_config_t *cfg);
 int xhc_shm_map_rank(const char *name, size_t size, int rank, int nranks,
                      const xhc_config_t *cfg, unsigned char **out);
 void xhc_shm_map_windows(unsigned char *seg, int nranks,
@@ -471,8 +472,7 @@ static inline uint64_t xhc_piece_flag(uint64_t t, size_t pieces)
 static inline unsigned char *xhc_stage_in(xhc_ctx_t *ctx, int rank,
                                           uint64_t t)
 {
-    size_t part = xhc_stage_part(ctx->nranks, &ctx->cfg);
-    size_t per_rank = XHC_RS_WINDOWS * (ctx->cfg.chunk_size + part);
+    size_t per_rank = xhc_stage_per_rank(ctx->nranks, &ctx->cfg);
     return ctx->stage + XHC_WINDOW_SKEW + (size_t)rank * per_rank
            + (size_t)(t % XHC_RS_WINDOWS) * ctx->cfg.chunk_size;
 }
