@@ -400,6 +400,9 @@ ARG_CASES = [
      r"^opening the shared segment \(rank {last}\): No space left on "
      r"device \(/dev/shm has not that much free: .*set XHC_CHUNK_SIZE, "
      r"XHC_WINDOWS or XHC_CICO_MAX lower"),
+    ("space-warning-as-error", "RuntimeWarning",
+     r"^(rank 0: )?xhc: /dev/shm has 2\.0 MiB free, so this communicator's "
+     r"segment was cut to .*docker run --shm-size=1g"),
     ("shm-too-small-on-one-rank", "XhcError",
      r"^sizing the shared segment \([0-9.]+ MiB for {n} ranks, 0\.1 MiB "
      r"free\): No space left on device \(/dev/shm has not that much free: "

@@ -295,8 +295,17 @@ class Comm(HotComm):
                               f"({_mib(fit['bytes'])} for {n} ranks, "
                               f"{_mib(fit['free'])} free)")
         said = _space_warning(fit, cfg)
-        if said and self._comm.rank == 0:
-            warnings.warn(said, RuntimeWarning, stacklevel=_user_level())
+        if not said:  # alike on every rank: all fit the same numbers
+            return
+        problem = None
+        if self._comm.rank == 0:
+            try:  # a filter may make the warning an error
+                warnings.warn(said, RuntimeWarning, stacklevel=_user_level())
+            except Exception as exc:
+                problem = exc
+        # Raise it on every rank, not only on rank 0 while the others go
+        # on to make the segment and wait there for ever.
+        agree(self._comm, None, problem)
 
     # -- errors and fallback ------------------------------------------------
 

@@ -22,7 +22,8 @@ def error_text(exc):
     return f"{type(exc).__name__}: {exc}"
 
 
-_KINDS = {"TypeError": TypeError, "ValueError": ValueError}
+_KINDS = {"TypeError": TypeError, "ValueError": ValueError,
+          "RuntimeWarning": RuntimeWarning}  # a warning made an error
 
 
 def agree(comm, value, problem=None):

@@ -54,6 +54,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 from mpi4py import MPI
@@ -263,7 +264,7 @@ def refused_then_next_works(trouble):
     try:
         with trouble:
             xhc.Comm(W)
-    except xhc.XhcError as exc:
+    except (xhc.XhcError, RuntimeWarning) as exc:
         failure = exc
     with xhc.Comm(W) as again:
         out = f8(4)
@@ -302,6 +303,24 @@ def shm_too_small_on_one_rank(c):
     room again) must work."""
     refused_then_next_works(
         on_last_rank(_core, "shm_free", lambda: 64 << 10))
+
+
+def space_warning_as_error(c):
+    """Warnings made errors, and room in /dev/shm for a cut segment only:
+    the warning that rank 0 gives must raise on every rank, before any
+    makes the segment (the others used to wait there for ever), and the
+    next xhc.Comm must work."""
+    @contextlib.contextmanager
+    def trouble():
+        real = _core.shm_free
+        _core.shm_free = lambda: 2 << 20
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                yield
+        finally:
+            _core.shm_free = real
+    refused_then_next_works(trouble())
 
 
 def struct_with_empty_member(c):
@@ -433,6 +452,7 @@ def suite_args(xc):
         ("empty-fails-on-one-rank", empty_fails_on_one_rank),
         ("segment-full-on-one-rank", segment_full_on_one_rank),
         ("shm-too-small-on-one-rank", shm_too_small_on_one_rank),
+        ("space-warning-as-error", space_warning_as_error),
     ]
     return run_cases(xc, cases)
 
