@@ -532,6 +532,8 @@ DEBUG_CASES = [
      "sendbuf: rank 0 has '4 x float64', rank 2 has '5 x float64'"),
     ("allreduce-none-count", "Allreduce",
      "sendbuf: rank 0 has '4 x float64', rank 2 has '5 x float64'"),
+    ("allreduce-recv-count", "Allreduce",
+     "recvbuf: rank 0 has '4 x float64', rank 2 has '5 x float64'"),
     ("allreduce-dtype", "Allreduce",
      "sendbuf: rank 0 has '4 x float64', rank 2 has '4 x float32'"),
     ("allreduce-op", "Allreduce", "op: rank 0 has 'SUM', rank 2 has 'MAX'"),

@@ -41,6 +41,11 @@ def _signature(comm, name, bound):
         if in_place(send):
             send = args["recvbuf"]
         sig["sendbuf"] = _describe(send)
+        # Every rank's, which must match its send buffer: a rank whose
+        # own does not would refuse the call alone.  (A Reduce's counts
+        # only at the root, which takes part whatever it holds.)
+        if name == "Allreduce":
+            sig["recvbuf"] = _describe(args["recvbuf"])
     return sig
 
 

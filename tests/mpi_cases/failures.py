@@ -573,6 +573,8 @@ def debug_cases():
     return [
         ("debug-allreduce-count", lambda c: c.Allreduce(f8(n), f8(n))),
         ("debug-allreduce-none-count", lambda c: c.Allreduce(None, f8(n))),
+        # One rank's receive buffer, which it alone would refuse.
+        ("debug-allreduce-recv-count", lambda c: c.Allreduce(f8(4), f8(n))),
         ("debug-allreduce-dtype",
          lambda c: c.Allreduce(np.zeros(4, np.float32 if odd else np.float64),
                               np.zeros(4, np.float32 if odd else np.float64))),
