@@ -30,8 +30,21 @@ int xhc_red_init(struct xhc_red *r, size_t count, int dtype, int op)
                ? XHC_ERR_ARG : XHC_ERR_DTYPE_OP;
     r->count = count;
     r->esize = xhc_dtype_size(dtype);
-    r->nbytes = count * r->esize;
+    r->nbytes = r->total = count * r->esize;
     return 0;
+}
+
+/* Wait for PEER's line DIR of operation SEQ, which must be of the size
+ * of my call: ranks that passed different sizes fail rather than fold
+ * bytes that are not there (or, in pieces, pair their calls askew). */
+static int xhc_take_line(xhc_ctx_t *ctx, int peer, int dir, uint64_t seq,
+                         const struct xhc_red *r)
+{
+    struct xhc_flag_line *line = xhc_line(ctx, peer, dir, seq);
+    int rc = xhc_wait_eq(ctx, &line->seq, seq, peer);
+    if (rc == 0 && line->nbytes != r->total)
+        rc = xhc_fail(ctx, peer, XHC_ERR_MISMATCH);
+    return rc;
 }
 
 /* Fold *MINE with the up payloads of CHILD[0..NCHILD) into DST; on
@@ -45,7 +58,7 @@ int xhc_fold_children(xhc_ctx_t *ctx, const int *child, int nchild,
     ctx->srcs[0] = *mine;
     for (int i = 0; i < nchild; i++) {
         int c = child[i];
-        int rc = xhc_wait_eq(ctx, &xhc_line(ctx, c, XHC_UP, seq)->seq, seq, c);
+        int rc = xhc_take_line(ctx, c, XHC_UP, seq, r);
         if (rc)
             return rc;
         ctx->srcs[i + 1] = xhc_payload(ctx, c, XHC_UP, seq, r->nbytes);
@@ -64,7 +77,7 @@ int xhc_publish_up(xhc_ctx_t *ctx, uint64_t seq, const struct xhc_red *r,
     unsigned char *dst = xhc_payload(ctx, ctx->rank, XHC_UP, seq, r->nbytes);
     if (dst != value)
         memcpy(dst, value, r->nbytes);
-    line->nbytes = r->nbytes;
+    line->nbytes = r->total;
     /* Orders the value's bytes before readers see the flag. */
     xhc_publish(ctx, &line->seq, seq);
     return 0;
@@ -81,7 +94,7 @@ static int xhc_fold_peers(xhc_ctx_t *ctx, const struct xhc_view *v,
             ctx->srcs[i] = mine;
             continue;
         }
-        int rc = xhc_wait_eq(ctx, &xhc_line(ctx, p, XHC_UP, seq)->seq, seq, p);
+        int rc = xhc_take_line(ctx, p, XHC_UP, seq, r);
         if (rc)
             return rc;
         ctx->srcs[i] = xhc_payload(ctx, p, XHC_UP, seq, r->nbytes);
@@ -97,8 +110,7 @@ static int xhc_pass_down(xhc_ctx_t *ctx, const struct xhc_view *v,
                          uint64_t seq, const struct xhc_red *r, void *rbuf)
 {
     if (v->npeer == 0) {
-        int rc = xhc_wait_eq(ctx, &xhc_line(ctx, v->parent, XHC_DOWN, seq)->seq,
-                             seq, v->parent);
+        int rc = xhc_take_line(ctx, v->parent, XHC_DOWN, seq, r);
         if (rc)
             return rc;
         memcpy(rbuf, xhc_payload(ctx, v->parent, XHC_DOWN, seq, r->nbytes),
@@ -108,7 +120,7 @@ static int xhc_pass_down(xhc_ctx_t *ctx, const struct xhc_view *v,
         struct xhc_flag_line *line = xhc_line(ctx, ctx->rank, XHC_DOWN, seq);
         memcpy(xhc_payload(ctx, ctx->rank, XHC_DOWN, seq, r->nbytes), rbuf,
                r->nbytes);
-        line->nbytes = r->nbytes;
+        line->nbytes = r->total;
         /* Orders the result's bytes before children see the flag. */
         xhc_publish(ctx, &line->seq, seq);
     }

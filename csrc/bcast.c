@@ -26,11 +26,73 @@
  *    and tells them in its ring line.
  *    A call whose ranks agreed that the root's buffer is in node shared
  *    memory (XHC_CALL_SHARED) takes this path from 16 KiB.
+ * 4. Every parent's ring line carries the root's size, and a reader whose
+ *    own differs fails (the ranks passed different sizes) rather than
+ *    read past what was sent, or miss its end.  Readers count the rounds
+ *    the root's size makes (ctx.c 4.), whatever their own would.
  */
 #include "xhc_internal.h"
 
+/* With XHC_CALL_SHARED (the root's buffer is in node shared memory, as
+ * the ranks agreed), readers copy from it in place from this size: in one
+ * process on 2 ranks, alternating with the slots, 0.92x their time at
+ * 16 KiB and 0.84x at 32 KiB. */
+#define XHC_SHARED_BCAST_MIN 16384
+
+/* Bytes per round of a large Bcast of NBYTES (see 2.). */
+static size_t xhc_bcast_step(const xhc_ctx_t *ctx, size_t nbytes)
+{
+    size_t step = ctx->cfg.chunk_size;
+    if (!ctx->cfg.bcast_rounds)
+        return step;
+    size_t cut = (nbytes / ctx->cfg.bcast_rounds + 63) & ~(size_t)63;
+    if (cut < XHC_ROUND_MIN)
+        cut = XHC_ROUND_MIN;
+    return cut < step ? cut : step;
+}
+
+/* The largest Bcast that goes through the slots (see 1. and 3.). */
+static size_t xhc_bcast_small_max(const xhc_ctx_t *ctx, int flags)
+{
+    size_t most = xhc_bcast_cico_max(&ctx->cfg);
+    if ((flags & XHC_CALL_SHARED) && most >= XHC_SHARED_BCAST_MIN)
+        most = XHC_SHARED_BCAST_MIN - 1;
+    return most;
+}
+
+/* Rounds of a Bcast of NBYTES: none through the slots. */
+static uint64_t xhc_bcast_rounds(const xhc_ctx_t *ctx, size_t nbytes,
+                                 int flags)
+{
+    if (nbytes <= xhc_bcast_small_max(ctx, flags))
+        return 0;
+    size_t step = xhc_bcast_step(ctx, nbytes);
+    return (nbytes + step - 1) / step;
+}
+
+/* My parent's ring LINE, raised: does the root's size in it match my
+ * NBYTES (see 4.)?  If not, my rounds end where the root's do. */
+static int xhc_bcast_sized(xhc_ctx_t *ctx, const struct xhc_flag_line *line,
+                           size_t nbytes, int flags, int parent)
+{
+    if (line->nbytes == nbytes)
+        return 0;
+    ctx->round_end = ctx->round + xhc_bcast_rounds(ctx, line->nbytes, flags);
+    return xhc_fail(ctx, parent, XHC_ERR_MISMATCH);
+}
+
+/* Wait for my parent's ring line of SEQ, of a Bcast through the slots. */
+static int xhc_bcast_listen_small(xhc_ctx_t *ctx, int parent, uint64_t seq,
+                                  size_t nbytes, int flags)
+{
+    struct xhc_flag_line *line = xhc_line(ctx, parent, XHC_DOWN, seq);
+    int rc = xhc_wait_eq(ctx, &line->seq, seq, parent);
+    return rc ? rc : xhc_bcast_sized(ctx, line, nbytes, flags, parent);
+}
+
 static int xhc_bcast_small(xhc_ctx_t *ctx, const struct xhc_view *v,
-                           unsigned char *buf, size_t nbytes, int root)
+                           unsigned char *buf, size_t nbytes, int root,
+                           int flags)
 {
     uint64_t seq;
     int rc = xhc_begin(ctx, &seq);
@@ -38,8 +100,7 @@ static int xhc_bcast_small(xhc_ctx_t *ctx, const struct xhc_view *v,
         rc = xhc_ring_reserve(ctx, seq);
     const unsigned char *src = buf;
     if (rc == 0 && ctx->rank != root) {
-        rc = xhc_wait_eq(ctx, &xhc_line(ctx, v->parent, XHC_DOWN, seq)->seq,
-                         seq, v->parent);
+        rc = xhc_bcast_listen_small(ctx, v->parent, seq, nbytes, flags);
         src = xhc_payload(ctx, v->parent, XHC_DOWN, seq, nbytes);
     }
     if (rc)
@@ -189,22 +250,26 @@ static int xhc_bcast_announce(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p,
     xhc_store_relaxed(&big->ready, is_root ? p->nbytes : 0);
     /* Orders the description and ready count before the sequence number. */
     xhc_publish(ctx, &big->seq, seq);
-    line->nbytes = (uint64_t)p->stage_mine;
-    /* Orders the staging choice before children see the flag. */
+    line->nbytes = p->nbytes; /* the root's, or a reader's that it checks */
+    line->data[0] = (unsigned char)p->stage_mine;
+    /* Orders the size and the staging choice before children see them. */
     xhc_publish(ctx, &line->seq, seq);
     return 0;
 }
 
-/* Learn from my parent's ring line whether it stages; if not, its big
- * line describes its buffer, valid until I ack. */
-static int xhc_bcast_listen(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p)
+/* Learn from my parent's ring line the root's size and whether my parent
+ * stages; if not, its big line describes its buffer, valid until I ack. */
+static int xhc_bcast_listen(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p,
+                            int flags)
 {
     int parent = p->v->parent;
     struct xhc_flag_line *line = xhc_line(ctx, parent, XHC_DOWN, seq);
     int rc = xhc_wait_eq(ctx, &line->seq, seq, parent);
+    if (rc == 0)
+        rc = xhc_bcast_sized(ctx, line, p->nbytes, flags, parent);
     if (rc)
         return rc;
-    p->staged_from = line->nbytes != 0;
+    p->staged_from = line->data[0] != 0;
     p->from = &xhc_ctl(ctx, parent)->big;
     return p->staged_from ? 0 : xhc_wait_eq(ctx, &p->from->seq, seq, parent);
 }
@@ -221,30 +286,21 @@ static int xhc_bcast_by_cma(xhc_ctx_t *ctx, const struct xhc_pipe *p)
     return reads || read;
 }
 
-/* Bytes per round of a large Bcast of NBYTES (see 2.). */
-static size_t xhc_bcast_step(const xhc_ctx_t *ctx, size_t nbytes)
-{
-    size_t step = ctx->cfg.chunk_size;
-    if (!ctx->cfg.bcast_rounds)
-        return step;
-    size_t cut = (nbytes / ctx->cfg.bcast_rounds + 63) & ~(size_t)63;
-    if (cut < XHC_ROUND_MIN)
-        cut = XHC_ROUND_MIN;
-    return cut < step ? cut : step;
-}
-
 static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
-                           unsigned char *buf, size_t nbytes, int root)
+                           unsigned char *buf, size_t nbytes, int root,
+                           int flags)
 {
     uint64_t seq;
     int rc = xhc_begin(ctx, &seq);
+    if (rc == 0)
+        ctx->round_end = ctx->round + xhc_bcast_rounds(ctx, nbytes, flags);
     struct xhc_pipe p = { .buf = buf, .nbytes = nbytes, .v = v };
     struct xhc_pick pick;
     xhc_tune_pick(ctx, XHC_BCAST, nbytes, v->nchild > 0, &pick);
     if (rc == 0 && v->nchild)
         rc = xhc_bcast_announce(ctx, seq, &p, ctx->rank == root, &pick);
     if (rc == 0 && ctx->rank != root)
-        rc = xhc_bcast_listen(ctx, seq, &p);
+        rc = xhc_bcast_listen(ctx, seq, &p, flags);
     if (rc == 0 && xhc_bcast_by_cma(ctx, &p))
         ctx->stats[XHC_PATH_BCAST_CMA]++;
     size_t step = xhc_bcast_step(ctx, nbytes);
@@ -264,12 +320,6 @@ static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
     return rc;
 }
 
-/* With XHC_CALL_SHARED (the root's buffer is in node shared memory, as
- * the ranks agreed), readers copy from it in place from this size: in one
- * process on 2 ranks, alternating with the slots, 0.92x their time at
- * 16 KiB and 0.84x at 32 KiB. */
-#define XHC_SHARED_BCAST_MIN 16384
-
 int xhc_bcast_with(xhc_ctx_t *ctx, void *buf, size_t nbytes, int root,
                    int flags)
 {
@@ -284,17 +334,14 @@ int xhc_bcast_with(xhc_ctx_t *ctx, void *buf, size_t nbytes, int root,
         return xhc_refuse(ctx, XHC_ERR_HIERARCHY);
     if (nbytes <= XHC_INLINE_MAX) {
         ctx->stats[XHC_PATH_BCAST_INLINE]++;
-        return xhc_bcast_small(ctx, v, buf, nbytes, root);
+        return xhc_bcast_small(ctx, v, buf, nbytes, root, flags);
     }
-    size_t cico_max = xhc_bcast_cico_max(&ctx->cfg);
-    if ((flags & XHC_CALL_SHARED) && cico_max >= XHC_SHARED_BCAST_MIN)
-        cico_max = XHC_SHARED_BCAST_MIN - 1;
-    if (nbytes <= cico_max) {
+    if (nbytes <= xhc_bcast_small_max(ctx, flags)) {
         ctx->stats[XHC_PATH_BCAST_CICO]++;
-        return xhc_bcast_small(ctx, v, buf, nbytes, root);
+        return xhc_bcast_small(ctx, v, buf, nbytes, root, flags);
     }
     ctx->stats[XHC_PATH_BCAST_LARGE]++;
-    return xhc_bcast_large(ctx, v, buf, nbytes, root);
+    return xhc_bcast_large(ctx, v, buf, nbytes, root, flags);
 }
 
 int xhc_bcast(xhc_ctx_t *ctx, void *buf, size_t nbytes, int root)

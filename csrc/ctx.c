@@ -14,7 +14,12 @@
  *    reduce-scatter, cfg.windows for Bcast, each its own): a rank rewrites
  *    window T % W only once every rank has `finished` round T - W, i.e.
  *    read all it reads in that round, whatever the operation was.  The
- *    last round that used the window is no later.
+ *    last round that used the window is no later.  Every rank must thus
+ *    count the same rounds, even in an operation it gives up on: each
+ *    knows where the operation's rounds end (round_end: from the Bcast
+ *    root's size, which readers learn from their parent, or from the size
+ *    the ranks met on), takes that from a peer that gave up on it first,
+ *    and counts them all when it gives up.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -184,6 +189,11 @@ void xhc_ctx_leave(xhc_ctx_t *ctx)
         return;
     struct xhc_rank_ctl *mine = xhc_ctl(ctx, ctx->rank);
     struct xhc_entered_line *e = &mine->entered;
+    /* The rounds I would have run count as run (see 4.), from my next
+     * operation on. */
+    uint64_t ran = ctx->round;
+    if (xhc_seq_reached(ctx->round_end, ctx->round))
+        ctx->round = ctx->round_end;
     /* Relaxed: published by the releases below. */
     atomic_store_explicit(&e->why, ctx->cause_why, memory_order_relaxed);
     atomic_store_explicit(&e->who, ctx->cause_who, memory_order_relaxed);
@@ -193,9 +203,12 @@ void xhc_ctx_leave(xhc_ctx_t *ctx)
     xhc_ctx_mark(ctx, XHC_LEFT);
     /* I read nothing more of this operation or its rounds: peers may
      * reuse what they used (else four operations given up on in a row
-     * would hold the ring for good). */
+     * would hold the ring for good).  Only the rounds I ran, though: a
+     * peer still in this operation that waits for me to finish a later
+     * one sees me leave and gives up too, rather than go on as if I had
+     * read it; my next operation tells the rest (xhc_begin). */
     xhc_ack(ctx, ctx->seq);
-    xhc_publish(ctx, &mine->finished.seq, ctx->round);
+    xhc_publish(ctx, &mine->finished.seq, ran);
 }
 
 /* Withdraw, having refused REFUSALS calls since my last operation began.

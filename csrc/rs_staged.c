@@ -189,6 +189,7 @@ int xhc_rs_staged(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, void *rbuf,
     uint64_t windows = (r->count + window - 1) / window;
     if (xhc_stages_nothing(ctx, root))
         return xhc_rs_met(ctx, seq, sbuf, rs.rbuf, r, root);
+    ctx->round_end = ctx->round + windows; /* the size every rank met on */
     int rc = 0;
     for (uint64_t w = 0; rc == 0 && w < windows; w++) {
         uint64_t t = ++ctx->round;

@@ -172,12 +172,29 @@ static void xhc_inherit_cause(xhc_ctx_t *ctx, int peer)
     }
 }
 
+/* PEER gave up on my current operation: where it put its end is where
+ * the rounds end (it may know it better: a Bcast parent knows the
+ * root's size), unless I have run past that. */
+static void xhc_inherit_round(xhc_ctx_t *ctx, int peer)
+{
+    struct xhc_entered_line *e = &xhc_ctl(ctx, peer)->entered;
+    /* Acquire: pairs with the release in xhc_ctx_leave, which wrote the
+     * round first. */
+    if (xhc_load_acquire(&e->abandoned) != ctx->seq)
+        return;
+    uint64_t round = xhc_load_relaxed(&e->round);
+    if (xhc_seq_reached(round, ctx->round))
+        ctx->round_end = round;
+}
+
 /* Fail with RC about PEER, with its first error if it left, and leave. */
 static int xhc_give_up(xhc_ctx_t *ctx, int peer, int rc)
 {
     xhc_fail(ctx, peer, rc);
-    if (rc == XHC_ERR_PEER_LEFT)
+    if (rc == XHC_ERR_PEER_LEFT) {
         xhc_inherit_cause(ctx, peer);
+        xhc_inherit_round(ctx, peer);
+    }
     xhc_ctx_leave(ctx);
     return rc;
 }
@@ -240,7 +257,7 @@ int xhc_skip_abandoned(xhc_ctx_t *ctx, uint64_t seq)
             continue;
         uint64_t round = xhc_load_relaxed(&e->round);
         if (xhc_seq_reached(round, ctx->round))
-            ctx->round = round;
+            ctx->round = ctx->round_end = round;
         if (peer < 0)
             peer = p;
     }

@@ -195,6 +195,9 @@ struct xhc_ctx {
     uint32_t refused_before; /* calls refused before it began */
     int away;           /* I left or withdrew since it began */
     uint64_t round;     /* the last staged round, Bcast or reduce-scatter */
+    uint64_t round_end; /* where this operation's rounds end, on every
+                           rank: one that gives up on it counts them all
+                           as done, so that the ranks' counts stay alike */
     uint64_t ack_floor; /* every rank's ack had reached this, last look */
     pid_t *pids;
     int *pidfds;        /* per rank, opened on first need (alive.c) */
@@ -304,6 +307,8 @@ void xhc_fold(void *dst, const void *const *srcs, int nsrc, void *acc,
 /* allreduce.c: the reduce-scatter engine that Reduce shares. */
 struct xhc_red {
     size_t count, esize, nbytes;
+    size_t total; /* bytes of the whole call, which may go in pieces: what
+                     ranks publish in their lines, and compare */
     xhc_reduce_fn fn;
 };
 int xhc_red_init(struct xhc_red *r, size_t count, int dtype, int op);
@@ -393,8 +398,11 @@ static inline int xhc_begin(xhc_ctx_t *ctx, uint64_t *seq)
     /* Relaxed: read only by waiters past their timeout (wait.c), which
      * order nothing by it (see wait.c 5 for what that leaves open). */
     xhc_store_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq, *seq);
+    ctx->round_end = ctx->round;
     if (__builtin_expect(ctx->away, 0)) {
         ctx->away = 0;
+        /* The rounds of the operation I left that I did not run. */
+        xhc_publish(ctx, &xhc_ctl(ctx, ctx->rank)->finished.seq, ctx->round);
         return xhc_skip_abandoned(ctx, *seq);
     }
     return 0;

@@ -718,6 +718,29 @@ def test_large_reductions_that_disagree_fail_at_once(disagreeing, case,
         assert float(kv["t"]) < 2.0, kv
 
 
+@pytest.mark.parametrize("case", ["reader-smaller", "reader-larger",
+                                  "reader-through-slots",
+                                  "root-through-slots"])
+def test_a_bcast_reader_of_another_size_fails_and_the_next_ones_meet(
+        disagreeing, case):
+    """Rank 1's Bcast size differs from the root's: rank 1 fails at once,
+    naming the root, rather than read past what was sent or miss its end;
+    no rank waits for a timeout; the Bcasts after give every rank the
+    root's data."""
+    rep = disagreeing.by_rank("BCAST-SIZES-" + case)
+    assert sorted(rep) == [0, 1, 2], disagreeing.output()
+    assert rep[1]["exc"] == "XhcError", rep[1]
+    assert re.search(r"a peer's buffer does not fit this call \(the ranks "
+                     r"passed different sizes\) \(rank 0\)$",
+                     rep[1]["msg"]), rep[1]
+    for r in (0, 2):
+        assert rep[r]["exc"] == "None" or GAVE_UP in rep[r]["msg"], rep[r]
+    assert all(float(kv["t"]) < 2.0 for kv in rep.values()), rep
+    after = disagreeing.by_rank("BCAST-SIZES-AFTER-" + case)
+    assert sorted(after) == [0, 1, 2], disagreeing.output()
+    assert all(kv["got"] == "right" for kv in after.values()), after
+
+
 def test_kept_plans_hold_at_most_their_budget():
     """Plans kept for views of large arrays count the whole arrays they
     keep alive: 40 views of dropped 32 MiB arrays leave at most the 256
@@ -799,6 +822,23 @@ def test_a_late_rank_is_waited_for_after_every_rank_refused(late):
     late to the next: no rank's refused call counts, so rank 1 is late
     to this one, not gone, and the others wait for it, as MPI would."""
     assert_every_rank_waited(late, "LATE-AFTER-REFUSAL", 2.0)
+
+
+@pytest.mark.parametrize("kind", ["bcast", "allreduce"])
+def test_calls_after_a_rank_stalled_inside_a_large_one_meet(late, kind):
+    """Rank 0 is stopped for 2.5 XHC_TIMEOUTs inside a large staged call:
+    that call fails on every rank (each gives up on a rank that gave up,
+    or times out), and the Bcasts and Allreduces after give every rank
+    the right data, every rank having counted the call's rounds alike."""
+    rep = late.by_rank("STALLED-" + kind)
+    assert sorted(rep) == [0, 1, 2], late.output()
+    assert all(kv["exc"] == "XhcError" for kv in rep.values()), rep
+    calls = late.by_rank("STALLED-CALLS-" + kind)
+    assert len({kv["n"] for kv in calls.values()}) == 1, calls
+    after = late.by_rank("STALLED-AFTER-" + kind)
+    assert sorted(after) == [0, 1, 2], late.output()
+    assert all(kv["bcasts"] == "right" and kv["sums"] == "right"
+               for kv in after.values()), after
 
 
 # -- 3. a rank that dies ------------------------------------------------------

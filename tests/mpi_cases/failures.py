@@ -51,6 +51,7 @@ import errno
 import os
 import resource
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -705,6 +706,7 @@ def suite_roots(xc):
     one_rank_took_part()
     sizes_differ()
     large_calls_disagree()
+    bcast_sizes_differ()
     os._exit(0)
 
 
@@ -788,6 +790,50 @@ def large_calls_disagree():
         c = xhc.Comm(W, timeout=3, copy="cico", cico_max=32 << 10)
         a, b = np.ones(MIB), np.zeros(MIB)
         _outcome_of("LARGE-DISAGREE-" + case, lambda: call(c, a, b))
+        W.Barrier()
+        c.free()
+
+
+# Bcasts from rank 0 in which rank 1 passes another size: (case, the
+# root's bytes, rank 1's), in 4 KiB rounds through two windows a rank, or
+# through the slots (up to 128 bytes).
+BCAST_SIZES = [
+    ("reader-smaller", 8 << 12, 2 << 12),
+    ("reader-larger", 2 << 12, 8 << 12),
+    ("reader-through-slots", 8 << 12, 64),
+    ("root-through-slots", 64, 8 << 12),
+]
+
+
+def right_bcasts(c, calls=3):
+    """CALLS Bcasts of 32 KiB from rank 0, their content changing: whether
+    each rank got the root's every time, or what it raised."""
+    try:
+        for i in range(calls):
+            want = ((np.arange(8 << 12) + 7 * i) % 251).astype(np.uint8)
+            got = want.copy() if RANK == 0 else np.zeros_like(want)
+            c.Bcast(got, root=0)
+            if not np.array_equal(got, want):
+                return f"wrong-{i}"
+    except Exception as e:  # noqa: BLE001
+        return type(e).__name__
+    return "right"
+
+
+def bcast_sizes_differ():
+    """Rank 1 passes another size than the root: it fails at once, naming
+    the root (the others complete, or fail as the root gives up waiting
+    for rank 1 to read its windows), and the Bcasts after bring every
+    rank the root's data: each rank counts the rounds of the root's size.
+    Rank 1 used to count its own, and read the wrong windows ever after."""
+    for case, sent, mine in BCAST_SIZES:
+        c = xhc.Comm(W, timeout=3, copy="cico", chunk_size=4096, cico_max=128,
+                     windows=2)
+        buf = np.zeros(mine if RANK == 1 else sent, np.uint8)
+        _outcome_of("BCAST-SIZES-" + case, lambda: c.Bcast(buf, root=0))
+        W.Barrier()
+        emit("BCAST-SIZES-AFTER-" + case, f"rank={RANK}",
+             f"got={right_bcasts(c)}")
         W.Barrier()
         c.free()
 
@@ -886,7 +932,55 @@ def suite_late(xc):
     late_after_every_rank_refused(xc, late)
     late_after_an_interrupt(xc, late)
     late_after_a_fork(xc, late)
+    for kind in STALLED:
+        stalled_inside_a_large_call(kind, late)
     return xc
+
+
+# Large calls, 64 MiB in 4 KiB rounds: (kind, call(c, send, recv)).
+STALLED = {
+    "bcast": lambda c, a, b: c.Bcast(a, root=0),
+    "allreduce": lambda c, a, b: c.Allreduce(a, b),
+}
+
+
+def stalled_inside_a_large_call(kind, late):
+    """Rank 0, the root, is stopped (SIGSTOP) for LATE seconds, over two
+    timeouts, while the ranks run large calls that stage thousands of
+    rounds each: in the call it stops in, the others give up on it, and it
+    on them once it runs again.  Whatever each counted of that call's rounds when it
+    gave up, the calls after must meet and give the right results: they
+    used to fail, or give rank 1 wrong data, for ever after."""
+    c = xhc.Comm(W, timeout=late / 2.5, copy="cico", chunk_size=4096,
+                 windows=2)
+    a, b = np.full(8 << 20, RANK + 1.0), np.zeros(8 << 20)
+    if RANK == 0:
+        subprocess.Popen(["sh", "-c", f"sleep 0.3; kill -STOP {os.getpid()}; "
+                          f"sleep {late}; kill -CONT {os.getpid()}"])
+    W.Barrier()
+
+    def until_one_fails():
+        for calls in range(1, 101):  # 5 s or more, the stop 0.3 s in
+            try:
+                STALLED[kind](c, a, b)
+            except Exception:
+                emit("STALLED-CALLS-" + kind, f"rank={RANK}", f"n={calls}")
+                raise
+    _outcome_of("STALLED-" + kind, until_one_fails)
+    W.Barrier()
+    sums = "right"
+    try:
+        for i in range(3):
+            x, y = np.full(8 << 10, RANK + 1.0 + i), np.zeros(8 << 10)
+            c.Allreduce(x, y)
+            if not np.all(y == sum(r + 1.0 + i for r in range(SIZE))):
+                sums = f"wrong-{i}"
+    except Exception as e:  # noqa: BLE001
+        sums = type(e).__name__
+    emit("STALLED-AFTER-" + kind, f"rank={RANK}", f"bcasts={right_bcasts(c)}",
+         f"sums={sums}")
+    W.Barrier()
+    c.free()
 
 
 def late_after_a_fork(xc, late):
