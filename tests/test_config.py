@@ -18,9 +18,10 @@ def _no_xhc_environment(monkeypatch):
     ("sleep", "soon", r"XHC_SLEEP\): 'soon' is not a whole number"),
     ("sleep", "-1", r"sleep must be 0 \(never\) or a count of yields"),
     ("windows", "many", r"XHC_WINDOWS\): 'many' is not a whole number"),
-    ("windows", "1", r"windows must be auto or 2 to 64"),
+    ("windows", "1", r"windows must be auto or 2 to 64; set XHC_WINDOWS "
+                     r"\(or windows=\) to such a value$"),
     ("windows", "65", r"windows must be auto or 2 to 64"),
-    ("spin", "-3", r"spin must be 0 or more"),
+    ("spin", "-3", r"spin must be 0 or more; set XHC_SPIN"),
     ("spin", str(2**32), r"spin must be at most 4294967295; set XHC_SPIN"),
     ("seq_start", "-1", r"seq_start must be 0 or more"),
     ("seq_start", str(2**64), r"seq_start must be at most"),

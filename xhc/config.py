@@ -113,29 +113,32 @@ def resolve(**given):
     return out
 
 
+_COPIES = ("auto", "xpmem", "adaptive", "cma", "cico")
+# (tunable, whether a value is valid, what it must be)
+_RULES = [
+    ("cico_max", lambda v: v >= 128 and v % 64 == 0,
+     "a multiple of 64, at least 128"),
+    ("chunk_size", lambda v: v >= 4096 and v % 64 == 0,
+     "a multiple of 64, at least 4K"),
+    ("timeout", lambda v: 0 < v < float("inf"), "a positive number of seconds"),
+    ("spin", lambda v: v >= 0, "0 or more"),
+    ("split_nodes", lambda v: v >= 1, "1 (a node is a node) or more"),
+    ("seq_start", lambda v: v >= 0, "0 or more"),
+    ("sleep", lambda v: 0 <= v < 2**32, "0 (never) or a count of yields"),
+    ("windows", lambda v: v == "auto" or 2 <= v <= 64, "auto or 2 to 64"),
+    ("copy", lambda v: v in _COPIES, "auto, xpmem, adaptive, cma or cico"),
+]
+
+
 def _validate(cfg):
     for key, most in _MOST.items():
         if cfg[key] > most:
             raise ValueError(f"{key} must be at most {most}; set "
                              f"XHC_{key.upper()} (or {key}=) lower")
-    if cfg["cico_max"] < 128 or cfg["cico_max"] % 64:
-        raise ValueError("cico_max must be a multiple of 64, at least 128")
-    if cfg["chunk_size"] < 4096 or cfg["chunk_size"] % 64:
-        raise ValueError("chunk_size must be a multiple of 64, at least 4K")
-    if not 0 < cfg["timeout"] < float("inf"):
-        raise ValueError("timeout must be a positive number of seconds")
-    if cfg["spin"] < 0:
-        raise ValueError("spin must be 0 or more")
-    if cfg["split_nodes"] < 1:
-        raise ValueError("split_nodes must be 1 (a node is a node) or more")
-    if cfg["seq_start"] < 0:
-        raise ValueError("seq_start must be 0 or more")
-    if not 0 <= cfg["sleep"] < 2**32:
-        raise ValueError("sleep must be 0 (never) or a count of yields")
-    if cfg["windows"] != "auto" and not 2 <= cfg["windows"] <= 64:
-        raise ValueError("windows must be auto or 2 to 64")
-    if cfg["copy"] not in ("auto", "xpmem", "adaptive", "cma", "cico"):
-        raise ValueError("copy must be auto, xpmem, adaptive, cma or cico")
+    for key, valid, what in _RULES:
+        if not valid(cfg[key]):
+            raise ValueError(f"{key} must be {what}; set XHC_{key.upper()} "
+                             f"(or {key}=) to such a value")
 
 
 # Bcast staging depth when ranks outnumber CPUs: windows per rank, at most
