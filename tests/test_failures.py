@@ -302,6 +302,11 @@ ARG_CASES = [
      r"^buffer of 32 bytes is too small for 100 elements of a datatype of "
      r"extent 24 at 0 \(they span bytes 0 to 2400\); pass a larger buffer "
      r"or a smaller count$"),
+    ("bcast-count-negative", "ValueError",
+     r"buffer specification's count is -1; pass a count of 0 or more$"),
+    ("bcast-derived-displacement-negative", "ValueError",
+     r"buffer specification's displacement is -1; pass a displacement of 0 "
+     r"or more$"),
     ("bcast-zero-extent-type", "ValueError",
      r"^datatype .* has extent 0; give it a positive one$"),
     ("bcast-none-with-count", "ValueError",

@@ -269,11 +269,21 @@ def _of_spec(spec):
     size = npdt.itemsize
     if count is None:
         count = _whole_count(len(raw), displ, size)
-    if count < 0 or displ < 0 or (displ + count) * size > len(raw):
+    _check_count(count, displ)
+    if (displ + count) * size > len(raw):
         raise ValueError(f"buffer of {len(raw)} bytes is too small for "
-                         f"{count} elements of {size} bytes at {displ}")
+                         f"{count} elements of {size} bytes at {displ}; "
+                         "pass a larger buffer or a smaller count")
     arr = raw[displ * size:(displ + count) * size].view(npdt)
     return Buffer(spec, arr, dtype_code(npdt), raw.flags.writeable)
+
+
+def _check_count(count, displ):
+    """A specification's count and displacement must not be negative."""
+    for name, value in (("count", count), ("displacement", displ)):
+        if value < 0:
+            raise ValueError(f"buffer specification's {name} is {value}; "
+                             f"pass a {name} of 0 or more")
 
 
 def _whole_count(nbytes, displ, size):
@@ -386,10 +396,11 @@ def _packed(spec, address, count, displ, own, writable):
     """COUNT elements of datatype OWN (ours: freed with the staging copy)
     from ADDRESS plus DISPL extents, staged through MPI's packed form."""
     extent = own.Get_extent()[1]
-    if count < 0 or displ < 0:
+    try:
+        _check_count(count, displ)
+    except ValueError:
         own.Free()
-        raise ValueError(f"count {count} and displacement {displ} must not "
-                         "be negative")
+        raise
     element = _element_type(own)
     packed = np.empty(own.Pack_size(count, MPI.COMM_SELF), np.uint8)
     weakref.finalize(packed, _free_type, own)

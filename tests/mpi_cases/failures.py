@@ -390,6 +390,9 @@ def suite_args(xc):
                                f8(4))),
         ("bcast-derived-past-the-buffer",
          lambda c: c.Bcast([f8(4), 100, every_other], root=last)),
+        ("bcast-count-negative", lambda c: c.Bcast([f8(4), -1, MPI.DOUBLE])),
+        ("bcast-derived-displacement-negative",
+         lambda c: c.Bcast([f8(4), (1, -1), every_other])),
         ("bcast-zero-extent-type",
          lambda c: c.Bcast([f8(4), 0, MPI.DOUBLE.Create_contiguous(0)
                             .Commit()])),
