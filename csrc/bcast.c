@@ -250,7 +250,7 @@ static int xhc_bcast_announce(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p,
     xhc_store_relaxed(&big->ready, is_root ? p->nbytes : 0);
     /* Orders the description and ready count before the sequence number. */
     xhc_publish(ctx, &big->seq, seq);
-    line->nbytes = p->nbytes; /* the root's, or a reader's that it checks */
+    line->nbytes = p->nbytes; /* the root's: I listened first */
     line->data[0] = (unsigned char)p->stage_mine;
     /* Orders the size and the staging choice before children see them. */
     xhc_publish(ctx, &line->seq, seq);
@@ -297,10 +297,11 @@ static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
     struct xhc_pipe p = { .buf = buf, .nbytes = nbytes, .v = v };
     struct xhc_pick pick;
     xhc_tune_pick(ctx, XHC_BCAST, nbytes, v->nchild > 0, &pick);
-    if (rc == 0 && v->nchild)
-        rc = xhc_bcast_announce(ctx, seq, &p, ctx->rank == root, &pick);
+    /* Listen first, so that what I announce is the root's size (4.). */
     if (rc == 0 && ctx->rank != root)
         rc = xhc_bcast_listen(ctx, seq, &p, flags);
+    if (rc == 0 && v->nchild)
+        rc = xhc_bcast_announce(ctx, seq, &p, ctx->rank == root, &pick);
     if (rc == 0 && xhc_bcast_by_cma(ctx, &p))
         ctx->stats[XHC_PATH_BCAST_CMA]++;
     size_t step = xhc_bcast_step(ctx, nbytes);

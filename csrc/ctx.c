@@ -17,9 +17,13 @@
  *    last round that used the window is no later.  Every rank must thus
  *    count the same rounds, even in an operation it gives up on: each
  *    knows where the operation's rounds end (round_end: from the Bcast
- *    root's size, which readers learn from their parent, or from the size
- *    the ranks met on), takes that from a peer that gave up on it first,
- *    and counts them all when it gives up.
+ *    root's size, which every parent passes on to its children before
+ *    its data; from a reduction's size, in windows, whether it stages
+ *    them or reads in place), takes a later end from a peer it waited on
+ *    that gave up on the operation first, and counts them all when it
+ *    gives up.  It tells its peers of the rounds it did not run only when
+ *    it begins its next operation: a peer that needs them before then
+ *    waits for it, as for any peer that has yet to enter.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -205,8 +209,9 @@ void xhc_ctx_leave(xhc_ctx_t *ctx)
      * reuse what they used (else four operations given up on in a row
      * would hold the ring for good).  Only the rounds I ran, though: a
      * peer still in this operation that waits for me to finish a later
-     * one sees me leave and gives up too, rather than go on as if I had
-     * read it; my next operation tells the rest (xhc_begin). */
+     * one sees me leave (until I begin another) and gives up too, rather
+     * than go on as if I had read it; my next operation tells the rest
+     * (xhc_begin). */
     xhc_ack(ctx, ctx->seq);
     xhc_publish(ctx, &mine->finished.seq, ran);
 }
@@ -339,6 +344,17 @@ int xhc_stage_reserve(xhc_ctx_t *ctx, uint64_t t, uint64_t depth)
             return rc;
     }
     return 0;
+}
+
+/* My operation is over, having run fewer rounds than it counts (it read
+ * buffers in place): count the rest as run, and say so (see 4.). */
+void xhc_rounds_close(xhc_ctx_t *ctx)
+{
+    if (ctx->round == ctx->round_end)
+        return;
+    ctx->round = ctx->round_end;
+    /* Release: nothing of mine to order; I read no window in them. */
+    xhc_publish(ctx, &xhc_ctl(ctx, ctx->rank)->finished.seq, ctx->round);
 }
 
 void xhc_ack(xhc_ctx_t *ctx, uint64_t seq)

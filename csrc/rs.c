@@ -240,6 +240,10 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
     m.single = pick.single;
     uint64_t seq;
     rc = xhc_begin(ctx, &seq);
+    /* Every path counts the windows as rounds, staged or not, so that a
+     * rank that gives up before it knows the path counts them too. */
+    if (rc == 0)
+        ctx->round_end = ctx->round + xhc_rs_windows(ctx, r);
     /* No peer can finish this operation (and rewrite its big line)
      * before every rank has met. */
     if (rc == 0)
@@ -252,6 +256,8 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
     rc = m.single ? xhc_rs_met(ctx, seq, sbuf, target, r, root)
                   : xhc_rs_staged(ctx, seq, sbuf, whole ? rbuf : NULL, r,
                                   root, m.in_place);
+    if (rc == 0)
+        xhc_rounds_close(ctx);
     if (rc == 0 && !m.in_place)
         xhc_tune_done(&pick, r->nbytes);
     return rc;

@@ -173,6 +173,13 @@ static size_t xhc_rs_part(const xhc_ctx_t *ctx, const struct xhc_red *r)
     return even < most ? even : most;
 }
 
+/* Rounds of a reduce-scatter of R: its windows, staged or not. */
+uint64_t xhc_rs_windows(const xhc_ctx_t *ctx, const struct xhc_red *r)
+{
+    size_t window = xhc_rs_part(ctx, r) * (size_t)ctx->nranks;
+    return (r->count + window - 1) / window;
+}
+
 /* Operation SEQ, once the ranks have met (IN_PLACE: some rank's buffer
  * is in a shared region). */
 int xhc_rs_staged(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, void *rbuf,
@@ -185,11 +192,9 @@ int xhc_rs_staged(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, void *rbuf,
         .sole = root >= 0 && ctx->nranks == 2 ? root : -1,
         .in_place_reads = in_place,
     };
-    size_t window = rs.part * (size_t)ctx->nranks;
-    uint64_t windows = (r->count + window - 1) / window;
+    uint64_t windows = xhc_rs_windows(ctx, r);
     if (xhc_stages_nothing(ctx, root))
         return xhc_rs_met(ctx, seq, sbuf, rs.rbuf, r, root);
-    ctx->round_end = ctx->round + windows; /* the size every rank met on */
     int rc = 0;
     for (uint64_t w = 0; rc == 0 && w < windows; w++) {
         uint64_t t = ++ctx->round;

@@ -262,6 +262,7 @@ void xhc_hier_free(struct xhc_hier *h, int n);
 const struct xhc_view *xhc_view_get(xhc_ctx_t *ctx, int kind, int root);
 int xhc_ring_reserve(xhc_ctx_t *ctx, uint64_t seq);
 int xhc_stage_reserve(xhc_ctx_t *ctx, uint64_t t, uint64_t depth);
+void xhc_rounds_close(xhc_ctx_t *ctx);
 int xhc_ack_all(xhc_ctx_t *ctx, uint64_t seq);
 void xhc_ack(xhc_ctx_t *ctx, uint64_t seq);
 
@@ -350,6 +351,7 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
 /* rs_staged.c */
 int xhc_rs_staged(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, void *rbuf,
                   const struct xhc_red *r, int root, int in_place);
+uint64_t xhc_rs_windows(const xhc_ctx_t *ctx, const struct xhc_red *r);
 
 /* tune.c */
 int xhc_tune_choose(const struct xhc_tune_class *c, int *explore);

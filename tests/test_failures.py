@@ -723,22 +723,24 @@ def test_large_reductions_that_disagree_fail_at_once(disagreeing, case,
         assert float(kv["t"]) < 2.0, kv
 
 
-@pytest.mark.parametrize("case", ["reader-smaller", "reader-larger",
-                                  "reader-through-slots",
-                                  "root-through-slots"])
+@pytest.mark.parametrize("case,odd,parent", [
+    ("reader-smaller", 1, 0), ("reader-larger", 1, 0),
+    ("reader-through-slots", 1, 0), ("root-through-slots", 1, 0),
+    ("leader-smaller", 0, 2)])
 def test_a_bcast_reader_of_another_size_fails_and_the_next_ones_meet(
-        disagreeing, case):
-    """Rank 1's Bcast size differs from the root's: rank 1 fails at once,
-    naming the root, rather than read past what was sent or miss its end;
-    no rank waits for a timeout; the Bcasts after give every rank the
-    root's data."""
+        disagreeing, case, odd, parent):
+    """Rank ODD's Bcast size differs from the root's: it fails at once,
+    naming PARENT, the rank it reads from, rather than read past what was
+    sent or miss its end; no rank waits for a timeout; the Bcasts after
+    give every rank the root's data.  (leader-smaller: rank 0 leads rank
+    1, whose size is the root's.)"""
     rep = disagreeing.by_rank("BCAST-SIZES-" + case)
     assert sorted(rep) == [0, 1, 2], disagreeing.output()
-    assert rep[1]["exc"] == "XhcError", rep[1]
+    assert rep[odd]["exc"] == "XhcError", rep[odd]
     assert re.search(r"a peer's buffer does not fit this call \(the ranks "
-                     r"passed different sizes\) \(rank 0\)$",
-                     rep[1]["msg"]), rep[1]
-    for r in (0, 2):
+                     r"passed different sizes\) \(rank %d\)$" % parent,
+                     rep[odd]["msg"]), rep[odd]
+    for r in {0, 1, 2} - {odd}:
         assert rep[r]["exc"] == "None" or GAVE_UP in rep[r]["msg"], rep[r]
     assert all(float(kv["t"]) < 2.0 for kv in rep.values()), rep
     after = disagreeing.by_rank("BCAST-SIZES-AFTER-" + case)

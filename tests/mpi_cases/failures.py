@@ -797,14 +797,16 @@ def large_calls_disagree():
         c.free()
 
 
-# Bcasts from rank 0 in which rank 1 passes another size: (case, the
-# root's bytes, rank 1's), in 4 KiB rounds through two windows a rank, or
-# through the slots (up to 128 bytes).
+# Bcasts in which one rank passes another size than the root: (case, the
+# root, the hierarchy, the bytes each rank passes), in 4 KiB rounds
+# through two windows a rank, or through the slots (up to 128 bytes).
 BCAST_SIZES = [
-    ("reader-smaller", 8 << 12, 2 << 12),
-    ("reader-larger", 2 << 12, 8 << 12),
-    ("reader-through-slots", 8 << 12, 64),
-    ("root-through-slots", 64, 8 << 12),
+    ("reader-smaller", 0, "node", (8 << 12, 2 << 12, 8 << 12)),
+    ("reader-larger", 0, "node", (2 << 12, 8 << 12, 2 << 12)),
+    ("reader-through-slots", 0, "node", (8 << 12, 64, 8 << 12)),
+    ("root-through-slots", 0, "node", (64, 8 << 12, 64)),
+    # Rank 0 leads rank 1 (groups {0, 1} and {2}), and reads from rank 2.
+    ("leader-smaller", 2, "virtual:2", (2 << 12, 8 << 12, 8 << 12)),
 ]
 
 
@@ -824,16 +826,17 @@ def right_bcasts(c, calls=3):
 
 
 def bcast_sizes_differ():
-    """Rank 1 passes another size than the root: it fails at once, naming
-    the root (the others complete, or fail as the root gives up waiting
-    for rank 1 to read its windows), and the Bcasts after bring every
-    rank the root's data: each rank counts the rounds of the root's size.
-    Rank 1 used to count its own, and read the wrong windows ever after."""
-    for case, sent, mine in BCAST_SIZES:
+    """One rank passes another size than the root: it fails at once,
+    naming the rank it reads from (the others complete, or fail as they
+    wait on it), and the Bcasts after bring every rank the root's data:
+    each rank counts the rounds of the root's size.  A reader used to
+    count its own, and read the wrong windows ever after; a leader below
+    the root used to pass its own size on to the ranks it leads."""
+    for case, root, levels, sizes in BCAST_SIZES:
         c = xhc.Comm(W, timeout=3, copy="cico", chunk_size=4096, cico_max=128,
-                     windows=2)
-        buf = np.zeros(mine if RANK == 1 else sent, np.uint8)
-        _outcome_of("BCAST-SIZES-" + case, lambda: c.Bcast(buf, root=0))
+                     windows=2, hierarchy=levels)
+        buf = np.zeros(sizes[RANK], np.uint8)
+        _outcome_of("BCAST-SIZES-" + case, lambda: c.Bcast(buf, root=root))
         W.Barrier()
         emit("BCAST-SIZES-AFTER-" + case, f"rank={RANK}",
              f"got={right_bcasts(c)}")
