@@ -283,6 +283,11 @@ ARG_CASES = [
     ("allreduce-recv-larger-large", "ValueError",
      r"send buffer has 50000 elements, receive buffer 50001; make them "
      r"equal$"),
+    ("allreduce-op-none", "TypeError",
+     r"^op must be an MPI\.Op, such as MPI\.SUM \(got NoneType\); pass one "
+     r"of MPI's ops, or one made with MPI\.Op\.Create$"),
+    ("reduce-op-string", "TypeError",
+     r"^op must be an MPI\.Op, such as MPI\.SUM \(got str\)"),
     ("allreduce-band-float64", "ValueError", r"BAND .*float64" + INT_ONLY),
     ("allreduce-lxor-float32", "ValueError", r"LXOR .*float32" + INT_ONLY),
     ("allreduce-dtype-differs", "ValueError",

@@ -842,7 +842,13 @@ class Comm(HotComm):
             raise _settled(exc)
 
     def _reducible(self, op, buf):
-        """Can the core reduce Buffer BUF with OP?  If not, say why."""
+        """Can the core reduce Buffer BUF with OP?  If not, say why.  OP
+        must be an MPI.Op, as mpi4py wants: anything else raises here,
+        before a fallback would count it."""
+        if not isinstance(op, MPI.Op):
+            raise TypeError(f"op must be an MPI.Op, such as MPI.SUM (got "
+                            f"{type(op).__name__}); pass one of MPI's ops, "
+                            "or one made with MPI.Op.Create")
         if id(op) not in OPS:
             self._why = "user-defined or MAXLOC/MINLOC op"
             return False
