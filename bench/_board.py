@@ -11,6 +11,13 @@ class ArrivalBoard:
 
     def __init__(self, comm):
         self.rank = comm.rank
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        one_node = node.size == comm.size
+        node.Free()
+        if not one_node:  # alike on every rank
+            raise SystemExit("barrier -c checks arrivals on a board in "
+                             "shared memory, which needs every rank on one "
+                             "node; leave out -c across nodes")
         self.win = MPI.Win.Allocate_shared(8 * comm.size if comm.rank == 0
                                            else 0, 8, comm=comm)
         buf, _ = self.win.Shared_query(0)

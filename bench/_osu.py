@@ -175,28 +175,24 @@ class Table:
 
 
 class Progress:
-    """An overwritten '[osu] ...' line on stderr, shown after a few seconds."""
+    """'[osu] ...' lines on stderr, one every DELAY seconds at most, the
+    first after DELAY.  Whole lines: mpiexec holds a partial line back
+    until the process exits, and one rewritten in place with a carriage
+    return runs into the table's rows on a terminal."""
 
-    def __init__(self, name, total, delay=2.0, enabled=True):
+    def __init__(self, name, total, delay=5.0, enabled=True):
         self.name, self.total, self.delay = name, total, delay
         self.enabled = enabled
-        self.start = time.monotonic()
-        self.shown = 0
+        self.next = time.monotonic() + delay
 
     def update(self, index, size):
         """Announce that size number INDEX (0-based) of the sweep starts."""
-        if not self.enabled or time.monotonic() - self.start < self.delay:
+        now = time.monotonic()
+        if not self.enabled or now < self.next:
             return
-        text = f"\r[osu] {self.name} {size} B ({index + 1}/{self.total})"
-        self.shown = max(self.shown, len(text))
-        sys.stderr.write(text.ljust(self.shown))
-        sys.stderr.flush()
-
-    def done(self):
-        """Erase the progress line, if one was shown."""
-        if self.shown:
-            sys.stderr.write("\r" + " " * self.shown + "\r")
-            sys.stderr.flush()
+        self.next = now + self.delay
+        print(f"[osu] {self.name} {size} B ({index + 1}/{self.total})",
+              file=sys.stderr, flush=True)
 
 
 # -- single-core memory reference ---------------------------------------------

@@ -10,11 +10,13 @@ Run from the project root:
 Commands: bcast, allreduce, reduce, barrier.  OSU options: ``-m [MIN:]MAX``
 (bytes, K/M suffixes; default 1:1M for bcast, 8:1M for reductions),
 ``-i ITER`` (1000) and ``-x WARMUP`` (100) for sizes up to 8 KiB; above,
-both are divided by 10 as in OSU (100 and 10 by default).  ``-f`` adds
+both are divided by 10 (100 and 10 by default, OSU's own defaults there;
+OSU keeps counts given on its command line for every size).  ``-f`` adds
 Min/Max/Iterations, ``-c`` validates every call's result (Barrier: untimed
 check rounds after each block of timed calls).
 
-Method (OSU's C one): per iteration, fill the send buffer, call
+Method (OSU's C one, but for the fill, which OSU does only with -c): per
+iteration, fill the send buffer, call
 ``Barrier()`` on the plain MPI communicator (the same barrier for both
 implementations; ``--sync own`` uses each implementation's own barrier
 instead, as osu_* does when xhc is the MPI's collective component), then
@@ -280,7 +282,8 @@ def object_case(ctx, impl, data):
         want = truths[k]
         if want is None or got[0] is None:
             return int(got[0] is not want)
-        if type(got[0]) is not type(want):
+        if type(got[0]) is not type(want) or (
+                isinstance(want, np.ndarray) and got[0].dtype != want.dtype):
             return 1
         return _osu.count_errors(got[0], want)
     return Case(run, fill, check)
@@ -363,7 +366,7 @@ def parse_args(argv=None):
     p.add_argument("--plot", metavar="FILE.png",
                    help="latency vs size, log-log (needs matplotlib)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no '[osu] ...' progress line on stderr")
+                   help="no '[osu] ...' progress lines on stderr")
     opts = p.parse_args(argv)
     _check_opts(p, opts)
     return opts
@@ -657,12 +660,9 @@ class Run:
         progress = _osu.Progress(self.opts.command, len(self.opts.sizes),
                                  enabled=self.opts.progress
                                  and self.comm.rank == 0)
-        try:
-            for index, size in enumerate(self.opts.sizes):
-                progress.update(index, size)
-                self.measure(size)
-        finally:
-            progress.done()
+        for index, size in enumerate(self.opts.sizes):
+            progress.update(index, size)
+            self.measure(size)
         for note in self.notes:
             self.table.comment(note)
         self.doc["notes"] = self.notes
@@ -791,8 +791,9 @@ def header_lines(run):
     o, doc = run.opts, run.doc
     names = " vs ".join(_impl_name(im) for im in run.impls)
     order = "ABC"[:len(run.impls)]
-    mode = (f", interleaved in {order}{order[::-1]} blocks"
-            if len(run.impls) > 1 else "")
+    mode = "" if len(run.impls) == 1 else (
+        f", interleaved in {order}{order[::-1]} blocks" if o.blocks > 1
+        else f", one block each, in the order {order}")
     bufs = ("; buffers: xhc's from xcomm.empty (node shared memory), "
             "MPI's private (np.empty)") if o.shm else ""
     what = {"bcast": f"Datatype: uint8, root: {o.root}",
