@@ -333,6 +333,9 @@ ARG_CASES = [
     ("bcast-unknown-keyword", "TypeError",
      r"^Bcast\(buf, root=\.\.\.\): got an unexpected keyword argument "
      r"'rot'$"),
+    ("bcast-misspelt-keyword", "TypeError",
+     r"^Bcast\(buf, root=\.\.\.\): got an unexpected keyword argument "
+     r"'buff'$"),
     ("allreduce-many-args", "TypeError",
      r"^Allreduce\(sendbuf, recvbuf, op=\.\.\.\): too many positional "
      r"arguments$"),

@@ -126,7 +126,11 @@ def _misbound(entry, args, kwargs):
     (a twin such as _Allreduce, or Allreduce_init), in terms of the
     public method, whose parameters it lists; None if they fit."""
     sig = inspect.signature(entry)
+    unknown = [key for key in kwargs if key not in sig.parameters]
     try:
+        if unknown:  # first: a misspelt keyword leaves its parameter missing
+            raise TypeError(f"got an unexpected keyword argument "
+                            f"{unknown[0]!r}")
         sig.bind(None, *args, **kwargs)
     except TypeError as exc:
         params = ", ".join(p.name if p.default is p.empty else p.name + "=..."
