@@ -192,18 +192,14 @@ void xhc_ctx_leave(xhc_ctx_t *ctx)
     if (xhc_ctx_keep_mark(ctx) || xhc_ctx_withdrawn(ctx))
         return;
     struct xhc_rank_ctl *mine = xhc_ctl(ctx, ctx->rank);
-    struct xhc_entered_line *e = &mine->entered;
     /* The rounds I would have run count as run (see 4.), from my next
      * operation on. */
     uint64_t ran = ctx->round;
     if (xhc_seq_reached(ctx->round_end, ctx->round))
         ctx->round = ctx->round_end;
-    /* Relaxed: published by the releases below. */
-    atomic_store_explicit(&e->why, ctx->cause_why, memory_order_relaxed);
-    atomic_store_explicit(&e->who, ctx->cause_who, memory_order_relaxed);
-    xhc_store_relaxed(&e->round, ctx->round);
-    /* Release: a rank that reads it reads the cause and round above. */
-    xhc_store_release(&e->abandoned, ctx->seq);
+    struct xhc_leave rec = { .seq = ctx->seq, .round = ctx->round,
+                             .why = ctx->cause_why, .who = ctx->cause_who };
+    xhc_leave_write(&mine->entered, &rec);
     xhc_ctx_mark(ctx, XHC_LEFT);
     /* I read nothing more of this operation or its rounds: peers may
      * reuse what they used (else four operations given up on in a row

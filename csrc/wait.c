@@ -158,43 +158,30 @@ static int xhc_peer_left(xhc_ctx_t *ctx, int peer)
            == ctx->seq + XHC_LEFT;
 }
 
-/* PEER left my operation: the first error that made it leave is the
- * first of mine too. */
-static void xhc_inherit_cause(xhc_ctx_t *ctx, int peer)
+/* PEER gave up on my current operation, or on a later one: the first
+ * error that made it leave is the first of mine too.  If it was mine,
+ * where it put its end is where the rounds end (it may know it better: a
+ * Bcast parent knows the root's size), unless I have run past that. */
+static void xhc_inherit_leave(xhc_ctx_t *ctx, int peer)
 {
-    struct xhc_entered_line *e = &xhc_ctl(ctx, peer)->entered;
-    /* Relaxed: written before the releases of its leave, one of which
-     * xhc_peer_left or xhc_skip_abandoned acquired. */
-    int why = atomic_load_explicit(&e->why, memory_order_relaxed);
-    if (why) {
-        ctx->cause_why = why;
-        ctx->cause_who = atomic_load_explicit(&e->who, memory_order_relaxed);
-    }
-}
-
-/* PEER gave up on my current operation: where it put its end is where
- * the rounds end (it may know it better: a Bcast parent knows the
- * root's size), unless I have run past that. */
-static void xhc_inherit_round(xhc_ctx_t *ctx, int peer)
-{
-    struct xhc_entered_line *e = &xhc_ctl(ctx, peer)->entered;
-    /* Acquire: pairs with the release in xhc_ctx_leave, which wrote the
-     * round first. */
-    if (xhc_load_acquire(&e->abandoned) != ctx->seq)
+    struct xhc_leave rec;
+    if (!xhc_leave_read(&xhc_ctl(ctx, peer)->entered, &rec)
+        || !xhc_seq_reached(rec.seq, ctx->seq))
         return;
-    uint64_t round = xhc_load_relaxed(&e->round);
-    if (xhc_seq_reached(round, ctx->round))
-        ctx->round_end = round;
+    if (rec.why) {
+        ctx->cause_why = rec.why;
+        ctx->cause_who = rec.who;
+    }
+    if (rec.seq == ctx->seq && xhc_seq_reached(rec.round, ctx->round))
+        ctx->round_end = rec.round;
 }
 
 /* Fail with RC about PEER, with its first error if it left, and leave. */
 static int xhc_give_up(xhc_ctx_t *ctx, int peer, int rc)
 {
     xhc_fail(ctx, peer, rc);
-    if (rc == XHC_ERR_PEER_LEFT) {
-        xhc_inherit_cause(ctx, peer);
-        xhc_inherit_round(ctx, peer);
-    }
+    if (rc == XHC_ERR_PEER_LEFT)
+        xhc_inherit_leave(ctx, peer);
     xhc_ctx_leave(ctx);
     return rc;
 }
@@ -249,15 +236,13 @@ int xhc_skip_abandoned(xhc_ctx_t *ctx, uint64_t seq)
 {
     int peer = -1;
     for (int p = 0; p < ctx->nranks; p++) {
-        struct xhc_entered_line *e = &xhc_ctl(ctx, p)->entered;
-        /* Acquire: pairs with the release in xhc_ctx_leave, which wrote
-         * the cause and the round first. */
+        struct xhc_leave rec;
         if (p == ctx->rank
-            || !xhc_seq_reached(xhc_load_acquire(&e->abandoned), seq))
+            || !xhc_leave_read(&xhc_ctl(ctx, p)->entered, &rec)
+            || !xhc_seq_reached(rec.seq, seq))
             continue;
-        uint64_t round = xhc_load_relaxed(&e->round);
-        if (xhc_seq_reached(round, ctx->round))
-            ctx->round = ctx->round_end = round;
+        if (xhc_seq_reached(rec.round, ctx->round))
+            ctx->round = ctx->round_end = rec.round;
         if (peer < 0)
             peer = p;
     }

@@ -56,12 +56,26 @@ struct xhc_entered_line {
     /* Calls I refused (withdrew from) since my last operation began: a
      * peer that refused as many there is in step with me (wait.c). */
     _Atomic uint32_t refusals;
+    /* Odd while I rewrite the fields of my last leave (leave.c). */
+    _Atomic uint32_t version;
     /* The last operation I gave up on, and my round then: they stay
      * when I go on, so that a rank that was away does not enter it after
      * me, and counts rounds as I do (wait.c). */
     xhc_flag_t abandoned;
     xhc_flag_t round;
 } XHC_ALIGNED;
+
+/* A rank's last leave, as one piece (leave.c): the operation, the round
+ * count it reached there, and its first error then (0 if none is known)
+ * and the rank that error names. */
+struct xhc_leave {
+    uint64_t seq, round;
+    int32_t why, who;
+};
+
+void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec);
+/* Read the whole record: 0 if its writer is rewriting it for long. */
+int xhc_leave_read(struct xhc_entered_line *e, struct xhc_leave *rec);
 
 /* Ranks asleep on one of my flags (cfg.sleep): the one counter several
  * ranks write, each only on its way into and out of the kernel; I read

@@ -1,0 +1,56 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* leave.c: the record of the last operation a rank gave up on.
+ *
+ * 1. Only its rank writes the record (xhc_ctx_leave): the operation, the
+ *    round count it reached there, and the first error that made it
+ *    leave.  Peers read it to give up on that operation too, and to count
+ *    its rounds and name its cause as the leaver did (wait.c).
+ * 2. The fields are read together or not at all: a peer that reads the
+ *    operation and then the round must not take the round of a later
+ *    leave.  A version counter guards them, as in a seqlock: odd while
+ *    the writer changes the record, even once it is whole.
+ * 3. A reader that finds the version odd, or changed across its reads,
+ *    yields and reads again.  A writer stopped inside those few stores
+ *    (a signal, or oversubscription) could hold it for long: after a
+ *    bound the reader reports no record, as if the peer had not left yet,
+ *    and its wait goes on by the usual liveness and timeout checks.
+ */
+#include <sched.h>
+
+#include "xhc_internal.h"
+
+#define XHC_LEAVE_READ_TRIES 256
+
+void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec)
+{
+    uint32_t v = atomic_load_explicit(&e->version, memory_order_relaxed);
+    atomic_store_explicit(&e->version, v + 1, memory_order_relaxed);
+    /* Orders the odd version before the record's stores: a reader that
+     * sees any of them sees the version move. */
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&e->why, rec->why, memory_order_relaxed);
+    atomic_store_explicit(&e->who, rec->who, memory_order_relaxed);
+    xhc_store_relaxed(&e->round, rec->round);
+    xhc_store_relaxed(&e->abandoned, rec->seq);
+    /* Release: a reader that sees this version sees the record whole. */
+    atomic_store_explicit(&e->version, v + 2, memory_order_release);
+}
+
+int xhc_leave_read(struct xhc_entered_line *e, struct xhc_leave *rec)
+{
+    for (int tries = 0; tries < XHC_LEAVE_READ_TRIES; tries++) {
+        /* Acquire: pairs with the release that closed the record. */
+        uint32_t v = atomic_load_explicit(&e->version, memory_order_acquire);
+        rec->why = atomic_load_explicit(&e->why, memory_order_relaxed);
+        rec->who = atomic_load_explicit(&e->who, memory_order_relaxed);
+        rec->round = xhc_load_relaxed(&e->round);
+        rec->seq = xhc_load_relaxed(&e->abandoned);
+        /* Orders the record's reads before the version's re-read. */
+        atomic_thread_fence(memory_order_acquire);
+        if (!(v & 1)
+            && v == atomic_load_explicit(&e->version, memory_order_relaxed))
+            return 1;
+        sched_yield();
+    }
+    return 0;
+}
