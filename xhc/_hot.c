@@ -473,39 +473,50 @@ static void hot_block(void *arg)
 }
 
 /* What drives the MPI library's progress (set_progress), called by the
- * core's progress hook, with the GIL, while a wait yields or sleeps. */
-static PyObject *hot_progress_fn;
+ * core's progress hook, with the GIL, while a wait yields or sleeps: a
+ * test that MPI is still up, and a call that makes it progress.  Both
+ * are compiled (mpi4py's), not Python functions: Python runs pending
+ * signal handlers only between bytecodes, so none runs inside a wait.
+ * One there could raise an exception that the hook would have to drop,
+ * or call a collective in the middle of this one. */
+static PyObject *hot_finalized_fn, *hot_probe_fn;
 
 /* The core's progress hook (xhc_ctx_set_progress_hook).  The wait has let
- * go of the GIL (here or in cffi), so take it.  It cannot raise: a
- * KeyboardInterrupt is put back as a pending interrupt, anything else
- * dropped (the next call sees its MPI error, if there is one). */
+ * go of the GIL (here or in cffi), so take it.  It cannot raise: what
+ * the probe raises is dropped (the next call sees its MPI error, if
+ * there is one). */
 static void hot_progress(void *arg)
 {
     (void)arg;
-    if (!hot_progress_fn)  /* set once, when xhc.comm is imported */
+    if (!hot_probe_fn)  /* set once, when xhc.comm is imported */
         return;
     PyGILState_STATE held = PyGILState_Ensure();
-    PyObject *r = PyObject_CallNoArgs(hot_progress_fn);
-    if (r)
-        Py_DECREF(r);
-    else if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
-        PyErr_Clear();
-        PyErr_SetInterrupt();
-    } else
-        PyErr_Clear();
+    PyObject *done = PyObject_CallNoArgs(hot_finalized_fn);
+    PyObject *r = done == Py_False ? PyObject_CallNoArgs(hot_probe_fn)
+                                   : NULL;
+    Py_XDECREF(done);
+    Py_XDECREF(r);
+    PyErr_Clear();
     PyGILState_Release(held);
 }
 
-static PyObject *set_progress(PyObject *mod, PyObject *fn)
+/* set_progress(finalized, probe): see hot_progress. */
+static PyObject *set_progress(PyObject *mod, PyObject *args)
 {
     (void)mod;
-    if (!PyCallable_Check(fn)) {
-        PyErr_SetString(PyExc_TypeError, "set_progress(callable)");
+    PyObject *finalized, *probe;
+    if (!PyArg_ParseTuple(args, "OO:set_progress", &finalized, &probe))
+        return NULL;
+    if (PyFunction_Check(finalized) || PyFunction_Check(probe)
+        || !PyCallable_Check(finalized) || !PyCallable_Check(probe)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "set_progress(finalized, probe): compiled callables");
         return NULL;
     }
-    Py_INCREF(fn);
-    Py_XSETREF(hot_progress_fn, fn);
+    Py_INCREF(finalized);
+    Py_XSETREF(hot_finalized_fn, finalized);
+    Py_INCREF(probe);
+    Py_XSETREF(hot_probe_fn, probe);
     Py_RETURN_NONE;
 }
 
@@ -1154,8 +1165,8 @@ static PyObject *kept_holds(PyObject *mod, PyObject *args)
 static PyMethodDef module_methods[] = {
     {"bind_plain", bind_plain, METH_VARARGS,
      "Bind the table of plain arrays' dtypes and ops."},
-    {"set_progress", set_progress, METH_O,
-     "Set what progress_hook calls: the MPI library's progress."},
+    {"set_progress", set_progress, METH_VARARGS,
+     "Set what progress_hook calls: MPI's state, and its progress."},
     {"bind_objects", bind_objects, METH_VARARGS,
      "Bind the slots' layout and tags, and the ops folded in C."},
     {"kept_holds", kept_holds, METH_VARARGS,

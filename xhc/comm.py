@@ -43,17 +43,12 @@ _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
 _PROGRESS_HOOK = ffi.cast("void (*)(void *)", progress_hook)
 
 
-def _mpi_progress():
-    """Drive the MPI library's progress, as any MPI call does (Open MPI's
-    and MPICH's Iprobe poll every transport when nothing matches): while
-    this rank waits in an xhc collective, a peer's send to it, or an RMA
-    on its window, that the peer waits on before it enters completes, as
-    MPI's progress rule promises."""
-    if not MPI.Is_finalized():
-        MPI.COMM_SELF.Iprobe()
-
-
-set_progress(_mpi_progress)
+# While this rank waits in an xhc collective, the core drives the MPI
+# library's progress, as any MPI call does (Open MPI's and MPICH's Iprobe
+# poll every transport when nothing matches): a peer's send to this rank,
+# or an RMA on its window, that the peer waits on before it enters then
+# completes, as MPI's progress rule promises.  Unless MPI is finalized.
+set_progress(MPI.Is_finalized, MPI.COMM_SELF.Iprobe)
 bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
 
 

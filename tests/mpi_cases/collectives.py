@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import mmap
 import os
+import signal
 import sys
 import time
 import warnings
@@ -2150,6 +2151,9 @@ def suite_calls(xcomm, comm, v, sz, args):
     xcomm.Barrier()
     persistent_calls(xcomm, comm, v)
     progress_while_waiting(v, xcomm, comm)
+    for cls in (np.ndarray, Planned):
+        for does in ("raises", "calls Allreduce"):
+            signal_while_waiting(xcomm, comm, v, cls, does)
     reentrant_calls(xcomm, comm, v)
     oversized_plans(xcomm, comm, v)
     plain_calls(xcomm, comm, v)
@@ -2449,6 +2453,70 @@ def progress_while_waiting(v, xcomm, comm):
     v.case("a Get from a window completes while its target waits",
            None if rank != last or (got == 1.0).all() else f"got {got[:3]}")
     win.Free()
+
+
+class Alarm(Exception):
+    """What rank 0's signal handler raises."""
+
+
+def signal_while_waiting(xcomm, comm, v, cls, does):
+    """A Python signal handler (SIGALRM) fires on rank 0 while it waits in
+    an Allreduce for the last rank, 0.15 s late.  As under MPI, whose
+    blocking calls run no Python, it runs once the call has returned: what
+    it raises comes out of the call, complete; an Allreduce it makes (DOES)
+    follows the call, and matches the others' next one.  Run inside the
+    wait, the first was lost and the second hung."""
+    n, rank = comm.size, comm.rank
+    if n < 2:
+        return
+    road = "plain" if cls is np.ndarray else "planned"
+    send, recv = owned(cls, 6), owned(cls, 6)
+    send[:], recv[:] = rank + 1.0, np.nan
+    extra_send, extra = np.full(3, rank + 10.0), np.zeros(3)
+    state = {"entered": False, "ran": 0}
+
+    def handler(signum, frame):
+        if not state["entered"]:  # too early, on a crowded node: again
+            signal.setitimer(signal.ITIMER_REAL, 0.02)
+            return
+        state["ran"] += 1
+        if does == "raises":
+            raise Alarm()
+        xcomm.Allreduce(extra_send, extra)
+
+    comm.Barrier()
+    if rank == 0:
+        old = signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, 0.03)
+    elif rank == n - 1:
+        time.sleep(0.15)
+    raised = False
+    try:
+        state["entered"] = True
+        xcomm.Allreduce(send, recv)
+    except Alarm:
+        raised = True
+    finally:
+        if rank == 0:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+    if rank != 0 and does != "raises":
+        xcomm.Allreduce(extra_send, extra)
+    want = n * (n + 1) / 2
+    v.case(f"calls {road}: a signal handler that {does} in a wait: result",
+           None if (recv == want).all() else f"got {recv}, want {want}")
+    if does == "raises":
+        v.case(f"calls {road}: what a signal handler raised in a wait "
+               "comes out of the call",
+               None if rank != 0 or (raised and state["ran"] == 1)
+               else f"raised {raised}, handler ran {state['ran']} times")
+    else:
+        want = n * 10.0 + n * (n - 1) / 2
+        ran = state["ran"] == (rank == 0)
+        v.case(f"calls {road}: an Allreduce in a signal handler follows "
+               "the call it interrupted",
+               None if (extra == want).all() and ran
+               else f"got {extra}, want {want}, ran {state['ran']}")
 
 
 def freed_requests_let_go(v, xcomm, comm):
