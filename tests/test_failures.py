@@ -389,6 +389,12 @@ ARG_CASES = [
      r"spin=\) lower$"),
     ("hierarchy-bad-on-one-rank", "ValueError",
      r"^(rank {last}: )?unknown hierarchy level 'l9'; accepted: "),
+    ("spin-infinite-on-one-rank", "ValueError",
+     r"^(rank {last}: )?xhc tunable spin \(XHC_SPIN\): inf is not a whole "
+     r"number$"),
+    ("topology-not-a-path-on-one-rank", "TypeError",
+     r"^(rank {last}: )?topology must be the path of an hwloc XML file or a "
+     r"synthetic description such as 'pack:2 core:4', not int$"),
     ("empty-too-large", "XhcError",
      r"allocating shared memory: No space left on device \(/dev/shm has "
      r"not that much free: .*mount it larger"),
@@ -425,11 +431,12 @@ ARG_CASES = [
 
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("case", ["bcast-none-spec",
-                                  "allreduce-struct-with-empty-member"])
+                                  "allreduce-struct-with-empty-member",
+                                  "hierarchy-spelt-otherwise"])
 def test_unusual_but_valid_arguments_work(request, n, case):
     """[None, 0, MPI.DOUBLE] (None with no count: an empty message, as
-    mpi4py takes it), and
-    a struct whose only other member is empty, run on every rank."""
+    mpi4py takes it), a struct whose only other member is empty, and the
+    same levels spelt otherwise on one rank, run on every rank."""
     launch = request.getfixturevalue(f"args{n}")
     cases = launch.by_rank("CASE", case)
     assert sorted(cases) == list(range(n)), launch.output()

@@ -141,6 +141,10 @@ def test_virtual_runs_follow_members_not_rank_numbers():
     assert build(loc, "virtual:2,numa")[0] == (
         "virtual:2", [[0, 2], [1, 3], [4, 6], [5, 7]])
 
+    # Groups of exactly K: a run is a whole group, never one across two.
+    assert build(loc, "virtual:4,numa") == [
+        ("virtual:4", [[0, 2, 4, 6], [1, 3, 5, 7]]), ("node", [list(range(8))])]
+
 
 def test_virtual_inside_virtual_and_around_smaller_groups():
     assert build(locs(6), "virtual:2,virtual:3")[:2] == [
@@ -178,16 +182,30 @@ def test_parse_levels():
 
 @pytest.mark.parametrize("spec,bad", [
     ("l4", "l4"), ("numa,sockets", "sockets"), (["core", "bogus"], "bogus"),
-    ("virtual", "virtual")])
+    ("virtual", "virtual"), ("numa,flat", "flat")])
 def test_bad_names(spec, bad):
     """An unknown level is named, with the names that work."""
     with pytest.raises(ValueError, match=rf"^unknown hierarchy level '{bad}'; "
-                       r"accepted: core, .*virtual:K \(K >= 1\)$"):
+                       r"accepted: core, .*virtual:K \(K >= 1\), or flat "
+                       r"alone$"):
         build(locs(4), spec)
 
 
+@pytest.mark.parametrize("spec", ["flat", "Flat", " FLAT ", "flat,", ["flat"]])
+def test_flat_is_spelt_as_freely_as_the_levels(spec):
+    assert parse_levels(spec) == []
+
+
+@pytest.mark.parametrize("spec", [5, {"bcast": "numa"}, 2.0])
+def test_a_spec_of_another_type_is_named(spec):
+    with pytest.raises(TypeError, match=r"a hierarchy spec is a comma string "
+                       rf"such as 'numa,socket' or a list of level names, not "
+                       rf"{type(spec).__name__}"):
+        parse_levels(spec)
+
+
 @pytest.mark.parametrize("spec", ["virtual:0", "virtual:x", "virtual:-1",
-                                  "virtual:1.5"])
+                                  "virtual:1.5", "virtual:\u00b2"])
 def test_bad_virtual_sizes(spec):
     with pytest.raises(ValueError, match=rf"^bad level '{spec}': K in "
                        r"virtual:K must be an integer >= 1$"):

@@ -166,6 +166,24 @@ def test_bound_process_does_not_warn(monkeypatch):
     assert (loc["core"], loc["numa"], loc["package"]) == ((5,), (2,), (1,))
 
 
+@pytest.mark.parametrize("cpus, warns", [
+    ({0}, False), ({0, 1}, False), ({1, 2}, True)])
+def test_memory_only_numa_nodes_are_not_spanned(monkeypatch, cpus, warns):
+    """A package with a second NUMA node of memory alone (HBM, CXL) over
+    its cores: a rank bound to one core, or to the package, meets both
+    nodes and spans neither; one bound across packages does."""
+    monkeypatch.setenv("HWLOC_SYNTHETIC", "pack:2 [numa] [numa] core:2 pu:1")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus))
+    monkeypatch.setattr(topology, "_warned", False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loc = topology._bound_locality()
+    assert loc["numa"] == ((0, 1, 2, 3) if warns else (0, 1))
+    assert len(seen) == warns
+    assert all("not bound inside one numa domain" in str(w.message)
+               for w in seen)
+
+
 class NodeComm:
     """Rank RANK of a communicator whose ranks are bound to MASKS; what
     rank 0 sends is kept to hand to the other ranks' instances.  The
@@ -175,8 +193,12 @@ class NodeComm:
         self.rank, self.masks, self.sent = rank, masks, sent
         self.others, self.allgathered = others, 0
 
-    def gather(self, mask, root):
-        return self.masks if self.rank == root else None
+    def gather(self, masks, root):
+        """Each rank's binding mask and that of its first PU."""
+        if self.rank != root:
+            return None
+        return [(mask, topology._cpuset_mask([_first_pu(mask)]))
+                for mask in self.masks]
 
     def bcast(self, value, root):
         if self.rank == root:
@@ -187,6 +209,12 @@ class NodeComm:
         self.allgathered += 1
         assert self.allgathered == 1, "on this machine only the source is"
         return [value] + list(self.others or [value])
+
+
+def _first_pu(mask):
+    """The lowest PU of an hwloc bitmask string."""
+    value = int(mask.replace(",", "").replace("0x", ""), 16)
+    return (value & -value).bit_length() - 1
 
 
 def one_by_one(mask):
@@ -301,12 +329,12 @@ def test_topology_source_names(monkeypatch, tmp_path):
     """"" is this machine, as an unset XHC_TOPOLOGY is; a file is named by
     its absolute path, alike from any working directory."""
     monkeypatch.delenv("XHC_TOPOLOGY", raising=False)
-    assert topology._source("") is None and topology._source(None) is None
+    assert topology.source_of("") is None and topology.source_of(None) is None
     monkeypatch.setenv("XHC_TOPOLOGY", "")
-    assert topology._source(None) is None
+    assert topology.source_of(None) is None
     monkeypatch.chdir(os.path.dirname(XML))
-    assert topology._source(os.path.basename(XML)) == XML
-    assert topology._source(SYN) == SYN
+    assert topology.source_of(os.path.basename(XML)) == XML
+    assert topology.source_of(SYN) == SYN
 
 
 def test_cpuset_mask():

@@ -23,6 +23,7 @@ from ._xhc import ffi, lib
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
                       numpy_dtype, plain_tables, predefined, resolve)
 from .errors import XhcError, agree
+from .topology import source_of
 
 _CACHE_MAX = 64           # plans kept per operation
 _CACHE_BYTES = 256 << 20  # buffer bytes the plans may keep alive
@@ -193,7 +194,8 @@ class Comm(HotComm):
             self._cfg = config.resolve(**tunables)
             self._chosen = config.chosen(**tunables)
             self._specs = config.hierarchies(hierarchy)
-        except (TypeError, ValueError) as exc:
+            source_of(topology)  # checked before any rank gathers
+        except (TypeError, ValueError, OverflowError) as exc:
             problem = exc
         splits = agree(comm, None if problem else self._cfg["split_nodes"],
                        problem)
@@ -264,7 +266,8 @@ class Comm(HotComm):
         layout that any rank chose counts as chosen on all, and every rank
         fits the segment to the same numbers, so all settle alike."""
         alike = {key: cfg[key] for key in _ALIKE}
-        alike["hierarchy"] = self._specs
+        alike["hierarchy"] = {kind: hierarchy.parse_levels(spec)
+                              for kind, spec in self._specs.items()}
         mine = (sorted(os.sched_getaffinity(0)), alike,
                 self._chosen & _LAYOUT, _core.shm_free(),
                 topology.node_size(self._comm.size), topology.node_cpus())

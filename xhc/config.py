@@ -40,7 +40,7 @@ def _whole(text):
         if isinstance(text, float) and value != text:
             raise ValueError  # a keyword's 1.5, as XHC_SPIN=1.5
         return value
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: inf
         raise ValueError(f"{text!r} is not a whole number") from None
 
 
@@ -106,7 +106,7 @@ def resolve(**given):
             value = os.environ.get("XHC_" + key.upper())
         try:
             out[key] = default if value is None else _PARSERS[key](value)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError) as e:
             raise ValueError(f"xhc tunable {key} (XHC_{key.upper()}): {e}") \
                 from None
     _validate(out)

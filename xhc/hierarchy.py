@@ -9,8 +9,9 @@ ordered by their lowest rank).  Every group of a level lies inside one group
 of the level above, and the top level is always ``("node", [all ranks])``.
 
 A ``virtual:K`` level is runs of K consecutive members (in rank order) of
-each group of the finest other level whose largest group has more than K
-ranks, or of all ranks if none has.  Virtual levels are cut from the
+each group of the finest other level whose largest group has K ranks or
+more, or of all ranks if none has (groups of exactly K are then runs of
+their own, the level repeated, and never cut across).  Virtual levels are cut from the
 largest K down, so "other" includes the virtual levels of larger K; of
 equally fine candidates the first wins, locality levels in spec order
 before virtual ones.  A finer level whose groups a run cuts still merges
@@ -48,13 +49,13 @@ MAX_LEVELS = 8
 def _accepted():
     """Human-readable list of accepted level names, for error messages."""
     names = list(LOCALITY_LEVELS) + sorted(ALIASES)
-    return ", ".join(names) + ", virtual:K (K >= 1)"
+    return ", ".join(names) + ", virtual:K (K >= 1), or flat alone"
 
 
 def _parse_virtual(name):
     """'virtual:K' -> canonical 'virtual:K'; ValueError unless K is an int >= 1."""
     text = name[len(VIRTUAL):].strip()
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise ValueError("bad level %r: K in virtual:K must be an integer >= 1" % name)
     return VIRTUAL + str(int(text))
 
@@ -72,12 +73,21 @@ def _parse_one(name):
 
 def parse_levels(spec):
     """Comma string or list of level names -> canonical names ([] = flat:
-    an empty spec, or "flat", leaves the node level alone)."""
-    if spec is None or isinstance(spec, str) and spec.strip() == "flat":
+    an empty spec, or "flat" alone, leaves the node level alone)."""
+    if spec is None:
         return []
-    items = spec.split(",") if isinstance(spec, str) else list(spec)
-    names = [str(item) for item in items]
-    return [_parse_one(name) for name in names if name.strip()]
+    if isinstance(spec, str):
+        items = spec.split(",")
+    elif isinstance(spec, (list, tuple)):
+        items = spec
+    else:
+        raise TypeError("a hierarchy spec is a comma string such as "
+                        "'numa,socket' or a list of level names, not "
+                        f"{type(spec).__name__}")
+    names = [str(item).strip() for item in items if str(item).strip()]
+    if [name.lower() for name in names] == ["flat"]:
+        return []
+    return [_parse_one(name) for name in names]
 
 
 def _keys(localities, name):
@@ -126,10 +136,10 @@ def _nest(lower, upper):
 
 def _runs_within(k, partitions, size):
     """Labels of runs of K consecutive ranks inside each group of the finest
-    of PARTITIONS whose largest group has more than K ranks (of all ranks
-    if none has), so that a virtual group never straddles such a group."""
+    of PARTITIONS whose largest group has K ranks or more (of all ranks if
+    none has), so that a virtual group never straddles such a group."""
     coarser = [labels for labels in partitions
-               if max(collections.Counter(labels).values()) > k]
+               if max(collections.Counter(labels).values()) >= k]
     outer = max(coarser, key=max) if coarser else [0] * size
     seen = collections.Counter()
     keys = []

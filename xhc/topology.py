@@ -75,7 +75,7 @@ def find_hwloc_calc():
     raise XhcError(_MISSING)
 
 
-def _source(topology):
+def source_of(topology):
     """Resolve the topology argument against XHC_TOPOLOGY; None (or "")
     means this machine.  A file is named by its absolute path, so that
     ranks in different working directories name it alike."""
@@ -189,12 +189,12 @@ def _count(source, hwloc_type):
 
 def ncores(topology=None):
     """Number of cores of TOPOLOGY (this machine when None and XHC_TOPOLOGY unset)."""
-    return _count(_source(topology), "core")
+    return _count(source_of(topology), "core")
 
 
 def describe(topology=None):
     """One-line summary of a topology: its source and object counts."""
-    source = _source(topology)
+    source = source_of(topology)
     kinds = [("package", "package", "packages"), ("numa", "NUMA node", "NUMA nodes"),
              ("l3cache", "L3 cache", "L3 caches"), ("core", "core", "cores"),
              ("pu", "PU", "PUs")]
@@ -212,10 +212,16 @@ def describe(topology=None):
     return "%s: %s" % (where, ", ".join(parts))
 
 
-def warn_if_spanning(locality):
-    """Warn once per process when the binding spans several domains of a level."""
+def warn_if_spanning(locality, pu_locality=None):
+    """Warn once per process when the binding spans several domains of a
+    level: when, at that level, LOCALITY (the binding's) is not that of
+    one PU in the binding (PU_LOCALITY; unknown: not that of one domain).
+    A NUMA node of memory alone (HBM, CXL) lies over the cores of another
+    one: a rank bound to one core meets both, and spans neither."""
     global _warned
-    spanned = [name for name in _BINDING_LEVELS if len(locality.get(name, ())) > 1]
+    spanned = [name for name in _BINDING_LEVELS
+               if (len(locality.get(name, ())) > 1 if pu_locality is None
+                   else locality.get(name) != pu_locality.get(name))]
     if not spanned or _warned:
         return
     _warned = True
@@ -232,6 +238,15 @@ def binding_mask():
     if hasattr(os, "sched_getaffinity"):
         return _cpuset_mask(sorted(os.sched_getaffinity(0)))
     return "all"
+
+
+def _binding_masks():
+    """This process's binding mask, and the mask of the first PU in it
+    (None where the system has no binding API)."""
+    mask = binding_mask()
+    if mask == "all":
+        return mask, None
+    return mask, _cpuset_mask([min(os.sched_getaffinity(0))])
 
 
 def _columns(source, outs, count, what):
@@ -281,8 +296,9 @@ def localities_of_masks(masks):
 
 def _bound_locality():
     """Locality of this process on this machine, from its real CPU binding."""
-    locality = localities_of_masks([binding_mask()])[0]
-    warn_if_spanning(locality)
+    masks = [mask for mask in _binding_masks() if mask]
+    locality, *pu = localities_of_masks(masks)
+    warn_if_spanning(locality, *pu)
     return locality
 
 
@@ -317,7 +333,7 @@ def gather_localities(comm, topology=None, index=0):
     level and rank, and sends the answer (or its failure, raised on every
     rank) to all.  With a topology source each rank is placed by its INDEX
     (node_index: its rank on its node, as the launcher placed it)."""
-    source = _source(topology)
+    source = source_of(topology)
     check_alike("topology", comm.allgather(source))
     if source is None:
         return _machine_localities(comm)
@@ -331,24 +347,27 @@ def gather_localities(comm, topology=None, index=0):
 
 def _machine_localities(comm):
     """gather_localities on this machine: rank 0 asks, everyone hears."""
-    masks = comm.gather(binding_mask(), root=0)
+    pairs = comm.gather(_binding_masks(), root=0)
     answer, failure = None, None
     if comm.rank == 0:
         try:
-            answer = (_hwloc_env(), masks, localities_of_masks(masks))
+            masks = [mask for pair in pairs for mask in pair if mask]
+            answer = (_hwloc_env(), pairs, masks, localities_of_masks(masks))
         except Exception as e:  # every rank must hear of it, or they hang
             failure = e
             answer = error_text(e)
     answer = comm.bcast(answer, root=0)
     if isinstance(answer, str):
         raise XhcError(answer) from failure
-    env, masks, localities = answer
+    env, pairs, masks, localities = answer
     # Every rank keeps what it heard: a later communicator (a Split) whose
     # rank 0 this process is then asks hwloc about new masks only.
+    heard = dict(zip(masks, localities))
     _KNOWN_MASKS.update(((env, mask), dict(locality))
-                        for mask, locality in zip(masks, localities))
-    warn_if_spanning(localities[comm.rank])
-    return localities
+                        for mask, locality in heard.items())
+    binding, pu = pairs[comm.rank]
+    warn_if_spanning(heard[binding], heard.get(pu))
+    return [dict(heard[binding]) for binding, _ in pairs]
 
 
 def _env_count(text):
@@ -478,7 +497,7 @@ def _count_cpu_list(text):
 
 def local_locality(topology=None, index=0):
     """Locality dict of process INDEX (see the module docstring for the format)."""
-    source = _source(topology)
+    source = source_of(topology)
     # On this machine the binding, not the index, decides; share one entry.
     key_index = 0 if source is None else int(index)
     return dict(_cached_locality(source, key_index))

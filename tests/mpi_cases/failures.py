@@ -450,6 +450,14 @@ def suite_args(xc):
         ("hierarchy-bad-on-one-rank",
          lambda c: xhc.Comm(W, hierarchy={"bcast": "numa,l9"} if RANK == last
                             else None)),
+        ("spin-infinite-on-one-rank",
+         lambda c: xhc.Comm(W, spin=float("inf") if RANK == last else None)),
+        ("topology-not-a-path-on-one-rank",
+         lambda c: xhc.Comm(W, topology=5 if RANK == last else None)),
+        # The same levels, spelt otherwise on one rank: alike, accepted.
+        ("hierarchy-spelt-otherwise",
+         lambda c: xhc.Comm(W, hierarchy=["NUMA", "socket"] if RANK == last
+                            else "numa, package").free()),
         ("empty-too-large", lambda c: c.empty(more_than_shm_free(), np.uint8)),
         ("empty-negative", lambda c: c.empty((4, -1))),
         ("empty-huge", lambda c: c.empty((1 << 40, 1 << 40), np.uint8)),
