@@ -110,6 +110,17 @@ static void xhc_flags_init(struct xhc_rank_ctl *mine, uint64_t start)
 int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
                  int rank, int nranks, const xhc_config_t *cfg)
 {
+    int fd = xhc_shm_open(name);
+    if (fd < 0)
+        return fd;
+    int rc = xhc_ctx_open_fd(out, fd, size, rank, nranks, cfg);
+    close(fd);
+    return rc;
+}
+
+int xhc_ctx_open_fd(xhc_ctx_t **out, int fd, size_t size, int rank,
+                    int nranks, const xhc_config_t *cfg)
+{
     int rc = xhc_config_check(cfg);
     if (rc)
         return rc;
@@ -127,7 +138,7 @@ int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
     ctx->seq = ctx->ack_floor = cfg->seq_start;
     ctx->failed_rank = -1;
     ctx->probe_word = xhc_probe_value(rank);
-    rc = xhc_shm_map_rank(name, size, rank, nranks, cfg, &ctx->seg);
+    rc = xhc_shm_map_rank(fd, size, rank, nranks, cfg, &ctx->seg);
     if (rc == 0) {
         ctx->seg_size = size;
         rc = xhc_header_check(ctx);

@@ -4,13 +4,15 @@
  * 1. One rank creates the segment (O_EXCL, mode 0600, a name the front end
  *    makes unguessable) and sizes it, after checking that /dev/shm has
  *    room for all of it.
- * 2. Every rank opens it (xhc_shm_map_rank) and reserves the pages it
- *    writes: the control block and its own slots and staging windows.  A
- *    full /dev/shm is then an error before the first collective rather
- *    than a SIGBUS at a later touch, and the ranks zero their parts in
- *    parallel rather than one rank zeroing them all.  Each maps it and
- *    faults in the control block and its own slots.  Then the creator
- *    unlinks it, so no crash afterwards can leave it in /dev/shm.
+ * 2. Every rank opens it, and once all have, the creator unlinks it, so
+ *    that no crash afterwards can leave it in /dev/shm; a kill before
+ *    then leaves a file whose pages nobody reserved.  Then each rank,
+ *    rank 0 first, reserves through its descriptor the pages it writes
+ *    (xhc_shm_map_rank): the control block and its own slots and staging
+ *    windows.  A full /dev/shm is then an error before the first
+ *    collective rather than a SIGBUS at a later touch, and the ranks zero
+ *    their parts in parallel rather than one rank zeroing them all.  Each
+ *    maps it and faults in the control block and its own slots.
  * 3. Once all have reserved theirs (so that each page lies where its
  *    writer runs), every rank faults in every rank's reduce-scatter
  *    staging (two windows a rank) and the start of every rank's Bcast
@@ -176,22 +178,17 @@ static void xhc_populate(unsigned char *p, size_t len)
         (void)*(volatile unsigned char *)(p + off);
 }
 
-/* Open and map the segment NAME of SIZE bytes for RANK of NRANKS (step 2):
- * reserve the parts RANK writes, then fault in the control block and its
- * slots, which every call touches; mapping all of it here made creating
- * an xhc.Comm (and each Dup) take 45 ms at 4 ranks on 2 cores. */
-int xhc_shm_map_rank(const char *name, size_t size, int rank, int nranks,
+/* Map the segment FD of SIZE bytes for RANK of NRANKS (step 2): reserve
+ * the parts RANK writes, then fault in the control block and its slots,
+ * which every call touches; mapping all of it here made creating an
+ * xhc.Comm (and each Dup) take 45 ms at 4 ranks on 2 cores. */
+int xhc_shm_map_rank(int fd, size_t size, int rank, int nranks,
                      const xhc_config_t *cfg, unsigned char **out)
 {
     struct stat st;
     size_t parts[4][2];
-    int fd = xhc_shm_open(name);
-    if (fd < 0)
-        return fd;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size != size) {
-        close(fd);
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != size)
         return XHC_ERR_SEGMENT;
-    }
     xhc_rank_parts(rank, nranks, cfg, parts);
     int err = 0;
     for (int i = 0; i < 4 && !err; i++)
@@ -200,7 +197,6 @@ int xhc_shm_map_rank(const char *name, size_t size, int rank, int nranks,
                   : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (!err && p == MAP_FAILED)
         err = -errno;
-    close(fd);
     if (err)
         return err;
     xhc_populate(p, parts[0][1]);

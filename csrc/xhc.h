@@ -102,9 +102,15 @@ int xhc_shm_unlink(const char *name);
 int xhc_shm_reserve(int fd, size_t size);
 
 /* Every rank must have returned from xhc_ctx_open before any rank calls a
- * collective: until a rank opens, its flags do not yet hold seq_start. */
+ * collective: until a rank opens, its flags do not yet hold seq_start.
+ * Rank 0 opens first: it writes the header the others check. */
 int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
                  int rank, int nranks, const xhc_config_t *cfg);
+/* The same, on the segment's open file FD (which stays open): every rank
+ * may open the file, then its name be unlinked, before any reserves and
+ * maps its pages, so that a kill meanwhile leaves nothing behind. */
+int xhc_ctx_open_fd(xhc_ctx_t **out, int fd, size_t size, int rank,
+                    int nranks, const xhc_config_t *cfg);
 /* Map every rank's reduce-scatter staging, and the pages of every rank's
  * Bcast windows that the least staged Bcast uses, which the first calls
  * would otherwise fault in one by one (the rest fault in at first use).  Call it once every rank has returned

@@ -263,7 +263,7 @@ size_t xhc_stage_offset(int nranks, const xhc_config_t *cfg);
 size_t xhc_bstage_offset(int nranks, const xhc_config_t *cfg);
 size_t xhc_stage_part(int nranks, const xhc_config_t *cfg);
 size_t xhc_stage_per_rank(int nranks, const xhc_config_t *cfg);
-int xhc_shm_map_rank(const char *name, size_t size, int rank, int nranks,
+int xhc_shm_map_rank(int fd, size_t size, int rank, int nranks,
                      const xhc_config_t *cfg, unsigned char **out);
 void xhc_shm_map_windows(unsigned char *seg, int nranks,
                          const xhc_config_t *cfg);

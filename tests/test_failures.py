@@ -938,6 +938,18 @@ def test_nothing_left_after_a_kill_in_empty():
     assert_nothing_left(launch)
 
 
+def test_nothing_left_after_a_kill_in_making_a_segment():
+    """Every rank is SIGKILLed while the last reserves its part of a new
+    xhc.Comm's segment: every rank had opened it, and it was unlinked
+    then, where it used to stay named until every rank had reserved and
+    mapped its part."""
+    launch = Launch(3, ["kill-segment"], timeout=60)
+    assert launch.result.returncode != 0, launch.output()
+    assert launch.get("KILLING-IN-SEGMENT"), launch.output()
+    assert not launch.get("KILL-SEGMENT-NOT-REACHED"), launch.output()
+    assert_nothing_left(launch)
+
+
 def test_segments_of_real_runs_are_private(args3):
     """Every segment the runs made was 0600, owned by us, with a name of
     96 random bits (a name whose segment could not be made, for an array

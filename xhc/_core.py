@@ -158,34 +158,50 @@ def segment_size(nranks, cfg):
 
 
 def open_context(comm, cfg):
-    """Create, map and unlink the segment; return this rank's context."""
+    """Create the segment and open it on every rank, unlink it, then map
+    it, rank 0 first (it writes the header the others check); return
+    this rank's context."""
     size = lib.xhc_segment_size(comm.size, cfg)
+    fd = _open_everywhere(comm, size)
     out = ffi.new("xhc_ctx_t **")
-    name, rc = None, 0
-    if comm.rank == 0:
-        name = new_name()
-        rc = lib.xhc_shm_create(name.encode(), size)
-        if rc == 0:
-            rc = lib.xhc_ctx_open(out, name.encode(), size, 0, comm.size, cfg)
-    name, rc0 = comm.bcast((name, rc), root=0)
     try:
-        if rc0 == 0 and comm.rank != 0:
-            rc = lib.xhc_ctx_open(out, name.encode(), size, comm.rank,
-                                  comm.size, cfg)
+        rc = lib.xhc_ctx_open_fd(out, fd, size, 0, comm.size, cfg) \
+            if comm.rank == 0 else 0
+        if comm.bcast(rc, root=0) == 0 and comm.rank != 0:
+            rc = lib.xhc_ctx_open_fd(out, fd, size, comm.rank, comm.size, cfg)
         collective_check(comm, rc, "opening the shared segment")
     except BaseException:
         if out[0] != ffi.NULL:
             lib.xhc_ctx_close(out[0])
         raise
     finally:
-        # Everyone has mapped it (or failed): unlink now, so that no crash
-        # from here on can leave it behind in /dev/shm.
-        comm.Barrier()
-        if comm.rank == 0 and name:
-            lib.xhc_shm_unlink(name.encode())
+        os.close(fd)
     # Every rank has reserved its pages: map the windows' first ones.
     lib.xhc_ctx_map_windows(out[0])
     return out[0]
+
+
+def _open_everywhere(comm, size):
+    """Rank 0 creates a segment of SIZE bytes, every rank opens it, and
+    once all have, rank 0 unlinks it: no kill from then on, while the
+    ranks reserve its pages, can leave it in /dev/shm.  Return this rank's
+    descriptor, or raise on every rank."""
+    name, rc = None, 0
+    if comm.rank == 0:
+        name = new_name()
+        rc = lib.xhc_shm_create(name.encode(), size)
+    name, rc = comm.bcast((name, rc), root=0)
+    fd = lib.xhc_shm_open(name.encode()) if rc == 0 else rc
+    try:
+        collective_check(comm, min(fd, 0), "opening the shared segment")
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    finally:
+        if comm.rank == 0 and rc == 0:  # every rank has opened it, or failed
+            lib.xhc_shm_unlink(name.encode())
+    return fd
 
 
 def make_config(cfg):

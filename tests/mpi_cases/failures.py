@@ -119,11 +119,13 @@ class _LibProxy:
     # reserves its part of the segment.
     open_finds_shm_full = False
 
-    def xhc_ctx_open(self, out, name, size, rank, nranks, cfg):
+    def xhc_ctx_open_fd(self, out, fd, size, rank, nranks, cfg):
         if self.open_finds_shm_full:
             self.open_finds_shm_full = False
             return -errno.ENOSPC
-        return self._lib.xhc_ctx_open(out, name, size, rank, nranks, cfg)
+        if self.reserving:
+            self.reserving()
+        return self._lib.xhc_ctx_open_fd(out, fd, size, rank, nranks, cfg)
 
 
 _core.new_name = _logged_name
@@ -1110,6 +1112,24 @@ def suite_kill_empty(xc):
     return xc
 
 
+def suite_kill_segment(xc):
+    """The last rank SIGKILLs every rank as it reserves its part of a new
+    xhc.Comm's segment (rank 0 has reserved and mapped its own): the
+    step that takes most of the time a Comm takes to make, where a
+    job's kill most often lands."""
+    pids = W.allgather(os.getpid())
+
+    def kill_all():
+        emit("KILLING-IN-SEGMENT", f"rank={RANK}")
+        for pid in sorted(pids, key=lambda p: p == os.getpid()):
+            os.kill(pid, signal.SIGKILL)
+    if RANK == W.size - 1:
+        _core.lib.reserving = kill_all
+    xhc.Comm(W)
+    emit("KILL-SEGMENT-NOT-REACHED", f"rank={RANK}")
+    return xc
+
+
 # -- threads ------------------------------------------------------------------
 
 def suite_gil(xc):
@@ -1348,6 +1368,7 @@ SUITES = {
     "abort-empty": lambda xc: suite_abort(xc, "abort-empty"),
     "abort-setup": lambda xc: suite_abort(xc, "abort-setup"),
     "kill-empty": suite_kill_empty,
+    "kill-segment": suite_kill_segment,
     "init-raises": suite_init_raises,
     "plan-budget": suite_plan_budget,
     "gil": suite_gil,
