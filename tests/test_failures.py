@@ -602,6 +602,17 @@ def test_debug_call_that_fails_on_one_rank_raises_on_every_rank(request,
                r"^(rank 2: )?too many positional arguments$")
 
 
+@pytest.mark.parametrize("case", ["freed-on-one-rank", "freed-dup"])
+def test_debug_call_on_a_freed_comm_raises_at_once(args3, case):
+    """With XHC_DEBUG, a call on a freed xhc.Comm raises XhcError at once,
+    as without: made by the last rank alone, it used to wait for ever in
+    the comparison; on a Dup()'s, free() had freed the communicator the
+    comparison ran on, and MPI raised."""
+    check_case(args3, f"debug-{case}", "XhcError",
+               r"^xhc\.Comm already freed$",
+               raisers=[2] if case == "freed-on-one-rank" else None)
+
+
 TIMED_OUT = "did not arrive within the timeout"
 GAVE_UP = "a peer gave up on this collective after an error of its own"
 

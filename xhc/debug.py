@@ -72,6 +72,18 @@ def _differences(sigs):
     return out
 
 
+def _own_signature(xcomm, name, sig, args, kwargs):
+    """(this rank's signature of the call, None) or (None, the exception
+    that forming it raised): any failure must reach every rank, or they
+    hang."""
+    try:
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return _signature(xcomm, name, bound), None
+    except Exception as exc:  # noqa: BLE001
+        return None, exc
+
+
 def checked(xcomm, name, call):
     """Wrap the collective CALL so ranks first agree on its arguments."""
     # The C methods have no signature; their Python twins (_Bcast, ...)
@@ -80,22 +92,18 @@ def checked(xcomm, name, call):
         getattr(xcomm, "_" + name, None) or getattr(xcomm, name)))
 
     def wrapper(*args, **kwargs):
-        mine, problem = None, None
-        try:  # any failure here must reach every rank, or they hang
-            bound = sig.bind(*args, **kwargs)
-            bound.apply_defaults()
-            mine = _signature(xcomm, name, bound)
-        except Exception as exc:  # noqa: BLE001
-            problem = exc
         # Counted as under way, so that free() in another thread refuses
-        # rather than free a Dup()'s communicator meanwhile; once freed,
-        # it still agrees, and the call raises after.
-        counted = xcomm._hot_busy(1) >= 0
+        # rather than free a Dup()'s communicator meanwhile.  Once freed,
+        # the call raises at once, as it does without XHC_DEBUG: agreeing
+        # first would wait for peers that may not call, on a communicator
+        # free() may have freed.
+        if xcomm._hot_busy(1) < 0:
+            raise XhcError("xhc.Comm already freed")
         try:
-            answers = agree(xcomm._comm, mine, problem)
+            answers = agree(xcomm._comm, *_own_signature(xcomm, name, sig,
+                                                         args, kwargs))
         finally:
-            if counted:
-                xcomm._hot_busy(-1)
+            xcomm._hot_busy(-1)
         diffs = _differences(answers)
         if diffs:
             raise XhcError(f"XHC_DEBUG: ranks disagree on {name}: "

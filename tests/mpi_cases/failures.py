@@ -631,8 +631,15 @@ def debug_cases():
 def suite_debug(xc):
     dx = xhc.Comm(W, debug=True)
     dx = run_cases(dx, debug_cases())
+    dup = dx.Dup()
     dx.free()
-    return xc
+    dup.free()  # and the communicator Dup() made
+    # Freed, a call raises at once, as without debug: the last rank's
+    # alone, and one on a communicator free() freed too.
+    return run_cases(xc, [
+        ("debug-freed-on-one-rank",
+         lambda c: dx.Barrier() if RANK == W.size - 1 else None),
+        ("debug-freed-dup", lambda c: dup.Allreduce(f8(4), f8(4)))])
 
 
 def suite_debug_env(xc):
