@@ -224,12 +224,14 @@ void xhc_ctx_leave(xhc_ctx_t *ctx)
 }
 
 /* Withdraw, having refused REFUSALS calls since my last operation began.
- * A closing rank says "all of them", a count no peer's matches. */
+ * A closing rank says "all of them" (XHC_CLOSED), a count no peer's
+ * matches, and by which its waiters know that it will raise no flag. */
 static void xhc_ctx_mark_withdrawn(xhc_ctx_t *ctx, uint32_t refusals)
 {
-    /* Relaxed: published by the release in xhc_ctx_mark. */
+    /* Release: a waiter that reads XHC_CLOSED sees every flag I raised
+     * (wait.c); for the rest the release in xhc_ctx_mark publishes it. */
     atomic_store_explicit(&xhc_ctl(ctx, ctx->rank)->entered.refusals,
-                          refusals, memory_order_relaxed);
+                          refusals, memory_order_release);
     xhc_ctx_mark(ctx, XHC_LEFT + XHC_WITHDRAWN);
 }
 
@@ -250,7 +252,7 @@ void xhc_ctx_close(xhc_ctx_t *ctx)
     if (!ctx)
         return;
     if (!xhc_ctx_keep_mark(ctx))
-        xhc_ctx_mark_withdrawn(ctx, UINT32_MAX);
+        xhc_ctx_mark_withdrawn(ctx, XHC_CLOSED);
     xhc_xpmem_close(ctx);
     for (int k = 0; k < XHC_NKINDS; k++)
         xhc_hier_free(&ctx->hier[k], ctx->nranks);

@@ -17,7 +17,8 @@
  *    millisecond, let the front end drive its MPI library's progress
  *    (progress_hook): a peer may be blocked in a send to me, or an RMA on
  *    my window, before it can enter this collective.  Once
- *    the peer's process is gone, give up with an error that names it.
+ *    the peer's process is gone, or it has closed its context (freed its
+ *    communicator, or is exiting), give up with an error that names it.
  *    Past CFG.timeout, give up too, unless some live rank has not yet
  *    entered this operation: it is late, not lost (a rank reading its
  *    input while the others wait in a Bcast), and MPI would wait for it,
@@ -158,6 +159,16 @@ static int xhc_peer_left(xhc_ctx_t *ctx, int peer)
            == ctx->seq + XHC_LEFT;
 }
 
+/* Has PEER closed its context (freed its communicator, or is exiting)?
+ * It raises no flag from then on. */
+static int xhc_peer_closed(xhc_ctx_t *ctx, int peer)
+{
+    /* Acquire: pairs with the release of the close's count, so that a
+     * flag PEER raised before it is seen when looked at again. */
+    return atomic_load_explicit(&xhc_ctl(ctx, peer)->entered.refusals,
+                                memory_order_acquire) == XHC_CLOSED;
+}
+
 /* PEER gave up on my current operation, or on a later one: the first
  * error that made it leave is the first of mine too.  If it was mine,
  * where it put its end is where the rounds end (it may know it better: a
@@ -210,13 +221,18 @@ static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
             ctx->progress_hook(ctx->progress_arg);
             progress_at = now + XHC_PROGRESS_EVERY;
         }
-        int gone = !xhc_peer_alive(ctx, peer);
-        int left = !gone && xhc_peer_left(ctx, peer);
-        if (!gone && !left && now <= deadline)
+        int rc = !xhc_peer_alive(ctx, peer) ? XHC_ERR_PEER_GONE
+                 : xhc_peer_closed(ctx, peer) ? XHC_ERR_PEER_CLOSED
+                 : xhc_peer_left(ctx, peer)   ? XHC_ERR_PEER_LEFT
+                                              : 0;
+        if (rc)  /* PEER will not raise FLAG, unless it did just before */
+            return xhc_reached(flag, want, exact) ? 0
+                                                  : xhc_give_up(ctx, peer, rc);
+        if (now <= deadline)
             continue;
         if (xhc_reached(flag, want, exact))
             return 0;
-        int late = !gone && !left && xhc_someone_late(ctx);
+        int late = xhc_someone_late(ctx);
         if (late || was_late) {
             /* The last late rank may have entered just now: give it a
              * whole timeout too. */
@@ -224,9 +240,7 @@ static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
             deadline = xhc_now() + ctx->cfg.timeout;
             continue;
         }
-        return xhc_give_up(ctx, peer, gone ? XHC_ERR_PEER_GONE
-                                      : left ? XHC_ERR_PEER_LEFT
-                                             : XHC_ERR_TIMEOUT);
+        return xhc_give_up(ctx, peer, XHC_ERR_TIMEOUT);
     }
 }
 

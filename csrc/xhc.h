@@ -34,6 +34,8 @@ typedef struct xhc_ctx xhc_ctx_t;
                                    the ranks passed different sizes */
 #define XHC_ERR_DISAGREE  -5011 /* a peer called another collective, or
                                    this one with another root */
+#define XHC_ERR_PEER_CLOSED -5012 /* a peer freed its communicator, or is
+                                     exiting: it takes part in no more */
 
 #define XHC_INLINE_MAX 112      /* bytes carried inside a flag's line */
 #define XHC_ROUND_MIN 16384     /* smallest Bcast round with bcast_rounds */

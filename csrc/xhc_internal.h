@@ -18,6 +18,8 @@
  * one it began: no peer may take that for having left its own. */
 #define XHC_LEFT (UINT64_C(1) << 62)
 #define XHC_WITHDRAWN (XHC_LEFT >> 1)
+/* The refusal count of a rank that closed its context (ctx.c). */
+#define XHC_CLOSED UINT32_MAX
 #define XHC_ALIGNED __attribute__((aligned(XHC_LINE)))
 #define XHC_MAGIC 0x7868632d73686d32ull /* "xhc-shm2" */
 #define XHC_PIECE_SHIFT 3 /* Bcast piece flag: round << 3, plus pieces */

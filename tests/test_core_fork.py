@@ -114,7 +114,7 @@ def error_codes():
 
 def test_strerror_names_every_code():
     codes = error_codes()
-    assert len(codes) == 11
+    assert len(codes) == 12
     messages = {}
     for name in codes:
         msg = strerror(getattr(lib, name))

@@ -85,6 +85,8 @@ class Launch:
 
     def __init__(self, n, suites, env=None, timeout=120):
         self.n, self.suites = n, suites
+        # The ranks' XHC_TIMEOUT (the default, 120 s, if not set).
+        self.xhc_timeout = float((env or {}).get("XHC_TIMEOUT", 120))
         with no_xhc_environment():
             self.before = xhc_entries()
             self.result = run_mpi(n, [SCRIPT, ",".join(suites)],
@@ -171,8 +173,10 @@ def check_case(launch, case, exc, pattern, every_rank=True, root=None,
             f"case {case}, rank {r}: message {kv['msg']!r} does not " \
             f"match {pattern!r}"
     for r in range(n):
-        # Raised (or returned) before any rank could wait on another.
-        assert float(cases[r]["t"]) < 1.0, \
+        # Raised (or returned) before any rank could wait out a timeout:
+        # well within one (a case may make a Comm and 64 arrays first,
+        # which on a loaded node takes a second or more).
+        assert float(cases[r]["t"]) < launch.xhc_timeout / 2, \
             f"case {case}, rank {r} took {cases[r]['t']} s: it waited"
     after = launch.by_rank("AFTER", case)
     assert sorted(after) == list(range(n)), \
@@ -842,6 +846,22 @@ def test_a_late_rank_is_waited_for_after_an_interrupt(late):
     rep = late.by_rank("LATE-AFTER-INTERRUPT")
     assert rep.get(1, {}).get("interrupted") == "True", late.output()
     assert_every_rank_waited(late, "LATE-AFTER-INTERRUPT", 2.0)
+
+
+@pytest.mark.parametrize("kind", ["barrier", "allreduce"])
+def test_a_rank_that_frees_while_others_wait_is_named_at_once(late, kind):
+    """Rank 1 frees an xhc.Comm (timeout 20 s) while ranks 0 and 2 wait
+    on it in a collective: they raise within seconds, naming rank 1 and
+    what it did (rank 2 through rank 0, which gave up first)."""
+    rep = late.by_rank("FREED-" + kind)
+    assert sorted(rep) == [0, 2], late.output()
+    for r, kv in rep.items():
+        assert kv["exc"] == "XhcError", kv
+        assert float(kv["t"]) < 5.0, kv
+        assert re.search(r"rank 1\b.*a peer freed its xhc\.Comm, or its "
+                         r"process is exiting|a peer freed its xhc\.Comm, or "
+                         r"its process is exiting.*\(waiting for rank 1,",
+                         kv["msg"]), kv
 
 
 def test_a_forked_child_does_not_speak_for_its_rank(late):

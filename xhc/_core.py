@@ -54,7 +54,7 @@ def error(rc, what, ctx=None, pids=None):
     """Return the exception for C return code RC of the call WHAT."""
     msg = f"{what}: {strerror(rc)}"
     if rc in (lib.XHC_ERR_TIMEOUT, lib.XHC_ERR_PEER_GONE,
-              lib.XHC_ERR_PEER_LEFT) and ctx:
+              lib.XHC_ERR_PEER_CLOSED, lib.XHC_ERR_PEER_LEFT) and ctx:
         peer = lib.xhc_failed_rank(ctx)
         pid = pids[peer] if pids and peer >= 0 else "?"
         msg += f" (waiting for rank {peer}, pid {pid}"

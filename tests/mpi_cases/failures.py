@@ -959,6 +959,8 @@ def suite_late(xc):
     late_after_every_rank_refused(xc, late)
     late_after_an_interrupt(xc, late)
     late_after_a_fork(xc, late)
+    for kind in ("barrier", "allreduce"):
+        freed_while_others_wait(kind)
     for kind in STALLED:
         stalled_inside_a_large_call(kind, late)
     return xc
@@ -1008,6 +1010,25 @@ def stalled_inside_a_large_call(kind, late):
          f"sums={sums}")
     W.Barrier()
     c.free()
+
+
+def freed_while_others_wait(kind):
+    """Rank 1 frees an xhc.Comm (timeout 20 s) 0.3 s after the others
+    entered a collective (KIND) on it, as a rank that raised and exits
+    without mpi4py's abort does: they raise within a second, naming it,
+    where they used to wait out the timeout and then blame the order of
+    the collectives."""
+    c = xhc.Comm(W, timeout=20)
+    W.Barrier()
+    if RANK == 1:
+        time.sleep(0.3)
+        c.free()
+    else:
+        _outcome_of("FREED-" + kind, {
+            "barrier": c.Barrier,
+            "allreduce": lambda: c.Allreduce(np.ones(4), np.zeros(4))}[kind])
+        c.free()
+    W.Barrier()
 
 
 def late_after_a_fork(xc, late):
