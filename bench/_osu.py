@@ -21,12 +21,15 @@ DTYPES = ("float64", "float32", "int64", "int32")
 # -- message sizes and loop counts -------------------------------------------
 
 def parse_bytes(text):
-    """Return the byte count of TEXT such as ``64``, ``64K`` or ``1M``."""
-    text = text.strip().upper().removesuffix("B")
-    unit = text[-1:] if text[-1:] in UNITS else ""
-    digits = text[:len(text) - len(unit)]
-    if not digits.isdigit() or int(digits) < 1:
-        raise ValueError(f"bad message size {text!r}")
+    """Return the byte count of TEXT such as ``64``, ``64K``, ``64KiB``
+    or ``1M``."""
+    plain = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = plain[-1:] if plain[-1:] in UNITS else ""
+    digits = plain[:len(plain) - len(unit)]
+    if not (digits.isascii() and digits.isdigit()) or int(digits) < 1:
+        raise ValueError(f"bad message size {text!r}: give a byte count of "
+                         "1 or more, with an optional K, M or G suffix, "
+                         "such as 64K")
     return int(digits) * UNITS[unit]
 
 
@@ -36,16 +39,19 @@ def cold_line(nbytes):
             f"{nbytes}-byte buffer, untimed")
 
 
-def message_sizes(spec, default_min, default_max=1 << 20):
-    """Return OSU's sizes for ``-m [MIN:]MAX``: MIN, 2*MIN, ... up to MAX."""
+def message_sizes(spec, default_min, least="", default_max=1 << 20):
+    """Return OSU's sizes for ``-m [MIN:]MAX``: MIN, 2*MIN, ... up to MAX
+    (MIN by default DEFAULT_MIN, the least size: LEAST, in words)."""
     lo, hi = default_min, default_max
-    if spec:
-        head, sep, tail = spec.partition(":")
-        if sep:
-            lo = parse_bytes(head) if head else lo
-            hi = parse_bytes(tail) if tail else hi
-        else:
-            hi = parse_bytes(head)
+    head, sep, tail = (spec or "").partition(":")
+    if sep:
+        lo = parse_bytes(head) if head else lo
+        hi = parse_bytes(tail) if tail else hi
+    elif spec:
+        hi = parse_bytes(head)
+    if lo > hi and not (sep and head):
+        raise ValueError(f"-m {spec}: {hi} bytes is less than the least "
+                         f"size, {lo} ({least or 'the default minimum'})")
     if lo > hi:
         raise ValueError(f"-m {spec}: minimum {lo} exceeds maximum {hi}")
     sizes = []

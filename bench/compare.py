@@ -36,9 +36,10 @@ from bench import _osu  # noqa: E402
 
 # Options that change what is measured: files must agree on them.
 SAME = ("dtype", "op", "root", "sync", "iterations", "warmup", "blocks",
-        "persistent", "cold")
+        "persistent", "cold", "objects", "numpy_scalar")
 # What a file from before an option existed measured.
-ABSENT = {"cold": 0, "persistent": False}
+ABSENT = {"cold": 0, "persistent": False, "objects": False,
+          "numpy_scalar": False}
 
 
 def check_file(path, doc):
@@ -63,13 +64,27 @@ def buffers(doc):
                          else "private (np.empty)") for k in doc["impls"]}
 
 
+def read(path):
+    """The JSON document of a bench.osu run at PATH, or a clear failure."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as exc:
+        raise SystemExit(f"compare: cannot read {path}: {exc.strerror}")
+    except ValueError as exc:
+        raise SystemExit(f"compare: {path} is not JSON ({exc})")
+    keys = ("benchmark", "ranks", "options", "impls", "results")
+    if not isinstance(doc, dict) or not all(k in doc for k in keys):
+        raise SystemExit(f"compare: {path} is not a bench.osu --json file")
+    return doc
+
+
 def load(paths):
     """Return the JSON documents; fail if any run failed, or if they
     measure different things."""
     docs = []
     for path in paths:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        doc = read(path)
         check_file(path, doc)
         docs.append(doc)
     kinds = {(d["benchmark"], d["ranks"]) for d in docs}
@@ -79,7 +94,8 @@ def load(paths):
     for key in SAME:
         values = {str(d["options"].get(key, ABSENT.get(key))) for d in docs}
         if len(values) > 1:
-            raise SystemExit(f"compare: files differ in --{key}: "
+            flag = "--" + key.replace("_", "-")
+            raise SystemExit(f"compare: files differ in {flag}: "
                              f"{sorted(values)}; measure them alike")
     return docs
 

@@ -45,7 +45,8 @@ def parse_args(argv):
                    help="comma-separated, of " + ", ".join(OPS))
     opts = p.parse_args(argv)
     try:
-        opts.sizes = _osu.message_sizes(opts.message_size, 1 << 20, 16 << 20)
+        opts.sizes = _osu.message_sizes(opts.message_size, 1 << 20,
+                                        default_max=16 << 20)
     except ValueError as exc:
         p.error(str(exc))
     opts.ops = opts.ops.split(",")

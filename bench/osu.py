@@ -71,6 +71,8 @@ import argparse
 import collections
 import functools
 import os
+import re
+import subprocess
 import sys
 import time
 
@@ -86,7 +88,8 @@ from mpi4py import MPI  # noqa: E402
 from bench import _osu  # noqa: E402
 from bench._board import ArrivalBoard  # noqa: E402
 
-Command = collections.namedtuple("Command", "title min_size data case")
+# SIZED: timed over message sizes (all but barrier).
+Command = collections.namedtuple("Command", "title sized data case")
 Impl = collections.namedtuple("Impl", "key label comm alloc")
 Ctx = collections.namedtuple("Ctx", "comm rank nranks opts dtype mpi_op")
 MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
@@ -298,10 +301,10 @@ def _object(pattern, scalar=False):
 
 
 COMMANDS = {
-    "bcast": Command("Broadcast", 1, bcast_data, bcast_case),
-    "allreduce": Command("Allreduce", 8, reduce_data, allreduce_case),
-    "reduce": Command("Reduce", 8, reduce_data, reduce_case),
-    "barrier": Command("Barrier", None, barrier_data, barrier_case),
+    "bcast": Command("Broadcast", True, bcast_data, bcast_case),
+    "allreduce": Command("Allreduce", True, reduce_data, allreduce_case),
+    "reduce": Command("Reduce", True, reduce_data, reduce_case),
+    "barrier": Command("Barrier", False, barrier_data, barrier_case),
 }
 
 
@@ -314,7 +317,8 @@ def parse_args(argv=None):
                     "COMMAND [options]")
     p.add_argument("command", choices=COMMANDS)
     p.add_argument("-m", "--message-size", metavar="[MIN:]MAX",
-                   help="bytes, K/M suffixes (1:1M bcast, 8:1M reductions)")
+                   help="bytes, K/M suffixes (1:1M bcast, one element:1M "
+                   "reductions)")
     p.add_argument("-i", "--iterations", type=_positive, default=1000,
                    help="timed iterations up to 8 KiB, /10 above (1000)")
     p.add_argument("-x", "--warmup", type=_natural, default=100,
@@ -329,11 +333,11 @@ def parse_args(argv=None):
                    help="both: interleaved, with an xhc/MPI ratio (default)")
     p.add_argument("--shm", action="store_true",
                    help="xhc buffers come from xcomm.empty (zero-copy)")
-    p.add_argument("--root", type=_natural, default=0,
+    p.add_argument("--root", type=_natural,
                    help="root of bcast and reduce (0)")
-    p.add_argument("--dtype", choices=_osu.DTYPES, default="float64",
+    p.add_argument("--dtype", choices=_osu.DTYPES,
                    help="reduction element type (float64)")
-    p.add_argument("--op", choices=MPI_OPS, default="sum",
+    p.add_argument("--op", choices=MPI_OPS,
                    help="reduction operation (sum)")
     p.add_argument("--blocks", type=_positive, default=10,
                    help="alternating blocks per size with --impl both")
@@ -355,8 +359,9 @@ def parse_args(argv=None):
     p.add_argument("--cold", metavar="BYTES", type=_cold_size, default=0,
                    help="rewrite a private buffer of BYTES (K/M suffixes) "
                         "before each call, untimed, so that it runs with "
-                        "cold caches (e.g. 64M; use fewer iterations; "
-                        "0: off, the default)")
+                        "cold caches (e.g. 64M; use fewer iterations, and "
+                        "--sync own, else MPI's barrier after the eviction "
+                        "warms MPI's call alone; 0: off, the default)")
     p.add_argument("--label", default="MPI", help="name of the MPI column")
     p.add_argument("--peer", metavar="COMPONENT", type=_peer_name,
                    help="also time Open MPI's coll COMPONENT (e.g. sm) on a "
@@ -401,7 +406,28 @@ def _peer_name(text):
     return text
 
 
+# Options that apply only to some commands, and their defaults.
+ONLY_FOR = {"root": (("bcast", "reduce"), 0),
+            "dtype": (("allreduce", "reduce"), "float64"),
+            "op": (("allreduce", "reduce"), "sum"),
+            "message_size": (("bcast", "allreduce", "reduce"), None),
+            "shm": (("bcast", "allreduce", "reduce"), False)}
+
+
+def _check_applies(parser, opts):
+    """Refuse an option the command would ignore; fill in the defaults."""
+    for name, (commands, default) in ONLY_FOR.items():
+        given = getattr(opts, name)
+        if given not in (None, False) and opts.command not in commands:
+            flag = "-m" if name == "message_size" else "--" + name
+            parser.error(f"{flag} does not apply to {opts.command}: only to "
+                         f"{', '.join(commands)}")
+        if given is None:
+            setattr(opts, name, default)
+
+
 def _check_opts(parser, opts):
+    _check_applies(parser, opts)
     if opts.objects and (opts.command == "barrier" or opts.persistent
                          or opts.shm or opts.op != "sum"):
         parser.error("--objects times bcast, allreduce and reduce, with "
@@ -435,9 +461,12 @@ def _option_error(opts, nranks, rank):
         opts.sizes = _sizes(opts)
         _check_memory(opts, nranks)
         if rank == 0:  # the one rank that writes them
-            _check_json(opts)
+            _check_writable("--json", opts.json)
+            _check_writable("--plot", opts.plot)
             if opts.plot:
                 _osu.require_matplotlib()
+            if opts.peer:
+                _check_peer(opts.peer)
     except ValueError as exc:
         return str(exc)
     except Exception as exc:  # the other ranks must hear of it too
@@ -447,11 +476,13 @@ def _option_error(opts, nranks, rank):
 
 def _sizes(opts):
     cmd = COMMANDS[opts.command]
-    if cmd.min_size is None:
+    if not cmd.sized:
         return [None]
-    sizes = _osu.message_sizes(opts.message_size, cmd.min_size)
+    item = 1 if opts.command == "bcast" else np.dtype(opts.dtype).itemsize
+    sizes = _osu.message_sizes(opts.message_size, item,
+                               f"one {opts.dtype} element"
+                               if opts.command != "bcast" else "one byte")
     if opts.command != "bcast":
-        item = np.dtype(opts.dtype).itemsize
         sizes = [s for s in sizes if s >= item]
         if not sizes:
             raise ValueError(f"no size holds one {opts.dtype} element")
@@ -484,15 +515,34 @@ def _check_memory(opts, nranks):
             f"{have / 2**30:.1f} GiB: lower the largest size")
 
 
-def _check_json(opts):
-    """Refuse a --json file that cannot be written, before the sweep."""
-    if not opts.json:
+def _check_writable(flag, path):
+    """Refuse an output file (FLAG's PATH) that cannot be written, before
+    the sweep rather than after it."""
+    if not path:
         return
-    folder = os.path.dirname(os.path.abspath(opts.json))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or (
-            os.path.exists(opts.json) and not os.access(opts.json, os.W_OK)):
-        raise ValueError(f"--json {opts.json}: cannot write there; give a "
-                         "file in a writable folder")
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) \
+            or not os.access(folder, os.W_OK) \
+            or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"{flag} {path}: cannot write there; give a file "
+                         "in a writable folder")
+
+
+def _check_peer(names):
+    """Refuse a --peer component this Open MPI does not have: it would
+    ignore the name, and the column would time its default choice."""
+    try:
+        out = subprocess.run(["ompi_info", "--parsable"], capture_output=True,
+                             text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return  # no ompi_info to ask: take the name on trust
+    known = set(re.findall(r"^mca:coll:(\w+):version:", out, re.MULTILINE))
+    unknown = [n for n in names.replace("^", "").split(",") if n
+               and n not in known]
+    if known and unknown:
+        raise ValueError(f"--peer {names}: this Open MPI has no coll "
+                         f"component {unknown[0]!r}; it has "
+                         f"{', '.join(sorted(known))}")
 
 
 # -- implementations ---------------------------------------------------------

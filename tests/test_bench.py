@@ -367,6 +367,10 @@ sys.exit(status)
     ("osu", ["bcast", "--json", "/no/dir/x.json"], 2, "usage: bench.osu "),
     ("osu", ["bcast", "--root", "3"], 2, "usage: bench.osu "),
     ("osu", ["bogus"], 2, "usage: bench.osu "),
+    ("osu", ["barrier", "-m", "8"], 2,
+     "-m does not apply to barrier: only to bcast, allreduce, reduce"),
+    ("osu", ["bcast", "--op", "max"], 2,
+     "--op does not apply to bcast: only to allreduce, reduce"),
     ("copies", ["--help"], 0, "usage: bench.copies "),
     ("copies", ["--ops", "scatter"], 2, "usage: bench.copies "),
     ("copies", ["-r", "0"], 2, "-r/--rounds: 0 is not >= 1"),
@@ -424,36 +428,82 @@ def test_osu_peer_refuses_another_mpi(monkeypatch):
         raise Refused(message)
     monkeypatch.setattr(osu.MPI, "get_vendor", lambda: ("MPICH", (4, 2, 0)))
     opts = types.SimpleNamespace(peer="sm", shm=False, impl="both",
-                                 objects=False, numpy_scalar=False)
+                                 objects=False, numpy_scalar=False,
+                                 command="bcast", message_size=None,
+                                 root=None, dtype=None, op=None)
     with pytest.raises(Refused, match="--peer needs Open MPI, not MPICH.*"
                        "bench.compare"):
         osu._check_opts(types.SimpleNamespace(error=error), opts)
 
 
-@pytest.mark.parametrize("command, spec, match", [
-    ("allreduce", "12:48", "12 bytes is not a whole number of float64 "
-     "elements; give sizes that are multiples of 8"),
-    ("bcast", "1024G", "GiB of buffers .* lower the largest size"),
+@pytest.mark.parametrize("command, spec, dtype, match", [
+    ("allreduce", "12:48", "float64", "12 bytes is not a whole number of "
+     "float64 elements; give sizes that are multiples of 8"),
+    ("bcast", "1024G", "float64", "GiB of buffers .* lower the largest size"),
+    ("allreduce", "4", "float64", r"^-m 4: 4 bytes is less than the least "
+     r"size, 8 \(one float64 element\)$"),
+    ("allreduce", "64KiB:32K", "float64", "minimum 65536 exceeds maximum"),
+    ("bcast", "0", "float64", r"^bad message size '0': give a byte count of "
+     r"1 or more, with an optional K, M or G suffix, such as 64K$"),
 ])
-def test_osu_sizes_refused_up_front(command, spec, match):
+def test_osu_sizes_refused_up_front(command, spec, dtype, match):
     """Sizes that would mislabel a row, or not fit the node, are refused
     before anything runs, with what to do instead."""
     import types
     from bench import osu
     opts = types.SimpleNamespace(command=command, message_size=spec,
-                                 dtype="float64", json=None)
+                                 dtype=dtype, json=None)
     with pytest.raises(ValueError, match=match):
         opts.sizes = osu._sizes(opts)
         osu._check_memory(opts, 2)
 
 
-def test_osu_json_checked_up_front(tmp_path):
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_osu_output_files_checked_up_front(tmp_path, flag):
+    """A file that cannot be written (no such folder, or a folder itself)
+    is refused before the sweep, not after it."""
+    from bench import osu
+    osu._check_writable(flag, str(tmp_path / "ok.json"))
+    osu._check_writable(flag, None)
+    for bad in (tmp_path / "missing" / "x.json", tmp_path):
+        with pytest.raises(ValueError, match=f"^{flag} .*: cannot write "
+                           "there; give a file in a writable folder$"):
+            osu._check_writable(flag, str(bad))
+
+
+def test_osu_peer_component_is_one_open_mpi_has():
+    from bench import osu
+    osu._check_peer("sm")
+    osu._check_peer("^han,tuned")
+    with pytest.raises(ValueError, match=r"^--peer sm,smm: this Open MPI "
+                       r"has no coll component 'smm'; it has .*\bsm\b"):
+        osu._check_peer("sm,smm")
+
+
+@pytest.mark.parametrize("command, option", [
+    ("barrier", ["-m", "8"]), ("barrier", ["--root", "1"]),
+    ("barrier", ["--dtype", "int32"]), ("barrier", ["--op", "max"]),
+    ("barrier", ["--shm"]), ("bcast", ["--dtype", "int32"]),
+    ("bcast", ["--op", "max"]), ("allreduce", ["--root", "1"])])
+def test_osu_refuses_an_option_its_command_ignores(command, option):
+    """An option the command would ignore (a barrier has no message, a
+    Bcast no op) is refused, naming the commands it applies to."""
     import types
     from bench import osu
-    osu._check_json(types.SimpleNamespace(json=str(tmp_path / "ok.json")))
-    with pytest.raises(ValueError, match="cannot write there"):
-        osu._check_json(types.SimpleNamespace(
-            json=str(tmp_path / "missing" / "x.json")))
+
+    class Refused(Exception):
+        pass
+
+    def error(message):
+        raise Refused(message)
+    flag = option[0]
+    ns = types.SimpleNamespace(command=command, message_size=None, root=None,
+                               dtype=None, op=None, shm=False)
+    setattr(ns, {"-m": "message_size"}.get(flag, flag[2:]),
+            True if flag == "--shm" else option[1])
+    with pytest.raises(Refused, match=rf"^{flag} does not apply to "
+                       rf"{command}: only to "):
+        osu._check_applies(types.SimpleNamespace(error=error), ns)
 
 
 @pytest.mark.parametrize("text, nbytes", [("0", 0), ("0K", 0), ("64K", 65536),
@@ -546,6 +596,7 @@ def test_message_sizes_and_counts():
     assert _osu.message_sizes("4", 1) == [1, 2, 4]
     assert _osu.message_sizes(None, 8)[-1] == 1 << 20
     assert _osu.message_sizes("1M:", 8) == [1 << 20]
+    assert _osu.message_sizes("64KiB:128kb", 8) == [64 << 10, 128 << 10]
     with pytest.raises(ValueError):
         _osu.message_sizes("64:8", 1)
     assert _osu.loop_counts(8192, 1000, 100) == (1000, 100)
@@ -565,7 +616,7 @@ def _doc(label, impls, scale, **options):
 
 
 @pytest.mark.parametrize("bad", ["error", "errors", "fallback", "dtype",
-                                 "cold"])
+                                 "cold", "objects"])
 def test_compare_refuses_failed_or_unlike_runs(tmp_path, bad):
     a, b = _doc("MPI", ["xhc", "mpi"], 1.0), _doc("sm", ["mpi"], 2.0)
     if bad == "error":
@@ -576,15 +627,28 @@ def test_compare_refuses_failed_or_unlike_runs(tmp_path, bad):
         a["xhc_stats"] = {"fallback": 2, "eager": 30}
     elif bad == "cold":
         b["options"]["cold"] = 64 << 20   # a cold run against a warm one
+    elif bad == "objects":
+        b["options"]["objects"] = True    # pickled objects against buffers
     else:
         b["options"]["dtype"] = "float32"
     paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
     _osu.write_json(paths[0], a)
     _osu.write_json(paths[1], b)
     match = {"dtype": "differ in --dtype", "cold": "differ in --cold",
+             "objects": "differ in --objects",
              "fallback": "2 xhc calls fell back to mpi4py"}
     with pytest.raises(SystemExit, match=match.get(bad, "failed")):
         compare.main(paths)
+
+
+def test_compare_names_a_file_it_cannot_use(tmp_path):
+    other = tmp_path / "other.json"
+    other.write_text('{"a": 1}')
+    for path, match in ((tmp_path / "none.json", "cannot read .*none.json: "
+                         "No such file"),
+                        (other, "other.json is not a bench.osu --json file")):
+        with pytest.raises(SystemExit, match=match):
+            compare.main([str(path), str(other)])
 
 
 def test_compare_takes_an_absent_option_as_its_default(tmp_path, capsys):
