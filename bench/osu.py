@@ -858,15 +858,14 @@ def header_lines(run):
         lines.append(f"xhc nodes: {doc['nodes']} (xhc inside each, the MPI "
                      "between them)")
     lines += [f"env: {k}={v}" for k, v in doc["env"].items()]
+    if doc["load"]:
+        avg = " ".join(f"{x:.2f}" for x in doc["load"]["avg"])
+        lines.append(f"load: {avg} (1, 5, 15 min) on {doc['load']['cpus']} "
+                     "CPUs at the start")
     sync = ("the plain MPI Barrier" if o.sync == "mpi"
             else "each implementation's own Barrier")
-    calls = ("a persistent request's Start() and Wait()" if o.persistent
-             else f"each {o.command}() of a Python object"
-            + (" (one element: a numpy scalar)" if o.numpy_scalar else "")
-            if o.objects
-             else "each call")
-    lines.append(f"method: {sync}, then time {calls}; avg of per-rank "
-                 "means, min/max over ranks")
+    lines.append(f"method: {sync}, then time {_timed_calls(o)}; avg of "
+                 "per-rank means, min/max over ranks")
     if o.cold:
         lines.append(_osu.cold_line(o.cold))
     lines += [f"xhc/{im.label}: ratio of the averages, below 1 when xhc "
@@ -877,6 +876,16 @@ def header_lines(run):
         lines.append("note: one timed call at some sizes, so one block: "
                      "the first column always runs first there (raise -i)")
     return lines
+
+
+def _timed_calls(o):
+    """What each timed call is, in words, for the header."""
+    if o.persistent:
+        return "a persistent request's Start() and Wait()"
+    if not o.objects:
+        return "each call"
+    scalar = " (one element: a numpy scalar)" if o.numpy_scalar else ""
+    return f"each {o.command}() of a Python object{scalar}"
 
 
 def new_doc(run, opts):
@@ -899,7 +908,17 @@ def new_doc(run, opts):
                         if im.key == "xhc" and opts.shm else "private (np.empty)"
                         for im in run.impls},
             "options": {k: getattr(opts, k) for k in keep},
-            "results": [], "reference": []}
+            "load": _load(), "results": [], "reference": []}
+
+
+def _load():
+    """Rank 0's node's load averages (1, 5 and 15 minutes) and CPU count,
+    as the run starts: a node busy with other work slows both sides."""
+    try:
+        return {"avg": [round(x, 2) for x in os.getloadavg()],
+                "cpus": os.cpu_count()}
+    except OSError:
+        return None
 
 
 def finish(run, xcomm, error=None):

@@ -3,6 +3,7 @@
 import json
 import functools
 import os
+import re
 import subprocess
 import sys
 
@@ -64,6 +65,12 @@ def test_osu_sized(op, tmp_path):
     check_doc(doc, SIZES)
     assert doc["options"]["cold"] == 0 and "# cold:" not in out
     assert "# ranks: 2" in out
+    # The node's load as the run began, which weighs on both sides.
+    load = doc["load"]
+    assert len(load["avg"]) == 3 and all(x >= 0 for x in load["avg"])
+    assert load["cpus"] == os.cpu_count()
+    assert re.search(r"^# load: [\d.]+ [\d.]+ [\d.]+ \(1, 5, 15 min\) on "
+                     rf"{os.cpu_count()} CPUs at the start$", out, re.M), out
     # The mechanism xhc moved large private buffers with, as this host's
     # libc and libxpmem allow.
     assert doc["copy"] == expected_copy(crowded(2))
