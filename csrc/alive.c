@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* alive.c: is a peer's process still running?
  *
- * 1. The first time a rank asks about a peer, it opens a pidfd on the
+ * 1. The first time a wait asks about a peer, it opens a pidfd on the
  *    peer's pid.  The pidfd turns readable once that process exits,
  *    whether or not its parent has reaped it, and never stands for a
- *    later process that reuses the pid.
+ *    later process that reuses the pid.  The wait closes it when it ends
+ *    (xhc_pidfds_reset): only waits long enough to ask (some 64 yields)
+ *    pay for it, and a process holds none between waits, however many
+ *    communicators and peers it has.
  * 2. Every later question is a poll of that pidfd that does not wait.
  *    Before it says "gone", a null signal through it must show that it
  *    is still a pidfd: a descriptor that someone else closed, and whose
@@ -37,11 +40,24 @@ int xhc_pidfds_alloc(xhc_ctx_t *ctx)
     return 0;
 }
 
+/* Is FD still a pidfd (ours)?  Code that closed it may have reopened
+ * the number for a file of its own, which is not ours to close. */
+static int xhc_still_pidfd(int fd)
+{
+#ifdef SYS_pidfd_send_signal
+    return syscall(SYS_pidfd_send_signal, fd, 0, NULL, 0) == 0
+           || errno != EBADF;
+#else
+    (void)fd;
+    return 1;
+#endif
+}
+
 /* Close every pidfd opened so far; the next question opens it again. */
 void xhc_pidfds_reset(xhc_ctx_t *ctx)
 {
     for (int r = 0; ctx->pidfds && r < ctx->nranks; r++) {
-        if (ctx->pidfds[r] >= 0)
+        if (ctx->pidfds[r] >= 0 && xhc_still_pidfd(ctx->pidfds[r]))
             close(ctx->pidfds[r]);
         ctx->pidfds[r] = XHC_PIDFD_UNOPENED;
     }
@@ -69,13 +85,10 @@ static int xhc_pidfd_exited(xhc_ctx_t *ctx, int peer, int pidfd)
     /* An interrupted poll tells nothing: ask again next time. */
     if (poll(&p, 1, 0) != 1 || !(p.revents & POLLIN))
         return 0;
-#ifdef SYS_pidfd_send_signal
     /* Any answer but EBADF comes from a pidfd (a zombie takes the null
      * signal): then its readability holds. */
-    if (syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0
-        || errno != EBADF)
+    if (xhc_still_pidfd(pidfd))
         return 1;
-#endif
     /* Not a pidfd any more (not ours to close): kill() answers. */
     ctx->pidfds[peer] = XHC_PIDFD_NONE;
     return 0;

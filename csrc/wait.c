@@ -197,8 +197,8 @@ static int xhc_give_up(xhc_ctx_t *ctx, int peer, int rc)
     return rc;
 }
 
-static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
-                         int peer, int exact)
+static int xhc_wait_polling(xhc_ctx_t *ctx, xhc_flag_t *flag,
+                            uint64_t want, int peer, int exact)
 {
     double now = xhc_now(), deadline = now + ctx->cfg.timeout;
     double progress_at = now + XHC_PROGRESS_EVERY;
@@ -242,6 +242,17 @@ static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
         }
         return xhc_give_up(ctx, peer, XHC_ERR_TIMEOUT);
     }
+}
+
+/* Steps 2-4.  The pidfds its liveness checks opened close when it ends:
+ * a process with many communicators would otherwise hold one per peer
+ * of each, until its own open() found no descriptor left. */
+static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
+                         int peer, int exact)
+{
+    int rc = xhc_wait_polling(ctx, flag, want, peer, exact);
+    xhc_pidfds_reset(ctx);
+    return rc;
 }
 
 /* See 5.: give up on SEQ, the operation I am about to enter, if a peer

@@ -457,14 +457,17 @@ def test_a_collective_that_does_not_move_fails_naming_the_peer():
     moves, so rank 0 gives up after the timeout and names rank 1.  If
     rank 1 gives up on its Bcast (leave, as after an error in it), rank 0
     fails at once, naming it, and still does if rank 1 then closes
-    (withdraw keeps the leave).  If rank 1 only withdraws (it refused the
-    next call's arguments, or closed), it had no error in the operation
+    (withdraw, or close, keeps the leave).  If rank 1 only withdraws (it
+    refused the next call's arguments), it had no error in the operation
     rank 0 is in: rank 0 times out, as ranks in different collectives
-    do."""
+    do.  If rank 1 closes its context (frees its communicator), it will
+    raise no flag again: rank 0 fails at once, naming it."""
     cases = [((), lib.XHC_ERR_TIMEOUT, 0.5),
              (("leave",), lib.XHC_ERR_PEER_LEFT, 20.0),
              (("leave", "withdraw"), lib.XHC_ERR_PEER_LEFT, 20.0),
-             (("withdraw",), lib.XHC_ERR_TIMEOUT, 0.5)]
+             (("leave", "close"), lib.XHC_ERR_PEER_LEFT, 20.0),
+             (("withdraw",), lib.XHC_ERR_TIMEOUT, 0.5),
+             (("close",), lib.XHC_ERR_PEER_CLOSED, 20.0)]
     for marks, want, timeout in cases:
         cfg = make_config(timeout=timeout)
         with Segment(2, cfg) as seg:
@@ -474,6 +477,8 @@ def test_a_collective_that_does_not_move_fails_naming_the_peer():
                 assert lib.xhc_bcast(ctx1, buf, 8, 1) == 0
                 for mark in marks:
                     getattr(lib, f"xhc_ctx_{mark}")(ctx1)
+                if "close" in marks:
+                    ctx1 = ffi.NULL  # closed: nothing left to close
                 t0 = time.monotonic()
                 rc = lib.xhc_barrier(ctx0)
                 took = time.monotonic() - t0
@@ -483,7 +488,7 @@ def test_a_collective_that_does_not_move_fails_naming_the_peer():
                 who = ffi.new("int *")
                 assert lib.xhc_failed_cause(ctx0, who) == want
                 assert who[0] == 1
-                if want == lib.XHC_ERR_PEER_LEFT:
+                if want != lib.XHC_ERR_TIMEOUT:
                     assert took < 2, (marks, took)
                 else:
                     assert 0.9 * timeout <= took < timeout + 5, took
@@ -793,7 +798,8 @@ def test_a_pidfd_closed_by_someone_else_is_no_false_alarm():
 def test_a_late_peer_is_waited_for_past_the_timeout():
     """Rank 1 (a child process) opens, then reaches the Barrier 4.5
     timeouts late, as a rank that reads its input while the others wait
-    does: rank 0 waits for it, as MPI would, and both succeed."""
+    does: rank 0 waits for it, as MPI would, and both succeed.  The pidfd
+    rank 0's wait opened on rank 1 is closed when the wait ends."""
     timeout, late = 0.3, 1.35
     cfg = make_config(timeout=timeout)
     with Segment(2, cfg) as seg:
@@ -825,6 +831,7 @@ def test_a_late_peer_is_waited_for_past_the_timeout():
             took = time.monotonic() - t0
             assert rc == 0, strerror(rc)
             assert took >= late - 0.2, f"returned after {took:.2f} s"
+            assert _pidfds() == [], "the wait left its pidfd open"
         finally:
             lib.xhc_ctx_close(ctx)
             _, status = os.waitpid(pid, 0)
