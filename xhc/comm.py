@@ -170,6 +170,7 @@ class Comm(HotComm):
         self._requests_lock = threading.Lock()
         self._warned = set()
         self._fallbacks = 0
+        self._final_paths = {}  # the core's counts, kept when freed
         self._why = ""
         self._nodes = None  # for a communicator that spans several nodes
         self._objects = None  # slots for bcast, allreduce and reduce
@@ -907,9 +908,8 @@ class Comm(HotComm):
         if self._nodes is not None:  # the node's paths, and its fallbacks
             inner = self._nodes.inner.stats
             out = dict(inner, fallback=inner["fallback"] + self._fallbacks)
-        if self._ctx:
-            out.update((k, int(lib.xhc_stat(self._ctx, v)))
-                       for k, v in _core.PATHS.items())
+        out.update(_path_counts(self._ctx) if self._ctx
+                   else self._final_paths)
         return out
 
     def _bind(self, ctx, span=None):
@@ -941,6 +941,7 @@ class Comm(HotComm):
             req._release()
         self._forget_plans()
         if ctx:
+            self._final_paths = _path_counts(ctx)
             lib.xhc_ctx_close(ctx)
         self._keep.clear()
         if self._nodes is not None:  # kept: a call under way may hold it
@@ -1341,6 +1342,11 @@ class Request(HotRequest):
 for _name in completion.CALLS:
     setattr(Request, _name, staticmethod(getattr(completion, _name)))
 del _name
+
+
+def _path_counts(ctx):
+    """The core's calls per path on CTX."""
+    return {k: int(lib.xhc_stat(ctx, v)) for k, v in _core.PATHS.items()}
 
 
 def _busy_error(what):

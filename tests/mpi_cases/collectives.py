@@ -1959,6 +1959,9 @@ def suite_stats(world, comm, v, sz, args):
         v.check("stats of a fresh communicator", not any(xcomm.stats.values()),
                 f"{xcomm.stats}")
         stats_cases(xcomm, comm, v, sz)
+        counted = xcomm.stats
+    v.check("stats stay once freed", xcomm.stats == counted,
+            f"{xcomm.stats} after free(), {counted} before")
 
 
 def stats_cases(xcomm, comm, v, sz):
