@@ -26,6 +26,10 @@ class ArrivalBoard:
         if comm.rank == 0:
             self.slots[:] = 0
         self.win.Fence()
+        # A passive epoch for Win.Sync, the memory barrier that orders the
+        # slots' plain stores and loads around the barrier under test on
+        # CPUs weaker than x86's.
+        self.win.Lock_all(MPI.MODE_NOCHECK)
         self.count = 0
 
     def arrive(self):
@@ -33,10 +37,13 @@ class ArrivalBoard:
         on every rank alike."""
         self.count += 1
         self.slots[self.rank] = self.count
+        self.win.Sync()  # the mark before whatever the barrier writes
 
     def late(self):
         """Ranks that had not arrived at my latest barrier."""
+        self.win.Sync()  # what the barrier read before the marks
         return np.flatnonzero(self.slots < self.count)
 
     def free(self):
+        self.win.Unlock_all()
         self.win.Free()
