@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 
+from bench import _osu
+
 SWEEPS = {
     "barrier": [],
     "bcast": ["-m", "8:4M"],
@@ -47,7 +49,9 @@ def parse_args(argv=None):
                     help=f"any of {', '.join(SWEEPS)} (default: all)")
     ap.add_argument("--extra", default="",
                     help="more bench.osu options, as one argument: "
-                    "--extra=-f, or --extra '-f --peer sm'")
+                    "--extra=-f, or --extra '-f --peer sm'; each OP gets "
+                    "those it takes (no sizes for barrier, no --dtype for "
+                    "bcast)")
     args = ap.parse_args(argv)
     bad = [op for op in args.ops if op not in SWEEPS]
     if bad:
@@ -63,7 +67,7 @@ def main(argv=None):
     for op in args.ops:
         cmd = [mpiexec(), "-n", str(args.ranks), sys.executable, "-m",
                "mpi4py", "-m", "bench.osu", op, "-c", *SWEEPS[op],
-               *args.extra.split()]
+               *_osu.options_for(op, args.extra.split())]
         rc = subprocess.call(cmd, env=env, cwd=here)
         if rc:
             return rc

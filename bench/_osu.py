@@ -18,6 +18,36 @@ UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 DTYPES = ("float64", "float32", "int64", "int32")
 
 
+# Options of bench.osu that apply only to some commands: name -> (flags,
+# whether it takes a value, the commands, its default).
+SIZED = ("bcast", "allreduce", "reduce")
+ONLY_FOR = {
+    "root": (("--root",), True, ("bcast", "reduce"), 0),
+    "dtype": (("--dtype",), True, ("allreduce", "reduce"), "float64"),
+    "op": (("--op",), True, ("allreduce", "reduce"), "sum"),
+    "message_size": (("-m", "--message-size"), True, SIZED, None),
+    "shm": (("--shm",), False, SIZED, False)}
+
+
+def options_for(command, words):
+    """The command-line WORDS without the options COMMAND does not take
+    (ONLY_FOR), so that one list of options can go to every command."""
+    drop = {flag: takes for flags, takes, commands, _ in ONLY_FOR.values()
+            if command not in commands for flag in flags}
+    out, skip = [], False
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if skip:
+            skip = False
+        elif flag in drop:
+            skip = drop[flag] and "=" not in word
+        elif word.startswith("-m") and "-m" in drop and word != "-m":
+            pass  # -m8:64K
+        else:
+            out.append(word)
+    return out
+
+
 # -- message sizes and loop counts -------------------------------------------
 
 def parse_bytes(text):

@@ -406,22 +406,13 @@ def _peer_name(text):
     return text
 
 
-# Options that apply only to some commands, and their defaults.
-ONLY_FOR = {"root": (("bcast", "reduce"), 0),
-            "dtype": (("allreduce", "reduce"), "float64"),
-            "op": (("allreduce", "reduce"), "sum"),
-            "message_size": (("bcast", "allreduce", "reduce"), None),
-            "shm": (("bcast", "allreduce", "reduce"), False)}
-
-
 def _check_applies(parser, opts):
     """Refuse an option the command would ignore; fill in the defaults."""
-    for name, (commands, default) in ONLY_FOR.items():
+    for name, (flags, _, commands, default) in _osu.ONLY_FOR.items():
         given = getattr(opts, name)
         if given not in (None, False) and opts.command not in commands:
-            flag = "-m" if name == "message_size" else "--" + name
-            parser.error(f"{flag} does not apply to {opts.command}: only to "
-                         f"{', '.join(commands)}")
+            parser.error(f"{flags[0]} does not apply to {opts.command}: "
+                         f"only to {', '.join(commands)}")
         if given is None:
             setattr(opts, name, default)
 

@@ -112,9 +112,9 @@ def test_osu_validation_catches_a_broken_call(op, method, tmp_path):
     buffer as it was."""
     script = tmp_path / "broken.py"
     script.write_text(BROKEN)
-    proc = run_mpi(2, [str(script), method, op, *QUICK,
-                       "--impl", "xhc", "-m", "8:64"],
-                   timeout=120, check=False)
+    sizes = [] if op == "barrier" else ["-m", "8:64"]
+    proc = run_mpi(2, [str(script), method, op, *QUICK, "--impl", "xhc",
+                       *sizes], timeout=120, check=False)
     assert f"DATA VALIDATION ERROR: {op}" in proc.stderr
     # A failing exit, not a job aborted under python -m mpi4py.
     assert proc.returncode == 1 and "MPI_ABORT" not in proc.stderr, \
@@ -476,6 +476,21 @@ def test_osu_output_files_checked_up_front(tmp_path, flag):
         with pytest.raises(ValueError, match=f"^{flag} .*: cannot write "
                            "there; give a file in a writable folder$"):
             osu._check_writable(flag, str(bad))
+
+
+def test_one_option_list_goes_to_every_command():
+    """python -m bench --extra passes each command the options it takes:
+    no sizes, root, dtype, op or --shm to a barrier, no dtype or op to a
+    Bcast, no root to an Allreduce, whichever way they are spelt."""
+    words = "-m 8:64K -i 20 --dtype int32 --root=1 -m4 --shm --op max " \
+            "--message-size=16 -f".split()
+    assert _osu.options_for("barrier", words) == ["-i", "20", "-f"]
+    assert _osu.options_for("bcast", words) == [
+        "-m", "8:64K", "-i", "20", "--root=1", "-m4", "--shm",
+        "--message-size=16", "-f"]
+    assert _osu.options_for("allreduce", words) == [
+        w for w in words if w != "--root=1"]
+    assert _osu.options_for("reduce", words) == words
 
 
 def test_osu_peer_component_is_one_open_mpi_has():
