@@ -107,19 +107,9 @@ static void xhc_flags_init(struct xhc_rank_ctl *mine, uint64_t start)
     xhc_store_release(&mine->ack.seq, start);
 }
 
-int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
-                 int rank, int nranks, const xhc_config_t *cfg)
-{
-    int fd = xhc_shm_open(name);
-    if (fd < 0)
-        return fd;
-    int rc = xhc_ctx_open_fd(out, fd, size, rank, nranks, cfg);
-    close(fd);
-    return rc;
-}
-
-int xhc_ctx_open_fd(xhc_ctx_t **out, int fd, size_t size, int rank,
-                    int nranks, const xhc_config_t *cfg)
+/* Are these the arguments of a context: XHC_ERR_ARG if not. */
+static int xhc_open_check(size_t size, int rank, int nranks,
+                          const xhc_config_t *cfg)
 {
     int rc = xhc_config_check(cfg);
     if (rc)
@@ -129,6 +119,29 @@ int xhc_ctx_open_fd(xhc_ctx_t **out, int fd, size_t size, int rank,
         || cfg->chunk_size / 64 < (size_t)nranks
         || size != xhc_segment_size(nranks, cfg))
         return XHC_ERR_ARG;
+    return 0;
+}
+
+int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
+                 int rank, int nranks, const xhc_config_t *cfg)
+{
+    int rc = xhc_open_check(size, rank, nranks, cfg);
+    if (rc)
+        return rc;
+    int fd = xhc_shm_open(name);
+    if (fd < 0)
+        return fd;
+    rc = xhc_ctx_open_fd(out, fd, size, rank, nranks, cfg);
+    close(fd);
+    return rc;
+}
+
+int xhc_ctx_open_fd(xhc_ctx_t **out, int fd, size_t size, int rank,
+                    int nranks, const xhc_config_t *cfg)
+{
+    int rc = xhc_open_check(size, rank, nranks, cfg);
+    if (rc)
+        return rc;
     xhc_ctx_t *ctx = calloc(1, sizeof(*ctx));
     if (!ctx)
         return -ENOMEM;
