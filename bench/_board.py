@@ -25,7 +25,7 @@ class ArrivalBoard:
         self.win.Fence()
         if comm.rank == 0:
             self.slots[:] = 0
-        self.win.Fence()
+        self.win.Fence(MPI.MODE_NOSUCCEED)
         # A passive epoch for Win.Sync, the memory barrier that orders the
         # slots' plain stores and loads around the barrier under test on
         # CPUs weaker than x86's.

@@ -2,6 +2,7 @@
 """OSU-style sizes, data patterns, checks and output for bench/ (no MPI)."""
 import functools
 import json
+import re
 import sys
 import time
 
@@ -53,10 +54,10 @@ def options_for(command, words):
 def parse_bytes(text):
     """Return the byte count of TEXT such as ``64``, ``64K``, ``64KiB``
     or ``1M``."""
-    plain = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = plain[-1:] if plain[-1:] in UNITS else ""
-    digits = plain[:len(plain) - len(unit)]
-    if not (digits.isascii() and digits.isdigit()) or int(digits) < 1:
+    m = re.fullmatch(r"(\d+)([KMG]?)(?:(?<=[KMG])I)?B?",
+                     text.strip().upper(), re.ASCII)
+    digits, unit = m.groups() if m else ("0", "")
+    if int(digits) < 1:
         raise ValueError(f"bad message size {text!r}: give a byte count of "
                          "1 or more, with an optional K, M or G suffix, "
                          "such as 64K")

@@ -312,7 +312,10 @@ COMMANDS = {
 
 def parse_args(argv=None):
     """Parse the command line (OSU's short options plus xhc's long ones)."""
-    p = _mpi.Parser(prog="bench.osu", description=__doc__.split("\n")[0],
+    # No abbreviations: python -m bench hands each command the options it
+    # takes (_osu.options_for), by their full names.
+    p = _mpi.Parser(prog="bench.osu", allow_abbrev=False,
+                    description=__doc__.split("\n")[0],
                     epilog="run: mpiexec -n N python -m mpi4py -m bench.osu "
                     "COMMAND [options]")
     p.add_argument("command", choices=COMMANDS)
@@ -410,7 +413,8 @@ def _check_applies(parser, opts):
     """Refuse an option the command would ignore; fill in the defaults."""
     for name, (flags, _, commands, default) in _osu.ONLY_FOR.items():
         given = getattr(opts, name)
-        if given not in (None, False) and opts.command not in commands:
+        if given is not None and given is not False \
+                and opts.command not in commands:
             parser.error(f"{flags[0]} does not apply to {opts.command}: "
                          f"only to {', '.join(commands)}")
         if given is None:
@@ -527,6 +531,10 @@ def _check_peer(names):
                              text=True, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):
         return  # no ompi_info to ask: take the name on trust
+    version = re.search(r"^ompi:version:full:(\S+)$", out, re.MULTILINE)
+    if not version or f"v{version.group(1)}," not in \
+            MPI.Get_library_version():
+        return  # another Open MPI's ompi_info: take the name on trust
     known = set(re.findall(r"^mca:coll:(\w+):version:", out, re.MULTILINE))
     unknown = [n for n in names.replace("^", "").split(",") if n
                and n not in known]

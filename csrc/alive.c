@@ -12,8 +12,8 @@
  *    Before it says "gone", a null signal through it must show that it
  *    is still a pidfd: a descriptor that someone else closed, and whose
  *    number now names another file, is no longer taken for the peer's.
- * 3. Without a pidfd, kill(pid, 0) answers: for good where the kernel has
- *    none (before 5.3) or refuses it (a seccomp filter), until the next
+ * 3. Without a pidfd, kill(pid, 0) answers: where the kernel has none
+ *    (before 5.3) or refuses it (a seccomp filter), and until the next
  *    question where no descriptor was left.  kill() takes an exited
  *    process that nobody has reaped (a zombie) for a live one, so a rank
  *    that waits on it waits out its timeout.

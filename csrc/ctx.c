@@ -192,15 +192,25 @@ static void xhc_ctx_mark(xhc_ctx_t *ctx, uint64_t how)
     ctx->away = 1;
 }
 
-/* Is my mark to stay as it is?  With no segment there is none; and once
- * I gave up on my last operation, what that said stands: a second leave,
- * or a withdraw, keeps it.  (Only I write my line: a child forked with
- * the context mapped, which closes it, does not speak for my rank.) */
+/* Do I write my line?  With no segment there is none; and a child forked
+ * with the context mapped, which closes it, does not speak for my rank. */
+static int xhc_ctx_owned(xhc_ctx_t *ctx)
+{
+    return ctx && ctx->ctl && ctx->opener == getpid();
+}
+
+/* Did I give up on my last operation?  What that said stands: a second
+ * leave, or a withdraw, keeps it. */
+static int xhc_ctx_left(xhc_ctx_t *ctx)
+{
+    return xhc_load_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq)
+           == ctx->seq + XHC_LEFT;
+}
+
+/* Is my mark to stay as it is? */
 static int xhc_ctx_keep_mark(xhc_ctx_t *ctx)
 {
-    return !ctx || !ctx->ctl || ctx->opener != getpid()
-           || xhc_load_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq)
-              == ctx->seq + XHC_LEFT;
+    return !xhc_ctx_owned(ctx) || xhc_ctx_left(ctx);
 }
 
 /* Did I withdraw since my last operation began?  Then I began nothing
@@ -236,22 +246,32 @@ void xhc_ctx_leave(xhc_ctx_t *ctx)
     xhc_publish(ctx, &mine->finished.seq, ran);
 }
 
-/* Withdraw, having refused REFUSALS calls since my last operation began.
- * A closing rank says "all of them" (XHC_CLOSED), a count no peer's
- * matches, and by which its waiters know that it will raise no flag. */
-static void xhc_ctx_mark_withdrawn(xhc_ctx_t *ctx, uint32_t refusals)
+/* Say that I refused REFUSALS calls since my last operation began; a
+ * closing rank says XHC_CLOSED, a count no peer's matches, by which its
+ * waiters know that it will raise no flag again. */
+static void xhc_ctx_count_refusals(xhc_ctx_t *ctx, uint32_t refusals)
 {
     /* Release: a waiter that reads XHC_CLOSED sees every flag I raised
      * (wait.c); for the rest the release in xhc_ctx_mark publishes it. */
     atomic_store_explicit(&xhc_ctl(ctx, ctx->rank)->entered.refusals,
                           refusals, memory_order_release);
+}
+
+/* Withdraw, having refused REFUSALS calls since my last operation began. */
+static void xhc_ctx_mark_withdrawn(xhc_ctx_t *ctx, uint32_t refusals)
+{
+    xhc_ctx_count_refusals(ctx, refusals);
     xhc_ctx_mark(ctx, XHC_LEFT + XHC_WITHDRAWN);
 }
 
 void xhc_ctx_withdraw(xhc_ctx_t *ctx)
 {
-    if (!xhc_ctx_keep_mark(ctx))
-        xhc_ctx_mark_withdrawn(ctx, ++ctx->refusals);
+    if (xhc_ctx_keep_mark(ctx))
+        return;
+    /* The count stops short of XHC_CLOSED, which only a close says. */
+    if (ctx->refusals < XHC_CLOSED - 1)
+        ctx->refusals++;
+    xhc_ctx_mark_withdrawn(ctx, ctx->refusals);
 }
 
 int xhc_refuse(xhc_ctx_t *ctx, int rc)
@@ -264,7 +284,11 @@ void xhc_ctx_close(xhc_ctx_t *ctx)
 {
     if (!ctx)
         return;
-    if (!xhc_ctx_keep_mark(ctx))
+    /* Closed after a leave, I keep the leave's mark (peers in that
+     * operation take its cause) and say that I closed. */
+    if (xhc_ctx_owned(ctx) && xhc_ctx_left(ctx))
+        xhc_ctx_count_refusals(ctx, XHC_CLOSED);
+    else if (xhc_ctx_owned(ctx))
         xhc_ctx_mark_withdrawn(ctx, XHC_CLOSED);
     xhc_xpmem_close(ctx);
     for (int k = 0; k < XHC_NKINDS; k++)

@@ -221,9 +221,11 @@ static int xhc_wait_polling(xhc_ctx_t *ctx, xhc_flag_t *flag,
             ctx->progress_hook(ctx->progress_arg);
             progress_at = now + XHC_PROGRESS_EVERY;
         }
+        /* Left before closed: peers in the operation it left take its
+         * cause, as before it closed. */
         int rc = !xhc_peer_alive(ctx, peer) ? XHC_ERR_PEER_GONE
-                 : xhc_peer_closed(ctx, peer) ? XHC_ERR_PEER_CLOSED
                  : xhc_peer_left(ctx, peer)   ? XHC_ERR_PEER_LEFT
+                 : xhc_peer_closed(ctx, peer) ? XHC_ERR_PEER_CLOSED
                                               : 0;
         if (rc)  /* PEER will not raise FLAG, unless it did just before */
             return xhc_reached(flag, want, exact) ? 0

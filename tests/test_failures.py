@@ -848,11 +848,13 @@ def test_a_late_rank_is_waited_for_after_an_interrupt(late):
     assert_every_rank_waited(late, "LATE-AFTER-INTERRUPT", 2.0)
 
 
-@pytest.mark.parametrize("kind", ["barrier", "allreduce"])
+@pytest.mark.parametrize("kind", ["barrier", "allreduce",
+                                  "barrier-after-a-leave"])
 def test_a_rank_that_frees_while_others_wait_is_named_at_once(late, kind):
     """Rank 1 frees an xhc.Comm (timeout 20 s) while ranks 0 and 2 wait
-    on it in a collective: they raise within seconds, naming rank 1 and
-    what it did (rank 2 through rank 0, which gave up first)."""
+    on it in a collective, and having given up on the one before (after
+    an error of its own): they raise within seconds, naming rank 1 and
+    what it did."""
     rep = late.by_rank("FREED-" + kind)
     assert sorted(rep) == [0, 2], late.output()
     for r, kv in rep.items():

@@ -162,9 +162,9 @@ def open_context(comm, cfg):
     it, rank 0 first (it writes the header the others check); return
     this rank's context."""
     size = lib.xhc_segment_size(comm.size, cfg)
-    fd = _open_everywhere(comm, size)
-    out = ffi.new("xhc_ctx_t **")
+    out, fd = ffi.new("xhc_ctx_t **"), -1
     try:
+        fd = _open_everywhere(comm, size)
         rc = lib.xhc_ctx_open_fd(out, fd, size, 0, comm.size, cfg) \
             if comm.rank == 0 else 0
         if comm.bcast(rc, root=0) == 0 and comm.rank != 0:
@@ -175,7 +175,8 @@ def open_context(comm, cfg):
             lib.xhc_ctx_close(out[0])
         raise
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
     # Every rank has reserved its pages: map the windows' first ones.
     lib.xhc_ctx_map_windows(out[0])
     return out[0]
@@ -186,20 +187,21 @@ def _open_everywhere(comm, size):
     once all have, rank 0 unlinks it: no kill from then on, while the
     ranks reserve its pages, can leave it in /dev/shm.  Return this rank's
     descriptor, or raise on every rank."""
-    name, rc = None, 0
-    if comm.rank == 0:
-        name = new_name()
-        rc = lib.xhc_shm_create(name.encode(), size)
-    name, rc = comm.bcast((name, rc), root=0)
-    fd = lib.xhc_shm_open(name.encode()) if rc == 0 else rc
+    name, created, fd = None, False, -1
     try:
+        if comm.rank == 0:
+            name = new_name()
+            rc = lib.xhc_shm_create(name.encode(), size)
+            created = rc == 0
+        name, rc = comm.bcast((name, rc if comm.rank == 0 else 0), root=0)
+        fd = lib.xhc_shm_open(name.encode()) if rc == 0 else rc
         collective_check(comm, min(fd, 0), "opening the shared segment")
     except BaseException:
         if fd >= 0:
             os.close(fd)
         raise
     finally:
-        if comm.rank == 0 and rc == 0:  # every rank has opened it, or failed
+        if created:  # every rank has opened it, or failed, or raises
             lib.xhc_shm_unlink(name.encode())
     return fd
 

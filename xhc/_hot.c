@@ -500,6 +500,15 @@ static void hot_progress(void *arg)
     PyGILState_Release(held);
 }
 
+/* Is FN a Python function, or a method of one: bytecode, which would
+ * run pending signal handlers inside a wait? */
+static int is_python_code(PyObject *fn)
+{
+    if (PyMethod_Check(fn))
+        fn = PyMethod_GET_FUNCTION(fn);
+    return PyFunction_Check(fn);
+}
+
 /* set_progress(finalized, probe): see hot_progress. */
 static PyObject *set_progress(PyObject *mod, PyObject *args)
 {
@@ -507,7 +516,7 @@ static PyObject *set_progress(PyObject *mod, PyObject *args)
     PyObject *finalized, *probe;
     if (!PyArg_ParseTuple(args, "OO:set_progress", &finalized, &probe))
         return NULL;
-    if (PyFunction_Check(finalized) || PyFunction_Check(probe)
+    if (is_python_code(finalized) || is_python_code(probe)
         || !PyCallable_Check(finalized) || !PyCallable_Check(probe)) {
         PyErr_SetString(PyExc_TypeError,
                         "set_progress(finalized, probe): compiled callables");

@@ -243,10 +243,10 @@ def binding_mask():
 def _binding_masks():
     """This process's binding mask, and the mask of the first PU in it
     (None where the system has no binding API)."""
-    mask = binding_mask()
-    if mask == "all":
-        return mask, None
-    return mask, _cpuset_mask([min(os.sched_getaffinity(0))])
+    if not hasattr(os, "sched_getaffinity"):
+        return "all", None
+    cpus = sorted(os.sched_getaffinity(0))
+    return _cpuset_mask(cpus), _cpuset_mask(cpus[:1])
 
 
 def _columns(source, outs, count, what):

@@ -959,7 +959,7 @@ def suite_late(xc):
     late_after_every_rank_refused(xc, late)
     late_after_an_interrupt(xc, late)
     late_after_a_fork(xc, late)
-    for kind in ("barrier", "allreduce"):
+    for kind in ("barrier", "allreduce", "barrier-after-a-leave"):
         freed_while_others_wait(kind)
     for kind in STALLED:
         stalled_inside_a_large_call(kind, late)
@@ -1017,15 +1017,20 @@ def freed_while_others_wait(kind):
     entered a collective (KIND) on it, as a rank that raised and exits
     without mpi4py's abort does: they raise within a second, naming it,
     where they used to wait out the timeout and then blame the order of
-    the collectives."""
+    the collectives.  In "barrier-after-a-leave" rank 1 gave up on the
+    Barrier before (as after an error the others did not see) first."""
     c = xhc.Comm(W, timeout=20)
+    if kind == "barrier-after-a-leave":
+        c.Barrier()
+        if RANK == 1:
+            _core.lib.xhc_ctx_leave(c._ctx)
     W.Barrier()
     if RANK == 1:
         time.sleep(0.3)
         c.free()
     else:
         _outcome_of("FREED-" + kind, {
-            "barrier": c.Barrier,
+            "barrier": c.Barrier, "barrier-after-a-leave": c.Barrier,
             "allreduce": lambda: c.Allreduce(np.ones(4), np.zeros(4))}[kind])
         c.free()
     W.Barrier()
