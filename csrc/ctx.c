@@ -284,8 +284,8 @@ void xhc_ctx_close(xhc_ctx_t *ctx)
 {
     if (!ctx)
         return;
-    /* Closed after a leave, I keep the leave's mark (peers in that
-     * operation take its cause) and say that I closed. */
+    /* Say that I closed; after a leave, keep its mark (peers in that
+     * operation take its cause), else withdraw. */
     if (xhc_ctx_owned(ctx) && xhc_ctx_left(ctx))
         xhc_ctx_count_refusals(ctx, XHC_CLOSED);
     else if (xhc_ctx_owned(ctx))
