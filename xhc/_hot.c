@@ -856,6 +856,10 @@ static PyTypeObject *hot_comm_type;  /* HotComm, made by hot_exec */
 static PyObject *req_start(HotRequest *r, PyObject *unused)
 {
     (void)unused;
+    /* Started and not yet completed: MPI's error, which _Start raises
+     * before the collective would run a second time. */
+    if (r->active)
+        return PyObject_CallMethod((PyObject *)r, "_Start", NULL);
     if (r->across && r->owner->span) {
         PyObject *res = run_across(r->owner, r->across);
         if (res)

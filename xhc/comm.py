@@ -1237,6 +1237,9 @@ class Request(HotRequest):
 
     @_leaving
     def _Start(self):
+        if self._active:  # the others would match its next call to it
+            raise XhcError(f"{self._what}: Start() on an active request; "
+                           "complete it first (Wait(), Test() or Waitall())")
         if self._call is None:
             raise self._gone()
         rc = self._xcomm._in_core(self._run_call)

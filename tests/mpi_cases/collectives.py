@@ -2576,6 +2576,7 @@ def persistent_calls(xcomm, comm, v):
         strided[::2] = ins[rank]
         reduced[:] = np.iinfo(dt).min  # poison: what a missed write leaves
         reqs[4].Startall(reqs[4:])
+        reqs[4].Wait()
         v.case(f"persistent Reduce of a strided array #{i}", None if
                rank != 0 or np.array_equal(reduced, np_fold("SUM", ins))
                else f"got {reduced}")
@@ -2614,7 +2615,7 @@ def persistent_calls(xcomm, comm, v):
     lowercase_alls(v, comm, reqs)
     for name in ("Get_status", "get_status"):
         status_peeks(v, comm, reqs, name)
-    active_states(v, comm, reqs)
+    active_states(v, xcomm, comm, reqs)
     calls_once_free_began(v, comm)
     for req in reqs:
         req.Free()
@@ -2725,7 +2726,7 @@ def some_waits(v, comm, reqs, name):
     wait_some = getattr(xhc.Request, name)
     lower = name.islower()
     theirs, sent, recv = self_pair(comm, 10, pickled=lower)
-    for req in reqs[:3]:
+    for req in (reqs[0], reqs[2]):  # reqs[3] stays inactive
         req.Start()
     mixed = [theirs[0], reqs[2], theirs[1], reqs[0], reqs[3]]
     seen, statuses, objs = [], [], {}
@@ -2808,7 +2809,7 @@ def lowercase_alls(v, comm, reqs):
                else f"got {got}")
 
 
-def active_states(v, comm, reqs):
+def active_states(v, xcomm, comm, reqs):
     """A request is active from Start() to the Wait or Test that completes
     it, as MPI's persistent requests; Testall that finds one of mpi4py's
     incomplete leaves xhc's active."""
@@ -2827,6 +2828,18 @@ def active_states(v, comm, reqs):
         v.case(f"{done}() makes a request inactive",
                None if got == ((MPI.UNDEFINED, True), None) else f"got {got}")
     rank = comm.rank
+    # Started again while active, on the last rank alone: MPI's error,
+    # raised there before the collective runs, so that the ranks' next
+    # calls still meet (it used to run again, matched with their next).
+    req.Start()
+    v.case("Start() on an active request raises",  # on every rank: flushes
+           raises(xhc.XhcError, req.Start) if rank == comm.size - 1 else None)
+    req.Wait()
+    one, got = np.full(3, rank + 1.0), np.zeros(3)
+    xcomm.Allreduce(one, got)
+    want = comm.size * (comm.size + 1) / 2
+    v.case("... and the calls after meet", None if (got == want).all()
+           else f"got {got}, want {want}")
     buf = np.zeros(1)
     pending = comm.Irecv(buf, source=rank, tag=12)
     req.Start()
