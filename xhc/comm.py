@@ -233,6 +233,8 @@ class Comm(HotComm):
         self._state = "spanning"
         self._bind(ffi.NULL, self._nodes.Barrier)
         self.xhc_info = dict(inner.xhc_info, nodes=self._nodes.count)
+        if self._cfg["debug"]:  # compared over every node, not each alone
+            debug.install(self)
 
     def _setup(self):
         comm, cfg = self._comm, self._cfg
@@ -877,7 +879,7 @@ class Comm(HotComm):
         theirs.
         """
         if self._nodes is not None:
-            return self._nodes.inner.empty(shape, dtype)
+            return self._empty_across(shape, dtype)
         self._usable()  # raises if freed
         if len(self._keep) >= lib.XHC_MAX_REGIONS:  # alike on every rank
             raise ValueError(
@@ -887,6 +889,17 @@ class Comm(HotComm):
                 "for more")
         arr, keep = _core.shared_array(self._comm, self._ctx, shape, dtype)
         self._keep.append(keep)
+        return arr
+
+    def _empty_across(self, shape, dtype):
+        """empty() on every node, raising on every rank if it failed on
+        any (a node where it did not keeps its region until free())."""
+        arr = problem = None
+        try:
+            arr = self._nodes.inner.empty(shape, dtype)
+        except Exception as exc:  # noqa: BLE001 - every rank must hear
+            problem = exc
+        agree(self._comm, None, problem)
         return arr
 
     def zeros(self, shape, dtype=float):

@@ -3333,6 +3333,22 @@ def suite_spanning(xcomm, comm, v, sz, args):
     node_shared_arrays(xcomm, comm, v, parts)
     v.check("spanning: no fallback", xcomm.stats["fallback"] == 0,
             f"stats: {xcomm.stats}")
+    differences_across_nodes(xcomm, comm, v)
+
+
+def differences_across_nodes(xcomm, comm, v):
+    """The last rank differs from the rest, on another node than rank 0:
+    with debug=True every rank raises, naming the difference (each node
+    used to compare its own ranks alone, and rank 0's hung); a Comm.empty
+    of a shape the last rank alone gets wrong raises on every rank (the
+    other node used to get its arrays)."""
+    last = comm.size - 1
+    with xhc.Comm(comm, debug=True) as xd:
+        got = raises(xhc.XhcError, xd.Allreduce, np.ones(4), np.zeros(4),
+                     MPI.MAX if comm.rank == last else MPI.SUM)
+    v.case("spanning: debug names an op one rank differs in", got)
+    got = raises(ValueError, xcomm.empty, -1 if comm.rank == last else 4)
+    v.case("spanning: a Comm.empty one rank gets wrong raises on all", got)
 
 
 def bad_buffer_on_one_rank(xcomm, comm, v):
