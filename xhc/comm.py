@@ -710,10 +710,11 @@ class Comm(HotComm):
         but for Comm.empty memory, kept anyway."""
         roots = {}
         for obj in objs:
-            while isinstance(obj, np.ndarray) and obj.base is not None:
-                obj = obj.base
-            roots[id(obj)] = obj
-        for mm, _ in self._keep:
+            root = _root_of(obj)
+            roots[id(root)] = root
+        keep = self._nodes.inner._keep if self._nodes is not None \
+            else self._keep
+        for mm, _ in keep:
             roots.pop(id(mm), None)
         return sum(_size_of(obj) for obj in roots.values())
 
@@ -1072,6 +1073,19 @@ def _user_level():
             frame.f_globals.get("__name__", "").partition(".")[0] == "xhc":
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _root_of(obj):
+    """What holds OBJ's memory: the end of its chain of bases, through
+    the memoryview numpy's frombuffer leaves (a Comm.empty array's ends
+    at its mapping)."""
+    while True:
+        if isinstance(obj, np.ndarray) and obj.base is not None:
+            obj = obj.base
+        elif isinstance(obj, memoryview) and obj.obj is not None:
+            obj = obj.obj
+        else:
+            return obj
 
 
 def _size_of(obj):
