@@ -223,8 +223,8 @@ static PyObject *fold_slots(const unsigned char *all, int nranks, int k)
 {
     struct slot_head acc, s;
     memcpy(&acc, all, sizeof acc);
-    int n = 0;
-    while (n < NNUMBERS && objs.tag[n] != acc.tag)
+    int n = 0;  /* a kind that bind_numbers left unbound folds in Python */
+    while (n < NNUMBERS && !(objs.type[n] && objs.tag[n] == acc.tag))
         n++;
     if (n == NNUMBERS || n == K_BOOL || n == K_NPBOOL)
         return NULL;  /* bools fold to ints or bools: Python's */

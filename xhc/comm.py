@@ -332,7 +332,7 @@ class Comm(HotComm):
             blocking = name[:-5]
             run = self._across_nodes(blocking, args[:_ACROSS[blocking]])
             if run is not None:  # Start() runs it from xhc/_hot.c
-                return Request(run, name, self, bind=(0, 0, 0, 0, run))
+                return Request(run, blocking, self, bind=(0, 0, 0, 0, run))
         return self._to_mpi4py(name, *args)
 
     def _to_mpi4py(self, name, *args):
@@ -1362,9 +1362,15 @@ class Request(HotRequest):
 
     @staticmethod
     def Startall(requests):
-        """Start every request, in order."""
-        for req in requests:
-            req.Start()
+        """Start every request, in order (none if one is not a request)."""
+        requests = list(requests)
+        starts = [getattr(req, "Start", None) for req in requests]
+        if None in starts:
+            bad = requests[starts.index(None)]
+            raise TypeError("Startall takes persistent requests, not "
+                            f"{type(bad).__name__}")
+        for start in starts:
+            start()
 
 
 # Waitall, Waitany, ..., testsome: over lists that may mix xhc's requests

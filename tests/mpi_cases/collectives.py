@@ -2594,6 +2594,8 @@ def persistent_calls(xcomm, comm, v):
         v.case(f"persistent Reduce of a strided array #{i}", None if
                rank != 0 or np.array_equal(reduced, np_fold("SUM", ins))
                else f"got {reduced}")
+    v.case("Startall with a non-request raises TypeError, starting none",
+           raises(TypeError, xhc.Request.Startall, [reqs[0], 5]))
     done = [req.Get_status() for req in reqs]
     v.case("persistent requests' Get_status() is True",
            None if done == [True] * len(reqs) else f"got {done}")
