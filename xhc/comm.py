@@ -1265,8 +1265,10 @@ class Request(HotRequest):
     @_leaving
     def _Start(self):
         if self._active:  # the others would match its next call to it
-            raise XhcError(f"{self._what}: Start() on an active request; "
-                           "complete it first (Wait(), Test() or Waitall())")
+            # Settled: no collective refused, so none to withdraw from.
+            raise _settled(XhcError(
+                f"{self._what}: Start() on an active request; complete it "
+                "first (Wait(), Test() or Waitall())"))
         if self._call is None:
             raise self._gone()
         rc = self._xcomm._in_core(self._run_call)
