@@ -88,8 +88,7 @@ from mpi4py import MPI  # noqa: E402
 from bench import _osu  # noqa: E402
 from bench._board import ArrivalBoard  # noqa: E402
 
-# SIZED: timed over message sizes (all but barrier).
-Command = collections.namedtuple("Command", "title sized data case")
+Command = collections.namedtuple("Command", "title data case")
 Impl = collections.namedtuple("Impl", "key label comm alloc")
 Ctx = collections.namedtuple("Ctx", "comm rank nranks opts dtype mpi_op")
 MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
@@ -301,10 +300,10 @@ def _object(pattern, scalar=False):
 
 
 COMMANDS = {
-    "bcast": Command("Broadcast", True, bcast_data, bcast_case),
-    "allreduce": Command("Allreduce", True, reduce_data, allreduce_case),
-    "reduce": Command("Reduce", True, reduce_data, reduce_case),
-    "barrier": Command("Barrier", False, barrier_data, barrier_case),
+    "bcast": Command("Broadcast", bcast_data, bcast_case),
+    "allreduce": Command("Allreduce", reduce_data, allreduce_case),
+    "reduce": Command("Reduce", reduce_data, reduce_case),
+    "barrier": Command("Barrier", barrier_data, barrier_case),
 }
 
 
@@ -470,8 +469,7 @@ def _option_error(opts, nranks, rank):
 
 
 def _sizes(opts):
-    cmd = COMMANDS[opts.command]
-    if not cmd.sized:
+    if opts.command not in _osu.SIZED:
         return [None]
     item = 1 if opts.command == "bcast" else np.dtype(opts.dtype).itemsize
     sizes = _osu.message_sizes(opts.message_size, item,
