@@ -206,6 +206,13 @@ static int xhc_small_in_pieces(xhc_ctx_t *ctx, const struct xhc_view *v,
     return 0;
 }
 
+/* Count a call on PATH, unless it is the library's own (xhc_agree). */
+static void xhc_count(xhc_ctx_t *ctx, int path, int flags)
+{
+    if (!(flags & XHC_CALL_UNCOUNTED))
+        ctx->stats[path]++;
+}
+
 /* What Allreduce and Reduce share: checks, the trivial cases, and the
  * choice of path by size.  ROOT < 0: everyone gets the result. */
 int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
@@ -228,10 +235,10 @@ int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
     int path = kind == XHC_ALLREDUCE ? XHC_PATH_ALLREDUCE_INLINE
                                      : XHC_PATH_REDUCE_INLINE;
     if (r.nbytes <= xhc_small_max(ctx, kind, flags)) {
-        ctx->stats[path + (r.nbytes > XHC_INLINE_MAX)]++;
+        xhc_count(ctx, path + (r.nbytes > XHC_INLINE_MAX), flags);
         return small(ctx, v, sbuf, rbuf, &r);
     }
-    ctx->stats[path + 2]++;
+    xhc_count(ctx, path + 2, flags);
     if (xhc_in_pieces(ctx, kind, flags))
         return xhc_small_in_pieces(ctx, v, sbuf, rbuf, &r, small);
     return xhc_rs_run(ctx, kind, sbuf, rbuf, &r, root);
@@ -250,4 +257,11 @@ int xhc_allreduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                   size_t count, int dtype, int op)
 {
     return xhc_allreduce_with(ctx, sbuf, rbuf, count, dtype, op, 0);
+}
+
+int xhc_agree(xhc_ctx_t *ctx, int32_t *value)
+{
+    int32_t mine = *value;
+    return xhc_allreduce_with(ctx, &mine, value, 1, XHC_INT32, XHC_MIN,
+                              XHC_CALL_UNCOUNTED);
 }

@@ -196,6 +196,12 @@ int xhc_allreduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
 int xhc_reduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                size_t count, int dtype, int op, int root);
 
+/* Collective: every rank's *VALUE becomes the least of all ranks' values,
+ * for a choice the ranks must make alike (whether a call may carry
+ * XHC_CALL_SHARED).  An Allreduce the path counters leave out; it fails
+ * as a collective does (a timeout, a peer gone or closed). */
+int xhc_agree(xhc_ctx_t *ctx, int32_t *value);
+
 int xhc_failed_rank(const xhc_ctx_t *ctx);
 /* The first error of this rank's last failed collective (0 if none is
  * known), which may be a peer's that made it give up (XHC_ERR_PEER_LEFT),

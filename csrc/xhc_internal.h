@@ -339,6 +339,9 @@ int xhc_allreduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
 typedef int (*xhc_small_fn)(xhc_ctx_t *ctx, const struct xhc_view *v,
                             const void *sbuf, void *rbuf,
                             const struct xhc_red *r);
+/* A call of the library's own, left out of the path counters: above
+ * the public XHC_CALL_* bits. */
+#define XHC_CALL_UNCOUNTED (1 << 30)
 int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
                   size_t count, int dtype, int op, int root, int flags,
                   xhc_small_fn small);

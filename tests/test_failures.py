@@ -216,7 +216,7 @@ def debug_env3():
 @pytest.fixture(scope="module")
 def threads4():
     # Two levels (groups of 2): the threads' flags cross a leader too.
-    return Launch(4, ["threads"],
+    return Launch(4, ["threads", "span-freed"],
                   env={"XHC_TIMEOUT": "10", "XHC_HIERARCHY": "virtual:2"})
 
 
@@ -794,7 +794,9 @@ def test_a_rank_whose_buffer_raises_in_init_is_not_waited_for():
     """Bcast_init's agreement on Comm.empty buffers (2 ranks: one per
     core, where it is made): the rank whose buffer raises when looked at
     raises its own error, and its peer times out in Start(), instead of
-    both waiting for ever in the agreement."""
+    both waiting for ever in the agreement.  A rank that never calls (its
+    call fails in Python's binding) and then frees its xhc.Comm is named
+    at once by the peer in the agreement."""
     launch = Launch(2, ["init-raises"], timeout=60)
     rep = launch.by_rank("INIT-RAISES")
     assert sorted(rep) == [0, 1], launch.output()
@@ -802,6 +804,17 @@ def test_a_rank_whose_buffer_raises_in_init_is_not_waited_for():
     assert rep[1]["msg"] == "export refused", rep[1]
     assert rep[0]["exc"] == "XhcError", rep[0]
     assert TIMED_OUT in rep[0]["msg"], rep[0]
+    # Rank 1 never called into xhc (a misspelt keyword), then freed.
+    rep = launch.by_rank("INIT-MISSPELT")
+    assert sorted(rep) == [1] and rep[1]["exc"] == "TypeError", \
+        launch.output()
+    rep = launch.by_rank("INIT-PEER-FREED")
+    assert sorted(rep) == [0], launch.output()
+    assert rep[0]["exc"] == "XhcError", rep[0]
+    assert float(rep[0]["t"]) < 5.0, rep[0]
+    assert re.search(r"Allreduce_init.*a peer freed its xhc\.Comm, or its "
+                     r"process is exiting", rep[0]["msg"]), rep[0]
+    assert "rank 1" in rep[0]["msg"], rep[0]
 
 
 def test_ranks_that_pass_different_sizes_fail_at_once(disagreeing):
@@ -1145,6 +1158,28 @@ def test_threads_on_two_dup_communicators(request, launch):
         assert kv["exc"] == "None", kv
         assert int(kv["ops"]) == 500, kv
         assert int(kv["errors"]) == 0, kv
+
+
+def test_an_error_over_several_nodes_names_whole_ranks(threads4):
+    """The leaders of two nodes of two ranks wait in a Barrier's node step
+    while their peers free: each names its peer by its rank in the
+    whole communicator, and says the call was a step on its node; so is
+    a Bcast's root named."""
+    rep = threads4.by_rank("SPAN-FREED")
+    assert sorted(rep) == [0, 2], threads4.output()
+    for r, kv in rep.items():
+        assert kv["exc"] == "XhcError", kv
+        assert float(kv["t"]) < 5.0, kv
+        assert kv["msg"].startswith("Barrier (its step on this node, of a "
+                                    "collective over several): a peer "
+                                    "freed its xhc.Comm"), kv
+        assert f"(waiting for rank {r + 1}, pid" in kv["msg"], kv
+    rep = threads4.by_rank("SPAN-FREED-BCAST")
+    assert sorted(rep) == [2], threads4.output()
+    assert rep[2]["msg"].startswith("Bcast(root=3, 64 B) (its step on this "
+                                    "node, of a collective over several)"), \
+        rep[2]
+    assert "(waiting for rank 3, pid" in rep[2]["msg"], rep[2]
 
 
 # -- found by the soak --------------------------------------------------------

@@ -41,35 +41,43 @@ def strerror(rc):
 USAGE = {lib.XHC_ERR_ARG, lib.XHC_ERR_DTYPE_OP}
 
 
-def _first_error(ctx, peer):
-    """What made PEER give up on the collective, as far as it is known."""
+def _first_error(ctx, peer, name):
+    """What made PEER give up on the collective, as far as it is known;
+    NAME(rank) is how a message numbers a rank."""
     who = ffi.new("int *")
     why = lib.xhc_failed_cause(ctx, who)
     if why in (0, lib.XHC_ERR_PEER_LEFT):
-        return f"; rank {peer}'s own error says what went wrong"
-    return f"; the first error was about rank {who[0]}: {strerror(why)}"
+        return f"; rank {name(peer)}'s own error says what went wrong"
+    return (f"; the first error was about rank {name(who[0])}: "
+            f"{strerror(why)}")
 
 
-def error(rc, what, ctx=None, pids=None):
-    """Return the exception for C return code RC of the call WHAT."""
+def error(rc, what, ctx=None, pids=None, ranks=None):
+    """Return the exception for C return code RC of the call WHAT.  RANKS:
+    None, or, for the xhc.Comm of one node of a communicator over several
+    (WHAT a step on that node), each of its ranks' number in the whole
+    communicator, by which the message names them."""
+    def name(r):
+        return ranks[r] if ranks and 0 <= r < len(ranks) else r
+    if ranks:
+        what += " (its step on this node, of a collective over several)"
     msg = f"{what}: {strerror(rc)}"
+    peer = lib.xhc_failed_rank(ctx) if ctx else -1
     if rc in (lib.XHC_ERR_TIMEOUT, lib.XHC_ERR_PEER_GONE,
               lib.XHC_ERR_PEER_CLOSED, lib.XHC_ERR_PEER_LEFT) and ctx:
-        peer = lib.xhc_failed_rank(ctx)
         pid = pids[peer] if pids and peer >= 0 else "?"
-        msg += f" (waiting for rank {peer}, pid {pid}"
+        msg += f" (waiting for rank {name(peer)}, pid {pid}"
         if rc == lib.XHC_ERR_TIMEOUT:
             msg += ("; check that every rank calls the same collectives "
                     "in the same order, or raise XHC_TIMEOUT if it is only "
                     "slow")
         if rc == lib.XHC_ERR_PEER_LEFT:
-            msg += _first_error(ctx, peer)
+            msg += _first_error(ctx, peer, name)
         msg += ")"
-    if rc == lib.XHC_ERR_COPY and ctx and lib.xhc_failed_rank(ctx) >= 0:
-        msg += f" (reading rank {lib.xhc_failed_rank(ctx)})"
-    if rc in (lib.XHC_ERR_MISMATCH, lib.XHC_ERR_DISAGREE) and ctx \
-            and lib.xhc_failed_rank(ctx) >= 0:
-        msg += f" (rank {lib.xhc_failed_rank(ctx)})"
+    if rc == lib.XHC_ERR_COPY and peer >= 0:
+        msg += f" (reading rank {name(peer)})"
+    if rc in (lib.XHC_ERR_MISMATCH, lib.XHC_ERR_DISAGREE) and peer >= 0:
+        msg += f" (rank {name(peer)})"
     if rc == -errno.ENOSPC:
         fix = ("set XHC_CHUNK_SIZE, XHC_WINDOWS or XHC_CICO_MAX lower, "
                "which size it" if "segment" in what else

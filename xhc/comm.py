@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """xhc.Comm: an mpi4py intra-communicator with shared-memory collectives."""
 import array
+import contextlib
 import errno
 import functools
 import inspect
@@ -37,6 +38,7 @@ _ALIKE = ("sleep", "windows", "copy", "debug", "cico_max", "chunk_size",
           "seq_start")
 _run = lib.xhc_run
 _barrier = lib.xhc_barrier
+_agree = lib.xhc_agree
 _CALL_T = ffi.typeof("xhc_call_t *")  # field order: see csrc/xhc.h
 _run_fn = ffi.addressof(lib, "xhc_run")
 _barrier_fn = ffi.addressof(lib, "xhc_barrier")
@@ -173,6 +175,7 @@ class Comm(HotComm):
         self._final_paths = {}  # the core's counts, kept when freed
         self._why = ""
         self._nodes = None  # for a communicator that spans several nodes
+        self._whole_ranks = None  # for one node's: see _core.error
         self._objects = None  # slots for bcast, allreduce and reduce
         # For Dup(): the duplicate gets this object's keywords (a copy of
         # a hierarchy dict, which its caller may change later).
@@ -230,6 +233,7 @@ class Comm(HotComm):
             node.Free()
             raise
         self._nodes = nodes.Nodes(self._comm, node, inner)
+        inner._whole_ranks = self._nodes.node_ranks()
         self._state = "spanning"
         self._bind(ffi.NULL, self._nodes.Barrier)
         self.xhc_info = dict(inner.xhc_info, nodes=self._nodes.count)
@@ -491,7 +495,8 @@ class Comm(HotComm):
         elif self._ctx:
             lib.xhc_ctx_leave(self._ctx)
         raise _settled(_core.error(rc, what, self._ctx,
-                                   getattr(self, "_pids", None)))
+                                   getattr(self, "_pids", None),
+                                   self._whole_ranks))
 
     def _usable(self):
         """True if the core can take calls; False if mpi4py must."""
@@ -551,10 +556,20 @@ class Comm(HotComm):
         if name == "_Barrier":
             self._raise(rc, "Barrier")
         buf = args[1] if name == "_Allreduce" else args[0]
-        what = [f"root={args[-1]}"] if name != "_Allreduce" else []
+        what = [f"root={self._whole_rank(args[-1])}"] \
+            if name != "_Allreduce" else []
         if hasattr(buf, "nbytes"):
             what.append(f"{buf.nbytes} B")
         self._raise(rc, f"{name[1:]}({', '.join(what)})")
+
+    def _whole_rank(self, root):
+        """ROOT as the error messages number it: for a node's xhc.Comm of
+        a communicator over several nodes, its rank in that one."""
+        ranks = self._whole_ranks
+        if not ranks:
+            return root
+        r = operator.index(root)  # a root the call took
+        return ranks[r] if 0 <= r < len(ranks) else root
 
     # -- Python objects (xhc/objects.py) --------------------------------------
     # mpi4py's lowercase collectives, on xhc's of bytes: the same results,
@@ -616,56 +631,80 @@ class Comm(HotComm):
     @_leaving
     def Bcast_init(self, buf, root=0, info=None):
         """A persistent Bcast of BUF from ROOT."""
-        flags = self._shared_flag(buf if _same_rank(root, self._comm.rank)
-                                  else None)
-        p = self._bcast_plan(buf, root, remember=False, flags=flags)
-        if p is None:
-            return self._fallback("Bcast_init", buf, root, *_info(info))
-        return Request(p[2], f"Bcast(root={root}, {p[3].count} B)", self, p)
+        mine = buf if _same_rank(root, self._comm.rank) else None
+        flags = self._shared_flag("Bcast_init", mine)
+        with self._agreed():
+            p = self._bcast_plan(buf, root, remember=False, flags=flags)
+            if p is None:
+                return self._fallback("Bcast_init", buf, root, *_info(info))
+            return Request(p[2], f"Bcast(root={root}, {p[3].count} B)",
+                           self, p)
 
     @_leaving
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):
         """A persistent Allreduce of SENDBUF into RECVBUF."""
-        flags = self._shared_flag(recvbuf,
+        flags = self._shared_flag("Allreduce_init", recvbuf,
                                   None if in_place(sendbuf) else sendbuf)
-        p = self._allreduce_plan(sendbuf, recvbuf, op, flags, remember=False)
-        if p is None:
-            return self._fallback("Allreduce_init", sendbuf, recvbuf, op,
-                                  *_info(info))
-        # The plan: (sendbuf, recvbuf, op, run, call, send Buffer, ...).
-        return Request(p[3], f"Allreduce ({_elements(p[5])} elements)",
-                       self, p)
+        with self._agreed():
+            p = self._allreduce_plan(sendbuf, recvbuf, op, flags,
+                                     remember=False)
+            if p is None:
+                return self._fallback("Allreduce_init", sendbuf, recvbuf, op,
+                                      *_info(info))
+            # The plan: (sendbuf, recvbuf, op, run, call, send Buffer, ...).
+            return Request(p[3], f"Allreduce ({_elements(p[5])} elements)",
+                           self, p)
 
     @_leaving
     def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=None):
         """A persistent Reduce of SENDBUF into ROOT's RECVBUF."""
-        flags = self._shared_flag(None if in_place(sendbuf) else sendbuf,
+        flags = self._shared_flag("Reduce_init",
+                                  None if in_place(sendbuf) else sendbuf,
                                   recvbuf if _same_rank(root, self._comm.rank)
                                   else None)
-        p = self._reduce_plan(sendbuf, recvbuf, op, root, flags,
-                              remember=False)
-        if p is None:
-            return self._fallback("Reduce_init", sendbuf, recvbuf, op, root,
-                                  *_info(info))
-        # The plan: (sendbuf, recvbuf, op, root, run, call, send Buffer, ...).
-        return Request(p[4], f"Reduce(root={root}, {_elements(p[6])} "
-                       "elements)", self, p)
+        with self._agreed():
+            p = self._reduce_plan(sendbuf, recvbuf, op, root, flags,
+                                  remember=False)
+            if p is None:
+                return self._fallback("Reduce_init", sendbuf, recvbuf, op,
+                                      root, *_info(info))
+            # The plan: (sendbuf, recvbuf, op, root, run, call, send
+            # Buffer, ...).
+            return Request(p[4], f"Reduce(root={root}, {_elements(p[6])} "
+                           "elements)", self, p)
 
-    def _shared_flag(self, *arrays):
+    def _shared_flag(self, what, *arrays):
         """Collective, from *_init: XHC_CALL_SHARED if every rank's ARRAYS
         (None: not this rank's to pass) lie wholly in this communicator's
         Comm.empty memory, else 0.  The flag lets the core take the paths
         that read them in place from smaller sizes.  It chooses the path,
-        so the ranks agree on it here, before any rank can raise about its
-        own arguments.  Crowded nodes keep the slots (see
+        so the ranks agree on it here, in the core (which times out, and
+        names a peer that closed), before any rank can raise about its own
+        arguments; WHAT names the call in an error.  Crowded nodes keep the slots (see
         config.fit_to_load)."""
         # Comm.empty is collective: no rank or every rank has such memory.
         if not self._usable() or self._crowded or self._comm.size == 1 \
                 or not self._keep:
             return 0
-        mine = all(a is None or self._in_shared(a) for a in arrays)
-        everyone = self._in_core(self._comm.allgather, mine)
-        return lib.XHC_CALL_SHARED if all(everyone) else 0
+        v = ffi.new("int32_t[1]",
+                    [all(a is None or self._in_shared(a) for a in arrays)])
+        rc = self._in_core(_agree, self._ctx, v)
+        if rc:
+            self._raise(rc, what)
+        return lib.XHC_CALL_SHARED if v[0] else 0
+
+    @contextlib.contextmanager
+    def _agreed(self):
+        """The rest of a *_init, after _shared_flag: whatever it raises
+        before this rank took part, it withdraws from the collective its
+        peers go on to, as _leaving has it (which takes the agreement, a
+        core collective of its own, for this rank's part)."""
+        try:
+            yield
+        except BaseException as exc:
+            if not getattr(exc, _SETTLED, False):
+                self._withdraw()
+            raise _settled(exc)
 
     def _in_shared(self, arr):
         """Is ARR a C-contiguous ndarray wholly inside one of our Comm.empty

@@ -90,6 +90,12 @@ class Nodes:
         self.where = comm.allgather((self.index, node.rank))
         self.count = len({index for index, _ in self.where})
 
+    def node_ranks(self):
+        """The ranks of COMM on my node, in the node's order."""
+        return [r for _, r in sorted((local, r) for r, (index, local)
+                                     in enumerate(self.where)
+                                     if index == self.index)]
+
     def bcast_call(self, buf, root):
         """Bcast(BUF, ROOT) as a callable, to be kept for these buffers
         (xhc/comm.py); so are the next two."""

@@ -1596,6 +1596,7 @@ def persistent_shared(xcomm, comm, v, sz):
             out = private if mode == "private root" else b
             in_place = mode == "IN_PLACE" and (kind == "allreduce"
                                                 or rank == root)
+            made = xcomm.stats
             if kind == "allreduce":
                 req = xcomm.Allreduce_init(
                     MPI.IN_PLACE if in_place else send, out)
@@ -1605,6 +1606,10 @@ def persistent_shared(xcomm, comm, v, sz):
                 req = xcomm.Reduce_init(MPI.IN_PLACE if in_place else send,
                                         out if rank == root else other,
                                         root=root)
+            v.case(f"persistent {kind} {mode} ({nbytes} B): *_init's "
+                   "agreement counts on no path",
+                   None if xcomm.stats == made else
+                   f"stats {made} became {xcomm.stats}")
             if in_place:
                 send = out
             path = sz.persistent_path(kind, nbytes, n, shared)

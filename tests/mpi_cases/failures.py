@@ -778,7 +778,30 @@ def suite_init_raises(xc):
     _outcome_of("INIT-RAISES", lambda: c.Bcast_init(buf, root=1).Start())
     W.Barrier()
     c.free()
+    init_after_a_peer_gave_up()
     return xc
+
+
+def init_after_a_peer_gave_up():
+    """Rank 1's Allreduce_init raises in Python's binding of its arguments
+    (a misspelt keyword), before any of xhc's code runs, and rank 1 frees
+    its xhc.Comm (timeout 20 s), as a process exiting after that error
+    does.  Rank 0, agreeing on its Comm.empty arrays in its own
+    Allreduce_init, raises within seconds and names rank 1, where that
+    agreement used to wait in MPI for ever."""
+    c = xhc.Comm(W, timeout=20)
+    a, b = c.empty(8), c.empty(8)
+    a[:] = RANK
+    W.Barrier()
+    if RANK == 1:
+        _outcome_of("INIT-MISSPELT",
+                    lambda: c.Allreduce_init(a, b, opp=MPI.SUM))
+        time.sleep(0.3)
+        c.free()
+    else:
+        _outcome_of("INIT-PEER-FREED", lambda: c.Allreduce_init(a, b))
+        c.free()
+    W.Barrier()
 
 
 def sizes_differ():
@@ -1378,6 +1401,35 @@ def zc_phase(phase, n_private, n_shared, rounds):
     W.Barrier()                    # back in step through MPI, whatever it was
 
 
+def suite_span_freed(xc):
+    """Over two nodes of two ranks (split_nodes=2), ranks 1 and 3 free
+    their xhc.Comm while the nodes' leaders, 0 and 2, wait on them in a
+    Barrier's step on their node: each leader raises, naming its peer
+    by its rank in the whole communicator (rank 2 names rank 3, its node's
+    rank 1); then rank 2 waits in a Bcast's step from rank 3, which
+    frees, and names the root as rank 3."""
+    c = xhc.Comm(W, split_nodes=2, timeout=20)
+    W.Barrier()
+    if RANK % 2:
+        time.sleep(0.3)
+        c.free()
+    else:
+        _outcome_of("SPAN-FREED", c.Barrier)
+        c.free()
+    W.Barrier()
+    # A Bcast from rank 3, its node's rank 1: on the other node nobody
+    # calls (its leader would wait in MPI for rank 2).
+    c = xhc.Comm(W, split_nodes=2, timeout=20)
+    W.Barrier()
+    if RANK == 3:
+        time.sleep(0.3)
+    elif RANK == 2:
+        _outcome_of("SPAN-FREED-BCAST", lambda: c.Bcast(np.zeros(8), root=3))
+    c.free()
+    W.Barrier()
+    return xc
+
+
 def suite_zc_reuse(xc):
     """Large Allreduce (reduce-scatter path) of private arrays alternating
     with one of Comm.empty arrays: of the same size, and smaller."""
@@ -1406,6 +1458,7 @@ SUITES = {
     "plan-budget": suite_plan_budget,
     "gil": suite_gil,
     "threads": suite_threads,
+    "span-freed": suite_span_freed,
     "free-busy": suite_free_busy,
     "zc-reuse": suite_zc_reuse,
 }
