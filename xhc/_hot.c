@@ -29,7 +29,10 @@
  *    bound to its core call once, so Start() goes straight to the core.
  * 5a. Over several nodes (xhc/nodes.py) a kept plan, and a request,
  *    hold a Python callable instead, the call's steps, which run from
- *    here with nothing of Python's in between (run_across).
+ *    here with nothing of Python's in between (run_across).  A call of
+ *    plain arrays with no plan goes to Nodes.plain with the table's codes
+ *    (plain_across), but the same arguments twice in a row, which go to
+ *    Python to be kept.
  * 6. The GIL stays held while the collective spins; if a wait goes on
  *    long enough to yield the CPU, the core's block hook releases it, so
  *    other threads run, and it is taken back before returning.
@@ -547,14 +550,16 @@ int hot_invoke(HotComm *h, xhc_run_fn run, void *call,
     return rc;
 }
 
-/* Run RUN, a call over several nodes that H kept (xhc/nodes.py), as
- * Comm._in_core runs it: counted as under way.  What it raises goes
- * through H's _raised_across first, which withdraws as _leaving does. */
-static PyObject *run_across(HotComm *h, PyObject *run)
+/* Run RUN(ARGS), a call over several nodes that H kept (xhc/nodes.py)
+ * or the steps of one of plain arrays, as Comm._in_core runs it: counted
+ * as under way.  What it raises goes through H's _raised_across first,
+ * which withdraws as _leaving does. */
+static PyObject *run_across(HotComm *h, PyObject *run, PyObject *const *args,
+                            size_t nargs)
 {
     Py_INCREF(run);  /* whatever the call does to the plan holding it */
     h->busy++;
-    PyObject *res = PyObject_CallNoArgs(run);
+    PyObject *res = PyObject_Vectorcall(run, args, nargs, NULL);
     h->busy--;
     Py_DECREF(run);
     if (res) {
@@ -595,6 +600,60 @@ PyObject *hot_failed(HotComm *h, const char *name, int rc,
     return res;
 }
 
+/* A call of plain arrays over several nodes (3., 5a.): Nodes.plain runs
+ * its steps, with no plan, given the kind, the codes of the plain table
+ * and whether the send and receive arrays are one: (kind, dtype, op,
+ * one, *ARGV). */
+static PyObject *plain_across(HotComm *h, int kind, PyObject **argv,
+                              const xhc_call_t *c)
+{
+    enum { NCODES = 4 };
+    PyObject *args[NCODES + 4];
+    long codes[NCODES] = { kind, c->dtype, c->op,
+                           c->rbuf && c->sbuf == c->rbuf };
+    int n = KIND[kind].nargs;
+    for (int i = 0; i < NCODES; i++)  /* small ints: cached, never fail */
+        args[i] = PyLong_FromLong(codes[i]);
+    for (int i = 0; i < n; i++)
+        args[NCODES + i] = argv[i];
+    PyObject *res = run_across(h, h->span_plain, args, NCODES + n);
+    for (int i = 0; i < NCODES; i++)
+        Py_DECREF(args[i]);
+    return res;
+}
+
+/* The most elements (bytes for a Bcast) of a call of plain arrays over
+ * several nodes whose arguments are remembered: 64 KiB of float64.  The
+ * reference holds them alive until the next such call; above this size
+ * the steps cost more than the Python of Nodes.plain. */
+#define PLAIN_REMEMBER_MAX 8192
+
+static void forget_last_plain(HotComm *h)
+{
+    for (int i = 0; i < 4; i++)
+        Py_CLEAR(h->last_plain[i]);
+}
+
+/* Is this call of plain arrays over several nodes the last one again
+ * (the same objects)?  Then Python keeps a plan for its arguments, which
+ * runs from the next call on with less Python (5a.).  Fresh arrays each
+ * call, common in Python, make no plan.  Else remember it, if small. */
+static int plain_again(HotComm *h, int kind, PyObject **argv, size_t count)
+{
+    int n = KIND[kind].nargs, same = h->last_kind == kind;
+    for (int i = 0; i < n && same; i++)
+        same = h->last_plain[i] == argv[i];
+    forget_last_plain(h);
+    if (same || count > PLAIN_REMEMBER_MAX)
+        return same;
+    h->last_kind = kind;
+    for (int i = 0; i < n; i++) {
+        Py_INCREF(argv[i]);
+        h->last_plain[i] = argv[i];
+    }
+    return 0;
+}
+
 static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
                              PyObject *const *args, size_t nargsf,
                              PyObject *kwnames)
@@ -618,11 +677,14 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
         if (!plan) {
             if (PyErr_Occurred())
                 return NULL;
+            if (h->span_plain && hot_plain_call(h, kind, argv, &direct)
+                && !plain_again(h, kind, argv, direct.count))
+                return plain_across(h, kind, argv, &direct);
             return hot_slow((PyObject *)h, name, args, nargsf, kwnames);
         }
         if (h->span) {  /* a kept run over the nodes: Python, from here */
             PyObject *res = run_across(
-                h, PyTuple_GET_ITEM(plan, KIND[kind].nargs));
+                h, PyTuple_GET_ITEM(plan, KIND[kind].nargs), NULL, 0);
             Py_DECREF(plan);
             views_release(&hv);
             return res;
@@ -718,7 +780,7 @@ static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
                              size_t nargsf, PyObject *kwnames)
 {
     if (h->span && !PyVectorcall_NARGS(nargsf) && !kwnames)
-        return run_across(h, h->span);
+        return run_across(h, h->span, NULL, 0);
     if (!h->ctx || PyVectorcall_NARGS(nargsf) || kwnames)
         return hot_slow((PyObject *)h, "_Barrier", args, nargsf, kwnames);
     int rc = hot_invoke(h, h->run, NULL, h->barrier, h->ctx);
@@ -739,19 +801,22 @@ static void hold_or_clear(PyObject **slot, PyObject *obj)
 }
 
 /* _hot_bind(ctx, run, barrier, bcast_plans, allreduce_plans,
- *           reduce_plans, sum, rank, size, span=None): addresses as ints;
- * ctx 0 unbinds.  SPAN, for a communicator over several nodes, is its
- * Barrier; its plans then hold calls that run in Python (run_across). */
+ *           reduce_plans, sum, rank, size, span=None, span_plain=None):
+ * addresses as ints; ctx 0 unbinds.  SPAN, for a communicator over
+ * several nodes, is its Barrier, and SPAN_PLAIN the steps of its calls
+ * of plain arrays; its plans then hold calls that run in Python
+ * (run_across). */
 static PyObject *hot_bind(HotComm *h, PyObject *args)
 {
     unsigned long long ctx, run, barrier;
-    PyObject *p[NPLANS], *sum, *span = Py_None;
-    if (!PyArg_ParseTuple(args, "KKKO!O!O!Oii|O", &ctx, &run, &barrier,
+    PyObject *p[NPLANS], *sum, *span = Py_None, *span_plain = Py_None;
+    if (!PyArg_ParseTuple(args, "KKKO!O!O!Oii|OO", &ctx, &run, &barrier,
                           &PyDict_Type, &p[0], &PyDict_Type, &p[1],
                           &PyDict_Type, &p[2], &sum, &h->rank, &h->size,
-                          &span))
+                          &span, &span_plain))
         return NULL;
     hold_or_clear(&h->span, span);
+    hold_or_clear(&h->span_plain, span_plain);
     for (int i = 0; i < NPLANS; i++) {
         Py_INCREF(p[i]);
         Py_XSETREF(h->plans[i], p[i]);
@@ -766,7 +831,9 @@ static PyObject *hot_bind(HotComm *h, PyObject *args)
     if (h->closed) {
         h->ctx = NULL;
         Py_CLEAR(h->span);
+        Py_CLEAR(h->span_plain);
     }
+    forget_last_plain(h);
     Py_RETURN_NONE;
 }
 
@@ -783,6 +850,8 @@ static PyObject *hot_close(HotComm *h, PyObject *unused)
     h->closed = 1;
     h->ctx = NULL;
     Py_CLEAR(h->span);
+    Py_CLEAR(h->span_plain);
+    forget_last_plain(h);
     Py_RETURN_TRUE;
 }
 
@@ -807,6 +876,9 @@ static int hot_traverse(HotComm *h, visitproc visit, void *arg)
     Py_VISIT(h->sum);
     Py_VISIT(h->zero);
     Py_VISIT(h->span);
+    Py_VISIT(h->span_plain);
+    for (int i = 0; i < 4; i++)
+        Py_VISIT(h->last_plain[i]);
     Py_VISIT(Py_TYPE(h));
     return hot_objects_traverse(h, visit, arg);
 }
@@ -819,6 +891,8 @@ static int hot_clear(HotComm *h)
     Py_CLEAR(h->sum);
     Py_CLEAR(h->zero);
     Py_CLEAR(h->span);
+    Py_CLEAR(h->span_plain);
+    forget_last_plain(h);
     hot_objects_clear(h);
     return 0;
 }
@@ -861,7 +935,7 @@ static PyObject *req_start(HotRequest *r, PyObject *unused)
     if (r->active)
         return PyObject_CallMethod((PyObject *)r, "_Start", NULL);
     if (r->across && r->owner->span) {
-        PyObject *res = run_across(r->owner, r->across);
+        PyObject *res = run_across(r->owner, r->across, NULL, 0);
         if (res)
             r->active = 1;
         return res;

@@ -27,6 +27,11 @@ typedef struct {
     int rank, size;          /* in the communicator */
     int busy;                /* core calls under way (changed with the GIL) */
     PyObject *span;          /* over several nodes: their Barrier; or NULL */
+    PyObject *span_plain;    /* ... and the steps of a call of plain
+                                arrays (Nodes.plain) */
+    PyObject *last_plain[4]; /* ... and the last such call's arguments,
+                                if small; or NULLs */
+    int last_kind;
     int closed;              /* by free(): nothing may run or bind again */
     PyObject *objects;       /* xhc/objects.py's Objects, or NULL */
     PyObject *slots[3];      /* its arrays of slots: send, receive, and

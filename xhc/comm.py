@@ -235,7 +235,7 @@ class Comm(HotComm):
         self._nodes = nodes.Nodes(self._comm, node, inner)
         inner._whole_ranks = self._nodes.node_ranks()
         self._state = "spanning"
-        self._bind(ffi.NULL, self._nodes.Barrier)
+        self._bind(ffi.NULL, self._nodes)
         self.xhc_info = dict(inner.xhc_info, nodes=self._nodes.count)
         if self._cfg["debug"]:  # compared over every node, not each alone
             debug.install(self)
@@ -965,16 +965,17 @@ class Comm(HotComm):
                    else self._final_paths)
         return out
 
-    def _bind(self, ctx, span=None):
+    def _bind(self, ctx, across=None):
         """Let HotComm run plans on CTX (NULL: send every call here), or
-        with SPAN, the Barrier over several nodes, their kept calls."""
+        with ACROSS, the Nodes of a communicator over several nodes, their
+        Barrier, kept calls and calls of plain arrays."""
         if ctx:
             lib.xhc_ctx_set_block_hook(ctx, _BLOCK_HOOK, ffi.NULL)
             lib.xhc_ctx_set_progress_hook(ctx, _PROGRESS_HOOK, ffi.NULL)
         self._hot_bind(_address(ctx), _address(_run_fn), _address(_barrier_fn),
                        self._bcast_plans, self._allreduce_plans,
                        self._reduce_plans, MPI.SUM, self._rank, self._size,
-                       span)
+                       *((across.Barrier, across.plain) if across else ()))
 
     def free(self):
         """Release the shared memory; the wrapped communicator stays, but

@@ -30,8 +30,11 @@ import numpy as np
 from mpi4py import MPI
 
 from ._xhc import ffi, lib
+from .buffers import numpy_dtype
 
 _TAG = 1  # the node communicator is private: no user message shares it
+# The core's dtype codes as numpy dtypes.
+_NUMPY = tuple(numpy_dtype(code) for code in range(lib.XHC_NDTYPES))
 _IEEE = {(op, dtype): None for op in (lib.XHC_MIN, lib.XHC_MAX)
          for dtype in (lib.XHC_FLOAT32, lib.XHC_FLOAT64)}
 
@@ -96,43 +99,88 @@ class Nodes:
                                      in enumerate(self.where)
                                      if index == self.index)]
 
-    def bcast_call(self, buf, root):
-        """Bcast(BUF, ROOT) as a callable, to be kept for these buffers
-        (xhc/comm.py); so are the next two."""
-        if self.alone:
-            return functools.partial(self.leaders.Bcast, buf,
-                                     self.where[root][0])
-        return functools.partial(self.Bcast, buf, root)
+    # Each call's steps, as (function, arguments): kept as a callable for
+    # a call's buffers (the *_call methods, for xhc/comm.py), or run at
+    # once for a call of plain arrays (plain).  A rank alone on its node
+    # takes MPI's call among the leaders, with no wrapper.
 
-    def allreduce_call(self, sendbuf, recvbuf, ops, inplace):
-        """Every leader passes MPI IN_PLACE, as MPI wants of all ranks or
-        none: a rank alone copies its send buffer into its receive
-        buffer first, unless they are one (the only overlap the checks
-        let through)."""
+    def _bcast_step(self, buf, root):
+        if self.alone:
+            return self.leaders.Bcast, (buf, self.where[root][0])
+        return self.Bcast, (buf, root)
+
+    def _allreduce_step(self, sendbuf, recvbuf, ops, one):
+        """ONE: the buffers are one (IN_PLACE, or the same array).  Every
+        leader passes MPI IN_PLACE, as MPI wants of all ranks or none: a
+        rank alone copies its send buffer into its receive buffer first,
+        unless they are one (the only overlap the checks let through)."""
         if not self.alone:
-            return functools.partial(self.Allreduce, sendbuf, recvbuf, ops,
-                                     inplace)
-        if inplace or _overlap(sendbuf, recvbuf):
-            return functools.partial(self.leaders.Allreduce, MPI.IN_PLACE,
-                                     recvbuf, ops[1])
-        return functools.partial(self._allreduce_alone, sendbuf, recvbuf,
-                                 ops[1])
+            return self.Allreduce, (sendbuf, recvbuf, ops, one)
+        if one:
+            return self.leaders.Allreduce, (MPI.IN_PLACE, recvbuf, ops[1])
+        return self._allreduce_alone, (sendbuf, recvbuf, ops[1])
 
     def _allreduce_alone(self, sendbuf, recvbuf, across):
         recvbuf[...] = sendbuf
         self.leaders.Allreduce(MPI.IN_PLACE, recvbuf, across)
 
-    def reduce_call(self, sendbuf, recvbuf, ops, root, inplace, scratch):
-        """Only the root may pass MPI IN_PLACE: a rank alone passes its
-        buffers as they are, but IN_PLACE for a root's buffers that are
-        one (MPI forbids passing them twice)."""
+    def _reduce_step(self, sendbuf, recvbuf, ops, root, inplace, scratch,
+                     one):
+        """ONE: the root's buffers are one.  Only the root may pass MPI
+        IN_PLACE: a rank alone passes its buffers as they are, but
+        IN_PLACE for a root's buffers that are one (MPI forbids passing
+        them twice)."""
         if not self.alone:
-            return functools.partial(self.Reduce, sendbuf, recvbuf, ops,
-                                     root, inplace, scratch)
-        same = recvbuf is not None and (inplace or _overlap(sendbuf, recvbuf))
-        return functools.partial(self.leaders.Reduce,
-                                 MPI.IN_PLACE if same else sendbuf, recvbuf,
-                                 ops[1], self.where[root][0])
+            return self.Reduce, (sendbuf, recvbuf, ops, root, inplace,
+                                 scratch)
+        return self.leaders.Reduce, (MPI.IN_PLACE if one else sendbuf,
+                                     recvbuf, ops[1], self.where[root][0])
+
+    def bcast_call(self, buf, root):
+        """Bcast(BUF, ROOT) as a callable, to be kept for these buffers
+        (xhc/comm.py); so are the next two."""
+        fn, args = self._bcast_step(buf, root)
+        return functools.partial(fn, *args)
+
+    def allreduce_call(self, sendbuf, recvbuf, ops, inplace):
+        one = inplace or (self.alone and _overlap(sendbuf, recvbuf))
+        fn, args = self._allreduce_step(sendbuf, recvbuf, ops, one)
+        return functools.partial(fn, *args)
+
+    def reduce_call(self, sendbuf, recvbuf, ops, root, inplace, scratch):
+        one = self.alone and recvbuf is not None and (
+            inplace or _overlap(sendbuf, recvbuf))
+        fn, args = self._reduce_step(sendbuf, recvbuf, ops, root, inplace,
+                                     scratch, one)
+        return functools.partial(fn, *args)
+
+    def plain(self, kind, dtype, op_code, one, buf, *rest):
+        """A call of plain arrays (xhc/_hot.c checked them as for the core,
+        and gives the kind, the core's dtype and op codes, and whether
+        the (root's) send and receive arrays are one): its steps, with no
+        plan.  KIND 0: Bcast(BUF, root); 1: Allreduce(BUF, recvbuf, op);
+        2: Reduce(BUF, recvbuf, op, root).  Each array goes flat, as the
+        core's type (complex as its floats)."""
+        if kind == 0:
+            fn, args = self._bcast_step(buf.reshape(-1).view(np.uint8),
+                                        rest[0])
+            return fn(*args)
+        recvbuf, op = rest[0], rest[1]
+        dt = _NUMPY[dtype]
+        ops = (op, between_nodes(op, op_code, dtype))
+        inplace = buf is None or buf is MPI.IN_PLACE
+        send = (recvbuf if inplace else buf).reshape(-1).view(dt)
+        if kind == 1:
+            fn, args = self._allreduce_step(
+                send, recvbuf.reshape(-1).view(dt), ops, one)
+            return fn(*args)
+        root = rest[2]
+        recv = recvbuf.reshape(-1).view(dt) if root == self.rank else None
+        scratch = None if self.alone else \
+            functools.partial(np.empty, send.size, dt)
+        fn, args = self._reduce_step(send, recv, ops, root, inplace, scratch,
+                                     one)
+        return fn(*args)
 
     def Barrier(self):
         if self.alone:

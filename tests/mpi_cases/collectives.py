@@ -3351,6 +3351,7 @@ def suite_spanning(xcomm, comm, v, sz, args):
     one_array_twice(v, xcomm, comm, sz)
     bad_buffer_on_one_rank(xcomm, comm, v)
     kept_runs(xcomm, comm, v)
+    plain_calls_across(xcomm, comm, v)
     node_shared_arrays(xcomm, comm, v, parts)
     shared_memory_is_not_budgeted(xcomm, v)
     v.check("spanning: no fallback", xcomm.stats["fallback"] == 0,
@@ -3451,6 +3452,51 @@ def kept_runs(xcomm, comm, v):
     free_while_a_call_waits(xcomm, comm, v)
     raised_in_kept_runs(xcomm, comm, v)
     leaders_get_what_mpi_allows(comm, v)
+
+
+def plain_calls_across(xcomm, comm, v):
+    """Calls of fresh plain arrays over several nodes go from xhc/_hot.c
+    straight to the steps (Nodes.plain), with no plan: every dtype and op
+    the core reduces, aliased dtypes too, Allreduce (IN_PLACE too),
+    Reduce at every root, and Bcast from every root of an array shaped
+    unlike its peers'; against numpy and mpi4py.  None is kept or goes to
+    mpi4py; a large array is not held once its call returns, a small one
+    only until the next such call."""
+    import gc
+    import weakref
+    n, rank = comm.size, comm.rank
+    xcomm._forget_plans()
+    fallbacks = xcomm.stats["fallback"]
+    every = combos() + [(dt, op) for dt, ops in ALIASED for op in ops
+                        if op != NOISE]
+    for k, (dt, op) in enumerate(every):
+        one_allreduce(v, xcomm, comm, dt, op, 5, seed_of(400, k),
+                      in_place=k % 2 == 0)
+        one_reduce(v, xcomm, comm, dt, op, 5, seed_of(401, k), k % n,
+                   in_place=k % 3 == 0, nonroot_buf=k % 2 == 1)
+    for root in range(n):
+        want = np.arange(12.0) * (root + 1)
+        buf = want.reshape(3, 4).copy() if rank == root else np.zeros(12)
+        xcomm.Bcast(buf, root)
+        v.case(f"spanning: plain Bcast from root {root}",
+               None if np.array_equal(buf.reshape(-1), want) else
+               f"got {buf}")
+    kept = sum(map(len, (xcomm._bcast_plans, xcomm._allreduce_plans,
+                         xcomm._reduce_plans)))
+    v.check("spanning: fresh plain arrays make no plan and no fallback",
+            kept == 0 and xcomm.stats["fallback"] == fallbacks,
+            f"{kept} kept, stats {xcomm.stats}")
+    held = []
+    for count in (1 << 17, 4, 4):  # 1 MiB, then small twice
+        a = np.ones(count)
+        held.append(weakref.ref(a))
+        xcomm.Allreduce(a, np.empty(count))
+        del a
+        gc.collect()
+        held.append(held[-1]() is not None)
+    v.check("spanning: a large plain array is not held after its call, a "
+            "small one until the next", held[1::2] == [False, True, True]
+            and held[2]() is None, f"held: {held[1::2]}, {held[2]()}")
 
 
 def leaders_get_what_mpi_allows(comm, v):
