@@ -187,6 +187,8 @@ static int xhc_small_in_pieces(xhc_ctx_t *ctx, const struct xhc_view *v,
         struct xhc_red piece = *r;
         piece.count = r->count - done < per ? r->count - done : per;
         piece.nbytes = piece.count * r->esize;
+        piece.total |= (uint64_t)(done / per & 0xffff)
+                       << XHC_PIECE_TAG_SHIFT;
         size_t at = done * r->esize;
         int rc = small(ctx, v, (const unsigned char *)sbuf + at,
                        rbuf ? (unsigned char *)rbuf + at : NULL, &piece);

@@ -30,6 +30,11 @@
  *    own differs fails (the ranks passed different sizes) rather than
  *    read past what was sent, or miss its end.  Readers count the rounds
  *    the root's size makes (ctx.c 4.), whatever their own would.
+ * 5. A parent that gives up counts its rounds as run and may begin its
+ *    next Bcast, whose pieces and `ready` count then satisfy a reader
+ *    still waiting in this one: a reader that sees its parent's flag past
+ *    the round it waits for, or its parent gone from this operation after
+ *    reading its buffer in place, checks that it did not give up here.
  */
 #include "xhc_internal.h"
 
@@ -166,6 +171,49 @@ struct xhc_piece {
     size_t k;
 };
 
+/* My parent gave up on this operation: so do I, with its cause. */
+static int xhc_parent_left(xhc_ctx_t *ctx, int parent,
+                           const struct xhc_leave *rec)
+{
+    if (rec->why && !ctx->cause_why) {
+        ctx->cause_why = rec->why;
+        ctx->cause_who = rec->who;
+    }
+    return xhc_fail(ctx, parent, XHC_ERR_PEER_LEFT);
+}
+
+/* Was round T staged by my parent, whose piece flag reached it?  The flag
+ * only grows, and a parent that gives up counts the rounds it did not
+ * stage as run, so the first piece of its next Bcast also lifts it past
+ * T.  A flag past T is then for me only if my parent has not given up on
+ * my operation (nor on a later one, which would hide that record). */
+static int xhc_parent_staged(xhc_ctx_t *ctx, int parent, uint64_t t)
+{
+    struct xhc_rank_ctl *pc = xhc_ctl(ctx, parent);
+    /* Acquire: a leave before the piece I see is seen in the record. */
+    if (xhc_load_acquire(&pc->piece.seq) >> XHC_PIECE_SHIFT <= t)
+        return 0;
+    struct xhc_leave rec;
+    if (xhc_leave_read(&pc->entered, &rec)
+        && xhc_seq_reached(rec.seq, ctx->seq))
+        return xhc_parent_left(ctx, parent, &rec);
+    return 0;
+}
+
+/* Did my parent, whose buffer I read in place, stay in my operation
+ * until I had read it?  It leaves only once I ack, unless it gives up;
+ * then its next operation may describe another buffer in its big line. */
+static int xhc_parent_stayed(xhc_ctx_t *ctx, int parent)
+{
+    /* Orders my reads of its buffer before the look at its state. */
+    atomic_thread_fence(memory_order_acquire);
+    if (xhc_load_relaxed(&xhc_ctl(ctx, parent)->entered.seq) == ctx->seq)
+        return 0;
+    struct xhc_leave rec = { 0 };
+    xhc_leave_read(&xhc_ctl(ctx, parent)->entered, &rec);
+    return xhc_parent_left(ctx, parent, &rec);
+}
+
 /* Get the piece into my buffer; return where it is readable for my own
  * staging. */
 static int xhc_pipe_get(xhc_ctx_t *ctx, struct xhc_pipe *p,
@@ -179,11 +227,13 @@ static int xhc_pipe_get(xhc_ctx_t *ctx, struct xhc_pipe *p,
         int rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, parent)->piece.seq,
                              xhc_piece_flag(c->t, c->k + 1), parent);
         *out = xhc_bcast_window(ctx, parent, c->t) + (c->at - c->off);
-        return rc;
+        return rc ? rc : xhc_parent_staged(ctx, parent, c->t);
     }
     int rc = xhc_wait_ge(ctx, &p->from->ready, c->at + c->len, parent);
-    return rc ? rc : xhc_peer_read(ctx, parent, &p->from->send, c->at,
-                                   p->buf + c->at, c->len, NULL);
+    if (rc == 0)
+        rc = xhc_peer_read(ctx, parent, &p->from->send, c->at,
+                           p->buf + c->at, c->len, NULL);
+    return rc ? rc : xhc_parent_stayed(ctx, parent);
 }
 
 static int xhc_pipe_piece(xhc_ctx_t *ctx, struct xhc_pipe *p,

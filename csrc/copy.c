@@ -48,7 +48,8 @@ void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
  * anyone's buffer is read in place from a shared region, M->private if
  * anyone's is not.  (Of a Reduce's result slices only the root's receive
  * buffer counts: the root gathers the others' private slices only when
- * its own buffer is private too, else owners fold straight into it.) */
+ * its own buffer is private too, else owners fold straight into it.)
+ * M->first becomes rank 0's size, read before any check can fail. */
 int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
              size_t nbytes, struct xhc_meeting *m)
 {
@@ -65,6 +66,8 @@ int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
         int rc = xhc_wait_eq(ctx, &pb->seq, seq, p);
         if (rc)
             return rc;
+        if (p == 0)
+            m->first = pb->send.nbytes;
         /* An erroneous program (ranks in different reductions, or with
          * different roots or sizes) fails here, on every rank at once,
          * instead of folding what it can. */

@@ -213,6 +213,18 @@ static int xhc_rs_by_cma(const xhc_ctx_t *ctx, const struct xhc_meeting *m,
     return 1;
 }
 
+/* Ranks that passed different sizes fail at the meet, each counting the
+ * windows of one size, rank 0's, which all read first: else each would
+ * count its own, and their later windows would pair askew for good. */
+static void xhc_rs_rounds_of(xhc_ctx_t *ctx, const struct xhc_red *r,
+                             size_t nbytes)
+{
+    struct xhc_red agreed = *r;
+    agreed.count = nbytes / r->esize;
+    agreed.nbytes = agreed.total = nbytes;
+    ctx->round_end = ctx->round + xhc_rs_windows(ctx, &agreed);
+}
+
 /* Reduce SBUF over all ranks; the whole result lands in RBUF on every rank
  * (ROOT < 0) or on ROOT only.  Rank 0, or the root, decides whether the
  * ranks read each other's buffers in place (steps 1-4) or stage them
@@ -248,6 +260,8 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
      * before every rank has met. */
     if (rc == 0)
         rc = xhc_meet(ctx, seq, sbuf, target, r->nbytes, &m);
+    if (rc == XHC_ERR_MISMATCH)
+        xhc_rs_rounds_of(ctx, r, m.first);
     if (rc)
         return rc;
     if (m.single && xhc_rs_by_cma(ctx, &m, root))

@@ -298,6 +298,7 @@ struct xhc_meeting {
     int single;   /* in: mine; out: the decider's (xhc_decider) */
     int in_place; /* out: some rank's buffer is in a shared region */
     int private;  /* out: some rank's buffer is not */
+    size_t first; /* out: rank 0's size, which every rank reads first */
 };
 /* Whose choice of copy every rank follows: the root's, or rank 0's. */
 static inline int xhc_decider(const struct xhc_meeting *m)
@@ -324,10 +325,16 @@ void xhc_fold(void *dst, const void *const *srcs, int nsrc, void *acc,
 /* allreduce.c: the reduce-scatter engine that Reduce shares. */
 struct xhc_red {
     size_t count, esize, nbytes;
-    size_t total; /* bytes of the whole call, which may go in pieces: what
-                     ranks publish in their lines, and compare */
+    uint64_t total; /* bytes of the whole call, which may go in pieces,
+                       and above XHC_PIECE_TAG_SHIFT its piece's number:
+                       what ranks publish in their lines, and compare */
     xhc_reduce_fn fn;
 };
+/* A piece's number in the top bits of the size its lines carry: ranks
+ * whose earlier calls ran different numbers of pieces (they passed
+ * different sizes) then fail instead of folding each other's pieces of
+ * other calls. */
+#define XHC_PIECE_TAG_SHIFT 48
 int xhc_red_init(struct xhc_red *r, size_t count, int dtype, int op);
 int xhc_fold_children(xhc_ctx_t *ctx, const int *child, int nchild,
                       uint64_t seq, const struct xhc_red *r, void *dst,

@@ -1,0 +1,220 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* disagree_test.c: after ranks pass different sizes, no rank returns
+ * success with wrong data, and the calls that follow either meet right
+ * or fail.  Forked ranks on one memfd segment, without MPI.
+ *
+ * 1. A staged Bcast of three rounds: rank 2 passes a smaller size and
+ *    gives up; the root gives up as it reserves round 3 and starts the
+ *    next Bcast at once; rank 1, stopped after round 2, then wakes to the
+ *    root's piece flag of that next Bcast.  It must fail, not copy the
+ *    stale window, and the next Bcast must be right on every rank.
+ * 2. A large Allreduce of 4096 and 8192 doubles fails on both ranks;
+ *    their round counters must stay in step: three Bcasts after it are
+ *    right.
+ * 3. A Reduce in pieces whose leaf passes one piece more than the root:
+ *    the leaf runs its own pieces, so the two stay a call apart; the
+ *    root's later Reduces must fail, not fold the leaf's stale piece.
+ * Prints "ok" if every check holds.
+ */
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "xhc_internal.h"
+
+#define MAXRANKS 3
+#define CHUNK 4096
+#define ROUNDS 3
+
+struct board {
+    _Atomic int opened, go, failures;
+    int64_t pids[MAXRANKS];
+};
+
+typedef int (*rank_fn)(xhc_ctx_t *ctx, int rank, struct board *b);
+/* What the test's parent does meanwhile, reading the ranks' lines. */
+typedef void (*watch_fn)(struct board *b, const struct xhc_rank_ctl *ctl);
+
+static void fail(struct board *b, const char *what, int rank, int rc)
+{
+    fprintf(stderr, "rank %d: %s (rc %d)\n", rank, what, rc);
+    b->failures++;
+}
+
+/* Byte I of the staged message of operation OP: its round, then OP. */
+static unsigned char byte_of(size_t i, int op)
+{
+    return (unsigned char)((i / CHUNK) * 16 + op);
+}
+
+static int holds(const unsigned char *buf, size_t n, int op)
+{
+    for (size_t i = 0; i < n; i++)
+        if (buf[i] != byte_of(i, op))
+            return 0;
+    return 1;
+}
+
+/* A staged Bcast of N bytes from rank 0 for operation OP: its error, 0
+ * if right, or -1 if it returned 0 with wrong data. */
+static int bcast_checked(xhc_ctx_t *ctx, int rank, size_t n, int op)
+{
+    unsigned char *buf = calloc(1, ROUNDS * CHUNK);
+    if (rank == 0)
+        for (size_t i = 0; i < n; i++)
+            buf[i] = byte_of(i, op);
+    int rc = xhc_bcast(ctx, buf, n, 0);
+    if (rc)
+        xhc_ctx_leave(ctx);
+    int wrong = rc == 0 && !holds(buf, n, op);
+    free(buf);
+    return wrong ? -1 : rc;
+}
+
+static int stale_window(xhc_ctx_t *ctx, int rank, struct board *b)
+{
+    size_t n = rank == 2 ? 2 * CHUNK : ROUNDS * CHUNK;
+    if (bcast_checked(ctx, rank, n, 1) == -1)
+        fail(b, "Bcast 1 returned 0 with another call's data", rank, 0);
+    if (rank == 2)  /* back once the root has given up */
+        while (xhc_load_acquire(&xhc_ctl(ctx, 0)->ack.seq) < 1)
+            sched_yield();
+    int rc = bcast_checked(ctx, rank, ROUNDS * CHUNK, 2);
+    if (rc)
+        fail(b, "the Bcast after it was not right", rank, rc);
+    return 0;
+}
+
+/* The parent's part in 1.: stop rank 1 once it has read two rounds, let
+ * it go once the root has staged the first round of the next Bcast. */
+static void stop_a_reader(struct board *b, const struct xhc_rank_ctl *ctl)
+{
+    while (xhc_load_acquire(&ctl[1].finished.seq) < 2)
+        sched_yield();
+    kill((pid_t)b->pids[1], SIGSTOP);
+    while (xhc_load_acquire(&ctl[0].piece.seq)
+           < xhc_piece_flag(ROUNDS + 1, 1))
+        sched_yield();
+    kill((pid_t)b->pids[1], SIGCONT);
+}
+
+static int rounds_in_step(xhc_ctx_t *ctx, int rank, struct board *b)
+{
+    size_t count = rank == 1 ? 8192 : 4096;
+    double *s = calloc(count, 8), *r = calloc(count, 8);
+    int rc = xhc_allreduce(ctx, s, r, count, XHC_FLOAT64, XHC_SUM);
+    free(s);
+    free(r);
+    if (rc != XHC_ERR_MISMATCH)
+        fail(b, "an Allreduce of different sizes did not fail", rank, rc);
+    xhc_ctx_leave(ctx);
+    for (int op = 1; op <= 3; op++)
+        if ((rc = bcast_checked(ctx, rank, ROUNDS * CHUNK, op)))
+            fail(b, "a Bcast after it was not right", rank, rc);
+    return 0;
+}
+
+#define PIECE 32 /* doubles in a Reduce piece: reduce_cico_max / 8 */
+
+static int pieces_apart(xhc_ctx_t *ctx, int rank, struct board *b)
+{
+    double s[3 * PIECE], r[3 * PIECE];
+    for (int i = 0; i < 3 * PIECE; i++)
+        s[i] = 1000 + rank;
+    int rc = xhc_reduce(ctx, s, r, rank == 1 ? 3 * PIECE : 2 * PIECE,
+                        XHC_FLOAT64, XHC_SUM, 0);
+    if (rc)
+        xhc_ctx_leave(ctx);
+    for (int op = 1; op <= 3; op++) {
+        for (int i = 0; i < 3 * PIECE; i++)
+            s[i] = op * 10 + rank;
+        rc = xhc_reduce(ctx, s, r, 3 * PIECE, XHC_FLOAT64, XHC_SUM, 0);
+        if (rc)
+            xhc_ctx_leave(ctx);
+        for (int i = 0; rank == 0 && rc == 0 && i < 3 * PIECE; i++)
+            if (r[i] != 2 * op * 10 + 1) {
+                fail(b, "a Reduce returned 0 with another call's piece",
+                     rank, 0);
+                break;
+            }
+    }
+    return 0;
+}
+
+static int ranks_open(xhc_ctx_t **ctx, int fd, size_t size, int rank, int n,
+                      const xhc_config_t *cfg)
+{
+    int flat[MAXRANKS] = { 0 };
+    int rc = xhc_ctx_open_fd(ctx, fd, size, rank, n, cfg);
+    for (int k = 0; rc == 0 && k < XHC_NKINDS; k++)
+        rc = xhc_ctx_set_hierarchy(*ctx, k, 1, flat);
+    return rc;
+}
+
+/* Run FN on N forked ranks, and WATCH, if not NULL, meanwhile on the
+ * segment's rank lines; the count of checks that failed. */
+static int run(int n, const xhc_config_t *cfg, rank_fn fn, watch_fn watch)
+{
+    size_t size = xhc_segment_size(n, cfg);
+    int fd = memfd_create("xhc-disagree", 0);
+    struct board *b = mmap(NULL, sizeof *b, PROT_READ | PROT_WRITE,
+                           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (fd < 0 || ftruncate(fd, (off_t)size) || b == MAP_FAILED)
+        return 1;
+    for (int r = 0; r < n; r++) {
+        pid_t pid = fork();
+        if (pid) {
+            b->pids[r] = pid;
+            continue;
+        }
+        xhc_ctx_t *ctx;
+        while (b->opened != r)
+            sched_yield();
+        if (ranks_open(&ctx, fd, size, r, n, cfg))
+            _exit(2);
+        b->opened++;
+        while (!b->go)
+            sched_yield();
+        xhc_ctx_set_pids(ctx, b->pids);
+        fn(ctx, r, b);
+        xhc_ctx_close(ctx);
+        _exit(0);
+    }
+    while (b->opened != n)
+        sched_yield();
+    unsigned char *seg = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+    b->go = 1;
+    if (watch && seg != MAP_FAILED)
+        watch(b, (const struct xhc_rank_ctl *)
+                     (seg + sizeof(struct xhc_seg_header)));
+    int status, bad = 0;
+    for (int r = 0; r < n; r++)
+        if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status))
+            bad++;
+    bad += b->failures;
+    if (seg != MAP_FAILED)
+        munmap(seg, size);
+    munmap(b, sizeof *b);
+    close(fd);
+    return bad;
+}
+
+int main(void)
+{
+    xhc_config_t cfg = { .cico_max = 128, .chunk_size = CHUNK,
+                         .timeout = 5.0, .spin = 1024, .windows = 2,
+                         .copy = XHC_COPY_CICO };
+    int bad = run(3, &cfg, stale_window, stop_a_reader);
+    bad += run(2, &cfg, rounds_in_step, NULL);
+    cfg.reduce_cico_max = PIECE * 8;
+    bad += run(2, &cfg, pieces_apart, NULL);
+    if (bad)
+        return 1;
+    printf("ok\n");
+    return 0;
+}
