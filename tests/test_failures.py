@@ -1130,6 +1130,19 @@ def test_free_refused_while_another_thread_waits(args2, path):
         kv["ok"] == "True" for kv in data.values()), args2.output()
 
 
+def test_free_while_another_thread_raises_does_not_crash(args2):
+    """A thread whose calls raise (and withdraw through the core) while
+    another frees the xhc.Comm, 150 times a rank: no crash (the launch
+    completes), the calls raised, and free() refused at most while one
+    was under way."""
+    check_completed(args2)
+    rep = args2.by_rank("FREE-RAISING")
+    assert sorted(rep) == [0, 1], args2.output()
+    for kv in rep.values():
+        assert int(kv["raised"]) > 0, kv
+        assert int(kv["refused"]) < 150, kv
+
+
 def test_free_while_a_call_is_planned_stops_the_call(args2):
     """free() from one thread between another thread's planning of a call
     and its core call: the call raises instead of running on the closed

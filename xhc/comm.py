@@ -77,12 +77,11 @@ def _leaving(entry):
     @functools.wraps(entry)
     def wrapper(self, *args, **kwargs):
         comm = getattr(self, "_xcomm", self)  # a Request's, or self
-        ctx = comm._ctx
-        seq = lib.xhc_seq(ctx) if ctx else 0
+        seq = comm._on_ctx(lib.xhc_seq)
         try:
             return entry(self, *args, **kwargs)
         except BaseException as exc:
-            began = ctx and comm._ctx == ctx and lib.xhc_seq(ctx) != seq
+            began = seq is not None and comm._on_ctx(lib.xhc_seq) != seq
             if not began and not getattr(exc, _SETTLED, False):
                 self._withdraw()
             if isinstance(exc, TypeError) and exc.__traceback__.tb_next is None:
@@ -476,13 +475,28 @@ class Comm(HotComm):
         if self._hot_busy(0):
             raise _busy_error(what)
 
+    def _on_ctx(self, fn, *args, alone=False, default=None):
+        """FN(context, *ARGS), counted as under way, as _in_core counts a
+        collective, so that a free() in another thread refuses rather than
+        close the context under FN (cffi lets go of the GIL in the call);
+        DEFAULT once the context is closed, or (ALONE) while a collective
+        of this object runs in another thread."""
+        busy = self._hot_busy(1)
+        if busy < 0:
+            return default
+        try:
+            ctx = self._ctx
+            return fn(ctx, *args) if ctx and (busy == 1 or not alone) \
+                else default
+        finally:
+            self._hot_busy(-1)
+
     def _withdraw(self):
         """This rank raises instead of taking part: its peers stop counting
         it late (xhc_ctx_withdraw), and time out rather than wait for it.
         Not while a collective of this object runs in another thread (not
         allowed, but not to be made worse): that one is not over."""
-        if self._ctx and not self._hot_busy(0):
-            lib.xhc_ctx_withdraw(self._ctx)
+        self._on_ctx(lib.xhc_ctx_withdraw, alone=True)
         if self._nodes is not None:  # its node's peers, then
             self._nodes.inner._withdraw()
 
@@ -492,11 +506,12 @@ class Comm(HotComm):
         before it began, withdraws; either settles its part."""
         if rc in _core.USAGE:
             self._withdraw()
-        elif self._ctx:
-            lib.xhc_ctx_leave(self._ctx)
-        raise _settled(_core.error(rc, what, self._ctx,
-                                   getattr(self, "_pids", None),
-                                   self._whole_ranks))
+        else:
+            self._on_ctx(lib.xhc_ctx_leave)
+        pids, ranks = getattr(self, "_pids", None), self._whole_ranks
+        raise _settled(self._on_ctx(
+            lambda ctx: _core.error(rc, what, ctx, pids, ranks))
+            or _core.error(rc, what, None, pids, ranks))
 
     def _usable(self):
         """True if the core can take calls; False if mpi4py must."""
@@ -961,8 +976,7 @@ class Comm(HotComm):
         if self._nodes is not None:  # the node's paths, and its fallbacks
             inner = self._nodes.inner.stats
             out = dict(inner, fallback=inner["fallback"] + self._fallbacks)
-        out.update(_path_counts(self._ctx) if self._ctx
-                   else self._final_paths)
+        out.update(self._on_ctx(_path_counts) or self._final_paths)
         return out
 
     def _bind(self, ctx, across=None):

@@ -1278,7 +1278,44 @@ def suite_free_busy(xc):
         c.Barrier()                          # still usable, then freed
         c.free()
     free_while_planning()
+    free_while_raising()
     return xc
+
+
+def free_while_raising(rounds=150):
+    """A thread's calls raise in Python (a bad root), which withdraws the
+    rank through the core, while the main thread frees the xhc.Comm (of
+    COMM_SELF), ROUNDS times with the GIL switched as often as Python
+    can.  The withdraw let go of the GIL inside the core on a context
+    that free() could close meanwhile: a crash within a few rounds."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    raised, refused = 0, 0
+    try:
+        for _ in range(rounds):
+            c, stop = xhc.Comm(MPI.COMM_SELF), []
+
+            def bad_roots(c=c, stop=stop):
+                nonlocal raised
+                while not stop:
+                    try:
+                        c.Bcast(f8(8), root=7)
+                    except (ValueError, xhc.XhcError):
+                        raised += 1
+            th = threading.Thread(target=bad_roots)
+            th.start()
+            time.sleep(0.001)
+            try:
+                c.free()
+            except xhc.XhcError:
+                refused += 1
+            stop.append(True)
+            th.join()
+            c.free()
+    finally:
+        sys.setswitchinterval(old)
+    emit("FREE-RAISING", f"rank={RANK}", f"raised={raised}",
+         f"refused={refused}")
 
 
 def free_while_planning():
