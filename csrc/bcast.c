@@ -191,7 +191,8 @@ static int xhc_parent_staged(xhc_ctx_t *ctx, int parent, uint64_t t)
 {
     struct xhc_rank_ctl *pc = xhc_ctl(ctx, parent);
     /* Acquire: a leave before the piece I see is seen in the record. */
-    if (xhc_load_acquire(&pc->piece.seq) >> XHC_PIECE_SHIFT <= t)
+    if (!xhc_seq_reached(xhc_load_acquire(&pc->piece.seq),
+                         xhc_piece_flag(t + 1, 0)))
         return 0;
     struct xhc_leave rec;
     if (xhc_leave_read(&pc->entered, &rec)
@@ -230,10 +231,14 @@ static int xhc_pipe_get(xhc_ctx_t *ctx, struct xhc_pipe *p,
         return rc ? rc : xhc_parent_staged(ctx, parent, c->t);
     }
     int rc = xhc_wait_ge(ctx, &p->from->ready, c->at + c->len, parent);
-    if (rc == 0)
-        rc = xhc_peer_read(ctx, parent, &p->from->send, c->at,
-                           p->buf + c->at, c->len, NULL);
-    return rc ? rc : xhc_parent_stayed(ctx, parent);
+    if (rc)
+        return rc;
+    rc = xhc_peer_read(ctx, parent, &p->from->send, c->at, p->buf + c->at,
+                       c->len, NULL);
+    /* A read that failed may have met the next operation's buffer. */
+    int stayed = rc == 0 || rc == XHC_ERR_MISMATCH || rc == XHC_ERR_COPY
+                 ? xhc_parent_stayed(ctx, parent) : 0;
+    return stayed ? stayed : rc;
 }
 
 static int xhc_pipe_piece(xhc_ctx_t *ctx, struct xhc_pipe *p,

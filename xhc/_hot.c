@@ -600,12 +600,12 @@ PyObject *hot_failed(HotComm *h, const char *name, int rc,
     return res;
 }
 
-/* A call of plain arrays over several nodes (3., 5a.): Nodes.plain runs
- * its steps, with no plan, given the kind, the codes of the plain table
- * and whether the send and receive arrays are one: (kind, dtype, op,
- * one, *ARGV). */
-static PyObject *plain_across(HotComm *h, int kind, PyObject **argv,
-                              const xhc_call_t *c)
+/* A call of plain arrays over several nodes (3., 5a.): STEPS
+ * (Nodes.plain) runs them, with no plan, given the kind, the codes of the
+ * plain table and whether the send and receive arrays are one: (kind,
+ * dtype, op, one, *ARGV). */
+static PyObject *plain_across(HotComm *h, PyObject *steps, int kind,
+                              PyObject **argv, const xhc_call_t *c)
 {
     enum { NCODES = 4 };
     PyObject *args[NCODES + 4];
@@ -616,7 +616,7 @@ static PyObject *plain_across(HotComm *h, int kind, PyObject **argv,
         args[i] = PyLong_FromLong(codes[i]);
     for (int i = 0; i < n; i++)
         args[NCODES + i] = argv[i];
-    PyObject *res = run_across(h, h->span_plain, args, NCODES + n);
+    PyObject *res = run_across(h, steps, args, NCODES + n);
     for (int i = 0; i < NCODES; i++)
         Py_DECREF(args[i]);
     return res;
@@ -634,17 +634,30 @@ static void forget_last_plain(HotComm *h)
         Py_CLEAR(h->last_plain[i]);
 }
 
+/* May holding ARGV keep more memory alive than its own small arrays?
+ * A view keeps its base, which may be large. */
+static int holds_a_base(PyObject **argv, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (Py_TYPE(argv[i]) == plain.ndarray
+            && ((const ndarray_head *)argv[i])->base)
+            return 1;
+    return 0;
+}
+
 /* Is this call of plain arrays over several nodes the last one again
  * (the same objects)?  Then Python keeps a plan for its arguments, which
  * runs from the next call on with less Python (5a.).  Fresh arrays each
- * call, common in Python, make no plan.  Else remember it, if small. */
+ * call, common in Python, make no plan.  Else remember it, if small and
+ * no view.  Forgetting the last may run Python code (a base's
+ * finalizer): the caller holds what it needs of H. */
 static int plain_again(HotComm *h, int kind, PyObject **argv, size_t count)
 {
     int n = KIND[kind].nargs, same = h->last_kind == kind;
     for (int i = 0; i < n && same; i++)
         same = h->last_plain[i] == argv[i];
     forget_last_plain(h);
-    if (same || count > PLAIN_REMEMBER_MAX)
+    if (same || count > PLAIN_REMEMBER_MAX || holds_a_base(argv, n))
         return same;
     h->last_kind = kind;
     for (int i = 0; i < n; i++) {
@@ -677,9 +690,15 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
         if (!plan) {
             if (PyErr_Occurred())
                 return NULL;
-            if (h->span_plain && hot_plain_call(h, kind, argv, &direct)
-                && !plain_again(h, kind, argv, direct.count))
-                return plain_across(h, kind, argv, &direct);
+            PyObject *steps = h->span_plain, *res = NULL;
+            if (steps && hot_plain_call(h, kind, argv, &direct)) {
+                Py_INCREF(steps);  /* whatever forgetting runs */
+                if (!plain_again(h, kind, argv, direct.count))
+                    res = plain_across(h, steps, kind, argv, &direct);
+                Py_DECREF(steps);
+                if (res || PyErr_Occurred())
+                    return res;
+            }
             return hot_slow((PyObject *)h, name, args, nargsf, kwnames);
         }
         if (h->span) {  /* a kept run over the nodes: Python, from here */

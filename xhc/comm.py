@@ -695,8 +695,8 @@ class Comm(HotComm):
         that read them in place from smaller sizes.  It chooses the path,
         so the ranks agree on it here, in the core (which times out, and
         names a peer that closed), before any rank can raise about its own
-        arguments; WHAT names the call in an error.  Crowded nodes keep the slots (see
-        config.fit_to_load)."""
+        arguments; WHAT names the call in an error.  Crowded nodes keep
+        the slots (see config.fit_to_load)."""
         # Comm.empty is collective: no rank or every rank has such memory.
         if not self._usable() or self._crowded or self._comm.size == 1 \
                 or not self._keep:

@@ -3497,6 +3497,15 @@ def plain_calls_across(xcomm, comm, v):
     v.check("spanning: a large plain array is not held after its call, a "
             "small one until the next", held[1::2] == [False, True, True]
             and held[2]() is None, f"held: {held[1::2]}, {held[2]()}")
+    big = np.ones(1 << 17)
+    base = weakref.ref(big)
+    view, out = big[:4], np.empty(4)
+    del big
+    xcomm.Allreduce(view, out)
+    del view
+    gc.collect()
+    v.check("spanning: a small view's base is not held after its call",
+            base() is None and np.all(out == n), f"{base()}, got {out}")
 
 
 def leaders_get_what_mpi_allows(comm, v):
