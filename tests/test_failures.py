@@ -1143,6 +1143,15 @@ def test_free_while_another_thread_raises_does_not_crash(args2):
         assert int(kv["refused"]) < 150, kv
 
 
+def test_an_interrupt_inside_a_counted_call_leaves_no_count(args2):
+    """A KeyboardInterrupt at each line of Comm._in_core leaves no call
+    counted as under way: free() works after it."""
+    check_completed(args2)
+    rep = args2.by_rank("INTERRUPTED-COUNT")
+    assert sorted(rep) == [0, 1], args2.output()
+    assert all(kv["stuck"] == "None" for kv in rep.values()), rep
+
+
 def test_free_while_a_call_is_planned_stops_the_call(args2):
     """free() from one thread between another thread's planning of a call
     and its core call: the call raises instead of running on the closed

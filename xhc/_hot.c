@@ -888,6 +888,27 @@ static PyObject *hot_busy(HotComm *h, PyObject *arg)
     return PyLong_FromLong(h->busy);
 }
 
+/* _counted(fn, *args): FN(*ARGS) counted as under way (7.); or
+ * NotImplemented, calling nothing, once closed.  The count goes up and
+ * down here, where nothing can be raised in between: in Python, a
+ * KeyboardInterrupt between the count and its try left it up for good,
+ * and free() refused for ever after. */
+static PyObject *hot_counted(HotComm *h, PyObject *const *args,
+                             Py_ssize_t nargs)
+{
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "_counted(fn, *args)");
+        return NULL;
+    }
+    if (h->closed)
+        Py_RETURN_NOTIMPLEMENTED;
+    h->busy++;
+    PyObject *res = PyObject_Vectorcall(args[0], args + 1,
+                                        (size_t)(nargs - 1), NULL);
+    h->busy--;
+    return res;
+}
+
 static int hot_traverse(HotComm *h, visitproc visit, void *arg)
 {
     for (int i = 0; i < NPLANS; i++)
@@ -1124,6 +1145,8 @@ static PyMethodDef hot_methods[] = {
      "Unbind for good, unless a call is under way (then False)."},
     {"_hot_busy", (PyCFunction)hot_busy, METH_O,
      "Add to the count of core calls under way; return it."},
+    {"_counted", (PyCFunction)(void (*)(void))hot_counted, METH_FASTCALL,
+     "fn(*args) counted as under way; NotImplemented once closed."},
     {NULL, NULL, 0, NULL},
 };
 

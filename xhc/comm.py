@@ -458,16 +458,14 @@ class Comm(HotComm):
         the GIL while it waits: counted as under way, as HotComm counts
         its own.  The count comes first: a free() from another thread
         since this call began (while its plan was made) has closed the
-        context FN would run on, and the count refuses (-1) once free()
-        has begun."""
-        if self._hot_busy(1) < 0:
+        context FN would run on, and the count refuses once free() has
+        begun."""
+        if self._state == "freed":
             raise XhcError("xhc.Comm already freed")
-        try:
-            if self._state == "freed":
-                raise XhcError("xhc.Comm already freed")
-            return fn(*args)
-        finally:
-            self._hot_busy(-1)
+        res = self._counted(fn, *args)
+        if res is NotImplemented:
+            raise XhcError("xhc.Comm already freed")
+        return res
 
     def _refuse_if_busy(self, what):
         """Raise if a collective runs on this object in another thread:
@@ -481,15 +479,14 @@ class Comm(HotComm):
         close the context under FN (cffi lets go of the GIL in the call);
         DEFAULT once the context is closed, or (ALONE) while a collective
         of this object runs in another thread."""
-        busy = self._hot_busy(1)
-        if busy < 0:
+        res = self._counted(self._with_ctx, fn, args, alone, default)
+        return default if res is NotImplemented else res
+
+    def _with_ctx(self, fn, args, alone, default):
+        ctx = self._ctx
+        if not ctx or (alone and self._hot_busy(0) > 1):
             return default
-        try:
-            ctx = self._ctx
-            return fn(ctx, *args) if ctx and (busy == 1 or not alone) \
-                else default
-        finally:
-            self._hot_busy(-1)
+        return fn(ctx, *args)
 
     def _withdraw(self):
         """This rank raises instead of taking part: its peers stop counting

@@ -97,13 +97,10 @@ def checked(xcomm, name, call):
         # the call raises at once, as it does without XHC_DEBUG: agreeing
         # first would wait for peers that may not call, on a communicator
         # free() may have freed.
-        if xcomm._hot_busy(1) < 0:
+        answers = xcomm._counted(lambda: agree(
+            xcomm._comm, *_own_signature(xcomm, name, sig, args, kwargs)))
+        if answers is NotImplemented:
             raise XhcError("xhc.Comm already freed")
-        try:
-            answers = agree(xcomm._comm, *_own_signature(xcomm, name, sig,
-                                                         args, kwargs))
-        finally:
-            xcomm._hot_busy(-1)
         diffs = _differences(answers)
         if diffs:
             raise XhcError(f"XHC_DEBUG: ranks disagree on {name}: "

@@ -1279,7 +1279,42 @@ def suite_free_busy(xc):
         c.free()
     free_while_planning()
     free_while_raising()
+    interrupted_counts()
     return xc
+
+
+def interrupted_counts(lines=8):
+    """A KeyboardInterrupt at any of the first LINES lines Comm._in_core
+    runs (where a signal handler's may be raised) leaves no call counted
+    as under way, so free() works after it.  The count was taken on one
+    line and given back by a try begun on the next: an interrupt between
+    left it up, and free() refused for good."""
+    code, stuck = xhc.Comm._in_core.__code__, []
+    for k in range(1, lines + 1):
+        c, seen = xhc.Comm(MPI.COMM_SELF), [0]
+
+        def local(frame, event, arg, k=k, seen=seen):
+            if event == "line":
+                seen[0] += 1
+                if seen[0] == k:
+                    raise KeyboardInterrupt
+            return local
+
+        sys.settrace(lambda frame, event, arg:
+                     local if frame.f_code is code else None)
+        try:
+            c._in_core(len, ())
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        if c._hot_busy(0):
+            stuck.append(k)
+        try:
+            c.free()
+        except xhc.XhcError:
+            stuck.append(f"free after {k}")
+    emit("INTERRUPTED-COUNT", f"rank={RANK}", f"stuck={stuck or None}")
 
 
 def free_while_raising(rounds=150):
