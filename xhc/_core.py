@@ -52,13 +52,19 @@ def _first_error(ctx, peer, name):
             f"{strerror(why)}")
 
 
+def whole_rank(ranks, r):
+    """Rank R of a node's xhc.Comm as its number in the whole communicator
+    over several nodes, given each of its ranks' (RANKS); R without."""
+    return ranks[r] if ranks and 0 <= r < len(ranks) else r
+
+
 def error(rc, what, ctx=None, pids=None, ranks=None):
     """Return the exception for C return code RC of the call WHAT.  RANKS:
     None, or, for the xhc.Comm of one node of a communicator over several
     (WHAT a step on that node), each of its ranks' number in the whole
     communicator, by which the message names them."""
     def name(r):
-        return ranks[r] if ranks and 0 <= r < len(ranks) else r
+        return whole_rank(ranks, r)
     if ranks:
         what += " (its step on this node, of a collective over several)"
     msg = f"{what}: {strerror(rc)}"

@@ -577,11 +577,10 @@ class Comm(HotComm):
     def _whole_rank(self, root):
         """ROOT as the error messages number it: for a node's xhc.Comm of
         a communicator over several nodes, its rank in that one."""
-        ranks = self._whole_ranks
-        if not ranks:
+        if not self._whole_ranks:
             return root
-        r = operator.index(root)  # a root the call took
-        return ranks[r] if 0 <= r < len(ranks) else root
+        # A root the call took: an integer.
+        return _core.whole_rank(self._whole_ranks, operator.index(root))
 
     # -- Python objects (xhc/objects.py) --------------------------------------
     # mpi4py's lowercase collectives, on xhc's of bytes: the same results,
