@@ -171,17 +171,6 @@ struct xhc_piece {
     size_t k;
 };
 
-/* My parent gave up on this operation: so do I, with its cause. */
-static int xhc_parent_left(xhc_ctx_t *ctx, int parent,
-                           const struct xhc_leave *rec)
-{
-    if (rec->why && !ctx->cause_why) {
-        ctx->cause_why = rec->why;
-        ctx->cause_who = rec->who;
-    }
-    return xhc_fail(ctx, parent, XHC_ERR_PEER_LEFT);
-}
-
 /* Was round T staged by my parent, whose piece flag reached it?  The flag
  * only grows, and a parent that gives up counts the rounds it did not
  * stage as run, so the first piece of its next Bcast also lifts it past
@@ -197,7 +186,7 @@ static int xhc_parent_staged(xhc_ctx_t *ctx, int parent, uint64_t t)
     struct xhc_leave rec;
     if (xhc_leave_read(&pc->entered, &rec)
         && xhc_seq_reached(rec.seq, ctx->seq))
-        return xhc_parent_left(ctx, parent, &rec);
+        return xhc_give_up(ctx, parent, XHC_ERR_PEER_LEFT);
     return 0;
 }
 
@@ -210,9 +199,7 @@ static int xhc_parent_stayed(xhc_ctx_t *ctx, int parent)
     atomic_thread_fence(memory_order_acquire);
     if (xhc_load_relaxed(&xhc_ctl(ctx, parent)->entered.seq) == ctx->seq)
         return 0;
-    struct xhc_leave rec = { 0 };
-    xhc_leave_read(&xhc_ctl(ctx, parent)->entered, &rec);
-    return xhc_parent_left(ctx, parent, &rec);
+    return xhc_give_up(ctx, parent, XHC_ERR_PEER_LEFT);
 }
 
 /* Get the piece into my buffer; return where it is readable for my own

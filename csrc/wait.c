@@ -187,8 +187,7 @@ static void xhc_inherit_leave(xhc_ctx_t *ctx, int peer)
         ctx->round_end = rec.round;
 }
 
-/* Fail with RC about PEER, with its first error if it left, and leave. */
-static int xhc_give_up(xhc_ctx_t *ctx, int peer, int rc)
+int xhc_give_up(xhc_ctx_t *ctx, int peer, int rc)
 {
     xhc_fail(ctx, peer, rc);
     if (rc == XHC_ERR_PEER_LEFT)

@@ -285,6 +285,9 @@ void xhc_ack(xhc_ctx_t *ctx, uint64_t seq);
 /* wait.c */
 int xhc_wait_eq(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want, int peer);
 int xhc_wait_ge(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want, int peer);
+/* Fail with RC about PEER, with its first error (and its rounds' end) if
+ * it left, and leave. */
+int xhc_give_up(xhc_ctx_t *ctx, int peer, int rc);
 
 /* copy.c */
 void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
