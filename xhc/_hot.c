@@ -860,7 +860,7 @@ static PyObject *hot_bind(HotComm *h, PyObject *args)
  * way (False).  In one step under the GIL, so that no call can begin
  * between the check and the unbinding, as one could between two Python
  * statements; every later call finds nothing bound, and Python's own
- * (Comm._in_core) find _hot_busy refusing. */
+ * (Comm._in_core) find _counted refusing. */
 static PyObject *hot_close(HotComm *h, PyObject *unused)
 {
     (void)unused;
@@ -874,17 +874,11 @@ static PyObject *hot_close(HotComm *h, PyObject *unused)
     Py_RETURN_TRUE;
 }
 
-/* _hot_busy(delta): add DELTA to the count of core calls under way
- * (Python's own core calls count themselves so); return the count, or
- * -1, counting nothing, for a call that would begin once closed. */
-static PyObject *hot_busy(HotComm *h, PyObject *arg)
+/* _hot_busy(): the count of core calls under way (_counted counts
+ * Python's own). */
+static PyObject *hot_busy(HotComm *h, PyObject *unused)
 {
-    long delta = PyLong_AsLong(arg);
-    if (delta == -1 && PyErr_Occurred())
-        return NULL;
-    if (delta > 0 && h->closed)
-        return PyLong_FromLong(-1);
-    h->busy += (int)delta;
+    (void)unused;
     return PyLong_FromLong(h->busy);
 }
 
@@ -1143,8 +1137,8 @@ static PyMethodDef hot_methods[] = {
      "Bind the context, the core's entry points and the plan dicts."},
     {"_hot_close", (PyCFunction)hot_close, METH_NOARGS,
      "Unbind for good, unless a call is under way (then False)."},
-    {"_hot_busy", (PyCFunction)hot_busy, METH_O,
-     "Add to the count of core calls under way; return it."},
+    {"_hot_busy", (PyCFunction)hot_busy, METH_NOARGS,
+     "The count of core calls under way."},
     {"_counted", (PyCFunction)(void (*)(void))hot_counted, METH_FASTCALL,
      "fn(*args) counted as under way; NotImplemented once closed."},
     {NULL, NULL, 0, NULL},

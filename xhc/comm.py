@@ -470,7 +470,7 @@ class Comm(HotComm):
     def _refuse_if_busy(self, what):
         """Raise if a collective runs on this object in another thread:
         the memory it polls must not go away under it."""
-        if self._hot_busy(0):
+        if self._hot_busy():
             raise _busy_error(what)
 
     def _on_ctx(self, fn, *args, alone=False, default=None):
@@ -484,7 +484,7 @@ class Comm(HotComm):
 
     def _with_ctx(self, fn, args, alone, default):
         ctx = self._ctx
-        if not ctx or (alone and self._hot_busy(0) > 1):
+        if not ctx or (alone and self._hot_busy() > 1):
             return default
         return fn(ctx, *args)
 

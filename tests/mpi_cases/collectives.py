@@ -3660,7 +3660,7 @@ def raised_in_kept_runs(xcomm, comm, v):
                 raises(ValueError, req.Start)]
     finally:  # the kept calls keep the wrapper's Allreduce
         nodes.inner, nodes.leaders, leaders.refuse = *real, False
-    busy = xcomm._hot_busy(0)
+    busy = xcomm._hot_busy()
     xcomm.Allreduce(a, b)
     req.Start()
     req.Free()
@@ -3706,7 +3706,7 @@ def free_while_a_call_waits(xcomm, comm, v):
             target=lambda: done.append(other.Allreduce(MPI.IN_PLACE, a)))
         t.start()
         deadline = time.monotonic() + 30
-        while not other._hot_busy(0) and time.monotonic() < deadline:
+        while not other._hot_busy() and time.monotonic() < deadline:
             time.sleep(0.001)  # until the call is under way
         err = raises(xhc.XhcError, other.free)
         comm.bcast("go")  # the others join the call only now

@@ -1308,7 +1308,7 @@ def interrupted_counts(lines=8):
             pass
         finally:
             sys.settrace(None)
-        if c._hot_busy(0):
+        if c._hot_busy():
             stuck.append(k)
         try:
             c.free()
