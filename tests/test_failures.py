@@ -192,7 +192,7 @@ def check_case(launch, case, exc, pattern, every_rank=True, root=None,
 
 @pytest.fixture(scope="module")
 def args2():
-    return Launch(2, ["args", "gil", "threads", "free-busy"],
+    return Launch(2, ["args", "gil", "threads", "free-busy", "concurrent"],
                   env={"XHC_TIMEOUT": "10"})
 
 
@@ -216,7 +216,7 @@ def debug_env3():
 @pytest.fixture(scope="module")
 def threads4():
     # Two levels (groups of 2): the threads' flags cross a leader too.
-    return Launch(4, ["threads", "span-freed"],
+    return Launch(4, ["threads", "span-freed", "concurrent-span"],
                   env={"XHC_TIMEOUT": "10", "XHC_HIERARCHY": "virtual:2"})
 
 
@@ -1180,6 +1180,35 @@ def test_threads_on_two_dup_communicators(request, launch):
         assert kv["exc"] == "None", kv
         assert int(kv["ops"]) == 500, kv
         assert int(kv["errors"]) == 0, kv
+
+
+CONCURRENT = ["Bcast", "Bcast-python", "bcast", "allreduce", "Barrier",
+              "Start", "Allreduce_init"]
+
+
+@pytest.mark.parametrize("launch", ["args2", "threads4"])
+def test_a_second_threads_collective_on_one_comm_raises(request, launch):
+    """A collective (from C, through Python, on objects, a Start(), a
+    *_init that agrees in the core) called from a second thread while
+    the first waits in a Bcast on the same xhc.Comm raises, naming the
+    fix, before it touches anything: the Bcast delivers, and the next
+    Allreduce is right.  At 4 ranks, over two nodes of 2 (where *_init
+    make no core call).  Before, the second call ran as the collective
+    the peers would enter next, and the ranks fell out of step."""
+    paths = CONCURRENT[:-1] if launch == "threads4" else CONCURRENT
+    launch = request.getfixturevalue(launch)
+    check_completed(launch)
+    for path in paths:
+        rep = launch.get("CONCURRENT", path)
+        assert len(rep) == 1, launch.output()
+        name = "" if path == "Allreduce_init" else path.split("-")[0] + ": "
+        assert rep[0]["msg"] == (
+            f"XhcError: {name}another thread's collective is under way on "
+            "this xhc.Comm; MPI allows one at a time on a communicator: give "
+            "each thread its own, xhc.Comm(comm.Dup())"), rep[0]["msg"]
+        data = launch.by_rank("CONCURRENT-DATA", path)
+        assert sorted(data) == list(range(launch.n)) and all(
+            kv["ok"] == "True" for kv in data.values()), launch.output()
 
 
 def test_an_error_over_several_nodes_names_whole_ranks(threads4):

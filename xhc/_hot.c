@@ -42,6 +42,11 @@
  * 8. The lowercase allreduce, reduce and bcast, on objects, take their
  *    arguments here too; xhc/_hot_objects.c runs them, or hands them to
  *    Python.
+ * 9. MPI allows one collective at a time on a communicator.  Every call
+ *    (and Start(), and Python's core calls) claims its HotComm for its
+ *    thread until it returns; a second thread's call, which would take
+ *    the same flags and sequence numbers as the first (waiting with the
+ *    GIL let go), raises before it touches anything.
  * The core is reached through function pointers handed over by cffi, so
  * this module links against nothing but Python.
  */
@@ -532,6 +537,26 @@ static PyObject *set_progress(PyObject *mod, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* Claim H's collectives for this thread (9.): 0, or -1 with the error
+ * Comm._concurrent raises for NAME (NULL: a call Python makes) if another
+ * thread's collective is under way on H.  The same thread may claim
+ * again: a call in Python makes core calls of its own. */
+static int hot_claim(HotComm *h, const char *name)
+{
+    PyThreadState *me = PyThreadState_Get();
+    if (h->calls && h->caller != me) {
+        PyObject *res = PyObject_CallMethod((PyObject *)h, "_concurrent", "z",
+                                            name);
+        Py_XDECREF(res);  /* it raises; if not, so be it */
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "concurrent collective");
+        return -1;
+    }
+    h->caller = me;
+    h->calls++;
+    return 0;
+}
+
 /* Run CALL with RUN, or (CALL NULL) BARRIER on CTX, with the GIL held
  * until the core blocks.  H counts the call as under way, so that a
  * free() from another thread meanwhile refuses to unmap the context. */
@@ -749,12 +774,16 @@ static PyObject *hot_collective(HotComm *h, int kind, PyObject *const *args,
         given = root != NULL;
         argv[r] = root;
     }
-    PyObject *res =
-        !given ? hot_slow((PyObject *)h, KIND[kind].twin, args, nargsf,
-                          kwnames)
-        : kind < NPLANS ? run_or_slow(h, kind, argv, args, nargsf, kwnames)
-                        : hot_objects_call(h, kind, KIND[kind].twin, argv,
-                                           args, nargsf, kwnames);
+    PyObject *res = NULL;
+    if (hot_claim(h, KIND[kind].twin + 1) == 0) {
+        res = !given ? hot_slow((PyObject *)h, KIND[kind].twin, args, nargsf,
+                                kwnames)
+              : kind < NPLANS ? run_or_slow(h, kind, argv, args, nargsf,
+                                            kwnames)
+              : hot_objects_call(h, kind, KIND[kind].twin, argv, args,
+                                 nargsf, kwnames);
+        h->calls--;
+    }
     Py_XDECREF(root);
     return res;
 }
@@ -795,8 +824,8 @@ static PyObject *hot_obj_bcast(HotComm *h, PyObject *const *args,
     return hot_collective(h, OBJ_BCAST, args, nargsf, kwnames);
 }
 
-static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
-                             size_t nargsf, PyObject *kwnames)
+static PyObject *barrier_claimed(HotComm *h, PyObject *const *args,
+                                 size_t nargsf, PyObject *kwnames)
 {
     if (h->span && !PyVectorcall_NARGS(nargsf) && !kwnames)
         return run_across(h, h->span, NULL, 0);
@@ -806,6 +835,16 @@ static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
     if (rc == 0)
         Py_RETURN_NONE;
     return hot_failed(h, "_Barrier", rc, NULL, 0);
+}
+
+static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
+                             size_t nargsf, PyObject *kwnames)
+{
+    if (hot_claim(h, "Barrier") < 0)
+        return NULL;
+    PyObject *res = barrier_claimed(h, args, nargsf, kwnames);
+    h->calls--;
+    return res;
 }
 
 /* Hold OBJ in *SLOT, or nothing if OBJ is None. */
@@ -903,6 +942,18 @@ static PyObject *hot_counted(HotComm *h, PyObject *const *args,
     return res;
 }
 
+/* _claimed(fn, *args): as _counted, with H claimed for this thread (9.)
+ * while FN runs: Python's core calls (Comm._in_core). */
+static PyObject *hot_claimed(HotComm *h, PyObject *const *args,
+                             Py_ssize_t nargs)
+{
+    if (hot_claim(h, NULL) < 0)
+        return NULL;
+    PyObject *res = hot_counted(h, args, nargs);
+    h->calls--;
+    return res;
+}
+
 static int hot_traverse(HotComm *h, visitproc visit, void *arg)
 {
     for (int i = 0; i < NPLANS; i++)
@@ -961,9 +1012,9 @@ typedef struct {
 
 static PyTypeObject *hot_comm_type;  /* HotComm, made by hot_exec */
 
-static PyObject *req_start(HotRequest *r, PyObject *unused)
+/* Start() with the owner claimed (9.), and held by the caller. */
+static PyObject *start_claimed(HotRequest *r)
 {
-    (void)unused;
     /* Started and not yet completed: MPI's error, which _Start raises
      * before the collective would run a second time. */
     if (r->active)
@@ -979,15 +1030,28 @@ static PyObject *req_start(HotRequest *r, PyObject *unused)
      * context is closed, and _Start says so. */
     if ((!r->run && !r->barrier) || !r->owner->ctx)
         return PyObject_CallMethod((PyObject *)r, "_Start", NULL);
-    HotComm *owner = r->owner;
-    Py_INCREF(owner);  /* bound to the call until it returns */
-    int rc = hot_invoke(owner, r->run, r->call, r->barrier, r->ctx);
-    Py_DECREF(owner);
+    int rc = hot_invoke(r->owner, r->run, r->call, r->barrier, r->ctx);
     if (rc == 0) {
         r->active = 1;
         Py_RETURN_NONE;
     }
     return PyObject_CallMethod((PyObject *)r, "_failed", "i", rc);
+}
+
+static PyObject *req_start(HotRequest *r, PyObject *unused)
+{
+    (void)unused;
+    HotComm *owner = r->owner;
+    if (!owner)  /* none bound: _Start says why */
+        return PyObject_CallMethod((PyObject *)r, "_Start", NULL);
+    Py_INCREF(owner);  /* bound to the call until it returns */
+    PyObject *res = NULL;
+    if (hot_claim(owner, "Start") == 0) {
+        res = start_claimed(r);
+        owner->calls--;
+    }
+    Py_DECREF(owner);
+    return res;
 }
 
 /* Wait(status=None): True at once; a status given is filled as MPI
@@ -1141,6 +1205,8 @@ static PyMethodDef hot_methods[] = {
      "The count of core calls under way."},
     {"_counted", (PyCFunction)(void (*)(void))hot_counted, METH_FASTCALL,
      "fn(*args) counted as under way; NotImplemented once closed."},
+    {"_claimed", (PyCFunction)(void (*)(void))hot_claimed, METH_FASTCALL,
+     "_counted, with this object's collectives claimed for this thread."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,6 +26,8 @@ typedef struct {
     PyObject *zero;          /* 0, the default root */
     int rank, size;          /* in the communicator */
     int busy;                /* core calls under way (changed with the GIL) */
+    int calls;               /* collectives under way, all of one thread: */
+    PyThreadState *caller;   /* ... this one (while CALLS) */
     PyObject *span;          /* over several nodes: their Barrier; or NULL */
     PyObject *span_plain;    /* ... and the steps of a call of plain
                                 arrays (Nodes.plain) */

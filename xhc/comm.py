@@ -459,13 +459,23 @@ class Comm(HotComm):
         its own.  The count comes first: a free() from another thread
         since this call began (while its plan was made) has closed the
         context FN would run on, and the count refuses once free() has
-        begun."""
+        begun.  It claims this object for this thread's collectives, as
+        HotComm's own calls do (_concurrent)."""
         if self._state == "freed":
             raise XhcError("xhc.Comm already freed")
-        res = self._counted(fn, *args)
+        res = self._claimed(fn, *args)
         if res is NotImplemented:
             raise XhcError("xhc.Comm already freed")
         return res
+
+    def _concurrent(self, name):
+        """Raise for collective NAME (None: one Python runs), called while
+        another thread's collective runs on this object (xhc/_hot.c, 9.).
+        Nothing of it ran, so there is nothing to withdraw from."""
+        raise _settled(XhcError(
+            f"{name + ': ' if name else ''}another thread's collective is "
+            "under way on this xhc.Comm; MPI allows one at a time on a "
+            "communicator: give each thread its own, xhc.Comm(comm.Dup())"))
 
     def _refuse_if_busy(self, what):
         """Raise if a collective runs on this object in another thread:

@@ -43,6 +43,9 @@ gil           rank 0 counts in a thread while it waits in a collective
 threads       two threads, each on its own xhc.Comm over a Dup().
 free-busy     rank 0 frees its xhc.Comm, or a request, from a thread while
               a collective waits on it (2 ranks).
+concurrent, concurrent-span   rank 0 calls a collective from a thread
+              while another waits in one on the same xhc.Comm (-span:
+              over nodes of 2 ranks).
 zc-reuse      private large Allreduce alternating with one on Comm.empty
               arrays: the minimal form of a failure the soak found.
 """
@@ -1393,6 +1396,57 @@ def free_while_planning():
     emit("FREE-PLANNING", f"rank={RANK}", f"msg={outcome[0]}")
 
 
+def suite_concurrent(xc, split_nodes=1):
+    """Rank 0 calls a collective from a second thread while its main thread
+    waits in a Bcast that rank 1 enters 0.5 s late: MPI allows one
+    collective at a time on a communicator, so the second call must raise
+    before it touches anything, the Bcast complete with the right data,
+    and the xhc.Comm go on working.  SPLIT_NODES: over nodes of that many
+    ranks."""
+    c = xhc.Comm(W, split_nodes=split_nodes, timeout=20)
+    a, r = f8(4, RANK + 1.0), f8(4)
+    req = c.Allreduce_init(a, r)
+    shared = c.empty(4)  # then *_init agree in the core, from Python
+    tries = {
+        "Bcast": lambda: c.Bcast(f8(4), root=0),           # from C
+        "Bcast-python": lambda: c.Bcast([f8(4), MPI.DOUBLE], root=0),
+        "bcast": lambda: c.bcast({"x": 1}, root=0),        # objects
+        "allreduce": lambda: c.allreduce(1.5),             # from C
+        "Barrier": c.Barrier,
+        "Start": req.Start,
+    }
+    if split_nodes == 1:  # over nodes, *_init make no core call
+        tries["Allreduce_init"] = lambda: c.Allreduce_init(f8(4), f8(4))
+    for k, (path, attempt) in enumerate(tries.items()):
+        want = np.arange(4.0) + 10 * k
+        b = want.copy() if RANK == 1 else f8(4)
+        outcome = ["returned"]
+
+        def meanwhile(attempt=attempt, outcome=outcome):
+            time.sleep(0.2)
+            try:
+                attempt()
+            except Exception as exc:  # noqa: BLE001
+                outcome[0] = f"{type(exc).__name__}: {oneline(exc)}"
+        W.Barrier()
+        th = threading.Thread(target=meanwhile) if RANK == 0 else None
+        if th is not None:
+            th.start()
+        elif RANK == 1:
+            time.sleep(0.5)
+        c.Bcast(b, root=1)
+        if th is not None:
+            th.join()
+            emit("CONCURRENT", path, f"rank={RANK}", f"msg={outcome[0]}")
+        c.Allreduce(a, r)                     # still in step afterwards
+        emit("CONCURRENT-DATA", path, f"rank={RANK}",
+             f"ok={np.array_equal(b, want) and np.all(r == SIZE * (SIZE + 1) / 2)}")
+    req.Free()
+    del shared
+    c.free()
+    return xc
+
+
 def suite_threads(xc):
     emit("THREAD-LEVEL", f"rank={RANK}",
          f"multiple={MPI.Query_thread() == MPI.THREAD_MULTIPLE}")
@@ -1532,6 +1586,8 @@ SUITES = {
     "threads": suite_threads,
     "span-freed": suite_span_freed,
     "free-busy": suite_free_busy,
+    "concurrent": suite_concurrent,
+    "concurrent-span": lambda xc: suite_concurrent(xc, split_nodes=2),
     "zc-reuse": suite_zc_reuse,
 }
 
