@@ -30,9 +30,11 @@
  *    refusing as many calls as I did there is late, not withdrawn: we
  *    all refused the same calls.
  *    A rank that gives up leaves (xhc_ctx_leave), so that its peers do
- *    not wait for it in turn: one that waits on it in the same operation
- *    gives up at once, naming it (a leader whose peer died, and then its
- *    subtree), and one that waits on it in a later operation times out.
+ *    not wait for it in turn: one that waits on it in the same operation,
+ *    or an earlier one it jumped over, gives up at once, naming it (a
+ *    leader whose peer died, and then its subtree), even once it has
+ *    come back to a later one; one that waits on it in a later operation
+ *    times out.
  * 5. A rank that was away (left, or withdrew) may come back to an
  *    operation that its peers, not counting it late, gave up on without
  *    it.  Entered, it would take their flags of that operation, raised
@@ -149,14 +151,19 @@ static int xhc_someone_late(xhc_ctx_t *ctx)
     return 0;
 }
 
-/* Has PEER given up on my current operation?  Only a rank that began it
- * can leave it (one that refuses its arguments withdraws), and it never
- * comes back to it. */
+/* Has PEER given up on my current operation, or on a later one?  Only a
+ * rank that began it can leave it (one that refuses its arguments
+ * withdraws), and it never comes back to it.  Its mark says so until it
+ * begins another; its leave record says so after (it came back), and
+ * when it gave up on a later one (it jumped over mine: the pieces of a
+ * Reduce it failed).  It raised what it will of mine before either. */
 static int xhc_peer_left(xhc_ctx_t *ctx, int peer)
 {
+    struct xhc_entered_line *e = &xhc_ctl(ctx, peer)->entered;
+    struct xhc_leave rec;
     /* Acquire: pairs with the release in xhc_ctx_leave. */
-    return xhc_load_acquire(&xhc_ctl(ctx, peer)->entered.seq)
-           == ctx->seq + XHC_LEFT;
+    return xhc_load_acquire(&e->seq) == ctx->seq + XHC_LEFT
+           || (xhc_leave_read(e, &rec) && xhc_seq_reached(rec.seq, ctx->seq));
 }
 
 /* Has PEER closed its context (freed its communicator, or is exiting)?

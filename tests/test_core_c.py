@@ -102,7 +102,10 @@ def test_no_wrong_data_after_ranks_pass_different_sizes(tmp_path, cc):
     the ranks' rounds in step; a Reduce in pieces whose ranks ran
     different numbers of pieces makes the root's later Reduces fail
     rather than fold a stale piece.  Before the fixes each returned 0
-    with another call's data."""
+    with another call's data.  A rank that gave up on an operation and
+    came back to the next, or gave up on a later one (as a failed Reduce
+    in pieces does), makes a peer still waiting on it there fail at once
+    (it waited out its timeout before)."""
     sources = [os.path.basename(f) for f in glob.glob(CSRC + "/*.c")]
     _unit_test(tmp_path, cc, "disagree_test", sorted(sources), SANITIZE,
                ["-lrt", "-ldl", "-lpthread"])

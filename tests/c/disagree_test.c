@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* disagree_test.c: after ranks pass different sizes, no rank returns
  * success with wrong data, and the calls that follow either meet right
- * or fail.  Forked ranks on one memfd segment, without MPI.
+ * or fail; a rank that gave up is not waited for.  Forked ranks on one
+ * memfd segment, without MPI.
  *
  * 1. A staged Bcast of three rounds: rank 2 passes a smaller size and
  *    gives up; the root gives up as it reserves round 3 and starts the
@@ -14,6 +15,11 @@
  * 3. A Reduce in pieces whose leaf passes one piece more than the root:
  *    the leaf runs its own pieces, so the two stay a call apart; the
  *    root's later Reduces must fail, not fold the leaf's stale piece.
+ * 4. Rank 1 gives up on the Barrier rank 0 is about to enter, and comes
+ *    back to the next operation; or gives up on a later one, having
+ *    jumped over this one (as a rank that failed a piece of a Reduce
+ *    gives up on the pieces it did not run).  Rank 0 must fail at once,
+ *    naming rank 1 as having left, not wait out its timeout.
  * Prints "ok" if every check holds.
  */
 #include <sched.h>
@@ -23,6 +29,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "xhc_internal.h"
@@ -32,7 +39,7 @@
 #define ROUNDS 3
 
 struct board {
-    _Atomic int opened, go, failures;
+    _Atomic int opened, go, failures, done;
     int64_t pids[MAXRANKS];
 };
 
@@ -146,6 +153,56 @@ static int pieces_apart(xhc_ctx_t *ctx, int rank, struct board *b)
     return 0;
 }
 
+static double seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* 4.: rank 1 gives up on operation 1 (and on JUMP more), as a failed
+ * call does; back (JUMP 0) it begins operation 2.  Rank 0 enters
+ * operation 1 once rank 1 is done, and must fail within a fraction of
+ * its timeout. */
+static int left_before(xhc_ctx_t *ctx, int rank, struct board *b, int jump)
+{
+    uint64_t seq;
+    if (rank == 1) {
+        xhc_begin(ctx, &seq);
+        ctx->seq += (uint64_t)jump;
+        xhc_ctx_leave(ctx);
+        if (!jump)
+            xhc_begin(ctx, &seq);
+        b->done = 1;
+        while (b->done != 2)  /* alive, not closed, till rank 0 is done */
+            sched_yield();
+        return 0;
+    }
+    while (b->done != 1)
+        sched_yield();
+    double t0 = seconds();
+    int rc = xhc_barrier(ctx);
+    double took = seconds() - t0;
+    b->done = 2;
+    if (rc != XHC_ERR_PEER_LEFT || ctx->failed_rank != 1)
+        fail(b, "a Barrier on a rank that left did not say so", rank, rc);
+    if (took > ctx->cfg.timeout / 2) {
+        fprintf(stderr, "rank 0: failed after %.1f s\n", took);
+        fail(b, "a Barrier waited for a rank that left", rank, rc);
+    }
+    return 0;
+}
+
+static int came_back(xhc_ctx_t *ctx, int rank, struct board *b)
+{
+    return left_before(ctx, rank, b, 0);
+}
+
+static int jumped_over(xhc_ctx_t *ctx, int rank, struct board *b)
+{
+    return left_before(ctx, rank, b, 2);
+}
+
 static int ranks_open(xhc_ctx_t **ctx, int fd, size_t size, int rank, int n,
                       const xhc_config_t *cfg)
 {
@@ -213,6 +270,8 @@ int main(void)
     bad += run(2, &cfg, rounds_in_step, NULL);
     cfg.reduce_cico_max = PIECE * 8;
     bad += run(2, &cfg, pieces_apart, NULL);
+    bad += run(2, &cfg, came_back, NULL);
+    bad += run(2, &cfg, jumped_over, NULL);
     if (bad)
         return 1;
     printf("ok\n");
