@@ -192,7 +192,8 @@ def check_case(launch, case, exc, pattern, every_rank=True, root=None,
 
 @pytest.fixture(scope="module")
 def args2():
-    return Launch(2, ["args", "gil", "threads", "free-busy", "concurrent"],
+    return Launch(2, ["args", "gil", "threads", "free-busy", "concurrent",
+                      "concurrent-debug"],
                   env={"XHC_TIMEOUT": "10"})
 
 
@@ -1183,30 +1184,36 @@ def test_threads_on_two_dup_communicators(request, launch):
 
 
 CONCURRENT = ["Bcast", "Bcast-python", "bcast", "allreduce", "Barrier",
-              "Start", "Allreduce_init"]
+              "Start", "Allreduce_init", "empty", "Dup"]
 
 
-@pytest.mark.parametrize("launch", ["args2", "threads4"])
-def test_a_second_threads_collective_on_one_comm_raises(request, launch):
+@pytest.mark.parametrize("launch, paths", [
+    ("args2", CONCURRENT), ("threads4", CONCURRENT),
+    ("args2", ["Bcast", "Barrier", "Allreduce_init"])], ids=[
+    "args2", "threads4", "debug"])
+def test_a_second_threads_collective_on_one_comm_raises(request, launch,
+                                                        paths):
     """A collective (from C, through Python, on objects, a Start(), a
-    *_init that agrees in the core) called from a second thread while
-    the first waits in a Bcast on the same xhc.Comm raises, naming the
-    fix, before it touches anything: the Bcast delivers, and the next
-    Allreduce is right.  At 4 ranks, over two nodes of 2 (where *_init
-    make no core call).  Before, the second call ran as the collective
-    the peers would enter next, and the ranks fell out of step."""
-    paths = CONCURRENT[:-1] if launch == "threads4" else CONCURRENT
+    *_init, empty(), Dup()) called from a second thread while the first
+    waits in a Bcast on the same xhc.Comm raises, naming the fix, before
+    it touches anything: the Bcast delivers, and the next Allreduce is
+    right.  At 4 ranks, over two nodes of 2; with XHC_DEBUG, whose
+    agreement comes first.  Before, the second call ran as the
+    collective the peers would enter next, and the ranks fell out of
+    step."""
+    debug = request.node.callspec.id == "debug"
     launch = request.getfixturevalue(launch)
     check_completed(launch)
+    tag = "CONCURRENT" + "-DEBUG" * debug
     for path in paths:
-        rep = launch.get("CONCURRENT", path)
+        rep = launch.get(tag, path)
         assert len(rep) == 1, launch.output()
-        name = "" if path == "Allreduce_init" else path.split("-")[0] + ": "
+        name = path.split("-")[0] + ": "
         assert rep[0]["msg"] == (
             f"XhcError: {name}another thread's collective is under way on "
             "this xhc.Comm; MPI allows one at a time on a communicator: give "
             "each thread its own, xhc.Comm(comm.Dup())"), rep[0]["msg"]
-        data = launch.by_rank("CONCURRENT-DATA", path)
+        data = launch.by_rank(tag + "-DATA", path)
         assert sorted(data) == list(range(launch.n)) and all(
             kv["ok"] == "True" for kv in data.values()), launch.output()
 

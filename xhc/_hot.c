@@ -942,14 +942,23 @@ static PyObject *hot_counted(HotComm *h, PyObject *const *args,
     return res;
 }
 
-/* _claimed(fn, *args): as _counted, with H claimed for this thread (9.)
- * while FN runs: Python's core calls (Comm._in_core). */
+/* _claimed(name, fn, *args): FN(*ARGS) with H claimed for this thread
+ * (9.): the collectives Python runs, NAME (a str, or None for a core
+ * call of Comm._in_core) naming the call another thread's claim refuses. */
 static PyObject *hot_claimed(HotComm *h, PyObject *const *args,
                              Py_ssize_t nargs)
 {
-    if (hot_claim(h, NULL) < 0)
+    const char *name = NULL;
+    if (nargs < 2 || (args[0] != Py_None && !PyUnicode_Check(args[0]))) {
+        PyErr_SetString(PyExc_TypeError, "_claimed(name, fn, *args)");
         return NULL;
-    PyObject *res = hot_counted(h, args, nargs);
+    }
+    if (args[0] != Py_None && !(name = PyUnicode_AsUTF8(args[0])))
+        return NULL;
+    if (hot_claim(h, name) < 0)
+        return NULL;
+    PyObject *res = PyObject_Vectorcall(args[1], args + 2,
+                                        (size_t)(nargs - 2), NULL);
     h->calls--;
     return res;
 }
@@ -1206,7 +1215,7 @@ static PyMethodDef hot_methods[] = {
     {"_counted", (PyCFunction)(void (*)(void))hot_counted, METH_FASTCALL,
      "fn(*args) counted as under way; NotImplemented once closed."},
     {"_claimed", (PyCFunction)(void (*)(void))hot_claimed, METH_FASTCALL,
-     "_counted, with this object's collectives claimed for this thread."},
+     "fn(*args) with this object's collectives claimed for this thread."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -91,6 +91,19 @@ def _leaving(entry):
     return wrapper
 
 
+def _claiming(entry):
+    """Wrap a collective that Python runs (a *_init, empty(), Dup()): it
+    claims the xhc.Comm for this thread while it runs, as HotComm's
+    calls do (xhc/_hot.c, 9.), so that another thread's collective on it
+    meanwhile raises, and it raises while another thread's runs.  Inside
+    _leaving, which then withdraws outside the claim."""
+    @functools.wraps(entry)
+    def wrapper(self, *args, **kwargs):
+        return self._claimed(entry.__name__,
+                             lambda: entry(self, *args, **kwargs))
+    return wrapper
+
+
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _SUSPENDABLE = (inspect.CO_GENERATOR | inspect.CO_COROUTINE
                 | inspect.CO_ASYNC_GENERATOR)
@@ -463,7 +476,7 @@ class Comm(HotComm):
         HotComm's own calls do (_concurrent)."""
         if self._state == "freed":
             raise XhcError("xhc.Comm already freed")
-        res = self._claimed(fn, *args)
+        res = self._claimed(None, self._counted, fn, *args)
         if res is NotImplemented:
             raise XhcError("xhc.Comm already freed")
         return res
@@ -642,6 +655,7 @@ class Comm(HotComm):
     # All argument work happens in *_init; Start() is the C call alone.
 
     @_leaving
+    @_claiming
     def Barrier_init(self, info=None):
         """A persistent Barrier."""
         if not self._usable():
@@ -650,6 +664,7 @@ class Comm(HotComm):
                        bind=(0, 0, _address(_barrier_fn), _address(self._ctx)))
 
     @_leaving
+    @_claiming
     def Bcast_init(self, buf, root=0, info=None):
         """A persistent Bcast of BUF from ROOT."""
         mine = buf if _same_rank(root, self._comm.rank) else None
@@ -662,6 +677,7 @@ class Comm(HotComm):
                            self, p)
 
     @_leaving
+    @_claiming
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):
         """A persistent Allreduce of SENDBUF into RECVBUF."""
         flags = self._shared_flag("Allreduce_init", recvbuf,
@@ -677,6 +693,7 @@ class Comm(HotComm):
                            self, p)
 
     @_leaving
+    @_claiming
     def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=None):
         """A persistent Reduce of SENDBUF into ROOT's RECVBUF."""
         flags = self._shared_flag("Reduce_init",
@@ -930,6 +947,7 @@ class Comm(HotComm):
 
     # -- shared memory, stats, lifetime ---------------------------------------
 
+    @_claiming
     def empty(self, shape, dtype=float):
         """Collective: an uninitialised array in node shared memory.
 
@@ -1051,15 +1069,18 @@ class Comm(HotComm):
     # that wraps the wrapped communicator's duplicate, with this one's
     # keywords, and owns it.  (Idup() passes through: wrapping waits for
     # the other ranks.)
+    @_claiming
     def Dup(self, info=None):
         """MPI's Dup() of the wrapped communicator, wrapped as this object
         is, with its keywords; its free() frees the duplicate."""
         return self._duplicate(self._comm.Dup, *_info(info))
 
+    @_claiming
     def Clone(self):
         """Dup(), as mpi4py's Clone()."""
         return self._duplicate(self._comm.Clone)
 
+    @_claiming
     def Dup_with_info(self, info):
         """Dup() with INFO, as MPI's Dup_with_info()."""
         return self._duplicate(self._comm.Dup_with_info, info)

@@ -91,7 +91,7 @@ def checked(xcomm, name, call):
     sig = _SIGNATURES.setdefault(name, inspect.signature(
         getattr(xcomm, "_" + name, None) or getattr(xcomm, name)))
 
-    def wrapper(*args, **kwargs):
+    def agreed_call(args, kwargs):
         # Counted as under way, so that free() in another thread refuses
         # rather than free a Dup()'s communicator meanwhile.  Once freed,
         # the call raises at once, as it does without XHC_DEBUG: agreeing
@@ -106,6 +106,11 @@ def checked(xcomm, name, call):
             raise XhcError(f"XHC_DEBUG: ranks disagree on {name}: "
                            + "; ".join(diffs[:4]))
         return call(*args, **kwargs)
+
+    def wrapper(*args, **kwargs):
+        # The agreement is part of the collective: claimed with it for
+        # this thread, so that another thread's raises before agreeing.
+        return xcomm._claimed(name, agreed_call, args, kwargs)
 
     wrapper.__name__ = name
     wrapper.__doc__ = call.__doc__

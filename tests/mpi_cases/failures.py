@@ -43,9 +43,10 @@ gil           rank 0 counts in a thread while it waits in a collective
 threads       two threads, each on its own xhc.Comm over a Dup().
 free-busy     rank 0 frees its xhc.Comm, or a request, from a thread while
               a collective waits on it (2 ranks).
-concurrent, concurrent-span   rank 0 calls a collective from a thread
-              while another waits in one on the same xhc.Comm (-span:
-              over nodes of 2 ranks).
+concurrent, concurrent-span, concurrent-debug   rank 0 calls a
+              collective from a thread while another waits in one on the
+              same xhc.Comm (-span: over nodes of 2 ranks; -debug: with
+              XHC_DEBUG's agreement).
 zc-reuse      private large Allreduce alternating with one on Comm.empty
               arrays: the minimal form of a failure the soak found.
 """
@@ -1396,17 +1397,17 @@ def free_while_planning():
     emit("FREE-PLANNING", f"rank={RANK}", f"msg={outcome[0]}")
 
 
-def suite_concurrent(xc, split_nodes=1):
-    """Rank 0 calls a collective from a second thread while its main thread
-    waits in a Bcast that rank 1 enters 0.5 s late: MPI allows one
-    collective at a time on a communicator, so the second call must raise
-    before it touches anything, the Bcast complete with the right data,
-    and the xhc.Comm go on working.  SPLIT_NODES: over nodes of that many
-    ranks."""
-    c = xhc.Comm(W, split_nodes=split_nodes, timeout=20)
+def suite_concurrent(xc, split_nodes=1, debug=False):
+    """Rank 0 calls a collective from a second thread once its main thread
+    waits in a Bcast that rank 1 enters only after that call: MPI allows
+    one collective at a time on a communicator, so the second call must
+    raise before it touches anything, the Bcast complete with the right
+    data, and the xhc.Comm go on working.  SPLIT_NODES: over nodes of
+    that many ranks; DEBUG: with XHC_DEBUG's agreement first, for the
+    calls it checks."""
+    c = xhc.Comm(W, split_nodes=split_nodes, debug=debug, timeout=20)
     a, r = f8(4, RANK + 1.0), f8(4)
     req = c.Allreduce_init(a, r)
-    shared = c.empty(4)  # then *_init agree in the core, from Python
     tries = {
         "Bcast": lambda: c.Bcast(f8(4), root=0),           # from C
         "Bcast-python": lambda: c.Bcast([f8(4), MPI.DOUBLE], root=0),
@@ -1414,35 +1415,39 @@ def suite_concurrent(xc, split_nodes=1):
         "allreduce": lambda: c.allreduce(1.5),             # from C
         "Barrier": c.Barrier,
         "Start": req.Start,
+        "Allreduce_init": lambda: c.Allreduce_init(f8(4), f8(4)),
+        "empty": lambda: c.empty(4),
+        "Dup": c.Dup,
     }
-    if split_nodes == 1:  # over nodes, *_init make no core call
-        tries["Allreduce_init"] = lambda: c.Allreduce_init(f8(4), f8(4))
+    tag = "CONCURRENT" + "-DEBUG" * debug
+    if debug:
+        tries = {k: tries[k] for k in ("Bcast", "Barrier", "Allreduce_init")}
     for k, (path, attempt) in enumerate(tries.items()):
         want = np.arange(4.0) + 10 * k
         b = want.copy() if RANK == 1 else f8(4)
         outcome = ["returned"]
 
         def meanwhile(attempt=attempt, outcome=outcome):
-            time.sleep(0.2)
+            while not c._hot_busy():  # the main thread waits in the core
+                time.sleep(0.001)
             try:
                 attempt()
             except Exception as exc:  # noqa: BLE001
                 outcome[0] = f"{type(exc).__name__}: {oneline(exc)}"
-        W.Barrier()
+            W.send(None, dest=1, tag=77)  # rank 1 may enter now
         th = threading.Thread(target=meanwhile) if RANK == 0 else None
         if th is not None:
             th.start()
         elif RANK == 1:
-            time.sleep(0.5)
+            W.recv(source=0, tag=77)
         c.Bcast(b, root=1)
         if th is not None:
             th.join()
-            emit("CONCURRENT", path, f"rank={RANK}", f"msg={outcome[0]}")
+            emit(tag, path, f"rank={RANK}", f"msg={outcome[0]}")
         c.Allreduce(a, r)                     # still in step afterwards
-        emit("CONCURRENT-DATA", path, f"rank={RANK}",
+        emit(tag + "-DATA", path, f"rank={RANK}",
              f"ok={np.array_equal(b, want) and np.all(r == SIZE * (SIZE + 1) / 2)}")
     req.Free()
-    del shared
     c.free()
     return xc
 
@@ -1588,6 +1593,7 @@ SUITES = {
     "free-busy": suite_free_busy,
     "concurrent": suite_concurrent,
     "concurrent-span": lambda xc: suite_concurrent(xc, split_nodes=2),
+    "concurrent-debug": lambda xc: suite_concurrent(xc, debug=True),
     "zc-reuse": suite_zc_reuse,
 }
 
