@@ -184,8 +184,7 @@ static int xhc_parent_staged(xhc_ctx_t *ctx, int parent, uint64_t t)
                          xhc_piece_flag(t + 1, 0)))
         return 0;
     struct xhc_leave rec;
-    if (xhc_leave_read(&pc->entered, &rec)
-        && xhc_seq_reached(rec.seq, ctx->seq))
+    if (xhc_left_since(ctx, parent, ctx->seq, &rec))
         return xhc_give_up(ctx, parent, XHC_ERR_PEER_LEFT);
     return 0;
 }

@@ -231,19 +231,20 @@ void xhc_ctx_leave(xhc_ctx_t *ctx)
     uint64_t ran = ctx->round;
     if (xhc_seq_reached(ctx->round_end, ctx->round))
         ctx->round = ctx->round_end;
-    struct xhc_leave rec = { .seq = ctx->seq, .round = ctx->round,
-                             .why = ctx->cause_why, .who = ctx->cause_who };
-    xhc_leave_write(&mine->entered, &rec);
-    xhc_ctx_mark(ctx, XHC_LEFT);
     /* I read nothing more of this operation or its rounds: peers may
      * reuse what they used (else four operations given up on in a row
      * would hold the ring for good).  Only the rounds I ran, though: a
      * peer still in this operation that waits for me to finish a later
-     * one sees me leave (until I begin another) and gives up too, rather
-     * than go on as if I had read it; my next operation tells the rest
-     * (xhc_begin). */
+     * one sees me leave and gives up too, rather than go on as if I had
+     * read it; my next operation tells the rest (xhc_begin).  Published
+     * before the record: a waiter that reads it then knows that I raise
+     * nothing more of this operation or any before it (wait.c). */
     xhc_ack(ctx, ctx->seq);
     xhc_publish(ctx, &mine->finished.seq, ran);
+    struct xhc_leave rec = { .seq = ctx->seq, .round = ctx->round,
+                             .why = ctx->cause_why, .who = ctx->cause_who };
+    xhc_leave_write(&mine->entered, &rec);
+    xhc_ctx_mark(ctx, XHC_LEFT);
 }
 
 /* Say that I refused REFUSALS calls since my last operation began; a

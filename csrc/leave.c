@@ -54,3 +54,10 @@ int xhc_leave_read(struct xhc_entered_line *e, struct xhc_leave *rec)
     }
     return 0;
 }
+
+int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
+                   struct xhc_leave *rec)
+{
+    return xhc_leave_read(&xhc_ctl(ctx, peer)->entered, rec)
+           && xhc_seq_reached(rec->seq, seq);
+}

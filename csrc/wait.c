@@ -30,11 +30,11 @@
  *    refusing as many calls as I did there is late, not withdrawn: we
  *    all refused the same calls.
  *    A rank that gives up leaves (xhc_ctx_leave), so that its peers do
- *    not wait for it in turn: one that waits on it in the same operation,
- *    or an earlier one it jumped over, gives up at once, naming it (a
- *    leader whose peer died, and then its subtree), even once it has
- *    come back to a later one; one that waits on it in a later operation
- *    times out.
+ *    not wait for it in turn: one that waits on it in the operation it
+ *    gave up on, or in an earlier one it skipped, gives up at once,
+ *    naming it (a leader whose peer died, and then its subtree), even
+ *    once the leaver has gone on to a later operation; one that waits on
+ *    it in a later operation times out.
  * 5. A rank that was away (left, or withdrew) may come back to an
  *    operation that its peers, not counting it late, gave up on without
  *    it.  Entered, it would take their flags of that operation, raised
@@ -151,19 +151,20 @@ static int xhc_someone_late(xhc_ctx_t *ctx)
     return 0;
 }
 
-/* Has PEER given up on my current operation, or on a later one?  Only a
- * rank that began it can leave it (one that refuses its arguments
- * withdraws), and it never comes back to it.  Its mark says so until it
- * begins another; its leave record says so after (it came back), and
- * when it gave up on a later one (it jumped over mine: the pieces of a
- * Reduce it failed).  It raised what it will of mine before either. */
+/* Has PEER given up on my current operation, or on a later one?  Then it
+ * never comes back to mine (one that refuses its arguments withdraws,
+ * and leaves no record).  Its mark says so until it begins another
+ * operation; its leave record says so for good: once it has come back,
+ * and when it gave up on a later one, having skipped mine (a failed
+ * Reduce in pieces gives up on the pieces it did not run).  Whatever of
+ * mine it raised, it raised before either (xhc_ctx_leave). */
 static int xhc_peer_left(xhc_ctx_t *ctx, int peer)
 {
-    struct xhc_entered_line *e = &xhc_ctl(ctx, peer)->entered;
     struct xhc_leave rec;
     /* Acquire: pairs with the release in xhc_ctx_leave. */
-    return xhc_load_acquire(&e->seq) == ctx->seq + XHC_LEFT
-           || (xhc_leave_read(e, &rec) && xhc_seq_reached(rec.seq, ctx->seq));
+    return xhc_load_acquire(&xhc_ctl(ctx, peer)->entered.seq)
+               == ctx->seq + XHC_LEFT
+           || xhc_left_since(ctx, peer, ctx->seq, &rec);
 }
 
 /* Has PEER closed its context (freed its communicator, or is exiting)?
@@ -183,8 +184,7 @@ static int xhc_peer_closed(xhc_ctx_t *ctx, int peer)
 static void xhc_inherit_leave(xhc_ctx_t *ctx, int peer)
 {
     struct xhc_leave rec;
-    if (!xhc_leave_read(&xhc_ctl(ctx, peer)->entered, &rec)
-        || !xhc_seq_reached(rec.seq, ctx->seq))
+    if (!xhc_left_since(ctx, peer, ctx->seq, &rec))
         return;
     if (rec.why) {
         ctx->cause_why = rec.why;
@@ -270,9 +270,7 @@ int xhc_skip_abandoned(xhc_ctx_t *ctx, uint64_t seq)
     int peer = -1;
     for (int p = 0; p < ctx->nranks; p++) {
         struct xhc_leave rec;
-        if (p == ctx->rank
-            || !xhc_leave_read(&xhc_ctl(ctx, p)->entered, &rec)
-            || !xhc_seq_reached(rec.seq, seq))
+        if (p == ctx->rank || !xhc_left_since(ctx, p, seq, &rec))
             continue;
         if (xhc_seq_reached(rec.round, ctx->round))
             ctx->round = ctx->round_end = rec.round;

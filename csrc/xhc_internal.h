@@ -78,6 +78,10 @@ struct xhc_leave {
 void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec);
 /* Read the whole record: 0 if its writer is rewriting it for long. */
 int xhc_leave_read(struct xhc_entered_line *e, struct xhc_leave *rec);
+/* Did PEER give up on operation SEQ, or on a later one?  Then *REC holds
+ * its record.  It never comes back to SEQ. */
+int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
+                   struct xhc_leave *rec);
 
 /* Ranks asleep on one of my flags (cfg.sleep): the one counter several
  * ranks write, each only on its way into and out of the kernel; I read
