@@ -43,7 +43,8 @@
  *    arguments here too; xhc/_hot_objects.c runs them, or hands them to
  *    Python.
  * 9. MPI allows one collective at a time on a communicator.  Every call
- *    (and Start(), and Python's core calls) claims its HotComm for its
+ *    (and Start(), and the collectives Python runs through _claimed: its
+ *    core calls, *_init, empty(), Dup()) claims its HotComm for its
  *    thread until it returns; a second thread's call, which would take
  *    the same flags and sequence numbers as the first (waiting with the
  *    GIL let go), raises before it touches anything.
