@@ -341,6 +341,9 @@ ARG_CASES = [
     ("bcast-misspelt-keyword", "TypeError",
      r"^Bcast\(buf, root=\.\.\.\): got an unexpected keyword argument "
      r"'buff'$"),
+    ("allreduce-init-unknown-keyword", "TypeError",
+     r"^Allreduce_init\(sendbuf, recvbuf, op=\.\.\., info=\.\.\.\): got an "
+     r"unexpected keyword argument 'opp'$"),
     ("allreduce-many-args", "TypeError",
      r"^Allreduce\(sendbuf, recvbuf, op=\.\.\.\): too many positional "
      r"arguments$"),

@@ -95,8 +95,9 @@ def _claiming(entry):
     """Wrap a collective that Python runs (a *_init, empty(), Dup()): it
     claims the xhc.Comm for this thread while it runs, as HotComm's
     calls do (xhc/_hot.c, 9.), so that another thread's collective on it
-    meanwhile raises, and it raises while another thread's runs.  Inside
-    _leaving, which then withdraws outside the claim."""
+    meanwhile raises, and it raises while another thread's runs.  Around
+    _leaving: a call with arguments its entry cannot take raises in
+    _leaving's own frame, which then names them (_misbound)."""
     @functools.wraps(entry)
     def wrapper(self, *args, **kwargs):
         return self._claimed(entry.__name__,
@@ -654,8 +655,8 @@ class Comm(HotComm):
     # -- persistent collectives (MPI-4 style) ---------------------------------
     # All argument work happens in *_init; Start() is the C call alone.
 
-    @_leaving
     @_claiming
+    @_leaving
     def Barrier_init(self, info=None):
         """A persistent Barrier."""
         if not self._usable():
@@ -663,8 +664,8 @@ class Comm(HotComm):
         return Request(functools.partial(_barrier, self._ctx), "Barrier", self,
                        bind=(0, 0, _address(_barrier_fn), _address(self._ctx)))
 
-    @_leaving
     @_claiming
+    @_leaving
     def Bcast_init(self, buf, root=0, info=None):
         """A persistent Bcast of BUF from ROOT."""
         mine = buf if _same_rank(root, self._comm.rank) else None
@@ -676,8 +677,8 @@ class Comm(HotComm):
             return Request(p[2], f"Bcast(root={root}, {p[3].count} B)",
                            self, p)
 
-    @_leaving
     @_claiming
+    @_leaving
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):
         """A persistent Allreduce of SENDBUF into RECVBUF."""
         flags = self._shared_flag("Allreduce_init", recvbuf,
@@ -692,8 +693,8 @@ class Comm(HotComm):
             return Request(p[3], f"Allreduce ({_elements(p[5])} elements)",
                            self, p)
 
-    @_leaving
     @_claiming
+    @_leaving
     def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=None):
         """A persistent Reduce of SENDBUF into ROOT's RECVBUF."""
         flags = self._shared_flag("Reduce_init",

@@ -419,6 +419,8 @@ def suite_args(xc):
         ("allreduce-many-args", lambda c: c.Allreduce(*[f8(4)] * 8)),
         ("bcast-unknown-keyword", lambda c: c.Bcast(f8(4), rot=0)),
         ("bcast-misspelt-keyword", lambda c: c.Bcast(buff=f8(4))),
+        ("allreduce-init-unknown-keyword",
+         lambda c: c.Allreduce_init(f8(4), f8(4), opp=MPI.SUM)),
         ("reduce-send-object",
          lambda c: c.Reduce(object(), f8(4), root=last)),
         ("reduce-band-float64",
