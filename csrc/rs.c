@@ -213,9 +213,10 @@ static int xhc_rs_by_cma(const xhc_ctx_t *ctx, const struct xhc_meeting *m,
     return 1;
 }
 
-/* Ranks that passed different sizes fail at the meet, each counting the
- * windows of one size, rank 0's, which all read first: else each would
- * count its own, and their later windows would pair askew for good. */
+/* Ranks that passed different sizes (or roots, and maybe sizes too) fail
+ * at the meet, each counting the windows of one size, rank 0's, which
+ * all read first: else each would count its own, and their later windows
+ * would pair askew for good. */
 static void xhc_rs_rounds_of(xhc_ctx_t *ctx, const struct xhc_red *r,
                              size_t nbytes)
 {
@@ -257,10 +258,11 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
     if (rc == 0)
         ctx->round_end = ctx->round + xhc_rs_windows(ctx, r);
     /* No peer can finish this operation (and rewrite its big line)
-     * before every rank has met. */
+     * before every rank has met; one that fails at the meet may begin its
+     * next operation, and a peer still meeting then fails too. */
     if (rc == 0)
         rc = xhc_meet(ctx, seq, sbuf, target, r->nbytes, &m);
-    if (rc == XHC_ERR_MISMATCH)
+    if (rc == XHC_ERR_MISMATCH || rc == XHC_ERR_DISAGREE)
         xhc_rs_rounds_of(ctx, r, m.first);
     if (rc)
         return rc;

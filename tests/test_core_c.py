@@ -98,8 +98,8 @@ def test_leave_record_is_read_whole_under_thread_sanitizer(tmp_path, cc):
 def test_no_wrong_data_after_ranks_pass_different_sizes(tmp_path, cc):
     """tests/c/disagree_test.c: after ranks pass different sizes, a
     Bcast reader stopped while its root gave up and went on does not take
-    the next Bcast's pieces for its own; a failed large Allreduce leaves
-    the ranks' rounds in step; a Reduce in pieces whose ranks ran
+    the next Bcast's pieces for its own; a failed large Allreduce, or a
+    Reduce to different roots, leaves the ranks' rounds in step; a Reduce in pieces whose ranks ran
     different numbers of pieces makes the root's later Reduces fail
     rather than fold a stale piece.  Before the fixes each returned 0
     with another call's data.  A rank that gave up on an operation and

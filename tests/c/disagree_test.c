@@ -9,9 +9,12 @@
  *    next Bcast at once; rank 1, stopped after round 2, then wakes to the
  *    root's piece flag of that next Bcast.  It must fail, not copy the
  *    stale window, and the next Bcast must be right on every rank.
- * 2. A large Allreduce of 4096 and 8192 doubles fails on both ranks;
- *    their round counters must stay in step: three Bcasts after it are
- *    right.
+ * 2. A large Allreduce of 4096 and 4608 doubles (8 and 9 windows)
+ *    fails on both ranks; or a Reduce of those sizes to different roots,
+ *    which fails on the roots before the sizes.  Each rank reads the
+ *    other's line before either leaves, so neither takes the other's
+ *    count from its leaving.  Their round counters must stay in step:
+ *    three Bcasts after it are right.
  * 3. A Reduce in pieces whose leaf passes one piece more than the root:
  *    the leaf runs its own pieces, so the two stay a call apart; the
  *    root's later Reduces must fail, not fold the leaf's stale piece.
@@ -110,20 +113,36 @@ static void stop_a_reader(struct board *b, const struct xhc_rank_ctl *ctl)
     kill((pid_t)b->pids[1], SIGCONT);
 }
 
-static int rounds_in_step(xhc_ctx_t *ctx, int rank, struct board *b)
+/* 2.: ROOTS, a Reduce to different roots; else an Allreduce. */
+static int rounds_after(xhc_ctx_t *ctx, int rank, struct board *b,
+                        int roots)
 {
-    size_t count = rank == 1 ? 8192 : 4096;
+    size_t count = rank == 1 ? 4608 : 4096;
     double *s = calloc(count, 8), *r = calloc(count, 8);
-    int rc = xhc_allreduce(ctx, s, r, count, XHC_FLOAT64, XHC_SUM);
+    int rc = roots ? xhc_reduce(ctx, s, r, count, XHC_FLOAT64, XHC_SUM, rank)
+                   : xhc_allreduce(ctx, s, r, count, XHC_FLOAT64, XHC_SUM);
     free(s);
     free(r);
-    if (rc != XHC_ERR_MISMATCH)
-        fail(b, "an Allreduce of different sizes did not fail", rank, rc);
+    if (rc != (roots ? XHC_ERR_DISAGREE : XHC_ERR_MISMATCH))
+        fail(b, "a reduction the ranks disagree on did not fail", rank, rc);
+    b->done++;
+    while (b->done != 2)  /* both have met before either leaves */
+        sched_yield();
     xhc_ctx_leave(ctx);
     for (int op = 1; op <= 3; op++)
         if ((rc = bcast_checked(ctx, rank, ROUNDS * CHUNK, op)))
             fail(b, "a Bcast after it was not right", rank, rc);
     return 0;
+}
+
+static int sizes_differ(xhc_ctx_t *ctx, int rank, struct board *b)
+{
+    return rounds_after(ctx, rank, b, 0);
+}
+
+static int roots_differ(xhc_ctx_t *ctx, int rank, struct board *b)
+{
+    return rounds_after(ctx, rank, b, 1);
 }
 
 #define PIECE 32 /* doubles in a Reduce piece: reduce_cico_max / 8 */
@@ -267,7 +286,8 @@ int main(void)
                          .timeout = 5.0, .spin = 1024, .windows = 2,
                          .copy = XHC_COPY_CICO };
     int bad = run(3, &cfg, stale_window, stop_a_reader);
-    bad += run(2, &cfg, rounds_in_step, NULL);
+    bad += run(2, &cfg, sizes_differ, NULL);
+    bad += run(2, &cfg, roots_differ, NULL);
     cfg.reduce_cico_max = PIECE * 8;
     bad += run(2, &cfg, pieces_apart, NULL);
     bad += run(2, &cfg, came_back, NULL);
