@@ -325,10 +325,16 @@ ARG_CASES = [
     ("bcast-in-place", "ValueError",
      r"^MPI\.IN_PLACE stands only for the send buffer of an Allreduce, or "
      r"of a Reduce at its root$"),
+    ("bcast-in-place-spec", "ValueError",
+     r"^MPI\.IN_PLACE stands only for the send buffer"),
+    ("bcast-init-in-place-spec", "ValueError",
+     r"^MPI\.IN_PLACE stands only for the send buffer"),
     ("bcast-bottom", "ValueError",
      r"^MPI\.BOTTOM needs a count and an MPI\.Datatype of absolute "
      r"addresses: pass \[MPI\.BOTTOM, count, datatype\]$"),
     ("allreduce-recv-in-place", "ValueError",
+     r"^MPI\.IN_PLACE stands only for the send buffer"),
+    ("allreduce-recv-in-place-spec", "ValueError",
      r"^MPI\.IN_PLACE stands only for the send buffer"),
     ("allreduce-in-place-one-item", "TypeError",
      r"^a buffer specification of 1 items; pass one of mpi4py's forms"),

@@ -206,6 +206,10 @@ _SPEC_FORMS = ("pass one of mpi4py's forms: [buf, datatype], [buf, count], "
                "[buf, count, displ, datatype]")
 
 
+_IN_PLACE_ONLY = ("MPI.IN_PLACE stands only for the send buffer of an "
+                  "Allreduce, or of a Reduce at its root")
+
+
 def _parse_spec(spec):
     """(buf, count or None, displacement, datatype) of a buffer
     specification in any form mpi4py takes: [buf, datatype],
@@ -232,6 +236,8 @@ def _parse_spec(spec):
     except (TypeError, ValueError):
         raise TypeError(f"buffer specification {_brief(spec)}; "
                         + _SPEC_FORMS) from None
+    if buf is MPI.IN_PLACE:  # [MPI.IN_PLACE, datatype] where no send buffer
+        raise ValueError(_IN_PLACE_ONLY)
     if buf is None:  # no memory: an empty message, as mpi4py takes it
         if count:
             raise ValueError(f"buffer is None but count is {count}; pass "
@@ -502,8 +508,7 @@ def resolve(obj):
     if isinstance(obj, np.ndarray):
         return _of_array(obj)
     if obj is MPI.IN_PLACE:
-        raise ValueError("MPI.IN_PLACE stands only for the send buffer of "
-                         "an Allreduce, or of a Reduce at its root")
+        raise ValueError(_IN_PLACE_ONLY)
     if obj is MPI.BOTTOM:
         raise ValueError("MPI.BOTTOM needs a count and an MPI.Datatype of "
                          "absolute addresses: pass [MPI.BOTTOM, count, "
