@@ -29,7 +29,11 @@
  * 4. Every parent's ring line carries the root's size, and a reader whose
  *    own differs fails (the ranks passed different sizes) rather than
  *    read past what was sent, or miss its end.  Readers count the rounds
- *    the root's size makes (ctx.c 4.), whatever their own would.
+ *    the root's size makes (ctx.c 4.), whatever their own would.  A
+ *    large Bcast's line carries the parent's round count too: ranks that
+ *    passed different roots and sizes to an earlier Bcast, each its own
+ *    root, counted different rounds, and a reader whose count differs
+ *    fails rather than take another round's window for its own.
  * 5. A parent that gives up counts its rounds as run and may begin its
  *    next Bcast, whose pieces and `ready` count then satisfy a reader
  *    still waiting in this one: a reader that sees its parent's flag past
@@ -43,6 +47,10 @@
  * process on 2 ranks, alternating with the slots, 0.92x their time at
  * 16 KiB and 0.84x at 32 KiB. */
 #define XHC_SHARED_BCAST_MIN 16384
+
+/* A large Bcast's ring line carries, after the staging choice, the
+ * parent's count of rounds as the operation began (see 4.). */
+#define XHC_BCAST_ROUND_AT 8
 
 /* Bytes per round of a large Bcast of NBYTES (see 2.). */
 static size_t xhc_bcast_step(const xhc_ctx_t *ctx, size_t nbytes)
@@ -293,6 +301,7 @@ static int xhc_bcast_announce(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p,
     xhc_publish(ctx, &big->seq, seq);
     line->nbytes = p->nbytes; /* the root's: I listened first */
     line->data[0] = (unsigned char)p->stage_mine;
+    memcpy(line->data + XHC_BCAST_ROUND_AT, &ctx->round, sizeof ctx->round);
     /* Orders the size and the staging choice before children see them. */
     xhc_publish(ctx, &line->seq, seq);
     return 0;
@@ -308,6 +317,10 @@ static int xhc_bcast_listen(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p,
     int rc = xhc_wait_eq(ctx, &line->seq, seq, parent);
     if (rc == 0)
         rc = xhc_bcast_sized(ctx, line, p->nbytes, flags, parent);
+    uint64_t round;
+    memcpy(&round, line->data + XHC_BCAST_ROUND_AT, sizeof round);
+    if (rc == 0 && round != ctx->round)
+        rc = xhc_fail(ctx, parent, XHC_ERR_ASKEW);
     if (rc)
         return rc;
     p->staged_from = line->data[0] != 0;

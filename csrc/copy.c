@@ -58,6 +58,7 @@ int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
     xhc_src_describe(ctx, rbuf, rbuf ? nbytes : 0, &big->recv);
     big->single = m->single;
     big->root = m->root;
+    big->round = ctx->round;
     /* Orders the descriptions and choice before peers see the number. */
     xhc_publish(ctx, &big->seq, seq);
     m->in_place = m->private = 0;
@@ -69,12 +70,15 @@ int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
         if (p == 0)
             m->first = pb->send.nbytes;
         /* An erroneous program (ranks in different reductions, or with
-         * different roots or sizes) fails here, on every rank at once,
+         * different roots or sizes, now or in an earlier Bcast that
+         * left our rounds apart) fails here, on every rank at once,
          * instead of folding what it can. */
         if (pb->root != m->root)
             return xhc_fail(ctx, p, XHC_ERR_DISAGREE);
         if (pb->send.nbytes != nbytes)
             return xhc_fail(ctx, p, XHC_ERR_MISMATCH);
+        if (pb->round != ctx->round)
+            return xhc_fail(ctx, p, XHC_ERR_ASKEW);
         ctx->peer_send[p] = pb->send;
         ctx->peer_recv[p] = pb->recv;
         if (p == xhc_decider(m))

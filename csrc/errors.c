@@ -29,6 +29,10 @@ const char *xhc_strerror(int code)
     case XHC_ERR_PEER_CLOSED:
         return "a peer freed its xhc.Comm, or its process is exiting, before "
                "taking part in this collective";
+    case XHC_ERR_ASKEW:
+        return "a peer's staging rounds are out of step with mine, after an "
+               "earlier call to which the ranks passed different roots: "
+               "free this xhc.Comm on every rank and make another";
     default: return code < 0 ? strerror(-code) : "unknown error";
     }
 }

@@ -36,6 +36,9 @@ typedef struct xhc_ctx xhc_ctx_t;
                                    this one with another root */
 #define XHC_ERR_PEER_CLOSED -5012 /* a peer freed its communicator, or is
                                      exiting: it takes part in no more */
+#define XHC_ERR_ASKEW     -5013 /* a peer's count of staging rounds is not
+                                   mine: an earlier call the ranks passed
+                                   different roots left them out of step */
 
 #define XHC_INLINE_MAX 112      /* bytes carried inside a flag's line */
 #define XHC_ROUND_MIN 16384     /* smallest Bcast round with bcast_rounds */

@@ -109,6 +109,7 @@ struct xhc_big_line {
     struct xhc_src recv;
     int32_t single;   /* reductions: the decider reads by CMA or XPMEM */
     int32_t root;     /* reductions: the Reduce root, -1 for Allreduce */
+    uint64_t round;   /* reductions: my rounds counted as SEQ began */
 } XHC_ALIGNED;
 
 /* Everything one rank writes.  Readers: see each field. */

@@ -114,7 +114,7 @@ def error_codes():
 
 def test_strerror_names_every_code():
     codes = error_codes()
-    assert len(codes) == 12
+    assert len(codes) == 13
     messages = {}
     for name in codes:
         msg = strerror(getattr(lib, name))

@@ -82,7 +82,8 @@ def error(rc, what, ctx=None, pids=None, ranks=None):
         msg += ")"
     if rc == lib.XHC_ERR_COPY and peer >= 0:
         msg += f" (reading rank {name(peer)})"
-    if rc in (lib.XHC_ERR_MISMATCH, lib.XHC_ERR_DISAGREE) and peer >= 0:
+    if rc in (lib.XHC_ERR_MISMATCH, lib.XHC_ERR_DISAGREE,
+              lib.XHC_ERR_ASKEW) and peer >= 0:
         msg += f" (rank {name(peer)})"
     if rc == -errno.ENOSPC:
         fix = ("set XHC_CHUNK_SIZE, XHC_WINDOWS or XHC_CICO_MAX lower, "

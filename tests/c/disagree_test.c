@@ -23,6 +23,10 @@
  *    jumped over this one (as a rank that failed a piece of a Reduce
  *    gives up on the pieces it did not run).  Rank 0 must fail at once,
  *    naming rank 1 as having left, not wait out its timeout.
+ * 5. A staged Bcast to which each rank passes itself as the root, and
+ *    sizes of different rounds: nothing detects it, and their round
+ *    counts part.  The Bcasts and the Allreduce after it must fail or be
+ *    right, never return 0 with another round's data.
  * Prints "ok" if every check holds.
  */
 #include <sched.h>
@@ -172,6 +176,34 @@ static int pieces_apart(xhc_ctx_t *ctx, int rank, struct board *b)
     return 0;
 }
 
+static int own_roots(xhc_ctx_t *ctx, int rank, struct board *b)
+{
+    unsigned char *buf = calloc(1, ROUNDS * CHUNK);
+    xhc_bcast(ctx, buf, (size_t)(ROUNDS - rank) * CHUNK, rank);
+    free(buf);
+    int rc;
+    for (int op = 1; op <= 3; op++)
+        if (bcast_checked(ctx, rank, ROUNDS * CHUNK, op) == -1)
+            fail(b, "a Bcast after roots that differ returned 0 with "
+                 "another call's data", rank, 0);
+    size_t count = 4 * CHUNK / 8;
+    double *s = malloc(count * 8), *r = malloc(count * 8);
+    for (size_t i = 0; i < count; i++)
+        s[i] = (double)(i + rank);
+    rc = xhc_allreduce(ctx, s, r, count, XHC_FLOAT64, XHC_SUM);
+    for (size_t i = 0; rc == 0 && i < count; i++)
+        if (r[i] != (double)(2 * i + 1)) {
+            fail(b, "an Allreduce after roots that differ returned 0 with "
+                 "wrong data", rank, 0);
+            break;
+        }
+    if (rc)
+        xhc_ctx_leave(ctx);
+    free(s);
+    free(r);
+    return 0;
+}
+
 static double seconds(void)
 {
     struct timespec ts;
@@ -291,6 +323,8 @@ int main(void)
     cfg.reduce_cico_max = PIECE * 8;
     bad += run(2, &cfg, pieces_apart, NULL);
     bad += run(2, &cfg, came_back, NULL);
+    cfg.reduce_cico_max = 0;
+    bad += run(2, &cfg, own_roots, NULL);
     bad += run(2, &cfg, jumped_over, NULL);
     if (bad)
         return 1;
