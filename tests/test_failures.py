@@ -367,6 +367,8 @@ ARG_CASES = [
     ("freed-allreduce", "XhcError", r"^xhc\.Comm already freed$"),
     ("freed-reduce", "XhcError", r"^xhc\.Comm already freed$"),
     ("freed-empty", "XhcError", r"already freed"),
+    ("freed-dup", "XhcError", r"^xhc\.Comm already freed$"),
+    ("freed-clone", "XhcError", r"^xhc\.Comm already freed$"),
     ("freed-with-barrier", "XhcError", r"^xhc\.Comm already freed$"),
     ("intercomm", "TypeError",
      r"needs an intra-communicator \(got Intercomm\); " + COMM_FIX),

@@ -1087,6 +1087,7 @@ class Comm(HotComm):
         return self._duplicate(self._comm.Dup_with_info, info)
 
     def _duplicate(self, dup, *args):
+        self._usable()  # raises if freed, as every collective does
         comm = dup(*args)
         try:
             made = type(self)(comm, **self._keywords)

@@ -438,6 +438,8 @@ def suite_args(xc):
         ("freed-allreduce", lambda c: freed.Allreduce(f8(4, 1.0), f8(4))),
         ("freed-reduce", lambda c: freed.Reduce(f8(4), f8(4), root=0)),
         ("freed-empty", lambda c: freed.empty(16)),
+        ("freed-dup", lambda c: freed.Dup()),
+        ("freed-clone", lambda c: freed.Clone()),
         ("freed-with-barrier", lambda c: closed.Barrier()),
         ("intercomm", lambda c: intercomm_case()),
         ("not-a-comm", lambda c: xhc.Comm(None)),
