@@ -83,7 +83,7 @@ int xhc_publish_up(xhc_ctx_t *ctx, uint64_t seq, const struct xhc_red *r,
     return 0;
 }
 
-/* Steps 3: every top-level member folds all members' values into RBUF. */
+/* Step 3: every top-level member folds all members' values into RBUF. */
 static int xhc_fold_peers(xhc_ctx_t *ctx, const struct xhc_view *v,
                           uint64_t seq, const struct xhc_red *r,
                           const void *mine, void *rbuf)

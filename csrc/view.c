@@ -115,7 +115,6 @@ void xhc_hier_free(struct xhc_hier *h, int n)
     h->groups = NULL;
 }
 
-/* Take a copy of GROUPS after checking every rank shares the top group. */
 /* Is GROUPS (NLEVELS x N) a hierarchy: one group at the top, and ranks
  * that share a group at one level sharing one at every level above?  A
  * group that a parent's group does not hold would wait for ever. */
