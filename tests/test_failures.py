@@ -347,6 +347,10 @@ ARG_CASES = [
     ("bcast-misspelt-keyword", "TypeError",
      r"^Bcast\(buf, root=\.\.\.\): got an unexpected keyword argument "
      r"'buff'$"),
+    ("bcast-init-bad-info", "TypeError",
+     r"^info must be an MPI\.Info or None, not int$"),
+    ("allreduce-init-bad-info", "TypeError",
+     r"^info must be an MPI\.Info or None, not str$"),
     ("allreduce-init-unknown-keyword", "TypeError",
      r"^Allreduce_init\(sendbuf, recvbuf, op=\.\.\., info=\.\.\.\): got an "
      r"unexpected keyword argument 'opp'$"),

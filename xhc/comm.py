@@ -659,8 +659,9 @@ class Comm(HotComm):
     @_leaving
     def Barrier_init(self, info=None):
         """A persistent Barrier."""
+        extra = _info(info)
         if not self._usable():
-            return self._fallback("Barrier_init", *_info(info))
+            return self._fallback("Barrier_init", *extra)
         return Request(functools.partial(_barrier, self._ctx), "Barrier", self,
                        bind=(0, 0, _address(_barrier_fn), _address(self._ctx)))
 
@@ -671,9 +672,10 @@ class Comm(HotComm):
         mine = buf if _same_rank(root, self._comm.rank) else None
         flags = self._shared_flag("Bcast_init", mine)
         with self._agreed():
+            extra = _info(info)
             p = self._bcast_plan(buf, root, remember=False, flags=flags)
             if p is None:
-                return self._fallback("Bcast_init", buf, root, *_info(info))
+                return self._fallback("Bcast_init", buf, root, *extra)
             return Request(p[2], f"Bcast(root={root}, {p[3].count} B)",
                            self, p)
 
@@ -684,11 +686,12 @@ class Comm(HotComm):
         flags = self._shared_flag("Allreduce_init", recvbuf,
                                   None if in_place(sendbuf) else sendbuf)
         with self._agreed():
+            extra = _info(info)
             p = self._allreduce_plan(sendbuf, recvbuf, op, flags,
                                      remember=False)
             if p is None:
                 return self._fallback("Allreduce_init", sendbuf, recvbuf, op,
-                                      *_info(info))
+                                      *extra)
             # The plan: (sendbuf, recvbuf, op, run, call, send Buffer, ...).
             return Request(p[3], f"Allreduce ({_elements(p[5])} elements)",
                            self, p)
@@ -702,11 +705,12 @@ class Comm(HotComm):
                                   recvbuf if _same_rank(root, self._comm.rank)
                                   else None)
         with self._agreed():
+            extra = _info(info)
             p = self._reduce_plan(sendbuf, recvbuf, op, root, flags,
                                   remember=False)
             if p is None:
                 return self._fallback("Reduce_init", sendbuf, recvbuf, op,
-                                      root, *_info(info))
+                                      root, *extra)
             # The plan: (sendbuf, recvbuf, op, root, run, call, send
             # Buffer, ...).
             return Request(p[4], f"Reduce(root={root}, {_elements(p[6])} "
@@ -1316,7 +1320,13 @@ def _with_topology(comm_type):
 
 
 def _info(info):
-    return () if info is None else (info,)
+    """INFO as the arguments to pass MPI: none for None."""
+    if info is None:
+        return ()
+    if not isinstance(info, MPI.Info):
+        raise TypeError(f"info must be an MPI.Info or None, not "
+                        f"{type(info).__name__}")
+    return (info,)
 
 
 class Request(HotRequest):
