@@ -31,6 +31,10 @@ def _no_xhc_environment(monkeypatch):
     ("timeout", "nan", r"timeout must be a positive number of seconds"),
     ("timeout", "inf", r"timeout must be a positive number of seconds"),
     ("timeout", "0", r"timeout must be a positive number of seconds"),
+    ("timeout", "", r"^xhc tunable timeout \(XHC_TIMEOUT\): could not "
+                    r"convert .*; set it to a positive number of seconds$"),
+    ("windows", "lots", r"XHC_WINDOWS\): 'lots' is not a whole number; "
+                        r"set it to auto or 2 to 64$"),
     ("debug", "2", r"XHC_DEBUG\): '2' is neither on \(1, true, yes, on\) "
                    r"nor off \(0, false, no, off\)"),
 ])

@@ -411,7 +411,7 @@ ARG_CASES = [
      r"^(rank {last}: )?unknown hierarchy level 'l9'; accepted: "),
     ("spin-infinite-on-one-rank", "ValueError",
      r"^(rank {last}: )?xhc tunable spin \(XHC_SPIN\): inf is not a whole "
-     r"number$"),
+     r"number; set it to 0 or more$"),
     ("topology-not-a-path-on-one-rank", "TypeError",
      r"^(rank {last}: )?topology must be the path of an hwloc XML file or a "
      r"synthetic description such as 'pack:2 core:4', not int$"),

@@ -107,8 +107,9 @@ def resolve(**given):
         try:
             out[key] = default if value is None else _PARSERS[key](value)
         except (TypeError, ValueError, OverflowError) as e:
-            raise ValueError(f"xhc tunable {key} (XHC_{key.upper()}): {e}") \
-                from None
+            fix = f"; set it to {_MUST[key]}" if key in _MUST else ""
+            raise ValueError(f"xhc tunable {key} (XHC_{key.upper()}): "
+                             f"{e}{fix}") from None
     _validate(out)
     return out
 
@@ -128,6 +129,9 @@ _RULES = [
     ("windows", lambda v: v == "auto" or 2 <= v <= 64, "auto or 2 to 64"),
     ("copy", lambda v: v in _COPIES, "auto, xpmem, adaptive, cma or cico"),
 ]
+
+
+_MUST = {key: what for key, _, what in _RULES}
 
 
 def _validate(cfg):
