@@ -385,7 +385,8 @@ ARG_CASES = [
     ("windows-differs", "ValueError",
      r"different windows values .*: set XHC_WINDOWS \(or windows=\) alike"),
     ("copy-differs", "ValueError",
-     r"different copy values \['auto', 'cico'\]: set XHC_COPY"),
+     r"different copy values \(rank 0: 'auto', rank 1: 'cico'\): set "
+     r"XHC_COPY"),
     ("debug-differs", "ValueError",
      r"different debug values .*: set XHC_DEBUG \(or debug=\) alike"),
     ("chunk-differs", "ValueError",

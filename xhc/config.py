@@ -170,11 +170,13 @@ def crowded_reduce_max(nranks, cico_max):
 def check_alike(key, values):
     """Raise, naming the fix, if the ranks' VALUES of tunable KEY differ:
     ranks that chose differently would wait for each other for ever."""
-    distinct = sorted({str(value) for value in values})
-    if len(distinct) > 1:
+    other = next((r for r, value in enumerate(values)
+                  if str(value) != str(values[0])), None)
+    if other is not None:
         raise ValueError(f"xhc: ranks were given different {key} values "
-                         f"{distinct}: set XHC_{key.upper()} (or {key}=) "
-                         "alike on every rank")
+                         f"(rank 0: {str(values[0])!r}, rank {other}: "
+                         f"{str(values[other])!r}): set XHC_{key.upper()} "
+                         f"(or {key}=) alike on every rank")
 
 
 def fit_to_load(cfg, cpu_sets, chosen=(), node_load=(0, 0)):
