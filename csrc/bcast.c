@@ -94,6 +94,16 @@ static int xhc_bcast_sized(xhc_ctx_t *ctx, const struct xhc_flag_line *line,
     return xhc_fail(ctx, parent, XHC_ERR_MISMATCH);
 }
 
+/* My parent's ring LINE of a large Bcast, raised: did it count the rounds
+ * I did before this operation (see 4.)? */
+static int xhc_bcast_in_step(xhc_ctx_t *ctx, const struct xhc_flag_line *line,
+                             int parent)
+{
+    uint64_t round;
+    memcpy(&round, line->data + XHC_BCAST_ROUND_AT, sizeof round);
+    return round == ctx->round ? 0 : xhc_fail(ctx, parent, XHC_ERR_ASKEW);
+}
+
 /* Wait for my parent's ring line of SEQ, of a Bcast through the slots. */
 static int xhc_bcast_listen_small(xhc_ctx_t *ctx, int parent, uint64_t seq,
                                   size_t nbytes, int flags)
@@ -317,10 +327,8 @@ static int xhc_bcast_listen(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p,
     int rc = xhc_wait_eq(ctx, &line->seq, seq, parent);
     if (rc == 0)
         rc = xhc_bcast_sized(ctx, line, p->nbytes, flags, parent);
-    uint64_t round;
-    memcpy(&round, line->data + XHC_BCAST_ROUND_AT, sizeof round);
-    if (rc == 0 && round != ctx->round)
-        rc = xhc_fail(ctx, parent, XHC_ERR_ASKEW);
+    if (rc == 0)
+        rc = xhc_bcast_in_step(ctx, line, parent);
     if (rc)
         return rc;
     p->staged_from = line->data[0] != 0;
