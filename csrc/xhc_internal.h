@@ -111,6 +111,7 @@ struct xhc_big_line {
     int32_t root;     /* reductions: the Reduce root, -1 for Allreduce */
     uint64_t round;   /* reductions: my rounds counted as SEQ began */
 } XHC_ALIGNED;
+_Static_assert(sizeof(struct xhc_big_line) == XHC_LINE, "one line");
 
 /* Everything one rank writes.  Readers: see each field. */
 struct xhc_rank_ctl {
