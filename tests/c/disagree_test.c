@@ -181,7 +181,6 @@ static int own_roots(xhc_ctx_t *ctx, int rank, struct board *b)
     unsigned char *buf = calloc(1, ROUNDS * CHUNK);
     xhc_bcast(ctx, buf, (size_t)(ROUNDS - rank) * CHUNK, rank);
     free(buf);
-    int rc;
     for (int op = 1; op <= 3; op++)
         if (bcast_checked(ctx, rank, ROUNDS * CHUNK, op) == -1)
             fail(b, "a Bcast after roots that differ returned 0 with "
@@ -190,7 +189,7 @@ static int own_roots(xhc_ctx_t *ctx, int rank, struct board *b)
     double *s = malloc(count * 8), *r = malloc(count * 8);
     for (size_t i = 0; i < count; i++)
         s[i] = (double)(i + rank);
-    rc = xhc_allreduce(ctx, s, r, count, XHC_FLOAT64, XHC_SUM);
+    int rc = xhc_allreduce(ctx, s, r, count, XHC_FLOAT64, XHC_SUM);
     for (size_t i = 0; rc == 0 && i < count; i++)
         if (r[i] != (double)(2 * i + 1)) {
             fail(b, "an Allreduce after roots that differ returned 0 with "
