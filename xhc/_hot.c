@@ -1361,6 +1361,63 @@ static PyObject *kept_holds(PyObject *mod, PyObject *args)
     Py_RETURN_TRUE;
 }
 
+/* Call each of the tuple FNS with no arguments: 0, or -1 as one raised. */
+static int call_each(PyObject *fns)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fns); i++) {
+        PyObject *res = PyObject_CallNoArgs(PyTuple_GET_ITEM(fns, i));
+        if (!res)
+            return -1;
+        Py_DECREF(res);
+    }
+    return 0;
+}
+
+/* run_staged(run, loads, stores): call each of the tuple LOADS (fill the
+ * staged copies a call reads), then RUN (the call, which returns its
+ * error code), then, if it returned 0, each of STORES (write back the
+ * staged copies it wrote); return RUN's code.  In C, so that no bytecode
+ * runs between the steps: with compiled LOADS and STORES (xhc/buffers.py
+ * makes them so), a signal handler that fires in the call's wait runs
+ * once the staged result is whole, as after a call that needs no
+ * staging.  What a store raises is marked as raised by a rank that took
+ * part (_settled in xhc/comm.py). */
+static PyObject *run_staged(PyObject *mod, PyObject *const *args,
+                            Py_ssize_t nargs)
+{
+    (void)mod;
+    if (nargs != 3 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "run_staged(run, loads, stores): two tuples");
+        return NULL;
+    }
+    if (call_each(args[1]) < 0)
+        return NULL;
+    PyObject *rc = PyObject_CallNoArgs(args[0]);
+    if (!rc)
+        return NULL;
+    int failed = PyObject_IsTrue(rc);
+    if (failed > 0)  /* an error code: nothing to write back */
+        return rc;
+    if (failed < 0 || call_each(args[2]) < 0) {
+        Py_DECREF(rc);
+        if (failed < 0)
+            return NULL;
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (PyObject_SetAttrString(value, "_xhc_settled", Py_True) < 0) {
+            Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
+            return NULL;
+        }
+        if (tb)
+            PyException_SetTraceback(value, tb);
+        PyErr_Restore(type, value, tb);
+        return NULL;
+    }
+    return rc;
+}
+
 static PyMethodDef module_methods[] = {
     {"bind_plain", bind_plain, METH_VARARGS,
      "Bind the table of plain arrays' dtypes and ops."},
@@ -1370,6 +1427,9 @@ static PyMethodDef module_methods[] = {
      "Bind the slots' layout and tags, and the ops folded in C."},
     {"kept_holds", kept_holds, METH_VARARGS,
      "Do the arrays a guard names still have what they had?"},
+    {"run_staged", (PyCFunction)(void (*)(void))run_staged, METH_FASTCALL,
+     "Fill the staged copies, run the call, write back: no bytecode\n"
+     "between, so a signal handler runs once the result is whole."},
     {NULL, NULL, 0, NULL},
 };
 

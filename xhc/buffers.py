@@ -90,7 +90,10 @@ class Buffer:
     A staged buffer (non-contiguous, or described by a derived datatype)
     moves through a contiguous copy: LOAD fills the copy from the user's
     buffer before a call that reads it, STORE writes the copy back after
-    a call that writes it.  Both are None for a buffer used in place.
+    a call that writes it.  Both are None for a buffer used in place, and
+    otherwise compiled callables, never Python functions: xhc/_hot.c runs
+    them around the call with no bytecode in between (run_staged), so a
+    signal handler cannot raise between a call and its write back.
     """
     __slots__ = ("obj", "arr", "ptr", "nbytes", "count", "dtype", "alias",
                  "writable", "load", "store")
@@ -114,6 +117,7 @@ class Buffer:
 
 
 _CODES = {}  # numpy dtype -> code, filled as dtypes are met
+_assign = np.ndarray.__setitem__  # a staged copy's load and store
 
 
 def numpy_dtype(code):
@@ -149,9 +153,11 @@ def _of_array(arr, obj=None):
     if flags.f_contiguous:  # arr.T: the same memory, C-contiguous
         return Buffer(obj, arr.T, code, flags.writeable)
     copy = np.empty(arr.shape, arr.dtype)
+    # ndarray's own item assignment, compiled (np.copyto dispatches in
+    # Python first) and not any subclass's.
     return Buffer(obj, copy, code, flags.writeable,
-                  functools.partial(np.copyto, copy, arr),
-                  functools.partial(np.copyto, arr, copy))
+                  functools.partial(_assign, copy, Ellipsis, arr),
+                  functools.partial(_assign, arr, Ellipsis, copy))
 
 
 # Predefined datatypes that MPI's arithmetic ops refuse, whose mpi4py
@@ -420,8 +426,10 @@ def _packed(spec, address, count, displ, own, writable):
         readonly=not writable) if count else bytearray(0)
     code = NOT_REDUCIBLE if element is None else dtype_code(element)
     return Buffer(spec, arr, code, writable,
-                  lambda: own.Pack(window, packed, 0, MPI.COMM_SELF),
-                  lambda: own.Unpack(packed, 0, window, MPI.COMM_SELF))
+                  functools.partial(own.Pack, window, packed, 0,
+                                    MPI.COMM_SELF),
+                  functools.partial(own.Unpack, packed, 0, window,
+                                    MPI.COMM_SELF))
 
 
 def _free_type(dt):

@@ -19,7 +19,7 @@ from mpi4py import MPI
 from . import (_core, completion, config, debug, hierarchy, nodes, objects,
                topology)
 from ._hot import (HotComm, HotRequest, bind_plain, block_hook,
-                   kept_holds, progress_hook, set_progress)
+                   kept_holds, progress_hook, run_staged, set_progress)
 from ._xhc import ffi, lib
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
                       numpy_dtype, plain_tables, predefined, resolve)
@@ -55,7 +55,7 @@ set_progress(MPI.Is_finalized, MPI.COMM_SELF.Iprobe)
 bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
 
 
-_SETTLED = "_xhc_settled"
+_SETTLED = "_xhc_settled"  # xhc/_hot.c's run_staged sets it too
 
 
 def _settled(exc):
@@ -1229,25 +1229,10 @@ def _plan(args, call, moves, guarded, nbytes, buffers):
 
 def _staged(run, loads, stores):
     """RUN, with the staged copies LOADS filled before and STORES written
-    back after (_staged_run), where there are any."""
-    return functools.partial(_staged_run, run, loads, stores) \
+    back after, where there are any: in C (run_staged), so that a signal
+    handler cannot raise between the call and its write back."""
+    return functools.partial(run_staged, run, tuple(loads), tuple(stores)) \
         if loads or stores else run
-
-
-def _staged_run(run, loads, stores):
-    """Fill the staged copies the call reads, run it, write back the ones
-    it wrote (an error then comes from a rank that took part)."""
-    for load in loads:
-        load()
-    rc = run()
-    if rc:
-        return rc
-    try:
-        for store in stores:
-            store()
-    except BaseException as exc:
-        raise _settled(exc)
-    return 0
 
 
 # numpy's flag bits (numpy/ndarraytypes.h), checked by the guard.

@@ -29,6 +29,7 @@ import signal
 import sys
 import time
 import warnings
+import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -2173,9 +2174,9 @@ def suite_calls(xcomm, comm, v, sz, args):
     xcomm.Barrier()
     persistent_calls(xcomm, comm, v)
     progress_while_waiting(v, xcomm, comm)
-    for cls in (np.ndarray, Planned):
+    for road in ("plain", "planned", "strided", "packed"):
         for does in ("raises", "calls Allreduce"):
-            signal_while_waiting(xcomm, comm, v, cls, does)
+            signal_while_waiting(xcomm, comm, v, road, does)
     reentrant_calls(xcomm, comm, v)
     oversized_plans(xcomm, comm, v)
     plain_calls(xcomm, comm, v)
@@ -2477,22 +2478,41 @@ def progress_while_waiting(v, xcomm, comm):
     win.Free()
 
 
+def signalled_buffers(road):
+    """Six float64s to send and to receive on ROAD, the views of them that
+    the test writes and reads, and the Allreduce's arguments."""
+    if road in ("plain", "planned"):
+        cls = np.ndarray if road == "plain" else Planned
+        send, recv = owned(cls, 6), owned(cls, 6)
+        return send, recv, (send, recv)
+    whole_send, whole_recv = np.zeros(12), np.zeros(12)
+    send, recv = whole_send[::2], whole_recv[::2]
+    if road == "strided":
+        return send, recv, (send, recv)
+    every_other = MPI.DOUBLE.Create_vector(6, 1, 2).Commit()
+    weakref.finalize(whole_recv, every_other.Free)
+    return send, recv, ([whole_send, 1, every_other],
+                        [whole_recv, 1, every_other])
+
+
 class Alarm(Exception):
     """What rank 0's signal handler raises."""
 
 
-def signal_while_waiting(xcomm, comm, v, cls, does):
+def signal_while_waiting(xcomm, comm, v, road, does):
     """A Python signal handler (SIGALRM) fires on rank 0 while it waits in
     an Allreduce for the last rank, 0.15 s late.  As under MPI, whose
     blocking calls run no Python, it runs once the call has returned: what
     it raises comes out of the call, complete; an Allreduce it makes (DOES)
     follows the call, and matches the others' next one.  Run inside the
-    wait, the first was lost and the second hung."""
+    wait, the first was lost and the second hung.  Buffers on ROAD: plain
+    arrays, a plan's, or staged through a contiguous copy (a strided view,
+    a derived datatype), whose copy back comes before the handler too
+    (before, one that raised left the receive buffer unwritten)."""
     n, rank = comm.size, comm.rank
     if n < 2:
         return
-    road = "plain" if cls is np.ndarray else "planned"
-    send, recv = owned(cls, 6), owned(cls, 6)
+    send, recv, args = signalled_buffers(road)
     send[:], recv[:] = rank + 1.0, np.nan
     extra_send, extra = np.full(3, rank + 10.0), np.zeros(3)
     state = {"entered": False, "ran": 0}
@@ -2515,7 +2535,7 @@ def signal_while_waiting(xcomm, comm, v, cls, does):
     raised = False
     try:
         state["entered"] = True
-        xcomm.Allreduce(send, recv)
+        xcomm.Allreduce(*args)
     except Alarm:
         raised = True
     finally:
