@@ -267,13 +267,13 @@ COMM_FIX = (r"wrap a communicator such as MPI\.COMM_WORLD or one from "
 ARG_CASES = [
     ("bcast-none", "TypeError", r"NoneType is not a buffer: " + BUFFER_FIX),
     ("bcast-object", "TypeError", r"object is not a buffer: " + BUFFER_FIX),
-    ("bcast-root-size", "ValueError",
+    ("bcast-root-size", "MPIValueError",
      r"Bcast: invalid root {n} for a communicator of size {n}; "
      r"pass an int from 0 to {last}$"),
-    ("bcast-root-negative", "ValueError",
+    ("bcast-root-negative", "MPIValueError",
      r"Bcast: invalid root -1 for a communicator of size {n}; "
      r"pass an int from 0 to {last}$"),
-    ("bcast-root-size-large", "ValueError", r"Bcast: invalid root {n}\b"),
+    ("bcast-root-size-large", "MPIValueError", r"Bcast: invalid root {n}\b"),
     ("allreduce-send-object", "TypeError",
      r"object is not a buffer: " + BUFFER_FIX),
     ("allreduce-recv-str", "TypeError", r"str is not a buffer: " + BUFFER_FIX),
@@ -293,8 +293,8 @@ ARG_CASES = [
      r"of MPI's ops, or one made with MPI\.Op\.Create$"),
     ("reduce-op-string", "TypeError",
      r"^op must be an MPI\.Op, such as MPI\.SUM \(got str\)"),
-    ("allreduce-band-float64", "ValueError", r"BAND .*float64" + INT_ONLY),
-    ("allreduce-lxor-float32", "ValueError", r"LXOR .*float32" + INT_ONLY),
+    ("allreduce-band-float64", "MPIValueError", r"BAND .*float64" + INT_ONLY),
+    ("allreduce-lxor-float32", "MPIValueError", r"LXOR .*float32" + INT_ONLY),
     ("allreduce-dtype-differs", "ValueError",
      r"differ in dtype; use the same dtype for both$"),
     ("allreduce-overlap", "ValueError",
@@ -360,11 +360,11 @@ ARG_CASES = [
     ("reduce-send-object", "TypeError",
      r"object is not a buffer: " + BUFFER_FIX),
     # Every rank, not only the root, should say which op and which data.
-    ("reduce-band-float64", "ValueError", r"BAND .*float64" + INT_ONLY),
-    ("reduce-root-size", "ValueError",
+    ("reduce-band-float64", "MPIValueError", r"BAND .*float64" + INT_ONLY),
+    ("reduce-root-size", "MPIValueError",
      r"Reduce: invalid root {n} for a communicator of size {n}; "
      r"pass an int from 0 to {last}$"),
-    ("reduce-root-negative", "ValueError",
+    ("reduce-root-negative", "MPIValueError",
      r"Reduce: invalid root -1 .*; pass an int from 0 to {last}$"),
     ("freed-barrier", "XhcError", r"^xhc\.Comm already freed$"),
     ("freed-bcast", "XhcError", r"^xhc\.Comm already freed$"),
@@ -470,6 +470,26 @@ def test_unusual_but_valid_arguments_work(request, n, case):
 def test_bad_argument_raises_on_every_rank(request, n, case, exc, pattern):
     launch = request.getfixturevalue(f"args{n}")
     check_case(launch, case, exc, pattern.format(n=n, last=n - 1))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_refusals_that_mpi_makes_raise_what_mpi4py_raises(request, n):
+    """An invalid root, or an op not defined on the dtype, which MPI itself
+    refuses: xhc's error is a ValueError, as its other refusals, and an
+    MPI.Exception of the error class that mpi4py's own call raises on the
+    same rank (MPI.ERR_ROOT, MPI.ERR_OP)."""
+    launch = request.getfixturevalue(f"args{n}")
+    twins = {kv["_pos"][0]: kv for kv in launch.get("TWIN")
+             if int(kv["rank"]) == 0}
+    assert len(twins) == 7, launch.output()
+    for case, twin in twins.items():
+        assert twin["exc"] == "Exception" and twin["mpi"] != "None", \
+            f"{case}: mpi4py raised {twin['exc']} (class {twin['mpi']})"
+        for r, kv in launch.by_rank("CASE", case).items():
+            assert (kv["mpi"], kv["value"]) == (twin["mpi"], "True"), \
+                f"{case}, rank {r}: xhc raised {kv['exc']} (MPI class " \
+                f"{kv['mpi']}, ValueError {kv['value']}), mpi4py class " \
+                f"{twin['mpi']}"
 
 
 READ_ONLY = r"receive buffer is read-only; pass a writable array$"

@@ -814,9 +814,10 @@ class Comm(HotComm):
         except TypeError:
             r = -1
         if not 0 <= r < self._size:
-            raise ValueError(f"{name}: invalid root {root!r} for a "
-                             f"communicator of size {self._size}; pass "
-                             f"an int from 0 to {self._size - 1}")
+            raise MPIValueError(f"{name}: invalid root {root!r} for a "
+                                f"communicator of size {self._size}; pass "
+                                f"an int from 0 to {self._size - 1}",
+                                MPI.ERR_ROOT)
         return r
 
     def _bcast_plan(self, buf, root, remember=True, flags=0):
@@ -1471,12 +1472,34 @@ def _busy_error(what):
                     "returned")
 
 
+class MPIValueError(ValueError, MPI.Exception):
+    """A bad argument that MPI itself refuses with an error class (an
+    invalid root, MPI.ERR_ROOT; an op not defined on the dtype,
+    MPI.ERR_OP): a ValueError, as xhc raises for bad arguments, and the
+    MPI.Exception of that class that mpi4py raises, so that code written
+    for either catches it.  Its text is xhc's, which names the fix."""
+
+    def __init__(self, message, error_class):
+        MPI.Exception.__init__(self, error_class)  # its args: the class
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.message!r})"
+
+    def __reduce__(self):
+        return type(self), (self.message, self.Get_error_class())
+
+
 def _check_op(s, op, name):
     """Raise, naming the fix, if OP is not defined on S's dtype."""
     if not lib.xhc_op_valid(s.dtype, OPS[id(op)]):
-        raise ValueError(f"{name}: MPI.{OP_NAMES[id(op)]} is not defined on "
-                         f"{DTYPE_NAMES[s.dtype]} data (MPI defines bitwise "
-                         "and logical ops on integers only)")
+        raise MPIValueError(
+            f"{name}: MPI.{OP_NAMES[id(op)]} is not defined on "
+            f"{DTYPE_NAMES[s.dtype]} data (MPI defines bitwise and logical "
+            "ops on integers only)", MPI.ERR_OP)
 
 
 def _keepable(*bufs):
