@@ -322,20 +322,22 @@ ARG_CASES = [
     ("bcast-none-with-count", "ValueError",
      r"^buffer is None but count is 2; pass a buffer, or \[MPI\.BOTTOM, "
      r"count, datatype\] for a datatype of absolute addresses$"),
-    ("bcast-in-place", "ValueError",
+    ("bcast-in-place", "MPIValueError",
      r"^MPI\.IN_PLACE stands only for the send buffer of an Allreduce, or "
      r"of a Reduce at its root$"),
-    ("bcast-in-place-spec", "ValueError",
+    ("bcast-in-place-spec", "MPIValueError",
      r"^MPI\.IN_PLACE stands only for the send buffer"),
-    ("bcast-init-in-place-spec", "ValueError",
+    ("bcast-init-in-place-spec", "MPIValueError",
      r"^MPI\.IN_PLACE stands only for the send buffer"),
     ("bcast-bottom", "ValueError",
      r"^MPI\.BOTTOM needs a count and an MPI\.Datatype of absolute "
      r"addresses: pass \[MPI\.BOTTOM, count, datatype\]$"),
-    ("allreduce-recv-in-place", "ValueError",
+    ("allreduce-recv-in-place", "MPIValueError",
      r"^MPI\.IN_PLACE stands only for the send buffer"),
-    ("allreduce-recv-in-place-spec", "ValueError",
+    ("allreduce-recv-in-place-spec", "MPIValueError",
      r"^MPI\.IN_PLACE stands only for the send buffer"),
+    ("reduce-in-place-off-root", "MPIValueError",
+     r"^Reduce: IN_PLACE is only for the root$"),
     ("allreduce-in-place-one-item", "TypeError",
      r"^a buffer specification of 1 items; pass one of mpi4py's forms"),
     ("allreduce-extra-arg", "TypeError",
@@ -474,14 +476,15 @@ def test_bad_argument_raises_on_every_rank(request, n, case, exc, pattern):
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_refusals_that_mpi_makes_raise_what_mpi4py_raises(request, n):
-    """An invalid root, or an op not defined on the dtype, which MPI itself
-    refuses: xhc's error is a ValueError, as its other refusals, and an
-    MPI.Exception of the error class that mpi4py's own call raises on the
-    same rank (MPI.ERR_ROOT, MPI.ERR_OP)."""
+    """An invalid root, an op not defined on the dtype, MPI.IN_PLACE where
+    it stands for no buffer, which MPI itself refuses: xhc's error is a
+    ValueError, as its other refusals, and an MPI.Exception of the error
+    class that mpi4py's own call raises on the same rank (MPI.ERR_ROOT,
+    MPI.ERR_OP, MPI.ERR_ARG)."""
     launch = request.getfixturevalue(f"args{n}")
     twins = {kv["_pos"][0]: kv for kv in launch.get("TWIN")
              if int(kv["rank"]) == 0}
-    assert len(twins) == 7, launch.output()
+    assert len(twins) == 11, launch.output()
     for case, twin in twins.items():
         assert twin["exc"] == "Exception" and twin["mpi"] != "None", \
             f"{case}: mpi4py raised {twin['exc']} (class {twin['mpi']})"

@@ -116,6 +116,28 @@ class Buffer:
         self.store = store
 
 
+class MPIValueError(ValueError, MPI.Exception):
+    """A bad argument that MPI itself refuses with an error class (an
+    invalid root, MPI.ERR_ROOT; an op not defined on the dtype,
+    MPI.ERR_OP; MPI.IN_PLACE where it stands for no buffer, MPI.ERR_ARG):
+    a ValueError, as xhc raises for bad arguments, and the MPI.Exception
+    of that class that mpi4py raises, so that code written for either
+    catches it.  Its text is xhc's, which names the fix."""
+
+    def __init__(self, message, error_class):
+        MPI.Exception.__init__(self, error_class)  # its args: the class
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.message!r})"
+
+    def __reduce__(self):
+        return type(self), (self.message, self.Get_error_class())
+
+
 _CODES = {}  # numpy dtype -> code, filled as dtypes are met
 _assign = np.ndarray.__setitem__  # a staged copy's load and store
 
@@ -243,7 +265,7 @@ def _parse_spec(spec):
         raise TypeError(f"buffer specification {_brief(spec)}; "
                         + _SPEC_FORMS) from None
     if buf is MPI.IN_PLACE:  # [MPI.IN_PLACE, datatype] where no send buffer
-        raise ValueError(_IN_PLACE_ONLY)
+        raise MPIValueError(_IN_PLACE_ONLY, MPI.ERR_ARG)
     if buf is None:  # no memory: an empty message, as mpi4py takes it
         if count:
             raise ValueError(f"buffer is None but count is {count}; pass "
@@ -516,7 +538,7 @@ def resolve(obj):
     if isinstance(obj, np.ndarray):
         return _of_array(obj)
     if obj is MPI.IN_PLACE:
-        raise ValueError(_IN_PLACE_ONLY)
+        raise MPIValueError(_IN_PLACE_ONLY, MPI.ERR_ARG)
     if obj is MPI.BOTTOM:
         raise ValueError("MPI.BOTTOM needs a count and an MPI.Datatype of "
                          "absolute addresses: pass [MPI.BOTTOM, count, "

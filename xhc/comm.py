@@ -21,8 +21,9 @@ from . import (_core, completion, config, debug, hierarchy, nodes, objects,
 from ._hot import (HotComm, HotRequest, bind_plain, block_hook,
                    kept_holds, progress_hook, run_staged, set_progress)
 from ._xhc import ffi, lib
-from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
-                      numpy_dtype, plain_tables, predefined, resolve)
+from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS,
+                      MPIValueError, in_place, numpy_dtype, plain_tables,
+                      predefined, resolve)
 from .errors import XhcError, agree
 from .topology import source_of
 
@@ -430,7 +431,8 @@ class Comm(HotComm):
         _reduce_plan check theirs; None if mpi4py must reduce."""
         inplace, receives = in_place(sendbuf), root in (None, self._rank)
         if inplace and not receives:
-            raise ValueError(f"{name}: IN_PLACE is only for the root")
+            raise MPIValueError(f"{name}: IN_PLACE is only for the root",
+                                MPI.ERR_ARG)
         r = resolve(recvbuf) if root is None else None
         s = r if inplace and r else resolve(recvbuf if inplace else sendbuf)
         if r is not None:
@@ -876,7 +878,8 @@ class Comm(HotComm):
         is_root = self._comm.rank == root
         mine = in_place(sendbuf)
         if mine and not is_root:
-            raise ValueError("Reduce: IN_PLACE is only for the root")
+            raise MPIValueError("Reduce: IN_PLACE is only for the root",
+                                MPI.ERR_ARG)
         known = predefined(op)
         s = resolve(recvbuf if mine else sendbuf)
         if not self._reducible(known, s):
@@ -1470,27 +1473,6 @@ def _busy_error(what):
     return XhcError(f"xhc.Comm {what} while a collective runs on it in "
                     "another thread; call it once that collective has "
                     "returned")
-
-
-class MPIValueError(ValueError, MPI.Exception):
-    """A bad argument that MPI itself refuses with an error class (an
-    invalid root, MPI.ERR_ROOT; an op not defined on the dtype,
-    MPI.ERR_OP): a ValueError, as xhc raises for bad arguments, and the
-    MPI.Exception of that class that mpi4py raises, so that code written
-    for either catches it.  Its text is xhc's, which names the fix."""
-
-    def __init__(self, message, error_class):
-        MPI.Exception.__init__(self, error_class)  # its args: the class
-        self.message = message
-
-    def __str__(self):
-        return self.message
-
-    def __repr__(self):
-        return f"{type(self).__name__}({self.message!r})"
-
-    def __reduce__(self):
-        return type(self), (self.message, self.Get_error_class())
 
 
 def _check_op(s, op, name):

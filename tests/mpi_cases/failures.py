@@ -174,7 +174,8 @@ def mpi_class(exc):
 MPI_REFUSES = ("bcast-root-size", "bcast-root-negative",
                "allreduce-band-float64", "allreduce-lxor-float32",
                "reduce-band-float64", "reduce-root-size",
-               "reduce-root-negative")
+               "reduce-root-negative", "bcast-in-place", "bcast-in-place-spec",
+               "bcast-init-in-place-spec", "reduce-in-place-off-root")
 
 
 def mpi4py_twins(cases):
@@ -443,6 +444,9 @@ def suite_args(xc):
         ("bcast-init-in-place-spec",
          lambda c: c.Bcast_init([MPI.IN_PLACE, MPI.DOUBLE], root=last)),
         ("bcast-bottom", lambda c: c.Bcast(MPI.BOTTOM, root=last)),
+        # Each rank's root is another: IN_PLACE on a non-root everywhere.
+        ("reduce-in-place-off-root",
+         lambda c: c.Reduce(MPI.IN_PLACE, f8(4), root=0 if RANK else 1)),
         ("allreduce-recv-in-place",
          lambda c: c.Allreduce(f8(4, 1.0), MPI.IN_PLACE)),
         ("allreduce-recv-in-place-spec",
