@@ -209,7 +209,9 @@ static int xhc_parent_staged(xhc_ctx_t *ctx, int parent, uint64_t t)
 
 /* Did my parent, whose buffer I read in place, stay in my operation
  * until I had read it?  It leaves only once I ack, unless it gives up;
- * then its next operation may describe another buffer in its big line. */
+ * then it marks itself gone before it writes anything more (ctx.c,
+ * xhc_ctx_mark): its caller may rewrite the buffer, and its next
+ * operation describe another in its big line. */
 static int xhc_parent_stayed(xhc_ctx_t *ctx, int parent)
 {
     /* Orders my reads of its buffer before the look at its state. */

@@ -47,19 +47,27 @@ def test_core_under_sanitizers(core_test, ranks, shape, seq_start, waits,
         pytest.skip("process_vm_readv cannot read a sibling here")
     env = dict(os.environ, XHC_SEQ_START=seq_start, **WAITS[waits],
                ASAN_OPTIONS="detect_leaks=1:abort_on_error=1")
-    proc = subprocess.Popen([core_test, str(ranks), "120", shape, copy],
-                            env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the forked ranks too
-        out, err = proc.communicate()
-        pytest.fail(f"core_test hung\n{out}\n{err}")
+    proc, out, err = _run_ranks([core_test, str(ranks), "120", shape, copy],
+                                240, env)
     assert proc.returncode == 0, out + err
     assert out.startswith("ok:"), out
     assert "runtime error" not in err, err
+
+
+def _run_ranks(cmd, timeout, env=None):
+    """Run CMD, which forks ranks, in a session of its own: (the process,
+    its stdout, its stderr); fail if it takes longer than TIMEOUT seconds,
+    having killed the ranks too, which would spin on for ever."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{os.path.basename(cmd[0])} hung\n{out}\n{err}")
+    return proc, out, err
 
 
 def _unit_test(tmp_path, cc, name, sources, sanitize, libs=()):
@@ -71,9 +79,8 @@ def _unit_test(tmp_path, cc, name, sources, sanitize, libs=()):
                     *(os.path.join(CSRC, s) for s in sources),
                     os.path.join(HERE, "c", name + ".c"), "-o", exe, *libs],
                    check=True)
-    proc = subprocess.run([exe], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and proc.stdout == "ok\n", \
-        proc.stdout + proc.stderr
+    proc, out, err = _run_ranks([exe], 60)
+    assert proc.returncode == 0 and out == "ok\n", out + err
 
 
 def test_tune_policy_under_sanitizers(tmp_path, cc):
@@ -105,7 +112,8 @@ def test_no_wrong_data_after_ranks_pass_different_sizes(tmp_path, cc):
     with another call's data.  A rank that gave up on an operation and
     came back to the next, or gave up on a later one (as a failed Reduce
     in pieces does), makes a peer still waiting on it there fail at once
-    (it waited out its timeout before)."""
+    (it waited out its timeout before).  A late reader of a root that
+    gave up and rewrote its buffer fails rather than read the new data."""
     sources = [os.path.basename(f) for f in glob.glob(CSRC + "/*.c")]
     _unit_test(tmp_path, cc, "disagree_test", sorted(sources), SANITIZE,
                ["-lrt", "-ldl", "-lpthread"])

@@ -27,6 +27,10 @@
  *    sizes of different rounds: nothing detects it, and their round
  *    counts part.  The Bcasts and the Allreduce after it must fail or be
  *    right, never return 0 with another round's data.
+ * 6. Rank 1 dies before a Bcast of rank 0's buffer, read in place (by
+ *    CMA), so the root gives up on it and writes its next message into
+ *    that buffer; only then does rank 2 come to the Bcast.  It must
+ *    fail, not return 0 with the root's next message.
  * Prints "ok" if every check holds.
  */
 #include <sched.h>
@@ -253,6 +257,47 @@ static int jumped_over(xhc_ctx_t *ctx, int rank, struct board *b)
     return left_before(ctx, rank, b, 2);
 }
 
+/* 6.: the root's part; B->done counts the steps of the three ranks. */
+static void root_moves_on(xhc_ctx_t *ctx, struct board *b, size_t n)
+{
+    unsigned char *buf = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = byte_of(i, 1);
+    while (b->done != 1)
+        sched_yield();
+    int rc = xhc_bcast(ctx, buf, n, 0);
+    if (rc != XHC_ERR_PEER_GONE)
+        fail(b, "a root whose reader died did not give up", 0, rc);
+    xhc_ctx_leave(ctx);
+    for (size_t i = 0; i < n; i++)  /* its caller's next message */
+        buf[i] = byte_of(i, 2);
+    b->done = 2;
+    while (b->done != 3)  /* its buffer stays, and its process */
+        sched_yield();
+    free(buf);
+}
+
+static int root_gave_up(xhc_ctx_t *ctx, int rank, struct board *b)
+{
+    size_t n = ROUNDS * CHUNK;
+    if (rank == 0) {
+        root_moves_on(ctx, b, n);
+    } else if (rank == 1) {
+        b->done = 1;
+        _exit(0);
+    } else {
+        while (b->done != 2)
+            sched_yield();
+        int rc = bcast_checked(ctx, rank, n, 1);
+        if (rc == 0 || rc == -1)
+            fail(b, "a Bcast from a root that gave up returned 0", rank, rc);
+        b->done = 3;
+    }
+    while (b->done != 3)
+        sched_yield();
+    return 0;
+}
+
 static int ranks_open(xhc_ctx_t **ctx, int fd, size_t size, int rank, int n,
                       const xhc_config_t *cfg)
 {
@@ -325,6 +370,8 @@ int main(void)
     cfg.reduce_cico_max = 0;
     bad += run(2, &cfg, own_roots, NULL);
     bad += run(2, &cfg, jumped_over, NULL);
+    cfg.copy = XHC_COPY_CMA;
+    bad += run(3, &cfg, root_gave_up, NULL);
     if (bad)
         return 1;
     printf("ok\n");
