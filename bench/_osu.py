@@ -9,7 +9,10 @@ import time
 import numpy as np
 
 LARGE_MESSAGE_SIZE = 8192   # OSU: above this, the "large" loop counts apply
-LARGE_SCALE = 10            # OSU: 1000/100 small -> 100/10 large
+# OSU's default (iterations, warm-up) up to 8 KiB and above; counts given
+# on the command line (-i, -x) apply at every size, as in OSU.
+DEFAULT_COUNTS = (1000, 100)
+DEFAULT_COUNTS_LARGE = (100, 10)
 NPAT = 5                    # distinct send patterns, rotated per iteration
                             # (prime: no ring of 2 or 4 slots lines up)
 FIELD_WIDTH = 20
@@ -92,12 +95,13 @@ def message_sizes(spec, default_min, least="", default_max=1 << 20):
     return sizes
 
 
-def loop_counts(size, iters, warmup):
-    """Return (iterations, warm-up) for SIZE, scaled down above 8 KiB."""
-    if size is None or size <= LARGE_MESSAGE_SIZE:
-        return iters, warmup
-    return (max(1, iters // LARGE_SCALE),
-            max(min(warmup, 1), warmup // LARGE_SCALE))
+def loop_counts(size, iters=None, warmup=None):
+    """(iterations, warm-up) at SIZE: ITERS and WARMUP where given (-i,
+    -x), at every size; the others OSU's defaults, a tenth above 8 KiB."""
+    large = size is not None and size > LARGE_MESSAGE_SIZE
+    default = DEFAULT_COUNTS_LARGE if large else DEFAULT_COUNTS
+    return (default[0] if iters is None else iters,
+            default[1] if warmup is None else warmup)
 
 
 def split_blocks(iters, nblocks):

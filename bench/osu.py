@@ -9,9 +9,8 @@ Run from the project root:
 
 Commands: bcast, allreduce, reduce, barrier.  OSU options: ``-m [MIN:]MAX``
 (bytes, K/M suffixes; default 1:1M for bcast, 8:1M for reductions),
-``-i ITER`` (1000) and ``-x WARMUP`` (100) for sizes up to 8 KiB; above,
-both are divided by 10 (100 and 10 by default, OSU's own defaults there;
-OSU keeps counts given on its command line for every size).  ``-f`` adds
+``-i ITER`` and ``-x WARMUP`` at every size, as in OSU (by default, OSU's
+1000 and 100 up to 8 KiB, 100 and 10 above).  ``-f`` adds
 Min/Max/Iterations, ``-c`` validates every call's result (Barrier: untimed
 check rounds after each block of timed calls).
 
@@ -321,10 +320,12 @@ def parse_args(argv=None):
     p.add_argument("-m", "--message-size", metavar="[MIN:]MAX",
                    help="bytes, K/M suffixes (1:1M bcast, one element:1M "
                    "reductions)")
-    p.add_argument("-i", "--iterations", type=_positive, default=1000,
-                   help="timed iterations up to 8 KiB, /10 above (1000)")
-    p.add_argument("-x", "--warmup", type=_natural, default=100,
-                   help="warm-up iterations up to 8 KiB, /10 above (100)")
+    p.add_argument("-i", "--iterations", type=_positive,
+                   help="timed iterations at every size (default 1000 up "
+                   "to 8 KiB, 100 above)")
+    p.add_argument("-x", "--warmup", type=_natural,
+                   help="warm-up iterations at every size (default 100 up "
+                   "to 8 KiB, 10 above)")
     p.add_argument("-f", "--full", action="store_true",
                    help="also print Min/Max latency and Iterations")
     p.add_argument("-c", "--validation", dest="validate",

@@ -621,9 +621,12 @@ def test_message_sizes_and_counts():
     assert _osu.message_sizes("64KiB:128kb", 8) == [64 << 10, 128 << 10]
     with pytest.raises(ValueError):
         _osu.message_sizes("64:8", 1)
-    assert _osu.loop_counts(8192, 1000, 100) == (1000, 100)
-    assert _osu.loop_counts(16384, 1000, 100) == (100, 10)
-    assert _osu.loop_counts(16384, 20, 2) == (2, 1)
+    # OSU's defaults, a tenth above 8 KiB; counts given, at every size.
+    assert _osu.loop_counts(8192) == (1000, 100)
+    assert _osu.loop_counts(16384) == (100, 10)
+    assert _osu.loop_counts(16384, 20, 2) == (20, 2)
+    assert _osu.loop_counts(16384, 20) == (20, 10)
+    assert _osu.loop_counts(None, 5, 0) == (5, 0)
     assert sum(_osu.split_blocks(7, 10)) == 7
 
 
@@ -773,6 +776,33 @@ def test_readme_main_command_runs_a_validated_sweep():
             if line[:1].isdigit()]
     assert [int(r[0]) for r in rows] == [8 << k for k in range(14)] * 3
     assert all(r[-1] == "Pass" for r in rows), out.stdout
+
+
+def test_bench_main_names_each_ops_files():
+    """With several OPs, each writes a --json or --plot file of its own
+    (they wrote over one another's, and the last OP's alone was left)."""
+    from bench.__main__ import files_per_op
+    words = ["-f", "--json", "out/a.json", "--plot=p.png", "-i", "20"]
+    assert files_per_op(words, "bcast") == [
+        "-f", "--json", "out/a-bcast.json", "--plot=p-bcast.png", "-i", "20"]
+
+
+def test_bench_main_takes_the_mpiexec_beside_its_python(tmp_path,
+                                                       monkeypatch):
+    """The mpiexec installed with the Python that runs `python -m bench`
+    (its environment's MPI, which mpi4py loads), not an earlier one on
+    PATH, which may be another MPI's."""
+    from bench import __main__ as main
+    env_bin, other = tmp_path / "env" / "bin", tmp_path / "other"
+    for d in (env_bin, other):
+        d.mkdir(parents=True)
+        (d / "mpiexec").write_text("#!/bin/sh\n")
+        (d / "mpiexec").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(env_bin / "python"))
+    monkeypatch.setenv("PATH", str(other))
+    assert main.mpiexec() == str(env_bin / "mpiexec")
+    (env_bin / "mpiexec").unlink()
+    assert main.mpiexec() == str(other / "mpiexec")
 
 
 def test_bench_main_options():
