@@ -139,7 +139,6 @@ class MPIValueError(ValueError, MPI.Exception):
 
 
 _CODES = {}  # numpy dtype -> code, filled as dtypes are met
-_assign = np.ndarray.__setitem__  # a staged copy's load and store
 
 
 def numpy_dtype(code):
@@ -175,11 +174,14 @@ def _of_array(arr, obj=None):
     if flags.f_contiguous:  # arr.T: the same memory, C-contiguous
         return Buffer(obj, arr.T, code, flags.writeable)
     copy = np.empty(arr.shape, arr.dtype)
-    # ndarray's own item assignment, compiled (np.copyto dispatches in
-    # Python first) and not any subclass's.
+    # ndarray's own item assignment, not any subclass's, through
+    # operator.setitem: compiled, and it makes no Python object (np.copyto
+    # dispatches in Python; ndarray.__setitem__ called so makes tuples,
+    # which may start a garbage collection, which runs Python).
+    base = arr if type(arr) is np.ndarray else arr.view(np.ndarray)
     return Buffer(obj, copy, code, flags.writeable,
-                  functools.partial(_assign, copy, Ellipsis, arr),
-                  functools.partial(_assign, arr, Ellipsis, copy))
+                  functools.partial(operator.setitem, copy, Ellipsis, base),
+                  functools.partial(operator.setitem, base, Ellipsis, copy))
 
 
 # Predefined datatypes that MPI's arithmetic ops refuse, whose mpi4py
@@ -360,7 +362,7 @@ def _of_packed(spec, raw, count, displ, dt):
         count = _whole_count(len(raw), displ, extent)
     _check_span(dt, len(raw), count, displ, extent)
     return _packed(spec, raw.__array_interface__["data"][0], count, displ,
-                   dt.Dup(), raw.flags.writeable)
+                   dt.Dup(), raw.flags.writeable, raw)
 
 
 def _of_bottom(spec, count, displ, dt):
@@ -426,9 +428,12 @@ def _type_name(dt):
     return dt.Get_name() or "derived"
 
 
-def _packed(spec, address, count, displ, own, writable):
+def _packed(spec, address, count, displ, own, writable, raw=None):
     """COUNT elements of datatype OWN (ours: freed with the staging copy)
-    from ADDRESS plus DISPL extents, staged through MPI's packed form."""
+    from ADDRESS plus DISPL extents, staged through MPI's packed form.
+    RAW, the buffer's bytes there are any, holds the buffer's export while
+    the steps live: a bytearray cannot be resized under a call, or a
+    request, that writes it, as under mpi4py's."""
     extent = own.Get_extent()[1]
     try:
         _check_count(count, displ)
@@ -447,11 +452,10 @@ def _packed(spec, address, count, displ, own, writable):
         address + displ * extent, count * extent,
         readonly=not writable) if count else bytearray(0)
     code = NOT_REDUCIBLE if element is None else dtype_code(element)
-    return Buffer(spec, arr, code, writable,
-                  functools.partial(own.Pack, window, packed, 0,
-                                    MPI.COMM_SELF),
-                  functools.partial(own.Unpack, packed, 0, window,
-                                    MPI.COMM_SELF))
+    load = functools.partial(own.Pack, window, packed, 0, MPI.COMM_SELF)
+    store = functools.partial(own.Unpack, packed, 0, window, MPI.COMM_SELF)
+    load.holds = store.holds = raw
+    return Buffer(spec, arr, code, writable, load, store)
 
 
 def _free_type(dt):

@@ -22,6 +22,7 @@ fast while still crossing every boundary.  XHC_HIERARCHY, XHC_TOPOLOGY,
 XHC_COPY and XHC_SEQ_START act through xhc itself.
 """
 import argparse
+import gc
 import hashlib
 import mmap
 import os
@@ -3025,6 +3026,8 @@ def suite_staged(world, comm, v, sz, args):
         spec_forms(xcomm, comm, v)
         changed_after_plan(xcomm, comm, v)
         exports_released(xcomm, comm, v)
+        staged_exports_held(xcomm, comm, v)
+        staged_steps_run_no_python(v)
         v.check("staged: no fallback", xcomm.stats["fallback"] == 0,
                 f"stats: {xcomm.stats}")
 
@@ -3299,6 +3302,74 @@ def exports_released(xcomm, comm, v):
     xcomm.Bcast(ba, root=0)
     v.check("Bcast into a bytearray that moved", ba[-4:] == b"root" and
             len(ba) == 7 + (1 << 20), f"got {bytes(ba[-4:])!r}")
+
+
+def staged_exports_held(xcomm, comm, v):
+    """A bytearray staged through a derived datatype is held, as mpi4py
+    holds it, while a request that writes it lives (resized, it would be
+    written after it was freed), and let go after a blocking call."""
+    rank = comm.rank
+    every_other = MPI.DOUBLE.Create_vector(3, 1, 2).Commit()
+    ba = bytearray(np.arange(6.0).tobytes() if rank == 0 else bytes(48))
+    req = xcomm.Bcast_init([ba, 1, every_other], root=0)
+    try:
+        ba.extend(bytes(1 << 20))
+        err = "a bytearray a request writes could be resized"
+    except BufferError:
+        err = None
+    v.case("staged: a request holds its bytearray", err)
+    req.Start()
+    req.Wait()
+    req.Free()
+    got = np.frombuffer(bytes(ba), np.float64)[:6:2]  # holds no export
+    v.check("staged: the request's Bcast", (got == [0, 2, 4]).all(),
+            f"got {got}")
+    xcomm.Bcast([ba, 1, every_other], root=0)
+    try:
+        ba.extend(b"!")
+        err = None
+    except BufferError as e:
+        err = f"bytearray.extend() raised {e} after a blocking Bcast"
+    v.case("staged: a blocking call lets its bytearray go", err)
+    every_other.Free()
+
+
+def staged_steps_run_no_python(v):
+    """A staged buffer's copy in and copy back make no object a garbage
+    collection counts: one would run Python (a __del__, a gc callback)
+    between the call and its copy back, and with it a signal handler.
+    Python's free lists emptied and a threshold of 1 make a collection
+    follow any such object."""
+    from xhc.buffers import resolve
+    vector = MPI.DOUBLE.Create_vector(3, 1, 2).Commit()
+    whole = np.zeros(6)
+    bufs = {"strided": resolve(whole[::2]),
+            "subclass": resolve(whole.view(Planned)[::2]),
+            "packed": resolve([whole, 1, vector])}
+    steps = [(f"{name} {kind}", getattr(b, kind)) for name, b in bufs.items()
+             for kind in ("load", "store")]
+    runs = [0] * len(steps)
+    at = [0]
+
+    def count(phase, info):
+        runs[at[0]] += phase == "start"
+
+    held = [(i, i) for i in range(4000)] + [(i, i, i) for i in range(4000)]
+    threshold = gc.get_threshold()
+    gc.callbacks.append(count)
+    gc.set_threshold(1)
+    try:  # a while loop over ints below 256 makes no object of its own
+        while at[0] < len(steps):
+            steps[at[0]][1]()
+            at[0] += 1
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(count)
+    del held
+    vector.Free()
+    ran = [f"{name}: {n}" for (name, _), n in zip(steps, runs) if n]
+    v.case("staged: copies in and back run no garbage collection",
+           None if not ran else f"collections in {', '.join(ran)}")
 
 
 class Planned(np.ndarray):
