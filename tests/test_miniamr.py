@@ -8,6 +8,7 @@ both modes, and once as a plain serial ``python -m bench.miniamr``.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -144,6 +145,44 @@ def test_a_wrong_checksum_allreduce_fails_the_run(how, message, tmp_path):
                        *PROBLEM], timeout=120, check=False)
     assert proc.returncode != 0
     assert message in proc.stdout, proc.stdout + proc.stderr
+
+
+# bench.miniamr with xhc's int32 Allreduce(MAX), the 2:1 marks, giving
+# zeros: a mesh that refines less, whose checksums both modes of the
+# final check then sum alike.
+WRONG_MARKS = """
+import sys
+import numpy as np
+from mpi4py import MPI
+import xhc
+from bench.miniamr import driver
+real = xhc.Comm.Allreduce
+def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+    real(self, sendbuf, recvbuf, op)
+    if recvbuf.dtype == np.int32 and op == MPI.MAX:
+        recvbuf[...] = 0
+xhc.Comm.Allreduce = Allreduce
+sys.exit(driver.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_verify_holds_xhc_to_the_mpi(n, tmp_path):
+    """--verify makes each of xhc's collectives again on the plain
+    communicator: a right run passes having compared some, and a wrong
+    2:1-mark Allreduce, which the final checksums cannot see, fails the
+    run, naming it."""
+    good = run_mpi(n, ["-m", "bench.miniamr", "--coll", "xhc", "--verify",
+                       *decomp_args(n), *PROBLEM], timeout=120)
+    assert "--verify" not in good.stdout, good.stdout
+    script = tmp_path / "wrong_marks.py"
+    script.write_text(WRONG_MARKS)
+    proc = run_mpi(n, [str(script), "--coll", "xhc", "--verify",
+                       *decomp_args(n), *PROBLEM], timeout=120, check=False)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert re.search(r"--verify: \d+ results of xhc differed from the "
+                     r"MPI's; the first, on rank \d: Allreduce\(int32, "
+                     r"MPI_MAX\) gave", proc.stdout), proc.stdout
 
 
 @pytest.mark.parametrize("args, text", [

@@ -9,16 +9,21 @@ and dot migration) uses plain mpi4py communicators in both modes, so the
 two modes differ only in their collectives.
 """
 from .timers import TimedComm
+from .verify import VerifiedComm
 
 
 class CommFactory:
-    """Create, track and free the collective communicators of one run."""
+    """Create, track and free the collective communicators of one run.
+    With VERIFY (xhc mode), xhc's results are held against the MPI's
+    (verify.py); what differed is in ``wrong``."""
 
-    def __init__(self, mode, stats):
+    def __init__(self, mode, stats, verify=False):
         if mode not in ("xhc", "mpi"):
             raise ValueError(f"--coll must be xhc or mpi, not {mode!r}")
         self.mode = mode
         self.stats = stats
+        self.verify = verify and mode == "xhc"
+        self.wrong = []
         self._xhc = None
         self._owned = []      # (xhc.Comm or None, raw comm to Free or None)
         self._timed = []      # every TimedComm, in creation order
@@ -36,7 +41,8 @@ class CommFactory:
         inner = self._xhc.Comm(raw) if self._xhc is not None else raw
         self._owned.append((inner if self._xhc is not None else None,
                             raw if free_raw else None))
-        timed = TimedComm(inner, self.stats, label)
+        timed = VerifiedComm(inner, self.stats, label, raw, self.wrong) \
+            if self.verify else TimedComm(inner, self.stats, label)
         self._timed.append(timed)
         return timed
 

@@ -41,7 +41,7 @@ class Run:
         self.stats = CollStats()
         self._bufs = {}
         self.timers = Timers()
-        self.factory = CommFactory(o.coll, self.stats)
+        self.factory = CommFactory(o.coll, self.stats, o.verify)
         self.world = self.factory.wrap(raw)
         self.p2p = raw.Dup()            # point-to-point, same in both modes
         options.broadcast(o, self.world)
@@ -216,7 +216,25 @@ class Run:
             self.say(f"final checksum over --coll {o.coll} "
                      f"{[v.hex() for v in coll.tolist()]} differs from "
                      f"the plain MPI's {[v.hex() for v in final.tolist()]}")
-        return 1 if bad or differ else 0
+        wrong = self.unverified()
+        if wrong:
+            self.say(f"--verify: {wrong}")
+        return 1 if bad or differ or wrong else 0
+
+    def unverified(self):
+        """Collective: under --verify, the first of xhc's results that
+        differed from the MPI's, on the lowest rank that saw one, with
+        the count over all ranks; else None."""
+        if not self.factory.verify:
+            return None
+        firsts = self.raw.allgather(self.factory.wrong[:1])
+        count = self.raw.allreduce(len(self.factory.wrong))
+        seen = [(r, f[0]) for r, f in enumerate(firsts) if f]
+        if not seen:
+            return None
+        rank, first = seen[0]
+        return (f"{count} results of xhc differed from the MPI's; the "
+                f"first, on rank {rank}: {first}")
 
     def close(self):
         self.factory.free_all()

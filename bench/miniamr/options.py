@@ -80,6 +80,10 @@ def build_parser():
       help="type bounce cx cy cz mx my mz sx sy sz ix iy iz (as miniAMR)")
     a("--seed", type=int, default=12345, help="seed of the initial values")
     a("--json", default=None, metavar="FILE", help="write the report as JSON")
+    a("--verify", action="store_true",
+      help="--coll xhc: make every Bcast, Allreduce and Reduce again on "
+           "the plain communicator, untimed, and fail if a result differs "
+           "(a check of xhc, not a timing run)")
     a("--quiet", action="store_true", help="no progress lines on stderr")
     return p
 
