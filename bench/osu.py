@@ -647,8 +647,8 @@ def reduce_stats(comm, case, iters):
 
 
 # A block of STALL_CALLS calls or more that is STALL times slower than the
-# size's median block is a stall of the machine, not of the call: the row
-# is flagged for a rerun.
+# size's median block is flagged for a rerun: most often a stall of the
+# machine (this VM has them), but it may be that column's own calls.
 STALL, STALL_CALLS = 3.0, 10
 
 
@@ -664,8 +664,9 @@ def stalls(size, impls, stats):
                 and max(blocks) >= STALL * median > 0:
             where = f"{size} B" if size is not None else "the barrier"
             notes.append(f"note: {where}: one block of {im.label} took "
-                         f"{max(blocks) / median:.1f}x its median block; "
-                         f"the machine stalled, the mean counts it: rerun")
+                         f"{max(blocks) / median:.1f}x its median block "
+                         "(a stall of the machine, or of those calls); the "
+                         "mean counts it: rerun")
     return notes
 
 
