@@ -496,17 +496,19 @@ ARRAYS_PER_SIZE = 2 * _osu.NPAT + 6
 
 
 def _check_memory(opts, nranks):
-    """Refuse a largest size whose arrays the node cannot hold."""
-    if opts.sizes[0] is None:
-        return
-    need = max(opts.sizes) * ARRAYS_PER_SIZE * nranks
+    """Refuse a largest size (and --cold buffer) whose arrays the node
+    cannot hold."""
+    largest = 0 if opts.sizes[0] is None else max(opts.sizes)
+    need = (largest * ARRAYS_PER_SIZE + opts.cold) * nranks
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need > have:
+        what = f"-m {opts.message_size}" if largest else "--cold"
         raise ValueError(
-            f"-m {opts.message_size}: {nranks} ranks would hold about "
-            f"{need / 2**30:.1f} GiB of buffers and patterns at "
-            f"{max(opts.sizes)} bytes, more than this node's "
-            f"{have / 2**30:.1f} GiB: lower the largest size")
+            f"{what}: {nranks} ranks would hold about {need / 2**30:.1f} "
+            f"GiB of buffers and patterns at {largest} bytes"
+            f"{f' and --cold {opts.cold}' if opts.cold else ''}, more than "
+            f"this node's {have / 2**30:.1f} GiB: lower the largest size"
+            f"{' or --cold' if opts.cold else ''}")
 
 
 def _check_writable(flag, path):

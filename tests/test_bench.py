@@ -459,9 +459,26 @@ def test_osu_sizes_refused_up_front(command, spec, dtype, match):
     import types
     from bench import osu
     opts = types.SimpleNamespace(command=command, message_size=spec,
-                                 dtype=dtype, json=None)
+                                 dtype=dtype, json=None, cold=0)
     with pytest.raises(ValueError, match=match):
         opts.sizes = osu._sizes(opts)
+        osu._check_memory(opts, 2)
+
+
+def test_osu_cold_buffer_counted_in_the_memory_check():
+    """--cold's private buffer, one a rank, counts toward what the node
+    must hold."""
+    import types
+    from bench import osu
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    opts = types.SimpleNamespace(command="allreduce", message_size="8:64K",
+                                 dtype="float64", json=None, cold=64 << 20)
+    opts.sizes = osu._sizes(opts)
+    osu._check_memory(opts, 2)
+    opts.cold = have // 2
+    with pytest.raises(ValueError, match=r"^-m 8:64K: 2 ranks would hold "
+                       r".* and --cold \d+, more than this node's .*: lower "
+                       r"the largest size or --cold$"):
         osu._check_memory(opts, 2)
 
 
