@@ -312,8 +312,10 @@ def plot(path, doc):
     for key in doc["impls"]:
         label = doc["labels"][key]
         avg = [r[key]["avg_us"] for r in rows]
-        if rows[0]["size"] is None:
-            ax.bar([label], avg)
+        if rows[0]["size"] is None:  # a barrier: min..max as error bars
+            r = rows[0][key]
+            ax.bar([label], avg, yerr=[[avg[0] - r["min_us"]],
+                                       [r["max_us"] - avg[0]]], capsize=4)
             continue
         sizes = [r["size"] for r in rows]
         lo = [r[key]["min_us"] for r in rows]
@@ -328,7 +330,8 @@ def plot(path, doc):
 
 def _decorate(ax, doc, sized):
     ax.set_title(f"{doc['title']}, {doc['ranks']} ranks")
-    ax.set_ylabel("avg latency (us); band: min..max over ranks")
+    ax.set_ylabel("avg latency (us); " + ("band" if sized else "bars")
+                  + ": min..max over ranks")
     if sized:
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(_size_label)
