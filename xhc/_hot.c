@@ -48,6 +48,9 @@
  *    thread until it returns; a second thread's call, which would take
  *    the same flags and sequence numbers as the first (waiting with the
  *    GIL let go), raises before it touches anything.
+ * 10. A staged call (xhc/comm.py, _staged) runs its copies in, its core
+ *    call and its copies back from here (run_staged), so that no
+ *    bytecode, and with it no signal handler, runs between them.
  * The core is reached through function pointers handed over by cffi, so
  * this module links against nothing but Python.
  */

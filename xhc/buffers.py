@@ -431,7 +431,7 @@ def _type_name(dt):
 def _packed(spec, address, count, displ, own, writable, raw=None):
     """COUNT elements of datatype OWN (ours: freed with the staging copy)
     from ADDRESS plus DISPL extents, staged through MPI's packed form.
-    RAW, the buffer's bytes there are any, holds the buffer's export while
+    RAW, the buffer's bytes where there are any, holds the buffer's export while
     the steps live: a bytearray cannot be resized under a call, or a
     request, that writes it, as under mpi4py's."""
     extent = own.Get_extent()[1]
