@@ -8,6 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ._xhc import ffi, lib
+from .mpierrors import MPIValueError
 
 # The ops the core reduces with: (op, the core's code, name).
 _OP_TABLE = tuple((getattr(MPI, name), getattr(lib, "XHC_" + name), name)
@@ -114,28 +115,6 @@ class Buffer:
         self.writable = writable
         self.load = load
         self.store = store
-
-
-class MPIValueError(ValueError, MPI.Exception):
-    """A bad argument that MPI itself refuses with an error class (an
-    invalid root, MPI.ERR_ROOT; an op not defined on the dtype,
-    MPI.ERR_OP; MPI.IN_PLACE where it stands for no buffer, MPI.ERR_ARG):
-    a ValueError, as xhc raises for bad arguments, and the MPI.Exception
-    of that class that mpi4py raises, so that code written for either
-    catches it.  Its text is xhc's, which names the fix."""
-
-    def __init__(self, message, error_class):
-        MPI.Exception.__init__(self, error_class)  # its args: the class
-        self.message = message
-
-    def __str__(self):
-        return self.message
-
-    def __repr__(self):
-        return f"{type(self).__name__}({self.message!r})"
-
-    def __reduce__(self):
-        return type(self), (self.message, self.Get_error_class())
 
 
 _CODES = {}  # numpy dtype -> code, filled as dtypes are met

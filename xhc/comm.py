@@ -21,10 +21,10 @@ from . import (_core, completion, config, debug, hierarchy, nodes, objects,
 from ._hot import (HotComm, HotRequest, bind_plain, block_hook,
                    kept_holds, progress_hook, run_staged, set_progress)
 from ._xhc import ffi, lib
-from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS,
-                      MPIValueError, in_place, numpy_dtype, plain_tables,
-                      predefined, resolve)
+from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
+                      numpy_dtype, plain_tables, predefined, resolve)
 from .errors import XhcError, agree
+from .mpierrors import MPIRequestError, MPIValueError
 from .topology import source_of
 
 _CACHE_MAX = 64           # plans kept per operation
@@ -1348,7 +1348,7 @@ class Request(HotRequest):
     def _Start(self):
         if self._active:  # the others would match its next call to it
             # Settled: no collective refused, so none to withdraw from.
-            raise _settled(XhcError(
+            raise _settled(MPIRequestError(
                 f"{self._what}: Start() on an active request; complete it "
                 "first (Wait(), Test() or Waitall())"))
         if self._call is None:
@@ -1368,8 +1368,8 @@ class Request(HotRequest):
         return call()
 
     def _gone(self):
-        return XhcError(f"{self._what}: request already freed (or its "
-                        "xhc.Comm: already freed)")
+        return MPIRequestError(f"{self._what}: request already freed (or "
+                               "its xhc.Comm: already freed)")
 
     def _failed(self, rc):
         self._xcomm._raise(rc, self._what)
@@ -1398,8 +1398,8 @@ class Request(HotRequest):
 
     def Cancel(self):
         """Refuse: MPI makes cancelling a collective erroneous."""
-        raise XhcError(f"{self._what}: a collective cannot be cancelled; "
-                       "Free() the request instead")
+        raise MPIRequestError(f"{self._what}: a collective cannot be "
+                              "cancelled; Free() the request instead")
 
     cancel = Cancel
 
@@ -1418,11 +1418,16 @@ class Request(HotRequest):
     __hash__ = HotRequest.__hash__  # by identity: xhc.Comm keeps a WeakSet
 
     def Free(self):
-        """Drop the buffers and the plan.  A second Free() raises XhcError
-        (mpi4py raises MPI.Exception); a Free() after the xhc.Comm's free()
-        does not."""
+        """Drop the buffers and the plan.  A second Free(), or one of an
+        active request, raises MPIRequestError (an XhcError and MPI's
+        MPI.ERR_REQUEST, as mpi4py raises); a Free() after the xhc.Comm's
+        free() does not."""
         if self._freed:
-            raise XhcError(f"{self._what}: request already freed")
+            raise MPIRequestError(f"{self._what}: request already freed")
+        if self._active:
+            raise MPIRequestError(
+                f"{self._what}: Free() on an active request; complete it "
+                "first (Wait(), Test() or Waitall()), as MPI requires")
         if not self._release():
             raise _busy_error("Request.Free()")
         self._freed = True
@@ -1446,13 +1451,23 @@ class Request(HotRequest):
 
     @staticmethod
     def Startall(requests):
-        """Start every request, in order (none if one is not a request)."""
+        """Start every request, in order; none if one cannot start (not a
+        persistent request, or one of xhc's that is active or freed), as
+        MPI checks the list first."""
         requests = list(requests)
         starts = [getattr(req, "Start", None) for req in requests]
-        if None in starts:
-            bad = requests[starts.index(None)]
-            raise TypeError("Startall takes persistent requests, not "
-                            f"{type(bad).__name__}")
+        for req, start in zip(requests, starts):
+            if isinstance(req, Request) and (req._active or not req):
+                why = ("an active request; complete it first" if req else
+                       "request already freed")
+                raise MPIRequestError(f"Startall: {req._what}: {why}")
+            if start is None and isinstance(req, MPI.Request):
+                raise MPIRequestError("Startall: MPI.REQUEST_NULL or a "
+                                      "request that is not persistent; pass "
+                                      "persistent requests")
+            if start is None:
+                raise TypeError("Startall takes persistent requests, not "
+                                f"{type(req).__name__}")
         for start in starts:
             start()
 

@@ -2565,8 +2565,6 @@ def signal_while_waiting(xcomm, comm, v, road, does):
 def freed_requests_let_go(v, xcomm, comm):
     """A freed request holds none of its buffers: blocking calls do not
     remember its plan."""
-    import gc
-    import weakref
     root = comm.size - 1
     for name in ("Bcast_init", "Allreduce_init", "Reduce_init"):
         send, recv = np.ones(1 << 10), np.zeros(1 << 10)
@@ -2574,6 +2572,7 @@ def freed_requests_let_go(v, xcomm, comm):
                xcomm.Allreduce_init(send, recv) if name == "Allreduce_init"
                else xcomm.Reduce_init(send, recv, root=root))
         req.Start()
+        req.Wait()
         req.Free()
         alive = [weakref.ref(send), weakref.ref(recv)]
         del send, recv, req
@@ -2658,6 +2657,7 @@ def persistent_calls(xcomm, comm, v):
     for name in ("Get_status", "get_status"):
         status_peeks(v, comm, reqs, name)
     active_states(v, xcomm, comm, reqs)
+    request_errors_as_mpi(v, xcomm, comm)
     calls_once_free_began(v, comm)
     for req in reqs:
         req.Free()
@@ -2849,6 +2849,48 @@ def lowercase_alls(v, comm, reqs):
         v.case(f"{name}: mpi4py's objects, None for xhc's",
                None if got == (want if name == "waitall" else (True, want))
                else f"got {got}")
+
+
+def mpi_class_of(call, *args):
+    """The MPI error class of the MPI.Exception CALL(*ARGS) raises; else
+    'none', or the name of what it raised."""
+    try:
+        call(*args)
+    except MPI.Exception as e:
+        return e.Get_error_class()
+    except Exception as e:  # noqa: BLE001 -- the case reports it
+        return type(e).__name__
+    return "none"
+
+
+def request_errors_as_mpi(v, xcomm, comm):
+    """What MPI refuses of a persistent request (MPI.ERR_REQUEST) raises
+    on xhc's an XhcError that is also the MPI.Exception mpi4py's own
+    requests raise, of the same class; and Startall with an active
+    request in its list starts none, as Open MPI's."""
+    a, b = np.ones(2), np.zeros(2)
+    classes, xhc_kinds = {}, []
+    for who, c, startall in (("mpi4py", comm, MPI.Prequest.Startall),
+                             ("xhc", xcomm, xhc.Request.Startall)):
+        req, other = c.Allreduce_init(a, b), c.Allreduce_init(a, b)
+        req.Start()
+        calls = [(req.Start,), (req.Free,), (req.Cancel,),
+                 (startall, [other, req]), (startall, [MPI.REQUEST_NULL])]
+        got = [mpi_class_of(*call) for call in calls]
+        if who == "xhc":
+            xhc_kinds.append(raises(xhc.XhcError, req.Start))
+            v.case("Startall with an active request starts none",
+                   "started one" if other._active else None)
+        req.Wait()
+        req.Free()
+        other.Free()
+        got += [mpi_class_of(req.Start), mpi_class_of(req.Free)]
+        classes[who] = got
+    v.case("what MPI refuses of a request raises mpi4py's MPI.Exception",
+           None if classes["xhc"] == classes["mpi4py"] and
+           MPI.ERR_REQUEST in classes["xhc"] else
+           f"xhc {classes['xhc']}, mpi4py {classes['mpi4py']}")
+    v.case("... and an XhcError", xhc_kinds[0])
 
 
 def active_states(v, xcomm, comm, reqs):

@@ -1,0 +1,50 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""xhc's errors that are also mpi4py's MPI.Exception.
+
+Where MPI itself refuses a call with an error class, mpi4py raises an
+MPI.Exception of that class.  xhc's error for the same call is of the
+kind xhc documents (ValueError for a bad argument, XhcError for a request
+in the wrong state) and that MPI.Exception too, so that code written for
+either catches it.  Its text is xhc's, which names the fix.
+"""
+from mpi4py import MPI
+
+from .errors import XhcError
+
+
+class _MPIError(MPI.Exception):
+    """MPI.Exception of class ERROR_CLASS, with xhc's MESSAGE as text."""
+
+    def __init__(self, message, error_class):
+        MPI.Exception.__init__(self, error_class)  # its args: the class
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.message!r})"
+
+    def __reduce__(self):
+        return _remade, (type(self), self.message, self.Get_error_class())
+
+
+def _remade(kind, message, error_class):
+    err = kind.__new__(kind)
+    _MPIError.__init__(err, message, error_class)
+    return err
+
+
+class MPIValueError(ValueError, _MPIError):
+    """A bad argument that MPI refuses: an invalid root (MPI.ERR_ROOT), an
+    op not defined on the dtype (MPI.ERR_OP), MPI.IN_PLACE where it stands
+    for no buffer (MPI.ERR_ARG)."""
+
+
+class MPIRequestError(XhcError, _MPIError):
+    """A request in a state in which MPI refuses the call (MPI.ERR_REQUEST):
+    started or freed while active, used once freed, cancelled."""
+
+    def __init__(self, message):
+        _MPIError.__init__(self, message, MPI.ERR_REQUEST)
+        self.code = 0
