@@ -40,6 +40,9 @@ class MPIValueError(ValueError, _MPIError):
     op not defined on the dtype (MPI.ERR_OP), MPI.IN_PLACE where it stands
     for no buffer (MPI.ERR_ARG)."""
 
+    def __init__(self, message, error_class):  # not ValueError's
+        _MPIError.__init__(self, message, error_class)
+
 
 class MPIRequestError(XhcError, _MPIError):
     """A request in a state in which MPI refuses the call (MPI.ERR_REQUEST):
