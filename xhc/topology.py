@@ -16,9 +16,9 @@ Where the cpuset comes from:
   ``index`` is placed on logical core ``index % ncores``, as
   ``mpiexec --map-by core --bind-to core`` places rank ``index``.
 
-hwloc-calc runs once per level type, all started at once: on this machine
-in one rank of a communicator for all its ranks (``gather_localities``),
-for a topology source in every process for all its cores.  Results are
+hwloc-calc runs once per level type, all started at once, in one rank of
+a communicator for all its ranks (``gather_localities``): on this machine
+for their bindings, for a topology source for all its cores.  Results are
 cached per process.
 """
 import functools
@@ -369,35 +369,41 @@ def gather_localities(comm, topology=None, index=0):
     all take the same path.  On this machine rank 0 asks hwloc for the
     whole communicator, one hwloc-calc per level type rather than per
     level and rank, and sends the answer (or its failure, raised on every
-    rank) to all.  With a topology source each rank is placed by its INDEX
-    (node_index: its rank on its node, as the launcher placed it)."""
+    rank) to all.  With a topology source rank 0 asks hwloc about its
+    every core, once, and each rank is placed by its INDEX (node_index: its
+    rank on its node, as the launcher placed it)."""
     source = source_of(topology)
     check_alike("topology", comm.allgather(source))
     if source is None:
         return _machine_localities(comm)
-    mine, problem = None, None
-    try:
-        mine = local_locality(source, index=index)
-    except Exception as e:  # noqa: BLE001 - every rank must hear of it
-        problem = e
-    return agree(comm, mine, problem)
+    table = _told_by_rank_0(comm, lambda: _core_table(source))
+    return comm.allgather(dict(table[int(index) % len(table)]))
 
 
-def _machine_localities(comm):
-    """gather_localities on this machine: rank 0 asks, everyone hears."""
-    pairs = comm.gather(_binding_masks(), root=0)
+def _told_by_rank_0(comm, ask):
+    """What ASK() returns on rank 0 of COMM, on every rank; or what it
+    raised, raised on every rank, or the others would hang."""
     answer, failure = None, None
     if comm.rank == 0:
         try:
-            masks = [mask for pair in pairs for mask in pair if mask]
-            answer = (_hwloc_env(), pairs, masks, localities_of_masks(masks))
-        except Exception as e:  # every rank must hear of it, or they hang
+            answer = ask()
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it
             failure = e
             answer = error_text(e)
     answer = comm.bcast(answer, root=0)
     if isinstance(answer, str):
         raise XhcError(answer) from failure
-    env, pairs, masks, localities = answer
+    return answer
+
+
+def _machine_localities(comm):
+    """gather_localities on this machine: rank 0 asks, everyone hears."""
+    pairs = comm.gather(_binding_masks(), root=0)
+
+    def ask():
+        masks = [mask for pair in pairs for mask in pair if mask]
+        return _hwloc_env(), pairs, masks, localities_of_masks(masks)
+    env, pairs, masks, localities = _told_by_rank_0(comm, ask)
     # Every rank keeps what it heard: a later communicator (a Split) whose
     # rank 0 this process is then asks hwloc about new masks only.
     heard = dict(zip(masks, localities))
