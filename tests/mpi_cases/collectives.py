@@ -3210,6 +3210,7 @@ def spec_forms(xcomm, comm, v):
     req = xcomm.Bcast_init([p, 2, pair] if root else p, root=0)
     pair.Free()
     req.Start()
+    req.Wait()
     req.Free()
     v.check("Bcast_init, datatype freed before Start",
             np.array_equal(p, np.arange(4.0)), f"got {p}")
@@ -3527,6 +3528,7 @@ def bad_buffer_on_one_rank(xcomm, comm, v):
             req = call()
             if req is not None:
                 req.Start()
+                req.Wait()
                 req.Free()
             err = "no error" if rank == last else None
         except ValueError:
@@ -3675,6 +3677,7 @@ def leaders_get_what_mpi_allows(comm, v):
                 if start:
                     req = other.Allreduce_init(*args)
                     req.Start()
+                    req.Wait()
                     req.Free()
                 else:
                     other.Allreduce(*args)
@@ -3796,6 +3799,7 @@ def raised_in_kept_runs(xcomm, comm, v):
     busy = xcomm._hot_busy()
     xcomm.Allreduce(a, b)
     req.Start()
+    req.Wait()
     req.Free()
     v.case("spanning: a kept call and a Start() that raise withdraw once "
            "each, and calls go on",
