@@ -436,20 +436,6 @@ def test_hwloc_calc_that_fails_says_what_to_do(monkeypatch, tmp_path, body,
         topology.localities_of_masks(["0x00000001"])
 
 
-def test_cpus_hwloc_does_not_know_are_refused(monkeypatch):
-    """A CPU that hwloc's view of the machine lacks (HWLOC_SYNTHETIC or
-    HWLOC_XMLFILE describing another node) is in no NUMA node: refused,
-    naming the variable, where it used to get groups of its own."""
-    monkeypatch.setenv("HWLOC_SYNTHETIC", "pack:1 l3:1 core:1 pu:1")
-    monkeypatch.setattr(topology, "_KNOWN_MASKS", {})
-    assert topology.localities_of_masks(["0x00000001"])[0]["core"] == (0,)
-    with pytest.raises(XhcError, match=r"^hwloc-calc places 0x00000002 in no "
-                       r"NUMA node of this machine \(as HWLOC_SYNTHETIC=pack:1 "
-                       r"l3:1 core:1 pu:1 describes it\): .* unset those "
-                       r"variables, or xhc needs"):
-        topology.localities_of_masks(["0x00000001", "0x00000002"])
-
-
 SPANNING = """
 import os
 from mpi4py import MPI

@@ -1461,7 +1461,8 @@ class Request(HotRequest):
                 why = ("an active request; complete it first" if req else
                        "request already freed")
                 raise MPIRequestError(f"Startall: {req._what}: {why}")
-            if start is None and isinstance(req, MPI.Request):
+            if isinstance(req, MPI.Request) and (
+                    start is None or req == MPI.REQUEST_NULL):
                 raise MPIRequestError("Startall: MPI.REQUEST_NULL or a "
                                       "request that is not persistent; pass "
                                       "persistent requests")
