@@ -292,15 +292,13 @@ def _columns(source, outs, inputs, what):
     # A CPU hwloc does not know gets no answer too; only one run that knows
     # none of them (an hwloc-calc that answered nothing) is refused here:
     # test launches place ranks on CPUs this machine lacks.
-    if not any(columns["numa"]):
-        for given in inputs[:1]:
-            env = "" if source else " ".join(f"{k}={v}"
-                                             for k, v in _hwloc_env())
-            raise XhcError(
-                f"hwloc-calc places {given.strip()} in no NUMA node of {where}"
-                + (f" (as {env} describes it)" if env else "")
-                + ": hwloc's view of the machine lacks those CPUs; "
-                + ("unset those variables, or " if env else "") + _HWLOC_FIX)
+    if inputs and not any(columns["numa"]):
+        env = "" if source else " ".join(f"{k}={v}" for k, v in _hwloc_env())
+        raise XhcError(
+            f"hwloc-calc places {inputs[0].strip()} in no NUMA node of {where}"
+            + (f" (as {env} describes it)" if env else "")
+            + ": hwloc's view of the machine lacks those CPUs; "
+            + ("unset those variables, or " if env else "") + _HWLOC_FIX)
     return [dict({name: columns[name][i] for name in _QUERIED}, node=(0,))
             for i in range(len(inputs))]
 
