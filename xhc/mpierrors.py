@@ -25,8 +25,9 @@ class _MPIError(MPI.Exception):
     def __repr__(self):
         return f"{type(self).__name__}({self.message!r})"
 
-    def __reduce__(self):
-        return _remade, (type(self), self.message, self.Get_error_class())
+    def __reduce__(self):  # its attributes (code, notes) go as its state
+        return (_remade, (type(self), self.message, self.Get_error_class()),
+                self.__dict__.copy())
 
 
 def _remade(kind, message, error_class):
@@ -48,6 +49,7 @@ class MPIRequestError(XhcError, _MPIError):
     """A request in a state in which MPI refuses the call (MPI.ERR_REQUEST):
     started or freed while active, used once freed, cancelled."""
 
+    code = 0  # not a core error code
+
     def __init__(self, message):
         _MPIError.__init__(self, message, MPI.ERR_REQUEST)
-        self.code = 0

@@ -26,6 +26,7 @@ import gc
 import hashlib
 import mmap
 import os
+import pickle
 import signal
 import sys
 import time
@@ -2891,6 +2892,14 @@ def request_errors_as_mpi(v, xcomm, comm):
            MPI.ERR_REQUEST in classes["xhc"] else
            f"xhc {classes['xhc']}, mpi4py {classes['mpi4py']}")
     v.case("... and an XhcError", xhc_kinds[0])
+    try:
+        req.Start()
+    except xhc.XhcError as e:
+        e.add_note("n")
+        back = pickle.loads(pickle.dumps(e))
+        got = (back.code, back.__notes__, str(back), back.Get_error_class())
+        v.case("... which pickles whole", None if got == (
+            0, ["n"], str(e), MPI.ERR_REQUEST) else f"got {got}")
 
 
 def active_states(v, xcomm, comm, reqs):
