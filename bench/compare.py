@@ -34,8 +34,10 @@ if not __package__:  # run as a path: python bench/compare.py
 from bench import _osu  # noqa: E402
 
 
-# Options that change what is measured: files must agree on them.
-SAME = ("dtype", "op", "root", "sync", "iterations", "warmup", "blocks",
+# Options that change what is measured: files must agree on them.  The
+# iteration counts are compared size by size instead (counts_differ): what
+# -i and -x mean above 8 KiB changed, and each row records what it ran.
+SAME = ("dtype", "op", "root", "sync", "blocks",
         "persistent", "cold", "objects", "numpy_scalar")
 # What a file from before an option existed measured.
 ABSENT = {"cold": 0, "persistent": False, "objects": False,
@@ -97,7 +99,26 @@ def load(paths):
             flag = "--" + key.replace("_", "-")
             raise SystemExit(f"compare: files differ in {flag}: "
                              f"{sorted(values)}; measure them alike")
+    differ = counts_differ(docs)
+    if differ:
+        raise SystemExit(f"compare: files timed {differ}; pass them the "
+                         "same -i and -x")
     return docs
+
+
+def counts_differ(docs):
+    """Name the first size the files timed with different (iterations,
+    warm-up) counts, or return None."""
+    by_size = [{r["size"]: r for r in d["results"]} for d in docs]
+    for size, row in by_size[0].items():
+        counts = {(b[size].get("iterations"), b[size].get("warmup"))
+                  for b in by_size if size in b}
+        if len(counts) > 1:
+            where = "the barrier" if size is None else f"{size} bytes"
+            runs = ", ".join(f"{i} timed and {w} warm-up"
+                             for i, w in sorted(counts, key=str))
+            return f"{where} with different counts ({runs})"
+    return None
 
 
 def columns(docs):

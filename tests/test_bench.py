@@ -648,8 +648,9 @@ def test_message_sizes_and_counts():
 
 
 def _doc(label, impls, scale, **options):
-    rows = [{"size": s, **{k: {"avg_us": scale * s, "errors": 0}
-                           for k in impls}} for s in (8, 16)]
+    rows = [{"size": s, "iterations": 1000, "warmup": 100,
+             **{k: {"avg_us": scale * s, "errors": 0} for k in impls}}
+            for s in (8, 16)]
     return {"benchmark": "allreduce", "ranks": 2, "title": "t",
             "impls": impls, "labels": {"xhc": "xhc", "mpi": label},
             "options": {"dtype": "float64", "op": "sum", "validate": True,
@@ -658,7 +659,7 @@ def _doc(label, impls, scale, **options):
 
 
 @pytest.mark.parametrize("bad", ["error", "errors", "fallback", "dtype",
-                                 "cold", "objects"])
+                                 "cold", "objects", "counts"])
 def test_compare_refuses_failed_or_unlike_runs(tmp_path, bad):
     a, b = _doc("MPI", ["xhc", "mpi"], 1.0), _doc("sm", ["mpi"], 2.0)
     if bad == "error":
@@ -671,6 +672,8 @@ def test_compare_refuses_failed_or_unlike_runs(tmp_path, bad):
         b["options"]["cold"] = 64 << 20   # a cold run against a warm one
     elif bad == "objects":
         b["options"]["objects"] = True    # pickled objects against buffers
+    elif bad == "counts":   # a tenth of the calls at one size
+        b["results"][1].update(iterations=100, warmup=10)
     else:
         b["options"]["dtype"] = "float32"
     paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
@@ -678,6 +681,9 @@ def test_compare_refuses_failed_or_unlike_runs(tmp_path, bad):
     _osu.write_json(paths[1], b)
     match = {"dtype": "differ in --dtype", "cold": "differ in --cold",
              "objects": "differ in --objects",
+             "counts": r"timed 16 bytes with different counts \(100 timed "
+                       r"and 10 warm-up, 1000 timed and 100 warm-up\); "
+                       "pass them the same -i and -x",
              "fallback": "2 xhc calls fell back to mpi4py"}
     with pytest.raises(SystemExit, match=match.get(bad, "failed")):
         compare.main(paths)
@@ -713,9 +719,14 @@ def test_compare_takes_an_absent_option_as_its_default(tmp_path, capsys):
 
 
 def test_compare_merges_runs(tmp_path, capsys):
+    """Files merge when every size ran the same counts, even where their
+    -i options differ in meaning (a file from before -i applied at every
+    size records 1000, a newer one None, for the same counts)."""
     paths = []
-    for name, doc in (("a", _doc("MPI", ["xhc", "mpi"], 1.0)),
-                      ("b", _doc("coll/sm", ["mpi"], 2.0))):
+    for name, doc in (("a", _doc("MPI", ["xhc", "mpi"], 1.0,
+                                 iterations=1000, warmup=100)),
+                      ("b", _doc("coll/sm", ["mpi"], 2.0,
+                                 iterations=None, warmup=None))):
         paths.append(str(tmp_path / f"{name}.json"))
         _osu.write_json(paths[-1], doc)
     assert compare.main(paths) == 0
