@@ -497,18 +497,25 @@ ARRAYS_PER_SIZE = 2 * _osu.NPAT + 6
 
 def _check_memory(opts, nranks):
     """Refuse a largest size (and --cold buffer) whose arrays the node
-    cannot hold."""
+    cannot hold, naming what holds them."""
     largest = 0 if opts.sizes[0] is None else max(opts.sizes)
     need = (largest * ARRAYS_PER_SIZE + opts.cold) * nranks
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > have:
-        what = f"-m {opts.message_size}" if largest else "--cold"
-        raise ValueError(
-            f"{what}: {nranks} ranks would hold about {need / 2**30:.1f} "
-            f"GiB of buffers and patterns at {largest} bytes"
-            f"{f' and --cold {opts.cold}' if opts.cold else ''}, more than "
-            f"this node's {have / 2**30:.1f} GiB: lower the largest size"
-            f"{' or --cold' if opts.cold else ''}")
+    if need <= have:
+        return
+    flags, held, lower = [], [], []
+    if largest:
+        flags.append(f"-m {opts.message_size or largest}")
+        held.append(f"buffers and patterns of {largest}-byte messages")
+        lower.append("the largest size")
+    if opts.cold:
+        flags.append(f"--cold {opts.cold}")
+        held.append(f"a {opts.cold}-byte --cold buffer")
+        lower.append("--cold")
+    raise ValueError(
+        f"{' '.join(flags)}: {nranks} ranks would hold about "
+        f"{need / 2**30:.1f} GiB ({' and '.join(held)} on each), more than "
+        f"this node's {have / 2**30:.1f} GiB: lower {' or '.join(lower)}")
 
 
 def _check_writable(flag, path):

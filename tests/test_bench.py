@@ -446,7 +446,9 @@ def test_osu_peer_refuses_another_mpi(monkeypatch):
 @pytest.mark.parametrize("command, spec, dtype, match", [
     ("allreduce", "12:48", "float64", "12 bytes is not a whole number of "
      "float64 elements; give sizes that are multiples of 8"),
-    ("bcast", "1024G", "float64", "GiB of buffers .* lower the largest size"),
+    ("bcast", "1024G", "float64", r"^-m 1024G: 2 ranks would hold about "
+     r".* GiB \(buffers and patterns of 1099511627776-byte messages on "
+     r"each\), .*: lower the largest size$"),
     ("allreduce", "4", "float64", r"^-m 4: 4 bytes is less than the least "
      r"size, 8 \(one float64 element\)$"),
     ("allreduce", "64KiB:32K", "float64", "minimum 65536 exceeds maximum"),
@@ -476,9 +478,17 @@ def test_osu_cold_buffer_counted_in_the_memory_check():
     opts.sizes = osu._sizes(opts)
     osu._check_memory(opts, 2)
     opts.cold = have // 2
-    with pytest.raises(ValueError, match=r"^-m 8:64K: 2 ranks would hold "
-                       r".* and --cold \d+, more than this node's .*: lower "
-                       r"the largest size or --cold$"):
+    with pytest.raises(ValueError, match=r"^-m 8:64K --cold \d+: 2 ranks "
+                       r"would hold about .* GiB \(buffers and patterns of "
+                       r"65536-byte messages and a \d+-byte --cold buffer on "
+                       r"each\), more than this node's .*: lower the largest "
+                       r"size or --cold$"):
+        osu._check_memory(opts, 2)
+    opts.command, opts.message_size, opts.sizes = "barrier", None, [None]
+    opts.cold = have
+    with pytest.raises(ValueError, match=r"^--cold \d+: 2 ranks would hold "
+                       r"about .* GiB \(a \d+-byte --cold buffer on each\), "
+                       r"more than this node's .*: lower --cold$"):
         osu._check_memory(opts, 2)
 
 
