@@ -191,7 +191,8 @@ def test_verify_holds_xhc_to_the_mpi(n, tmp_path):
     (["--nx", "3"], "error: --nx must be even and > 0"),
     (["--npx", "3", "--npy", "1"], "the ranks given do not divide 2 ranks"),
     (["--object", "2", "0", "a"] + ["0"] * 11, "invalid float value: 'a'"),
-    (["--num_objects", "-1"], "--num_objects: -1 is not >= 0")])
+    (["--num_objects", "-1"], "--num_objects: -1 is not >= 0"),
+    (["--coll", "mpi", "--verify"], "drop --verify or use --coll xhc")])
 def test_options_refused_once_without_abort(args, text):
     """Under mpiexec, help and errors come from rank 0 alone, and every
     rank exits with the same status, without MPI_Abort."""

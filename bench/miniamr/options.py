@@ -157,6 +157,10 @@ def prime_factors(n):
 
 def finish(o, size):
     """Validate O and fill in derived values."""
+    if o.verify and o.coll != "xhc":
+        raise OptionError("--verify checks xhc's collectives against the "
+                          "plain communicator's: with --coll mpi there is "
+                          "nothing to check; drop --verify or use --coll xhc")
     if o.npx * o.npy * o.npz != size:
         raise OptionError(f"npx*npy*npz = {o.npx * o.npy * o.npz} but "
                           f"{size} ranks")
