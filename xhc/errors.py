@@ -26,18 +26,39 @@ _KINDS = {"TypeError": TypeError, "ValueError": ValueError,
           "RuntimeWarning": RuntimeWarning}  # a warning made an error
 
 
+# xhc's errors that are also MPI.Exception (xhc.mpierrors): their class too.
+_MPI_KINDS = ("MPIValueError", "MPIRequestError")
+
+
+def _as_sent(problem):
+    """PROBLEM as (kind, text, MPI error class or None) for other ranks."""
+    kind = type(problem).__name__
+    error_class = problem.Get_error_class() if kind in _MPI_KINDS else None
+    return kind, str(problem), error_class
+
+
+def _as_received(kind, text, error_class):
+    """The exception a rank raises for another rank's problem."""
+    if kind not in _MPI_KINDS:
+        return _KINDS.get(kind, XhcError)(text)
+    from . import mpierrors  # it imports this module
+    if kind == "MPIRequestError":
+        return mpierrors.MPIRequestError(text)
+    return mpierrors.MPIValueError(text, error_class)
+
+
 def agree(comm, value, problem=None):
     """Collective over COMM: every rank's VALUE, in rank order; or, if any
     rank had a PROBLEM (an exception), raise on every rank: its own where
-    it happened, elsewhere the first such rank's, as "rank R: ..." (a
-    TypeError or ValueError, or else an XhcError).  A rank that raised
-    alone would leave the others waiting for ever in their next step."""
-    mine = (None, value) if problem is None else \
-        (type(problem).__name__, str(problem))
+    it happened, elsewhere the first such rank's, as "rank R: ..." (of
+    its kind if a TypeError, ValueError or one of xhc.mpierrors, or else
+    an XhcError).  A rank that raised alone would leave the others
+    waiting for ever in their next step."""
+    mine = (None, value, None) if problem is None else _as_sent(problem)
     everyone = comm.allgather(mine)
     if problem is not None:
         raise problem
-    for rank, (kind, detail) in enumerate(everyone):
+    for rank, (kind, detail, error_class) in enumerate(everyone):
         if kind is not None:
-            raise _KINDS.get(kind, XhcError)(f"rank {rank}: {detail}")
-    return [each for _, each in everyone]
+            raise _as_received(kind, f"rank {rank}: {detail}", error_class)
+    return [each for _, each, _ in everyone]

@@ -2659,6 +2659,7 @@ def persistent_calls(xcomm, comm, v):
         status_peeks(v, comm, reqs, name)
     active_states(v, xcomm, comm, reqs)
     request_errors_as_mpi(v, xcomm, comm)
+    agreed_mpi_errors(v, comm)
     calls_once_free_began(v, comm)
     for req in reqs:
         req.Free()
@@ -2900,6 +2901,28 @@ def request_errors_as_mpi(v, xcomm, comm):
         got = (back.code, back.__notes__, str(back), back.Get_error_class())
         v.case("... which pickles whole", None if got == (
             0, ["n"], str(e), MPI.ERR_REQUEST) else f"got {got}")
+
+
+def agreed_mpi_errors(v, comm):
+    """An error that is also MPI's (xhc.mpierrors) raised on one rank in
+    a step the ranks agree on reaches the others as its kind and MPI
+    error class, with the rank that had it named."""
+    from xhc.errors import agree
+    from xhc.mpierrors import MPIRequestError, MPIValueError
+    made = {MPIValueError: lambda t: MPIValueError(t, MPI.ERR_ROOT),
+            MPIRequestError: MPIRequestError}
+    for kind, make in made.items():
+        problem = make("no such root") if comm.rank == 0 else None
+        try:
+            agree(comm, comm.rank, problem)
+            got = "nothing"
+        except Exception as e:  # noqa: BLE001 -- the case reports it
+            got = (type(e), str(e), isinstance(e, MPI.Exception) and
+                   e.Get_error_class())
+        want = (kind, ("" if comm.rank == 0 else "rank 0: ") +
+                "no such root", make("").Get_error_class())
+        v.case(f"agree() passes on a {kind.__name__}",
+               None if got == want else f"got {got}")
 
 
 def active_states(v, xcomm, comm, reqs):
