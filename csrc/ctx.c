@@ -39,6 +39,9 @@ static int xhc_config_check(const xhc_config_t *cfg)
         return XHC_ERR_ARG;
     if (cfg->chunk_size < 4096 || cfg->chunk_size % 64 != 0)
         return XHC_ERR_ARG;
+    if (cfg->rs_window % 64 != 0
+        || (cfg->rs_window && cfg->rs_window < cfg->chunk_size))
+        return XHC_ERR_ARG;
     if (cfg->windows < 2)
         return XHC_ERR_ARG;
     /* XPMEM needs every rank's segment: only xhc_ctx_set_xpmem sets it. */
@@ -57,6 +60,7 @@ static int xhc_header_check(xhc_ctx_t *ctx)
         hdr->cico_max = ctx->cfg.cico_max;
         hdr->up_max = xhc_up_max(&ctx->cfg);
         hdr->chunk_size = ctx->cfg.chunk_size;
+        hdr->rs_window = xhc_rs_window(&ctx->cfg);
         hdr->windows = ctx->cfg.windows;
         hdr->sleep = ctx->cfg.sleep;
         return 0;
@@ -67,6 +71,7 @@ static int xhc_header_check(xhc_ctx_t *ctx)
         || hdr->cico_max != ctx->cfg.cico_max
         || hdr->up_max != xhc_up_max(&ctx->cfg)
         || hdr->chunk_size != ctx->cfg.chunk_size
+        || hdr->rs_window != xhc_rs_window(&ctx->cfg)
         || hdr->windows != ctx->cfg.windows
         || hdr->sleep != ctx->cfg.sleep)
         return XHC_ERR_SEGMENT;
@@ -76,8 +81,11 @@ static int xhc_header_check(xhc_ctx_t *ctx)
 static int xhc_ctx_alloc(xhc_ctx_t *ctx)
 {
     ctx->pids = calloc((size_t)ctx->nranks, sizeof(pid_t));
+    /* Partial folds: of a chunk (rs.c), an up slot, or a staged part. */
     size_t up = xhc_up_max(&ctx->cfg);
+    size_t rs = xhc_stage_part(ctx->nranks, &ctx->cfg);
     size_t part = ctx->cfg.chunk_size > up ? ctx->cfg.chunk_size : up;
+    part = part > rs ? part : rs;
     ctx->scratch = aligned_alloc(64, 3 * part);
     ctx->srcs = calloc((size_t)ctx->nranks + 1, sizeof(*ctx->srcs));
     ctx->peer_send = calloc((size_t)ctx->nranks, sizeof(struct xhc_src));

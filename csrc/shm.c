@@ -64,18 +64,19 @@ size_t xhc_stage_offset(int nranks, const xhc_config_t *cfg)
 }
 
 /* One owner's part of a staging window: whole 64-byte lines, at least
- * one, since xhc_ctx_open takes no chunk_size below 64 bytes a rank; so
- * a window's parts always fit in its chunk_size bytes. */
+ * one, since xhc_ctx_open takes no window below 64 bytes a rank; so a
+ * window's parts always fit in it. */
 size_t xhc_stage_part(int nranks, const xhc_config_t *cfg)
 {
-    return cfg->chunk_size / (size_t)nranks / 64 * 64;
+    return xhc_rs_window(cfg) / (size_t)nranks / 64 * 64;
 }
 
 /* One rank's reduce-scatter staging: its input windows, then its result
  * parts (xhc_internal.h's xhc_stage_in and xhc_stage_res). */
 size_t xhc_stage_per_rank(int nranks, const xhc_config_t *cfg)
 {
-    return XHC_RS_WINDOWS * (cfg->chunk_size + xhc_stage_part(nranks, cfg));
+    return XHC_RS_WINDOWS * (xhc_rs_window(cfg)
+                             + xhc_stage_part(nranks, cfg));
 }
 
 size_t xhc_bstage_offset(int nranks, const xhc_config_t *cfg)

@@ -83,6 +83,8 @@ typedef struct xhc_config {
                                  it, if more than cico_max: its up slots
                                  grow to this size */
     uint64_t chunk_size; /* pipelining and reduction chunk, bytes */
+    uint64_t rs_window;  /* 0, or the reduce-scatter's staging window if
+                            more than chunk_size, bytes */
     uint64_t seq_start;  /* first sequence number minus one (tests) */
     double timeout;      /* seconds without progress, once every rank has
                             entered, before a wait fails */

@@ -134,6 +134,7 @@ struct xhc_seg_header {
     uint64_t cico_max;
     uint64_t up_max;
     uint64_t chunk_size;
+    uint64_t rs_window;
     uint64_t windows;
     uint64_t sleep;
 } XHC_ALIGNED;
@@ -460,6 +461,12 @@ static inline int xhc_fail(xhc_ctx_t *ctx, int peer, int rc)
     return rc;
 }
 
+/* The reduce-scatter's staging window: rs_window, if set, else a chunk. */
+static inline size_t xhc_rs_window(const xhc_config_t *cfg)
+{
+    return cfg->rs_window ? cfg->rs_window : cfg->chunk_size;
+}
+
 /* Bytes of one up slot: a Reduce may carry more than cico_max upwards. */
 static inline size_t xhc_up_max(const xhc_config_t *cfg)
 {
@@ -511,7 +518,7 @@ static inline uint64_t xhc_piece_flag(uint64_t t, size_t pieces)
 }
 
 /* RANK's reduce-scatter staging for round T: its input window
- * (chunk_size bytes) or its result part (chunk_size / nranks bytes, whole
+ * (xhc_rs_window bytes) or its result part (a window / nranks, whole
  * 64-byte lines), one of XHC_RS_WINDOWS of each: few, so they stay in
  * cache.  They start XHC_WINDOW_SKEW bytes into a page. */
 static inline unsigned char *xhc_stage_in(xhc_ctx_t *ctx, int rank,
@@ -519,7 +526,7 @@ static inline unsigned char *xhc_stage_in(xhc_ctx_t *ctx, int rank,
 {
     size_t per_rank = xhc_stage_per_rank(ctx->nranks, &ctx->cfg);
     return ctx->stage + XHC_WINDOW_SKEW + (size_t)rank * per_rank
-           + (size_t)(t % XHC_RS_WINDOWS) * ctx->cfg.chunk_size;
+           + (size_t)(t % XHC_RS_WINDOWS) * xhc_rs_window(&ctx->cfg);
 }
 
 static inline unsigned char *xhc_stage_res(xhc_ctx_t *ctx, int rank,
@@ -527,7 +534,7 @@ static inline unsigned char *xhc_stage_res(xhc_ctx_t *ctx, int rank,
 {
     size_t part = xhc_stage_part(ctx->nranks, &ctx->cfg);
     return xhc_stage_in(ctx, rank, 0)
-           + XHC_RS_WINDOWS * ctx->cfg.chunk_size
+           + XHC_RS_WINDOWS * xhc_rs_window(&ctx->cfg)
            + (size_t)(t % XHC_RS_WINDOWS) * part;
 }
 

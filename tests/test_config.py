@@ -109,19 +109,23 @@ def test_keyword_wins_over_environment(monkeypatch):
     assert config.resolve(windows=4, sleep=256)["windows"] == 4
 
 
-@pytest.mark.parametrize("nranks, ncpu, chunk, windows, spin, reduce_max", [
-    (2, 2, 256 << 10, 2, 16384, 0),  # one rank per CPU: spin long
-    (1, 64, 256 << 10, 2, 16384, 0),
-    # Crowded: deep Bcast staging, short spin, Reduce through the slots.
-    (3, 2, 256 << 10, 32, 16, 1 << 20),
-    (4, 2, 256 << 10, 32, 16, 1 << 20),
-    (8, 2, 256 << 10, 32, 16, 512 << 10),  # 8 x 32 x 256 KiB = 64 MiB
-    (16, 8, 256 << 10, 16, 16, 256 << 10),  # 64 MiB caps the depth, and
-    (128, 64, 256 << 10, 2, 16, 0),         # 4 MiB the slots; never
-    (8, 2, 1 << 20, 8, 16, 512 << 10),      # fewer than 2 windows;
-    (24, 12, 1 << 20, 2, 16, 128 << 10),    # powers of two
-])
-def test_fit_to_load(nranks, ncpu, chunk, windows, spin, reduce_max):
+@pytest.mark.parametrize(
+    "nranks, ncpu, chunk, windows, spin, reduce_max, rs_window", [
+        (2, 2, 256 << 10, 2, 16384, 0, 0),  # one rank per CPU: spin long
+        (1, 64, 256 << 10, 2, 16384, 0, 0),
+        # Crowded: deep Bcast staging, short spin, Reduce through the
+        # slots, 1 MiB reduce-scatter windows.
+        (3, 2, 256 << 10, 32, 16, 1 << 20, 1 << 20),
+        (4, 2, 256 << 10, 32, 16, 1 << 20, 1 << 20),
+        (8, 2, 256 << 10, 32, 16, 512 << 10, 1 << 20),  # 8x32x256K: 64M
+        (16, 8, 256 << 10, 16, 16, 256 << 10, 1 << 20),  # 64 MiB caps the
+        (128, 64, 256 << 10, 2, 16, 0, 1 << 20),   # depth, and 4 MiB the
+        (8, 2, 1 << 20, 8, 16, 512 << 10, 0),      # slots; never fewer
+        (24, 12, 1 << 20, 2, 16, 128 << 10, 0),    # than 2 windows; powers
+        (4, 2, 2 << 20, 8, 16, 1 << 20, 0),        # of two; windows no
+    ])                                             # smaller than a chunk
+def test_fit_to_load(nranks, ncpu, chunk, windows, spin, reduce_max,
+                     rs_window):
     cfg = config.resolve(chunk_size=chunk)
     # Ranks bound round-robin to the CPUs, as mpiexec --bind-to core would.
     cpu_sets = [[r % ncpu] for r in range(nranks)]
@@ -129,6 +133,7 @@ def test_fit_to_load(nranks, ncpu, chunk, windows, spin, reduce_max):
     assert crowded == (nranks > ncpu) and cpus == min(nranks, ncpu)
     assert (cfg["windows"], cfg["spin"], cfg["sleep"]) == (windows, spin, 0)
     assert cfg["reduce_cico_max"] == reduce_max
+    assert cfg["rs_window"] == rs_window
 
 
 def test_fit_to_load_keeps_what_the_user_chose(monkeypatch):
@@ -140,6 +145,10 @@ def test_fit_to_load_keeps_what_the_user_chose(monkeypatch):
     assert (cfg["windows"], cfg["spin"], cfg["sleep"]) == (3, 700, 5)
     # A chosen cico_max applies to Reduce too: no larger crowded slots.
     assert (cfg["cico_max"], cfg["reduce_cico_max"]) == (4096, 0)
+    # A chosen chunk_size is the reduce-scatter's window too.
+    cfg = config.resolve(chunk_size=64 << 10)
+    config.fit_to_load(cfg, [[0, 1]] * 8, config.chosen(chunk_size=1))
+    assert (cfg["chunk_size"], cfg["rs_window"]) == (64 << 10, 0)
 
 
 def test_fit_to_load_needs_a_line_per_rank_in_a_window():
@@ -171,10 +180,14 @@ def test_fit_to_space_leaves_a_segment_that_fits():
 
 
 @pytest.mark.parametrize("nranks, ncpu, free, shrunk, want", [
-    # Docker's 64 MiB: a crowded node halves its Bcast staging depth.
-    (4, 2, 64 << 20, ["windows"], {"windows": 8}),
+    # A crowded node halves its reduce-scatter windows first,
+    (4, 2, 112 << 20, ["rs_window"], {"rs_window": 512 << 10}),
+    # ... to chunk_size (as none), then (Docker's 64 MiB) its Bcast
+    # staging depth,
+    (4, 2, 64 << 20, ["rs_window", "windows"], {"windows": 8,
+                                                "rs_window": 0}),
     # ... then its Reduce slots.
-    (4, 2, 24 << 20, ["windows", "reduce_cico_max"],
+    (4, 2, 24 << 20, ["rs_window", "windows", "reduce_cico_max"],
      {"windows": 2, "reduce_cico_max": 256 << 10}),
     # One rank per CPU: chunk_size to 64 KiB, cico_max to 8 KiB, by turns,
     (64, 64, 64 << 20, ["chunk_size", "cico_max"],
@@ -228,7 +241,8 @@ def test_fit_segment_takes_the_least_room_of_any_rank():
     fit = config.fit_segment(_loaded(4, 2), 4, [1 << 30, None, 64 << 20],
                              4, size)
     assert (fit["free"], fit["budget"]) == (64 << 20, 32 << 20)
-    assert fit["shrunk"] == ["windows"] and fit["bytes"] <= 32 << 20
+    assert fit["shrunk"] == ["rs_window", "windows"]
+    assert fit["bytes"] <= 32 << 20
     cfg = _loaded(4, 2)
     assert config.fit_segment(cfg, 4, [None] * 4, 4, size) == {
         "bytes": size(_loaded(4, 2)), "free": None, "budget": None,

@@ -65,8 +65,9 @@ def seg_name():
 
 def make_config(copy="cico", cico_max=1024, chunk_size=4096, seq_start=0,
                 timeout=10.0, spin=64, sleep=0, windows=2, bcast_rounds=0,
-                reduce_cico_max=0):
+                reduce_cico_max=0, rs_window=0):
     c = ffi.new("xhc_config_t *")
+    c.rs_window = rs_window
     c.cico_max, c.chunk_size, c.seq_start = cico_max, chunk_size, seq_start
     c.timeout, c.spin, c.sleep, c.windows = timeout, spin, sleep, windows
     c.bcast_rounds, c.reduce_cico_max = bcast_rounds, reduce_cico_max
@@ -227,6 +228,7 @@ def test_open_checks_its_arguments():
                 == lib.XHC_ERR_ARG, (rank, n)
         for field, bad in (("cico_max", 100), ("cico_max", 1000),
                            ("reduce_cico_max", 4100), ("chunk_size", 2048),
+                           ("rs_window", 2048), ("rs_window", 8200),
                            ("timeout", 0.0), ("copy", 7)):
             c = make_config()
             setattr(c, field, bad)
@@ -244,7 +246,8 @@ def test_open_checks_its_arguments():
             lib.xhc_ctx_close(ctx1)
             # Another layout or way of waiting than the creator's: refused.
             for field, value in (("cico_max", 2048), ("chunk_size", 8192),
-                                 ("sleep", 5), ("reduce_cico_max", 4096)):
+                                 ("sleep", 5), ("reduce_cico_max", 4096),
+                                 ("rs_window", 8192)):
                 other = make_config(**{field: value})
                 size2 = lib.xhc_segment_size(2, other)
                 assert lib.xhc_ctx_open(out, seg.name, size2, 1, 2, other) \
@@ -325,6 +328,7 @@ def _shmem_huge_pages():
     (dict(cico_max=32768, chunk_size=262144, windows=32, bcast_rounds=16),
      16385),
     (dict(cico_max=8192, chunk_size=4096, windows=4), 4096),
+    (dict(cico_max=1024, chunk_size=8192, windows=2, rs_window=65536), 1025),
 ])
 def test_the_first_pages_of_every_window_are_mapped_at_once(kw, least):
     """xhc_ctx_map_windows maps every rank's reduce-scatter staging (two
@@ -338,8 +342,9 @@ def test_the_first_pages_of_every_window_are_mapped_at_once(kw, least):
         grown = (_mapped_kib(path) - before) // 4
         windows = n * cfg.windows
         pages = -(-least // 4096)  # each window's span, if page-aligned
-        part = cfg.chunk_size // n // 64 * 64
-        staging = -(-n * 2 * (cfg.chunk_size + part) // 4096)
+        window = cfg.rs_window or cfg.chunk_size
+        part = window // n // 64 * 64
+        staging = -(-n * 2 * (window + part) // 4096)
         assert grown >= windows * pages + staging
         if not _shmem_huge_pages():  # else whole huge pages are mapped
             assert grown <= windows * (pages + 1) + staging + 1
@@ -896,6 +901,8 @@ def _sizes(cfg):
     out = [1, 8, inline - 1, inline, inline + 1, 500, cico - 8, cico,
            cico + 8, chunk - 8, chunk + 8, 3 * chunk + 77, 0,
            up - 8, up, up + 8]
+    if cfg.rs_window:  # reduce-scatter windows larger than a chunk
+        out += [cfg.rs_window - 8, cfg.rs_window + 8, 2 * cfg.rs_window + 77]
     return sorted(set(out), key=out.index)
 
 
@@ -1349,9 +1356,16 @@ def test_forked_ranks_hammer_one_segment(n, hierarchy):
     (3, "pairs", {"copy": "adaptive"}),
     (6, "three", {"copy": "adaptive", "cico_max": 4096,
                   "chunk_size": 128 << 10}),
+    # As on a crowded node: reduce-scatter windows of 4 chunks (odd ranks:
+    # parts of whole lines leave a window's tail to the last round).
+    (3, "flat", {"cico_max": 4096, "chunk_size": 8192,
+                 "rs_window": 32768}),
+    (4, "pairs", {"cico_max": 4096, "chunk_size": 8192, "rs_window": 32768,
+                  "copy": "adaptive"}),
 ], ids=["three-levels", "cma-pairs", "cma-flat", "default-sizes",
         "crowded-rounds", "pieces-three-levels", "pieces-cma-three-levels",
-        "pieces-sleep-odd-chunk", "adaptive-pairs", "adaptive-three-levels"])
+        "pieces-sleep-odd-chunk", "adaptive-pairs", "adaptive-three-levels",
+        "rs-windows-n3", "rs-windows-adaptive-pairs"])
 def test_forked_ranks_other_setups(n, hierarchy, kw):
     iters = 300 if kw.get("chunk_size", 0) > 8192 else 1000
     reports = run_forked(n, hierarchy, iters, **kw)

@@ -93,7 +93,8 @@ def _waiting(cfg, cpu_sets, frees):
             "spin": cfg["spin"], "sleep": cfg["sleep"],
             "bcast_windows": cfg["windows"],
             "bcast_rounds": cfg["bcast_rounds"],
-            "reduce_cico_max": cfg["reduce_cico_max"]}
+            "reduce_cico_max": cfg["reduce_cico_max"],
+            "rs_window": cfg["rs_window"]}
 
 
 def _segment(cfg, nranks, frees):
@@ -135,6 +136,8 @@ def _waiting_text(w):
               if w["bcast_rounds"] else "")
     reduce = ("; Reduce through slots up to %d KiB"
               % (w["reduce_cico_max"] >> 10) if w["reduce_cico_max"] else "")
+    reduce += ("; reduce-scatter windows of %d KiB" % (w["rs_window"] >> 10)
+               if w["rs_window"] else "")
     return ("waiting: %s on %d CPUs%s: spin %d polls, then yield; "
             "sleep %s; Bcast staging %d windows per rank%s%s"
             % (_ranks(w["ranks"]), w["cpus"],

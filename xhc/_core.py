@@ -230,6 +230,7 @@ def make_config(cfg):
     c.windows = cfg["windows"]
     c.bcast_rounds = cfg.get("bcast_rounds", 0)
     c.reduce_cico_max = cfg.get("reduce_cico_max", 0)
+    c.rs_window = cfg.get("rs_window", 0)
     return c
 
 

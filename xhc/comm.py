@@ -1126,7 +1126,8 @@ class Comm(HotComm):
 # The tunables that decide the segment's layout.
 _LAYOUT = frozenset(("cico_max", "chunk_size", "windows"))
 # What the warning of Comm._fit_to_space calls what it shrank.
-_SHRUNK_NAMES = {"reduce_cico_max": "crowded Reduce slot size"}
+_SHRUNK_NAMES = {"reduce_cico_max": "crowded Reduce slot size",
+                 "rs_window": "crowded reduce-scatter window"}
 
 
 def _space_warning(fit, cfg):

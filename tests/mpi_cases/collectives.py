@@ -290,6 +290,8 @@ class Sizes:
         self.seq_start = cfg["seq_start"]
         self.keys = set(xcomm.stats)
         self.crowded = bool(cfg["bcast_rounds"])
+        # ... and the reduce-scatter stages in larger windows.
+        self.rs_window = cfg["rs_window"] or self.chunk
 
     def bcast_bytes(self):
         """Byte counts crossing every threshold, odd sizes, several MiB
@@ -310,10 +312,12 @@ class Sizes:
         return sorted(c for c in out if c >= 0)
 
     def large_counts(self, es, n):
-        """Around chunk_size, and just over a chunk per rank's
-        reduce-scatter slice (so a slice spans two chunks)."""
-        c = self.chunk // es
-        return [c - 1, c + 1, (n * (self.chunk + 3 * 64) + 5) // es]
+        """Around chunk_size, just over a chunk per rank's reduce-scatter
+        slice (so a slice spans two chunks), and just over a reduce-scatter
+        window where that is larger than a chunk."""
+        c, w = self.chunk // es, self.rs_window // es
+        return [c - 1, c + 1, (n * (self.chunk + 3 * 64) + 5) // es] + \
+            ([w + (n * 3 * 64 + 5) // es] if w > c else [])
 
     def huge_count(self, es):
         return (24 * self.chunk + 40) // es + 3
