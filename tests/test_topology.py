@@ -571,10 +571,12 @@ def test_info_reports_waiting_for_the_load(n, env):
         assert w["bcast_windows"] > 2 and w["spin"] <= 16 and w["sleep"] == 0
         assert w["bcast_rounds"] == 16
         assert w["reduce_cico_max"] == 1 << 20  # 4 MiB over 4 ranks
+        assert w["rs_window"] == 1 << 20
     else:
         assert (w["bcast_windows"], w["spin"], w["sleep"]) == \
             (2, config.DEFAULTS["spin"], 0)
         assert w["bcast_rounds"] == 0 and w["reduce_cico_max"] == 0
+        assert w["rs_window"] == 0
     # The segment those tunables make, within its share of /dev/shm.
     seg, cfg = doc["segment"], config.resolve(**{
         key[4:].lower(): value for key, value in env.items()
@@ -583,7 +585,8 @@ def test_info_reports_waiting_for_the_load(n, env):
     assert seg["bytes"] <= seg["budget"], seg
     if not seg["shrunk"]:
         cfg.update(windows=w["bcast_windows"], bcast_rounds=w["bcast_rounds"],
-                   reduce_cico_max=w["reduce_cico_max"])
+                   reduce_cico_max=w["reduce_cico_max"],
+                   rs_window=w["rs_window"])
         assert seg["bytes"] == _core.segment_size(n, cfg), seg
 
 
@@ -655,17 +658,18 @@ def test_info_cuts_the_segment_as_xhc_comm_would(monkeypatch):
         if key.startswith("XHC_"):
             monkeypatch.delenv(key)
     seg, w = cli._waiting(config.resolve(), [[0]] * 4, [24 << 20] * 4)
-    assert seg["shrunk"] == ["windows", "reduce_cico_max"], seg
+    assert seg["shrunk"] == ["rs_window", "windows", "reduce_cico_max"], seg
     assert seg["free"] == 24 << 20 and seg["bytes"] <= 12 << 20, seg
-    assert (w["bcast_windows"], w["reduce_cico_max"]) == (2, 256 << 10)
+    assert (w["bcast_windows"], w["reduce_cico_max"], w["rs_window"]) == \
+        (2, 256 << 10, 0)
     assert cli._segment_text(seg).endswith(
-        "has 24.0 MiB free; cut to fit half of it (windows, "
+        "has 24.0 MiB free; cut to fit half of it (rs_window, windows, "
         "reduce_cico_max)")
     # Too little for its share: cut as far as it goes, and said so.
     seg, _ = cli._waiting(config.resolve(), [[0]] * 4, [512 << 10] * 4)
     assert cli._segment_text(seg).endswith(
-        "has 0.5 MiB free; more than its share, 0.2 MiB, even cut (windows, "
-        "reduce_cico_max, chunk_size, cico_max)")
+        "has 0.5 MiB free; more than its share, 0.2 MiB, even cut (rs_window, "
+        "windows, reduce_cico_max, chunk_size, cico_max)")
     # Too little for the smallest: info says xhc.Comm refuses it.
     seg, _ = cli._waiting(config.resolve(), [[0]] * 4, [64 << 10, None])
     assert cli._segment_text(seg).endswith(
