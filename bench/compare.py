@@ -107,12 +107,15 @@ def load(paths):
 
 
 def counts_differ(docs):
-    """Name the first size the files timed with different (iterations,
-    warm-up) counts, or return None."""
+    """Name the first size of the merged table (one every file has) that
+    the files timed with different (iterations, warm-up) counts, or
+    return None."""
     by_size = [{r["size"]: r for r in d["results"]} for d in docs]
-    for size, row in by_size[0].items():
+    for size in by_size[0]:
+        if not all(size in b for b in by_size):
+            continue
         counts = {(b[size].get("iterations"), b[size].get("warmup"))
-                  for b in by_size if size in b}
+                  for b in by_size}
         if len(counts) > 1:
             where = "the barrier" if size is None else f"{size} bytes"
             runs = ", ".join(f"{i} timed and {w} warm-up"

@@ -505,7 +505,8 @@ def _check_memory(opts, nranks):
         return
     flags, held, lower = [], [], []
     if largest:
-        flags.append(f"-m {opts.message_size or largest}")
+        flags.append(f"-m {opts.message_size}" if opts.message_size
+                     else "the default -m")
         held.append(f"buffers and patterns of {largest}-byte messages")
         lower.append("the largest size")
     if opts.cold:

@@ -746,6 +746,21 @@ def test_compare_merges_runs(tmp_path, capsys):
                                "0.50"]
 
 
+def test_compare_checks_counts_only_of_sizes_it_shows(tmp_path, capsys):
+    """A size that not every file has is not in the table, so counts
+    that differ there do not refuse the merge."""
+    docs = [_doc("MPI", ["xhc", "mpi"], 1.0), _doc("sm", ["mpi"], 2.0),
+            _doc("MPICH", ["mpi"], 3.0)]
+    for doc, counts in ((docs[0], (100, 10)), (docs[2], (20, 2))):
+        doc["results"].append(dict(doc["results"][1], size=32,
+                                   iterations=counts[0], warmup=counts[1]))
+    paths = [str(tmp_path / f"{i}.json") for i in range(3)]
+    for path, doc in zip(paths, docs):
+        _osu.write_json(path, doc)
+    assert compare.main(paths) == 0
+    assert capsys.readouterr().out.splitlines()[-1].split()[0] == "16"
+
+
 def test_compare_marks_shared_buffers_and_unchecked_files(tmp_path,
                                                            capsys):
     """A --shm file (its JSON's buffers, or, from before them, its

@@ -118,12 +118,18 @@ def test_keyword_wins_over_environment(monkeypatch):
         (3, 2, 256 << 10, 32, 16, 1 << 20, 1 << 20),
         (4, 2, 256 << 10, 32, 16, 1 << 20, 1 << 20),
         (8, 2, 256 << 10, 32, 16, 512 << 10, 1 << 20),  # 8x32x256K: 64M
-        (16, 8, 256 << 10, 16, 16, 256 << 10, 1 << 20),  # 64 MiB caps the
-        (128, 64, 256 << 10, 2, 16, 0, 1 << 20),   # depth, and 4 MiB the
-        (8, 2, 1 << 20, 8, 16, 512 << 10, 0),      # slots; never fewer
-        (24, 12, 1 << 20, 2, 16, 128 << 10, 0),    # than 2 windows; powers
-        (4, 2, 2 << 20, 8, 16, 1 << 20, 0),        # of two; windows no
-    ])                                             # smaller than a chunk
+        # 64 MiB caps the depth, 4 MiB the slots and 16 MiB the
+        # reduce-scatter windows (above a chunk, or none); never fewer than
+        # 2 windows; slots of powers of two, windows of whole lines.
+        (16, 8, 256 << 10, 16, 16, 256 << 10, 1 << 20),
+        (32, 16, 256 << 10, 8, 16, 128 << 10, 512 << 10),
+        (48, 24, 256 << 10, 5, 16, 64 << 10, 349504),
+        (64, 32, 256 << 10, 4, 16, 64 << 10, 0),
+        (128, 64, 256 << 10, 2, 16, 0, 0),
+        (8, 2, 1 << 20, 8, 16, 512 << 10, 0),
+        (24, 12, 1 << 20, 2, 16, 128 << 10, 0),
+        (4, 2, 2 << 20, 8, 16, 1 << 20, 0),
+    ])
 def test_fit_to_load(nranks, ncpu, chunk, windows, spin, reduce_max,
                      rs_window):
     cfg = config.resolve(chunk_size=chunk)
@@ -180,15 +186,14 @@ def test_fit_to_space_leaves_a_segment_that_fits():
 
 
 @pytest.mark.parametrize("nranks, ncpu, free, shrunk, want", [
-    # A crowded node halves its reduce-scatter windows first,
-    (4, 2, 112 << 20, ["rs_window"], {"rs_window": 512 << 10}),
-    # ... to chunk_size (as none), then (Docker's 64 MiB) its Bcast
-    # staging depth,
-    (4, 2, 64 << 20, ["rs_window", "windows"], {"windows": 8,
-                                                "rs_window": 0}),
+    # Docker's 64 MiB: a crowded node halves its Bcast staging depth,
+    (4, 2, 64 << 20, ["windows"], {"windows": 4, "rs_window": 1 << 20}),
+    # ... then its reduce-scatter windows (to a chunk's: none),
+    (8, 2, 64 << 20, ["windows", "rs_window"],
+     {"windows": 2, "rs_window": 512 << 10}),
     # ... then its Reduce slots.
-    (4, 2, 24 << 20, ["rs_window", "windows", "reduce_cico_max"],
-     {"windows": 2, "reduce_cico_max": 256 << 10}),
+    (4, 2, 24 << 20, ["windows", "rs_window", "reduce_cico_max"],
+     {"windows": 2, "rs_window": 0, "reduce_cico_max": 256 << 10}),
     # One rank per CPU: chunk_size to 64 KiB, cico_max to 8 KiB, by turns,
     (64, 64, 64 << 20, ["chunk_size", "cico_max"],
      {"chunk_size": 64 << 10, "cico_max": 16 << 10}),
@@ -241,8 +246,7 @@ def test_fit_segment_takes_the_least_room_of_any_rank():
     fit = config.fit_segment(_loaded(4, 2), 4, [1 << 30, None, 64 << 20],
                              4, size)
     assert (fit["free"], fit["budget"]) == (64 << 20, 32 << 20)
-    assert fit["shrunk"] == ["rs_window", "windows"]
-    assert fit["bytes"] <= 32 << 20
+    assert fit["shrunk"] == ["windows"] and fit["bytes"] <= 32 << 20
     cfg = _loaded(4, 2)
     assert config.fit_segment(cfg, 4, [None] * 4, 4, size) == {
         "bytes": size(_loaded(4, 2)), "free": None, "budget": None,
@@ -259,3 +263,16 @@ def test_a_crowded_node_crowds_each_communicator_on_it():
     cfg = config.resolve()
     assert config.fit_to_load(cfg, [[0], [1]], (), (64, 64)) == (False, 2)
     assert config.fit_to_load(cfg, [[0], [1]], (), (0, 0)) == (False, 2)
+
+
+def test_what_was_cut_is_named_as_the_user_knows_it():
+    """A cut crowded extra is named for what it is, with the size it now
+    has (back at its tunable's, when cut to none) and what sets it."""
+    cfg = {"rs_window": 0, "chunk_size": 256 << 10, "windows": 4,
+           "reduce_cico_max": 128 << 10, "cico_max": 32 << 10}
+    assert [config.cut_text(k, cfg) for k in cfg if k.startswith("r")] == [
+        "crowded reduce-scatter window=262144 (set chunk_size to choose it)",
+        "crowded Reduce slot size=131072 (set cico_max to choose it)"]
+    assert config.cut_text("windows", cfg) == "windows=4"
+    assert config.cut_name("rs_window") == "crowded reduce-scatter window"
+    assert config.cut_name("chunk_size") == "chunk_size"

@@ -658,18 +658,19 @@ def test_info_cuts_the_segment_as_xhc_comm_would(monkeypatch):
         if key.startswith("XHC_"):
             monkeypatch.delenv(key)
     seg, w = cli._waiting(config.resolve(), [[0]] * 4, [24 << 20] * 4)
-    assert seg["shrunk"] == ["rs_window", "windows", "reduce_cico_max"], seg
+    assert seg["shrunk"] == ["windows", "rs_window", "reduce_cico_max"], seg
     assert seg["free"] == 24 << 20 and seg["bytes"] <= 12 << 20, seg
     assert (w["bcast_windows"], w["reduce_cico_max"], w["rs_window"]) == \
         (2, 256 << 10, 0)
     assert cli._segment_text(seg).endswith(
-        "has 24.0 MiB free; cut to fit half of it (rs_window, windows, "
-        "reduce_cico_max)")
+        "has 24.0 MiB free; cut to fit half of it (windows, crowded "
+        "reduce-scatter window, crowded Reduce slot size)")
     # Too little for its share: cut as far as it goes, and said so.
     seg, _ = cli._waiting(config.resolve(), [[0]] * 4, [512 << 10] * 4)
     assert cli._segment_text(seg).endswith(
-        "has 0.5 MiB free; more than its share, 0.2 MiB, even cut (rs_window, "
-        "windows, reduce_cico_max, chunk_size, cico_max)")
+        "has 0.5 MiB free; more than its share, 0.2 MiB, even cut (windows, "
+        "crowded reduce-scatter window, crowded Reduce slot size, "
+        "chunk_size, cico_max)")
     # Too little for the smallest: info says xhc.Comm refuses it.
     seg, _ = cli._waiting(config.resolve(), [[0]] * 4, [64 << 10, None])
     assert cli._segment_text(seg).endswith(

@@ -110,6 +110,10 @@ def _segment(cfg, nranks, frees):
                               config.chosen())
 
 
+def _cut_names(seg):
+    return ", ".join(map(config.cut_name, seg["shrunk"]))
+
+
 def _segment_text(seg):
     if seg is None:
         return "shared memory: unknown (core not built)"
@@ -121,9 +125,9 @@ def _segment_text(seg):
     elif seg["bytes"] > seg["budget"]:
         verdict = ("; more than its share, %.1f MiB, even cut (%s)"
                    % (seg["budget"] / (1 << 20),
-                      ", ".join(seg["shrunk"]) or "at the tunables set"))
+                      _cut_names(seg) or "at the tunables set"))
     elif seg["shrunk"]:
-        verdict = "; cut to fit half of it (%s)" % ", ".join(seg["shrunk"])
+        verdict = "; cut to fit half of it (%s)" % _cut_names(seg)
     else:
         verdict = ""
     return "shared memory: %s; /dev/shm has %.1f MiB free%s" % (

@@ -1125,9 +1125,6 @@ class Comm(HotComm):
 
 # The tunables that decide the segment's layout.
 _LAYOUT = frozenset(("cico_max", "chunk_size", "windows"))
-# What the warning of Comm._fit_to_space calls what it shrank.
-_SHRUNK_NAMES = {"reduce_cico_max": "crowded Reduce slot size",
-                 "rs_window": "crowded reduce-scatter window"}
 
 
 def _space_warning(fit, cfg):
@@ -1137,8 +1134,7 @@ def _space_warning(fit, cfg):
             fit["bytes"] <= fit["budget"]:
         return None
     size, free = _mib(fit["bytes"]), _mib(fit["free"])
-    lowered = ", ".join(f"{_SHRUNK_NAMES.get(key, key)}={cfg[key]}"
-                        for key in fit["shrunk"])
+    lowered = ", ".join(config.cut_text(key, cfg) for key in fit["shrunk"])
     said = (f"xhc: /dev/shm has {free} free, so this communicator's "
             f"segment was cut to {size} ({lowered}), and large messages "
             "may run slower" if lowered else

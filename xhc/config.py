@@ -161,7 +161,17 @@ _CROWDED_REDUCE, _CROWDED_REDUCE_NODE = 1 << 20, 4 << 20
 # Reduce, if larger than chunk_size: each window is three waits on every
 # rank, which on 8 ranks sharing 2 cores took an 8 MiB Allreduce from
 # 1.2-1.3 of MPI's time with 256 KiB windows to 0.6-0.7 with 1 MiB ones.
-_CROWDED_RS_WINDOW = 1 << 20
+# At most 1 MiB, and at most 16 MiB over the node's ranks (the core keeps
+# two windows a rank: 32 MiB).
+_CROWDED_RS_WINDOW, _CROWDED_RS_NODE = 1 << 20, 16 << 20
+
+
+def crowded_rs_window(nranks, chunk_size):
+    """The reduce-scatter window for NRANKS crowded ranks: within both
+    bounds, in whole 64-byte lines; 0 (a chunk) if no more than
+    CHUNK_SIZE."""
+    size = min(_CROWDED_RS_WINDOW, _CROWDED_RS_NODE // nranks) // 64 * 64
+    return size if size > chunk_size else 0
 
 
 def crowded_reduce_max(nranks, cico_max):
@@ -213,8 +223,8 @@ def fit_to_load(cfg, cpu_sets, chosen=(), node_load=(0, 0)):
     cfg["bcast_rounds"] = _CROWDED_ROUNDS if crowded else 0
     cfg["reduce_cico_max"] = crowded_reduce_max(nranks, cfg["cico_max"]) \
         if crowded and "cico_max" not in chosen else 0
-    cfg["rs_window"] = _CROWDED_RS_WINDOW if crowded and "chunk_size" not \
-        in chosen and _CROWDED_RS_WINDOW > cfg["chunk_size"] else 0
+    cfg["rs_window"] = crowded_rs_window(nranks, cfg["chunk_size"]) \
+        if crowded and "chunk_size" not in chosen else 0
     if cfg["windows"] == "auto":
         fit = _CROWDED_STAGING // (nranks * cfg["chunk_size"])
         cfg["windows"] = max(2, min(_CROWDED_WINDOWS, fit)) if crowded \
@@ -242,7 +252,7 @@ def space_budget(free, nranks, node_ranks=0):
 def _shrink_stages(nranks):
     """(tunable, least value) for each stage of fit_to_space."""
     least_chunk = max(16 << 10, 64 * nranks)  # a line per rank in a window
-    return (("rs_window", 0), ("windows", 2), ("reduce_cico_max", 0),
+    return (("windows", 2), ("rs_window", 0), ("reduce_cico_max", 0),
             ("chunk_size", max(64 << 10, least_chunk)), ("cico_max", 8 << 10),
             ("chunk_size", least_chunk), ("cico_max", 4 << 10))
 
@@ -270,6 +280,25 @@ def fit_to_space(cfg, nranks, budget, size_of, chosen=()):
             if key not in shrunk:
                 shrunk.append(key)
     return shrunk
+
+
+# The crowded extras, as the user knows them, and the tunable that sets
+# each (to itself, the extra off).
+_CUT_NAMES = {"reduce_cico_max": ("crowded Reduce slot size", "cico_max"),
+              "rs_window": ("crowded reduce-scatter window", "chunk_size")}
+
+
+def cut_name(key):
+    """What the user is told fit_to_space cut when it cut tunable KEY."""
+    return _CUT_NAMES.get(key, (key,))[0]
+
+
+def cut_text(key, cfg):
+    """KEY, as cut_name names it, and the value it was cut to in CFG."""
+    if key not in _CUT_NAMES:
+        return f"{key}={cfg[key]}"
+    name, base = _CUT_NAMES[key]
+    return f"{name}={cfg[key] or cfg[base]} (set {base} to choose it)"
 
 
 def fit_segment(cfg, nranks, frees, node_ranks, size_of, chosen=()):
