@@ -3,8 +3,10 @@
  * large Allreduce and Reduce when buffers are private and no fast
  * single-copy mechanism reads them.
  *
- * The vector goes in rounds of chunk_size bytes (a window); each window is
- * split into one part per rank, and rank i owns part i of every window.
+ * The vector goes in rounds of a window (chunk_size bytes, or rs_window on
+ * a crowded node, where each round's waits cost scheduler turns); each
+ * window is split into one part per rank, and rank i owns part i of every
+ * window.
  * Each round T (counted across operations, the same on every rank) uses
  * staging slot T % 2, so one round's copies overlap the next one's; a
  * rank rewrites a slot once everyone has `finished` round T-2 (ctx.c):

@@ -28,7 +28,8 @@
  *    in every rank made a 4-rank xhc.Comm take 56 ms to create there
  *    instead of 20 (about 24 with this).  Each rank maps N x windows
  *    windows' starts (on a crowded node the windows per rank shrink as
- *    N grows, config.py) and N x 2 x chunk_size bytes of staging.
+ *    N grows, config.py) and N x 2 windows of reduce-scatter staging
+ *    (chunk_size bytes each, or the larger rs_window of a crowded node).
  * 4. A Comm.empty array's file is created empty instead, and unlinked as
  *    soon as every rank holds it open; then it is sized and reserved
  *    through a descriptor (xhc_shm_reserve), which for a large array takes
