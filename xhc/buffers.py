@@ -148,17 +148,30 @@ def _of_array(arr, obj=None):
                         "nothing in another process; pass plain data")
     flags = arr.flags
     code = dtype_code(arr.dtype)
+    if code == NOT_REDUCIBLE and not arr.dtype.isnative:
+        # Numbers in the other byte order: staged in native order, so that
+        # every rank reduces them (one that fell back alone would leave
+        # the others waiting) and ranks of either order agree on values.
+        native = arr.dtype.newbyteorder("=")
+        if dtype_code(native) != NOT_REDUCIBLE:
+            return _staged(arr, obj, native, flags.writeable)
     if flags.c_contiguous:
         return Buffer(obj, arr, code, flags.writeable)
     if flags.f_contiguous:  # arr.T: the same memory, C-contiguous
         return Buffer(obj, arr.T, code, flags.writeable)
-    copy = np.empty(arr.shape, arr.dtype)
+    return _staged(arr, obj, arr.dtype, flags.writeable)
+
+
+def _staged(arr, obj, dtype, writable):
+    """ARR through a C-contiguous copy of DTYPE, loaded before the call
+    and stored back after it, element by element."""
+    copy = np.empty(arr.shape, dtype)
     # ndarray's own item assignment, not any subclass's, through
     # operator.setitem: compiled, and it makes no Python object (np.copyto
     # dispatches in Python; ndarray.__setitem__ called so makes tuples,
     # which may start a garbage collection, which runs Python).
     base = arr if type(arr) is np.ndarray else arr.view(np.ndarray)
-    return Buffer(obj, copy, code, flags.writeable,
+    return Buffer(obj, copy, dtype_code(dtype), writable,
                   functools.partial(operator.setitem, copy, Ellipsis, base),
                   functools.partial(operator.setitem, base, Ellipsis, copy))
 

@@ -3106,8 +3106,37 @@ def suite_staged(world, comm, v, sz, args):
         exports_released(xcomm, comm, v)
         staged_exports_held(xcomm, comm, v)
         staged_steps_run_no_python(v)
+        byte_orders(xcomm, comm, v)
         v.check("staged: no fallback", xcomm.stats["fallback"] == 0,
                 f"stats: {xcomm.stats}")
+
+
+def byte_orders(xcomm, comm, v):
+    """Numbers in the other byte order, on some ranks or all, reduce and
+    broadcast by value, through the core: a rank that fell back alone
+    hung the others."""
+    n, rank = comm.size, comm.rank
+    swapped = {"mixed": rank % 2 == 0, "all": True}
+    for how, mine in swapped.items():
+        for kind, op, count in (("f8", "SUM", 5), ("i4", "MAX", 40000),
+                                ("u2", "BOR", 3)):
+            dt = np.dtype(kind).newbyteorder(">" if mine else "=")
+            ins = [(np.arange(count) * (r + 2) + r) % 4000 for r in range(n)]
+            want = np_fold(op, [x.astype(kind) for x in ins])
+            got = np.full(count, 9, dt)
+            xcomm.Allreduce(ins[rank].astype(dt), got, op=getattr(MPI, op))
+            red = np.full(count, 9, dt) if rank == n - 1 else None
+            xcomm.Reduce(ins[rank].astype(dt), red, op=getattr(MPI, op),
+                         root=n - 1)
+            v.check(f"{how} byte orders: Allreduce {kind} {op}",
+                    np.array_equal(got, want), f"got {got[:4]}")
+            v.check(f"{how} byte orders: Reduce {kind} {op}",
+                    red is None or np.array_equal(red, want),
+                    f"got {red if red is None else red[:4]}")
+            buf = ins[0].astype(dt) if rank == 0 else np.zeros(count, dt)
+            xcomm.Bcast(buf, root=0)
+            v.check(f"{how} byte orders: Bcast {kind}",
+                    np.array_equal(buf, ins[0]), f"got {buf[:4]}")
 
 
 def staged_layouts(xcomm, comm, v):
