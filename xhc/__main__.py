@@ -140,13 +140,13 @@ def _waiting_text(w):
               if w["bcast_rounds"] else "")
     reduce = ("; Reduce through slots up to %d KiB"
               % (w["reduce_cico_max"] >> 10) if w["reduce_cico_max"] else "")
-    reduce += ("; reduce-scatter windows of %d KiB" % (w["rs_window"] >> 10)
+    scatter = ("; reduce-scatter windows of %d KiB" % (w["rs_window"] >> 10)
                if w["rs_window"] else "")
     return ("waiting: %s on %d CPUs%s: spin %d polls, then yield; "
-            "sleep %s; Bcast staging %d windows per rank%s%s"
+            "sleep %s; Bcast staging %d windows per rank%s%s%s"
             % (_ranks(w["ranks"]), w["cpus"],
                " (crowded)" if w["crowded"] else "",
-               w["spin"], sleep, w["bcast_windows"], rounds, reduce))
+               w["spin"], sleep, w["bcast_windows"], rounds, reduce, scatter))
 
 
 def _ranks(n):
