@@ -19,6 +19,8 @@
  *    smaller, from XHC_ROUND_MIN bytes, and messages above that take this
  *    path: a reader that shares the root's core then copies out early
  *    rounds while the root stages later ones, instead of waiting for all.
+ *    A parent that stages writes its windows with plain or streaming
+ *    stores, whichever tune.c (7.) finds its children copy out faster.
  * 3. A buffer in node shared memory (or any buffer, with CMA or XPMEM,
  *    or when tune.c chooses CMA) is not staged: children read it in
  *    place, following the parent's `ready` byte count, and the parent
@@ -153,6 +155,7 @@ struct xhc_pipe {
     struct xhc_big_line *from; /* my parent's big line; NULL at the root */
     int staged_from;           /* my parent stages for me */
     int stage_mine;            /* I stage for my children */
+    int stream;                /* ... with streaming stores (tune.c 7.) */
 };
 
 /* A message of few rounds goes in pieces: a child copies piece K out of
@@ -257,8 +260,11 @@ static int xhc_pipe_piece(xhc_ctx_t *ctx, struct xhc_pipe *p,
     if (rc)
         return rc;
     if (p->stage_mine) {
-        memcpy(xhc_bcast_window(ctx, ctx->rank, c->t) + (c->at - c->off),
-               src, c->len);
+        unsigned char *window = xhc_bcast_window(ctx, ctx->rank, c->t);
+        if (p->stream)
+            xhc_copy_stream(window + (c->at - c->off), src, c->len);
+        else
+            memcpy(window + (c->at - c->off), src, c->len);
         /* Orders the staged piece before my children read it. */
         xhc_publish(ctx, &mine->piece.seq, xhc_piece_flag(c->t, c->k + 1));
     }
@@ -308,6 +314,10 @@ static int xhc_bcast_announce(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p,
     if (xhc_in_region(&big->send))
         pick->cls = NULL; /* read in place either way: nothing to learn */
     p->stage_mine = !xhc_in_region(&big->send) && !pick->single;
+    p->stream = p->stage_mine
+                && xhc_tune_store_pick(ctx, p->v, seq, p->nbytes);
+    if (p->stream)
+        ctx->stats[XHC_PATH_BCAST_STREAM]++;
     xhc_store_relaxed(&big->ready, is_root ? p->nbytes : 0);
     /* Orders the description and ready count before the sequence number. */
     xhc_publish(ctx, &big->seq, seq);
@@ -374,6 +384,10 @@ static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
                             nbytes - off < step ? nbytes - off : step, step);
     if (rc)
         return rc;
+    if (p.staged_from)
+        xhc_tune_copied(ctx, seq);
+    if (p.stage_mine)
+        xhc_tune_store_done(ctx, seq);
     xhc_ack(ctx, seq);
     /* Children that read my buffer in place must finish before I return. */
     for (int i = 0; rc == 0 && v->nchild && !p.stage_mine && i < v->nchild;

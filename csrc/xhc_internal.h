@@ -101,6 +101,14 @@ struct xhc_src {
     int32_t pad;
 };
 
+/* The large Bcast I last copied out of my parent's windows, and when
+ * (CLOCK_MONOTONIC ns): my parent learns from it how long its staging
+ * took (tune.c 7.). */
+struct xhc_time_line {
+    xhc_flag_t seq;
+    _Atomic uint64_t ns;
+} XHC_ALIGNED;
+
 /* Large-message rendezvous; single writer (the owning rank). */
 struct xhc_big_line {
     xhc_flag_t seq;   /* the other fields belong to operation SEQ */
@@ -125,6 +133,7 @@ struct xhc_rank_ctl {
     struct xhc_seq_line piece;           /* Bcast pieces I staged (bcast.c) */
     struct xhc_seq_line reduced;         /* round whose part I reduced */
     struct xhc_seq_line finished;        /* round of which I read all */
+    struct xhc_time_line copied;         /* large Bcast I copied out */
     struct xhc_wake_line wake;           /* written by my sleeping readers */
 };
 
@@ -183,7 +192,8 @@ struct xhc_xpmem {
 };
 
 /* What one size class of one operation has learnt (tune.c): index 0
- * staging, 1 reading by CMA. */
+ * staging, 1 reading by CMA; of a staging Bcast's stores (tune.c 7.),
+ * 0 plain, 1 streaming. */
 #define XHC_TUNE_CLASSES 64
 #define XHC_TUNE_KEEP 4
 struct xhc_tune_class {
@@ -202,6 +212,16 @@ struct xhc_pick {
     int single;                 /* read in place (CMA, XPMEM), not staged */
     int explore;                /* runs the way that is not the cheaper */
     uint64_t start;             /* ns */
+};
+
+/* A staging parent's timed Bcast, learnt from once its children have
+ * copied it out (tune.c 7.). */
+struct xhc_tune_later {
+    struct xhc_tune_class *cls; /* NULL: none waits */
+    const struct xhc_view *v;   /* whose children it waits for */
+    uint64_t seq, start, end;   /* end 0: my own part did not finish */
+    size_t nbytes;
+    int way, explore;
 };
 
 struct xhc_ctx {
@@ -244,6 +264,8 @@ struct xhc_ctx {
     void *progress_arg;
     uint64_t stats[XHC_NPATHS];
     struct xhc_tune_class tune[XHC_NKINDS][XHC_TUNE_CLASSES]; /* tune.c */
+    struct xhc_tune_class tune_store[XHC_TUNE_CLASSES]; /* tune.c 7. */
+    struct xhc_tune_later later;                        /* tune.c 7. */
 };
 
 void xhc_wake(xhc_ctx_t *ctx, xhc_flag_t *flag); /* wait.c */
@@ -397,6 +419,10 @@ void xhc_tune_learn(struct xhc_tune_class *c, int single, int explore,
 void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,
                    struct xhc_pick *pick);
 void xhc_tune_done(const struct xhc_pick *pick, size_t nbytes);
+int xhc_tune_store_pick(xhc_ctx_t *ctx, const struct xhc_view *v,
+                        uint64_t seq, size_t nbytes);
+void xhc_tune_store_done(xhc_ctx_t *ctx, uint64_t seq);
+void xhc_tune_copied(xhc_ctx_t *ctx, uint64_t seq);
 
 /* Do peers read private buffers in place (one copy: CMA or XPMEM) rather
  * than through staging in the segment?  Bcast and the reductions pick

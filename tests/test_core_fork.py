@@ -1266,7 +1266,8 @@ def path_counters():
     out = {}
     for name in names:
         m = re.fullmatch(r"XHC_PATH_(BCAST|ALLREDUCE|REDUCE)_\w+", name)
-        if m and not name.endswith("_CMA"):  # those count large calls
+        # Those of CMA and streaming stores count large calls.
+        if m and not name.endswith(("_CMA", "_STREAM")):
             out.setdefault(m.group(1).lower(), []).append(getattr(lib, name))
     return out
 
@@ -1312,13 +1313,19 @@ def check_reports(reports, n, iters, **cfg_kw):
 def check_cma_counts(st, copy, rank):
     """Large calls moved by CMA: none when staging, all when reading by
     CMA (no buffer here is in a shared region), some of each when
-    adapting."""
+    adapting; streaming stores in staged Bcasts alone."""
     for kind in ("BCAST", "ALLREDUCE", "REDUCE"):
         large = st[getattr(lib, f"XHC_PATH_{kind}_LARGE")]
         cma = st[getattr(lib, f"XHC_PATH_{kind}_CMA")]
         want = {lib.XHC_COPY_CICO: cma == 0, lib.XHC_COPY_CMA: cma == large,
                 lib.XHC_COPY_ADAPT: 0 < cma < large}[copy]
         assert large > 0 and want, (rank, kind, copy, cma, large)
+    # Only Bcasts in which a parent staged for its children (tune.c 7.);
+    # a leader may read its own parent by CMA in one.
+    stream = st[lib.XHC_PATH_BCAST_STREAM]
+    large = st[lib.XHC_PATH_BCAST_LARGE]
+    assert stream <= large and (copy != lib.XHC_COPY_CMA or stream == 0), \
+        (rank, copy, stream, large)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

@@ -31,6 +31,7 @@ PATHS = {
     "bcast.cma": lib.XHC_PATH_BCAST_CMA,
     "allreduce.cma": lib.XHC_PATH_ALLREDUCE_CMA,
     "reduce.cma": lib.XHC_PATH_REDUCE_CMA,
+    "bcast.stream": lib.XHC_PATH_BCAST_STREAM,
 }
 def strerror(rc):
     """The core's message for return code RC."""

@@ -2039,7 +2039,7 @@ def stats_cases(xcomm, comm, v, sz):
     mine = [str(w.message) for w in caught if "xhc" in str(w.message)]
     v.check("stats: no warnings", not mine, f"warnings: {mine}")
     for key in expect:
-        if key == "fallback" or key.endswith(".cma"):
+        if key == "fallback" or key.endswith((".cma", ".stream")):
             continue  # the adaptive suite checks those
         got = end[key] - start[key]
         v.check(f"stats[{key!r}]", got == expect[key],
@@ -2091,7 +2091,26 @@ def adaptive_cases(xcomm, comm, v, sz):
                 and cma == (ADAPT_CALLS if sz.copy == "cma" else 0)
         v.check(f"{kind}: calls by CMA", ok,
                 f"{cma} of {large} large calls by CMA (copy={sz.copy})")
+    bcast_stores_tried(v, comm, sz, start, end)
     shared_reductions_use_no_cma(xcomm, comm, v, count)
+
+
+def bcast_stores_tried(v, comm, sz, start, end):
+    """A Bcast parent that stages chooses plain or streaming stores for
+    its windows (csrc/tune.c 7.): forced to stage, the root (which leads
+    the top group) warms up with plain ones, then tries each way twice,
+    learning from each call before the next (the other calls between
+    them wait for every rank); nothing staged, nothing streamed."""
+    stream = end["bcast.stream"] - start["bcast.stream"]
+    large = end[sz.large_key("bcast")] - start[sz.large_key("bcast")]
+    if sz.copy in ("cma", "xpmem") or comm.size == 1:
+        ok = stream == 0
+    elif sz.copy == "cico" and comm.rank == comm.size - 1:
+        ok = 2 <= stream <= ADAPT_CALLS - 3
+    else:
+        ok = stream <= large
+    v.check("bcast: calls staged with streaming stores", ok,
+            f"{stream} of {large} large calls (copy={sz.copy})")
 
 
 def shared_reductions_use_no_cma(xcomm, comm, v, count):
