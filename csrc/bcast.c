@@ -260,18 +260,14 @@ static int xhc_pipe_piece(xhc_ctx_t *ctx, struct xhc_pipe *p,
     if (rc)
         return rc;
     if (p->stage_mine) {
-        unsigned char *window = xhc_bcast_window(ctx, ctx->rank, c->t);
-        if (p->stream)
-            xhc_copy_stream(window + (c->at - c->off), src, c->len);
-        else
-            memcpy(window + (c->at - c->off), src, c->len);
+        xhc_copy_as(xhc_bcast_window(ctx, ctx->rank, c->t) + (c->at - c->off),
+                    src, c->len, p->stream);
         /* Orders the staged piece before my children read it. */
         xhc_publish(ctx, &mine->piece.seq, xhc_piece_flag(c->t, c->k + 1));
     }
-    if (src != dst && p->nbytes * (size_t)ctx->nranks >= XHC_STREAM_FOOTPRINT)
-        xhc_copy_stream(dst, src, c->len);
-    else if (src != dst)
-        memcpy(dst, src, c->len);
+    if (src != dst)
+        xhc_copy_as(dst, src, c->len,
+                    p->nbytes * (size_t)ctx->nranks >= XHC_STREAM_FOOTPRINT);
     if (p->from && !p->stage_mine && p->v->nchild)
         /* Orders the piece in my buffer before my children read it. */
         xhc_publish(ctx, &mine->big.ready, c->at + c->len);

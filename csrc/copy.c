@@ -44,11 +44,12 @@ void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
  * M->single, then copy every rank's descriptions into
  * ctx->peer_send/peer_recv: a peer that has done its share may start its
  * next operation and rewrite its big line while I still read its
- * buffers.  M->single becomes the decider's choice; M->in_place is set if
- * anyone's buffer is read in place from a shared region, M->private if
- * anyone's is not.  (Of a Reduce's result slices only the root's receive
- * buffer counts: the root gathers the others' private slices only when
- * its own buffer is private too, else owners fold straight into it.)
+ * buffers.  M->single and M->stream become the decider's choices;
+ * M->in_place is set if anyone's buffer is read in place from a shared
+ * region, M->private if anyone's is not.  (Of a Reduce's result slices
+ * only the root's receive buffer counts: the root gathers the others'
+ * private slices only when its own buffer is private too, else owners
+ * fold straight into it.)
  * M->first becomes rank 0's size, read before any check can fail. */
 int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
              size_t nbytes, struct xhc_meeting *m)
@@ -57,6 +58,7 @@ int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
     xhc_src_describe(ctx, sbuf, nbytes, &big->send);
     xhc_src_describe(ctx, rbuf, rbuf ? nbytes : 0, &big->recv);
     big->single = m->single;
+    big->stream = m->stream;
     big->root = m->root;
     big->round = ctx->round;
     /* Orders the descriptions and choice before peers see the number. */
@@ -81,8 +83,10 @@ int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
             return xhc_fail(ctx, p, XHC_ERR_ASKEW);
         ctx->peer_send[p] = pb->send;
         ctx->peer_recv[p] = pb->recv;
-        if (p == xhc_decider(m))
+        if (p == xhc_decider(m)) {
             m->single = pb->single;
+            m->stream = pb->stream;
+        }
         m->in_place |= xhc_in_region(&pb->send) || xhc_in_region(&pb->recv);
         int result_read = m->root < 0 || p == m->root;
         m->private |= !xhc_in_region(&pb->send)
@@ -184,6 +188,15 @@ void xhc_copy_stream(void *dst, const void *src, size_t len)
 #else
     memcpy(dst, src, len);
 #endif
+}
+
+/* Copy LEN bytes to DST, with streaming stores if STREAM. */
+void xhc_copy_as(void *dst, const void *src, size_t len, int stream)
+{
+    if (stream)
+        xhc_copy_stream(dst, src, len);
+    else
+        memcpy(dst, src, len);
 }
 
 /* Where peers find my probe word (set at open), and let them read it

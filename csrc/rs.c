@@ -111,10 +111,7 @@ static int xhc_rs_push(xhc_ctx_t *ctx, const unsigned char *src, size_t off,
                                             len, &rc);
         if (!to)
             return xhc_fail(ctx, p, rc ? rc : XHC_ERR_MISMATCH);
-        if (stream)
-            xhc_copy_stream(to, src + off, len);
-        else
-            memcpy(to, src + off, len);
+        xhc_copy_as(to, src + off, len, stream);
     }
     return 0;
 }
@@ -251,6 +248,7 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
     xhc_tune_pick(ctx, kind, r->nbytes, ctx->rank == xhc_decider(&m),
                   &pick);
     m.single = pick.single;
+    m.stream = pick.stream;
     uint64_t seq;
     rc = xhc_begin(ctx, &seq);
     /* Every path counts the windows as rounds, staged or not, so that a
@@ -271,7 +269,7 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
                                       : XHC_PATH_ALLREDUCE_CMA]++;
     rc = m.single ? xhc_rs_met(ctx, seq, sbuf, target, r, root)
                   : xhc_rs_staged(ctx, seq, sbuf, whole ? rbuf : NULL, r,
-                                  root, m.in_place);
+                                  root, &m);
     if (rc == 0)
         xhc_rounds_close(ctx);
     if (rc == 0 && !m.in_place)

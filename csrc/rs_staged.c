@@ -11,7 +11,8 @@
  * staging slot T % 2, so one round's copies overlap the next one's; a
  * rank rewrites a slot once everyone has `finished` round T-2 (ctx.c):
  * 1. Stage: copy the window's other parts of my send buffer into my input
- *    slot and raise `staged`.  Arrays in node shared memory are not
+ *    slot (with plain or streaming stores, as the decider chose: tune.c
+ *    7.) and raise `staged`.  Arrays in node shared memory are not
  *    staged: owners read them in place.
  * 2. Reduce: once everyone has staged round T, fold part i of every rank's
  *    window in rank order (my own part straight from my send buffer) into
@@ -43,6 +44,7 @@ struct xhc_rs {
     int sole;              /* the rank that owns all of every window; -1:
                               each rank owns part `rank` */
     int in_place_reads;    /* some rank's buffer is read in place */
+    int stream;            /* stage with streaming stores (tune.c 7.) */
 };
 
 /* Where part I starts in a window, in elements (and in staging slots). */
@@ -73,8 +75,8 @@ static void xhc_stage(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
         for (int i = 0; i < ctx->nranks; i++) {
             size_t lo, n = xhc_part(rs, ctx->nranks, w, i, &lo);
             if (i != ctx->rank && n)
-                memcpy(slot + xhc_part_at(rs, i) * es, rs->sbuf + lo * es,
-                       n * es);
+                xhc_copy_as(slot + xhc_part_at(rs, i) * es,
+                            rs->sbuf + lo * es, n * es, rs->stream);
         }
     }
     /* Orders my staged bytes before owners read them. */
@@ -185,18 +187,23 @@ uint64_t xhc_rs_windows(const xhc_ctx_t *ctx, const struct xhc_red *r)
 /* Operation SEQ, once the ranks have met (IN_PLACE: some rank's buffer
  * is in a shared region). */
 int xhc_rs_staged(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, void *rbuf,
-                  const struct xhc_red *r, int root, int in_place)
+                  const struct xhc_red *r, int root,
+                  const struct xhc_meeting *m)
 {
     struct xhc_rs rs = {
         .red = r, .sbuf = sbuf, .rbuf = rbuf,
         .part = xhc_rs_part(ctx, r),
         .root = root,
         .sole = root >= 0 && ctx->nranks == 2 ? root : -1,
-        .in_place_reads = in_place,
+        .in_place_reads = m->in_place,
+        .stream = m->stream,
     };
     uint64_t windows = xhc_rs_windows(ctx, r);
     if (xhc_stages_nothing(ctx, root))
         return xhc_rs_met(ctx, seq, sbuf, rs.rbuf, r, root);
+    if (rs.stream)
+        ctx->stats[root < 0 ? XHC_PATH_ALLREDUCE_STREAM
+                            : XHC_PATH_REDUCE_STREAM]++;
     int rc = 0;
     for (uint64_t w = 0; rc == 0 && w < windows; w++) {
         uint64_t t = ++ctx->round;

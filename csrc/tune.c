@@ -47,27 +47,29 @@
  *    as staging, and seeding cut it to half at the seeded sizes.  A
  *    class that took costs is no source until it has timed both ways
  *    itself.
- * 7. A parent that stages a large Bcast also chooses, by the same rules
- *    (in classes of their own), how it writes its windows: plain stores
- *    leave each line in its cache, and a child on another core then
- *    fetches it from there; streaming stores send it to memory.  Where
- *    the cores share a cache the plain ones win; where a modified line
- *    crosses between them slowly they lose: on the development VM, in
- *    the state where a 256 KiB hand-off between two processes took
- *    110-120 us, streaming stores took it to 34-39 us, and a crowded
- *    Bcast of 64-512 KiB from 1.0-1.6 times MPI's time to 0.3-0.4; in
- *    the state where plain ones took 32-38 us, streaming ones were as
- *    fast up to 256 KiB and 1.4-1.7 times as slow from 1 MiB.  The cost
- *    is the readers': a staging parent returns before they have copied
- *    out.  So a timed call runs from the parent's start to the last of
- *    its children's ends, which each publishes with its clock, and is
- *    learnt from at the parent's next Bcast that stages, once every
- *    child has copied it out; until then no call is timed, and none
- *    looks at the other way.  A child that went on to a later operation
- *    (or left) without publishing, having failed, leaves nothing to
- *    learn.  A child may publish a later
- *    Bcast's time as its parent reads this one's: that call then looks
- *    dearer, which the least of XHC_TUNE_KEEP absorbs.
+ * 7. A rank that decides for ranks that stage (a Bcast parent, a
+ *    reduction's decider) also chooses, by the same rules (in classes of
+ *    their own), how they write their windows: plain stores leave each
+ *    line in the writer's cache, and a reader on another core fetches it
+ *    from there; streaming stores send it to memory.  Where the cores
+ *    share a cache the plain ones win; where a modified line crosses
+ *    between them slowly they lose: on the development VM, in the state
+ *    where a 256 KiB hand-off between two processes took 106-121 us,
+ *    streaming stores took it to 34-39 us, and a crowded Bcast of
+ *    64-512 KiB from 0.9-1.6 times MPI's time to 0.3-0.5; in the state
+ *    where plain ones took 31-49 us, streaming ones were as fast up to
+ *    256 KiB and 1.4-1.7 times as slow from 1 MiB.  The cost is the
+ *    readers'.  A reduction's decider waits for every rank, and learns
+ *    from its own time; a staging Bcast parent returns before its
+ *    children have copied out, so its timed call runs from its start
+ *    to the last of its children's ends, which each publishes with its
+ *    clock, and is learnt from at its next Bcast that stages, once
+ *    every child has copied it out; until then no call is timed, and
+ *    none looks at the other way.  A child that went on to a later
+ *    operation (or left) without publishing, having failed, leaves
+ *    nothing to learn.  A child may publish a later Bcast's time as its
+ *    parent reads this one's: that call then looks dearer, which the
+ *    least of XHC_TUNE_KEEP absorbs.
  */
 #include <time.h>
 
@@ -201,28 +203,37 @@ static int xhc_size_class(size_t nbytes)
 
 /* How a call of KIND moving NBYTES goes, if this rank DECIDES it; in any
  * mode but XHC_COPY_ADAPT, or for a rank that only follows, the mode's
- * own answer, untimed. */
+ * own answer, untimed.  A reduction's decider that stages also chooses
+ * its stores (step 7); it waits for every rank, so its own time counts
+ * theirs.  (A Bcast parent chooses them in xhc_tune_store_pick.) */
 void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,
                    struct xhc_pick *pick)
 {
-    pick->cls = NULL;
-    pick->explore = 0;
-    pick->single = xhc_single_copy(ctx);
-    if (ctx->cfg.copy != XHC_COPY_ADAPT || !decides)
+    *pick = (struct xhc_pick){ .single = xhc_single_copy(ctx) };
+    if (!decides)
         return;
-    pick->cls = xhc_tune_class_get(ctx->tune[kind], xhc_size_class(nbytes));
-    pick->single = xhc_tune_choose(pick->cls, &pick->explore);
+    int k = xhc_size_class(nbytes);
+    if (ctx->cfg.copy == XHC_COPY_ADAPT) {
+        pick->cls = xhc_tune_class_get(ctx->tune[kind], k);
+        pick->single = xhc_tune_choose(pick->cls, &pick->explore);
+    }
+    if (kind != XHC_BCAST && !pick->single) {
+        pick->store = xhc_tune_class_get(ctx->tune_store[kind], k);
+        pick->stream = xhc_tune_choose(pick->store, &pick->store_explore);
+    }
     pick->start = xhc_now_ns();
 }
 
 /* The call PICK chose for has moved NBYTES. */
 void xhc_tune_done(const struct xhc_pick *pick, size_t nbytes)
 {
-    if (!pick->cls || nbytes == 0)
+    if ((!pick->cls && !pick->store) || nbytes == 0)
         return;
-    double ns = (double)(xhc_now_ns() - pick->start);
-    xhc_tune_learn(pick->cls, pick->single, pick->explore,
-                   ns / (double)nbytes);
+    double cost = (double)(xhc_now_ns() - pick->start) / (double)nbytes;
+    if (pick->cls)
+        xhc_tune_learn(pick->cls, pick->single, pick->explore, cost);
+    if (pick->store)
+        xhc_tune_learn(pick->store, pick->stream, pick->store_explore, cost);
 }
 
 /* Step 7: learn from the call that waits, once each of its children has
@@ -255,8 +266,8 @@ int xhc_tune_store_pick(xhc_ctx_t *ctx, const struct xhc_view *v,
                         uint64_t seq, size_t nbytes)
 {
     xhc_tune_settle(ctx);
-    struct xhc_tune_class *c =
-        xhc_tune_class_get(ctx->tune_store, xhc_size_class(nbytes));
+    struct xhc_tune_class *c = xhc_tune_class_get(ctx->tune_store[XHC_BCAST],
+                                                  xhc_size_class(nbytes));
     int explore, way = xhc_tune_choose(c, &explore);
     struct xhc_tune_later *l = &ctx->later;
     if (l->cls) /* an earlier call waits: this one runs the cheaper way */

@@ -67,8 +67,8 @@ enum xhc_copy { XHC_COPY_CICO, XHC_COPY_CMA, XHC_COPY_XPMEM,
 
 /* Which path each call took; xhc_stat() reads the counters.  Each *_CMA
  * counter counts the large calls in which this rank's data moved by CMA;
- * XHC_PATH_BCAST_STREAM, the large Bcasts in which this rank staged with
- * streaming stores (tune.c 7.). */
+ * each *_STREAM counter, those in which it staged with streaming stores
+ * (tune.c 7.). */
 enum xhc_path {
     XHC_PATH_BARRIER,
     XHC_PATH_BCAST_INLINE, XHC_PATH_BCAST_CICO, XHC_PATH_BCAST_LARGE,
@@ -76,7 +76,7 @@ enum xhc_path {
     XHC_PATH_ALLREDUCE_LARGE,
     XHC_PATH_REDUCE_INLINE, XHC_PATH_REDUCE_CICO, XHC_PATH_REDUCE_LARGE,
     XHC_PATH_BCAST_CMA, XHC_PATH_ALLREDUCE_CMA, XHC_PATH_REDUCE_CMA,
-    XHC_PATH_BCAST_STREAM,
+    XHC_PATH_BCAST_STREAM, XHC_PATH_ALLREDUCE_STREAM, XHC_PATH_REDUCE_STREAM,
     XHC_NPATHS
 };
 

@@ -118,6 +118,8 @@ struct xhc_big_line {
     int32_t single;   /* reductions: the decider reads by CMA or XPMEM */
     int32_t root;     /* reductions: the Reduce root, -1 for Allreduce */
     uint64_t round;   /* reductions: my rounds counted as SEQ began */
+    int32_t stream;   /* reductions: the decider stages with streaming
+                         stores (tune.c 7.) */
 } XHC_ALIGNED;
 _Static_assert(sizeof(struct xhc_big_line) == XHC_LINE, "one line");
 
@@ -211,6 +213,10 @@ struct xhc_pick {
     struct xhc_tune_class *cls; /* NULL: nothing to learn from this call */
     int single;                 /* read in place (CMA, XPMEM), not staged */
     int explore;                /* runs the way that is not the cheaper */
+    struct xhc_tune_class *store; /* a reduction's staging stores (7.);
+                                     NULL: not chosen here */
+    int stream;                 /* stage with streaming stores */
+    int store_explore;
     uint64_t start;             /* ns */
 };
 
@@ -264,7 +270,7 @@ struct xhc_ctx {
     void *progress_arg;
     uint64_t stats[XHC_NPATHS];
     struct xhc_tune_class tune[XHC_NKINDS][XHC_TUNE_CLASSES]; /* tune.c */
-    struct xhc_tune_class tune_store[XHC_TUNE_CLASSES]; /* tune.c 7. */
+    struct xhc_tune_class tune_store[XHC_NKINDS][XHC_TUNE_CLASSES]; /* 7. */
     struct xhc_tune_later later;                        /* tune.c 7. */
 };
 
@@ -328,6 +334,7 @@ unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
 struct xhc_meeting {
     int root;     /* a Reduce's root, or -1 for Allreduce */
     int single;   /* in: mine; out: the decider's (xhc_decider) */
+    int stream;   /* in: mine; out: the decider's: staging stores */
     int in_place; /* out: some rank's buffer is in a shared region */
     int private;  /* out: some rank's buffer is not */
     size_t first; /* out: rank 0's size, which every rank reads first */
@@ -340,6 +347,7 @@ static inline int xhc_decider(const struct xhc_meeting *m)
 int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
              size_t nbytes, struct xhc_meeting *m);
 void xhc_copy_stream(void *dst, const void *src, size_t len);
+void xhc_copy_as(void *dst, const void *src, size_t len, int stream);
 int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
                   size_t offset, void *dst, size_t len,
                   const void **direct);
@@ -408,7 +416,8 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
 
 /* rs_staged.c */
 int xhc_rs_staged(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, void *rbuf,
-                  const struct xhc_red *r, int root, int in_place);
+                  const struct xhc_red *r, int root,
+                  const struct xhc_meeting *m);
 uint64_t xhc_rs_windows(const xhc_ctx_t *ctx, const struct xhc_red *r);
 
 /* tune.c */

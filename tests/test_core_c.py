@@ -88,7 +88,9 @@ def test_tune_policy_under_sanitizers(tmp_path, cc):
     skips a cold first call, tries both, keeps the cheaper, looks at the
     other ever less often and within 1/32 of the time, ignores one slow
     call, follows a lasting change, undoes a fluke, starts a new size
-    from a near one that timed both ways."""
+    from a near one that timed both ways; a staging Bcast parent learns
+    its stores' cost once its children have copied a call out, and drops
+    a call that one went past."""
     _unit_test(tmp_path, cc, "tune_test", ["tune.c"], SANITIZE)
 
 

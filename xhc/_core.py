@@ -32,6 +32,8 @@ PATHS = {
     "allreduce.cma": lib.XHC_PATH_ALLREDUCE_CMA,
     "reduce.cma": lib.XHC_PATH_REDUCE_CMA,
     "bcast.stream": lib.XHC_PATH_BCAST_STREAM,
+    "allreduce.stream": lib.XHC_PATH_ALLREDUCE_STREAM,
+    "reduce.stream": lib.XHC_PATH_REDUCE_STREAM,
 }
 def strerror(rc):
     """The core's message for return code RC."""

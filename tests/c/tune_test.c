@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* The choice policy of csrc/tune.c, fed made-up call times.  Prints "ok"
+/* The choice policy of csrc/tune.c, fed made-up call times, and a Bcast
+ * parent's wait for its children's times (step 7).  Prints "ok"
  * and exits 0, or names the first broken rule and exits 1. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "xhc_internal.h"
@@ -263,6 +265,57 @@ static void taken_costs_give_way_to_its_own(void)
     }
 }
 
+/* Step 7: a staging Bcast parent (rank 0 of three, both others its
+ * children) learns from a timed call only once both children have
+ * published their ends, times no call while one waits, and drops one
+ * that a child went past without publishing. */
+static void a_bcast_parent_learns_from_its_children(void)
+{
+    xhc_ctx_t *ctx = calloc(1, sizeof *ctx);
+    ctx->ctl = calloc(3, sizeof *ctx->ctl);
+    int child[2] = { 1, 2 };
+    struct xhc_view v = { .parent = -1, .nchild = 2, .child = child };
+    struct xhc_tune_class *c = &ctx->tune_store[XHC_BCAST][10];
+    size_t nbytes = 1500; /* size class 10 */
+    for (uint64_t seq = 1; seq <= 3; seq++) {
+        xhc_tune_store_pick(ctx, &v, seq, nbytes);
+        xhc_tune_store_done(ctx, seq);
+        ctx->rank = 1;
+        xhc_tune_copied(ctx, seq);
+        if (seq != 3) { /* rank 2 is still copying call 3 out */
+            ctx->rank = 2;
+            xhc_tune_copied(ctx, seq);
+        }
+        ctx->rank = 0;
+    }
+    /* Call 1 warmed the class, 2 taught plain stores once; 3 (streaming)
+     * waits, so 4 is not timed. */
+    EXPECT(xhc_tune_store_pick(ctx, &v, 4, nbytes) == 1, "call 4's way");
+    xhc_tune_store_done(ctx, 4);
+    EXPECT(c->warm && c->runs[0] == 1 && c->runs[1] == 0,
+           "warm %u, runs %u %u", c->warm, c->runs[0], c->runs[1]);
+    EXPECT(ctx->later.cls == c && ctx->later.seq == 3, "call 3 waits");
+    ctx->rank = 2;
+    xhc_tune_copied(ctx, 3);
+    ctx->rank = 0;
+    int way = xhc_tune_store_pick(ctx, &v, 5, nbytes);
+    EXPECT(c->runs[1] == 1 && way == 0 && ctx->later.seq == 5,
+           "call 3 (streaming) learnt, 5 timed: runs %u %u, way %d",
+           c->runs[0], c->runs[1], way);
+    xhc_tune_store_done(ctx, 5);
+    ctx->rank = 1;
+    xhc_tune_copied(ctx, 5);
+    /* Rank 2 failed in call 5 and entered call 6 without publishing. */
+    atomic_store(&ctx->ctl[2].entered.seq, 6);
+    ctx->rank = 0;
+    xhc_tune_store_pick(ctx, &v, 6, nbytes);
+    EXPECT(c->runs[0] == 1 && ctx->later.seq == 6,
+           "call 5 dropped: runs %u %u, waits %llu", c->runs[0], c->runs[1],
+           (unsigned long long)ctx->later.seq);
+    free(ctx->ctl);
+    free(ctx);
+}
+
 int main(void)
 {
     tries_both_then_settles();
@@ -274,6 +327,7 @@ int main(void)
     a_look_waits_for_a_call_that_teaches();
     a_new_class_starts_from_a_near_one();
     taken_costs_give_way_to_its_own();
+    a_bcast_parent_learns_from_its_children();
     if (failures)
         return 1;
     printf("ok\n");
