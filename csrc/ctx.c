@@ -109,6 +109,8 @@ static void xhc_flags_init(struct xhc_rank_ctl *mine, uint64_t start)
     xhc_store_relaxed(&mine->piece.seq, xhc_piece_flag(start, 0));
     xhc_store_relaxed(&mine->reduced.seq, start);
     xhc_store_relaxed(&mine->finished.seq, start);
+    for (int k = 0; k < XHC_TIME_SLOTS; k++)
+        xhc_store_relaxed(&mine->copied.slot[k].seq, start);
     xhc_store_relaxed(&mine->entered.seq, start);
     xhc_store_relaxed(&mine->entered.abandoned, start);
     /* Orders all the flags above with the ack: seen together. */

@@ -201,7 +201,9 @@ int xhc_rs_staged(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, void *rbuf,
     uint64_t windows = xhc_rs_windows(ctx, r);
     if (xhc_stages_nothing(ctx, root))
         return xhc_rs_met(ctx, seq, sbuf, rs.rbuf, r, root);
-    if (rs.stream)
+    /* Counted where I stage: not in place, nor as a Reduce's sole owner. */
+    if (rs.stream && rs.sole != ctx->rank
+        && !xhc_in_region(&ctx->peer_send[ctx->rank]))
         ctx->stats[root < 0 ? XHC_PATH_ALLREDUCE_STREAM
                             : XHC_PATH_REDUCE_STREAM]++;
     int rc = 0;

@@ -63,13 +63,14 @@
  *    from its own time; a staging Bcast parent returns before its
  *    children have copied out, so its timed call runs from its start
  *    to the last of its children's ends, which each publishes with its
- *    clock, and is learnt from at its next Bcast that stages, once
- *    every child has copied it out; until then no call is timed, and
- *    none looks at the other way.  A child that went on to a later
- *    operation (or left) without publishing, having failed, leaves
- *    nothing to learn.  A child may publish a later Bcast's time as its
- *    parent reads this one's: that call then looks dearer, which the
- *    least of XHC_TUNE_KEEP absorbs.
+ *    clock in a slot of that operation's (of XHC_TIME_SLOTS, so that
+ *    its Bcasts from other parents keep it), and is learnt from at the
+ *    start of its next large call of any kind once every child has
+ *    copied it out; until then no call is timed, and none looks at the
+ *    other way.  A child that went on to a later operation (or left)
+ *    without publishing, having failed, leaves nothing to learn; nor
+ *    does one whose slot served a later Bcast first (its parent took
+ *    XHC_TIME_SLOTS operations or more to come back, and it was ahead).
  */
 #include <time.h>
 
@@ -80,6 +81,8 @@
 #define XHC_TUNE_GAP_MAX 256
 #define XHC_TUNE_SHARE 32
 #define XHC_TUNE_REACH 2
+
+static void xhc_tune_settle(xhc_ctx_t *ctx);
 
 static double xhc_tune_cost(const struct xhc_tune_class *c, int way)
 {
@@ -209,6 +212,7 @@ static int xhc_size_class(size_t nbytes)
 void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,
                    struct xhc_pick *pick)
 {
+    xhc_tune_settle(ctx);
     *pick = (struct xhc_pick){ .single = xhc_single_copy(ctx) };
     if (!decides)
         return;
@@ -236,27 +240,48 @@ void xhc_tune_done(const struct xhc_pick *pick, size_t nbytes)
         xhc_tune_learn(pick->store, pick->stream, pick->store_explore, cost);
 }
 
+/* Step 7: CHILD's end of Bcast SEQ into *END; 0 if it has not published
+ * it yet, -1 if it never will: it went on to a later operation (or left),
+ * having failed, or its slot has since served a later Bcast. */
+static int xhc_child_end(xhc_ctx_t *ctx, int child, uint64_t seq,
+                         uint64_t *end)
+{
+    struct xhc_time_slot *slot =
+        &xhc_ctl(ctx, child)->copied.slot[seq % XHC_TIME_SLOTS];
+    for (int look = 0; look < 2; look++) {
+        /* Acquire: the child's time, written before its number. */
+        uint64_t got = xhc_load_acquire(&slot->seq);
+        if (got == seq) {
+            uint64_t ns = xhc_load_relaxed(&slot->ns);
+            *end = ns > *end ? ns : *end;
+            return 1;
+        }
+        if (xhc_seq_reached(got, seq)) /* a later Bcast's */
+            return -1;
+        /* Acquire: had it entered a later operation, it had published
+         * this one first, and the second look sees it. */
+        if (look == 0 && !xhc_seq_reached(
+                xhc_load_acquire(&xhc_ctl(ctx, child)->entered.seq),
+                seq + 1))
+            return 0;
+    }
+    return -1;
+}
+
 /* Step 7: learn from the call that waits, once each of its children has
- * copied it out; drop it if one went on without publishing. */
+ * copied it out; drop it if one never will. */
 static void xhc_tune_settle(xhc_ctx_t *ctx)
 {
     struct xhc_tune_later *l = &ctx->later;
     uint64_t end = l->end;
-    for (int i = 0; l->cls && end && i < l->v->nchild; i++) {
-        struct xhc_rank_ctl *child = xhc_ctl(ctx, l->v->child[i]);
-        /* Acquire: the child's time, written before its number. */
-        if (xhc_load_acquire(&child->copied.seq) != l->seq) {
-            if (xhc_seq_reached(xhc_load_acquire(&child->entered.seq),
-                                l->seq + 1))
-                break; /* it went on (or left) without: drop the call */
-            return;    /* still copying out: wait */
-        }
-        uint64_t ns = xhc_load_relaxed(&child->copied.ns);
-        end = ns > end ? ns : end;
-        if (i + 1 == l->v->nchild && end > l->start)
-            xhc_tune_learn(l->cls, l->way, l->explore,
-                           (double)(end - l->start) / (double)l->nbytes);
-    }
+    int got = 1;
+    for (int i = 0; l->cls && end && got == 1 && i < l->v->nchild; i++)
+        got = xhc_child_end(ctx, l->v->child[i], l->seq, &end);
+    if (got == 0)
+        return; /* a child is still copying out: wait */
+    if (l->cls && end && got == 1 && end > l->start)
+        xhc_tune_learn(l->cls, l->way, l->explore,
+                       (double)(end - l->start) / (double)l->nbytes);
     l->cls = NULL;
 }
 
@@ -288,7 +313,8 @@ void xhc_tune_store_done(xhc_ctx_t *ctx, uint64_t seq)
 /* Step 7: I have copied Bcast SEQ out of my parent's windows. */
 void xhc_tune_copied(xhc_ctx_t *ctx, uint64_t seq)
 {
-    struct xhc_time_line *mine = &xhc_ctl(ctx, ctx->rank)->copied;
+    struct xhc_time_slot *mine =
+        &xhc_ctl(ctx, ctx->rank)->copied.slot[seq % XHC_TIME_SLOTS];
     xhc_store_relaxed(&mine->ns, xhc_now_ns());
     /* Orders the time before the number my parent checks. */
     xhc_store_release(&mine->seq, seq);

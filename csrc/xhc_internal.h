@@ -101,12 +101,17 @@ struct xhc_src {
     int32_t pad;
 };
 
-/* The large Bcast I last copied out of my parent's windows, and when
- * (CLOCK_MONOTONIC ns): my parent learns from it how long its staging
- * took (tune.c 7.). */
-struct xhc_time_line {
+/* The large Bcasts I copied out of a parent's windows, and when
+ * (CLOCK_MONOTONIC ns), one slot per operation number modulo
+ * XHC_TIME_SLOTS: each parent learns from it how long its staging took
+ * (tune.c 7.), though I go on to copy for others. */
+#define XHC_TIME_SLOTS 16
+struct xhc_time_slot {
     xhc_flag_t seq;
     _Atomic uint64_t ns;
+};
+struct xhc_time_line {
+    struct xhc_time_slot slot[XHC_TIME_SLOTS];
 } XHC_ALIGNED;
 
 /* Large-message rendezvous; single writer (the owning rank). */
@@ -135,7 +140,7 @@ struct xhc_rank_ctl {
     struct xhc_seq_line piece;           /* Bcast pieces I staged (bcast.c) */
     struct xhc_seq_line reduced;         /* round whose part I reduced */
     struct xhc_seq_line finished;        /* round of which I read all */
-    struct xhc_time_line copied;         /* large Bcast I copied out */
+    struct xhc_time_line copied;         /* large Bcasts I copied out */
     struct xhc_wake_line wake;           /* written by my sleeping readers */
 };
 

@@ -267,8 +267,9 @@ static void taken_costs_give_way_to_its_own(void)
 
 /* Step 7: a staging Bcast parent (rank 0 of three, both others its
  * children) learns from a timed call only once both children have
- * published their ends, times no call while one waits, and drops one
- * that a child went past without publishing. */
+ * published their ends, times no call while one waits, drops one that
+ * a child went past without publishing, and keeps one whose children
+ * went on to copy for another parent. */
 static void a_bcast_parent_learns_from_its_children(void)
 {
     xhc_ctx_t *ctx = calloc(1, sizeof *ctx);
@@ -312,6 +313,19 @@ static void a_bcast_parent_learns_from_its_children(void)
     EXPECT(c->runs[0] == 1 && ctx->later.seq == 6,
            "call 5 dropped: runs %u %u, waits %llu", c->runs[0], c->runs[1],
            (unsigned long long)ctx->later.seq);
+    /* Both children copy call 6 out, then call 7, a Bcast from another
+     * parent, before this one comes back in call 8: it learns call 6. */
+    xhc_tune_store_done(ctx, 6);
+    for (int r = 1; r <= 2; r++) {
+        ctx->rank = r;
+        xhc_tune_copied(ctx, 6);
+        xhc_tune_copied(ctx, 7);
+        atomic_store(&ctx->ctl[r].entered.seq, 8);
+    }
+    ctx->rank = 0;
+    xhc_tune_store_pick(ctx, &v, 8, nbytes);
+    EXPECT(c->runs[0] + c->runs[1] == 3 && ctx->later.seq == 8,
+           "call 6 learnt: runs %u %u", c->runs[0], c->runs[1]);
     free(ctx->ctl);
     free(ctx);
 }

@@ -2093,7 +2093,32 @@ def adaptive_cases(xcomm, comm, v, sz):
                 f"{cma} of {large} large calls by CMA (copy={sz.copy})")
     for kind in ("allreduce", "reduce", "bcast"):
         stores_tried(v, comm, sz, kind, start, end)
+    roots_in_turn_learn_their_stores(xcomm, comm, v, sz, count)
     shared_reductions_use_no_cma(xcomm, comm, v, count)
+
+
+def roots_in_turn_learn_their_stores(xcomm, comm, v, sz, nbytes):
+    """Two roots in turn, each a staging parent whose children copy out
+    the other's Bcasts between its own: each still learns from its calls
+    (its children's times stay in slots of their own, csrc/tune.c 7.), so,
+    forced to stage, each tries streaming stores.  NBYTES is 1/8 of the
+    calls' above, a size class too far to take what they learnt."""
+    n = comm.size
+    if n == 1:
+        return
+    roots = (0, n - 1)
+    before = xcomm.stats["bcast.stream"]
+    for call in range(2 * ADAPT_CALLS):
+        root = roots[call % 2]
+        one_bcast(v, xcomm, comm, f"Bcast from root {root} in turn, call "
+                  f"{call}", "u1", nbytes, root, seed_of(133, call),
+                  use_mpi=False)
+        comm.Barrier()
+    stream = xcomm.stats["bcast.stream"] - before
+    ok = stream >= 2 if sz.copy == "cico" and comm.rank in roots \
+        else sz.copy != "cma" or stream == 0
+    v.check("Bcast roots in turn: streaming stores tried", ok,
+            f"{stream} of {2 * ADAPT_CALLS} calls (copy={sz.copy})")
 
 
 def stores_tried(v, comm, sz, kind, start, end):
@@ -2111,9 +2136,11 @@ def stores_tried(v, comm, sz, kind, start, end):
     cma = end[kind + ".cma"] - start[kind + ".cma"]
     slots = kind == "reduce" and sz.crowded and sz.copy == "cico" \
         and sz.reduce_cico > sz.cico
-    tries = sz.copy == "cico" and not slots and (
+    # Over two ranks the Reduce root owns every window: it stages nothing.
+    sole = kind == "reduce" and comm.size == 2 and comm.rank == 1
+    tries = sz.copy == "cico" and not slots and not sole and (
         kind != "bcast" or comm.rank == comm.size - 1)
-    if sz.copy in ("cma", "xpmem") or comm.size == 1 or slots:
+    if sz.copy in ("cma", "xpmem") or comm.size == 1 or slots or sole:
         ok = stream == 0
     elif tries:
         ok = 2 <= stream <= ADAPT_CALLS - 3
