@@ -225,7 +225,8 @@ void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,
         pick->store = xhc_tune_class_get(ctx->tune_store[kind], k);
         pick->stream = xhc_tune_choose(pick->store, &pick->store_explore);
     }
-    pick->start = xhc_now_ns();
+    if (pick->cls || pick->store)
+        pick->start = xhc_now_ns();
 }
 
 /* The call PICK chose for has moved NBYTES. */
@@ -290,7 +291,7 @@ static void xhc_tune_settle(xhc_ctx_t *ctx)
 int xhc_tune_store_pick(xhc_ctx_t *ctx, const struct xhc_view *v,
                         uint64_t seq, size_t nbytes)
 {
-    xhc_tune_settle(ctx);
+    /* xhc_tune_pick, at this Bcast's start, settled what it could. */
     struct xhc_tune_class *c = xhc_tune_class_get(ctx->tune_store[XHC_BCAST],
                                                   xhc_size_class(nbytes));
     int explore, way = xhc_tune_choose(c, &explore);

@@ -265,6 +265,15 @@ static void taken_costs_give_way_to_its_own(void)
     }
 }
 
+/* A large Bcast's picks, as bcast.c makes them for a staging parent. */
+static int bcast_pick(xhc_ctx_t *ctx, const struct xhc_view *v, uint64_t seq,
+                      size_t nbytes)
+{
+    struct xhc_pick pick;
+    xhc_tune_pick(ctx, XHC_BCAST, nbytes, 1, &pick);
+    return xhc_tune_store_pick(ctx, v, seq, nbytes);
+}
+
 /* Step 7: a staging Bcast parent (rank 0 of three, both others its
  * children) learns from a timed call only once both children have
  * published their ends, times no call while one waits, drops one that
@@ -279,7 +288,7 @@ static void a_bcast_parent_learns_from_its_children(void)
     struct xhc_tune_class *c = &ctx->tune_store[XHC_BCAST][10];
     size_t nbytes = 1500; /* size class 10 */
     for (uint64_t seq = 1; seq <= 3; seq++) {
-        xhc_tune_store_pick(ctx, &v, seq, nbytes);
+        bcast_pick(ctx, &v, seq, nbytes);
         xhc_tune_store_done(ctx, seq);
         ctx->rank = 1;
         xhc_tune_copied(ctx, seq);
@@ -291,7 +300,7 @@ static void a_bcast_parent_learns_from_its_children(void)
     }
     /* Call 1 warmed the class, 2 taught plain stores once; 3 (streaming)
      * waits, so 4 is not timed. */
-    EXPECT(xhc_tune_store_pick(ctx, &v, 4, nbytes) == 1, "call 4's way");
+    EXPECT(bcast_pick(ctx, &v, 4, nbytes) == 1, "call 4's way");
     xhc_tune_store_done(ctx, 4);
     EXPECT(c->warm && c->runs[0] == 1 && c->runs[1] == 0,
            "warm %u, runs %u %u", c->warm, c->runs[0], c->runs[1]);
@@ -299,7 +308,7 @@ static void a_bcast_parent_learns_from_its_children(void)
     ctx->rank = 2;
     xhc_tune_copied(ctx, 3);
     ctx->rank = 0;
-    int way = xhc_tune_store_pick(ctx, &v, 5, nbytes);
+    int way = bcast_pick(ctx, &v, 5, nbytes);
     EXPECT(c->runs[1] == 1 && way == 0 && ctx->later.seq == 5,
            "call 3 (streaming) learnt, 5 timed: runs %u %u, way %d",
            c->runs[0], c->runs[1], way);
@@ -309,7 +318,7 @@ static void a_bcast_parent_learns_from_its_children(void)
     /* Rank 2 failed in call 5 and entered call 6 without publishing. */
     atomic_store(&ctx->ctl[2].entered.seq, 6);
     ctx->rank = 0;
-    xhc_tune_store_pick(ctx, &v, 6, nbytes);
+    bcast_pick(ctx, &v, 6, nbytes);
     EXPECT(c->runs[0] == 1 && ctx->later.seq == 6,
            "call 5 dropped: runs %u %u, waits %llu", c->runs[0], c->runs[1],
            (unsigned long long)ctx->later.seq);
@@ -323,7 +332,7 @@ static void a_bcast_parent_learns_from_its_children(void)
         atomic_store(&ctx->ctl[r].entered.seq, 8);
     }
     ctx->rank = 0;
-    xhc_tune_store_pick(ctx, &v, 8, nbytes);
+    bcast_pick(ctx, &v, 8, nbytes);
     EXPECT(c->runs[0] + c->runs[1] == 3 && ctx->later.seq == 8,
            "call 6 learnt: runs %u %u", c->runs[0], c->runs[1]);
     free(ctx->ctl);
