@@ -307,11 +307,11 @@ static int xhc_bcast_announce(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p,
     if (rc)
         return rc;
     xhc_src_describe(ctx, p->buf, p->nbytes, &big->send);
-    if (xhc_in_region(&big->send))
-        pick->cls = NULL; /* read in place either way: nothing to learn */
+    if (xhc_in_region(&big->send)) /* read in place: nothing to learn */
+        pick->cls = pick->store = NULL;
     p->stage_mine = !xhc_in_region(&big->send) && !pick->single;
-    p->stream = p->stage_mine
-                && xhc_tune_store_pick(ctx, p->v, seq, p->nbytes);
+    p->stream = p->stage_mine && xhc_tune_defer(ctx, pick, p->v, seq,
+                                                p->nbytes);
     if (p->stream)
         ctx->stats[XHC_PATH_BCAST_STREAM]++;
     xhc_store_relaxed(&big->ready, is_root ? p->nbytes : 0);

@@ -206,9 +206,9 @@ static int xhc_size_class(size_t nbytes)
 
 /* How a call of KIND moving NBYTES goes, if this rank DECIDES it; in any
  * mode but XHC_COPY_ADAPT, or for a rank that only follows, the mode's
- * own answer, untimed.  A reduction's decider that stages also chooses
- * its stores (step 7); it waits for every rank, so its own time counts
- * theirs.  (A Bcast parent chooses them in xhc_tune_store_pick.) */
+ * own answer, untimed.  A decider that stages also chooses its stores
+ * (step 7); a reduction's waits for every rank, so its own time counts
+ * theirs, but a Bcast parent's learns later (xhc_tune_defer). */
 void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,
                    struct xhc_pick *pick)
 {
@@ -221,7 +221,7 @@ void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,
         pick->cls = xhc_tune_class_get(ctx->tune[kind], k);
         pick->single = xhc_tune_choose(pick->cls, &pick->explore);
     }
-    if (kind != XHC_BCAST && !pick->single) {
+    if (!pick->single) {
         pick->store = xhc_tune_class_get(ctx->tune_store[kind], k);
         pick->stream = xhc_tune_choose(pick->store, &pick->store_explore);
     }
@@ -286,22 +286,25 @@ static void xhc_tune_settle(xhc_ctx_t *ctx)
     l->cls = NULL;
 }
 
-/* Step 7: 1 if I, staging a Bcast of NBYTES (operation SEQ, my place in
- * it V), write my windows with streaming stores. */
-int xhc_tune_store_pick(xhc_ctx_t *ctx, const struct xhc_view *v,
-                        uint64_t seq, size_t nbytes)
+/* Step 7: PICK's store way, for a Bcast parent that stages operation SEQ
+ * of NBYTES (my place in it V): learnt from later, once my children have
+ * copied it out, or not at all if an earlier call still waits (this one
+ * then runs the cheaper way).  Returns the way. */
+int xhc_tune_defer(xhc_ctx_t *ctx, struct xhc_pick *pick,
+                   const struct xhc_view *v, uint64_t seq, size_t nbytes)
 {
-    /* xhc_tune_pick, at this Bcast's start, settled what it could. */
-    struct xhc_tune_class *c = xhc_tune_class_get(ctx->tune_store[XHC_BCAST],
-                                                  xhc_size_class(nbytes));
-    int explore, way = xhc_tune_choose(c, &explore);
     struct xhc_tune_later *l = &ctx->later;
-    if (l->cls) /* an earlier call waits: this one runs the cheaper way */
-        return explore ? !way : way;
-    *l = (struct xhc_tune_later){ .cls = c, .v = v, .seq = seq,
-                                  .start = xhc_now_ns(), .nbytes = nbytes,
-                                  .way = way, .explore = explore };
-    return way;
+    if (!pick->store)
+        return pick->stream;
+    if (l->cls)
+        pick->stream ^= pick->store_explore;
+    else
+        *l = (struct xhc_tune_later){ .cls = pick->store, .v = v,
+                                      .seq = seq, .start = pick->start,
+                                      .nbytes = nbytes, .way = pick->stream,
+                                      .explore = pick->store_explore };
+    pick->store = NULL; /* not learnt at the call's end */
+    return pick->stream;
 }
 
 /* Step 7: my part of staging Bcast SEQ is done. */

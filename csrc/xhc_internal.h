@@ -218,8 +218,8 @@ struct xhc_pick {
     struct xhc_tune_class *cls; /* NULL: nothing to learn from this call */
     int single;                 /* read in place (CMA, XPMEM), not staged */
     int explore;                /* runs the way that is not the cheaper */
-    struct xhc_tune_class *store; /* a reduction's staging stores (7.);
-                                     NULL: not chosen here */
+    struct xhc_tune_class *store; /* staging stores (7.); NULL: not
+                                     chosen here, or learnt later */
     int stream;                 /* stage with streaming stores */
     int store_explore;
     uint64_t start;             /* ns */
@@ -433,8 +433,8 @@ void xhc_tune_learn(struct xhc_tune_class *c, int single, int explore,
 void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,
                    struct xhc_pick *pick);
 void xhc_tune_done(const struct xhc_pick *pick, size_t nbytes);
-int xhc_tune_store_pick(xhc_ctx_t *ctx, const struct xhc_view *v,
-                        uint64_t seq, size_t nbytes);
+int xhc_tune_defer(xhc_ctx_t *ctx, struct xhc_pick *pick,
+                   const struct xhc_view *v, uint64_t seq, size_t nbytes);
 void xhc_tune_store_done(xhc_ctx_t *ctx, uint64_t seq);
 void xhc_tune_copied(xhc_ctx_t *ctx, uint64_t seq);
 

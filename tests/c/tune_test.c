@@ -271,7 +271,7 @@ static int bcast_pick(xhc_ctx_t *ctx, const struct xhc_view *v, uint64_t seq,
 {
     struct xhc_pick pick;
     xhc_tune_pick(ctx, XHC_BCAST, nbytes, 1, &pick);
-    return xhc_tune_store_pick(ctx, v, seq, nbytes);
+    return xhc_tune_defer(ctx, &pick, v, seq, nbytes);
 }
 
 /* Step 7: a staging Bcast parent (rank 0 of three, both others its
