@@ -2138,8 +2138,8 @@ def stores_tried(v, comm, sz, kind, start, end):
         and sz.reduce_cico > sz.cico
     # Over two ranks the Reduce root owns every window: it stages nothing.
     sole = kind == "reduce" and comm.size == 2 and comm.rank == 1
-    tries = sz.copy == "cico" and not slots and not sole and (
-        kind != "bcast" or comm.rank == comm.size - 1)
+    tries = sz.copy == "cico" and (kind != "bcast"
+                                   or comm.rank == comm.size - 1)
     if sz.copy in ("cma", "xpmem") or comm.size == 1 or slots or sole:
         ok = stream == 0
     elif tries:
