@@ -7,7 +7,9 @@
  *    leader copies its parent's payload into its own line or slot for its
  *    children, then into its user buffer; plain members copy straight
  *    from their parent.  Nobody waits for readers: the ring lets the root
- *    run XHC_RING operations ahead.
+ *    run XHC_RING operations ahead.  From XHC_SLOT_TIMED bytes a parent
+ *    writes its slot with plain or streaming stores, whichever tune.c
+ *    (7.) finds its children copy out faster.
  * 2. Large messages go down the same tree in rounds of chunk_size bytes,
  *    through cfg.windows staging windows per rank: a parent stages chunk
  *    k while its children copy earlier ones out, and reuses a window once
@@ -115,6 +117,29 @@ static int xhc_bcast_listen_small(xhc_ctx_t *ctx, int parent, uint64_t seq,
     return rc ? rc : xhc_bcast_sized(ctx, line, nbytes, flags, parent);
 }
 
+/* Write my down slot (or line) of SEQ from SRC, for my children: with
+ * streaming stores if tune.c (7.) finds they copy it out faster so.
+ * Returns where I take my own copy from: the slot just written is in my
+ * cache, unless streamed there. */
+static const unsigned char *xhc_bcast_pass(xhc_ctx_t *ctx,
+                                           const struct xhc_view *v,
+                                           uint64_t seq,
+                                           const unsigned char *src,
+                                           size_t nbytes)
+{
+    struct xhc_flag_line *mine = xhc_line(ctx, ctx->rank, XHC_DOWN, seq);
+    unsigned char *dst = xhc_payload(ctx, ctx->rank, XHC_DOWN, seq, nbytes);
+    int stream = nbytes >= XHC_SLOT_TIMED
+                 && xhc_tune_slot(ctx, v, seq, nbytes);
+    if (stream)
+        ctx->stats[XHC_PATH_BCAST_STREAM]++;
+    xhc_copy_as(dst, src, nbytes, stream);
+    mine->nbytes = nbytes;
+    /* Orders the payload copy before children see the flag. */
+    xhc_publish(ctx, &mine->seq, seq);
+    return stream ? src : dst;
+}
+
 static int xhc_bcast_small(xhc_ctx_t *ctx, const struct xhc_view *v,
                            unsigned char *buf, size_t nbytes, int root,
                            int flags)
@@ -131,19 +156,16 @@ static int xhc_bcast_small(xhc_ctx_t *ctx, const struct xhc_view *v,
     if (rc)
         return rc;
     if (v->nchild) {
-        struct xhc_flag_line *mine = xhc_line(ctx, ctx->rank, XHC_DOWN, seq);
-        unsigned char *dst = xhc_payload(ctx, ctx->rank, XHC_DOWN, seq, nbytes);
-        memcpy(dst, src, nbytes);
-        mine->nbytes = nbytes;
-        /* Orders the payload copy before children see the flag. */
-        xhc_publish(ctx, &mine->seq, seq);
-        /* A leader takes its own copy from the line it just wrote, which
-         * is in its cache; the root already has the data in BUF. */
-        if (src != buf)
-            src = dst;
+        const unsigned char *kept = xhc_bcast_pass(ctx, v, seq, src, nbytes);
+        if (src != buf) /* the root already has the data in BUF */
+            src = kept;
     }
     if (src != buf)
         memcpy(buf, src, nbytes);
+    if (nbytes >= XHC_SLOT_TIMED && ctx->rank != root)
+        xhc_tune_copied(ctx, seq);
+    if (nbytes >= XHC_SLOT_TIMED && v->nchild)
+        xhc_tune_store_done(ctx, seq);
     xhc_ack(ctx, seq);
     return 0;
 }

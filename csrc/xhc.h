@@ -42,6 +42,8 @@ typedef struct xhc_ctx xhc_ctx_t;
 
 #define XHC_INLINE_MAX 112      /* bytes carried inside a flag's line */
 #define XHC_ROUND_MIN 16384     /* smallest Bcast round with bcast_rounds */
+#define XHC_SLOT_TIMED 8192     /* a Bcast this size or more through the
+                                   slots chooses its stores (tune.c 7.) */
 #define XHC_MAX_LEVELS 8
 #define XHC_MAX_REGIONS 64
 
@@ -68,7 +70,7 @@ enum xhc_copy { XHC_COPY_CICO, XHC_COPY_CMA, XHC_COPY_XPMEM,
 /* Which path each call took; xhc_stat() reads the counters.  Each *_CMA
  * counter counts the large calls in which this rank's data moved by CMA;
  * each *_STREAM counter, those in which it staged with streaming stores
- * (tune.c 7.). */
+ * (tune.c 7.), and XHC_PATH_BCAST_STREAM also those through the slots. */
 enum xhc_path {
     XHC_PATH_BARRIER,
     XHC_PATH_BCAST_INLINE, XHC_PATH_BCAST_CICO, XHC_PATH_BCAST_LARGE,

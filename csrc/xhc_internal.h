@@ -101,7 +101,7 @@ struct xhc_src {
     int32_t pad;
 };
 
-/* The large Bcasts I copied out of a parent's windows, and when
+/* The Bcasts I copied out of a parent's windows or slots, and when
  * (CLOCK_MONOTONIC ns), one slot per operation number modulo
  * XHC_TIME_SLOTS: each parent learns from it how long its staging took
  * (tune.c 7.), though I go on to copy for others. */
@@ -140,7 +140,7 @@ struct xhc_rank_ctl {
     struct xhc_seq_line piece;           /* Bcast pieces I staged (bcast.c) */
     struct xhc_seq_line reduced;         /* round whose part I reduced */
     struct xhc_seq_line finished;        /* round of which I read all */
-    struct xhc_time_line copied;         /* large Bcasts I copied out */
+    struct xhc_time_line copied;         /* staged Bcasts I copied out */
     struct xhc_wake_line wake;           /* written by my sleeping readers */
 };
 
@@ -276,6 +276,7 @@ struct xhc_ctx {
     uint64_t stats[XHC_NPATHS];
     struct xhc_tune_class tune[XHC_NKINDS][XHC_TUNE_CLASSES]; /* tune.c */
     struct xhc_tune_class tune_store[XHC_NKINDS][XHC_TUNE_CLASSES]; /* 7. */
+    struct xhc_tune_class tune_slot[XHC_TUNE_CLASSES]; /* 7.: Bcast slots */
     struct xhc_tune_later later;                        /* tune.c 7. */
 };
 
@@ -437,6 +438,8 @@ int xhc_tune_defer(xhc_ctx_t *ctx, struct xhc_pick *pick,
                    const struct xhc_view *v, uint64_t seq, size_t nbytes);
 void xhc_tune_store_done(xhc_ctx_t *ctx, uint64_t seq);
 void xhc_tune_copied(xhc_ctx_t *ctx, uint64_t seq);
+int xhc_tune_slot(xhc_ctx_t *ctx, const struct xhc_view *v, uint64_t seq,
+                  size_t nbytes);
 
 /* Do peers read private buffers in place (one copy: CMA or XPMEM) rather
  * than through staging in the segment?  Bcast and the reductions pick

@@ -54,6 +54,7 @@ BITLOGIC = ["LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"]
 OPS = ARITH + BITLOGIC
 INLINE = int(lib.XHC_INLINE_MAX)
 ROUND_MIN = int(lib.XHC_ROUND_MIN)  # Bcast's slot limit on a crowded node
+SLOT_TIMED = int(lib.XHC_SLOT_TIMED)  # Bcast slots choose stores from here
 # A fraction-valued float variant of SUM: compared with a tolerance.
 NOISE = "SUM~"
 POISON = 0x5A  # fills an output before a call: one writing nothing fails
@@ -2094,7 +2095,34 @@ def adaptive_cases(xcomm, comm, v, sz):
     for kind in ("allreduce", "reduce", "bcast"):
         stores_tried(v, comm, sz, kind, start, end)
     roots_in_turn_learn_their_stores(xcomm, comm, v, sz, count)
+    slots_learn_their_stores(xcomm, comm, v, sz)
     shared_reductions_use_no_cma(xcomm, comm, v, count)
+
+
+def slots_learn_their_stores(xcomm, comm, v, sz):
+    """A Bcast through the slots from SLOT_TIMED bytes has each parent
+    choose plain or streaming stores for its slot (csrc/tune.c 7.), in
+    every copy mode, timed to its children's ends: the root, which leads
+    every group it is in, warms up with plain ones, then tries each way
+    twice; in a flat hierarchy no other rank writes a slot."""
+    nbytes = sz.bcast_cico
+    if comm.size == 1 or nbytes < SLOT_TIMED:
+        return
+    root = comm.size - 1
+    before = xcomm.stats["bcast.stream"]
+    for call in range(ADAPT_CALLS):
+        one_bcast(v, xcomm, comm, f"Bcast through the slots, call {call}",
+                  "u1", nbytes, root, seed_of(134, call), use_mpi=False)
+        comm.Barrier()
+    stream = xcomm.stats["bcast.stream"] - before
+    if comm.rank == root:
+        ok = 2 <= stream <= ADAPT_CALLS - 3
+    elif len(xcomm.xhc_info["levels"]["bcast"]) <= 1:
+        ok = stream == 0
+    else:
+        ok = stream <= ADAPT_CALLS
+    v.check("Bcast through the slots: streaming stores tried", ok,
+            f"{stream} of {ADAPT_CALLS} calls of {nbytes} B")
 
 
 def roots_in_turn_learn_their_stores(xcomm, comm, v, sz, nbytes):
