@@ -11,6 +11,10 @@
  *    every other's and folds them all in rank order: one round, and the
  *    same bits on every rank.
  * 4. Leaders pass the result down their subtrees as Bcast does.
+ * 5. A rank that copies its value into its up slot, of XHC_SLOT_TIMED
+ *    bytes or more, writes it with plain or streaming stores, whichever
+ *    tune.c (7.) finds its readers fold it faster with; each reader
+ *    tells it when it has.
  *
  * Large messages: a reduce-scatter in which every rank reduces 1/P of
  * the vector, then takes the other parts from their owners: pipelined
@@ -69,18 +73,46 @@ int xhc_fold_children(xhc_ctx_t *ctx, const int *child, int nchild,
     return 0;
 }
 
-/* Make VALUE my contribution to operation SEQ for whoever reads it. */
-int xhc_publish_up(xhc_ctx_t *ctx, uint64_t seq, const struct xhc_red *r,
-                   const void *value)
+/* Step 5: do I copy my value into my up slot of operation SEQ with
+ * streaming stores?  Its readers are my parent or, at an Allreduce's top
+ * level, every other member. */
+static int xhc_up_stream(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
+                         uint64_t seq, size_t nbytes)
+{
+    int top = kind == XHC_ALLREDUCE && v->npeer;
+    int stream = xhc_tune_slot(ctx, kind, top ? v->peer : &v->parent,
+                               top ? v->npeer : 1, seq, nbytes);
+    if (stream)
+        ctx->stats[kind == XHC_ALLREDUCE ? XHC_PATH_ALLREDUCE_STREAM
+                                         : XHC_PATH_REDUCE_STREAM]++;
+    return stream;
+}
+
+/* Make VALUE my contribution to operation SEQ of KIND (my place in it V)
+ * for whoever reads it. */
+int xhc_publish_up(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
+                   uint64_t seq, const struct xhc_red *r, const void *value)
 {
     struct xhc_flag_line *line = xhc_line(ctx, ctx->rank, XHC_UP, seq);
     unsigned char *dst = xhc_payload(ctx, ctx->rank, XHC_UP, seq, r->nbytes);
+    int timed = dst != value && r->nbytes >= XHC_SLOT_TIMED;
     if (dst != value)
-        memcpy(dst, value, r->nbytes);
+        xhc_copy_as(dst, value, r->nbytes,
+                    timed && xhc_up_stream(ctx, kind, v, seq, r->nbytes));
     line->nbytes = r->total;
     /* Orders the value's bytes before readers see the flag. */
     xhc_publish(ctx, &line->seq, seq);
+    if (timed)
+        xhc_tune_store_done(ctx, seq);
     return 0;
+}
+
+/* Step 5: I have folded the up slots of operation SEQ that I read: their
+ * writers learn when. */
+void xhc_folded(xhc_ctx_t *ctx, uint64_t seq, const struct xhc_red *r)
+{
+    if (r->nbytes >= XHC_SLOT_TIMED)
+        xhc_tune_copied(ctx, seq);
 }
 
 /* Step 3: every top-level member folds all members' values into RBUF. */
@@ -139,9 +171,11 @@ int xhc_allreduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
     if (rc == 0)
         rc = xhc_fold_children(ctx, v->child, v->nsub, seq, r, up, &mine);
     if (rc == 0)
-        rc = xhc_publish_up(ctx, seq, r, mine);
+        rc = xhc_publish_up(ctx, XHC_ALLREDUCE, v, seq, r, mine);
     if (rc == 0 && v->npeer)
         rc = xhc_fold_peers(ctx, v, seq, r, mine, rbuf);
+    if (rc == 0 && (v->nsub || v->npeer > 1))
+        xhc_folded(ctx, seq, r);
     if (rc == 0)
         rc = xhc_pass_down(ctx, v, seq, r, rbuf);
     if (rc == 0)
@@ -183,6 +217,8 @@ static int xhc_small_in_pieces(xhc_ctx_t *ctx, const struct xhc_view *v,
                                const struct xhc_red *r, xhc_small_fn small)
 {
     size_t per = xhc_up_max(&ctx->cfg) / r->esize;
+    uint64_t *streamed = &ctx->stats[XHC_PATH_REDUCE_STREAM];
+    uint64_t before = *streamed;
     for (size_t done = 0; done < r->count; done += per) {
         struct xhc_red piece = *r;
         piece.count = r->count - done < per ? r->count - done : per;
@@ -192,6 +228,8 @@ static int xhc_small_in_pieces(xhc_ctx_t *ctx, const struct xhc_view *v,
         size_t at = done * r->esize;
         int rc = small(ctx, v, (const unsigned char *)sbuf + at,
                        rbuf ? (unsigned char *)rbuf + at : NULL, &piece);
+        if (*streamed > before) /* the call counts once */
+            *streamed = before + 1;
         if (rc == 0)
             continue;
         /* Give up on the pieces not run too, so that every rank ends the

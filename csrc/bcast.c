@@ -130,7 +130,8 @@ static const unsigned char *xhc_bcast_pass(xhc_ctx_t *ctx,
     struct xhc_flag_line *mine = xhc_line(ctx, ctx->rank, XHC_DOWN, seq);
     unsigned char *dst = xhc_payload(ctx, ctx->rank, XHC_DOWN, seq, nbytes);
     int stream = nbytes >= XHC_SLOT_TIMED
-                 && xhc_tune_slot(ctx, v, seq, nbytes);
+                 && xhc_tune_slot(ctx, XHC_BCAST, v->child, v->nchild, seq,
+                                  nbytes);
     if (stream)
         ctx->stats[XHC_PATH_BCAST_STREAM]++;
     xhc_copy_as(dst, src, nbytes, stream);
@@ -332,8 +333,9 @@ static int xhc_bcast_announce(xhc_ctx_t *ctx, uint64_t seq, struct xhc_pipe *p,
     if (xhc_in_region(&big->send)) /* read in place: nothing to learn */
         pick->cls = pick->store = NULL;
     p->stage_mine = !xhc_in_region(&big->send) && !pick->single;
-    p->stream = p->stage_mine && xhc_tune_defer(ctx, pick, p->v, seq,
-                                                p->nbytes);
+    p->stream = p->stage_mine
+                && xhc_tune_defer(ctx, pick, p->v->child, p->v->nchild, seq,
+                                  p->nbytes);
     if (p->stream)
         ctx->stats[XHC_PATH_BCAST_STREAM]++;
     xhc_store_relaxed(&big->ready, is_root ? p->nbytes : 0);

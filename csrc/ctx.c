@@ -326,8 +326,7 @@ int xhc_ctx_set_hierarchy(xhc_ctx_t *ctx, int kind, int nlevels,
 {
     if (kind < 0 || kind >= XHC_NKINDS)
         return XHC_ERR_ARG;
-    if (kind == XHC_BCAST) /* a timed Bcast waits on a view freed here */
-        ctx->later.cls = NULL;
+    ctx->later.cls = NULL; /* a timed call may wait on a view freed here */
     return xhc_hier_set(&ctx->hier[kind], ctx->nranks, nlevels, groups);
 }
 

@@ -6,7 +6,8 @@
  *    each leader folds its own value with its children's published
  *    values (level order, then rank order) and publishes the result
  *    upwards; the root's fold lands in its receive buffer.  Non-roots
- *    return as soon as they have published.  The front end sets
+ *    return as soon as they have published, which they do as Allreduce's
+ *    step 5 says.  The front end sets
  *    reduce_cico_max when ranks outnumber cores: a rank then seldom runs
  *    when a peer wants it, and letting non-roots publish and go costs far
  *    less than the reduce-scatter's meetings of every rank.
@@ -36,8 +37,10 @@ static int xhc_reduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
         rc = xhc_ring_reserve(ctx, seq);
     if (rc == 0)
         rc = xhc_fold_children(ctx, v->child, v->nchild, seq, r, dst, &mine);
+    if (rc == 0 && v->nchild)
+        xhc_folded(ctx, seq, r);
     if (rc == 0 && !is_root)
-        rc = xhc_publish_up(ctx, seq, r, mine);
+        rc = xhc_publish_up(ctx, XHC_REDUCE, v, seq, r, mine);
     if (rc == 0 && is_root && mine != rbuf)
         memcpy(rbuf, mine, r->nbytes);
     if (rc == 0)

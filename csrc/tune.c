@@ -71,12 +71,16 @@
  *    without publishing, having failed, leaves nothing to learn; nor
  *    does one whose slot served a later Bcast first (its parent took
  *    XHC_TIME_SLOTS operations or more to come back, and it was ahead).
- *    A Bcast through the slots from XHC_SLOT_TIMED bytes is chosen for
- *    and learnt from alike, in classes of its own (its parent writes its
- *    slot and returns at once): in the slow state a 2-rank 32 KiB Bcast
- *    took 5.5-16 us with plain stores and 2.8-3.3 with streaming ones.
- *    Below that size the clock reads would cost more than they can
- *    save.
+ *    Calls through the slots from XHC_SLOT_TIMED bytes are chosen for
+ *    and learnt from alike, in classes of their own: a Bcast parent for
+ *    the slot it writes for its children, and in a reduction each rank
+ *    that copies its value into its up slot, for itself, timed to the
+ *    end of its readers' folds (its parent's, or at an Allreduce's top
+ *    level every other member's), which each reader publishes as a
+ *    child does.  In the slow state a 2-rank 32 KiB Bcast took 5.5-16
+ *    us with plain stores and 2.8-3.3 with streaming ones, a Reduce 16.5
+ *    against 2.6-3.0; below that size the clock reads would cost more
+ *    than they can save.
  */
 #include <time.h>
 
@@ -241,17 +245,16 @@ void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,
         pick->start = xhc_now_ns();
 }
 
-/* Step 7: how a Bcast parent writes its slot for operation SEQ of NBYTES
- * (my place in it V); learnt from once my children have copied it out.
- * Returns the way. */
-int xhc_tune_slot(xhc_ctx_t *ctx, const struct xhc_view *v, uint64_t seq,
-                  size_t nbytes)
+/* Step 7: how I write my slot of operation SEQ of KIND, NBYTES, for
+ * READERS; learnt from once they have read it.  Returns the way. */
+int xhc_tune_slot(xhc_ctx_t *ctx, int kind, const int *readers,
+                  int nreaders, uint64_t seq, size_t nbytes)
 {
     struct xhc_pick pick = { 0 };
     xhc_tune_settle(ctx);
-    xhc_tune_pick_store(&pick, ctx->tune_slot, xhc_size_class(nbytes));
+    xhc_tune_pick_store(&pick, ctx->tune_slot[kind], xhc_size_class(nbytes));
     pick.start = xhc_now_ns();
-    return xhc_tune_defer(ctx, &pick, v, seq, nbytes);
+    return xhc_tune_defer(ctx, &pick, readers, nreaders, seq, nbytes);
 }
 
 /* The call PICK chose for has moved NBYTES. */
@@ -266,57 +269,59 @@ void xhc_tune_done(const struct xhc_pick *pick, size_t nbytes)
         xhc_tune_learn(pick->store, pick->stream, pick->store_explore, cost);
 }
 
-/* Step 7: CHILD's end of Bcast SEQ into *END; 0 if it has not published
- * it yet, -1 if it never will: it went on to a later operation (or left),
- * having failed, or its slot has since served a later Bcast. */
-static int xhc_child_end(xhc_ctx_t *ctx, int child, uint64_t seq,
-                         uint64_t *end)
+/* Step 7: READER's end of operation SEQ into *END; 0 if it has not
+ * published it yet, -1 if it never will: it went on to a later operation
+ * (or left), having failed, or its slot has since served a later one. */
+static int xhc_reader_end(xhc_ctx_t *ctx, int reader, uint64_t seq,
+                          uint64_t *end)
 {
     struct xhc_time_slot *slot =
-        &xhc_ctl(ctx, child)->copied.slot[seq % XHC_TIME_SLOTS];
+        &xhc_ctl(ctx, reader)->copied.slot[seq % XHC_TIME_SLOTS];
     for (int look = 0; look < 2; look++) {
-        /* Acquire: the child's time, written before its number. */
+        /* Acquire: the reader's time, written before its number. */
         uint64_t got = xhc_load_acquire(&slot->seq);
         if (got == seq) {
             uint64_t ns = xhc_load_relaxed(&slot->ns);
             *end = ns > *end ? ns : *end;
             return 1;
         }
-        if (xhc_seq_reached(got, seq)) /* a later Bcast's */
+        if (xhc_seq_reached(got, seq)) /* a later operation's */
             return -1;
         /* Acquire: had it entered a later operation, it had published
          * this one first, and the second look sees it. */
         if (look == 0 && !xhc_seq_reached(
-                xhc_load_acquire(&xhc_ctl(ctx, child)->entered.seq),
+                xhc_load_acquire(&xhc_ctl(ctx, reader)->entered.seq),
                 seq + 1))
             return 0;
     }
     return -1;
 }
 
-/* Step 7: learn from the call that waits, once each of its children has
- * copied it out; drop it if one never will. */
+/* Step 7: learn from the call that waits, once each of its readers has
+ * read it; drop it if one never will. */
 static void xhc_tune_settle(xhc_ctx_t *ctx)
 {
     struct xhc_tune_later *l = &ctx->later;
     uint64_t end = l->end;
     int got = 1;
-    for (int i = 0; l->cls && end && got == 1 && i < l->v->nchild; i++)
-        got = xhc_child_end(ctx, l->v->child[i], l->seq, &end);
+    for (int i = 0; l->cls && end && got == 1 && i < l->nreaders; i++)
+        if (l->readers[i] != ctx->rank)
+            got = xhc_reader_end(ctx, l->readers[i], l->seq, &end);
     if (got == 0)
-        return; /* a child is still copying out: wait */
+        return; /* a reader is still reading: wait */
     if (l->cls && end && got == 1 && end > l->start)
         xhc_tune_learn(l->cls, l->way, l->explore,
                        (double)(end - l->start) / (double)l->nbytes);
     l->cls = NULL;
 }
 
-/* Step 7: PICK's store way, for a Bcast parent that stages operation SEQ
- * of NBYTES (my place in it V): learnt from later, once my children have
- * copied it out, or not at all if an earlier call still waits (this one
- * then runs the cheaper way).  Returns the way. */
+/* Step 7: PICK's store way, for a rank that stages operation SEQ of
+ * NBYTES for READERS (in a view, or the view's parent): learnt from
+ * later, once they have read it, or not at all if an earlier call still
+ * waits (this one then runs the cheaper way).  Returns the way. */
 int xhc_tune_defer(xhc_ctx_t *ctx, struct xhc_pick *pick,
-                   const struct xhc_view *v, uint64_t seq, size_t nbytes)
+                   const int *readers, int nreaders, uint64_t seq,
+                   size_t nbytes)
 {
     struct xhc_tune_later *l = &ctx->later;
     if (!pick->store)
@@ -324,7 +329,9 @@ int xhc_tune_defer(xhc_ctx_t *ctx, struct xhc_pick *pick,
     if (l->cls)
         pick->stream ^= pick->store_explore;
     else
-        *l = (struct xhc_tune_later){ .cls = pick->store, .v = v,
+        *l = (struct xhc_tune_later){ .cls = pick->store,
+                                      .readers = readers,
+                                      .nreaders = nreaders,
                                       .seq = seq, .start = pick->start,
                                       .nbytes = nbytes, .way = pick->stream,
                                       .explore = pick->store_explore };
@@ -332,14 +339,14 @@ int xhc_tune_defer(xhc_ctx_t *ctx, struct xhc_pick *pick,
     return pick->stream;
 }
 
-/* Step 7: my part of staging Bcast SEQ is done. */
+/* Step 7: my part of staging operation SEQ is done. */
 void xhc_tune_store_done(xhc_ctx_t *ctx, uint64_t seq)
 {
     if (ctx->later.cls && ctx->later.seq == seq)
         ctx->later.end = xhc_now_ns();
 }
 
-/* Step 7: I have copied Bcast SEQ out of my parent's windows. */
+/* Step 7: I have read what was staged for me in operation SEQ. */
 void xhc_tune_copied(xhc_ctx_t *ctx, uint64_t seq)
 {
     struct xhc_time_slot *mine =

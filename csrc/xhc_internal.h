@@ -101,10 +101,10 @@ struct xhc_src {
     int32_t pad;
 };
 
-/* The Bcasts I copied out of a parent's windows or slots, and when
- * (CLOCK_MONOTONIC ns), one slot per operation number modulo
- * XHC_TIME_SLOTS: each parent learns from it how long its staging took
- * (tune.c 7.), though I go on to copy for others. */
+/* When I had read the data staged for me (a parent's Bcast windows or
+ * slot, the up slots I fold), CLOCK_MONOTONIC ns, one slot per operation
+ * number modulo XHC_TIME_SLOTS: each writer learns from it how long its
+ * staging took (tune.c 7.), though I go on to read for others. */
 #define XHC_TIME_SLOTS 16
 struct xhc_time_slot {
     xhc_flag_t seq;
@@ -140,7 +140,7 @@ struct xhc_rank_ctl {
     struct xhc_seq_line piece;           /* Bcast pieces I staged (bcast.c) */
     struct xhc_seq_line reduced;         /* round whose part I reduced */
     struct xhc_seq_line finished;        /* round of which I read all */
-    struct xhc_time_line copied;         /* staged Bcasts I copied out */
+    struct xhc_time_line copied;         /* staged data I read */
     struct xhc_wake_line wake;           /* written by my sleeping readers */
 };
 
@@ -225,11 +225,12 @@ struct xhc_pick {
     uint64_t start;             /* ns */
 };
 
-/* A staging parent's timed Bcast, learnt from once its children have
- * copied it out (tune.c 7.). */
+/* A timed call that staged for others, learnt from once they have read
+ * it (tune.c 7.). */
 struct xhc_tune_later {
     struct xhc_tune_class *cls; /* NULL: none waits */
-    const struct xhc_view *v;   /* whose children it waits for */
+    const int *readers;         /* whom it waits for (in a view) */
+    int nreaders;
     uint64_t seq, start, end;   /* end 0: my own part did not finish */
     size_t nbytes;
     int way, explore;
@@ -276,7 +277,7 @@ struct xhc_ctx {
     uint64_t stats[XHC_NPATHS];
     struct xhc_tune_class tune[XHC_NKINDS][XHC_TUNE_CLASSES]; /* tune.c */
     struct xhc_tune_class tune_store[XHC_NKINDS][XHC_TUNE_CLASSES]; /* 7. */
-    struct xhc_tune_class tune_slot[XHC_TUNE_CLASSES]; /* 7.: Bcast slots */
+    struct xhc_tune_class tune_slot[XHC_NKINDS][XHC_TUNE_CLASSES]; /* 7. */
     struct xhc_tune_later later;                        /* tune.c 7. */
 };
 
@@ -385,8 +386,9 @@ int xhc_red_init(struct xhc_red *r, size_t count, int dtype, int op);
 int xhc_fold_children(xhc_ctx_t *ctx, const int *child, int nchild,
                       uint64_t seq, const struct xhc_red *r, void *dst,
                       const void **mine);
-int xhc_publish_up(xhc_ctx_t *ctx, uint64_t seq, const struct xhc_red *r,
-                   const void *value);
+int xhc_publish_up(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
+                   uint64_t seq, const struct xhc_red *r, const void *value);
+void xhc_folded(xhc_ctx_t *ctx, uint64_t seq, const struct xhc_red *r);
 int xhc_allreduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
                         const void *sbuf, void *rbuf, const struct xhc_red *r);
 typedef int (*xhc_small_fn)(xhc_ctx_t *ctx, const struct xhc_view *v,
@@ -435,11 +437,12 @@ void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,
                    struct xhc_pick *pick);
 void xhc_tune_done(const struct xhc_pick *pick, size_t nbytes);
 int xhc_tune_defer(xhc_ctx_t *ctx, struct xhc_pick *pick,
-                   const struct xhc_view *v, uint64_t seq, size_t nbytes);
+                   const int *readers, int nreaders, uint64_t seq,
+                   size_t nbytes);
 void xhc_tune_store_done(xhc_ctx_t *ctx, uint64_t seq);
 void xhc_tune_copied(xhc_ctx_t *ctx, uint64_t seq);
-int xhc_tune_slot(xhc_ctx_t *ctx, const struct xhc_view *v, uint64_t seq,
-                  size_t nbytes);
+int xhc_tune_slot(xhc_ctx_t *ctx, int kind, const int *readers,
+                  int nreaders, uint64_t seq, size_t nbytes);
 
 /* Do peers read private buffers in place (one copy: CMA or XPMEM) rather
  * than through staging in the segment?  Bcast and the reductions pick

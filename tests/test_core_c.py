@@ -90,7 +90,8 @@ def test_tune_policy_under_sanitizers(tmp_path, cc):
     call, follows a lasting change, undoes a fluke, starts a new size
     from a near one that timed both ways; a staging Bcast parent learns
     its stores' cost once its children have copied a call out, and drops
-    a call that one went past."""
+    a call that one went past; an Allreduce's writer of an up slot learns
+    once every other member has read it."""
     _unit_test(tmp_path, cc, "tune_test", ["tune.c"], SANITIZE)
 
 

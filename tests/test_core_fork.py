@@ -1287,13 +1287,21 @@ def check_reports(reports, n, iters, **cfg_kw):
         else cfg.cico_max
     bcast_cico = sum(lib.XHC_INLINE_MAX < sizes[i % L] <= slots
                      for i in range(iters))
-    # ... and from XHC_SLOT_TIMED a parent may stream into its slot.
-    slot_timed = sum(lib.XHC_SLOT_TIMED <= sizes[i % L] <= slots
-                     for i in range(iters))
     # Reduce copies through the slots up to reduce_cico_max, if larger.
     up = max(cfg.cico_max, cfg.reduce_cico_max)
     reduce_cico = sum(lib.XHC_INLINE_MAX < sizes[(i + 9) % L] // 4 * 4 <= up
                       for i in range(iters))
+    # From XHC_SLOT_TIMED bytes a call through the slots may stream.
+    timed = lib.XHC_SLOT_TIMED
+    slot_timed = {
+        "BCAST": sum(timed <= sizes[i % L] <= slots for i in range(iters)),
+        "ALLREDUCE": sum(timed <= sizes[(i + 5) % L] // 8 * 8 <= cfg.cico_max
+                         for i in range(iters))
+        + sum(timed <= sizes[(i + 2) % L] // 4 * 4 <= cfg.cico_max
+              for i in range(iters)),
+        "REDUCE": sum(timed <= sizes[(i + 9) % L] // 4 * 4 <= up
+                      for i in range(iters)),
+    }
     calls = {
         "bcast": sum(sizes[i % L] > 0 for i in range(iters)),
         "allreduce": sum(sizes[(i + 5) % L] // 8 > 0 for i in range(iters))
@@ -1316,8 +1324,9 @@ def check_reports(reports, n, iters, **cfg_kw):
 def check_cma_counts(st, copy, rank, slot_timed):
     """Large calls moved by CMA: none when staging, all when reading by
     CMA (no buffer here is in a shared region), some of each when
-    adapting; streaming stores in staged calls alone, and in the
-    SLOT_TIMED Bcasts through the slots, whatever the copy mode."""
+    adapting; streaming stores in staged calls alone, and in the calls
+    through the slots from XHC_SLOT_TIMED bytes, whatever the copy mode
+    (slot_timed: how many there were, by kind)."""
     for kind in ("BCAST", "ALLREDUCE", "REDUCE"):
         large = st[getattr(lib, f"XHC_PATH_{kind}_LARGE")]
         cma = st[getattr(lib, f"XHC_PATH_{kind}_CMA")]
@@ -1328,7 +1337,7 @@ def check_cma_counts(st, copy, rank, slot_timed):
         # leader may read its own parent by CMA in one.
         stream = st[getattr(lib, f"XHC_PATH_{kind}_STREAM")]
         most = large - (cma if kind != "BCAST" else 0)
-        slotted = slot_timed if kind == "BCAST" else 0
+        slotted = slot_timed[kind]
         assert stream <= most + slotted \
             and (copy != lib.XHC_COPY_CMA or stream <= slotted), \
             (rank, kind, copy, stream, most, slotted)

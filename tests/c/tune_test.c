@@ -271,7 +271,7 @@ static int bcast_pick(xhc_ctx_t *ctx, const struct xhc_view *v, uint64_t seq,
 {
     struct xhc_pick pick;
     xhc_tune_pick(ctx, XHC_BCAST, nbytes, 1, &pick);
-    return xhc_tune_defer(ctx, &pick, v, seq, nbytes);
+    return xhc_tune_defer(ctx, &pick, v->child, v->nchild, seq, nbytes);
 }
 
 /* Step 7: a staging Bcast parent (rank 0 of three, both others its
@@ -339,6 +339,38 @@ static void a_bcast_parent_learns_from_its_children(void)
     free(ctx);
 }
 
+/* Step 7: a rank that writes its up slot at an Allreduce's top level,
+ * whose readers are every member, itself too, learns once the others
+ * have read it, without waiting for itself; the slots' classes are
+ * their own. */
+static void a_slot_writer_learns_from_its_readers(void)
+{
+    xhc_ctx_t *ctx = calloc(1, sizeof *ctx);
+    ctx->ctl = calloc(2, sizeof *ctx->ctl);
+    int peer[2] = { 0, 1 };
+    struct xhc_tune_class *c = &ctx->tune_slot[XHC_ALLREDUCE][14];
+    size_t nbytes = 16384; /* size class 14 */
+    for (uint64_t seq = 1; seq <= 2; seq++) {
+        EXPECT(xhc_tune_slot(ctx, XHC_ALLREDUCE, peer, 2, seq, nbytes) == 0,
+               "call %d: plain stores", (int)seq);
+        xhc_tune_store_done(ctx, seq);
+        ctx->rank = 1;
+        xhc_tune_copied(ctx, seq);
+        ctx->rank = 0;
+    }
+    /* Call 1 warmed the class, 2 taught plain stores once: 3 tries
+     * streaming ones. */
+    EXPECT(xhc_tune_slot(ctx, XHC_ALLREDUCE, peer, 2, 3, nbytes) == 1,
+           "call 3: streaming stores");
+    EXPECT(c->warm && c->runs[0] == 1 && c->runs[1] == 0,
+           "warm %u, runs %u %u", c->warm, c->runs[0], c->runs[1]);
+    EXPECT(!ctx->tune_store[XHC_ALLREDUCE][14].warm
+               && !ctx->tune_slot[XHC_BCAST][14].warm,
+           "another kind's or the windows' class learnt");
+    free(ctx->ctl);
+    free(ctx);
+}
+
 int main(void)
 {
     tries_both_then_settles();
@@ -351,6 +383,7 @@ int main(void)
     a_new_class_starts_from_a_near_one();
     taken_costs_give_way_to_its_own();
     a_bcast_parent_learns_from_its_children();
+    a_slot_writer_learns_from_its_readers();
     if (failures)
         return 1;
     printf("ok\n");

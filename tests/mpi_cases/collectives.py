@@ -2100,29 +2100,44 @@ def adaptive_cases(xcomm, comm, v, sz):
 
 
 def slots_learn_their_stores(xcomm, comm, v, sz):
-    """A Bcast through the slots from SLOT_TIMED bytes has each parent
-    choose plain or streaming stores for its slot (csrc/tune.c 7.), in
-    every copy mode, timed to its children's ends: the root, which leads
-    every group it is in, warms up with plain ones, then tries each way
-    twice; in a flat hierarchy no other rank writes a slot."""
-    nbytes = sz.bcast_cico
-    if comm.size == 1 or nbytes < SLOT_TIMED:
+    """A call through the slots from SLOT_TIMED bytes chooses plain or
+    streaming stores (csrc/tune.c 7.), in every copy mode, timed to its
+    readers' ends: a Bcast parent for its slot, and in a reduction each
+    rank that copies its value into its up slot, for itself.  Each warms
+    up with plain ones, then tries each way twice: a Bcast root, which
+    leads every group it is in, and in a flat hierarchy every rank of an
+    Allreduce and every Reduce non-root; there nobody else writes a
+    slot."""
+    n, rank, root = comm.size, comm.rank, comm.size - 1
+    if n == 1 or min(sz.bcast_cico, sz.cico) < SLOT_TIMED:
         return
-    root = comm.size - 1
-    before = xcomm.stats["bcast.stream"]
-    for call in range(ADAPT_CALLS):
-        one_bcast(v, xcomm, comm, f"Bcast through the slots, call {call}",
-                  "u1", nbytes, root, seed_of(134, call), use_mpi=False)
-        comm.Barrier()
-    stream = xcomm.stats["bcast.stream"] - before
-    if comm.rank == root:
-        ok = 2 <= stream <= ADAPT_CALLS - 3
-    elif len(xcomm.xhc_info["levels"]["bcast"]) <= 1:
-        ok = stream == 0
-    else:
-        ok = stream <= ADAPT_CALLS
-    v.check("Bcast through the slots: streaming stores tried", ok,
-            f"{stream} of {ADAPT_CALLS} calls of {nbytes} B")
+    f8 = np.dtype("f8")
+    calls = {
+        "bcast": lambda call: one_bcast(
+            v, xcomm, comm, f"Bcast through the slots, call {call}", "u1",
+            sz.bcast_cico, root, seed_of(134, call), use_mpi=False),
+        "allreduce": lambda call: one_allreduce(
+            v, xcomm, comm, f8, NOISE, sz.cico // 8, seed_of(135, call),
+            in_place=call % 2 == 1, use_mpi=False),
+        "reduce": lambda call: one_reduce(
+            v, xcomm, comm, f8, "MAX", sz.cico // 8, seed_of(136, call),
+            root, in_place=False, nonroot_buf=False, use_mpi=False),
+    }
+    for kind, one in calls.items():
+        before = xcomm.stats[kind + ".stream"]
+        for call in range(ADAPT_CALLS):
+            one(call)
+            comm.Barrier()
+        stream = xcomm.stats[kind + ".stream"] - before
+        tries = {"bcast": rank == root, "allreduce": True,
+                 "reduce": rank != root}[kind]
+        flat = len(xcomm.xhc_info["levels"][kind]) <= 1
+        if flat or kind == "bcast" and rank == root:
+            ok = 2 <= stream <= ADAPT_CALLS - 3 if tries else stream == 0
+        else:
+            ok = stream <= ADAPT_CALLS
+        v.check(f"{kind} through the slots: streaming stores tried", ok,
+                f"{stream} of {ADAPT_CALLS} calls")
 
 
 def roots_in_turn_learn_their_stores(xcomm, comm, v, sz, nbytes):
@@ -2168,8 +2183,10 @@ def stores_tried(v, comm, sz, kind, start, end):
     sole = kind == "reduce" and comm.size == 2 and comm.rank == 1
     tries = sz.copy == "cico" and (kind != "bcast"
                                    or comm.rank == comm.size - 1)
-    if sz.copy in ("cma", "xpmem") or comm.size == 1 or slots or sole:
+    if sz.copy in ("cma", "xpmem") or comm.size == 1 or sole:
         ok = stream == 0
+    elif slots:  # each non-root chooses for its own up slot, once warm
+        ok = stream == 0 if comm.rank == comm.size - 1 else stream <= large
     elif tries:
         ok = 2 <= stream <= ADAPT_CALLS - 3
     else:
