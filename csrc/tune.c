@@ -65,12 +65,13 @@
  *    to the last of its children's ends, which each publishes with its
  *    clock in a slot of that operation's (of XHC_TIME_SLOTS, so that
  *    its Bcasts from other parents keep it), and is learnt from at the
- *    start of its next large call of any kind once every child has
- *    copied it out; until then no call is timed, and none looks at the
- *    other way.  A child that went on to a later operation (or left)
- *    without publishing, having failed, leaves nothing to learn; nor
- *    does one whose slot served a later Bcast first (its parent took
- *    XHC_TIME_SLOTS operations or more to come back, and it was ahead).
+ *    start of its next large call or timed slot write, or as it reads
+ *    for another, once every child has copied it out; until then no call is timed,
+ *    and none looks at the other way.  A child that went on to a later
+ *    operation (or left) without publishing, having failed, leaves
+ *    nothing to learn; nor does one whose slot served a later operation
+ *    first (its parent took XHC_TIME_SLOTS operations or more to come
+ *    back, and it was ahead), or was being retaken as its parent read it.
  *    Calls through the slots from XHC_SLOT_TIMED bytes are chosen for
  *    and learnt from alike, in classes of their own: a Bcast parent for
  *    the slot it writes for its children, and in a reduction each rank
@@ -282,6 +283,11 @@ static int xhc_reader_end(xhc_ctx_t *ctx, int reader, uint64_t seq,
         uint64_t got = xhc_load_acquire(&slot->seq);
         if (got == seq) {
             uint64_t ns = xhc_load_relaxed(&slot->ns);
+            /* Orders the time's load before the second look at the
+             * number: a time read as the slot was retaken is not SEQ's. */
+            atomic_thread_fence(memory_order_acquire);
+            if (xhc_load_relaxed(&slot->seq) != seq)
+                return -1;
             *end = ns > *end ? ns : *end;
             return 1;
         }
@@ -346,12 +352,21 @@ void xhc_tune_store_done(xhc_ctx_t *ctx, uint64_t seq)
         ctx->later.end = xhc_now_ns();
 }
 
-/* Step 7: I have read what was staged for me in operation SEQ. */
+/* Step 7: I have read what was staged for me in operation SEQ.  A call
+ * of mine that waits is learnt from here too: a rank that seldom writes
+ * for others (a Bcast root in turn among many) would otherwise come back
+ * to it only once its readers' slots had served later operations. */
 void xhc_tune_copied(xhc_ctx_t *ctx, uint64_t seq)
 {
+    if (ctx->later.cls && ctx->later.seq != seq) /* not one still mine */
+        xhc_tune_settle(ctx);
     struct xhc_time_slot *mine =
         &xhc_ctl(ctx, ctx->rank)->copied.slot[seq % XHC_TIME_SLOTS];
+    /* A number past the slot's last and short of SEQ retires it first. */
+    xhc_store_relaxed(&mine->seq, seq - XHC_TIME_SLOTS + 1);
+    /* Orders the retirement before the new time (xhc_reader_end). */
+    atomic_thread_fence(memory_order_release);
     xhc_store_relaxed(&mine->ns, xhc_now_ns());
-    /* Orders the time before the number my parent checks. */
+    /* Orders the time before the number my writers check. */
     xhc_store_release(&mine->seq, seq);
 }

@@ -479,9 +479,11 @@ static inline int xhc_begin(xhc_ctx_t *ctx, uint64_t *seq)
     ctx->cause_why = 0;
     ctx->refused_before = ctx->refusals;
     ctx->refusals = 0;
-    /* Relaxed: read only by waiters past their timeout (wait.c), which
-     * order nothing by it (see wait.c 5 for what that leaves open). */
-    xhc_store_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq, *seq);
+    /* Orders the times I published for earlier operations before it: a
+     * writer that sees me past one looks for its time once more
+     * (tune.c 7.).  Waiters past their timeout (wait.c) order nothing by
+     * it (see wait.c 5 for what that leaves open). */
+    xhc_store_release(&xhc_ctl(ctx, ctx->rank)->entered.seq, *seq);
     ctx->round_end = ctx->round;
     if (__builtin_expect(ctx->away, 0)) {
         ctx->away = 0;

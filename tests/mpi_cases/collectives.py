@@ -2059,9 +2059,12 @@ def suite_adaptive(world, comm, v, sz, args):
     parent for its children) tries both ways twice before it settles
     (csrc/tune.c), all in step, so both paths run, and switch, on every
     rank; every result must be right whichever way it moved.  Forced
-    modes take one way only."""
+    modes take one way only.  Then, on another fresh communicator, calls
+    through the slots choose their stores."""
     with xhc.Comm(comm) as xcomm:
         adaptive_cases(xcomm, comm, v, Sizes(xcomm))
+    with xhc.Comm(comm) as xcomm:
+        slots_learn_their_stores(xcomm, comm, v, Sizes(xcomm))
 
 
 def adaptive_cases(xcomm, comm, v, sz):
@@ -2095,19 +2098,41 @@ def adaptive_cases(xcomm, comm, v, sz):
     for kind in ("allreduce", "reduce", "bcast"):
         stores_tried(v, comm, sz, kind, start, end)
     roots_in_turn_learn_their_stores(xcomm, comm, v, sz, count)
-    slots_learn_their_stores(xcomm, comm, v, sz)
     shared_reductions_use_no_cma(xcomm, comm, v, count)
+
+
+def ranks_led(levels, rank, root, upto):
+    """How many ranks RANK leads in LEVELS[:UPTO] (xhc_info["levels"]),
+    by the README's rules: a group's leader is the root if it is in it,
+    else its lowest rank; a level's members are the leaders of the groups
+    below; a rank leads the groups up from the bottom until one it does
+    not."""
+    def leader(group):
+        return root if root in group else min(group)
+
+    def group_of(r, groups):
+        return next(g for g in groups if r in g)
+    led = 0
+    for level, (_, groups) in enumerate(levels[:upto]):
+        group = group_of(rank, groups)
+        if leader(group) != rank:
+            break
+        led += sum(all(leader(group_of(r, below)) == r
+                       for _, below in levels[:level])
+                   for r in group) - 1
+    return led
 
 
 def slots_learn_their_stores(xcomm, comm, v, sz):
     """A call through the slots from SLOT_TIMED bytes chooses plain or
     streaming stores (csrc/tune.c 7.), in every copy mode, timed to its
-    readers' ends: a Bcast parent for its slot, and in a reduction each
-    rank that copies its value into its up slot, for itself.  Each warms
-    up with plain ones, then tries each way twice: a Bcast root, which
-    leads every group it is in, and in a flat hierarchy every rank of an
-    Allreduce and every Reduce non-root; there nobody else writes a
-    slot."""
+    readers' ends: each Bcast parent for the slot it writes for its
+    children, and in a reduction each rank that copies its value into its
+    up slot (one that leads no ranks below an Allreduce's top level, a
+    Reduce non-root that leads none), for itself.  On a fresh
+    communicator, whose classes no nearby size seeds, each of them warms
+    up with plain ones, then tries each way twice; no other rank streams:
+    leaders fold straight into their up slots."""
     n, rank, root = comm.size, comm.rank, comm.size - 1
     if n == 1 or min(sz.bcast_cico, sz.cico) < SLOT_TIMED:
         return
@@ -2129,15 +2154,17 @@ def slots_learn_their_stores(xcomm, comm, v, sz):
             one(call)
             comm.Barrier()
         stream = xcomm.stats[kind + ".stream"] - before
-        tries = {"bcast": rank == root, "allreduce": True,
-                 "reduce": rank != root}[kind]
-        flat = len(xcomm.xhc_info["levels"][kind]) <= 1
-        if flat or kind == "bcast" and rank == root:
-            ok = 2 <= stream <= ADAPT_CALLS - 3 if tries else stream == 0
-        else:
-            ok = stream <= ADAPT_CALLS
+        levels = xcomm.xhc_info["levels"][kind]
+        tries = {
+            "bcast": lambda: ranks_led(levels, rank, root, len(levels)) > 0,
+            "allreduce": lambda: ranks_led(levels, rank, 0,
+                                           len(levels) - 1) == 0,
+            "reduce": lambda: rank != root
+            and ranks_led(levels, rank, root, len(levels)) == 0,
+        }[kind]()
+        ok = 2 <= stream <= ADAPT_CALLS - 3 if tries else stream == 0
         v.check(f"{kind} through the slots: streaming stores tried", ok,
-                f"{stream} of {ADAPT_CALLS} calls")
+                f"{stream} of {ADAPT_CALLS} calls (writes a slot: {tries})")
 
 
 def roots_in_turn_learn_their_stores(xcomm, comm, v, sz, nbytes):
