@@ -80,8 +80,8 @@
  *    level every other member's), which each reader publishes as a
  *    child does.  In the slow state a 2-rank 32 KiB Bcast took 5.5-16
  *    us with plain stores and 2.8-3.3 with streaming ones, a Reduce 16.5
- *    against 2.6-3.0; below that size the clock reads would cost more
- *    than they can save.
+ *    against 2.6-3.0; below that size streaming stores lost, and the
+ *    clock reads weigh more.
  */
 #include <time.h>
 
