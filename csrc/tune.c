@@ -66,12 +66,13 @@
  *    clock in a slot of that operation's (of XHC_TIME_SLOTS, so that
  *    its Bcasts from other parents keep it), and is learnt from at the
  *    start of its next large call or timed slot write, or as it reads
- *    for another, once every child has copied it out; until then no call is timed,
- *    and none looks at the other way.  A child that went on to a later
- *    operation (or left) without publishing, having failed, leaves
- *    nothing to learn; nor does one whose slot served a later operation
- *    first (its parent took XHC_TIME_SLOTS operations or more to come
- *    back, and it was ahead), or was being retaken as its parent read it.
+ *    a slot or staged windows for another, once every child has copied
+ *    it out; until then no call is timed, and none looks at the other
+ *    way.  A child that went on to a later operation (or left) without
+ *    publishing, having failed, leaves nothing to learn; nor does one
+ *    whose slot served a later operation first (its parent took
+ *    XHC_TIME_SLOTS operations or more to come back, and it was ahead),
+ *    or was being retaken as its parent read it.
  *    Calls through the slots from XHC_SLOT_TIMED bytes are chosen for
  *    and learnt from alike, in classes of their own: a Bcast parent for
  *    the slot it writes for its children, and in a reduction each rank
