@@ -16,8 +16,9 @@
  *    staged: owners read them in place.
  * 2. Reduce: once everyone has staged round T, fold part i of every rank's
  *    window in rank order (my own part straight from my send buffer) into
- *    my receive buffer, copy it to my result slot for the takers, and
- *    raise `reduced`.
+ *    my receive buffer, copy it to my result slot for the takers (with
+ *    the stores step 1 used: the takers read it across as I read their
+ *    staged parts), and raise `reduced`.
  * 3. Take: once owner j has reduced round T, copy its part from its result
  *    slot (or its shared receive array) into my receive buffer; raise
  *    `finished`.  Allreduce: every rank takes; Reduce: only the root.
@@ -44,7 +45,8 @@ struct xhc_rs {
     int sole;              /* the rank that owns all of every window; -1:
                               each rank owns part `rank` */
     int in_place_reads;    /* some rank's buffer is read in place */
-    int stream;            /* stage with streaming stores (tune.c 7.) */
+    int stream;            /* stage and pass results on with streaming
+                              stores (tune.c 7.) */
 };
 
 /* Where part I starts in a window, in elements (and in staging slots). */
@@ -124,7 +126,7 @@ static int xhc_reduce_part(xhc_ctx_t *ctx, const struct xhc_rs *rs,
         xhc_fold(dst, ctx->srcs, ctx->nranks, ctx->scratch, n, es,
                  rs->red->fn);
     if (n && takers && !shared_out && dst != res)
-        memcpy(res, dst, n * es);
+        xhc_copy_as(res, dst, n * es, rs->stream);
     /* Orders my part's result before takers read it. */
     xhc_publish(ctx, &mine->reduced.seq, t);
     return 0;

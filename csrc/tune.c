@@ -49,9 +49,10 @@
  *    itself.
  * 7. A rank that decides for ranks that stage (a Bcast parent, a
  *    reduction's decider) also chooses, by the same rules (in classes of
- *    their own), how they write their windows: plain stores leave each
- *    line in the writer's cache, and a reader on another core fetches it
- *    from there; streaming stores send it to memory.  Where the cores
+ *    their own), how they write their windows (and a reduce-scatter's
+ *    owners their folded parts): plain stores leave each line in the
+ *    writer's cache, and a reader on another core fetches it from
+ *    there; streaming stores send it to memory.  Where the cores
  *    share a cache the plain ones win; where a modified line crosses
  *    between them slowly they lose: on the development VM, in the state
  *    where a 256 KiB hand-off between two processes took 106-121 us,
