@@ -46,7 +46,7 @@ static int xhc_take_line(xhc_ctx_t *ctx, int peer, int dir, uint64_t seq,
 {
     struct xhc_flag_line *line = xhc_line(ctx, peer, dir, seq);
     int rc = xhc_wait_eq(ctx, &line->seq, seq, peer);
-    if (rc == 0 && line->nbytes != r->total)
+    if (rc == 0 && (line->nbytes & ~XHC_NBYTES_TIMED) != r->total)
         rc = xhc_fail(ctx, peer, XHC_ERR_MISMATCH);
     return rc;
 }
@@ -75,13 +75,14 @@ int xhc_fold_children(xhc_ctx_t *ctx, const int *child, int nchild,
 
 /* Step 5: do I copy my value into my up slot of operation SEQ with
  * streaming stores?  Its readers are my parent or, at an Allreduce's top
- * level, every other member. */
+ * level, every other member.  *TIMED: they are to say when they folded
+ * it. */
 static int xhc_up_stream(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
-                         uint64_t seq, size_t nbytes)
+                         uint64_t seq, size_t nbytes, int *timed)
 {
     int top = kind == XHC_ALLREDUCE && v->npeer;
     int stream = xhc_tune_slot(ctx, kind, top ? v->peer : &v->parent,
-                               top ? v->npeer : 1, seq, nbytes);
+                               top ? v->npeer : 1, seq, nbytes, timed);
     if (stream)
         ctx->stats[kind == XHC_ALLREDUCE ? XHC_PATH_ALLREDUCE_STREAM
                                          : XHC_PATH_REDUCE_STREAM]++;
@@ -95,11 +96,13 @@ int xhc_publish_up(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
 {
     struct xhc_flag_line *line = xhc_line(ctx, ctx->rank, XHC_UP, seq);
     unsigned char *dst = xhc_payload(ctx, ctx->rank, XHC_UP, seq, r->nbytes);
-    int timed = dst != value && r->nbytes >= XHC_SLOT_TIMED;
+    int timed = 0;
     if (dst != value)
         xhc_copy_as(dst, value, r->nbytes,
-                    timed && xhc_up_stream(ctx, kind, v, seq, r->nbytes));
-    line->nbytes = r->total;
+                    r->nbytes >= XHC_SLOT_TIMED
+                        && xhc_up_stream(ctx, kind, v, seq, r->nbytes,
+                                         &timed));
+    line->nbytes = r->total | (timed ? XHC_NBYTES_TIMED : 0);
     /* Orders the value's bytes before readers see the flag. */
     xhc_publish(ctx, &line->seq, seq);
     if (timed)
@@ -107,12 +110,27 @@ int xhc_publish_up(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
     return 0;
 }
 
-/* Step 5: I have folded the up slots of operation SEQ that I read: their
- * writers learn when. */
-void xhc_folded(xhc_ctx_t *ctx, uint64_t seq, const struct xhc_red *r)
+/* Does any rank of WHO[0..N) but me time its up slot of SEQ? */
+static int xhc_any_timed(xhc_ctx_t *ctx, const int *who, int n, uint64_t seq)
 {
-    if (r->nbytes >= XHC_SLOT_TIMED)
-        xhc_tune_copied(ctx, seq);
+    for (int i = 0; i < n; i++)
+        if (who[i] != ctx->rank && xhc_line_timed(ctx, who[i], XHC_UP, seq))
+            return 1;
+    return 0;
+}
+
+/* Step 5: I have folded the up slots of operation SEQ of KIND that I
+ * read (my children's, and at an Allreduce's top level the other
+ * members'): their writers learn when, if one of them times the call. */
+void xhc_folded(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
+                uint64_t seq, const struct xhc_red *r)
+{
+    if (r->nbytes < XHC_SLOT_TIMED)
+        return;
+    int top = kind == XHC_ALLREDUCE;
+    int timed = xhc_any_timed(ctx, v->child, top ? v->nsub : v->nchild, seq)
+                || (top && xhc_any_timed(ctx, v->peer, v->npeer, seq));
+    xhc_tune_copied(ctx, seq, timed);
 }
 
 /* Step 3: every top-level member folds all members' values into RBUF. */
@@ -175,7 +193,7 @@ int xhc_allreduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
     if (rc == 0 && v->npeer)
         rc = xhc_fold_peers(ctx, v, seq, r, mine, rbuf);
     if (rc == 0 && (v->nsub || v->npeer > 1))
-        xhc_folded(ctx, seq, r);
+        xhc_folded(ctx, XHC_ALLREDUCE, v, seq, r);
     if (rc == 0)
         rc = xhc_pass_down(ctx, v, seq, r, rbuf);
     if (rc == 0)
@@ -223,7 +241,7 @@ static int xhc_small_in_pieces(xhc_ctx_t *ctx, const struct xhc_view *v,
         struct xhc_red piece = *r;
         piece.count = r->count - done < per ? r->count - done : per;
         piece.nbytes = piece.count * r->esize;
-        piece.total |= (uint64_t)(done / per & 0xffff)
+        piece.total |= (uint64_t)(done / per & XHC_PIECE_TAG_MASK)
                        << XHC_PIECE_TAG_SHIFT;
         size_t at = done * r->esize;
         int rc = small(ctx, v, (const unsigned char *)sbuf + at,

@@ -92,9 +92,10 @@ static uint64_t xhc_bcast_rounds(const xhc_ctx_t *ctx, size_t nbytes,
 static int xhc_bcast_sized(xhc_ctx_t *ctx, const struct xhc_flag_line *line,
                            size_t nbytes, int flags, int parent)
 {
-    if (line->nbytes == nbytes)
+    uint64_t sent = line->nbytes & ~XHC_NBYTES_TIMED;
+    if (sent == nbytes)
         return 0;
-    ctx->round_end = ctx->round + xhc_bcast_rounds(ctx, line->nbytes, flags);
+    ctx->round_end = ctx->round + xhc_bcast_rounds(ctx, sent, flags);
     return xhc_fail(ctx, parent, XHC_ERR_MISMATCH);
 }
 
@@ -118,9 +119,9 @@ static int xhc_bcast_listen_small(xhc_ctx_t *ctx, int parent, uint64_t seq,
 }
 
 /* Write my down slot (or line) of SEQ from SRC, for my children: with
- * streaming stores if tune.c (7.) finds they copy it out faster so.
- * Returns where I take my own copy from: the slot just written is in my
- * cache, unless streamed there. */
+ * streaming stores if tune.c (7.) finds they copy it out faster so, and
+ * marked if it times this call.  Returns where I take my own copy from:
+ * the slot just written is in my cache, unless streamed there. */
 static const unsigned char *xhc_bcast_pass(xhc_ctx_t *ctx,
                                            const struct xhc_view *v,
                                            uint64_t seq,
@@ -129,13 +130,14 @@ static const unsigned char *xhc_bcast_pass(xhc_ctx_t *ctx,
 {
     struct xhc_flag_line *mine = xhc_line(ctx, ctx->rank, XHC_DOWN, seq);
     unsigned char *dst = xhc_payload(ctx, ctx->rank, XHC_DOWN, seq, nbytes);
+    int timed = 0;
     int stream = nbytes >= XHC_SLOT_TIMED
                  && xhc_tune_slot(ctx, XHC_BCAST, v->child, v->nchild, seq,
-                                  nbytes);
+                                  nbytes, &timed);
     if (stream)
         ctx->stats[XHC_PATH_BCAST_STREAM]++;
     xhc_copy_as(dst, src, nbytes, stream);
-    mine->nbytes = nbytes;
+    mine->nbytes = nbytes | (timed ? XHC_NBYTES_TIMED : 0);
     /* Orders the payload copy before children see the flag. */
     xhc_publish(ctx, &mine->seq, seq);
     return stream ? src : dst;
@@ -164,7 +166,8 @@ static int xhc_bcast_small(xhc_ctx_t *ctx, const struct xhc_view *v,
     if (src != buf)
         memcpy(buf, src, nbytes);
     if (nbytes >= XHC_SLOT_TIMED && ctx->rank != root)
-        xhc_tune_copied(ctx, seq);
+        xhc_tune_copied(ctx, seq,
+                        xhc_line_timed(ctx, v->parent, XHC_DOWN, seq));
     if (nbytes >= XHC_SLOT_TIMED && v->nchild)
         xhc_tune_store_done(ctx, seq);
     xhc_ack(ctx, seq);
@@ -405,7 +408,7 @@ static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
     if (rc)
         return rc;
     if (p.staged_from)
-        xhc_tune_copied(ctx, seq);
+        xhc_tune_copied(ctx, seq, 1);
     if (p.stage_mine)
         xhc_tune_store_done(ctx, seq);
     xhc_ack(ctx, seq);

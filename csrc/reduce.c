@@ -38,7 +38,7 @@ static int xhc_reduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
     if (rc == 0)
         rc = xhc_fold_children(ctx, v->child, v->nchild, seq, r, dst, &mine);
     if (rc == 0 && v->nchild)
-        xhc_folded(ctx, seq, r);
+        xhc_folded(ctx, XHC_REDUCE, v, seq, r);
     if (rc == 0 && !is_root)
         rc = xhc_publish_up(ctx, XHC_REDUCE, v, seq, r, mine);
     if (rc == 0 && is_root && mine != rbuf)

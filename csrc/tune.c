@@ -82,8 +82,14 @@
  *    level every other member's), which each reader publishes as a
  *    child does.  In the slow state a 2-rank 32 KiB Bcast took 5.5-16
  *    us with plain stores and 2.8-3.3 with streaming ones, a Reduce 16.5
- *    against 2.6-3.0; below that size streaming stores lost, and the
- *    clock reads weigh more.
+ *    against 2.6-3.0, and a 4 KiB Allreduce 2.3 against 1.3; below that
+ *    size streaming stores lost in either state.  Timing a slot call
+ *    costs its readers' publishing (a line that crosses between cores
+ *    and back) and clock reads: 0.2-0.3 us a 4 KiB Bcast.  So once a
+ *    class has tried both ways, only one call of the cheaper way in
+ *    XHC_TUNE_SAMPLE is timed, and every look at the other; the writer
+ *    marks those in its line's size (XHC_NBYTES_TIMED), and only then
+ *    do its readers publish.
  */
 #include <time.h>
 
@@ -94,6 +100,7 @@
 #define XHC_TUNE_GAP_MAX 256
 #define XHC_TUNE_SHARE 32
 #define XHC_TUNE_REACH 2
+#define XHC_TUNE_SAMPLE 8
 
 static void xhc_tune_settle(xhc_ctx_t *ctx);
 
@@ -248,16 +255,36 @@ void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,
         pick->start = xhc_now_ns();
 }
 
+/* Step 7: may a slot call of class C that runs the cheaper way (not
+ * EXPLORE) go untimed?  Once C has tried both ways, one in
+ * XHC_TUNE_SAMPLE is timed. */
+static int xhc_tune_untimed(struct xhc_tune_class *c, int explore)
+{
+    if (explore || !c->warm || c->runs[0] < XHC_TUNE_TRIES
+        || c->runs[1] < XHC_TUNE_TRIES)
+        return 0;
+    if (++c->quiet < XHC_TUNE_SAMPLE)
+        return 1;
+    c->quiet = 0;
+    return 0;
+}
+
 /* Step 7: how I write my slot of operation SEQ of KIND, NBYTES, for
- * READERS; learnt from once they have read it.  Returns the way. */
+ * READERS.  *TIMED is set if the call is to be learnt from once they
+ * have read it: they say when only then.  Returns the way. */
 int xhc_tune_slot(xhc_ctx_t *ctx, int kind, const int *readers,
-                  int nreaders, uint64_t seq, size_t nbytes)
+                  int nreaders, uint64_t seq, size_t nbytes, int *timed)
 {
     struct xhc_pick pick = { 0 };
     xhc_tune_settle(ctx);
     xhc_tune_pick_store(&pick, ctx->tune_slot[kind], xhc_size_class(nbytes));
+    *timed = 0;
+    if (xhc_tune_untimed(pick.store, pick.store_explore))
+        return pick.stream;
     pick.start = xhc_now_ns();
-    return xhc_tune_defer(ctx, &pick, readers, nreaders, seq, nbytes);
+    int way = xhc_tune_defer(ctx, &pick, readers, nreaders, seq, nbytes);
+    *timed = ctx->later.cls && ctx->later.seq == seq;
+    return way;
 }
 
 /* The call PICK chose for has moved NBYTES. */
@@ -354,14 +381,17 @@ void xhc_tune_store_done(xhc_ctx_t *ctx, uint64_t seq)
         ctx->later.end = xhc_now_ns();
 }
 
-/* Step 7: I have read what was staged for me in operation SEQ.  A call
- * of mine that waits is learnt from here too: a rank that seldom writes
- * for others (a Bcast root in turn among many) would otherwise come back
- * to it only once its readers' slots had served later operations. */
-void xhc_tune_copied(xhc_ctx_t *ctx, uint64_t seq)
+/* Step 7: I have read what was staged for me in operation SEQ; PUBLISH:
+ * its writer times it, and learns when.  A call of mine that waits is
+ * learnt from here too: a rank that seldom writes for others (a Bcast
+ * root in turn among many) would otherwise come back to it only once its
+ * readers' slots had served later operations. */
+void xhc_tune_copied(xhc_ctx_t *ctx, uint64_t seq, int publish)
 {
     if (ctx->later.cls && ctx->later.seq != seq) /* not one still mine */
         xhc_tune_settle(ctx);
+    if (!publish)
+        return;
     struct xhc_time_slot *mine =
         &xhc_ctl(ctx, ctx->rank)->copied.slot[seq % XHC_TIME_SLOTS];
     /* A number past the slot's last and short of SEQ retires it first. */

@@ -42,7 +42,7 @@ typedef struct xhc_ctx xhc_ctx_t;
 
 #define XHC_INLINE_MAX 112      /* bytes carried inside a flag's line */
 #define XHC_ROUND_MIN 16384     /* smallest Bcast round with bcast_rounds */
-#define XHC_SLOT_TIMED 8192     /* a call this size or more through the
+#define XHC_SLOT_TIMED 4096     /* a call this size or more through the
                                    slots chooses its stores (tune.c 7.) */
 #define XHC_MAX_LEVELS 8
 #define XHC_MAX_REGIONS 64

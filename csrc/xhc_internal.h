@@ -44,6 +44,9 @@ struct xhc_flag_line {
     unsigned char data[XHC_INLINE_MAX];
 } XHC_ALIGNED;
 _Static_assert(sizeof(struct xhc_flag_line) == XHC_LINE, "one line");
+/* In a ring line's nbytes: its writer times this call through the slots
+ * (tune.c 7.), so its readers publish when they have read it. */
+#define XHC_NBYTES_TIMED ((uint64_t)1 << 63)
 
 struct xhc_seq_line {
     xhc_flag_t seq;
@@ -211,6 +214,8 @@ struct xhc_tune_class {
     uint32_t gap;     /* run the other way after GAP calls */
     uint32_t warm;    /* the class's first call has run (untaught) */
     uint32_t taught;  /* bit W: this class has itself timed way W */
+    uint32_t quiet;   /* slot calls of the cheaper way since one was
+                         timed (tune.c 7.) */
 };
 
 /* One call's choice, and what timing it needs. */
@@ -377,18 +382,20 @@ struct xhc_red {
                        what ranks publish in their lines, and compare */
     xhc_reduce_fn fn;
 };
-/* A piece's number in the top bits of the size its lines carry: ranks
- * whose earlier calls ran different numbers of pieces (they passed
- * different sizes) then fail instead of folding each other's pieces of
- * other calls. */
+/* A piece's number in the top bits of the size its lines carry (below
+ * XHC_NBYTES_TIMED): ranks whose earlier calls ran different numbers of
+ * pieces (they passed different sizes) then fail instead of folding each
+ * other's pieces of other calls. */
 #define XHC_PIECE_TAG_SHIFT 48
+#define XHC_PIECE_TAG_MASK 0x7fff
 int xhc_red_init(struct xhc_red *r, size_t count, int dtype, int op);
 int xhc_fold_children(xhc_ctx_t *ctx, const int *child, int nchild,
                       uint64_t seq, const struct xhc_red *r, void *dst,
                       const void **mine);
 int xhc_publish_up(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
                    uint64_t seq, const struct xhc_red *r, const void *value);
-void xhc_folded(xhc_ctx_t *ctx, uint64_t seq, const struct xhc_red *r);
+void xhc_folded(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
+                uint64_t seq, const struct xhc_red *r);
 int xhc_allreduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
                         const void *sbuf, void *rbuf, const struct xhc_red *r);
 typedef int (*xhc_small_fn)(xhc_ctx_t *ctx, const struct xhc_view *v,
@@ -440,9 +447,9 @@ int xhc_tune_defer(xhc_ctx_t *ctx, struct xhc_pick *pick,
                    const int *readers, int nreaders, uint64_t seq,
                    size_t nbytes);
 void xhc_tune_store_done(xhc_ctx_t *ctx, uint64_t seq);
-void xhc_tune_copied(xhc_ctx_t *ctx, uint64_t seq);
+void xhc_tune_copied(xhc_ctx_t *ctx, uint64_t seq, int publish);
 int xhc_tune_slot(xhc_ctx_t *ctx, int kind, const int *readers,
-                  int nreaders, uint64_t seq, size_t nbytes);
+                  int nreaders, uint64_t seq, size_t nbytes, int *timed);
 
 /* Do peers read private buffers in place (one copy: CMA or XPMEM) rather
  * than through staging in the segment?  Bcast and the reductions pick
@@ -548,6 +555,13 @@ static inline struct xhc_flag_line *xhc_line(xhc_ctx_t *ctx, int rank,
     struct xhc_rank_ctl *c = xhc_ctl(ctx, rank);
     return dir == XHC_DOWN ? &c->down[seq % XHC_RING]
                            : &c->up[seq % XHC_RING];
+}
+
+/* Does RANK time its call SEQ through its line DIR (XHC_NBYTES_TIMED)? */
+static inline int xhc_line_timed(xhc_ctx_t *ctx, int rank, int dir,
+                                 uint64_t seq)
+{
+    return (xhc_line(ctx, rank, dir, seq)->nbytes & XHC_NBYTES_TIMED) != 0;
 }
 
 /* Where the payload of RANK's line for SEQ lives: inline or in a slot. */

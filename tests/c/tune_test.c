@@ -291,10 +291,10 @@ static void a_bcast_parent_learns_from_its_children(void)
         bcast_pick(ctx, &v, seq, nbytes);
         xhc_tune_store_done(ctx, seq);
         ctx->rank = 1;
-        xhc_tune_copied(ctx, seq);
+        xhc_tune_copied(ctx, seq, 1);
         if (seq != 3) { /* rank 2 is still copying call 3 out */
             ctx->rank = 2;
-            xhc_tune_copied(ctx, seq);
+            xhc_tune_copied(ctx, seq, 1);
         }
         ctx->rank = 0;
     }
@@ -306,7 +306,7 @@ static void a_bcast_parent_learns_from_its_children(void)
            "warm %u, runs %u %u", c->warm, c->runs[0], c->runs[1]);
     EXPECT(ctx->later.cls == c && ctx->later.seq == 3, "call 3 waits");
     ctx->rank = 2;
-    xhc_tune_copied(ctx, 3);
+    xhc_tune_copied(ctx, 3, 1);
     ctx->rank = 0;
     int way = bcast_pick(ctx, &v, 5, nbytes);
     EXPECT(c->runs[1] == 1 && way == 0 && ctx->later.seq == 5,
@@ -314,7 +314,7 @@ static void a_bcast_parent_learns_from_its_children(void)
            c->runs[0], c->runs[1], way);
     xhc_tune_store_done(ctx, 5);
     ctx->rank = 1;
-    xhc_tune_copied(ctx, 5);
+    xhc_tune_copied(ctx, 5, 1);
     /* Rank 2 failed in call 5 and entered call 6 without publishing. */
     atomic_store(&ctx->ctl[2].entered.seq, 6);
     ctx->rank = 0;
@@ -327,8 +327,8 @@ static void a_bcast_parent_learns_from_its_children(void)
     xhc_tune_store_done(ctx, 6);
     for (int r = 1; r <= 2; r++) {
         ctx->rank = r;
-        xhc_tune_copied(ctx, 6);
-        xhc_tune_copied(ctx, 7);
+        xhc_tune_copied(ctx, 6, 1);
+        xhc_tune_copied(ctx, 7, 1);
         atomic_store(&ctx->ctl[r].entered.seq, 8);
     }
     ctx->rank = 0;
@@ -350,23 +350,61 @@ static void a_slot_writer_learns_from_its_readers(void)
     int peer[2] = { 0, 1 };
     struct xhc_tune_class *c = &ctx->tune_slot[XHC_ALLREDUCE][14];
     size_t nbytes = 16384; /* size class 14 */
+    int timed;
     for (uint64_t seq = 1; seq <= 2; seq++) {
-        EXPECT(xhc_tune_slot(ctx, XHC_ALLREDUCE, peer, 2, seq, nbytes) == 0,
-               "call %d: plain stores", (int)seq);
+        EXPECT(xhc_tune_slot(ctx, XHC_ALLREDUCE, peer, 2, seq, nbytes,
+                             &timed) == 0 && timed,
+               "call %d: plain stores, timed", (int)seq);
         xhc_tune_store_done(ctx, seq);
         ctx->rank = 1;
-        xhc_tune_copied(ctx, seq);
+        xhc_tune_copied(ctx, seq, timed);
         ctx->rank = 0;
     }
     /* Call 1 warmed the class, 2 taught plain stores once: 3 tries
      * streaming ones. */
-    EXPECT(xhc_tune_slot(ctx, XHC_ALLREDUCE, peer, 2, 3, nbytes) == 1,
-           "call 3: streaming stores");
+    EXPECT(xhc_tune_slot(ctx, XHC_ALLREDUCE, peer, 2, 3, nbytes, &timed) == 1
+               && timed,
+           "call 3: streaming stores, timed");
     EXPECT(c->warm && c->runs[0] == 1 && c->runs[1] == 0,
            "warm %u, runs %u %u", c->warm, c->runs[0], c->runs[1]);
     EXPECT(!ctx->tune_store[XHC_ALLREDUCE][14].warm
                && !ctx->tune_slot[XHC_BCAST][14].warm,
            "another kind's or the windows' class learnt");
+    free(ctx->ctl);
+    free(ctx);
+}
+
+/* Step 7: once a slot writer has tried both ways, it times one call of
+ * the cheaper way in XHC_TUNE_SAMPLE (8), and every look at the other;
+ * its reader publishes only for timed calls, and each timed call is
+ * learnt from by the next. */
+static void a_slot_writer_times_a_sample(void)
+{
+    xhc_ctx_t *ctx = calloc(1, sizeof *ctx);
+    ctx->ctl = calloc(2, sizeof *ctx->ctl);
+    int parent = 1, timed_calls = 0, untimed_published = 0;
+    uint64_t last_timed = 0;
+    for (uint64_t seq = 1; seq <= 5 + 64; seq++) {
+        int timed;
+        xhc_tune_slot(ctx, XHC_REDUCE, &parent, 1, seq, 16384, &timed);
+        EXPECT(seq > 5 || timed, "try %d untimed", (int)seq);
+        EXPECT(!timed || ctx->later.cls == NULL || ctx->later.seq == seq,
+               "call %d timed, but call %llu still waits", (int)seq,
+               (unsigned long long)ctx->later.seq);
+        xhc_tune_store_done(ctx, seq);
+        ctx->rank = 1;
+        xhc_tune_copied(ctx, seq, timed);
+        ctx->rank = 0;
+        struct xhc_time_slot *slot =
+            &ctx->ctl[1].copied.slot[seq % XHC_TIME_SLOTS];
+        untimed_published += !timed && atomic_load(&slot->seq) == seq;
+        timed_calls += seq > 5 && timed;
+        last_timed = timed ? seq : last_timed;
+    }
+    EXPECT(timed_calls >= 8 && timed_calls <= 10 && !untimed_published,
+           "timed %d of 64 settled calls, %d untimed published", timed_calls,
+           untimed_published);
+    EXPECT(ctx->later.seq == last_timed, "the last timed call waits");
     free(ctx->ctl);
     free(ctx);
 }
@@ -384,6 +422,7 @@ int main(void)
     taken_costs_give_way_to_its_own();
     a_bcast_parent_learns_from_its_children();
     a_slot_writer_learns_from_its_readers();
+    a_slot_writer_times_a_sample();
     if (failures)
         return 1;
     printf("ok\n");
