@@ -18,7 +18,9 @@
  *    window in rank order (my own part straight from my send buffer) into
  *    my receive buffer, copy it to my result slot for the takers (with
  *    the stores step 1 used: the takers read it across as I read their
- *    staged parts), and raise `reduced`.
+ *    staged parts), and raise `reduced`.  A Reduce's non-root owners
+ *    have no receive buffer: they fold straight into the result slot,
+ *    with plain stores.
  * 3. Take: once owner j has reduced round T, copy its part from its result
  *    slot (or its shared receive array) into my receive buffer; raise
  *    `finished`.  Allreduce: every rank takes; Reduce: only the root.

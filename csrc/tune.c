@@ -87,9 +87,10 @@
  *    costs its readers' publishing (a line that crosses between cores
  *    and back) and clock reads: 0.2-0.3 us a 4 KiB Bcast.  So once a
  *    class has tried both ways, only one call of the cheaper way in
- *    XHC_TUNE_SAMPLE is timed, and every look at the other; the writer
- *    marks those in its line's size (XHC_NBYTES_TIMED), and only then
- *    do its readers publish.
+ *    XHC_TUNE_SAMPLE is timed, besides each look at the other and the
+ *    XHC_TUNE_KEEP calls after it; untimed calls count towards the gap.
+ *    The writer marks timed calls in its line's size (XHC_NBYTES_TIMED),
+ *    and only for those do its readers publish.
  */
 #include <time.h>
 
@@ -100,9 +101,14 @@
 #define XHC_TUNE_GAP_MAX 256
 #define XHC_TUNE_SHARE 32
 #define XHC_TUNE_REACH 2
-#define XHC_TUNE_SAMPLE 8
 
 static void xhc_tune_settle(xhc_ctx_t *ctx);
+
+/* Step 2: has class C run each way its tries? */
+static int xhc_tune_tried(const struct xhc_tune_class *c)
+{
+    return c->runs[0] >= XHC_TUNE_TRIES && c->runs[1] >= XHC_TUNE_TRIES;
+}
 
 static double xhc_tune_cost(const struct xhc_tune_class *c, int way)
 {
@@ -121,8 +127,7 @@ static void xhc_tune_seed(struct xhc_tune_class *set, int k)
     for (int d = 1; d <= XHC_TUNE_REACH; d++)
         for (int j = k - d; j <= k + d; j += 2 * d) {
             if (j < 0 || j >= XHC_TUNE_CLASSES || set[j].taught != 3
-                || set[j].runs[0] < XHC_TUNE_TRIES
-                || set[j].runs[1] < XHC_TUNE_TRIES)
+                || !xhc_tune_tried(&set[j]))
                 continue;
             memcpy(set[k].recent, set[j].recent, sizeof set[k].recent);
             memcpy(set[k].runs, set[j].runs, sizeof set[k].runs);
@@ -167,7 +172,7 @@ static uint32_t xhc_tune_gap(const struct xhc_tune_class *c, uint32_t gap)
 int xhc_tune_choose(const struct xhc_tune_class *c, int *explore)
 {
     *explore = 0;
-    if (c->runs[0] < XHC_TUNE_TRIES || c->runs[1] < XHC_TUNE_TRIES)
+    if (!xhc_tune_tried(c))
         return c->runs[1] < c->runs[0];
     int best = xhc_tune_cost(c, 1) < xhc_tune_cost(c, 0);
     if (c->since + 1 < xhc_tune_gap(c, c->gap))
@@ -187,8 +192,7 @@ void xhc_tune_learn(struct xhc_tune_class *c, int single, int explore,
         c->warm = 1;
         return;
     }
-    int settled = c->runs[0] >= XHC_TUNE_TRIES
-                  && c->runs[1] >= XHC_TUNE_TRIES;
+    int settled = xhc_tune_tried(c);
     uint32_t waited = explore ? xhc_tune_gap(c, c->gap) : 0;
     if (explore || !(c->taught & (1u << single)))
         for (int i = 0; i < XHC_TUNE_KEEP; i++)
@@ -255,18 +259,27 @@ void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,
         pick->start = xhc_now_ns();
 }
 
-/* Step 7: may a slot call of class C that runs the cheaper way (not
- * EXPLORE) go untimed?  Once C has tried both ways, one in
- * XHC_TUNE_SAMPLE is timed. */
-static int xhc_tune_untimed(struct xhc_tune_class *c, int explore)
+/* Step 7: does a slot call of class C go untimed, running the cheaper
+ * way?  EXPLORE: it is due to look at the other; WAITS: an earlier call
+ * still waits for its readers, so this one cannot be timed.  Timed are
+ * the tries, each look and the XHC_TUNE_KEEP calls after it (so that a
+ * look that switched on a fluke undoes itself, step 3), and beyond those
+ * one call in XHC_TUNE_SAMPLE.  An untimed call of a class that has
+ * tried both ways counts towards the gap, so that looks come as many
+ * calls apart as elsewhere. */
+static int xhc_tune_untimed(struct xhc_tune_class *c, int explore, int waits)
 {
-    if (explore || !c->warm || c->runs[0] < XHC_TUNE_TRIES
-        || c->runs[1] < XHC_TUNE_TRIES)
-        return 0;
-    if (++c->quiet < XHC_TUNE_SAMPLE)
-        return 1;
-    c->quiet = 0;
-    return 0;
+    if (!waits) {
+        if (explore || !c->warm || !xhc_tune_tried(c)
+            || c->since < XHC_TUNE_KEEP)
+            return 0;
+        if (++c->quiet >= XHC_TUNE_SAMPLE) {
+            c->quiet = 0;
+            return 0;
+        }
+    }
+    c->since += !explore && xhc_tune_tried(c);
+    return 1;
 }
 
 /* Step 7: how I write my slot of operation SEQ of KIND, NBYTES, for
@@ -279,8 +292,9 @@ int xhc_tune_slot(xhc_ctx_t *ctx, int kind, const int *readers,
     xhc_tune_settle(ctx);
     xhc_tune_pick_store(&pick, ctx->tune_slot[kind], xhc_size_class(nbytes));
     *timed = 0;
-    if (xhc_tune_untimed(pick.store, pick.store_explore))
-        return pick.stream;
+    if (xhc_tune_untimed(pick.store, pick.store_explore,
+                         ctx->later.cls != NULL))
+        return pick.stream ^ pick.store_explore;
     pick.start = xhc_now_ns();
     int way = xhc_tune_defer(ctx, &pick, readers, nreaders, seq, nbytes);
     *timed = ctx->later.cls && ctx->later.seq == seq;

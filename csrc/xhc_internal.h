@@ -206,6 +206,7 @@ struct xhc_xpmem {
  * 0 plain, 1 streaming. */
 #define XHC_TUNE_CLASSES 64
 #define XHC_TUNE_KEEP 4
+#define XHC_TUNE_SAMPLE 8 /* slot calls: one of the cheaper way timed in */
 struct xhc_tune_class {
     double recent[2][XHC_TUNE_KEEP]; /* ns per byte of the last runs */
     uint32_t runs[2]; /* calls timed, up to XHC_TUNE_KEEP */

@@ -374,37 +374,60 @@ static void a_slot_writer_learns_from_its_readers(void)
     free(ctx);
 }
 
-/* Step 7: once a slot writer has tried both ways, it times one call of
- * the cheaper way in XHC_TUNE_SAMPLE (8), and every look at the other;
- * its reader publishes only for timed calls, and each timed call is
- * learnt from by the next. */
+/* One slot call of the Reduce writer (rank 0, its parent rank 1) in a
+ * two-rank context, size class 14; the reader publishes when the call is
+ * timed, unless it is still READING.  Returns whether it was timed. */
+static int slot_call(xhc_ctx_t *ctx, uint64_t seq, int reading)
+{
+    static const int parent = 1;
+    int timed;
+    xhc_tune_slot(ctx, XHC_REDUCE, &parent, 1, seq, 16384, &timed);
+    xhc_tune_store_done(ctx, seq);
+    if (timed && !reading) {
+        ctx->rank = 1;
+        xhc_tune_copied(ctx, seq, 1);
+        ctx->rank = 0;
+    }
+    return timed;
+}
+
+/* Step 7: a slot writer times its tries; once settled, where the other
+ * way is far dearer (no look due), one call in XHC_TUNE_SAMPLE, and
+ * every call counts towards the gap; while a timed call waits for its
+ * reader, later ones go untimed without using up the sample. */
 static void a_slot_writer_times_a_sample(void)
 {
     xhc_ctx_t *ctx = calloc(1, sizeof *ctx);
     ctx->ctl = calloc(2, sizeof *ctx->ctl);
-    int parent = 1, timed_calls = 0, untimed_published = 0;
-    uint64_t last_timed = 0;
-    for (uint64_t seq = 1; seq <= 5 + 64; seq++) {
-        int timed;
-        xhc_tune_slot(ctx, XHC_REDUCE, &parent, 1, seq, 16384, &timed);
-        EXPECT(seq > 5 || timed, "try %d untimed", (int)seq);
-        EXPECT(!timed || ctx->later.cls == NULL || ctx->later.seq == seq,
-               "call %d timed, but call %llu still waits", (int)seq,
-               (unsigned long long)ctx->later.seq);
-        xhc_tune_store_done(ctx, seq);
-        ctx->rank = 1;
-        xhc_tune_copied(ctx, seq, timed);
-        ctx->rank = 0;
-        struct xhc_time_slot *slot =
-            &ctx->ctl[1].copied.slot[seq % XHC_TIME_SLOTS];
-        untimed_published += !timed && atomic_load(&slot->seq) == seq;
-        timed_calls += seq > 5 && timed;
-        last_timed = timed ? seq : last_timed;
-    }
-    EXPECT(timed_calls >= 8 && timed_calls <= 10 && !untimed_published,
-           "timed %d of 64 settled calls, %d untimed published", timed_calls,
-           untimed_published);
-    EXPECT(ctx->later.seq == last_timed, "the last timed call waits");
+    struct xhc_tune_class *c = &ctx->tune_slot[XHC_REDUCE][14];
+    for (uint64_t seq = 1; seq <= 5; seq++) /* warm, then two tries each */
+        EXPECT(slot_call(ctx, seq, 0), "try %d untimed", (int)seq);
+    slot_call(ctx, 6, 0); /* learns try 5 */
+    for (int i = 0; i < XHC_TUNE_KEEP; i++) /* streaming: far dearer */
+        c->recent[1][i] = 1e9;
+    c->since = XHC_TUNE_KEEP;
+    c->quiet = 0;
+    int timed = 0;
+    uint64_t seq = 7;
+    for (; seq < 7 + 8 * XHC_TUNE_SAMPLE; seq++)
+        timed += slot_call(ctx, seq, 0);
+    EXPECT(timed == 8 && c->quiet == 0 && c->since >= XHC_TUNE_KEEP + 63,
+           "timed %d of %d, gap count %u", timed, 8 * XHC_TUNE_SAMPLE,
+           c->since);
+    while (c->quiet < XHC_TUNE_SAMPLE - 1)
+        EXPECT(!slot_call(ctx, seq++, 0), "call %d timed", (int)seq - 1);
+    uint64_t waits = seq;
+    EXPECT(slot_call(ctx, seq++, 1), "the sample is untimed");
+    for (int i = 0; i < 10; i++, seq++)
+        EXPECT(!slot_call(ctx, seq, 0) && c->quiet == 0
+                   && ctx->later.seq == waits,
+               "call %d timed, or used up the sample", (int)seq);
+    ctx->rank = 1;
+    xhc_tune_copied(ctx, waits, 1);
+    ctx->rank = 0;
+    for (int i = 1; i < XHC_TUNE_SAMPLE; i++, seq++)
+        EXPECT(!slot_call(ctx, seq, 0), "call %d timed", (int)seq);
+    EXPECT(slot_call(ctx, seq, 0), "the next sample was lost");
     free(ctx->ctl);
     free(ctx);
 }
