@@ -16,6 +16,7 @@ static int failures;
             printf("FAIL line %d: ", __LINE__);                             \
             printf(__VA_ARGS__);                                            \
             printf("\n");                                                   \
+            fflush(stdout); /* a leak report ends the run before exit */    \
             failures++;                                                     \
             return;                                                         \
         }                                                                   \
@@ -374,6 +375,8 @@ static void a_slot_writer_learns_from_its_readers(void)
     free(ctx);
 }
 
+static int last_way; /* the way slot_call's call ran */
+
 /* One slot call of the Reduce writer (rank 0, its parent rank 1) in a
  * two-rank context, size class 14; the reader publishes when the call is
  * timed, unless it is still READING.  Returns whether it was timed. */
@@ -381,7 +384,8 @@ static int slot_call(xhc_ctx_t *ctx, uint64_t seq, int reading)
 {
     static const int parent = 1;
     int timed;
-    xhc_tune_slot(ctx, XHC_REDUCE, &parent, 1, seq, 16384, &timed);
+    last_way = xhc_tune_slot(ctx, XHC_REDUCE, &parent, 1, seq, 16384,
+                             &timed);
     xhc_tune_store_done(ctx, seq);
     if (timed && !reading) {
         ctx->rank = 1;
@@ -402,9 +406,9 @@ static void a_slot_writer_times_a_sample(void)
     struct xhc_tune_class *c = &ctx->tune_slot[XHC_REDUCE][14];
     for (uint64_t seq = 1; seq <= 5; seq++) /* warm, then two tries each */
         EXPECT(slot_call(ctx, seq, 0), "try %d untimed", (int)seq);
-    slot_call(ctx, 6, 0); /* learns try 5 */
-    for (int i = 0; i < XHC_TUNE_KEEP; i++) /* streaming: far dearer */
-        c->recent[1][i] = 1e9;
+    slot_call(ctx, 6, 0); /* learns try 5; learnt from by the next */
+    for (int i = 0; i < XHC_TUNE_KEEP; i++) /* the other way: far dearer */
+        c->recent[!last_way][i] = 1e9;
     c->since = XHC_TUNE_KEEP;
     c->quiet = 0;
     int timed = 0;
