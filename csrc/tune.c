@@ -296,9 +296,8 @@ int xhc_tune_slot(xhc_ctx_t *ctx, int kind, const int *readers,
                          ctx->later.cls != NULL))
         return pick.stream ^ pick.store_explore;
     pick.start = xhc_now_ns();
-    int way = xhc_tune_defer(ctx, &pick, readers, nreaders, seq, nbytes);
-    *timed = ctx->later.cls && ctx->later.seq == seq;
-    return way;
+    *timed = 1; /* none waits, so xhc_tune_defer keeps this one */
+    return xhc_tune_defer(ctx, &pick, readers, nreaders, seq, nbytes);
 }
 
 /* The call PICK chose for has moved NBYTES. */
