@@ -389,6 +389,9 @@ struct xhc_red {
  * other's pieces of other calls. */
 #define XHC_PIECE_TAG_SHIFT 48
 #define XHC_PIECE_TAG_MASK 0x7fff
+_Static_assert(((uint64_t)XHC_PIECE_TAG_MASK << XHC_PIECE_TAG_SHIFT)
+                   < XHC_NBYTES_TIMED,
+               "a piece's tag stays clear of the timed bit");
 int xhc_red_init(struct xhc_red *r, size_t count, int dtype, int op);
 int xhc_fold_children(xhc_ctx_t *ctx, const int *child, int nchild,
                       uint64_t seq, const struct xhc_red *r, void *dst,
