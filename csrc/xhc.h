@@ -50,7 +50,9 @@ typedef struct xhc_ctx xhc_ctx_t;
 enum xhc_dtype {
     XHC_INT8, XHC_INT16, XHC_INT32, XHC_INT64,
     XHC_UINT8, XHC_UINT16, XHC_UINT32, XHC_UINT64,
-    XHC_FLOAT32, XHC_FLOAT64, XHC_NDTYPES
+    XHC_FLOAT32, XHC_FLOAT64,
+    XHC_FLOAT16,
+    XHC_NDTYPES
 };
 
 enum xhc_op {

@@ -104,7 +104,7 @@ def test_header_enums_match_lib():
         for index, member in enumerate(members):
             assert "=" not in member, (name, member)
             assert getattr(lib, member) == index, (name, member)
-    assert (lib.XHC_NDTYPES, lib.XHC_NOPS, lib.XHC_NKINDS) == (10, 10, 4)
+    assert (lib.XHC_NDTYPES, lib.XHC_NOPS, lib.XHC_NKINDS) == (11, 10, 4)
 
 
 def error_codes():
@@ -142,7 +142,7 @@ def test_a_full_dev_shm_names_what_to_shrink():
 def test_op_valid_and_dtype_size():
     ints = [lib.XHC_INT8, lib.XHC_INT16, lib.XHC_INT32, lib.XHC_INT64,
             lib.XHC_UINT8, lib.XHC_UINT16, lib.XHC_UINT32, lib.XHC_UINT64]
-    floats = [lib.XHC_FLOAT32, lib.XHC_FLOAT64]
+    floats = [lib.XHC_FLOAT32, lib.XHC_FLOAT64, lib.XHC_FLOAT16]
     arith = [lib.XHC_SUM, lib.XHC_PROD, lib.XHC_MIN, lib.XHC_MAX]
     assert lib.xhc_op_valid(lib.XHC_FLOAT64, lib.XHC_BAND) == 0
     for dt in ints + floats:
@@ -153,7 +153,7 @@ def test_op_valid_and_dtype_size():
         assert lib.xhc_op_valid(dt, -1) == 0
     assert lib.xhc_op_valid(lib.XHC_NDTYPES, lib.XHC_SUM) == 0
     assert lib.xhc_op_valid(-1, lib.XHC_SUM) == 0
-    sizes = [1, 2, 4, 8, 1, 2, 4, 8, 4, 8]
+    sizes = [1, 2, 4, 8, 1, 2, 4, 8, 4, 8, 2]
     assert [lib.xhc_dtype_size(d) for d in range(lib.XHC_NDTYPES)] == sizes
     assert lib.xhc_dtype_size(lib.XHC_NDTYPES) == 0
 

@@ -51,6 +51,16 @@ static float special32(uint64_t k)
     return v[k % (sizeof v / sizeof v[0])];
 }
 
+/* Half precision as bits: quiet and signalling NaNs of either sign,
+ * infinities, zeros, the least and the greatest subnormal, the greatest
+ * finite, -1, 3.5. */
+static uint16_t special16(uint64_t k)
+{
+    const uint16_t v[] = {0x7e00, 0xfe00, 0x7d01, 0x7c00, 0xfc00, 0x0000,
+                          0x8000, 0x0001, 0x83ff, 0x7bff, 0xbc00, 0x4300};
+    return v[k % (sizeof v / sizeof v[0])];
+}
+
 /* Random bits, and for floating types every seventh element special. */
 static void fill(unsigned char *buf, int dtype, size_t esize)
 {
@@ -63,6 +73,9 @@ static void fill(unsigned char *buf, int dtype, size_t esize)
         } else if (dtype == XHC_FLOAT32 && bits % 7 == 0) {
             float f = special32(bits >> 8);
             memcpy(buf + i * esize, &f, esize);
+        } else if (dtype == XHC_FLOAT16 && bits % 7 == 0) {
+            uint16_t h = special16(bits >> 8);
+            memcpy(buf + i * esize, &h, esize);
         }
     }
 }
