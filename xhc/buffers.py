@@ -30,7 +30,8 @@ _DTYPES = {("i", 1): lib.XHC_INT8, ("i", 2): lib.XHC_INT16,
            ("i", 4): lib.XHC_INT32, ("i", 8): lib.XHC_INT64,
            ("u", 1): lib.XHC_UINT8, ("u", 2): lib.XHC_UINT16,
            ("u", 4): lib.XHC_UINT32, ("u", 8): lib.XHC_UINT64,
-           ("f", 4): lib.XHC_FLOAT32, ("f", 8): lib.XHC_FLOAT64}
+           ("f", 2): lib.XHC_FLOAT16, ("f", 4): lib.XHC_FLOAT32,
+           ("f", 8): lib.XHC_FLOAT64}
 NOT_REDUCIBLE = -1  # bytes that Bcast moves but no kernel reduces
 
 

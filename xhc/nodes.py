@@ -36,7 +36,7 @@ _TAG = 1  # the node communicator is private: no user message shares it
 # The core's dtype codes as numpy dtypes.
 _NUMPY = tuple(numpy_dtype(code) for code in range(lib.XHC_NDTYPES))
 _IEEE = {(op, dtype): None for op in (lib.XHC_MIN, lib.XHC_MAX)
-         for dtype in (lib.XHC_FLOAT32, lib.XHC_FLOAT64)}
+         for dtype in (lib.XHC_FLOAT16, lib.XHC_FLOAT32, lib.XHC_FLOAT64)}
 
 
 def between_nodes(op, op_code, dtype_code):
