@@ -19,7 +19,8 @@ FIELD_WIDTH = 20
 FLOAT_PRECISION = 2
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
-DTYPES = ("float64", "float32", "int64", "int32")
+DTYPES = ("float64", "float32", "float16", "int64", "int32")
+FLOAT16_RANKS = 21  # sums of the patterns (see pattern) exact in float16
 
 
 # Options of bench.osu that apply only to some commands: name -> (flags,
@@ -129,7 +130,8 @@ def pattern(rank, k, count, dtype, nranks=1):
     MAX and MIN see every rank's data in any message of NRANKS elements
     or more (and over the patterns, in a one-element message with up to
     NPAT ranks).  The values stay within 0..182: a sum over ranks is
-    exact in every supported dtype.
+    exact in every supported dtype (in float16 over up to
+    FLOAT16_RANKS ranks, whose sums stay within 2048).
     """
     j = np.arange(count, dtype=np.int64)
     top = (j + k) % nranks

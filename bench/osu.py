@@ -452,6 +452,12 @@ def _option_error(opts, nranks, rank):
     sets opts.sizes."""
     if opts.root >= nranks:
         return f"--root {opts.root}: only {nranks} ranks"
+    if opts.dtype == "float16" and opts.op == "sum" and \
+            nranks > _osu.FLOAT16_RANKS:
+        return (f"--dtype float16 --op sum: {nranks} ranks' sums of the "
+                "patterns are not exact in float16, so no result could be "
+                f"checked; run at most {_osu.FLOAT16_RANKS} ranks, or use "
+                "float32")
     try:
         opts.sizes = _sizes(opts)
         _check_memory(opts, nranks)

@@ -467,6 +467,34 @@ def test_osu_sizes_refused_up_front(command, spec, dtype, match):
         osu._check_memory(opts, 2)
 
 
+def test_osu_float16_sums_limited_to_exact_rank_counts():
+    """The patterns' float16 sums are exact up to FLOAT16_RANKS ranks, so
+    that every result can be checked; beyond that the sweep is refused
+    up front, naming what to do.  The patterns' sums at that rank count
+    stay within 2048, where float16 holds every integer; one more rank's
+    do not."""
+    import types
+    import numpy as np
+    from bench import _osu, osu
+
+    def refused(nranks, dtype="float16", op="sum"):
+        opts = types.SimpleNamespace(command="allreduce", root=0, op=op,
+                                     dtype=dtype, message_size="2:64",
+                                     json=None, plot=None, peer=None, cold=0)
+        return osu._option_error(opts, nranks, 1)
+
+    top = _osu.FLOAT16_RANKS
+    assert refused(top) is None
+    assert refused(top, "float32") is None and refused(top + 1, op="max") \
+        is None and refused(top + 1, "float32") is None
+    assert f"run at most {top} ranks, or use float32" in refused(top + 1)
+    for n, exact in ((top, True), (top + 1, False)):
+        # Every index of the patterns' period, every pattern.
+        most = max(sum(_osu.pattern(r, k, 61 * n, np.float64, n)
+                       for r in range(n)).max() for k in range(_osu.NPAT))
+        assert (most <= 2048) == exact, (n, most)
+
+
 def test_osu_cold_buffer_counted_in_the_memory_check():
     """--cold's private buffer, one a rank, counts toward what the node
     must hold."""
