@@ -8,8 +8,8 @@ Every rank draws the same sequence of operations from --seed: Bcast,
 Allreduce, Reduce or Barrier; a size from 0 bytes to --max-bytes, biased
 to small (with the default 4M, more than half the calls fit the 112-byte
 inline path and about one in six is larger than the default 32K
-copy-in-copy-out limit); a dtype among int8..uint64, float32 and
-float64; an op among SUM, PROD, MIN, MAX, BAND, BOR, BXOR, LAND, LOR and
+copy-in-copy-out limit); a dtype among int8..uint64, float16, float32
+and float64; an op among SUM, PROD, MIN, MAX, BAND, BOR, BXOR, LAND, LOR and
 LXOR where MPI defines it; a root; sometimes MPI.IN_PLACE; sometimes
 (--zero-copy, default 0.2) buffers from Comm.empty, read in place; and
 one reduction in ten as a persistent request (made, started once and
@@ -48,7 +48,7 @@ from ._board import ArrivalBoard
 
 INT_DTYPES = [np.dtype(c) for c in ("i1", "i2", "i4", "i8",
                                     "u1", "u2", "u4", "u8")]
-FLOAT_DTYPES = [np.dtype("f4"), np.dtype("f8")]
+FLOAT_DTYPES = [np.dtype("f2"), np.dtype("f4"), np.dtype("f8")]
 DTYPES = INT_DTYPES + FLOAT_DTYPES
 ARITH = ["SUM", "PROD", "MIN", "MAX"]
 INT_OPS = ARITH + ["BAND", "BOR", "BXOR", "LAND", "LOR", "LXOR"]
@@ -111,6 +111,9 @@ class Inputs:
         """The input of RANK to reduction I (a read-only view or new array)."""
         if op == "PROD":                       # {1, 2}: exact, wraps like C
             return ((self.window(i, rank, 2, count) & 1) + 1).astype(dtype)
+        if dtype.itemsize == 2 and dtype.kind == "f":  # float16: -16..15,
+            return (self.window(i, rank, 3, count).view(np.int8) // 8) \
+                .astype(dtype)                # exact sums of 128 ranks
         if dtype.kind == "f":                  # small integers: exact sums
             return self.window(i, rank, 3, 2 * count).view(np.int16) \
                 .astype(dtype)
