@@ -226,18 +226,23 @@ static inline float xhc_half_to_float(uint16_t h)
     return xhc_bits_float(u | sign);
 }
 
-/* Rounded to nearest, ties to even.  Normals round their 13 dropped bits
- * in the integer (a carry moves to the next binade, or to infinity);
- * below 2^-14 adding 0.5, whose float ulp is 2^-24, the half subnormal
- * step, rounds in hardware. */
+/* Rounded to nearest, ties to even, in every rounding mode (as F16C's
+ * conversion below): each step is exact.  Normals drop 13 bits in the
+ * integer (a carry moves to the next binade, or to infinity).  Below
+ * 2^-14 the value in units of 2^-24 (the half subnormal step) is below
+ * 1024: its integer part, then the remainder against one half. */
 static inline uint16_t xhc_float_to_half(float f)
 {
     uint32_t u = xhc_float_bits(f), a = u & 0x7fffffffu;
     uint32_t nan = 0x7c00u | XHC_HALF_QUIET | ((a >> 13) & 0x3ffu);
     uint32_t normal = (a - ((uint32_t)(127 - 15) << 23) + 0xfffu +
                        ((a >> 13) & 1u)) >> 13;
-    uint32_t sub = xhc_float_bits(xhc_bits_float(a) + 0.5f) -
-                   xhc_float_bits(0.5f);
+    float steps = xhc_bits_float(xhc_select(a < 0x38800000u, a, 0)) *
+                  0x1p24f;
+    int32_t whole = (int32_t)steps;
+    float rest = steps - (float)whole;
+    uint32_t sub = (uint32_t)whole +
+                   (uint32_t)((rest > 0.5f) | ((rest == 0.5f) & whole));
     uint32_t h = xhc_select(a >= 0x38800000u, normal, sub);
     h = xhc_select(a >= 0x477ff000u, 0x7c00u, h); /* 65520 and up */
     h = xhc_select(a > 0x7f800000u, nan, h);
