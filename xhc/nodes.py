@@ -35,27 +35,47 @@ from .buffers import numpy_dtype
 _TAG = 1  # the node communicator is private: no user message shares it
 # The core's dtype codes as numpy dtypes.
 _NUMPY = tuple(numpy_dtype(code) for code in range(lib.XHC_NDTYPES))
-_IEEE = {(op, dtype): None for op in (lib.XHC_MIN, lib.XHC_MAX)
-         for dtype in (lib.XHC_FLOAT16, lib.XHC_FLOAT32, lib.XHC_FLOAT64)}
+# The MPI type each of those crosses between the nodes as, named: numpy
+# describes an unaligned array's elements in a format ('=f') that names
+# no MPI type.  float16 crosses as its bits, folded by xhc's kernels (an
+# MPI need not reduce float16, or have it).
+_WIRE = {_NUMPY[code]: t for code, t in (
+    (lib.XHC_INT8, MPI.INT8_T), (lib.XHC_INT16, MPI.INT16_T),
+    (lib.XHC_INT32, MPI.INT32_T), (lib.XHC_INT64, MPI.INT64_T),
+    (lib.XHC_UINT8, MPI.UINT8_T), (lib.XHC_UINT16, MPI.UINT16_T),
+    (lib.XHC_UINT32, MPI.UINT32_T), (lib.XHC_UINT64, MPI.UINT64_T),
+    (lib.XHC_FLOAT32, MPI.FLOAT), (lib.XHC_FLOAT64, MPI.DOUBLE),
+    (lib.XHC_FLOAT16, MPI.UINT16_T))}
+_OWN = {(op, dtype): None for op in (lib.XHC_MIN, lib.XHC_MAX)
+        for dtype in (lib.XHC_FLOAT32, lib.XHC_FLOAT64)}
+_OWN.update({(op, lib.XHC_FLOAT16): None for op in (
+    lib.XHC_SUM, lib.XHC_PROD, lib.XHC_MIN, lib.XHC_MAX)})
+
+
+def _wire(arr):
+    """ARR (flat, of one of the core's types) as mpi4py's message of its
+    MPI type."""
+    return [arr, _WIRE[arr.dtype]]
 
 
 def between_nodes(op, op_code, dtype_code):
-    """The MPI op the leaders reduce with: OP, but for float MIN and MAX,
-    where MPI keeps whichever operand `<` picks (it may drop a NaN), an op
-    that folds with xhc's kernels, IEEE 754's minimum and maximum, as the
-    nodes themselves do."""
+    """The MPI op the leaders reduce with: OP, but an op that folds with
+    xhc's kernels for float MIN and MAX, where MPI keeps whichever operand
+    `<` picks (it may drop a NaN), so that they are IEEE 754's minimum
+    and maximum, as on the nodes; and for every op on float16, which
+    crosses as bits."""
     key = (op_code, dtype_code)
-    if key not in _IEEE:
+    if key not in _OWN:
         return op
-    if _IEEE[key] is None:
+    if _OWN[key] is None:
         size = lib.xhc_dtype_size(dtype_code)
 
         def fold(inbuf, inoutbuf, datatype):
             inout = ffi.from_buffer(inoutbuf, require_writable=True)
             lib.xhc_fold_into(inout, ffi.from_buffer(inbuf),
                               len(inout) // size, dtype_code, op_code)
-        _IEEE[key] = MPI.Op.Create(fold, commute=True)
-    return _IEEE[key]
+        _OWN[key] = MPI.Op.Create(fold, commute=True)
+    return _OWN[key]
 
 
 def _overlap(a, b):
@@ -117,12 +137,13 @@ class Nodes:
         if not self.alone:
             return self.Allreduce, (sendbuf, recvbuf, ops, one)
         if one:
-            return self.leaders.Allreduce, (MPI.IN_PLACE, recvbuf, ops[1])
+            return self.leaders.Allreduce, (MPI.IN_PLACE, _wire(recvbuf),
+                                            ops[1])
         return self._allreduce_alone, (sendbuf, recvbuf, ops[1])
 
     def _allreduce_alone(self, sendbuf, recvbuf, across):
         recvbuf[...] = sendbuf
-        self.leaders.Allreduce(MPI.IN_PLACE, recvbuf, across)
+        self.leaders.Allreduce(MPI.IN_PLACE, _wire(recvbuf), across)
 
     def _reduce_step(self, sendbuf, recvbuf, ops, root, inplace, scratch,
                      one):
@@ -133,8 +154,10 @@ class Nodes:
         if not self.alone:
             return self.Reduce, (sendbuf, recvbuf, ops, root, inplace,
                                  scratch)
-        return self.leaders.Reduce, (MPI.IN_PLACE if one else sendbuf,
-                                     recvbuf, ops[1], self.where[root][0])
+        return self.leaders.Reduce, (
+            MPI.IN_PLACE if one else _wire(sendbuf),
+            None if recvbuf is None else _wire(recvbuf), ops[1],
+            self.where[root][0])
 
     def bcast_call(self, buf, root):
         """Bcast(BUF, ROOT) as a callable, to be kept for these buffers
@@ -208,7 +231,7 @@ class Nodes:
         if self.leads:
             self.inner.Reduce(MPI.IN_PLACE if inplace else sendbuf, recvbuf,
                               op, 0)
-            self.leaders.Allreduce(MPI.IN_PLACE, recvbuf, across)
+            self.leaders.Allreduce(MPI.IN_PLACE, _wire(recvbuf), across)
         else:
             self.inner.Reduce(recvbuf if inplace else sendbuf, None, op, 0)
         self.inner.Bcast(recvbuf, 0)
@@ -228,12 +251,13 @@ class Nodes:
             self.inner.Reduce(MPI.IN_PLACE if inplace else mine, part, op,
                               0)
             gathers = self.index == home
-            self.leaders.Reduce(MPI.IN_PLACE if gathers else part,
-                                part if gathers else None, across, home)
+            self.leaders.Reduce(MPI.IN_PLACE if gathers else _wire(part),
+                                _wire(part) if gathers else None, across,
+                                home)
             if gathers and not is_root:
-                self.node.Send(part, dest=local, tag=_TAG)
+                self.node.Send(_wire(part), dest=local, tag=_TAG)
         if is_root and not self.leads:
-            self.node.Recv(recvbuf, source=0, tag=_TAG)
+            self.node.Recv(_wire(recvbuf), source=0, tag=_TAG)
 
     def free(self):
         """Release the node's xhc.Comm and the two communicators; again,
