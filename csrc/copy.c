@@ -5,7 +5,9 @@
  *    in node shared memory) is described by region and offset; every rank
  *    registered the same regions in the same order, so a reader finds it
  *    in its own mapping and reads it in place: zero copies to get there.
- * 2. Any other buffer is described by its address.  In XPMEM mode the
+ * 2. A buffer in this process's arena (arena.c) is described by its
+ *    offset there: a reader maps the arena once and reads it in place.
+ * 3. Any other buffer is described by its address.  In XPMEM mode the
  *    reader attaches it (xpmem.c) and reads it in place, like a shared
  *    region; otherwise one process_vm_readv (CMA) copies it, kernel to
  *    kernel.  Either way a single copy.
@@ -24,10 +26,8 @@ void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
                       struct xhc_src *src)
 {
     const unsigned char *p = buf;
-    src->addr = (uint64_t)(uintptr_t)buf;
-    src->nbytes = nbytes;
-    src->region = 0;
-    src->offset = 0;
+    *src = (struct xhc_src){ .addr = (uint64_t)(uintptr_t)buf,
+                             .nbytes = nbytes };
     for (int i = 0; i < ctx->nregions; i++) {
         const struct xhc_region *reg = &ctx->regions[i];
         /* Only a buffer wholly inside a region can be read in place. */
@@ -38,6 +38,7 @@ void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
             return;
         }
     }
+    xhc_arena_describe(ctx, buf, nbytes, src);
 }
 
 /* Publish my send and receive buffers for operation SEQ, and my choice
@@ -112,21 +113,25 @@ static int xhc_cma_read(pid_t pid, void *dst, uint64_t addr, size_t len)
     return 0;
 }
 
-/* [OFFSET, OFFSET+LEN) of a buffer in a shared region, read in place; NULL
- * if SRC is not in one.  A span past the buffer's end (ranks that
- * disagree on a size) or a region I do not know (ranks that registered
- * different regions) sets *RC instead of reading another rank's data. */
-unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
-                               const struct xhc_src *src, size_t offset,
-                               size_t len, int *rc)
+/* [OFFSET, OFFSET+LEN) of a buffer in a shared region or an arena, read
+ * in place; NULL if SRC is in neither.  A span past the buffer's end
+ * (ranks that disagree on a size) or a region I do not know (ranks that
+ * registered different regions) sets *RC instead of reading another
+ * rank's data, as does an arena I cannot map. */
+unsigned char *xhc_region_span(xhc_ctx_t *ctx, const struct xhc_src *src,
+                               size_t offset, size_t len, int *rc)
 {
-    if (src->region <= 0)
+    if (!xhc_in_region(src))
         return NULL;
-    if (src->region > ctx->nregions || offset + len > src->nbytes) {
+    if (src->region > ctx->nregions || src->region < XHC_REGION_ARENA
+        || offset + len > src->nbytes) {
         *rc = XHC_ERR_MISMATCH;
         return NULL;
     }
-    return ctx->regions[src->region - 1].base + src->offset + offset;
+    unsigned char *base = src->region == XHC_REGION_ARENA
+        ? xhc_arena_span(ctx, src, rc)
+        : ctx->regions[src->region - 1].base + src->offset;
+    return base ? base + offset : NULL;
 }
 
 /* Read LEN bytes at OFFSET of PEER's buffer SRC.  If the buffer can be

@@ -90,8 +90,10 @@ static int xhc_ctx_alloc(xhc_ctx_t *ctx)
     ctx->srcs = calloc((size_t)ctx->nranks + 1, sizeof(*ctx->srcs));
     ctx->peer_send = calloc((size_t)ctx->nranks, sizeof(struct xhc_src));
     ctx->peer_recv = calloc((size_t)ctx->nranks, sizeof(struct xhc_src));
+    ctx->arena_maps = calloc((size_t)ctx->nranks, sizeof(struct xhc_region));
     return ctx->pids && ctx->scratch && ctx->srcs && ctx->peer_send
-           && ctx->peer_recv && xhc_pidfds_alloc(ctx) == 0 ? 0 : -ENOMEM;
+           && ctx->peer_recv && ctx->arena_maps && xhc_pidfds_alloc(ctx) == 0
+           ? 0 : -ENOMEM;
 }
 
 /* Start every flag I write at SEQ_START, so that no operation number but
@@ -306,6 +308,7 @@ void xhc_ctx_close(xhc_ctx_t *ctx)
     else if (xhc_ctx_owned(ctx))
         xhc_ctx_mark_withdrawn(ctx, XHC_CLOSED);
     xhc_xpmem_close(ctx);
+    xhc_arena_close(ctx);
     for (int k = 0; k < XHC_NKINDS; k++)
         xhc_hier_free(&ctx->hier[k], ctx->nranks);
     if (ctx->seg)

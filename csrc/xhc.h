@@ -235,6 +235,26 @@ int xhc_cma_selftest(void);
  * this CPU; NULL if they were built once, without dispatch. */
 const char *xhc_kernel_isa(void);
 const char *xhc_strerror(int code);
+
+/* This process's arena (arena.c): memory its peers map and read in
+ * place, as they do Comm.empty regions, but allocated by one process
+ * alone.  The four hooks have the shapes of numpy's allocator (NEP 49):
+ * CTX points to a size_t, the least request taken from the arena;
+ * smaller ones, and any the arena cannot meet, go to malloc. */
+void *xhc_arena_malloc(void *ctx, size_t size);
+void *xhc_arena_calloc(void *ctx, size_t nelem, size_t elsize);
+void *xhc_arena_realloc(void *ctx, void *ptr, size_t size);
+void xhc_arena_free(void *ctx, void *ptr, size_t size);
+/* Bytes of blocks handed out and not yet freed (0 without an arena). */
+int64_t xhc_arena_used(void);
+/* 1 if [P, P+NBYTES) lies in this process's own arena, else 0. */
+int xhc_arena_owns(const void *p, size_t nbytes);
+/* 0 if I may map PEER's arena (the kernel's ptrace read rule), else a
+ * negative errno.  The front end asks every rank, and tells each
+ * context whether all may: only then are arena buffers described as
+ * such; else they are private memory, read as any other. */
+int xhc_arena_probe(xhc_ctx_t *ctx, int peer);
+int xhc_ctx_set_arena(xhc_ctx_t *ctx, int usable);
 /* cffi:end */
 
 #endif

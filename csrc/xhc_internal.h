@@ -100,9 +100,13 @@ struct xhc_src {
     uint64_t addr;
     uint64_t offset;
     uint64_t nbytes; /* readers never read past it, whatever they think */
-    int32_t region;  /* 1-based index into the regions; 0: none */
+    int32_t region;  /* 1-based index into the regions, XHC_REGION_ARENA,
+                        or 0: none */
+    int32_t owner;   /* XHC_REGION_ARENA: the rank whose arena it is, */
+    int32_t fd;      /* and that rank's descriptor of it (arena.c) */
     int32_t pad;
 };
+#define XHC_REGION_ARENA (-1)
 
 /* When I had read the data staged for me (a parent's Bcast windows or
  * slot, the up slots I fold), CLOCK_MONOTONIC ns, one slot per operation
@@ -266,6 +270,9 @@ struct xhc_ctx {
     struct xhc_hier hier[XHC_NKINDS];
     struct xhc_region regions[XHC_MAX_REGIONS];
     int nregions;
+    int arena_ok;       /* peers may map my arena, and I theirs */
+    struct xhc_region *arena_maps; /* per rank: its arena, mapped here on
+                                      first read (arena.c) */
     unsigned char *scratch; /* private: 3 chunks for reductions */
     const void **srcs;      /* private: nranks + 1 fold sources */
     struct xhc_src *peer_send, *peer_recv; /* private: peers' buffers, as
@@ -340,7 +347,7 @@ int xhc_give_up(xhc_ctx_t *ctx, int peer, int rc);
 /* copy.c */
 void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
                       struct xhc_src *src);
-unsigned char *xhc_region_span(const xhc_ctx_t *ctx,
+unsigned char *xhc_region_span(xhc_ctx_t *ctx,
                                const struct xhc_src *src, size_t offset,
                                size_t len, int *rc);
 /* What xhc_meet learns besides the peers' buffers. */
@@ -364,6 +371,13 @@ void xhc_copy_as(void *dst, const void *src, size_t len, int stream);
 int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
                   size_t offset, void *dst, size_t len,
                   const void **direct);
+
+/* arena.c */
+int xhc_arena_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
+                       struct xhc_src *src);
+unsigned char *xhc_arena_span(xhc_ctx_t *ctx, const struct xhc_src *src,
+                              int *rc);
+void xhc_arena_close(xhc_ctx_t *ctx);
 
 /* xpmem.c */
 int xhc_xpmem_span(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
@@ -466,7 +480,7 @@ static inline int xhc_single_copy(const xhc_ctx_t *ctx)
 /* Is SRC a buffer in a registered shared region (read in place)? */
 static inline int xhc_in_region(const struct xhc_src *src)
 {
-    return src->region > 0;
+    return src->region != 0;
 }
 
 /* The word RANK keeps for peers' probe reads (CMA or XPMEM). */

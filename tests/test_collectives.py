@@ -24,11 +24,12 @@ from mpirun import run_mpi
 
 SCRIPT = "tests/mpi_cases/collectives.py"
 ALL_SUITES = ["bcast", "allreduce", "reduce", "barrier", "mixed", "subcomm",
-              "zerocopy", "fallback", "stats", "calls", "staged", "adaptive",
-              "objects"]
+              "zerocopy", "arena", "fallback", "stats", "calls", "staged",
+              "adaptive", "objects"]
 # Variants: all but fallback (no XHC_* setting changes what falls back).
 VARIANT_SUITES = ["bcast", "allreduce", "reduce", "barrier", "mixed",
-                  "subcomm", "zerocopy", "stats", "calls", "adaptive"]
+                  "subcomm", "zerocopy", "arena", "stats", "calls",
+                  "adaptive"]
 
 # Every run: the base reduction ops of Open MPI (its op/avx component
 # saturates 8- and 16-bit integer sums instead of wrapping, so mpi4py would

@@ -11,10 +11,12 @@ if _find_spec("mpi4py") is None:  # pragma: no cover
     raise ImportError(_NEEDS)
 
 if _TYPE_CHECKING:  # pragma: no cover
+    from .arena import arena_bytes, shared_arrays
     from .comm import Comm, Request
 
 __version__ = "0.1.0"
-__all__ = ["Comm", "Request", "XhcError", "__version__"]
+__all__ = ["Comm", "Request", "XhcError", "__version__", "arena_bytes",
+           "shared_arrays"]
 _LAZY = ("Comm", "Request")
 
 
@@ -23,6 +25,9 @@ def __getattr__(name):
     commands that need no MPI (``python -m xhc --help``, ``info
     --topology``) then never start it, and leave nothing of a singleton
     MPI behind."""
+    if name in ("arena_bytes", "shared_arrays"):  # no MPI needed
+        from . import arena
+        return getattr(arena, name)
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:

@@ -354,6 +354,16 @@ def choose_copy(comm, ctx, wanted, crowded=False):
         "between these ranks)", pids
 
 
+def setup_arena(comm, ctx):
+    """Collective: tell the core whether every rank may map every other's
+    arena (xhc.shared_arrays), and return whether they may."""
+    bad = [p for p in range(comm.size)
+           if p != comm.rank and lib.xhc_arena_probe(ctx, p)]
+    usable = all(not b for b in comm.allgather(bad))
+    check(lib.xhc_ctx_set_arena(ctx, int(usable)), "arena")
+    return usable
+
+
 def cma_problem():
     """Why this process cannot read its peers with CMA, or None."""
     rc = lib.xhc_cma_selftest()

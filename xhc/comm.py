@@ -21,6 +21,7 @@ from . import (_core, completion, config, debug, hierarchy, nodes, objects,
 from ._hot import (HotComm, HotRequest, bind_plain, block_hook,
                    kept_holds, progress_hook, run_staged, set_progress)
 from ._xhc import ffi, lib
+from .arena import in_arena
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
                       numpy_dtype, plain_tables, predefined, resolve)
 from .errors import XhcError, agree
@@ -269,11 +270,12 @@ class Comm(HotComm):
                                     hierarchy.group_table(levels))
             copy, why, self._pids = _core.choose_copy(
                 comm, self._ctx, cfg["copy"], self._crowded)
+            arena = _core.setup_arena(comm, self._ctx)
         except BaseException:
             lib.xhc_ctx_close(self._ctx)
             self._ctx = ffi.NULL
             raise
-        self.xhc_info = {"copy": copy, "copy_reason": why,
+        self.xhc_info = {"copy": copy, "copy_reason": why, "arena": arena,
                          "levels": self._levels, "config": dict(cfg),
                          "segment_bytes": _core.segment_size(comm.size, cfg)}
 
@@ -721,15 +723,17 @@ class Comm(HotComm):
     def _shared_flag(self, what, *arrays):
         """Collective, from *_init: XHC_CALL_SHARED if every rank's ARRAYS
         (None: not this rank's to pass) lie wholly in this communicator's
-        Comm.empty memory, else 0.  The flag lets the core take the paths
+        Comm.empty memory or in their process's arena (shared_arrays),
+        else 0.  The flag lets the core take the paths
         that read them in place from smaller sizes.  It chooses the path,
         so the ranks agree on it here, in the core (which times out, and
         names a peer that closed), before any rank can raise about its own
         arguments; WHAT names the call in an error.  Crowded nodes keep
         the slots (see config.fit_to_load)."""
-        # Comm.empty is collective: no rank or every rank has such memory.
+        # Comm.empty is collective: no rank or every rank has such memory;
+        # an arena any rank may have, where the ranks may map each other's.
         if not self._usable() or self._crowded or self._comm.size == 1 \
-                or not self._keep:
+                or not (self._keep or self.xhc_info.get("arena")):
             return 0
         v = ffi.new("int32_t[1]",
                     [all(a is None or self._in_shared(a) for a in arrays)])
@@ -753,10 +757,13 @@ class Comm(HotComm):
 
     def _in_shared(self, arr):
         """Is ARR a C-contiguous ndarray wholly inside one of our Comm.empty
-        regions?  Never raises: bad arguments are judged later."""
+        regions, or in this process's arena (peers may map it)?  Never
+        raises: bad arguments are judged later."""
         try:  # a subclass's properties run user code, which may raise
             if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
                 return False
+            if self.xhc_info.get("arena") and in_arena(arr):
+                return True
             lo = arr.__array_interface__["data"][0]
             for mm, base in self._keep:
                 start = _address(base)

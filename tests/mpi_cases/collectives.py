@@ -1488,9 +1488,12 @@ def shared_memory_is_not_budgeted(xcomm, v):
            None if held == [0, 0, 0, 0, 8000] else f"held {held}")
 
 
-def suite_zerocopy(xcomm, comm, v, sz, args):
+def suite_zerocopy(xcomm, comm, v, sz, args, alloc=None):
+    """Arrays from ALLOC (Comm.empty by default) read in place."""
     n, rank = comm.size, comm.rank
-    shared_memory_is_not_budgeted(xcomm, v)
+    if alloc is None:
+        alloc = xcomm.empty
+        shared_memory_is_not_budgeted(xcomm, v)
 
     start = xcomm.stats
     shapes = [(5,), (INLINE // 8 + 3,), (sz.cico // 8 - 1,), (3, sz.cico // 8),
@@ -1502,8 +1505,8 @@ def suite_zerocopy(xcomm, comm, v, sz, args):
         for dt in (np.dtype("f8"), np.dtype("i4"), np.dtype("u1")):
             count = int(np.prod(shape))
             nbytes = count * dt.itemsize
-            a = xcomm.empty(shape, dt)
-            b = xcomm.empty(shape, dt)
+            a = alloc(shape, dt)
+            b = alloc(shape, dt)
             v.check(f"empty{shape} {dt.name}", a.shape == shape and
                     a.dtype == dt and a.flags.c_contiguous and
                     a.flags.writeable, "wrong array from empty()")
@@ -1573,7 +1576,7 @@ def suite_zerocopy(xcomm, comm, v, sz, args):
                         err = err or rose_by_one(before, xcomm.stats, path)
                         v.case(f"{tag}: Reduce {op} root {root} {mode}"
                                f"{' IN_PLACE' if ip else ''}", err)
-    persistent_shared(xcomm, comm, v, sz)
+    persistent_shared(xcomm, comm, v, sz, alloc)
     # The large-message (in-place) counters rose in this suite, on more
     # than one rank.
     st = xcomm.stats
@@ -1584,19 +1587,161 @@ def suite_zerocopy(xcomm, comm, v, sz, args):
             f"copy={sz.copy}, {n} ranks: {large}")
 
 
-def persistent_shared(xcomm, comm, v, sz):
-    """Persistent calls on Comm.empty arrays, from 4 KiB to cico_max: when
+def arena_empty(shape, dtype=float):
+    """An uninitialised array in this process's arena."""
+    with xhc.shared_arrays(min_bytes=1):
+        return np.empty(shape, dtype)
+
+
+def suite_arena(xcomm, comm, v, sz, args):
+    """Arrays each rank allocated alone under xhc.shared_arrays: the
+    zero-copy suite on them, then what only they can do."""
+    n = comm.size
+    v.check("ranks may map each other's arenas",
+            n == 1 or xcomm.xhc_info.get("arena") is True,
+            f"{xcomm.xhc_info}")
+    suite_zerocopy(xcomm, comm, v, sz, args, alloc=arena_empty)
+    if n > 1:
+        shared_reductions_use_no_cma(xcomm, comm, v, sz.huge_count(8),
+                                     arena_empty)
+    arena_mixed_ranks(xcomm, comm, v, sz)
+    arena_reused_blocks(xcomm, comm, v, sz)
+    arena_read_in_place(comm, v, sz)
+    arena_unmapped(comm, v, sz)
+
+
+def arena_sizes(sz):
+    return sorted({sz.cico + 8, sz.huge_count(8) * 8, 3 << 20})
+
+
+def arena_fold_check(v, xcomm, comm, tag, send, recv, root=None):
+    """Allreduce (or Reduce to ROOT) of SEND into RECV against mpi4py."""
+    want = np.empty(send.shape, send.dtype)
+    comm.Allreduce(send, want)
+    if root is None:
+        xcomm.Allreduce(send, recv)
+    else:
+        xcomm.Reduce(send, recv if comm.rank == root else None, root=root)
+    ok = root not in (None, comm.rank) or np.array_equal(recv, want)
+    v.case(tag, None if ok else first_diff(recv, want))
+
+
+def arena_mixed_ranks(xcomm, comm, v, sz):
+    """Some ranks' buffers in their arenas, the others' private; arrays
+    that numpy made under shared_arrays (results of expressions)."""
+    n, rank = comm.size, comm.rank
+    for nbytes in arena_sizes(sz):
+        count = nbytes // 8
+        for who in ("even ranks", "rank 0 only", "all but rank 0"):
+            mine = {"even ranks": rank % 2 == 0, "rank 0 only": rank == 0,
+                    "all but rank 0": rank != 0}[who]
+            base = values(np.dtype("f8"), "SUM", seed_of(180, nbytes, rank),
+                          count)
+            if mine:
+                with xhc.shared_arrays(min_bytes=1):
+                    send, recv = base * 1.0, np.empty_like(base)
+            else:
+                send, recv = base * 1.0, np.empty_like(base)
+            v.check(f"arena ({who}): numpy's results land in it",
+                    xhc.arena.in_arena(send) == mine, "misplaced")
+            tag = f"arena {who} ({nbytes} B)"
+            arena_fold_check(v, xcomm, comm, f"{tag}: Allreduce", send, recv)
+            arena_fold_check(v, xcomm, comm, f"{tag}: Reduce", send, recv,
+                             root=n - 1)
+            buf = send.view(np.uint8)
+            want = pattern(seed_of(181, nbytes), nbytes)
+            buf[:] = want if rank == 0 else 0
+            xcomm.Bcast(buf, root=0)
+            v.case(f"{tag}: Bcast", None if np.array_equal(buf, want)
+                   else first_diff(buf, want))
+
+
+def arena_reused_blocks(xcomm, comm, v, sz):
+    """Arrays freed and allocated again (kept blocks hold old data, so
+    zeros() must clear them; blocks move), read by peers through the
+    mapping they made once; the arena's bytes go back when they die."""
+    n, rank = comm.size, comm.rank
+    before = xhc.arena_bytes()
+    for i, nbytes in enumerate(arena_sizes(sz) * 2):
+        count = nbytes // 8 + i
+        with xhc.shared_arrays(min_bytes=1):
+            junk = np.full(count, -1.0)
+            del junk
+            zeros = np.zeros(count)
+            send = np.arange(count, dtype=float) * (rank + i)
+            recv = np.empty(count)
+        v.check(f"arena zeros over a reused block ({count * 8} B)",
+                not zeros.any(), "not zeros")
+        xcomm.Allreduce(send, recv)
+        want = np.arange(count, dtype=float) * (n * i + n * (n - 1) // 2)
+        v.case(f"arena block #{i} ({count * 8} B): Allreduce",
+               None if np.array_equal(recv, want) else first_diff(recv, want))
+        del send, recv, zeros
+    gc.collect()
+    v.check("arena bytes back once the arrays die",
+            xhc.arena_bytes() == before, f"{before} -> {xhc.arena_bytes()}")
+
+
+def arena_read_in_place(comm, v, sz):
+    """With copy=cma every private buffer a peer reads moves by CMA; arena
+    arrays move by none: their peers read them in place."""
+    if comm.size == 1:
+        return
+    xc = xhc.Comm(comm, copy="cma")
+    count = sz.huge_count(8)
+    for where in ("private", "arena"):
+        make = arena_empty if where == "arena" else np.empty
+        send, recv = make(count), make(count)
+        send[:] = np.arange(count) * (comm.rank + 1)
+        start = xc.stats
+        arena_fold_check(v, xc, comm, f"cma, {where}: Allreduce", send, recv)
+        arena_fold_check(v, xc, comm, f"cma, {where}: Reduce", send, recv,
+                         root=comm.size - 1)
+        buf = send.view(np.uint8)
+        xc.Bcast(buf, root=0)
+        end = xc.stats
+        moved = {k: end[k + ".cma"] - start[k + ".cma"]
+                 for k in ("allreduce", "reduce", "bcast")}
+        # A Reduce's root (rank n-1) reads every send buffer; on more ranks
+        # the others' Bcast reads may come from a parent that copied it.
+        ok = (not any(moved.values()) if where == "arena"
+              else moved["allreduce"] == 1)
+        v.check(f"cma, {where} buffers: moved by CMA {moved}", ok,
+                f"{moved}")
+    xc.free()
+
+
+def arena_unmapped(comm, v, sz):
+    """A communicator whose ranks may not map each other's arenas (the
+    kernel's ptrace rule, forced here) reads arena arrays as the private
+    memory they also are."""
+    xc = xhc.Comm(comm)
+    if comm.size > 1:
+        lib.xhc_ctx_set_arena(xc._ctx, 0)
+        xc.xhc_info["arena"] = False
+    for nbytes in arena_sizes(sz):
+        count = nbytes // 8
+        send, recv = arena_empty(count), arena_empty(count)
+        send[:] = np.arange(count) + comm.rank
+        arena_fold_check(v, xc, comm, f"arena, unmapped ({nbytes} B)",
+                         send, recv)
+    xc.free()
+
+
+def persistent_shared(xcomm, comm, v, sz, alloc):
+    """Persistent calls on shared arrays (from ALLOC), from 4 KiB to
+    cico_max: when
     every buffer they read is such an array, the ranks agree at *_init to
     read in place from smaller sizes; with a private one they keep the
     slots.  Results against numpy over several starts on changing data;
     each start raises the expected counter; a blocking call on the same
     arrays keeps its own path."""
-    persistent_bcast_shared(xcomm, comm, v, sz)
+    persistent_bcast_shared(xcomm, comm, v, sz, alloc)
     n, rank = comm.size, comm.rank
     dt = np.dtype("f8")
     sizes = sorted({4096, 8192, 16384, sz.cico})
     # Two allocations (a communicator holds at most 64), sliced per size.
-    whole_a, whole_b = (xcomm.empty(sizes[-1] // 8, dt) for _ in range(2))
+    whole_a, whole_b = (alloc(sizes[-1] // 8, dt) for _ in range(2))
     for nbytes in sizes:
         count = nbytes // 8
         a, b = whole_a[:count], whole_b[:count]
@@ -1656,12 +1801,12 @@ def persistent_shared(xcomm, comm, v, sz):
         bad_root_receive_buffer(xcomm, comm, v, a, nbytes)
 
 
-def persistent_bcast_shared(xcomm, comm, v, sz):
-    """Bcast_init from a root whose buffer is a Comm.empty array (the
-    others' may be private): read in place from 16 KiB."""
+def persistent_bcast_shared(xcomm, comm, v, sz, alloc):
+    """Bcast_init from a root whose buffer is a shared array (the others'
+    may be private): read in place from 16 KiB."""
     n, rank = comm.size, comm.rank
     sizes = sorted({4096, 16384, sz.cico})
-    whole = xcomm.empty(sizes[-1], np.uint8)
+    whole = alloc(sizes[-1], np.uint8)
     for nbytes in sizes:
         for mode, shared in (("shared root", True),
                              ("private root, shared elsewhere", False),
@@ -2230,12 +2375,13 @@ def stores_tried(v, comm, sz, kind, start, end):
             f"{stream} of {large} large calls, {cma} by CMA (copy={sz.copy})")
 
 
-def shared_reductions_use_no_cma(xcomm, comm, v, count):
-    """Large reductions of Comm.empty arrays only are read in place,
-    whatever the copy mode: none counts as moved by CMA, though a Reduce
-    non-root folds into private memory of its own."""
+def shared_reductions_use_no_cma(xcomm, comm, v, count, alloc=None):
+    """Large reductions of shared arrays only (Comm.empty's, or ALLOC's)
+    are read in place, whatever the copy mode: none counts as moved by
+    CMA, though a Reduce non-root folds into private memory of its own."""
     n, rank = comm.size, comm.rank
-    send, recv = xcomm.empty(count), xcomm.empty(count)
+    alloc = alloc or xcomm.empty
+    send, recv = alloc(count), alloc(count)
     send[:] = np.arange(count) + rank
     start = xcomm.stats
     xcomm.Reduce(send, recv, root=n - 1)
@@ -3689,6 +3835,7 @@ def suite_spanning(xcomm, comm, v, sz, args):
     plain_calls_across(xcomm, comm, v)
     leaders_take_named_types(xcomm, comm, v)
     node_shared_arrays(xcomm, comm, v, parts)
+    node_arena_arrays(xcomm, comm, v)
     shared_memory_is_not_budgeted(xcomm, v)
     v.check("spanning: no fallback", xcomm.stats["fallback"] == 0,
             f"stats: {xcomm.stats}")
@@ -4116,10 +4263,43 @@ def node_shared_arrays(xcomm, comm, v, parts):
             rose == want, f"rose {rose}, want {want}")
 
 
+def node_arena_arrays(xcomm, comm, v):
+    """Arrays each rank allocated in its arena (xhc.shared_arrays): over
+    several nodes, blocking and persistent, the results of numpy."""
+    n, rank = comm.size, comm.rank
+    count = 1 << 17
+    ins = [values(np.dtype("f8"), "SUM", seed_of(191, r), count)
+           for r in range(n)]
+    want = np_fold("SUM", ins)
+    send, recv = arena_empty(count), arena_empty(count)
+    send[:] = ins[rank]
+    xcomm.Allreduce(send, recv)
+    v.case("spanning: Allreduce of arena arrays",
+           compare(recv, want, "SUM", recv.dtype))
+    req = xcomm.Allreduce_init(send, recv)
+    for i in range(2):
+        recv[:] = 0
+        req.Start()
+        req.Wait()
+        v.case(f"spanning: Allreduce_init of arena arrays #{i}",
+               compare(recv, want, "SUM", recv.dtype))
+    req.Free()
+    recv[:] = 0
+    xcomm.Reduce(send, recv if rank == n - 1 else None, root=n - 1)
+    v.case("spanning: Reduce of arena arrays", None if rank != n - 1
+           else compare(recv, want, "SUM", recv.dtype))
+    raw(send)[:] = pattern(seed_of(192, rank), count * 8)
+    xcomm.Bcast(send, root=n - 1)
+    v.case("spanning: Bcast of arena arrays", None if np.array_equal(
+        raw(send), pattern(seed_of(192, n - 1), count * 8))
+        else first_diff(raw(send), pattern(seed_of(192, n - 1), count * 8)))
+
+
 SUITES = {
     "bcast": suite_bcast, "allreduce": suite_allreduce,
     "reduce": suite_reduce, "barrier": suite_barrier, "mixed": suite_mixed,
     "subcomm": suite_subcomm, "zerocopy": suite_zerocopy,
+    "arena": suite_arena,
     "adaptive": suite_adaptive,
     "fallback": suite_fallback, "stats": suite_stats, "wrap": suite_wrap,
     "calls": suite_calls, "staged": suite_staged, "spanning": suite_spanning,

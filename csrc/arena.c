@@ -1,0 +1,493 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* arena.c: a process's memory that its peers read in place.
+ *
+ * 1. One arena per process, made at its first allocation: a memfd, sized
+ *    once (the machine's memory, at most XHC_ARENA_MAX) and mapped whole
+ *    with MAP_NORESERVE, so that only pages written take memory.  The
+ *    memfd has no name in /dev/shm: nothing outlives the processes.
+ * 2. Blocks are whole pages: first fit in a list of free extents sorted
+ *    by offset, else from the top.  Live blocks are kept too, so a free
+ *    needs no size.  A request the arena cannot meet returns NULL, and
+ *    the hooks below fall back to malloc: such a buffer is private.
+ * 3. A freed block is kept whole for reuse, its pages in place, while the
+ *    kept blocks total at most XHC_ARENA_KEEP: a request takes the
+ *    smallest kept block that fits it without wasting half.  Numpy's
+ *    temporaries then cost no page faults, which on shared memory take
+ *    microseconds a page.  Blocks beyond that budget have their pages
+ *    punched out of the memfd before they rejoin the free list: the
+ *    memory goes back to the system (every peer's mapping of it too),
+ *    and a block carved from free extents reads as zeros.
+ * 4. The collectives describe a buffer inside the arena by its offset
+ *    and the memfd's number; a peer opens the memfd through
+ *    /proc/<pid>/fd (ptrace's read rule, which CMA's is stricter than),
+ *    maps it whole once per context, and reads and writes in place.
+ * 5. A process forked from an owner shares the mapping but not the
+ *    arena: its allocations go to malloc, its frees of blocks it
+ *    inherited do nothing, and it describes them as private memory.
+ * 6. The hooks have the shapes of numpy's allocator (NEP 49); CTX points
+ *    to the least size (a size_t) that goes to the arena.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "xhc_internal.h"
+
+#define XHC_ARENA_MAX ((size_t)64 << 30)
+#define XHC_ARENA_NAME "xhc-arena"
+#define XHC_ARENA_KEEP ((size_t)128 << 20)
+
+enum { XHC_ARENA_UNTRIED, XHC_ARENA_READY, XHC_ARENA_FAILED,
+       XHC_ARENA_INHERITED };
+
+struct xhc_extent {
+    size_t off, len;
+};
+
+/* Extents sorted by offset. */
+struct xhc_extents {
+    struct xhc_extent *at;
+    size_t n, cap;
+};
+
+static struct {
+    pthread_mutex_t lock; /* guards everything below but BASE and STATE */
+    _Atomic int state;
+    int fd;
+    unsigned char *_Atomic base; /* set once, before STATE turns READY */
+    size_t size, top, used, kept_bytes, page;
+    struct xhc_extents free, live, kept;
+} arena = { .lock = PTHREAD_MUTEX_INITIALIZER, .fd = -1 };
+
+/* -- extent lists ------------------------------------------------------- */
+
+/* The index of the first extent at or past OFF. */
+static size_t xhc_extent_find(const struct xhc_extents *x, size_t off)
+{
+    size_t lo = 0, hi = x->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (x->at[mid].off < off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int xhc_extent_insert(struct xhc_extents *x, size_t i,
+                             struct xhc_extent e)
+{
+    if (x->n == x->cap) {
+        size_t cap = x->cap ? 2 * x->cap : 64;
+        struct xhc_extent *at = realloc(x->at, cap * sizeof(*at));
+        if (!at)
+            return -ENOMEM;
+        x->at = at;
+        x->cap = cap;
+    }
+    memmove(&x->at[i + 1], &x->at[i], (x->n - i) * sizeof(*x->at));
+    x->at[i] = e;
+    x->n++;
+    return 0;
+}
+
+static void xhc_extent_remove(struct xhc_extents *x, size_t i)
+{
+    memmove(&x->at[i], &x->at[i + 1], (x->n - i - 1) * sizeof(*x->at));
+    x->n--;
+}
+
+/* -- the arena ------------------------------------------------------------ */
+
+static void xhc_arena_forked(void)
+{
+    /* The parent's blocks are not mine to hand out or punch. */
+    atomic_store_explicit(&arena.state, XHC_ARENA_INHERITED,
+                          memory_order_relaxed);
+    pthread_mutex_init(&arena.lock, NULL);
+}
+
+static size_t xhc_arena_reserve(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES);
+    size_t phys = pages > 0 ? (size_t)pages * arena.page : XHC_ARENA_MAX;
+    size_t size = phys < XHC_ARENA_MAX ? phys : XHC_ARENA_MAX;
+    return size / arena.page * arena.page;
+}
+
+/* Make the arena; under the lock. */
+static int xhc_arena_open(void)
+{
+    arena.page = (size_t)sysconf(_SC_PAGESIZE);
+    arena.size = xhc_arena_reserve();
+    arena.fd = memfd_create(XHC_ARENA_NAME, MFD_CLOEXEC);
+    if (arena.fd < 0)
+        return -errno;
+    void *base = MAP_FAILED;
+    if (ftruncate(arena.fd, (off_t)arena.size) == 0)
+        base = mmap(NULL, arena.size, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_NORESERVE, arena.fd, 0);
+    if (base == MAP_FAILED || pthread_atfork(NULL, NULL, xhc_arena_forked)) {
+        int rc = -errno;
+        if (base != MAP_FAILED)
+            munmap(base, arena.size);
+        close(arena.fd);
+        arena.fd = -1;
+        return rc;
+    }
+    /* Orders SIZE and FD before BASE for xhc_arena_holding's readers. */
+    atomic_store_explicit(&arena.base, base, memory_order_release);
+    return 0;
+}
+
+/* An offset for LEN bytes, or SIZE_MAX; under the lock. */
+static size_t xhc_arena_carve(size_t len)
+{
+    for (size_t i = 0; i < arena.free.n; i++) {
+        struct xhc_extent *e = &arena.free.at[i];
+        if (e->len < len)
+            continue;
+        size_t off = e->off;
+        e->off += len;
+        e->len -= len;
+        if (!e->len)
+            xhc_extent_remove(&arena.free, i);
+        return off;
+    }
+    if (len > arena.size - arena.top)
+        return SIZE_MAX;
+    arena.top += len;
+    return arena.top - len;
+}
+
+/* Put extent E back on the free list, merged with its neighbours, and
+ * lower the top if it reaches it; under the lock.  Without memory for the
+ * list the extent is lost, its pages already given back. */
+static void xhc_arena_release(struct xhc_extent e)
+{
+    struct xhc_extents *x = &arena.free;
+    size_t i = xhc_extent_find(x, e.off);
+    if (i > 0 && x->at[i - 1].off + x->at[i - 1].len == e.off) {
+        e.off = x->at[i - 1].off;
+        e.len += x->at[i - 1].len;
+        xhc_extent_remove(x, --i);
+    }
+    if (i < x->n && e.off + e.len == x->at[i].off) {
+        e.len += x->at[i].len;
+        xhc_extent_remove(x, i);
+    }
+    if (e.off + e.len == arena.top)
+        arena.top = e.off;
+    else
+        (void)xhc_extent_insert(x, i, e);
+}
+
+/* The arena's state, made at the first call; under the lock. */
+static int xhc_arena_state(void)
+{
+    int state = atomic_load_explicit(&arena.state, memory_order_relaxed);
+    if (state == XHC_ARENA_UNTRIED) {
+        state = xhc_arena_open() ? XHC_ARENA_FAILED : XHC_ARENA_READY;
+        atomic_store_explicit(&arena.state, state, memory_order_relaxed);
+    }
+    return state;
+}
+
+/* The smallest kept block of LEN bytes or more, but less than twice
+ * LEN, taken off the kept list; SIZE_MAX if none.  Under the lock. */
+static struct xhc_extent xhc_arena_reuse(size_t len)
+{
+    size_t best = SIZE_MAX;
+    for (size_t i = 0; i < arena.kept.n; i++) {
+        size_t have = arena.kept.at[i].len;
+        if (have >= len && have / 2 < len
+            && (best == SIZE_MAX || have < arena.kept.at[best].len))
+            best = i;
+    }
+    if (best == SIZE_MAX)
+        return (struct xhc_extent){ SIZE_MAX, 0 };
+    struct xhc_extent e = arena.kept.at[best];
+    xhc_extent_remove(&arena.kept, best);
+    arena.kept_bytes -= e.len;
+    return e;
+}
+
+/* SIZE bytes from the arena, or NULL; *DIRTY says whether they may hold
+ * an earlier block's data (a kept block) rather than zeros. */
+static void *xhc_arena_take(size_t size, int *dirty)
+{
+    void *p = NULL;
+    pthread_mutex_lock(&arena.lock);
+    if (xhc_arena_state() == XHC_ARENA_READY && size
+        && size <= arena.size) {
+        size_t len = (size + arena.page - 1) / arena.page * arena.page;
+        struct xhc_extent e = xhc_arena_reuse(len);
+        *dirty = e.off != SIZE_MAX;
+        if (!*dirty)
+            e = (struct xhc_extent){ xhc_arena_carve(len), len };
+        if (e.off != SIZE_MAX && xhc_extent_insert(&arena.live,
+                xhc_extent_find(&arena.live, e.off), e) == 0) {
+            p = arena.base + e.off;
+            arena.used += e.len;
+        } else if (e.off != SIZE_MAX && *dirty) {
+            /* Back where it was: the list has room, it just left it. */
+            xhc_extent_insert(&arena.kept,
+                              xhc_extent_find(&arena.kept, e.off), e);
+            arena.kept_bytes += e.len;
+        } else if (e.off != SIZE_MAX) {
+            xhc_arena_release(e);
+        }
+    }
+    pthread_mutex_unlock(&arena.lock);
+    return p;
+}
+
+/* The arena's mapping here if P lies in it, else NULL. */
+static unsigned char *xhc_arena_holding(const void *p)
+{
+    /* Pairs with the release in xhc_arena_open: SIZE and FD are set. */
+    unsigned char *base = atomic_load_explicit(&arena.base,
+                                               memory_order_acquire);
+    const unsigned char *q = p;
+    return base && q >= base && q < base + arena.size ? base : NULL;
+}
+
+/* Keep block E for reuse if the budget allows, else punch out its pages
+ * and free it; other kept blocks make room as long as E would fit. */
+static void xhc_arena_retire(struct xhc_extent e)
+{
+    for (;;) {
+        pthread_mutex_lock(&arena.lock);
+        struct xhc_extent out = e;
+        if (arena.kept_bytes + e.len <= XHC_ARENA_KEEP) {
+            size_t i = xhc_extent_find(&arena.kept, e.off);
+            if (xhc_extent_insert(&arena.kept, i, e) == 0) {
+                arena.kept_bytes += e.len;
+                out.len = 0;
+            }
+        } else if (e.len <= XHC_ARENA_KEEP) {
+            out = arena.kept.at[0]; /* make room: the lowest goes */
+            xhc_extent_remove(&arena.kept, 0);
+            arena.kept_bytes -= out.len;
+        }
+        pthread_mutex_unlock(&arena.lock);
+        if (!out.len)
+            return;
+        /* Neither live, kept nor free meanwhile: no one else touches it. */
+        if (fallocate(arena.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      (off_t)out.off, (off_t)out.len))
+            memset(arena.base + out.off, 0, out.len); /* carved: zeros */
+        pthread_mutex_lock(&arena.lock);
+        xhc_arena_release(out);
+        pthread_mutex_unlock(&arena.lock);
+        if (out.off == e.off)
+            return;
+    }
+}
+
+/* Free the block at P, if P is one of mine: 1 if it lies in the arena
+ * (whether or not the block was this process's to free), else 0. */
+static int xhc_arena_put(void *p)
+{
+    unsigned char *base = xhc_arena_holding(p);
+    if (!base)
+        return 0;
+    pthread_mutex_lock(&arena.lock);
+    size_t off = (size_t)((unsigned char *)p - base);
+    size_t i = xhc_extent_find(&arena.live, off);
+    int mine = atomic_load_explicit(&arena.state, memory_order_relaxed)
+               == XHC_ARENA_READY && i < arena.live.n
+               && arena.live.at[i].off == off;
+    struct xhc_extent e = mine ? arena.live.at[i] : (struct xhc_extent){0};
+    if (mine) {
+        xhc_extent_remove(&arena.live, i);
+        arena.used -= e.len;
+    }
+    pthread_mutex_unlock(&arena.lock);
+    if (mine)
+        xhc_arena_retire(e);
+    return 1;
+}
+
+/* The block holding P, if P is one of mine: its length, else 0. */
+static size_t xhc_arena_block_len(const void *p)
+{
+    unsigned char *base = xhc_arena_holding(p);
+    size_t len = 0;
+    if (!base)
+        return 0;
+    pthread_mutex_lock(&arena.lock);
+    size_t off = (size_t)((const unsigned char *)p - base);
+    size_t i = xhc_extent_find(&arena.live, off);
+    if (i < arena.live.n && arena.live.at[i].off == off)
+        len = arena.live.at[i].len;
+    pthread_mutex_unlock(&arena.lock);
+    return len;
+}
+
+/* -- numpy's hooks (NEP 49) ------------------------------------------------ */
+
+static int xhc_arena_wants(void *ctx, size_t size)
+{
+    return size >= *(const size_t *)ctx;
+}
+
+void *xhc_arena_malloc(void *ctx, size_t size)
+{
+    int dirty;
+    void *p = xhc_arena_wants(ctx, size) ? xhc_arena_take(size, &dirty)
+                                         : NULL;
+    return p ? p : malloc(size);
+}
+
+void *xhc_arena_calloc(void *ctx, size_t nelem, size_t elsize)
+{
+    if (elsize && nelem > SIZE_MAX / elsize)
+        return NULL;
+    size_t size = nelem * elsize;
+    int dirty = 0;
+    void *p = xhc_arena_wants(ctx, size) ? xhc_arena_take(size, &dirty)
+                                         : NULL;
+    if (p && dirty)
+        memset(p, 0, size);
+    return p ? p : calloc(nelem, elsize);
+}
+
+void *xhc_arena_realloc(void *ctx, void *ptr, size_t size)
+{
+    unsigned char *base = xhc_arena_holding(ptr);
+    if (!base)
+        return realloc(ptr, size); /* malloc's, or NULL */
+    size_t old = xhc_arena_block_len(ptr);
+    if (!old) /* a block a forked child inherited: its size is unknown */
+        old = (size_t)(base + arena.size - (unsigned char *)ptr);
+    void *p = xhc_arena_malloc(ctx, size);
+    if (p)
+        memcpy(p, ptr, old < size ? old : size);
+    if (p)
+        xhc_arena_put(ptr);
+    return p;
+}
+
+void xhc_arena_free(void *ctx, void *ptr, size_t size)
+{
+    (void)ctx;
+    (void)size; /* the arena keeps its blocks' sizes */
+    if (!xhc_arena_put(ptr))
+        free(ptr);
+}
+
+int64_t xhc_arena_used(void)
+{
+    pthread_mutex_lock(&arena.lock);
+    int state = atomic_load_explicit(&arena.state, memory_order_relaxed);
+    int64_t used = state == XHC_ARENA_READY ? (int64_t)arena.used : 0;
+    pthread_mutex_unlock(&arena.lock);
+    return used;
+}
+
+int xhc_arena_owns(const void *p, size_t nbytes)
+{
+    unsigned char *base = xhc_arena_holding(p);
+    return base && atomic_load_explicit(&arena.state, memory_order_relaxed)
+                   == XHC_ARENA_READY
+           && nbytes <= (size_t)(base + arena.size - (const unsigned char *)p);
+}
+
+/* -- peers' arenas ----------------------------------------------------------- */
+
+int xhc_arena_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
+                       struct xhc_src *src)
+{
+    if (!ctx->arena_ok || !nbytes || !xhc_arena_owns(buf, nbytes))
+        return 0;
+    src->region = XHC_REGION_ARENA;
+    src->offset = (uint64_t)((const unsigned char *)buf - arena.base);
+    src->owner = ctx->rank;
+    src->fd = arena.fd;
+    return 1;
+}
+
+/* Map PEER's arena, whose memfd is its descriptor FD, into M. */
+static int xhc_arena_map(xhc_ctx_t *ctx, int peer, int fd,
+                         struct xhc_region *m)
+{
+    char path[64], link[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)ctx->pids[peer], fd);
+    ssize_t n = readlink(path, link, sizeof(link) - 1);
+    if (n < 0)
+        return xhc_peer_alive(ctx, peer) ? -errno : XHC_ERR_PEER_GONE;
+    link[n] = '\0';
+    /* Only the peer's arena: "/memfd:xhc-arena (deleted)". */
+    static const char want[] = "/memfd:" XHC_ARENA_NAME " ";
+    if (strncmp(link, want, sizeof(want) - 1))
+        return XHC_ERR_COPY;
+    int mfd = open(path, O_RDWR | O_CLOEXEC);
+    if (mfd < 0)
+        return -errno;
+    struct stat st;
+    void *base = MAP_FAILED;
+    if (fstat(mfd, &st) == 0)
+        base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_NORESERVE, mfd, 0);
+    int rc = base == MAP_FAILED ? -errno : 0;
+    close(mfd);
+    if (!rc) {
+        m->base = base;
+        m->size = (size_t)st.st_size;
+    }
+    return rc;
+}
+
+unsigned char *xhc_arena_span(xhc_ctx_t *ctx, const struct xhc_src *src,
+                              int *rc)
+{
+    int peer = src->owner;
+    if (peer < 0 || peer >= ctx->nranks) {
+        *rc = XHC_ERR_MISMATCH;
+        return NULL;
+    }
+    struct xhc_region mine = { arena.base, arena.size };
+    struct xhc_region *m = peer == ctx->rank ? &mine : &ctx->arena_maps[peer];
+    if (!m->base && (*rc = xhc_arena_map(ctx, peer, src->fd, m)))
+        return NULL;
+    if (src->offset > m->size || src->nbytes > m->size - src->offset) {
+        *rc = XHC_ERR_MISMATCH;
+        return NULL;
+    }
+    return m->base + src->offset;
+}
+
+void xhc_arena_close(xhc_ctx_t *ctx)
+{
+    for (int p = 0; ctx->arena_maps && p < ctx->nranks; p++)
+        if (ctx->arena_maps[p].base)
+            munmap(ctx->arena_maps[p].base, ctx->arena_maps[p].size);
+    free(ctx->arena_maps);
+    ctx->arena_maps = NULL;
+}
+
+int xhc_arena_probe(xhc_ctx_t *ctx, int peer)
+{
+    char path[64], link[PATH_MAX];
+    if (peer < 0 || peer >= ctx->nranks)
+        return XHC_ERR_ARG;
+    /* /proc/<pid>/exe asks what /proc/<pid>/fd/<n> will: may I read
+     * that process's (ptrace_may_access, read mode)? */
+    snprintf(path, sizeof(path), "/proc/%d/exe", (int)ctx->pids[peer]);
+    return readlink(path, link, sizeof(link)) < 0 ? -errno : 0;
+}
+
+int xhc_ctx_set_arena(xhc_ctx_t *ctx, int usable)
+{
+    ctx->arena_ok = usable != 0;
+    return 0;
+}

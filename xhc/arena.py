@@ -1,0 +1,133 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""numpy arrays in memory that peers read in place: xhc.shared_arrays().
+
+Without XPMEM, a peer's private buffer is read with process_vm_readv,
+which pins every page, or staged through the segment: two copies.  An
+array allocated under shared_arrays() lies in its process's arena, a
+memfd its peers map once (csrc/arena.c), so the collectives read and
+write it where it is, as they do Comm.empty arrays, but each process
+allocates alone, any shape, any number, at any time.
+
+numpy (1.22 and later, NEP 49) lets a program choose the allocator of the
+arrays it creates: the choice is a context variable, so it holds for the
+thread (or asyncio task) that made it, and an array is freed by the
+allocator that made it wherever it goes.  numpy offers the setter only
+in its C API; it is reached here through the API table numpy exports
+for C extensions, whose slots never move.
+"""
+import contextlib
+import ctypes
+
+import numpy as np
+
+from ._xhc import ffi, lib
+
+# numpy's PyDataMem_Handler (numpy/ndarraytypes.h, NEP 49), version 1.
+_HOOK = ctypes.c_void_p
+
+
+class _Allocator(ctypes.Structure):
+    _fields_ = [("ctx", ctypes.c_void_p), ("malloc", _HOOK),
+                ("calloc", _HOOK), ("realloc", _HOOK), ("free", _HOOK)]
+
+
+class _Handler(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 127), ("version", ctypes.c_uint8),
+                ("allocator", _Allocator)]
+
+
+_SET_HANDLER_SLOT = 304  # PyDataMem_SetHandler in numpy's C API table
+_CAPSULE_NAME = ctypes.create_string_buffer(b"mem_handler")
+_HANDLERS = {}  # min_bytes -> (its size_t, _Handler, capsule): kept for
+#                 good, since every array made with one holds its capsule
+DEFAULT_MIN_BYTES = 64 << 10
+
+
+def _set_handler_fn():
+    """numpy's PyDataMem_SetHandler, as a Python-callable function."""
+    try:
+        from numpy._core import _multiarray_umath as umath
+    except ImportError:  # numpy 1.x
+        from numpy.core import _multiarray_umath as umath
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object,
+                                                  ctypes.c_char_p]
+    table = ctypes.cast(get(umath._ARRAY_API, None),
+                        ctypes.POINTER(ctypes.c_void_p))
+    proto = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.py_object)
+    return proto(table[_SET_HANDLER_SLOT])
+
+
+def _hook(name):
+    return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+
+
+def _handler(min_bytes):
+    """The capsule of the allocator that takes requests of MIN_BYTES or
+    more from the arena."""
+    if min_bytes in _HANDLERS:
+        return _HANDLERS[min_bytes][2]
+    least = ffi.new("size_t *", min_bytes)
+    h = _Handler(b"xhc_arena", 1, _Allocator(
+        int(ffi.cast("uintptr_t", least)), _hook("xhc_arena_malloc"),
+        _hook("xhc_arena_calloc"), _hook("xhc_arena_realloc"),
+        _hook("xhc_arena_free")))
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype = ctypes.py_object
+    new.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    capsule = new(ctypes.addressof(h), ctypes.addressof(_CAPSULE_NAME), None)
+    _HANDLERS[min_bytes] = (least, h, capsule)
+    return capsule
+
+
+def _check_numpy():
+    major, minor = (int(v) for v in np.__version__.split(".")[:2])
+    if (major, minor) < (1, 22):
+        raise RuntimeError(
+            f"xhc.shared_arrays needs numpy 1.22 or later (NEP 49 "
+            f"allocators); this is numpy {np.__version__}: "
+            "pip install -U numpy")
+
+
+@contextlib.contextmanager
+def shared_arrays(min_bytes=DEFAULT_MIN_BYTES):
+    """Within it, the numpy arrays this thread creates of MIN_BYTES or
+    more lie in this process's arena, which the ranks of its node map:
+    xhc's collectives read and write them in place, one copy in all, as
+    they do Comm.empty arrays, yet each rank allocates alone.
+
+    The arrays are ordinary numpy arrays, freed as usual (their pages go
+    back to the system at once); they stay in the arena after the block
+    ends.  Smaller ones, and any the arena cannot hold (it spans the
+    machine's memory, at most 64 GiB a process), are private as before.
+    A process forked from this one shares them with it, as it would
+    MPI shared memory.
+
+        with xhc.shared_arrays():
+            send, recv = np.ones(1 << 20), np.empty(1 << 20)
+        comm.Allreduce(send, recv)
+    """
+    _check_numpy()
+    min_bytes = int(min_bytes)
+    if min_bytes < 1:
+        raise ValueError(f"shared_arrays: min_bytes={min_bytes}; give a "
+                         "size of 1 byte or more")
+    set_handler = _set_handler_fn()
+    old = set_handler(_handler(min_bytes))
+    try:
+        yield
+    finally:
+        set_handler(old)
+
+
+def in_arena(arr):
+    """Does ARR, a C-contiguous array, lie in this process's arena?"""
+    if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
+        return False
+    lo = arr.__array_interface__["data"][0]
+    return bool(lib.xhc_arena_owns(ffi.cast("void *", lo), arr.nbytes))
+
+
+def arena_bytes():
+    """Bytes of this process's arena held by live arrays."""
+    return int(lib.xhc_arena_used())
