@@ -31,7 +31,8 @@ ONLY_FOR = {
     "dtype": (("--dtype",), True, ("allreduce", "reduce"), "float64"),
     "op": (("--op",), True, ("allreduce", "reduce"), "sum"),
     "message_size": (("-m", "--message-size"), True, SIZED, None),
-    "shm": (("--shm",), False, SIZED, False)}
+    "shm": (("--shm",), False, SIZED, False),
+    "arena": (("--arena",), False, SIZED, False)}
 
 
 def options_for(command, words):

@@ -133,6 +133,8 @@ def columns(docs):
             name = doc["labels"][key]
             if where[key].startswith("shared"):
                 name += "[shm]"
+            elif where[key].startswith("arena"):
+                name += "[arena]"
             if name in seen:
                 name = f"{name}#{i + 1}"
             seen.add(name)
@@ -182,9 +184,9 @@ def preamble(docs, paths):
                      + (f" [{env}]" if env else ""))
     kinds = {v.split()[0] for d in docs for v in buffers(d).values()}
     if len(kinds) > 1:
-        lines.append("note: [shm] columns use xhc's shared buffers "
-                     "(zero-copy), the others private ones: their ratios "
-                     "are not like for like")
+        lines.append("note: [shm] and [arena] columns use xhc's shared "
+                     "buffers (zero-copy), the others private ones: their "
+                     "ratios are not like for like")
     cold = docs[0]["options"].get("cold", ABSENT["cold"])
     if cold:
         lines.append(_osu.cold_line(cold))

@@ -336,6 +336,9 @@ def parse_args(argv=None):
                    help="both: interleaved, with an xhc/MPI ratio (default)")
     p.add_argument("--shm", action="store_true",
                    help="xhc buffers come from xcomm.empty (zero-copy)")
+    p.add_argument("--arena", action="store_true",
+                   help="xhc buffers are allocated under xhc.shared_arrays() "
+                   "(zero-copy)")
     p.add_argument("--root", type=_natural,
                    help="root of bcast and reduce (0)")
     p.add_argument("--dtype", choices=_osu.DTYPES,
@@ -424,14 +427,19 @@ def _check_applies(parser, opts):
 def _check_opts(parser, opts):
     _check_applies(parser, opts)
     if opts.objects and (opts.command == "barrier" or opts.persistent
-                         or opts.shm or opts.op != "sum"):
+                         or opts.shm or opts.arena or opts.op != "sum"):
         parser.error("--objects times bcast, allreduce and reduce, with "
-                     "--op sum (Python's + on arrays), not with --persistent "
-                     "or --shm")
+                     "--op sum (Python's + on arrays), not with --persistent, "
+                     "--shm or --arena")
     if opts.numpy_scalar and not opts.objects:
         parser.error("--numpy-scalar goes with --objects")
-    if opts.shm and opts.impl == "mpi":
-        parser.error("--shm applies to xhc's buffers: use --impl xhc|both")
+    for flag in ("shm", "arena"):
+        if getattr(opts, flag) and opts.impl == "mpi":
+            parser.error(f"--{flag} applies to xhc's buffers: use --impl "
+                         "xhc|both")
+    if opts.shm and opts.arena:
+        parser.error("--shm and --arena are two places for xhc's buffers: "
+                     "give one")
     if opts.peer and MPI.get_vendor()[0] != "Open MPI":
         parser.error(f"--peer needs Open MPI, not {MPI.get_vendor()[0]}: "
                      "time another MPI in a run of its own and merge the "
@@ -570,6 +578,21 @@ def xhc_version():
         return "0.1"
 
 
+def _arena_empty(shape, dtype):
+    """np.empty in this process's arena (xhc.shared_arrays)."""
+    import xhc
+    with xhc.shared_arrays(min_bytes=1):
+        return np.empty(shape, dtype)
+
+
+def _buffers(opts, key):
+    """Where implementation KEY's buffers come from."""
+    if key != "xhc" or not (opts.shm or opts.arena):
+        return "private (np.empty)"
+    return "shared (xcomm.empty)" if opts.shm else \
+        "arena (xhc.shared_arrays)"
+
+
 def make_impls(comm, opts):
     """Return the implementations to measure, xhc first."""
     impls = []
@@ -581,7 +604,8 @@ def make_impls(comm, opts):
             raise BenchError(f"xhc is not usable ({exc}); "
                              "try --impl mpi") from exc
         xcomm = factory(comm)
-        alloc = xcomm.empty if opts.shm else np.empty
+        alloc = xcomm.empty if opts.shm else \
+            _arena_empty if opts.arena else np.empty
         impls.append(Impl("xhc", "xhc", xcomm, alloc))
     if opts.impl in ("mpi", "both"):
         impls.append(Impl("mpi", opts.label, comm, np.empty))
@@ -859,8 +883,8 @@ def header_lines(run):
     mode = "" if len(run.impls) == 1 else (
         f", interleaved in {order}{order[::-1]} blocks" if o.blocks > 1
         else f", one block each, in the order {order}")
-    bufs = ("; buffers: xhc's from xcomm.empty (node shared memory), "
-            "MPI's private (np.empty)") if o.shm else ""
+    bufs = (f"; buffers: xhc's {_buffers(o, 'xhc')}, MPI's private "
+            "(np.empty)") if o.shm or o.arena else ""
     what = {"bcast": f"Datatype: uint8, root: {o.root}",
             "barrier": "Datatype: none"}.get(
                 o.command, f"Datatype: {o.dtype}, op: {o.op.upper()}"
@@ -906,7 +930,7 @@ def _timed_calls(o):
 def new_doc(run, opts):
     """Return the JSON record, before any result."""
     keep = ("command", "message_size", "iterations", "warmup", "full",
-            "validate", "impl", "shm", "sync", "root", "dtype", "op", "blocks",
+            "validate", "impl", "shm", "arena", "sync", "root", "dtype", "op", "blocks",
             "label", "sizes", "persistent", "objects", "numpy_scalar", "cold",
             "peer")
     title = (f"OSU-style xhc {run.cmd.title} Latency Test v{xhc_version()}")
@@ -919,9 +943,7 @@ def new_doc(run, opts):
                           if im.key == "xhc"), None),
             "nodes": next((im.comm.xhc_info.get("nodes", 1)
                            for im in run.impls if im.key == "xhc"), 1),
-            "buffers": {im.key: "shared (xcomm.empty)"
-                        if im.key == "xhc" and opts.shm else "private (np.empty)"
-                        for im in run.impls},
+            "buffers": {im.key: _buffers(opts, im.key) for im in run.impls},
             "options": {k: getattr(opts, k) for k in keep},
             "load": _load(), "results": [], "reference": []}
 

@@ -308,6 +308,27 @@ def test_osu_shm(tmp_path):
     assert isinstance(doc["xhc_stats"], dict)
 
 
+def test_osu_arena(tmp_path):
+    """--arena: xhc's buffers from xhc.shared_arrays, validated, recorded
+    and named in the header; MPI's stay private."""
+    out, doc = run_osu("reduce", tmp_path, "--arena", "-f", sizes="8:1M",
+                       impl="both")
+    check_doc(doc, [8 << k for k in range(18)], impl="both")
+    assert doc["options"]["arena"] is True
+    assert doc["buffers"] == {"xhc": "arena (xhc.shared_arrays)",
+                              "mpi": "private (np.empty)"}
+    assert "buffers: xhc's arena (xhc.shared_arrays), MPI's private" in out
+    assert doc["xhc_stats"]["fallback"] == 0
+
+
+def test_osu_refuses_both_shared_buffers():
+    proc = run_mpi(2, ["-m", "bench.osu", "bcast", "--shm", "--arena"],
+                   check=False, timeout=90)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--shm and --arena are two places for xhc's buffers" \
+        in proc.stderr
+
+
 def test_osu_cold(tmp_path):
     """--cold rewrites a private buffer before each call: still validated,
     said in the header and recorded."""
@@ -434,7 +455,8 @@ def test_osu_peer_refuses_another_mpi(monkeypatch):
     def error(message):
         raise Refused(message)
     monkeypatch.setattr(osu.MPI, "get_vendor", lambda: ("MPICH", (4, 2, 0)))
-    opts = types.SimpleNamespace(peer="sm", shm=False, impl="both",
+    opts = types.SimpleNamespace(peer="sm", shm=False, arena=False,
+                                 impl="both",
                                  objects=False, numpy_scalar=False,
                                  command="bcast", message_size=None,
                                  root=None, dtype=None, op=None)
@@ -560,7 +582,8 @@ def test_osu_peer_component_is_one_open_mpi_has():
 @pytest.mark.parametrize("command, option", [
     ("barrier", ["-m", "8"]), ("barrier", ["--root", "1"]),
     ("barrier", ["--dtype", "int32"]), ("barrier", ["--op", "max"]),
-    ("barrier", ["--shm"]), ("bcast", ["--dtype", "int32"]),
+    ("barrier", ["--shm"]), ("barrier", ["--arena"]),
+    ("bcast", ["--dtype", "int32"]),
     ("bcast", ["--op", "max"]), ("allreduce", ["--root", "1"])])
 def test_osu_refuses_an_option_its_command_ignores(command, option):
     """An option the command would ignore (a barrier has no message, a
@@ -575,9 +598,9 @@ def test_osu_refuses_an_option_its_command_ignores(command, option):
         raise Refused(message)
     flag = option[0]
     ns = types.SimpleNamespace(command=command, message_size=None, root=None,
-                               dtype=None, op=None, shm=False)
+                               dtype=None, op=None, shm=False, arena=False)
     setattr(ns, {"-m": "message_size"}.get(flag, flag[2:]),
-            True if flag == "--shm" else option[1])
+            True if flag in ("--shm", "--arena") else option[1])
     with pytest.raises(Refused, match=rf"^{flag} does not apply to "
                        rf"{command}: only to "):
         osu._check_applies(types.SimpleNamespace(error=error), ns)
@@ -807,7 +830,8 @@ def test_compare_marks_shared_buffers_and_unchecked_files(tmp_path,
     assert f"# file 2: {paths[1]}: xhc on private (np.empty) buffers, sm " \
            "on private (np.empty) buffers; results NOT VALIDATED (run " \
            "without -c)\n" in out
-    assert "# note: [shm] columns use xhc's shared buffers" in out
+    assert "# note: [shm] and [arena] columns use xhc's shared buffers" \
+        in out
     assert "xhc[shm] Avg(us)" in out and "xhc[shm]/xhc " in out
     a["options"]["shm"] = False
     b["options"]["validate"] = True
@@ -816,6 +840,11 @@ def test_compare_marks_shared_buffers_and_unchecked_files(tmp_path,
     assert compare.main(paths) == 0
     out = capsys.readouterr().out
     assert "[shm]" not in out and "NOT VALIDATED" not in out
+    a["buffers"] = {"xhc": "arena (xhc.shared_arrays)",
+                    "mpi": "private (np.empty)"}
+    _osu.write_json(paths[0], a)
+    assert compare.main(paths) == 0
+    assert "xhc[arena] Avg(us)" in capsys.readouterr().out
 
 
 def test_plot_names_missing_matplotlib(monkeypatch):
