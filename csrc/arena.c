@@ -20,7 +20,10 @@
  * 4. The collectives describe a buffer inside the arena by its offset
  *    and the memfd's number; a peer opens the memfd through
  *    /proc/<pid>/fd (ptrace's read rule, which CMA's is stricter than),
- *    maps it whole once per context, and reads and writes in place.
+ *    maps the buffer's pages, and reads and writes them in place.  As
+ *    XPMEM attachments (xpmem.c 4.), the spans stay mapped, a few per
+ *    peer, and serve any later buffer inside them: a mapping of the
+ *    memfd shows whatever the owner keeps there.
  * 5. A process forked from an owner shares the mapping but not the
  *    arena: its allocations go to malloc, its frees of blocks it
  *    inherited do nothing, and it describes them as private memory.
@@ -416,63 +419,101 @@ int xhc_arena_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
     return 1;
 }
 
-/* Map PEER's arena, whose memfd is its descriptor FD, into M. */
-static int xhc_arena_map(xhc_ctx_t *ctx, int peer, int fd,
-                         struct xhc_region *m)
+/* PEER's arena, whose memfd is its descriptor FD, opened here, if it
+ * holds [0, END); -1 with *RC set if not. */
+static int xhc_arena_open_peer(xhc_ctx_t *ctx, int peer, int fd,
+                               uint64_t end, int *rc)
 {
     char path[64], link[64];
     snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)ctx->pids[peer], fd);
     ssize_t n = readlink(path, link, sizeof(link) - 1);
-    if (n < 0)
-        return xhc_peer_alive(ctx, peer) ? -errno : XHC_ERR_PEER_GONE;
+    if (n < 0) {
+        *rc = xhc_peer_alive(ctx, peer) ? -errno : XHC_ERR_PEER_GONE;
+        return -1;
+    }
     link[n] = '\0';
     /* Only the peer's arena: "/memfd:xhc-arena (deleted)". */
     static const char want[] = "/memfd:" XHC_ARENA_NAME " ";
-    if (strncmp(link, want, sizeof(want) - 1))
-        return XHC_ERR_COPY;
-    int mfd = open(path, O_RDWR | O_CLOEXEC);
-    if (mfd < 0)
-        return -errno;
-    struct stat st;
-    void *base = MAP_FAILED;
-    if (fstat(mfd, &st) == 0)
-        base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE,
-                    MAP_SHARED | MAP_NORESERVE, mfd, 0);
-    int rc = base == MAP_FAILED ? -errno : 0;
-    close(mfd);
-    if (!rc) {
-        m->base = base;
-        m->size = (size_t)st.st_size;
+    if (strncmp(link, want, sizeof(want) - 1)) {
+        *rc = XHC_ERR_COPY;
+        return -1;
     }
-    return rc;
+    int mfd = open(path, O_RDWR | O_CLOEXEC);
+    if (mfd < 0) {
+        *rc = -errno;
+        return -1;
+    }
+    struct stat st;
+    if (fstat(mfd, &st) == 0 && (uint64_t)st.st_size >= end)
+        return mfd;
+    *rc = XHC_ERR_MISMATCH; /* past the end of its arena */
+    close(mfd);
+    return -1;
 }
 
+/* Map PEER's arena pages [LO, HI) into slot A, unmapping what A held. */
+static int xhc_arena_attach(xhc_ctx_t *ctx, int peer, int fd,
+                            struct xhc_att *a, uint64_t lo, uint64_t hi)
+{
+    int rc = 0;
+    if (a->used)
+        munmap(a->map, a->size);
+    a->used = 0;
+    int mfd = xhc_arena_open_peer(ctx, peer, fd, hi, &rc);
+    if (mfd < 0)
+        return rc;
+    void *map = mmap(NULL, hi - lo, PROT_READ | PROT_WRITE, MAP_SHARED,
+                     mfd, (off_t)lo);
+    rc = map == MAP_FAILED ? -errno : 0;
+    close(mfd); /* the mapping holds the memfd */
+    if (rc)
+        return rc;
+    a->base = lo;
+    a->size = hi - lo;
+    a->map = map;
+    return 0;
+}
+
+/* Where SRC, in its owner's arena, is readable here: mine in place, a
+ * peer's through a span of it mapped on first read and cached, as XPMEM
+ * attachments are (xpmem.c 4.; the caller is done with a span before it
+ * maps more than the cache holds of that peer). */
 unsigned char *xhc_arena_span(xhc_ctx_t *ctx, const struct xhc_src *src,
                               int *rc)
 {
     int peer = src->owner;
-    if (peer < 0 || peer >= ctx->nranks) {
+    if (peer < 0 || peer >= ctx->nranks || !src->nbytes) {
         *rc = XHC_ERR_MISMATCH;
         return NULL;
     }
-    struct xhc_region mine = { arena.base, arena.size };
-    struct xhc_region *m = peer == ctx->rank ? &mine : &ctx->arena_maps[peer];
-    if (!m->base && (*rc = xhc_arena_map(ctx, peer, src->fd, m)))
-        return NULL;
-    if (src->offset > m->size || src->nbytes > m->size - src->offset) {
+    if (peer == ctx->rank) {
+        unsigned char *base = xhc_arena_holding(src->addr ?
+            (const void *)(uintptr_t)src->addr : NULL);
+        if (base && src->offset + src->nbytes <= arena.size)
+            return base + src->offset;
         *rc = XHC_ERR_MISMATCH;
         return NULL;
     }
-    return m->base + src->offset;
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t lo = src->offset & ~(page - 1);
+    uint64_t hi = (src->offset + src->nbytes + page - 1) & ~(page - 1);
+    struct xhc_att *set = &ctx->arena_att[(size_t)peer * XHC_SPAN_CACHE];
+    int hit;
+    struct xhc_att *a = xhc_att_slot(set, lo, hi, &hit);
+    if (!hit && (*rc = xhc_arena_attach(ctx, peer, src->fd, a, lo, hi)))
+        return NULL;
+    a->used = ++ctx->arena_clock;
+    return a->map + (src->offset - a->base);
 }
 
 void xhc_arena_close(xhc_ctx_t *ctx)
 {
-    for (int p = 0; ctx->arena_maps && p < ctx->nranks; p++)
-        if (ctx->arena_maps[p].base)
-            munmap(ctx->arena_maps[p].base, ctx->arena_maps[p].size);
-    free(ctx->arena_maps);
-    ctx->arena_maps = NULL;
+    size_t n = ctx->arena_att ? (size_t)ctx->nranks * XHC_SPAN_CACHE : 0;
+    for (size_t i = 0; i < n; i++)
+        if (ctx->arena_att[i].used)
+            munmap(ctx->arena_att[i].map, ctx->arena_att[i].size);
+    free(ctx->arena_att);
+    ctx->arena_att = NULL;
 }
 
 int xhc_arena_probe(xhc_ctx_t *ctx, int peer)

@@ -113,6 +113,27 @@ static int xhc_cma_read(pid_t pid, void *dst, uint64_t addr, size_t len)
     return 0;
 }
 
+/* The slot of SET (one peer's) covering [LO, HI), *HIT set; else the
+ * slot to reuse: an empty one, or the least recently used.  A cached
+ * range serves whatever the peer now keeps there (xpmem.c 4., arena.c
+ * 4.). */
+struct xhc_att *xhc_att_slot(struct xhc_att *set, uint64_t lo, uint64_t hi,
+                             int *hit)
+{
+    struct xhc_att *victim = set;
+    for (int i = 0; i < XHC_SPAN_CACHE; i++) {
+        struct xhc_att *a = &set[i];
+        if (a->used && a->base <= lo && hi <= a->base + a->size) {
+            *hit = 1;
+            return a;
+        }
+        if (a->used < victim->used)
+            victim = a;
+    }
+    *hit = 0;
+    return victim;
+}
+
 /* [OFFSET, OFFSET+LEN) of a buffer in a shared region or an arena, read
  * in place; NULL if SRC is in neither.  A span past the buffer's end
  * (ranks that disagree on a size) or a region I do not know (ranks that

@@ -90,9 +90,10 @@ static int xhc_ctx_alloc(xhc_ctx_t *ctx)
     ctx->srcs = calloc((size_t)ctx->nranks + 1, sizeof(*ctx->srcs));
     ctx->peer_send = calloc((size_t)ctx->nranks, sizeof(struct xhc_src));
     ctx->peer_recv = calloc((size_t)ctx->nranks, sizeof(struct xhc_src));
-    ctx->arena_maps = calloc((size_t)ctx->nranks, sizeof(struct xhc_region));
+    ctx->arena_att = calloc((size_t)ctx->nranks * XHC_SPAN_CACHE,
+                            sizeof(struct xhc_att));
     return ctx->pids && ctx->scratch && ctx->srcs && ctx->peer_send
-           && ctx->peer_recv && ctx->arena_maps && xhc_pidfds_alloc(ctx) == 0
+           && ctx->peer_recv && ctx->arena_att && xhc_pidfds_alloc(ctx) == 0
            ? 0 : -ENOMEM;
 }
 

@@ -185,10 +185,10 @@ struct xhc_region {
     size_t size;
 };
 
-#define XHC_XPMEM_CACHE 8 /* attachments kept per peer */
+#define XHC_SPAN_CACHE 8 /* attachments kept per peer (XPMEM, arena) */
 
-/* One XPMEM attachment: a peer's pages [BASE, BASE + SIZE), mapped here
- * at MAP. */
+/* One attachment (XPMEM, or a peer's arena): a peer's pages [BASE, BASE
+ * + SIZE), its virtual addresses or arena offsets, mapped here at MAP. */
 struct xhc_att {
     uint64_t base, size;
     unsigned char *map;
@@ -196,12 +196,12 @@ struct xhc_att {
 };
 
 /* XPMEM: my segment, and per peer its segment, my access permit to it
- * and my attachments of it (XHC_XPMEM_CACHE slots). */
+ * and my attachments of it (XHC_SPAN_CACHE slots). */
 struct xhc_xpmem {
     int64_t segid;       /* my whole address space; 0: not made */
     int64_t *segids;     /* per rank; NULL until xhc_ctx_set_xpmem */
     int64_t *apids;      /* per rank; 0 until my first read of it */
-    struct xhc_att *att; /* nranks x XHC_XPMEM_CACHE */
+    struct xhc_att *att; /* nranks x XHC_SPAN_CACHE */
     uint64_t clock;
 };
 
@@ -271,8 +271,9 @@ struct xhc_ctx {
     struct xhc_region regions[XHC_MAX_REGIONS];
     int nregions;
     int arena_ok;       /* peers may map my arena, and I theirs */
-    struct xhc_region *arena_maps; /* per rank: its arena, mapped here on
-                                      first read (arena.c) */
+    struct xhc_att *arena_att; /* nranks x XHC_SPAN_CACHE: spans of peers'
+                                  arenas mapped here (arena.c) */
+    uint64_t arena_clock;
     unsigned char *scratch; /* private: 3 chunks for reductions */
     const void **srcs;      /* private: nranks + 1 fold sources */
     struct xhc_src *peer_send, *peer_recv; /* private: peers' buffers, as
@@ -347,6 +348,8 @@ int xhc_give_up(xhc_ctx_t *ctx, int peer, int rc);
 /* copy.c */
 void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
                       struct xhc_src *src);
+struct xhc_att *xhc_att_slot(struct xhc_att *set, uint64_t lo, uint64_t hi,
+                             int *hit);
 unsigned char *xhc_region_span(xhc_ctx_t *ctx,
                                const struct xhc_src *src, size_t offset,
                                size_t len, int *rc);

@@ -144,7 +144,7 @@ int xhc_ctx_set_xpmem(xhc_ctx_t *ctx, const int64_t *segids)
             return XHC_ERR_ARG;
     x->segids = malloc(n * sizeof(*x->segids));
     x->apids = calloc(n, sizeof(*x->apids));
-    x->att = calloc(n * XHC_XPMEM_CACHE, sizeof(*x->att));
+    x->att = calloc(n * XHC_SPAN_CACHE, sizeof(*x->att));
     if (!x->segids || !x->apids || !x->att) {
         free(x->segids);
         free(x->apids);
@@ -156,26 +156,6 @@ int xhc_ctx_set_xpmem(xhc_ctx_t *ctx, const int64_t *segids)
     memcpy(x->segids, segids, n * sizeof(*segids));
     ctx->cfg.copy = XHC_COPY_XPMEM;
     return 0;
-}
-
-/* The slot of SET (one peer's) covering [LO, HI), *HIT set; else the
- * slot to reuse: an empty one, or the least recently used.  A cached
- * range serves whatever the peer now keeps there (see 4.). */
-static struct xhc_att *xhc_att_slot(struct xhc_att *set, uint64_t lo,
-                                    uint64_t hi, int *hit)
-{
-    struct xhc_att *victim = set;
-    for (int i = 0; i < XHC_XPMEM_CACHE; i++) {
-        struct xhc_att *a = &set[i];
-        if (a->used && a->base <= lo && hi <= a->base + a->size) {
-            *hit = 1;
-            return a;
-        }
-        if (a->used < victim->used)
-            victim = a;
-    }
-    *hit = 0;
-    return victim;
 }
 
 /* Map PEER's [LO, HI) into slot A, detaching what A held. */
@@ -217,7 +197,7 @@ int xhc_xpmem_span(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
     uint64_t lo = src->addr & ~(xlib.page - 1);
     uint64_t hi = (src->addr + src->nbytes + xlib.page - 1)
                   & ~(xlib.page - 1);
-    struct xhc_att *set = &ctx->xp.att[(size_t)peer * XHC_XPMEM_CACHE];
+    struct xhc_att *set = &ctx->xp.att[(size_t)peer * XHC_SPAN_CACHE];
     int hit;
     struct xhc_att *a = xhc_att_slot(set, lo, hi, &hit);
     if (!hit) {
@@ -253,7 +233,7 @@ void xhc_xpmem_close(xhc_ctx_t *ctx)
 {
     struct xhc_xpmem *x = &ctx->xp;
     size_t n = x->att ? (size_t)ctx->nranks : 0;
-    for (size_t i = 0; i < n * XHC_XPMEM_CACHE; i++)
+    for (size_t i = 0; i < n * XHC_SPAN_CACHE; i++)
         if (x->att[i].used)
             (void)xlib.detach(x->att[i].map);
     for (size_t p = 0; p < n; p++)

@@ -1677,9 +1677,28 @@ def arena_reused_blocks(xcomm, comm, v, sz):
         v.case(f"arena block #{i} ({count * 8} B): Allreduce",
                None if np.array_equal(recv, want) else first_diff(recv, want))
         del send, recv, zeros
+    arena_many_spans(xcomm, comm, v, sz)
     gc.collect()
     v.check("arena bytes back once the arrays die",
             xhc.arena_bytes() == before, f"{before} -> {xhc.arena_bytes()}")
+
+
+def arena_many_spans(xcomm, comm, v, sz):
+    """More live arena arrays than a reader keeps spans of a peer mapped
+    (csrc/xhc_internal.h XHC_SPAN_CACHE), each reduced in turn, then in
+    the other order: evicted spans are mapped again."""
+    n, rank = comm.size, comm.rank
+    count = sz.cico // 8 + 1
+    arrays = [arena_empty(count) for _ in range(2 * 8 + 3)]
+    for k, a in enumerate(arrays):
+        a[:] = np.arange(count) + k * rank
+    order = list(range(len(arrays)))
+    for k in order + order[::-1]:
+        recv = np.empty(count)
+        xcomm.Allreduce(arrays[k], recv)
+        want = np.arange(count) * n + k * n * (n - 1) // 2
+        v.case(f"arena, array {k} of {len(arrays)}: Allreduce",
+               None if np.array_equal(recv, want) else first_diff(recv, want))
 
 
 def arena_read_in_place(comm, v, sz):
