@@ -2,15 +2,17 @@
 /* arena.c: a process's memory that its peers read in place.
  *
  * 1. One arena per process, made at its first allocation: a memfd, sized
- *    once (the machine's memory, at most XHC_ARENA_MAX) and mapped whole
- *    with MAP_NORESERVE, so that only pages written take memory.  The
+ *    once (the machine's memory, at most XHC_ARENA_MAX; halved while the
+ *    address space has not the room) and mapped whole with MAP_NORESERVE,
+ *    so that only pages written take memory.  The
  *    memfd has no name in /dev/shm: nothing outlives the processes.
  * 2. Blocks are whole pages: first fit in a list of free extents sorted
  *    by offset, else from the top.  Live blocks are kept too, so a free
  *    needs no size.  A request the arena cannot meet returns NULL, and
  *    the hooks below fall back to malloc: such a buffer is private.
  * 3. A freed block is kept whole for reuse, its pages in place, while the
- *    kept blocks total at most XHC_ARENA_KEEP: a request takes the
+ *    kept blocks total at most XHC_ARENA_KEEP bytes and
+ *    XHC_ARENA_KEEP_BLOCKS blocks: a request takes the
  *    smallest kept block that fits it without wasting half.  Numpy's
  *    temporaries then cost no page faults, which on shared memory take
  *    microseconds a page.  Blocks beyond that budget have their pages
@@ -44,8 +46,10 @@
 #include "xhc_internal.h"
 
 #define XHC_ARENA_MAX ((size_t)64 << 30)
+#define XHC_ARENA_MIN ((size_t)256 << 20)
 #define XHC_ARENA_NAME "xhc-arena"
 #define XHC_ARENA_KEEP ((size_t)128 << 20)
+#define XHC_ARENA_KEEP_BLOCKS 64 /* keeps the search for one short */
 
 enum { XHC_ARENA_UNTRIED, XHC_ARENA_READY, XHC_ARENA_FAILED,
        XHC_ARENA_INHERITED };
@@ -135,9 +139,14 @@ static int xhc_arena_open(void)
     if (arena.fd < 0)
         return -errno;
     void *base = MAP_FAILED;
-    if (ftruncate(arena.fd, (off_t)arena.size) == 0)
-        base = mmap(NULL, arena.size, PROT_READ | PROT_WRITE,
-                    MAP_SHARED | MAP_NORESERVE, arena.fd, 0);
+    /* Where address space is limited (ulimit -v), a smaller arena. */
+    while (base == MAP_FAILED && arena.size >= XHC_ARENA_MIN) {
+        if (ftruncate(arena.fd, (off_t)arena.size) == 0)
+            base = mmap(NULL, arena.size, PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_NORESERVE, arena.fd, 0);
+        if (base == MAP_FAILED)
+            arena.size = arena.size / 2 / arena.page * arena.page;
+    }
     if (base == MAP_FAILED || pthread_atfork(NULL, NULL, xhc_arena_forked)) {
         int rc = -errno;
         if (base != MAP_FAILED)
@@ -270,7 +279,8 @@ static void xhc_arena_retire(struct xhc_extent e)
     for (;;) {
         pthread_mutex_lock(&arena.lock);
         struct xhc_extent out = e;
-        if (arena.kept_bytes + e.len <= XHC_ARENA_KEEP) {
+        if (arena.kept_bytes + e.len <= XHC_ARENA_KEEP
+            && arena.kept.n < XHC_ARENA_KEEP_BLOCKS) {
             size_t i = xhc_extent_find(&arena.kept, e.off);
             if (xhc_extent_insert(&arena.kept, i, e) == 0) {
                 arena.kept_bytes += e.len;
@@ -364,11 +374,25 @@ void *xhc_arena_calloc(void *ctx, size_t nelem, size_t elsize)
     return p ? p : calloc(nelem, elsize);
 }
 
+/* realloc of PTR, malloc's (or NULL): into the arena if SIZE is large. */
+static void *xhc_arena_adopt(void *ctx, void *ptr, size_t size)
+{
+    int dirty;
+    void *p = ptr && xhc_arena_wants(ctx, size)
+              ? xhc_arena_take(size, &dirty) : NULL;
+    if (!p)
+        return realloc(ptr, size);
+    size_t old = malloc_usable_size(ptr);
+    memcpy(p, ptr, old < size ? old : size);
+    free(ptr);
+    return p;
+}
+
 void *xhc_arena_realloc(void *ctx, void *ptr, size_t size)
 {
     unsigned char *base = xhc_arena_holding(ptr);
     if (!base)
-        return realloc(ptr, size); /* malloc's, or NULL */
+        return xhc_arena_adopt(ctx, ptr, size);
     size_t old = xhc_arena_block_len(ptr);
     if (!old) /* a block a forked child inherited: its size is unknown */
         old = (size_t)(base + arena.size - (unsigned char *)ptr);

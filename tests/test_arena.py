@@ -153,3 +153,162 @@ def test_nothing_lands_in_dev_shm():
         a = np.ones(4 * MIB)
     del a
     assert set(os.listdir("/dev/shm")) == before
+
+
+def address(arr):
+    return arr.__array_interface__["data"][0]
+
+
+def test_a_freed_block_is_kept_and_reused_in_place():
+    with xhc.shared_arrays():
+        a = np.ones(MIB // 8)
+        where = address(a)
+        del a
+        b = np.empty(MIB // 8 - 100)  # fits without wasting half
+    assert address(b) == where
+    assert (b == 1).all()  # its pages kept, not punched and faulted again
+
+
+def test_kept_blocks_are_few_however_small():
+    with xhc.shared_arrays(min_bytes=1):
+        small = [np.ones(8) for _ in range(200)]
+        held = arena_file_bytes()
+        del small
+    page = os.sysconf("SC_PAGESIZE")
+    assert arena_file_bytes() <= held - (200 - 64) * page
+
+
+@pytest.mark.parametrize("order", ["forward", "backward"])
+def test_freed_neighbours_merge(order):
+    """Blocks beyond the kept budget rejoin the free space merged with
+    their neighbours, and the top comes back down."""
+    big = 200 * MIB // 8  # more than the kept budget: not kept
+    with xhc.shared_arrays():
+        blocks = [np.empty(big) for _ in range(3)]
+        first = address(blocks[0])
+        for i in (0, 1) if order == "forward" else (1, 0):
+            blocks[i] = None
+        both = np.empty(2 * big)
+        assert address(both) == first
+        del both, blocks
+        again = np.empty(big + 1)
+        assert address(again) == first
+
+
+def test_a_small_private_array_grown_large_moves_in():
+    with xhc.shared_arrays():
+        a = np.arange(100, dtype=np.int64)
+        assert not in_arena(a)
+        a.resize(1 << 20, refcheck=False)
+        assert in_arena(a)
+    np.testing.assert_array_equal(a[:100], np.arange(100))
+
+
+def test_blocks_that_end_out_of_order_leave_the_allocator_as_before():
+    before = handler_name()
+
+    def block(min_bytes):
+        with xhc.shared_arrays(min_bytes=min_bytes):
+            yield
+            yield
+
+    first, second = block(1 << 16), block(1 << 20)
+    next(first)
+    next(second)
+    for gen in (first, second):  # the outer block ends first
+        next(gen, None)
+        next(gen, None)
+        assert handler_name() == ("xhc_arena" if gen is first else before)
+    assert not in_arena(np.ones(1 << 20))
+
+
+def test_threads_make_one_allocator_for_one_size(monkeypatch):
+    """Two allocators for one min_bytes would free the one that arrays
+    and other threads still use."""
+    import time
+    from xhc import arena
+    made = []
+    real = arena._new_handler
+
+    def slow(min_bytes):
+        made.append(min_bytes)
+        time.sleep(0.01)  # widens the window two threads could meet in
+        return real(min_bytes)
+
+    monkeypatch.setattr(arena, "_new_handler", slow)
+    size = 12345 + os.getpid() % 1000  # a size no other test used
+    start = threading.Barrier(4)
+    got = []
+
+    def worker():
+        start.wait()
+        with xhc.shared_arrays(min_bytes=size):
+            got.append(np.ones(1 << 17))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert made == [size]
+    assert all(in_arena(a) and a.sum() == 1 << 17 for a in got)
+
+
+def test_the_hooks_keep_every_block_whole(seed=7):
+    """The four hooks at random, as numpy calls them: blocks never
+    overlap, keep their bytes through realloc, calloc gives zeros, and
+    the arena's bytes come back."""
+    import random
+
+    from xhc._xhc import ffi, lib
+    rng = random.Random(seed)
+    least = ffi.new("size_t *", 1)
+    ctx = ffi.cast("void *", least)
+    base = xhc.arena_bytes()
+    live = {}  # address -> (cdata, size, fill byte)
+
+    def check(p, n, tag):
+        head = ffi.buffer(p, min(n, 4096))[:]
+        tail = ffi.buffer(p + n - min(n, 4096), min(n, 4096))[:]
+        assert head == tail == bytes([tag]) * len(head)
+
+    def stamp(p, n):
+        tag = rng.randrange(1, 256)
+        ffi.memmove(p, bytes([tag]) * min(n, 4096), min(n, 4096))
+        ffi.memmove(p + n - min(n, 4096), bytes([tag]) * min(n, 4096),
+                    min(n, 4096))
+        live[int(ffi.cast("uintptr_t", p))] = (p, n, tag)
+
+    for _ in range(3000):
+        r = rng.random()
+        if r < 0.45 or not live:
+            n = rng.choice([1, 100, 4096, 4097, 3 << 12, 1 << 16, 1 << 20,
+                            5 << 20, 40 << 20, 150 << 20])
+            n = max(1, int(n * rng.uniform(0.5, 1.5)))
+            if rng.random() < 0.5:
+                p = ffi.cast("unsigned char *", lib.xhc_arena_calloc(ctx, n, 1))
+                assert ffi.buffer(p, min(n, 4096))[:] == bytes(min(n, 4096))
+                assert ffi.buffer(p + n - min(n, 4096), min(n, 4096))[:] \
+                    == bytes(min(n, 4096))
+            else:
+                p = ffi.cast("unsigned char *", lib.xhc_arena_malloc(ctx, n))
+            stamp(p, n)
+        else:
+            p, n, tag = live.pop(rng.choice(sorted(live)))
+            check(p, n, tag)
+            if r < 0.6:
+                m = max(1, int(rng.choice([100, 1 << 16, 1 << 20, 10 << 20])
+                               * rng.uniform(0.5, 1.5)))
+                q = ffi.cast("unsigned char *",
+                             lib.xhc_arena_realloc(ctx, p, m))
+                keep = min(n, m, 4096)
+                assert ffi.buffer(q, keep)[:] == bytes([tag]) * keep
+                stamp(q, m)
+            else:
+                lib.xhc_arena_free(ctx, p, n)
+        spans = sorted((a, n) for a, (_, n, _) in live.items())
+        assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))
+    for p, n, tag in live.values():
+        check(p, n, tag)
+        lib.xhc_arena_free(ctx, p, n)
+    assert xhc.arena_bytes() == base

@@ -16,7 +16,9 @@ in its C API; it is reached here through the API table numpy exports
 for C extensions, whose slots never move.
 """
 import contextlib
+import contextvars
 import ctypes
+import threading
 
 import numpy as np
 
@@ -40,6 +42,12 @@ _SET_HANDLER_SLOT = 304  # PyDataMem_SetHandler in numpy's C API table
 _CAPSULE_NAME = ctypes.create_string_buffer(b"mem_handler")
 _HANDLERS = {}  # min_bytes -> (its size_t, _Handler, capsule): kept for
 #                 good, since every array made with one holds its capsule
+#                 and the capsule only points at the other two
+_HANDLERS_LOCK = threading.Lock()
+# The blocks open in this context, outermost first: (token, capsule, the
+# handler before it).  Blocks may end out of order (generators); the
+# allocator is always the innermost open block's, or the one before all.
+_OPEN = contextvars.ContextVar("xhc_shared_arrays", default=())
 DEFAULT_MIN_BYTES = 64 << 10
 
 
@@ -65,8 +73,13 @@ def _hook(name):
 def _handler(min_bytes):
     """The capsule of the allocator that takes requests of MIN_BYTES or
     more from the arena."""
-    if min_bytes in _HANDLERS:
+    with _HANDLERS_LOCK:  # two threads must not make one twice
+        if min_bytes not in _HANDLERS:
+            _HANDLERS[min_bytes] = _new_handler(min_bytes)
         return _HANDLERS[min_bytes][2]
+
+
+def _new_handler(min_bytes):
     least = ffi.new("size_t *", min_bytes)
     h = _Handler(b"xhc_arena", 1, _Allocator(
         int(ffi.cast("uintptr_t", least)), _hook("xhc_arena_malloc"),
@@ -76,8 +89,7 @@ def _handler(min_bytes):
     new.restype = ctypes.py_object
     new.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     capsule = new(ctypes.addressof(h), ctypes.addressof(_CAPSULE_NAME), None)
-    _HANDLERS[min_bytes] = (least, h, capsule)
-    return capsule
+    return least, h, capsule
 
 
 def _check_numpy():
@@ -96,12 +108,18 @@ def shared_arrays(min_bytes=DEFAULT_MIN_BYTES):
     xhc's collectives read and write them in place, one copy in all, as
     they do Comm.empty arrays, yet each rank allocates alone.
 
-    The arrays are ordinary numpy arrays, freed as usual (their pages go
-    back to the system at once); they stay in the arena after the block
-    ends.  Smaller ones, and any the arena cannot hold (it spans the
-    machine's memory, at most 64 GiB a process), are private as before.
-    A process forked from this one shares them with it, as it would
-    MPI shared memory.
+    The arrays are ordinary numpy arrays, freed as usual, and stay in the
+    arena after the block ends.  Each takes whole pages: a MIN_BYTES
+    below a page wastes memory.  Freed blocks are kept for reuse, up to
+    128 MiB (64 blocks) a process; beyond that their pages go back to
+    the system.  Smaller arrays, and any the arena cannot hold (it spans
+    the machine's memory, at most 64 GiB a process, less where the
+    address space is limited), are private as before.
+
+    A process forked from this one shares these arrays with it, as MPI
+    shared memory: what either writes the other sees, and what the
+    parent frees may be reused under the child; a child copies what it
+    keeps (np.array(a)).  Its own allocations are private.
 
         with xhc.shared_arrays():
             send, recv = np.ones(1 << 20), np.empty(1 << 20)
@@ -113,11 +131,31 @@ def shared_arrays(min_bytes=DEFAULT_MIN_BYTES):
         raise ValueError(f"shared_arrays: min_bytes={min_bytes}; give a "
                          "size of 1 byte or more")
     set_handler = _set_handler_fn()
-    old = set_handler(_handler(min_bytes))
+    token = _open_block(set_handler, _handler(min_bytes))
     try:
         yield
     finally:
-        set_handler(old)
+        _close_block(set_handler, token)
+
+
+def _open_block(set_handler, capsule):
+    token = object()
+    before = set_handler(capsule)
+    _OPEN.set(_OPEN.get() + ((token, capsule, before),))
+    return token
+
+
+def _close_block(set_handler, token):
+    blocks = list(_OPEN.get())
+    at = next((i for i, b in enumerate(blocks) if b[0] is token), None)
+    if at is None:  # ended in another context than it began
+        return
+    before = blocks.pop(at)[2]
+    if at == 0 and blocks:  # the next outermost inherits what was before
+        blocks[0] = (*blocks[0][:2], before)
+    _OPEN.set(tuple(blocks))
+    if at == len(blocks):  # it was the innermost
+        set_handler(blocks[-1][1] if blocks else before)
 
 
 def in_arena(arr):
