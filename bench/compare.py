@@ -14,7 +14,9 @@ collective components can instead be timed in the same run with
 
 Columns are named after each file's implementations (xhc, or the MPI
 column's --label), with ``[shm]`` where the buffers came from
-``xcomm.empty`` (``--shm``); a repeated name gets the file's number.
+``xcomm.empty`` (``--shm``) and ``[arena]`` where from
+``xhc.shared_arrays`` (``--arena``); a repeated name gets the file's
+number.
 Ratios are the first xhc column over every other column.  Columns from
 different files were NOT measured interleaved: on a noisy machine,
 differences below ~30 % between them are noise.  The header names each

@@ -4,16 +4,16 @@
  * 1. One arena per process, made at its first allocation: a memfd, sized
  *    once (the machine's memory, at most XHC_ARENA_MAX; halved while the
  *    address space has not the room) and mapped whole with MAP_NORESERVE,
- *    so that only pages written take memory.  The
- *    memfd has no name in /dev/shm: nothing outlives the processes.
+ *    so that only pages written take memory.  The memfd has no name in
+ *    /dev/shm: nothing outlives the processes.
  * 2. Blocks are whole pages: first fit in a list of free extents sorted
  *    by offset, else from the top.  Live blocks are kept too, so a free
  *    needs no size.  A request the arena cannot meet returns NULL, and
  *    the hooks below fall back to malloc: such a buffer is private.
  * 3. A freed block is kept whole for reuse, its pages in place, while the
  *    kept blocks total at most XHC_ARENA_KEEP bytes and
- *    XHC_ARENA_KEEP_BLOCKS blocks: a request takes the
- *    smallest kept block that fits it without wasting half.  Numpy's
+ *    XHC_ARENA_KEEP_BLOCKS blocks: a request takes the smallest kept
+ *    block that fits it without wasting half.  Numpy's
  *    temporaries then cost no page faults, which on shared memory take
  *    microseconds a page.  Blocks beyond that budget have their pages
  *    punched out of the memfd before they rejoin the free list: the
