@@ -312,3 +312,24 @@ def test_the_hooks_keep_every_block_whole(seed=7):
         check(p, n, tag)
         lib.xhc_arena_free(ctx, p, n)
     assert xhc.arena_bytes() == base
+
+
+def test_arrays_outlive_a_reload_of_the_module():
+    """The allocator an array holds stays valid after xhc.arena's own
+    objects go (a reload here; the interpreter's exit likewise)."""
+    import subprocess
+    import sys
+    script = (
+        "import gc, importlib, numpy as np, xhc, xhc.arena as a\n"
+        "with xhc.shared_arrays():\n"
+        "    keep = [np.full(1 << 17, float(i)) for i in range(8)]\n"
+        "importlib.reload(a)\n"
+        "gc.collect()\n"
+        "junk = [bytes([7]) * (i % 160) for i in range(400000)]\n"
+        "assert all((k == i).all() for i, k in enumerate(keep))\n"
+        "del keep\n"
+        "print('freed', xhc.arena_bytes())\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "freed 0"

@@ -38,11 +38,15 @@ class _Handler(ctypes.Structure):
                 ("allocator", _Allocator)]
 
 
+class _Kept(ctypes.Structure):
+    """What a capsule points at, in memory never freed: arrays made with
+    it may outlive this module (at interpreter exit, or a reload)."""
+    _fields_ = [("handler", _Handler), ("least", ctypes.c_size_t),
+                ("capsule_name", ctypes.c_char * 12)]
+
+
 _SET_HANDLER_SLOT = 304  # PyDataMem_SetHandler in numpy's C API table
-_CAPSULE_NAME = ctypes.create_string_buffer(b"mem_handler")
-_HANDLERS = {}  # min_bytes -> (its size_t, _Handler, capsule): kept for
-#                 good, since every array made with one holds its capsule
-#                 and the capsule only points at the other two
+_HANDLERS = {}  # min_bytes -> capsule
 _HANDLERS_LOCK = threading.Lock()
 # The blocks open in this context, outermost first: (token, capsule, the
 # handler before it).  Blocks may end out of order (generators); the
@@ -76,20 +80,28 @@ def _handler(min_bytes):
     with _HANDLERS_LOCK:  # two threads must not make one twice
         if min_bytes not in _HANDLERS:
             _HANDLERS[min_bytes] = _new_handler(min_bytes)
-        return _HANDLERS[min_bytes][2]
+        return _HANDLERS[min_bytes]
 
 
 def _new_handler(min_bytes):
-    least = ffi.new("size_t *", min_bytes)
-    h = _Handler(b"xhc_arena", 1, _Allocator(
-        int(ffi.cast("uintptr_t", least)), _hook("xhc_arena_malloc"),
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [
+        ctypes.c_size_t]
+    at = libc.malloc(ctypes.sizeof(_Kept))
+    if not at:
+        raise MemoryError("shared_arrays: no memory for an allocator")
+    kept = _Kept.from_address(at)
+    kept.least = min_bytes
+    kept.capsule_name = b"mem_handler"
+    kept.handler = _Handler(b"xhc_arena", 1, _Allocator(
+        at + _Kept.least.offset, _hook("xhc_arena_malloc"),
         _hook("xhc_arena_calloc"), _hook("xhc_arena_realloc"),
         _hook("xhc_arena_free")))
     new = ctypes.pythonapi.PyCapsule_New
     new.restype = ctypes.py_object
     new.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    capsule = new(ctypes.addressof(h), ctypes.addressof(_CAPSULE_NAME), None)
-    return least, h, capsule
+    return new(at + _Kept.handler.offset, at + _Kept.capsule_name.offset,
+               None)
 
 
 def _check_numpy():
