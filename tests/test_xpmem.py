@@ -43,9 +43,9 @@ FAKE_ENV = ("FAKE_XPMEM_NODEV", "FAKE_XPMEM_FAIL_ATTACH")
 
 
 def cache_slots():
-    """XHC_XPMEM_CACHE, the attachments the core keeps per peer."""
+    """XHC_SPAN_CACHE, the attachments the core keeps per peer."""
     with open(os.path.join(ROOT, "csrc", "xhc_internal.h")) as f:
-        return int(re.search(r"#define XHC_XPMEM_CACHE (\d+)",
+        return int(re.search(r"#define XHC_SPAN_CACHE (\d+)",
                              f.read()).group(1))
 
 
