@@ -2,9 +2,10 @@
 /* arena.c: a process's memory that its peers read in place.
  *
  * 1. One arena per process, made at its first allocation: a memfd, sized
- *    once (the machine's memory, at most XHC_ARENA_MAX; halved while the
- *    address space has not the room) and mapped whole with MAP_NORESERVE,
- *    so that only pages written take memory.  The memfd has no name in
+ *    once (the machine's memory, at most XHC_ARENA_MAX and a quarter of
+ *    the address space a ulimit -v leaves; none below XHC_ARENA_MIN) and
+ *    mapped whole with MAP_NORESERVE, so that only pages written take
+ *    memory.  The memfd has no name in
  *    /dev/shm: nothing outlives the processes.
  * 2. Blocks are whole pages: first fit in a list of free extents sorted
  *    by offset, else from the top.  Live blocks are kept too, so a free
@@ -22,10 +23,11 @@
  * 4. The collectives describe a buffer inside the arena by its offset
  *    and the memfd's number; a peer opens the memfd through
  *    /proc/<pid>/fd (ptrace's read rule, which CMA's is stricter than),
- *    maps the buffer's pages, and reads and writes them in place.  As
- *    XPMEM attachments (xpmem.c 4.), the spans stay mapped, a few per
- *    peer, and serve any later buffer inside them: a mapping of the
- *    memfd shows whatever the owner keeps there.
+ *    maps the aligned 64 MiB window around the buffer, and reads and
+ *    writes it in place.  As XPMEM attachments (xpmem.c 4.), windows
+ *    stay mapped, 16 per peer, and serve any later buffer inside them:
+ *    a mapping of the memfd shows whatever the owner keeps there.  Where
+ *    address space runs out, the windows the operation does not use go.
  * 5. A process forked from an owner shares the mapping but not the
  *    arena: its allocations go to malloc, its frees of blocks it
  *    inherited do nothing, and it describes them as private memory.
@@ -40,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -50,6 +53,7 @@
 #define XHC_ARENA_NAME "xhc-arena"
 #define XHC_ARENA_KEEP ((size_t)128 << 20)
 #define XHC_ARENA_KEEP_BLOCKS 64 /* keeps the search for one short */
+#define XHC_ARENA_WINDOW ((uint64_t)64 << 20) /* what readers map at once */
 
 enum { XHC_ARENA_UNTRIED, XHC_ARENA_READY, XHC_ARENA_FAILED,
        XHC_ARENA_INHERITED };
@@ -122,11 +126,32 @@ static void xhc_arena_forked(void)
     pthread_mutex_init(&arena.lock, NULL);
 }
 
+/* Address space this process may still map (ulimit -v), or SIZE_MAX. */
+static size_t xhc_address_space_left(void)
+{
+    struct rlimit lim;
+    unsigned long pages = 0;
+    if (getrlimit(RLIMIT_AS, &lim) || lim.rlim_cur == RLIM_INFINITY)
+        return SIZE_MAX;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f || fscanf(f, "%lu", &pages) != 1)
+        pages = 0;
+    if (f)
+        fclose(f);
+    size_t used = pages * arena.page;
+    return lim.rlim_cur > used ? (size_t)(lim.rlim_cur - used) : 0;
+}
+
+/* The machine's memory, at most XHC_ARENA_MAX, and at most a quarter of
+ * the address space left: the arena must not take what the program and
+ * peers' windows need. */
 static size_t xhc_arena_reserve(void)
 {
     long pages = sysconf(_SC_PHYS_PAGES);
     size_t phys = pages > 0 ? (size_t)pages * arena.page : XHC_ARENA_MAX;
     size_t size = phys < XHC_ARENA_MAX ? phys : XHC_ARENA_MAX;
+    size_t left = xhc_address_space_left() / 4;
+    size = size < left ? size : left;
     return size / arena.page * arena.page;
 }
 
@@ -139,7 +164,7 @@ static int xhc_arena_open(void)
     if (arena.fd < 0)
         return -errno;
     void *base = MAP_FAILED;
-    /* Where address space is limited (ulimit -v), a smaller arena. */
+    /* Should mapping fail anyway, a smaller arena, but not a tiny one. */
     while (base == MAP_FAILED && arena.size >= XHC_ARENA_MIN) {
         if (ftruncate(arena.fd, (off_t)arena.size) == 0)
             base = mmap(NULL, arena.size, PROT_READ | PROT_WRITE,
@@ -148,7 +173,7 @@ static int xhc_arena_open(void)
             arena.size = arena.size / 2 / arena.page * arena.page;
     }
     if (base == MAP_FAILED || pthread_atfork(NULL, NULL, xhc_arena_forked)) {
-        int rc = -errno;
+        int rc = base == MAP_FAILED ? -ENOMEM : -errno;
         if (base != MAP_FAILED)
             munmap(base, arena.size);
         close(arena.fd);
@@ -444,9 +469,9 @@ int xhc_arena_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
 }
 
 /* PEER's arena, whose memfd is its descriptor FD, opened here, if it
- * holds [0, END); -1 with *RC set if not. */
+ * holds [0, END), and its *SIZE; -1 with *RC set if not. */
 static int xhc_arena_open_peer(xhc_ctx_t *ctx, int peer, int fd,
-                               uint64_t end, int *rc)
+                               uint64_t end, uint64_t *size, int *rc)
 {
     char path[64], link[64];
     snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)ctx->pids[peer], fd);
@@ -468,26 +493,51 @@ static int xhc_arena_open_peer(xhc_ctx_t *ctx, int peer, int fd,
         return -1;
     }
     struct stat st;
-    if (fstat(mfd, &st) == 0 && (uint64_t)st.st_size >= end)
+    if (fstat(mfd, &st) == 0 && (uint64_t)st.st_size >= end) {
+        *size = (uint64_t)st.st_size;
         return mfd;
+    }
     *rc = XHC_ERR_MISMATCH; /* past the end of its arena */
     close(mfd);
     return -1;
 }
 
-/* Map PEER's arena pages [LO, HI) into slot A, unmapping what A held. */
-static int xhc_arena_attach(xhc_ctx_t *ctx, int peer, int fd,
-                            struct xhc_att *a, uint64_t lo, uint64_t hi)
+static void xhc_arena_unmap(struct xhc_att *a)
 {
-    int rc = 0;
     if (a->used)
         munmap(a->map, a->size);
     a->used = 0;
-    int mfd = xhc_arena_open_peer(ctx, peer, fd, hi, &rc);
+}
+
+/* Unmap every window of every peer's arena that this operation has not
+ * used: room for a window where address space is limited. */
+static void xhc_arena_unmap_idle(xhc_ctx_t *ctx)
+{
+    for (size_t i = 0; i < (size_t)ctx->nranks * XHC_ARENA_SPANS; i++)
+        if (ctx->arena_att[i].op != ctx->seq)
+            xhc_arena_unmap(&ctx->arena_att[i]);
+}
+
+/* Map PEER's arena pages [LO, HI), or as far as its arena goes past NEED,
+ * into slot A, unmapping what A held. */
+static int xhc_arena_attach(xhc_ctx_t *ctx, int peer, int fd,
+                            struct xhc_att *a, uint64_t lo, uint64_t hi,
+                            uint64_t need)
+{
+    int rc = 0;
+    xhc_arena_unmap(a);
+    uint64_t size;
+    int mfd = xhc_arena_open_peer(ctx, peer, fd, need, &size, &rc);
     if (mfd < 0)
         return rc;
+    hi = hi < size ? hi : size;
     void *map = mmap(NULL, hi - lo, PROT_READ | PROT_WRITE, MAP_SHARED,
                      mfd, (off_t)lo);
+    if (map == MAP_FAILED && errno == ENOMEM) {
+        xhc_arena_unmap_idle(ctx);
+        map = mmap(NULL, hi - lo, PROT_READ | PROT_WRITE, MAP_SHARED, mfd,
+                   (off_t)lo);
+    }
     rc = map == MAP_FAILED ? -errno : 0;
     close(mfd); /* the mapping holds the memfd */
     if (rc)
@@ -499,9 +549,13 @@ static int xhc_arena_attach(xhc_ctx_t *ctx, int peer, int fd,
 }
 
 /* Where SRC, in its owner's arena, is readable here: mine in place, a
- * peer's through a span of it mapped on first read and cached, as XPMEM
- * attachments are (xpmem.c 4.; the caller is done with a span before it
- * maps more than the cache holds of that peer). */
+ * peer's through the aligned window of XHC_ARENA_WINDOW bytes (or the
+ * windows) around it, mapped on first read and cached, as XPMEM
+ * attachments are (xpmem.c 4.; an operation reads at most two buffers of
+ * a peer, so it never evicts a window it still uses).  Windows rather
+ * than the buffers' pages: the buffers a program turns over lie in a
+ * few, and one that cycles through more buffers than slots maps none
+ * again. */
 unsigned char *xhc_arena_span(xhc_ctx_t *ctx, const struct xhc_src *src,
                               int *rc)
 {
@@ -519,23 +573,26 @@ unsigned char *xhc_arena_span(xhc_ctx_t *ctx, const struct xhc_src *src,
         return NULL;
     }
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t lo = src->offset & ~(page - 1);
-    uint64_t hi = (src->offset + src->nbytes + page - 1) & ~(page - 1);
-    struct xhc_att *set = &ctx->arena_att[(size_t)peer * XHC_SPAN_CACHE];
+    uint64_t end = src->offset + src->nbytes;
+    uint64_t need = (end + page - 1) & ~(page - 1);
+    uint64_t lo = src->offset & ~(XHC_ARENA_WINDOW - 1);
+    uint64_t hi = (end + XHC_ARENA_WINDOW - 1) & ~(XHC_ARENA_WINDOW - 1);
+    struct xhc_att *set = &ctx->arena_att[(size_t)peer * XHC_ARENA_SPANS];
     int hit;
-    struct xhc_att *a = xhc_att_slot(set, lo, hi, &hit);
-    if (!hit && (*rc = xhc_arena_attach(ctx, peer, src->fd, a, lo, hi)))
+    struct xhc_att *a = xhc_att_slot(set, XHC_ARENA_SPANS, lo, need, &hit);
+    if (!hit
+        && (*rc = xhc_arena_attach(ctx, peer, src->fd, a, lo, hi, need)))
         return NULL;
     a->used = ++ctx->arena_clock;
+    a->op = ctx->seq;
     return a->map + (src->offset - a->base);
 }
 
 void xhc_arena_close(xhc_ctx_t *ctx)
 {
-    size_t n = ctx->arena_att ? (size_t)ctx->nranks * XHC_SPAN_CACHE : 0;
+    size_t n = ctx->arena_att ? (size_t)ctx->nranks * XHC_ARENA_SPANS : 0;
     for (size_t i = 0; i < n; i++)
-        if (ctx->arena_att[i].used)
-            munmap(ctx->arena_att[i].map, ctx->arena_att[i].size);
+        xhc_arena_unmap(&ctx->arena_att[i]);
     free(ctx->arena_att);
     ctx->arena_att = NULL;
 }

@@ -113,15 +113,15 @@ static int xhc_cma_read(pid_t pid, void *dst, uint64_t addr, size_t len)
     return 0;
 }
 
-/* The slot of SET (one peer's) covering [LO, HI), *HIT set; else the
+/* The slot of SET (one peer's N) covering [LO, HI), *HIT set; else the
  * slot to reuse: an empty one, or the least recently used.  A cached
  * range serves whatever the peer now keeps there (xpmem.c 4., arena.c
  * 4.). */
-struct xhc_att *xhc_att_slot(struct xhc_att *set, uint64_t lo, uint64_t hi,
-                             int *hit)
+struct xhc_att *xhc_att_slot(struct xhc_att *set, int n, uint64_t lo,
+                             uint64_t hi, int *hit)
 {
     struct xhc_att *victim = set;
-    for (int i = 0; i < XHC_SPAN_CACHE; i++) {
+    for (int i = 0; i < n; i++) {
         struct xhc_att *a = &set[i];
         if (a->used && a->base <= lo && hi <= a->base + a->size) {
             *hit = 1;

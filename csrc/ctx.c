@@ -90,7 +90,7 @@ static int xhc_ctx_alloc(xhc_ctx_t *ctx)
     ctx->srcs = calloc((size_t)ctx->nranks + 1, sizeof(*ctx->srcs));
     ctx->peer_send = calloc((size_t)ctx->nranks, sizeof(struct xhc_src));
     ctx->peer_recv = calloc((size_t)ctx->nranks, sizeof(struct xhc_src));
-    ctx->arena_att = calloc((size_t)ctx->nranks * XHC_SPAN_CACHE,
+    ctx->arena_att = calloc((size_t)ctx->nranks * XHC_ARENA_SPANS,
                             sizeof(struct xhc_att));
     return ctx->pids && ctx->scratch && ctx->srcs && ctx->peer_send
            && ctx->peer_recv && ctx->arena_att && xhc_pidfds_alloc(ctx) == 0

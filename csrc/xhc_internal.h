@@ -185,14 +185,16 @@ struct xhc_region {
     size_t size;
 };
 
-#define XHC_SPAN_CACHE 8 /* attachments kept per peer (XPMEM, arena) */
+#define XHC_SPAN_CACHE 8 /* XPMEM attachments kept per peer */
+#define XHC_ARENA_SPANS 16 /* windows of a peer's arena kept mapped */
 
 /* One attachment (XPMEM, or a peer's arena): a peer's pages [BASE, BASE
  * + SIZE), its virtual addresses or arena offsets, mapped here at MAP. */
 struct xhc_att {
     uint64_t base, size;
     unsigned char *map;
-    uint64_t used; /* xhc_xpmem.clock at its last use; 0: slot empty */
+    uint64_t used; /* the clock at its last use; 0: slot empty */
+    uint64_t op;   /* arena: the operation that last used it */
 };
 
 /* XPMEM: my segment, and per peer its segment, my access permit to it
@@ -271,8 +273,8 @@ struct xhc_ctx {
     struct xhc_region regions[XHC_MAX_REGIONS];
     int nregions;
     int arena_ok;       /* peers may map my arena, and I theirs */
-    struct xhc_att *arena_att; /* nranks x XHC_SPAN_CACHE: spans of peers'
-                                  arenas mapped here (arena.c) */
+    struct xhc_att *arena_att; /* nranks x XHC_ARENA_SPANS: windows of
+                                  peers' arenas mapped here (arena.c) */
     uint64_t arena_clock;
     unsigned char *scratch; /* private: 3 chunks for reductions */
     const void **srcs;      /* private: nranks + 1 fold sources */
@@ -348,8 +350,8 @@ int xhc_give_up(xhc_ctx_t *ctx, int peer, int rc);
 /* copy.c */
 void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
                       struct xhc_src *src);
-struct xhc_att *xhc_att_slot(struct xhc_att *set, uint64_t lo, uint64_t hi,
-                             int *hit);
+struct xhc_att *xhc_att_slot(struct xhc_att *set, int n, uint64_t lo,
+                             uint64_t hi, int *hit);
 unsigned char *xhc_region_span(xhc_ctx_t *ctx,
                                const struct xhc_src *src, size_t offset,
                                size_t len, int *rc);

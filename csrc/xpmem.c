@@ -199,7 +199,7 @@ int xhc_xpmem_span(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
                   & ~(xlib.page - 1);
     struct xhc_att *set = &ctx->xp.att[(size_t)peer * XHC_SPAN_CACHE];
     int hit;
-    struct xhc_att *a = xhc_att_slot(set, lo, hi, &hit);
+    struct xhc_att *a = xhc_att_slot(set, XHC_SPAN_CACHE, lo, hi, &hit);
     if (!hit) {
         int rc = xhc_att_fill(ctx, peer, a, lo, hi);
         if (rc)

@@ -333,3 +333,29 @@ def test_arrays_outlive_a_reload_of_the_module():
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "freed 0"
+
+
+@pytest.mark.parametrize("spare_mib, in_it", [(600, False), (3072, True)])
+def test_the_arena_leaves_room_under_a_ulimit(spare_mib, in_it):
+    """Under ulimit -v the arena takes at most a quarter of the address
+    space left, or none (below 256 MiB): a large private array still
+    fits, and arrays go private where there is no arena."""
+    import subprocess
+    import sys
+    script = (
+        "import resource, numpy as np, xhc\n"
+        "from xhc.arena import in_arena\n"
+        "def vm():\n"
+        "    with open('/proc/self/statm') as f:\n"
+        "        return int(f.read().split()[0]) * 4096\n"
+        f"resource.setrlimit(resource.RLIMIT_AS, (vm() + ({spare_mib} << 20),"
+        " resource.RLIM_INFINITY))\n"
+        "with xhc.shared_arrays():\n"
+        "    a, b = np.ones(1 << 17), np.ones(1 << 17)\n"
+        "big = np.ones({big} // 8)\n"
+        "print(in_arena(a), in_arena(b), a.sum() + b.sum(), big.size > 0)\n"
+        .replace("{big}", str((spare_mib // 2) << 20)))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(in_it), str(in_it), "262144.0", "True"]

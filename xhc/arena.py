@@ -4,8 +4,8 @@
 Without XPMEM, a peer's private buffer is read with process_vm_readv,
 which pins every page, or staged through the segment: two copies.  An
 array allocated under shared_arrays() lies in its process's arena, a
-memfd its peers map once (csrc/arena.c), so the collectives read and
-write it where it is, as they do Comm.empty arrays, but each process
+memfd its peers map windows of (csrc/arena.c), so the collectives read
+and write it where it is, as they do Comm.empty arrays, but each process
 allocates alone, any shape, any number, at any time.
 
 numpy (1.22 and later, NEP 49) lets a program choose the allocator of the
@@ -125,8 +125,8 @@ def shared_arrays(min_bytes=DEFAULT_MIN_BYTES):
     below a page wastes memory.  Freed blocks are kept for reuse, up to
     128 MiB (64 blocks) a process; beyond that their pages go back to
     the system.  Smaller arrays, and any the arena cannot hold (it spans
-    the machine's memory, at most 64 GiB a process, less where the
-    address space is limited), are private as before.
+    the machine's memory, at most 64 GiB a process, and at most a
+    quarter of what a ulimit -v leaves), are private as before.
 
     A process forked from this one shares these arrays with it, as MPI
     shared memory: what either writes the other sees, and what the

@@ -1608,6 +1608,7 @@ def suite_arena(xcomm, comm, v, sz, args):
     arena_reused_blocks(xcomm, comm, v, sz)
     arena_read_in_place(comm, v, sz)
     arena_unmapped(comm, v, sz)
+    arena_little_address_space(comm, v)
 
 
 def arena_sizes(sz):
@@ -1684,12 +1685,16 @@ def arena_reused_blocks(xcomm, comm, v, sz):
 
 
 def arena_many_spans(xcomm, comm, v, sz):
-    """More live arena arrays than a reader keeps spans of a peer mapped
-    (csrc/xhc_internal.h XHC_SPAN_CACHE), each reduced in turn, then in
-    the other order: evicted spans are mapped again."""
+    """Live arena arrays in more windows than a reader keeps mapped of a
+    peer (csrc/xhc_internal.h XHC_ARENA_SPANS; untouched 64 MiB arrays
+    between them cost no memory), each reduced in turn, then in the
+    other order: evicted windows are mapped again."""
     n, rank = comm.size, comm.rank
     count = sz.cico // 8 + 1
-    arrays = [arena_empty(count) for _ in range(2 * 8 + 3)]
+    arrays, gaps = [], []
+    for _ in range(16 + 3):
+        arrays.append(arena_empty(count))
+        gaps.append(arena_empty(64 << 17))
     for k, a in enumerate(arrays):
         a[:] = np.arange(count) + k * rank
     order = list(range(len(arrays)))
@@ -1728,6 +1733,37 @@ def arena_read_in_place(comm, v, sz):
         v.check(f"cma, {where} buffers: moved by CMA {moved}", ok,
                 f"{moved}")
     xc.free()
+
+
+def arena_little_address_space(comm, v):
+    """A reader short of address space (ulimit -v) drops the windows it
+    is not using for the one it needs: broadcasts of arena arrays 64 MiB
+    apart, each in a window of its own, all arrive.  (A communicator of
+    its own: none of its windows is mapped yet.)"""
+    import resource
+    n, rank = comm.size, comm.rank
+    if n == 1:
+        return
+    xcomm = xhc.Comm(comm)
+    count = 4 << 17  # 4 MiB
+    arrays, gaps = [], []
+    for _ in range(4):
+        arrays.append(arena_empty(count))
+        gaps.append(arena_empty(64 << 17))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if rank == n - 1:
+        with open("/proc/self/statm") as f:
+            used = int(f.read().split()[0]) * mmap.PAGESIZE
+        resource.setrlimit(resource.RLIMIT_AS, (used + (100 << 20), hard))
+    try:
+        for k, a in enumerate(arrays):
+            a[:] = k + 1 if rank == 0 else 0
+            xcomm.Bcast(a, root=0)
+            v.case(f"arena, little address space: Bcast #{k}",
+                   None if (a == k + 1).all() else "wrong data")
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    xcomm.free()
 
 
 def arena_unmapped(comm, v, sz):
