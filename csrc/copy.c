@@ -6,7 +6,8 @@
  *    registered the same regions in the same order, so a reader finds it
  *    in its own mapping and reads it in place: zero copies to get there.
  * 2. A buffer in this process's arena (arena.c) is described by its
- *    offset there: a reader maps the arena once and reads it in place.
+ *    offset there: a reader maps the window of the arena around it (and
+ *    keeps it for later buffers there) and reads it in place.
  * 3. Any other buffer is described by its address.  In XPMEM mode the
  *    reader attaches it (xpmem.c) and reads it in place, like a shared
  *    region; otherwise one process_vm_readv (CMA) copies it, kernel to
