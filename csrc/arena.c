@@ -419,13 +419,15 @@ void *xhc_arena_realloc(void *ctx, void *ptr, size_t size)
     if (!base)
         return xhc_arena_adopt(ctx, ptr, size);
     size_t old = xhc_arena_block_len(ptr);
+    if (size <= old && size > old / 2 && xhc_arena_wants(ctx, size))
+        return ptr; /* still fits, wasting less than half, as reuse does */
     if (!old) /* a block a forked child inherited: its size is unknown */
         old = (size_t)(base + arena.size - (unsigned char *)ptr);
     void *p = xhc_arena_malloc(ctx, size);
-    if (p)
+    if (p) {
         memcpy(p, ptr, old < size ? old : size);
-    if (p)
         xhc_arena_put(ptr);
+    }
     return p;
 }
 

@@ -120,7 +120,11 @@ def test_resize_keeps_the_data_in_the_arena():
         assert in_arena(a)
         np.testing.assert_array_equal(a[:1 << 17], np.arange(1 << 17))
         assert not a[1 << 17:].any()
-        a.resize(1 << 16, refcheck=False)
+        where = address(a)
+        a.resize(3 << 17, refcheck=False)  # still fits its block
+        assert address(a) == where
+        a.resize(1 << 16, refcheck=False)  # would waste most of it
+        assert address(a) != where and in_arena(a)
     np.testing.assert_array_equal(a, np.arange(1 << 16))
 
 
