@@ -331,6 +331,18 @@ static void xhc_arena_retire(struct xhc_extent e)
     }
 }
 
+/* The index in the live list of the block at P (inside the arena at
+ * BASE), or SIZE_MAX if P starts no block of mine; under the lock. */
+static size_t xhc_arena_live_at(const unsigned char *base, const void *p)
+{
+    size_t off = (size_t)((const unsigned char *)p - base);
+    size_t i = xhc_extent_find(&arena.live, off);
+    int mine = atomic_load_explicit(&arena.state, memory_order_relaxed)
+               == XHC_ARENA_READY && i < arena.live.n
+               && arena.live.at[i].off == off;
+    return mine ? i : SIZE_MAX;
+}
+
 /* Free the block at P, if P is one of mine: 1 if it lies in the arena
  * (whether or not the block was this process's to free), else 0. */
 static int xhc_arena_put(void *p)
@@ -339,11 +351,8 @@ static int xhc_arena_put(void *p)
     if (!base)
         return 0;
     pthread_mutex_lock(&arena.lock);
-    size_t off = (size_t)((unsigned char *)p - base);
-    size_t i = xhc_extent_find(&arena.live, off);
-    int mine = atomic_load_explicit(&arena.state, memory_order_relaxed)
-               == XHC_ARENA_READY && i < arena.live.n
-               && arena.live.at[i].off == off;
+    size_t i = xhc_arena_live_at(base, p);
+    int mine = i != SIZE_MAX;
     struct xhc_extent e = mine ? arena.live.at[i] : (struct xhc_extent){0};
     if (mine) {
         xhc_extent_remove(&arena.live, i);
@@ -363,9 +372,8 @@ static size_t xhc_arena_block_len(const void *p)
     if (!base)
         return 0;
     pthread_mutex_lock(&arena.lock);
-    size_t off = (size_t)((const unsigned char *)p - base);
-    size_t i = xhc_extent_find(&arena.live, off);
-    if (i < arena.live.n && arena.live.at[i].off == off)
+    size_t i = xhc_arena_live_at(base, p);
+    if (i != SIZE_MAX)
         len = arena.live.at[i].len;
     pthread_mutex_unlock(&arena.lock);
     return len;
@@ -566,14 +574,8 @@ unsigned char *xhc_arena_span(xhc_ctx_t *ctx, const struct xhc_src *src,
         *rc = XHC_ERR_MISMATCH;
         return NULL;
     }
-    if (peer == ctx->rank) {
-        unsigned char *base = xhc_arena_holding(src->addr ?
-            (const void *)(uintptr_t)src->addr : NULL);
-        if (base && src->offset + src->nbytes <= arena.size)
-            return base + src->offset;
-        *rc = XHC_ERR_MISMATCH;
-        return NULL;
-    }
+    if (peer == ctx->rank) /* my own buffer, where it is */
+        return (unsigned char *)(uintptr_t)src->addr;
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     uint64_t end = src->offset + src->nbytes;
     uint64_t need = (end + page - 1) & ~(page - 1);
