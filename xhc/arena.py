@@ -18,6 +18,7 @@ for C extensions, whose slots never move.
 import contextlib
 import contextvars
 import ctypes
+import functools
 import threading
 
 import numpy as np
@@ -55,8 +56,10 @@ _OPEN = contextvars.ContextVar("xhc_shared_arrays", default=())
 DEFAULT_MIN_BYTES = 64 << 10
 
 
+@functools.lru_cache(maxsize=None)
 def _set_handler_fn():
-    """numpy's PyDataMem_SetHandler, as a Python-callable function."""
+    """numpy's PyDataMem_SetHandler, as a Python-callable function (found
+    once: a program may open a block for every allocation)."""
     try:
         from numpy._core import _multiarray_umath as umath
     except ImportError:  # numpy 1.x
