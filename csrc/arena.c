@@ -71,7 +71,7 @@ struct xhc_extents {
 static struct {
     pthread_mutex_t lock; /* guards everything below but BASE and STATE */
     _Atomic int state;
-    int fd;
+    int fd, error; /* ERROR: why the arena could not be made */
     unsigned char *_Atomic base; /* set once, before STATE turns READY */
     size_t size, top, used, kept_bytes, page;
     struct xhc_extents free, live, kept;
@@ -232,7 +232,8 @@ static int xhc_arena_state(void)
 {
     int state = atomic_load_explicit(&arena.state, memory_order_relaxed);
     if (state == XHC_ARENA_UNTRIED) {
-        state = xhc_arena_open() ? XHC_ARENA_FAILED : XHC_ARENA_READY;
+        arena.error = xhc_arena_open();
+        state = arena.error ? XHC_ARENA_FAILED : XHC_ARENA_READY;
         atomic_store_explicit(&arena.state, state, memory_order_relaxed);
     }
     return state;
@@ -456,6 +457,16 @@ int64_t xhc_arena_used(void)
     return used;
 }
 
+int64_t xhc_arena_size(void)
+{
+    pthread_mutex_lock(&arena.lock);
+    int state = xhc_arena_state();
+    int64_t size = state == XHC_ARENA_READY ? (int64_t)arena.size
+                   : state == XHC_ARENA_INHERITED ? 0 : arena.error;
+    pthread_mutex_unlock(&arena.lock);
+    return size;
+}
+
 int xhc_arena_owns(const void *p, size_t nbytes)
 {
     unsigned char *base = xhc_arena_holding(p);
@@ -601,14 +612,12 @@ void xhc_arena_close(xhc_ctx_t *ctx)
     ctx->arena_att = NULL;
 }
 
-int xhc_arena_probe(xhc_ctx_t *ctx, int peer)
+int xhc_arena_probe(int64_t pid)
 {
     char path[64], link[PATH_MAX];
-    if (peer < 0 || peer >= ctx->nranks)
-        return XHC_ERR_ARG;
     /* /proc/<pid>/exe asks what /proc/<pid>/fd/<n> will: may I read
      * that process's (ptrace_may_access, read mode)? */
-    snprintf(path, sizeof(path), "/proc/%d/exe", (int)ctx->pids[peer]);
+    snprintf(path, sizeof(path), "/proc/%lld/exe", (long long)pid);
     return readlink(path, link, sizeof(link)) < 0 ? -errno : 0;
 }
 

@@ -247,13 +247,18 @@ void *xhc_arena_realloc(void *ctx, void *ptr, size_t size);
 void xhc_arena_free(void *ctx, void *ptr, size_t size);
 /* Bytes of blocks handed out and not yet freed (0 without an arena). */
 int64_t xhc_arena_used(void);
+/* The bytes this process's arena reserves, made now if not yet tried;
+ * 0 in a process forked from an owner (it allocates from malloc); a
+ * negative errno if no arena can be made here. */
+int64_t xhc_arena_size(void);
 /* 1 if [P, P+NBYTES) lies in this process's own arena, else 0. */
 int xhc_arena_owns(const void *p, size_t nbytes);
-/* 0 if I may map PEER's arena (the kernel's ptrace read rule), else a
- * negative errno.  The front end asks every rank, and tells each
- * context whether all may: only then are arena buffers described as
- * such; else they are private memory, read as any other. */
-int xhc_arena_probe(xhc_ctx_t *ctx, int peer);
+/* 0 if I may map the arena of process PID (the kernel's ptrace read
+ * rule), else a negative errno.  The front end asks every rank about
+ * every peer, and tells each context whether all may: only then are
+ * arena buffers described as such; else they are private memory, read
+ * as any other. */
+int xhc_arena_probe(int64_t pid);
 int xhc_ctx_set_arena(xhc_ctx_t *ctx, int usable);
 /* cffi:end */
 

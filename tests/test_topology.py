@@ -617,6 +617,57 @@ def test_info_places_ranks_as_comm_does(tmp_path):
             got["hierarchies"]["allreduce"]] == want
 
 
+
+def test_info_reports_whether_arena_arrays_are_shared():
+    """info says whether xhc.shared_arrays() arrays are read in place: so
+    they are where a process may read its peers' /proc/<pid>/fd (as this
+    one may a child's), and each rank's arena reserves the machine's
+    memory, at most 64 GiB, where no ulimit -v cuts it."""
+    import resource
+    proc = run_mpi(2, ["-m", "xhc", "info", "--json"], timeout=90)
+    arena = json.loads(proc.stdout.strip().splitlines()[-1])["arena"]
+    with subprocess.Popen(["sleep", "30"]) as child:
+        try:
+            os.readlink(f"/proc/{child.pid}/exe")
+            may = True
+        except OSError:
+            may = False
+        child.kill()
+    assert arena["usable"] == may, arena
+    if may:
+        assert arena["reason"] is None
+    if resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        assert arena["bytes"] == min(memory, 64 << 30), arena
+
+
+class _TwoRanks:
+    """Rank 0 of two, whose peer's share of each allgather is the next of
+    PEER."""
+    rank, size = 0, 2
+
+    def __init__(self, *peer):
+        self.peer = iter(peer)
+
+    def allgather(self, mine):
+        return [mine, next(self.peer)]
+
+
+def test_info_names_the_rank_that_keeps_arena_arrays_private():
+    """A rank with no arena, or a peer whose arena a rank may not map,
+    makes arena arrays private, and the reason names them."""
+    from xhc import _core
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid names no process now (nor soon another)
+    usable, _, why = _core.arena_status(_TwoRanks(gone.pid, 1 << 30, []))
+    assert not usable
+    assert why.startswith("rank 0 may not map rank 1's (No such file"), why
+    usable, _, why = _core.arena_status(
+        _TwoRanks(os.getpid(), -12, []))  # -ENOMEM
+    assert not usable
+    assert why == ("rank 1 has no arena: not 256 MiB of address space to "
+                   "reserve, at most a quarter of what ulimit -v leaves"), why
+
 @pytest.mark.parametrize("copy", ["cico", "cma", "xpmem"])
 def test_info_reports_the_copy_asked_for(copy):
     """XHC_COPY names the mechanism info reports, as xhc.Comm takes it."""

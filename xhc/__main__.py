@@ -82,6 +82,28 @@ def _transport(crowded, wanted):
     return ("unknown", "core not built") if said is _UNBUILT else said
 
 
+def _arena(comm):
+    """Collective: whether arena arrays (xhc.shared_arrays) are read in
+    place between the ranks of COMM, as a dict (None if the core is not
+    built)."""
+    said = _core_says(lambda core: core.arena_status(comm))
+    if said is _UNBUILT:
+        return None
+    usable, nbytes, why = said
+    return {"usable": usable, "bytes": nbytes, "reason": why}
+
+
+def _arena_text(arena):
+    head = "arena arrays (xhc.shared_arrays): "
+    if arena is None:
+        return head + "unknown (core not built)"
+    if not arena["usable"]:
+        return head + "private, read as any other buffer (%s)" % arena["reason"]
+    return head + ("read in place by every rank; each process reserves "
+                   "%.1f GiB of address space for them, taking memory as "
+                   "pages are written" % (arena["bytes"] / (1 << 30)))
+
+
 def _waiting(cfg, cpu_sets, frees):
     """(segment, waiting): the segment (_segment), and how ranks wait
     and stage, as xhc.Comm settles CFG (the tunables) for this load and
@@ -190,6 +212,7 @@ def _online(args):
     cpu_sets, frees = zip(*comm.allgather((
         sorted(os.sched_getaffinity(0)),
         None if shm_free is _UNBUILT else shm_free)))
+    arena = _arena(comm)
     if comm.Get_rank() != 0:
         return 0
     cfg = config.resolve()
@@ -202,7 +225,8 @@ def _online(args):
                           "hierarchies": {op: _levels_json(h) for op, h in hierarchies.items()},
                           "transport": {"name": name, "reason": reason},
                           "kernels": _kernels()[0],
-                          "waiting": waiting, "segment": segment}))
+                          "waiting": waiting, "segment": segment,
+                          "arena": arena}))
         return 0
     print(describe(args.topology))
     print("ranks: %d" % len(localities))
@@ -213,6 +237,7 @@ def _online(args):
     print("reduction kernels: %s" % _kernels()[1])
     print(_waiting_text(waiting))
     print(_segment_text(segment))
+    print(_arena_text(arena))
     return 0
 
 

@@ -354,14 +354,44 @@ def choose_copy(comm, ctx, wanted, crowded=False):
         "between these ranks)", pids
 
 
-def setup_arena(comm, ctx):
+def arena_refusals(comm, pids):
+    """Collective: each (rank, peer, code) where the rank of COMM may not
+    map the arena of the peer (PIDS: every rank's process id)."""
+    codes = [(peer, lib.xhc_arena_probe(pid)) for peer, pid in enumerate(pids)
+             if peer != comm.rank]
+    mine = [(comm.rank, peer, code) for peer, code in codes if code]
+    return [refusal for part in comm.allgather(mine) for refusal in part]
+
+
+def setup_arena(comm, ctx, pids):
     """Collective: tell the core whether every rank may map every other's
     arena (xhc.shared_arrays), and return whether they may."""
-    bad = [p for p in range(comm.size)
-           if p != comm.rank and lib.xhc_arena_probe(ctx, p)]
-    usable = all(not b for b in comm.allgather(bad))
+    usable = not arena_refusals(comm, pids)
     check(lib.xhc_ctx_set_arena(ctx, int(usable)), "arena")
     return usable
+
+
+def arena_status(comm):
+    """Collective, for reports: (usable, nbytes, why not).  USABLE: arena
+    arrays are read in place between the ranks of COMM; NBYTES: the least
+    any rank's arena reserves (each makes its arena now if it had none)."""
+    pids = comm.allgather(os.getpid())
+    sizes = comm.allgather(int(lib.xhc_arena_size()))
+    refusals = arena_refusals(comm, pids)
+    failed = [(rank, code) for rank, code in enumerate(sizes) if code <= 0]
+    if failed:
+        rank, code = failed[0]
+        why = ("it was forked from a process that has one" if code == 0
+               else "not 256 MiB of address space to reserve, at most a "
+               "quarter of what ulimit -v leaves" if code == -errno.ENOMEM
+               else strerror(code))
+        return False, 0, f"rank {rank} has no arena: {why}"
+    if refusals:
+        rank, peer, code = refusals[0]
+        return False, min(sizes), (
+            f"rank {rank} may not map rank {peer}'s ({strerror(code)}: the "
+            f"kernel's ptrace read rule, as for CMA)")
+    return True, min(sizes), None
 
 
 def cma_problem():

@@ -270,7 +270,7 @@ class Comm(HotComm):
                                     hierarchy.group_table(levels))
             copy, why, self._pids = _core.choose_copy(
                 comm, self._ctx, cfg["copy"], self._crowded)
-            arena = _core.setup_arena(comm, self._ctx)
+            arena = _core.setup_arena(comm, self._ctx, self._pids)
         except BaseException:
             lib.xhc_ctx_close(self._ctx)
             self._ctx = ffi.NULL
