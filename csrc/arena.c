@@ -28,7 +28,8 @@
  *    stay mapped, 16 per peer, and serve any later buffer inside them:
  *    a mapping of the memfd shows whatever the owner keeps there.  Where
  *    address space runs out, the windows the operation does not use go.
- * 5. A process forked from an owner shares the mapping but not the
+ * 5. A process forked from an owner gets the arena's pages copy-on-write
+ *    (the memfd mapped privately over the shared mapping) but not the
  *    arena: its allocations go to malloc, its frees of blocks it
  *    inherited do nothing, and it describes them as private memory.
  * 6. The hooks have the shapes of numpy's allocator (NEP 49); CTX points
@@ -118,8 +119,27 @@ static void xhc_extent_remove(struct xhc_extents *x, size_t i)
 
 /* -- the arena ------------------------------------------------------------ */
 
+/* In a forked child: the parent's blocks copy-on-write from here on,
+ * as fork gives any other memory, so that what the child writes never
+ * reaches the parent (nor, through it, the parent's peers).  A private
+ * mapping made elsewhere first, then moved over the shared one, so that
+ * a failure leaves the shared mapping in place. */
+static void xhc_arena_privatise(void)
+{
+    void *copy = mmap(NULL, arena.size, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_NORESERVE, arena.fd, 0);
+    if (copy == MAP_FAILED)
+        return;
+    if (mremap(copy, arena.size, arena.size, MREMAP_MAYMOVE | MREMAP_FIXED,
+               arena.base) == MAP_FAILED)
+        munmap(copy, arena.size);
+}
+
 static void xhc_arena_forked(void)
 {
+    if (atomic_load_explicit(&arena.state, memory_order_relaxed)
+        == XHC_ARENA_READY)
+        xhc_arena_privatise();
     /* The parent's blocks are not mine to hand out or punch. */
     atomic_store_explicit(&arena.state, XHC_ARENA_INHERITED,
                           memory_order_relaxed);
