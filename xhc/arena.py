@@ -131,10 +131,12 @@ def shared_arrays(min_bytes=DEFAULT_MIN_BYTES):
     the machine's memory, at most 64 GiB a process, and at most a
     quarter of what a ulimit -v leaves), are private as before.
 
-    A process forked from this one shares these arrays with it, as MPI
-    shared memory: what either writes the other sees, and what the
-    parent frees may be reused under the child; a child copies what it
-    keeps (np.array(a)).  Its own allocations are private.
+    A process forked from this one gets these arrays copy-on-write, as
+    any memory: what it writes stays its own.  A page it has not written
+    shows what the parent writes there later, and what the parent frees
+    may be reused under it: a child that keeps reading such an array
+    while the parent goes on copies it first (np.array(a)).  Its own
+    allocations are private.
 
         with xhc.shared_arrays():
             send, recv = np.ones(1 << 20), np.empty(1 << 20)
