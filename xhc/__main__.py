@@ -7,7 +7,7 @@ import sys
 
 from . import config
 from .errors import XhcError
-from .hierarchy import DEFAULTS, build, parse_levels
+from .hierarchy import DEFAULTS, build, parse_levels, placeless, reads_topology
 from .topology import (describe, gather_localities, local_locality,
                        node_cpus, node_index)
 
@@ -206,29 +206,51 @@ def _online(args):
     if spans:  # rank 0 would read other nodes' bindings on its own machine
         raise XhcError("xhc info describes one node, and this job spans "
                        "several: run it with the ranks of one node")
-    localities = gather_localities(comm, args.topology,
-                                   index=node_index(comm.Get_rank()))
+    from .nodes import node_parts
+    # Each node's report, as XHC_SPLIT_NODES cuts the node for xhc.Comm;
+    # rank 0 prints its own node's.
+    node = node_parts(comm, config.resolve()["split_nodes"])
+    try:
+        return _node_report(args, comm, node)
+    finally:
+        node.Free()
+
+
+def _node_report(args, comm, node):
+    """Collective over NODE, a part of COMM: rank 0 of COMM prints."""
+    ops = [args.op] if args.op else list(DEFAULTS)
+    specs = {op: parse_levels(_level_spec(args, op)) for op in ops}
+    localities = gather_localities(node, args.topology, index=node_index(
+        comm.Get_rank())) if any(map(reads_topology, specs.values())) \
+        else placeless(node.Get_size())
     shm_free = _core_says(lambda core: core.shm_free())
-    cpu_sets, frees = zip(*comm.allgather((
+    cpu_sets, frees = zip(*node.allgather((
         sorted(os.sched_getaffinity(0)),
         None if shm_free is _UNBUILT else shm_free)))
-    arena = _arena(comm)
+    arena = _arena(node)
+    nodes = comm.allreduce(1 if node.Get_rank() == 0 else 0)
+    ranks = node.allgather(comm.Get_rank())
     if comm.Get_rank() != 0:
         return 0
     cfg = config.resolve()
     segment, waiting = _waiting(cfg, cpu_sets, frees)
-    ops = [args.op] if args.op else list(DEFAULTS)
-    hierarchies = {op: build(localities, parse_levels(_level_spec(args, op))) for op in ops}
+    hierarchies = {op: build(localities, levels) for op, levels in specs.items()}
     name, reason = _transport(waiting["crowded"], cfg["copy"])
+    machine = _machine(args.topology)
     if args.json:
-        print(json.dumps({"machine": describe(args.topology), "ranks": len(localities),
+        print(json.dumps({"machine": machine, "ranks": len(localities),
+                          "nodes": {"count": nodes, "ranks": ranks},
                           "hierarchies": {op: _levels_json(h) for op, h in hierarchies.items()},
                           "transport": {"name": name, "reason": reason},
                           "kernels": _kernels()[0],
                           "waiting": waiting, "segment": segment,
                           "arena": arena}))
         return 0
-    print(describe(args.topology))
+    print(machine)
+    if nodes > 1:
+        print("nodes: %d, as split_nodes cuts this one; the report is of "
+              "the first, ranks %s of the job, numbered 0-%d on it"
+              % (nodes, ",".join(map(str, ranks)), len(ranks) - 1))
     print("ranks: %d" % len(localities))
     for op, levels in hierarchies.items():
         print("%s (%s):" % (op, _level_spec(args, op) or "flat"))
@@ -239,6 +261,15 @@ def _online(args):
     print(_segment_text(segment))
     print(_arena_text(arena))
     return 0
+
+
+def _machine(topology):
+    """describe(TOPOLOGY), or why hwloc cannot (a hierarchy of virtual
+    levels alone runs without it)."""
+    try:
+        return describe(topology)
+    except XhcError as exc:
+        return "machine: unknown (%s)" % exc
 
 
 def _info_args(parser):

