@@ -95,7 +95,8 @@ def error(rc, what, ctx=None, pids=None, ranks=None):
         msg += (" (/dev/shm has not that much free: free space there, "
                 f"mount it larger, or {fix})")
     if rc == lib.XHC_ERR_FREED:
-        return XhcError("xhc.Comm already freed", rc)
+        from .mpierrors import comm_freed  # imports mpi4py's MPI
+        return comm_freed(rc)
     if rc in USAGE:
         return ValueError(msg)
     return XhcError(msg, rc)

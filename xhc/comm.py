@@ -24,8 +24,9 @@ from ._xhc import ffi, lib
 from .arena import in_arena
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
                       numpy_dtype, plain_tables, predefined, resolve)
-from .errors import XhcError, agree
-from .mpierrors import MPIRequestError, MPIValueError
+from .errors import ReadOnlyError, XhcError, agree
+from .mpierrors import (MPIRequestError, MPIRootTypeError, MPIValueError,
+                        comm_freed)
 from .topology import source_of
 
 _CACHE_MAX = 64           # plans kept per operation
@@ -348,7 +349,7 @@ class Comm(HotComm):
 
     def _fallback(self, name, *args):
         if self._state == "freed":  # by another thread, since _usable()
-            raise XhcError("xhc.Comm already freed")
+            raise comm_freed()
         if self._nodes is not None and name in _ACROSS:
             run = self._kept_run(name, args)
             if run is not None:
@@ -430,7 +431,7 @@ class Comm(HotComm):
         if sink and not b.writable:  # takes part, as _take_part_then_raise
             self._in_core(self._nodes.bcast_call(
                 np.empty(b.nbytes, np.uint8), root))
-            raise _settled(ValueError(_READ_ONLY))
+            raise _settled(ReadOnlyError(_READ_ONLY))
         run = self._nodes.bcast_call(_flat(b, np.uint8), root)
         return _staged(run, _filled(b.load, not sink), _filled(b.store, sink))
 
@@ -486,10 +487,10 @@ class Comm(HotComm):
         begun.  It claims this object for this thread's collectives, as
         HotComm's own calls do (_concurrent)."""
         if self._state == "freed":
-            raise XhcError("xhc.Comm already freed")
+            raise comm_freed()
         res = self._claimed(None, self._counted, fn, *args)
         if res is NotImplemented:
-            raise XhcError("xhc.Comm already freed")
+            raise comm_freed()
         return res
 
     def _concurrent(self, name):
@@ -547,7 +548,7 @@ class Comm(HotComm):
     def _usable(self):
         """True if the core can take calls; False if mpi4py must."""
         if self._state == "freed":
-            raise XhcError("xhc.Comm already freed")
+            raise comm_freed()
         return self._state == "open"
 
     # -- collectives --------------------------------------------------------
@@ -825,14 +826,13 @@ class Comm(HotComm):
         """ROOT as an int (numpy ints too, as mpi4py takes them), or a
         ValueError naming the valid range."""
         try:
-            r = operator.index(root)
-        except TypeError:
-            r = -1
+            r, kind = operator.index(root), MPIValueError
+        except TypeError:  # mpi4py's TypeError too
+            r, kind = -1, MPIRootTypeError
         if not 0 <= r < self._size:
-            raise MPIValueError(f"{name}: invalid root {root!r} for a "
-                                f"communicator of size {self._size}; pass "
-                                f"an int from 0 to {self._size - 1}",
-                                MPI.ERR_ROOT)
+            raise kind(f"{name}: invalid root {root!r} for a communicator "
+                       f"of size {self._size}; pass an int from 0 to "
+                       f"{self._size - 1}", MPI.ERR_ROOT)
         return r
 
     def _bcast_plan(self, buf, root, remember=True, flags=0):
@@ -925,7 +925,7 @@ class Comm(HotComm):
                                        flags=flags))
         if rc:  # then the ranks are out of step: say so, not the buffer
             self._raise(rc, "Bcast")
-        raise _settled(ValueError(_READ_ONLY))
+        raise _settled(ReadOnlyError(_READ_ONLY))
 
     def _root_recv(self, s, recvbuf, op, root, inplace, flags=0):
         """The root's receive buffer.  Only the root sees it, so if it is
@@ -1134,6 +1134,16 @@ class Comm(HotComm):
         return bool(self._comm)
 
     __hash__ = None
+
+    def __copy__(self):
+        """Itself: as copy.copy of an mpi4py communicator, another handle
+        of the same communicator, whose Free() frees it for both."""
+        return self
+
+    def __reduce__(self):
+        raise TypeError("an xhc.Comm cannot be pickled or deep-copied: it "
+                        "holds this process's shared memory; pass "
+                        "xcomm.comm, or make another with xcomm.Dup()")
 
 
 # The tunables that decide the segment's layout.
@@ -1348,7 +1358,7 @@ class Request(HotRequest):
             # A free() in another thread since this *_init began has
             # closed the context the plan points to.
             if xcomm._state == "freed":
-                raise XhcError("xhc.Comm already freed")
+                raise comm_freed()
             # Bound to its owner even unbound to a call: Free() checks the
             # owner's calls under way.
             self._hot_bind(xcomm, *(bind or (0, 0, 0, 0)))
@@ -1570,8 +1580,8 @@ def _check_pair(s, r, name):
     """Raise, naming the fix, if S and R cannot be reduced into R (the op
     is _check_op's)."""
     if not r.writable:
-        raise ValueError(f"{name}: the receive buffer is read-only; pass a "
-                         "writable array")
+        raise ReadOnlyError(f"{name}: the receive buffer is read-only; "
+                            "pass a writable array")
     if s.dtype != r.dtype or s.alias is not r.alias:
         raise ValueError(f"{name}: send and receive buffers differ in dtype; "
                          "use the same dtype for both")

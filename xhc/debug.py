@@ -8,6 +8,7 @@ from mpi4py import MPI
 
 from .buffers import DTYPE_NAMES, OP_NAMES, in_place, predefined, resolve
 from .errors import XhcError, agree
+from .mpierrors import comm_freed
 
 _SIGNATURES = {}
 # Predefined ops without a kernel (they fall back), by name.
@@ -100,7 +101,7 @@ def checked(xcomm, name, call):
         answers = xcomm._counted(lambda: agree(
             xcomm._comm, *_own_signature(xcomm, name, sig, args, kwargs)))
         if answers is NotImplemented:
-            raise XhcError("xhc.Comm already freed")
+            raise comm_freed()
         diffs = _differences(answers)
         if diffs:
             raise XhcError(f"XHC_DEBUG: ranks disagree on {name}: "

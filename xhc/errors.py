@@ -14,6 +14,11 @@ class XhcError(RuntimeError):
         self.code = code
 
 
+class ReadOnlyError(ValueError, BufferError):
+    """A buffer the call must write is read-only: a ValueError, as xhc's
+    other bad arguments, and the BufferError mpi4py raises."""
+
+
 def error_text(exc):
     """EXC as text another rank can raise again: an XhcError's message, or
     the type and message of anything else."""
@@ -27,7 +32,8 @@ _KINDS = {"TypeError": TypeError, "ValueError": ValueError,
 
 
 # xhc's errors that are also MPI.Exception (xhc.mpierrors): their class too.
-_MPI_KINDS = ("MPIValueError", "MPIRequestError")
+_MPI_KINDS = ("MPIValueError", "MPIRootTypeError", "MPIRequestError",
+              "MPICommError")
 
 
 def _as_sent(problem):
@@ -42,9 +48,10 @@ def _as_received(kind, text, error_class):
     if kind not in _MPI_KINDS:
         return _KINDS.get(kind, XhcError)(text)
     from . import mpierrors  # it imports this module
-    if kind == "MPIRequestError":
-        return mpierrors.MPIRequestError(text)
-    return mpierrors.MPIValueError(text, error_class)
+    made = getattr(mpierrors, kind)
+    if kind in ("MPIRequestError", "MPICommError"):  # of one class each
+        return made(text)
+    return made(text, error_class)
 
 
 def agree(comm, value, problem=None):

@@ -45,6 +45,14 @@ class MPIValueError(ValueError, _MPIError):
         _MPIError.__init__(self, message, error_class)
 
 
+class MPIRootTypeError(TypeError, MPIValueError):
+    """A root that is not an integer: the TypeError mpi4py raises, and the
+    ValueError (MPI.ERR_ROOT) xhc raises for any invalid root."""
+
+    def __init__(self, message, error_class):  # not TypeError's
+        _MPIError.__init__(self, message, error_class)
+
+
 class MPIRequestError(XhcError, _MPIError):
     """A request in a state in which MPI refuses the call (MPI.ERR_REQUEST):
     started or freed while active, used once freed, cancelled."""
@@ -53,3 +61,17 @@ class MPIRequestError(XhcError, _MPIError):
 
     def __init__(self, message):
         _MPIError.__init__(self, message, MPI.ERR_REQUEST)
+
+
+class MPICommError(XhcError, _MPIError):
+    """A call on an xhc.Comm already freed (MPI.ERR_COMM), as mpi4py
+    refuses a call on a freed communicator."""
+
+    def __init__(self, message, code=0):
+        _MPIError.__init__(self, message, MPI.ERR_COMM)
+        self.code = code
+
+
+def comm_freed(code=0):
+    """The error of a call on an xhc.Comm already freed."""
+    return MPICommError("xhc.Comm already freed", code)

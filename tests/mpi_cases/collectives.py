@@ -22,6 +22,7 @@ fast while still crossing every boundary.  XHC_HIERARCHY, XHC_TOPOLOGY,
 XHC_COPY and XHC_SEQ_START act through xhc itself.
 """
 import argparse
+import copy
 import gc
 import hashlib
 import mmap
@@ -214,6 +215,15 @@ def first_diff(got, want):
     i = bad[0]
     return (f"{len(bad)} of {g.size} elements differ, first [{i}]: "
             f"got {g[i]!r}, want {w[i]!r}")
+
+
+def raises_what(call, *args):
+    """The exception CALL(*ARGS) raises, or None."""
+    try:
+        call(*args)
+    except Exception as e:  # noqa: BLE001 -- the case looks at it
+        return e
+    return None
 
 
 def raises(kind, call, *args, **kwargs):
@@ -2503,12 +2513,13 @@ def suite_calls(xcomm, comm, v, sz, args):
             err = None
         v.case(f"calls {desc} raises TypeError", err)
     # A root that only compares equal to the plan's is checked by Python.
-    try:
-        xcomm.Bcast(buf, float(n - 1))
-        err = "no error"
-    except (TypeError, ValueError):
-        err = None
-    v.case("calls Bcast(buf, float root) raises", err)
+    for bad in (float(n - 1), None, "0"):  # TypeError, as mpi4py's
+        v.case(f"calls Bcast(buf, root={bad!r}) raises TypeError",
+               raises(TypeError, xcomm.Bcast, buf, bad))
+        v.case("... and ValueError, an MPI.Exception of ERR_ROOT", None
+               if mpi_class_of(xcomm.Bcast, buf, bad) == MPI.ERR_ROOT and
+               raises(ValueError, xcomm.Bcast, buf, bad) is None else
+               "not so")
     want = pattern(seed_of(154), buf.nbytes)
     buf[:] = want if rank == n - 1 else 0
     xcomm.Bcast(buf, np.int64(n - 1))           # as mpi4py takes it
@@ -3000,6 +3011,14 @@ def persistent_calls(xcomm, comm, v):
         status_peeks(v, comm, reqs, name)
     active_states(v, xcomm, comm, reqs)
     request_errors_as_mpi(v, xcomm, comm)
+    freed_comm_errors_as_mpi(v, comm)
+    read_only_errors_as_mpi4py(v, xcomm, comm)
+    v.case("copy.copy of an xhc.Comm is a handle of it",
+           None if copy.copy(xcomm) is xcomm else "another object")
+    for how in (pickle.dumps, copy.deepcopy):
+        v.case(f"{how.__name__} of an xhc.Comm says to use Dup()",
+               None if "xcomm.Dup()" in str(raises_what(how, xcomm))
+               else f"got {raises_what(how, xcomm)!r}")
     agreed_mpi_errors(v, comm)
     calls_once_free_began(v, comm)
     for req in reqs:
@@ -3244,14 +3263,57 @@ def request_errors_as_mpi(v, xcomm, comm):
             0, ["n"], str(e), MPI.ERR_REQUEST) else f"got {got}")
 
 
+def freed_comm_errors_as_mpi(v, comm):
+    """A call on a freed xhc.Comm raises what mpi4py raises on a freed
+    communicator, an MPI.Exception of class MPI.ERR_COMM, which is also
+    an XhcError, and which pickles whole."""
+    a, b = np.ones(2), np.zeros(2)
+    classes = {}
+    for who, wrap in (("mpi4py", lambda c: c), ("xhc", xhc.Comm)):
+        c = wrap(comm.Dup())
+        c.Free()
+        classes[who] = [mpi_class_of(call, *args) for call, args in (
+            (c.Barrier, ()), (c.Allreduce, (a, b)), (c.Bcast, (a,)),
+            (c.allreduce, (1,)), (c.Allreduce_init, (a, b)))]
+        if who == "xhc":
+            kind = raises(xhc.XhcError, c.Barrier)
+            try:
+                c.Barrier()
+            except MPI.Exception as e:
+                back = pickle.loads(pickle.dumps(e))
+                whole = (type(back) is type(e) and str(back) == str(e)
+                         and back.Get_error_class() == MPI.ERR_COMM)
+    v.case("a freed xhc.Comm raises mpi4py's MPI.Exception (ERR_COMM)",
+           None if classes["xhc"] == classes["mpi4py"] ==
+           [MPI.ERR_COMM] * 5 else
+           f"xhc {classes['xhc']}, mpi4py {classes['mpi4py']}")
+    v.case("... and an XhcError, which pickles whole",
+           kind if kind else None if whole else "not whole")
+
+
+def read_only_errors_as_mpi4py(v, xcomm, comm):
+    """A read-only receive buffer, on every rank, raises the BufferError
+    mpi4py raises, which is also xhc's ValueError.  (An Allreduce: every
+    rank refuses before any enters, on both sides.)"""
+    ro = np.zeros(2)
+    ro.flags.writeable = False
+    for who, c in (("mpi4py", comm), ("xhc", xcomm)):
+        v.case(f"{who}: a read-only receive buffer raises BufferError",
+               raises(BufferError, c.Allreduce, np.ones(2), ro))
+    v.case("... and a ValueError on xhc's",
+           raises(ValueError, xcomm.Allreduce, np.ones(2), ro))
+
+
 def agreed_mpi_errors(v, comm):
     """An error that is also MPI's (xhc.mpierrors) raised on one rank in
     a step the ranks agree on reaches the others as its kind and MPI
     error class, with the rank that had it named."""
     from xhc.errors import agree
-    from xhc.mpierrors import MPIRequestError, MPIValueError
+    from xhc.mpierrors import (MPICommError, MPIRequestError,
+                               MPIRootTypeError, MPIValueError)
     made = {MPIValueError: lambda t: MPIValueError(t, MPI.ERR_ROOT),
-            MPIRequestError: MPIRequestError}
+            MPIRootTypeError: lambda t: MPIRootTypeError(t, MPI.ERR_ROOT),
+            MPIRequestError: MPIRequestError, MPICommError: MPICommError}
     for kind, make in made.items():
         problem = make("no such root") if comm.rank == 0 else None
         try:
