@@ -7,9 +7,9 @@ import sys
 
 from . import config
 from .errors import XhcError
-from .hierarchy import DEFAULTS, build, parse_levels, placeless, reads_topology
-from .topology import (describe, gather_localities, local_locality,
-                       node_cpus, node_index)
+from .hierarchy import DEFAULTS, build, parse_levels
+from .topology import (describe, local_locality, localities_for, node_cpus,
+                       node_index)
 
 
 def _positive(text):
@@ -220,9 +220,8 @@ def _node_report(args, comm, node):
     """Collective over NODE, a part of COMM: rank 0 of COMM prints."""
     ops = [args.op] if args.op else list(DEFAULTS)
     specs = {op: parse_levels(_level_spec(args, op)) for op in ops}
-    localities = gather_localities(node, args.topology, index=node_index(
-        comm.Get_rank())) if any(map(reads_topology, specs.values())) \
-        else placeless(node.Get_size())
+    localities = localities_for(node, args.topology,
+                                node_index(comm.Get_rank()), specs.values())
     shm_free = _core_says(lambda core: core.shm_free())
     cpu_sets, frees = zip(*node.allgather((
         sorted(os.sched_getaffinity(0)),

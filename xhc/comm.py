@@ -261,12 +261,8 @@ class Comm(HotComm):
         index = topology.node_index(MPI.COMM_WORLD.rank)
         parsed = {kind: hierarchy.parse_levels(spec)
                   for kind, spec in self._specs.items()}
-        # Only levels of the machine need hwloc: virtual ones and flat run
-        # without it.
-        localities = topology.gather_localities(
-            comm, self._topology, index) if any(map(
-                hierarchy.reads_topology, parsed.values())) \
-            else hierarchy.placeless(comm.size)
+        localities = topology.localities_for(comm, self._topology, index,
+                                             parsed.values())
         self._fit_to_load(cfg)
         self._levels = {kind: hierarchy.build(localities, levels)
                         for kind, levels in parsed.items()}

@@ -31,6 +31,7 @@ import warnings
 
 from .config import check_alike
 from .errors import XhcError, agree, error_text
+from .hierarchy import placeless, reads_topology
 
 # Accepted level names -> hwloc object type names understood by hwloc-calc.
 LEVEL_TYPES = {
@@ -407,6 +408,15 @@ def gather_localities(comm, topology=None, index=0):
         _told_by_rank_0(comm, lambda: _core_table(source))
     _HEARD_TABLES[source] = table
     return comm.allgather(dict(table[int(index) % len(table)]))
+
+
+def localities_for(comm, topology, index, hierarchies):
+    """gather_localities(COMM, TOPOLOGY, INDEX) if any of HIERARCHIES
+    (parsed level lists) groups ranks by the machine; else localities
+    that need no hwloc (virtual levels and flat read none)."""
+    if any(map(reads_topology, hierarchies)):
+        return gather_localities(comm, topology, index)
+    return placeless(comm.size)
 
 
 def _told_by_rank_0(comm, ask):
