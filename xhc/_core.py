@@ -97,6 +97,9 @@ def error(rc, what, ctx=None, pids=None, ranks=None):
     if rc == lib.XHC_ERR_FREED:
         from .mpierrors import comm_freed  # imports mpi4py's MPI
         return comm_freed(rc)
+    if rc == lib.XHC_ERR_MISMATCH:
+        from .mpierrors import MPITruncateError
+        return MPITruncateError(msg, rc)
     if rc in USAGE:
         return ValueError(msg)
     return XhcError(msg, rc)

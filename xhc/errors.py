@@ -33,7 +33,7 @@ _KINDS = {"TypeError": TypeError, "ValueError": ValueError,
 
 # xhc's errors that are also MPI.Exception (xhc.mpierrors): their class too.
 _MPI_KINDS = ("MPIValueError", "MPIRootTypeError", "MPIRequestError",
-              "MPICommError")
+              "MPICommError", "MPITruncateError")
 
 
 def _as_sent(problem):
@@ -49,7 +49,8 @@ def _as_received(kind, text, error_class):
         return _KINDS.get(kind, XhcError)(text)
     from . import mpierrors  # it imports this module
     made = getattr(mpierrors, kind)
-    if kind in ("MPIRequestError", "MPICommError"):  # of one class each
+    if kind in ("MPIRequestError", "MPICommError",
+                "MPITruncateError"):  # of one class each
         return made(text)
     return made(text, error_class)
 

@@ -72,6 +72,16 @@ class MPICommError(XhcError, _MPIError):
         self.code = code
 
 
+class MPITruncateError(XhcError, _MPIError):
+    """A peer's buffer of another size than this rank's (MPI.ERR_TRUNCATE,
+    which mpi4py raises where a receive buffer is too short for what is
+    sent): xhc raises it for either difference, having written nothing."""
+
+    def __init__(self, message, code=0):
+        _MPIError.__init__(self, message, MPI.ERR_TRUNCATE)
+        self.code = code
+
+
 def comm_freed(code=0):
     """The error of a call on an xhc.Comm already freed."""
     return MPICommError("xhc.Comm already freed", code)

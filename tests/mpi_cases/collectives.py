@@ -3013,6 +3013,7 @@ def persistent_calls(xcomm, comm, v):
     request_errors_as_mpi(v, xcomm, comm)
     freed_comm_errors_as_mpi(v, comm)
     read_only_errors_as_mpi4py(v, xcomm, comm)
+    truncation_as_mpi4py(v, xcomm, comm)
     v.case("copy.copy of an xhc.Comm is a handle of it",
            None if copy.copy(xcomm) is xcomm else "another object")
     for how in (pickle.dumps, copy.deepcopy):
@@ -3304,16 +3305,49 @@ def read_only_errors_as_mpi4py(v, xcomm, comm):
            raises(ValueError, xcomm.Allreduce, np.ones(2), ro))
 
 
+def truncation_as_mpi4py(v, xcomm, comm):
+    """A Bcast reader whose buffer is shorter than the root's raises what
+    mpi4py raises there, an MPI.Exception of class MPI.ERR_TRUNCATE, which
+    is also xhc's XhcError; the ranks that read through it raise that it
+    gave up (an XhcError), the others return; the Bcasts after meet.
+    (mpi4py's side on 2 ranks only: on 3, Open MPI's next Bcast on the
+    short rank hangs.)"""
+    short = comm.rank == comm.size - 1
+    want = (MPI.ERR_TRUNCATE, True) if short else "none"
+    sides = (("mpi4py", comm), ("xhc", xcomm))
+    got = {}
+    if comm.size > 2:
+        sides, got = sides[1:], {"mpi4py": want, "mpi4py after": True}
+    for who, c in sides:
+        try:
+            c.Bcast(np.zeros(2 if short else 4), 0)
+            got[who] = "none"
+        except Exception as e:  # noqa: BLE001 -- the case reports it
+            got[who] = (isinstance(e, MPI.Exception) and e.Get_error_class(),
+                        isinstance(e, xhc.XhcError) or who == "mpi4py")
+        after = np.full(3, 7.0) if comm.rank == 0 else np.zeros(3)
+        c.Bcast(after, 0)
+        got[who + " after"] = bool((after == 7.0).all())
+    if not short and got["xhc"] == (False, True):
+        got["xhc"] = "none"  # its leader gave up: an XhcError of xhc's own
+    v.case("a Bcast into a short buffer raises mpi4py's ERR_TRUNCATE, "
+           "which is also an XhcError",
+           None if got == {"mpi4py": want, "xhc": want, "mpi4py after": True,
+                           "xhc after": True} else f"got {got}")
+
+
 def agreed_mpi_errors(v, comm):
     """An error that is also MPI's (xhc.mpierrors) raised on one rank in
     a step the ranks agree on reaches the others as its kind and MPI
     error class, with the rank that had it named."""
     from xhc.errors import agree
     from xhc.mpierrors import (MPICommError, MPIRequestError,
-                               MPIRootTypeError, MPIValueError)
+                               MPIRootTypeError, MPITruncateError,
+                               MPIValueError)
     made = {MPIValueError: lambda t: MPIValueError(t, MPI.ERR_ROOT),
             MPIRootTypeError: lambda t: MPIRootTypeError(t, MPI.ERR_ROOT),
-            MPIRequestError: MPIRequestError, MPICommError: MPICommError}
+            MPIRequestError: MPIRequestError, MPICommError: MPICommError,
+            MPITruncateError: MPITruncateError}
     for kind, make in made.items():
         problem = make("no such root") if comm.rank == 0 else None
         try:
