@@ -300,6 +300,31 @@ def test_one_rank_asks_hwloc_for_the_whole_communicator(monkeypatch):
     assert asked == [new + "\n"]
 
 
+@pytest.mark.parametrize("levels, cpus, warns", [
+    (["core"], [0, 1], "core"), (["l2", "numa"], [0, 1], None),
+    (["l2", "numa"], [1, 2], "l2"), (["numa"], [1, 2], None),
+    (["core", "virtual:2"], [0, 1], "core")])
+def test_unbound_ranks_warn_when_a_level_asked_for_groups_nothing(
+        monkeypatch, levels, cpus, warns):
+    """Ranks bound to the same CPUS share the domains of every level
+    those span: a hierarchy that names core or l2 groups nothing there,
+    and says so; one that names neither keeps quiet (an unbound process
+    always spans several cores)."""
+    monkeypatch.setenv("HWLOC_SYNTHETIC", "pack:1 numa:1 l2:2 core:2 pu:1")
+    monkeypatch.setattr(topology, "_warned", False)
+    mask = topology._cpuset_mask(cpus)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = topology.localities_for(NodeComm(0, [mask, mask]), None, 0,
+                                      [[], levels])
+    assert [loc["core"] for loc in got] == [tuple(cpus)] * 2
+    assert [str(w.message) for w in seen] == ([] if warns is None else [
+        f"xhc: this process is not bound inside one {warns} domain (its "
+        f"CPU binding spans several), so ranks cannot be grouped by "
+        f"{warns}; launch with 'mpiexec --bind-to core' for a useful "
+        f"hierarchy"])
+
+
 def test_every_rank_hears_that_hwloc_failed(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))

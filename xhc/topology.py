@@ -48,9 +48,10 @@ LEVEL_TYPES = {
 CANONICAL = ("core", "l2", "l3", "numa", "package", "node")
 
 # Levels the default hierarchies use; an unbound process spanning several of
-# these domains is worth a warning.  core/l2 are left out: an unbound process
-# always spans several cores, which only matters if the user asks for them.
+# these domains is worth a warning.  core/l2 only count where a hierarchy
+# names them: an unbound process always spans several cores.
 _BINDING_LEVELS = ("l3", "numa", "package")
+_ASKED_ONLY = ("l2", "core")
 
 # Levels that need a hwloc-calc call ("node" is always the one machine).
 _QUERIED = tuple(name for name in CANONICAL if name != "node")
@@ -254,14 +255,17 @@ def describe(topology=None):
     return "%s: %s" % (where, ", ".join(parts))
 
 
-def warn_if_spanning(locality, pu_locality=None):
+def warn_if_spanning(locality, pu_locality=None, asked=()):
     """Warn once per process when the binding spans several domains of a
     level: when, at that level, LOCALITY (the binding's) is not that of
     one PU in the binding (PU_LOCALITY; unknown: not that of one domain).
-    A NUMA node of memory alone (HBM, CXL) lies over the cores of another
-    one: a rank bound to one core meets both, and spans neither."""
+    The levels: l3, numa, package, and core and l2 if in ASKED (the
+    levels a hierarchy names).  A NUMA node of memory alone (HBM, CXL)
+    lies over the cores of another one: a rank bound to one core meets
+    both, and spans neither."""
     global _warned
-    spanned = [name for name in _BINDING_LEVELS
+    levels = _BINDING_LEVELS + tuple(n for n in _ASKED_ONLY if n in asked)
+    spanned = [name for name in levels
                if (len(locality.get(name, ())) > 1 if pu_locality is None
                    else locality.get(name) != pu_locality.get(name))]
     if not spanned or _warned:
@@ -386,7 +390,7 @@ def _cached_locality(source, index):
     return table[index % len(table)]
 
 
-def gather_localities(comm, topology=None, index=0):
+def gather_localities(comm, topology=None, index=0, asked=()):
     """Every rank's locality, the same list on every rank of COMM (an mpi4py
     communicator on one node; collective).
 
@@ -394,13 +398,15 @@ def gather_localities(comm, topology=None, index=0):
     all take the same path.  On this machine rank 0 asks hwloc for the
     whole communicator, one hwloc-calc per level type rather than per
     level and rank, and sends the answer (or its failure, raised on every
-    rank) to all.  With a topology source rank 0 asks hwloc about its
-    every core, once, and each rank is placed by its INDEX (node_index: its
-    rank on its node, as the launcher placed it)."""
+    rank) to all; a rank whose binding spans domains of a level the
+    hierarchy groups by (ASKED: level names) warns.  With a topology
+    source rank 0 asks hwloc about its every core, once, and each rank
+    is placed by its INDEX (node_index: its rank on its node, as the
+    launcher placed it)."""
     source = source_of(topology)
     check_alike("topology", comm.allgather(source))
     if source is None:
-        return _machine_localities(comm)
+        return _machine_localities(comm, asked)
     # Every rank keeps the table it heard: a later communicator (a Split)
     # whose rank 0 is another process asks hwloc again only if one lacks it.
     known = comm.allgather(source in _HEARD_TABLES)
@@ -415,7 +421,8 @@ def localities_for(comm, topology, index, hierarchies):
     (parsed level lists) groups ranks by the machine; else localities
     that need no hwloc (virtual levels and flat read none)."""
     if any(map(reads_topology, hierarchies)):
-        return gather_localities(comm, topology, index)
+        asked = {name for levels in hierarchies for name in levels}
+        return gather_localities(comm, topology, index, asked)
     return placeless(comm.size)
 
 
@@ -435,7 +442,7 @@ def _told_by_rank_0(comm, ask):
     return answer
 
 
-def _machine_localities(comm):
+def _machine_localities(comm, asked):
     """gather_localities on this machine: rank 0 asks, everyone hears."""
     pairs = comm.gather(_binding_masks(), root=0)
 
@@ -451,7 +458,7 @@ def _machine_localities(comm):
     binding, pu = pairs[comm.rank]
     problem = None
     try:
-        warn_if_spanning(heard[binding], heard.get(pu))
+        warn_if_spanning(heard[binding], heard.get(pu), asked)
     except Exception as e:  # a warning made an error, on this rank alone
         problem = e
     agree(comm, None, problem)  # ... raised on every rank, or they hang
