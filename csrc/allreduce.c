@@ -34,20 +34,27 @@ int xhc_red_init(struct xhc_red *r, size_t count, int dtype, int op)
                ? XHC_ERR_ARG : XHC_ERR_DTYPE_OP;
     r->count = count;
     r->esize = xhc_dtype_size(dtype);
-    r->nbytes = r->total = count * r->esize;
+    r->nbytes = count * r->esize;
+    r->what = op * XHC_NDTYPES + dtype;
+    r->total = r->nbytes | (uint64_t)r->what << XHC_WHAT_SHIFT;
     return 0;
 }
 
-/* Wait for PEER's line DIR of operation SEQ, which must be of the size
- * of my call: ranks that passed different sizes fail rather than fold
- * bytes that are not there (or, in pieces, pair their calls askew). */
+/* Wait for PEER's line DIR of operation SEQ, which must be of the size,
+ * op and dtype of my call: ranks that passed different sizes fail rather
+ * than fold bytes that are not there (or, in pieces, pair their calls
+ * askew), and ranks that passed different ops or dtypes rather than each
+ * fold by its own. */
 static int xhc_take_line(xhc_ctx_t *ctx, int peer, int dir, uint64_t seq,
                          const struct xhc_red *r)
 {
     struct xhc_flag_line *line = xhc_line(ctx, peer, dir, seq);
     int rc = xhc_wait_eq(ctx, &line->seq, seq, peer);
-    if (rc == 0 && (line->nbytes & ~XHC_NBYTES_TIMED) != r->total)
-        rc = xhc_fail(ctx, peer, XHC_ERR_MISMATCH);
+    uint64_t differs = (line->nbytes & ~XHC_NBYTES_TIMED) ^ r->total;
+    uint64_t what_bits = (uint64_t)XHC_WHAT_MASK << XHC_WHAT_SHIFT;
+    if (rc == 0 && differs)
+        rc = xhc_fail(ctx, peer, differs & ~what_bits ? XHC_ERR_MISMATCH
+                                                       : XHC_ERR_DISAGREE);
     return rc;
 }
 

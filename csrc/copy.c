@@ -62,6 +62,7 @@ int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
     big->single = m->single;
     big->stream = m->stream;
     big->root = m->root;
+    big->what = m->what;
     big->round = ctx->round;
     /* Orders the descriptions and choice before peers see the number. */
     xhc_publish(ctx, &big->seq, seq);
@@ -74,10 +75,10 @@ int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
         if (p == 0)
             m->first = pb->send.nbytes;
         /* An erroneous program (ranks in different reductions, or with
-         * different roots or sizes, now or in an earlier Bcast that
-         * left our rounds apart) fails here, on every rank at once,
-         * instead of folding what it can. */
-        if (pb->root != m->root)
+         * different roots, ops, dtypes or sizes, now or in an earlier
+         * Bcast that left our rounds apart) fails here, on every rank at
+         * once, instead of folding what it can. */
+        if (pb->root != m->root || pb->what != m->what)
             return xhc_fail(ctx, p, XHC_ERR_DISAGREE);
         if (pb->send.nbytes != nbytes)
             return xhc_fail(ctx, p, XHC_ERR_MISMATCH);

@@ -26,7 +26,7 @@ const char *xhc_strerror(int code)
                "behind)";
     case XHC_ERR_DISAGREE:
         return "a peer called another collective, or this one with another "
-               "root (XHC_DEBUG=1 names the difference)";
+               "root, op or datatype (XHC_DEBUG=1 names the difference)";
     case XHC_ERR_PEER_CLOSED:
         return "a peer freed its xhc.Comm, or its process is exiting, before "
                "taking part in this collective";

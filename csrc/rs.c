@@ -232,7 +232,8 @@ int xhc_rs_run(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
 {
     int whole = root < 0 || root == ctx->rank;
     unsigned char *target = whole ? rbuf : NULL;
-    struct xhc_meeting m = { .root = root < 0 ? -1 : root };
+    struct xhc_meeting m = { .root = root < 0 ? -1 : root,
+                             .what = r->what };
     struct xhc_pick pick;
     /* Before the sequence number: a rank that cannot get its target
      * refuses the call, its counters still in step with its peers'.  (A

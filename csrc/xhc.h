@@ -33,7 +33,8 @@ typedef struct xhc_ctx xhc_ctx_t;
 #define XHC_ERR_MISMATCH  -5010 /* a peer's buffer does not fit this call:
                                    the ranks passed different sizes */
 #define XHC_ERR_DISAGREE  -5011 /* a peer called another collective, or
-                                   this one with another root */
+                                   this one with another root, op or
+                                   dtype */
 #define XHC_ERR_PEER_CLOSED -5012 /* a peer freed its communicator, or is
                                      exiting: it takes part in no more */
 #define XHC_ERR_ASKEW     -5013 /* a peer's count of staging rounds is not

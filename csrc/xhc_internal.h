@@ -132,6 +132,7 @@ struct xhc_big_line {
     uint64_t round;   /* reductions: my rounds counted as SEQ began */
     int32_t stream;   /* reductions: the decider stages with streaming
                          stores (tune.c 7.) */
+    int32_t what;     /* reductions: my op and dtype (struct xhc_red) */
 } XHC_ALIGNED;
 _Static_assert(sizeof(struct xhc_big_line) == XHC_LINE, "one line");
 
@@ -358,6 +359,7 @@ unsigned char *xhc_region_span(xhc_ctx_t *ctx,
 /* What xhc_meet learns besides the peers' buffers. */
 struct xhc_meeting {
     int root;     /* a Reduce's root, or -1 for Allreduce */
+    int what;     /* my op and dtype (struct xhc_red) */
     int single;   /* in: mine; out: the decider's (xhc_decider) */
     int stream;   /* in: mine; out: the decider's: staging stores */
     int in_place; /* out: some rank's buffer is in a shared region */
@@ -398,10 +400,19 @@ void xhc_fold(void *dst, const void *const *srcs, int nsrc, void *acc,
 struct xhc_red {
     size_t count, esize, nbytes;
     uint64_t total; /* bytes of the whole call, which may go in pieces,
-                       and above XHC_PIECE_TAG_SHIFT its piece's number:
-                       what ranks publish in their lines, and compare */
+                       above XHC_WHAT_SHIFT its op and dtype, and above
+                       XHC_PIECE_TAG_SHIFT its piece's number: what ranks
+                       publish in their lines, and compare */
+    int32_t what;   /* the op and dtype, as one number (xhc_red_init) */
     xhc_reduce_fn fn;
 };
+/* The op and dtype in the size a line carries: ranks that pass different
+ * ops or dtypes of one size fail (XHC_ERR_DISAGREE) instead of each
+ * folding by its own.  (A call of 2^40 bytes or more may hide them.) */
+#define XHC_WHAT_SHIFT 40
+#define XHC_WHAT_MASK 0xff
+_Static_assert(XHC_NOPS * XHC_NDTYPES <= XHC_WHAT_MASK + 1,
+               "an op and a dtype fit the size's what bits");
 /* A piece's number in the top bits of the size its lines carry (below
  * XHC_NBYTES_TIMED): ranks whose earlier calls ran different numbers of
  * pieces (they passed different sizes) then fail instead of folding each
@@ -411,6 +422,8 @@ struct xhc_red {
 _Static_assert(((uint64_t)XHC_PIECE_TAG_MASK << XHC_PIECE_TAG_SHIFT)
                    < XHC_NBYTES_TIMED,
                "a piece's tag stays clear of the timed bit");
+_Static_assert(XHC_WHAT_SHIFT + 8 <= XHC_PIECE_TAG_SHIFT,
+               "the op and dtype stay clear of a piece's tag");
 int xhc_red_init(struct xhc_red *r, size_t count, int dtype, int op);
 int xhc_fold_children(xhc_ctx_t *ctx, const int *child, int nchild,
                       uint64_t seq, const struct xhc_red *r, void *dst,

@@ -602,6 +602,9 @@ DEBUG_CASES = [
      "recvbuf: rank 0 has '4 x float64', rank 2 has '5 x float64'"),
     ("allreduce-dtype", "Allreduce",
      "sendbuf: rank 0 has '4 x float64', rank 2 has '4 x float32'"),
+    ("allreduce-complex", "Allreduce",
+     "sendbuf: rank 0 has '4 x float64', rank 2 has '2 x complex of "
+     "float64'"),
     ("allreduce-op", "Allreduce", "op: rank 0 has 'SUM', rank 2 has 'MAX'"),
     ("bcast-count", "Bcast",
      "buffer: rank 0 has '32 bytes', rank 2 has '40 bytes'"),
@@ -645,7 +648,8 @@ def test_debug_call_that_fails_on_one_rank_raises_on_every_rank(request,
     case = "bcast-extra-arg"
     name = f"debug-{case}" if how == "keyword" else f"debug-env-{case}"
     check_case(launch, name, "TypeError",
-               r"^(rank 2: )?too many positional arguments$")
+               r"^(rank 2: )?Bcast\(buf, root=\.\.\.\): too many "
+               r"positional arguments$")
 
 
 @pytest.mark.parametrize("case", ["freed-on-one-rank", "freed-dup"])
@@ -777,17 +781,23 @@ def test_a_rank_that_took_part_then_raised_is_waited_for(disagreeing, case,
 
 @pytest.mark.parametrize("case,pattern", [
     ("two-roots", "a peer called another collective, or this one with "
-                  r"another root \(XHC_DEBUG=1 names the difference\) "
+                  r"another root, op or datatype \(XHC_DEBUG=1 names the "
+                  r"difference\) "
                   r"\(rank \d\)$"),
     ("reduce-allreduce", r"a peer called another collective.* \(rank \d\)$"),
+    ("ops", r"a peer called another collective, or this one with another "
+            r"root, op or datatype .* \(rank \d\)$"),
+    ("dtypes", r"a peer called another collective, or this one with another "
+               r"root, op or datatype .* \(rank \d\)$"),
     ("sizes", r"a peer's buffer does not fit this call \(the ranks passed "
               r"different sizes, or one that refused a call is a call "
               r"behind\) \(rank \d\)$")],
-    ids=["two-roots", "reduce-allreduce", "sizes"])
+    ids=["two-roots", "reduce-allreduce", "ops", "dtypes", "sizes"])
 def test_large_reductions_that_disagree_fail_at_once(disagreeing, case,
                                                       pattern):
-    """Ranks that disagree on a large reduction's root, kind or size fail
-    at once, every one of them, instead of returning what they folded."""
+    """Ranks that disagree on a large reduction's root, kind, op, dtype or
+    size fail at once, every one of them, instead of returning what they
+    folded."""
     rep = disagreeing.by_rank("LARGE-DISAGREE-" + case)
     assert sorted(rep) == [0, 1, 2], disagreeing.output()
     kind = "MPITruncateError" if case == "sizes" else "XhcError"
@@ -795,6 +805,33 @@ def test_large_reductions_that_disagree_fail_at_once(disagreeing, case,
         assert kv["exc"] == kind, f"rank {r} returned: {kv}"
         assert re.search(pattern, kv["msg"]), kv["msg"]
         assert float(kv["t"]) < 2.0, kv
+
+
+@pytest.mark.parametrize("n", [4, 1024])
+@pytest.mark.parametrize("case", ["allreduce-ops", "reduce-ops",
+                                  "allreduce-dtypes"])
+def test_small_reductions_that_disagree_on_op_or_dtype_fail(disagreeing,
+                                                            case, n):
+    """Rank 1 passes another op or dtype (of the same size) to a small
+    reduction, inline (4 elements) or through the slots (1024): the ranks
+    that read its part, and rank 1 reading theirs, fail at once, naming
+    the difference; a Reduce's non-roots, which read nothing, return;
+    the ranks that wait on one that failed raise that it gave up."""
+    rep = disagreeing.by_rank(f"SMALL-DISAGREE-{case}-{n}")
+    assert sorted(rep) == [0, 1, 2], disagreeing.output()
+    failed = [r for r, kv in rep.items() if kv["exc"] != "None"]
+    assert 0 in failed, rep  # the root, or a reader of rank 1's part
+    if case.startswith("reduce"):
+        assert failed == [0], rep
+    for r in failed:
+        assert rep[r]["exc"] == "XhcError", rep[r]
+        assert "with another root, op or datatype" in rep[r]["msg"] or \
+            GAVE_UP in rep[r]["msg"], rep[r]
+        assert float(rep[r]["t"]) < 2.0, rep[r]
+    assert any("op or datatype" in rep[r]["msg"] for r in failed), rep
+    after = disagreeing.by_rank("SMALL-DISAGREE-AFTER")
+    assert all(kv["exc"] == "None" and kv["got"] == "9"
+               for kv in after.values()), after
 
 
 @pytest.mark.parametrize("case,odd,parent", [

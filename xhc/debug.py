@@ -23,6 +23,9 @@ def _describe(buf, typed=True):
         return "unchecked buffer"
     if not typed:
         return f"{b.nbytes} bytes"
+    if b.alias is not None:  # as given: a complex array, not its floats
+        return (f"{b.count // b.alias.lanes} x {b.alias.name} "
+                f"of {DTYPE_NAMES[b.dtype]}")
     return f"{b.count} x {DTYPE_NAMES[b.dtype]}"
 
 
@@ -79,6 +82,12 @@ def _own_signature(xcomm, name, sig, args, kwargs):
     hang."""
     try:
         bound = sig.bind(*args, **kwargs)
+    except TypeError as exc:  # worded as without XHC_DEBUG, on every rank
+        from .comm import Comm, _misbound  # it imports this module
+        entry = getattr(Comm, "_" + name, None) or getattr(Comm, name)
+        return None, _misbound(entry, args, kwargs) or \
+            TypeError(f"{name}: {exc}")
+    try:
         bound.apply_defaults()
         return _signature(xcomm, name, bound), None
     except Exception as exc:  # noqa: BLE001

@@ -649,6 +649,9 @@ def debug_cases():
         ("debug-allreduce-dtype",
          lambda c: c.Allreduce(np.zeros(4, np.float32 if odd else np.float64),
                               np.zeros(4, np.float32 if odd else np.float64))),
+        ("debug-allreduce-complex",  # the core sums both as 4 float64s
+         lambda c: c.Allreduce(np.zeros(2, np.complex128) if odd else f8(4),
+                              np.zeros(2, np.complex128) if odd else f8(4))),
         ("debug-allreduce-op",
          lambda c: c.Allreduce(f8(4), f8(4), op=MPI.MAX if odd else MPI.SUM)),
         ("debug-bcast-count", lambda c: c.Bcast(f8(n), root=0)),
@@ -783,6 +786,7 @@ def suite_roots(xc):
     one_rank_took_part()
     sizes_differ()
     large_calls_disagree()
+    small_calls_disagree()
     bcast_sizes_differ()
     os._exit(0)
 
@@ -877,6 +881,10 @@ LARGE_DISAGREE = [
      else c.Reduce(a, b, root=0)),
     ("sizes", lambda c, a, b: c.Allreduce(a[:MIB // 2 if RANK == 1 else MIB],
                                           b[:MIB // 2 if RANK == 1 else MIB])),
+    ("ops", lambda c, a, b: c.Allreduce(a, b, MPI.MAX if RANK == 1
+                                        else MPI.SUM)),
+    ("dtypes", lambda c, a, b: c.Allreduce(a.view("i8") if RANK == 1 else a,
+                                           b.view("i8") if RANK == 1 else b)),
 ]
 
 
@@ -892,6 +900,34 @@ def large_calls_disagree():
         _outcome_of("LARGE-DISAGREE-" + case, lambda: call(c, a, b))
         W.Barrier()
         c.free()
+
+
+# Small reductions, inline (4 elements) or through the slots (1024), on
+# whose op or dtype rank 1 disagrees.
+SMALL_DISAGREE = [
+    ("allreduce-ops", lambda c, a, b: c.Allreduce(
+        a, b, MPI.PROD if RANK == 1 else MPI.SUM)),
+    ("reduce-ops", lambda c, a, b: c.Reduce(
+        a, b, MPI.MIN if RANK == 1 else MPI.MAX, root=0)),
+    ("allreduce-dtypes", lambda c, a, b: c.Allreduce(
+        a.view("u8") if RANK == 1 else a, b.view("u8") if RANK == 1 else b)),
+]
+
+
+def small_calls_disagree():
+    """Every rank that reads rank 1's part, or rank 1 reading theirs,
+    fails at once, where each rank used to fold by its own op or dtype
+    and return its own result; the calls after meet."""
+    c = xhc.Comm(W, timeout=3)
+    for n in (4, 1024):
+        for case, call in SMALL_DISAGREE:
+            a, b = np.full(n, RANK + 2.0), np.zeros(n)
+            _outcome_of(f"SMALL-DISAGREE-{case}-{n}", lambda: call(c, a, b))
+            W.Barrier()
+    a, b = np.full(4, RANK + 2.0), np.zeros(4)
+    _outcome_of("SMALL-DISAGREE-AFTER", lambda: c.Allreduce(a, b),
+                lambda: f"got={b[0]:g}")
+    c.free()
 
 
 # Bcasts in which one rank passes another size than the root: (case, the
