@@ -642,14 +642,17 @@ def test_info_reports_waiting_for_the_load(n, env):
         assert seg["bytes"] == _core.segment_size(n, cfg), seg
 
 
-# xhc.Comm's hierarchy on a synthetic machine, as rank 0 reports it.
+# xhc.Comm's hierarchy on a synthetic machine, and how it waits and
+# stages, as rank 0 reports them.
 COMM_LEVELS = """
 import json
 from mpi4py import MPI
 import xhc
 with xhc.Comm(MPI.COMM_WORLD) as c:
     if MPI.COMM_WORLD.rank == 0:
-        print(json.dumps(c.xhc_info["levels"]["allreduce"]))
+        print(json.dumps([c.xhc_info["levels"]["allreduce"],
+                          c.xhc_info["config"], c.xhc_info["segment_bytes"],
+                          c.xhc_info["copy"]]))
 """
 
 
@@ -658,7 +661,9 @@ def test_info_places_ranks_as_comm_does(tmp_path, split):
     """On a topology= machine, info places each rank where xhc.Comm does:
     by its rank on the node, which Open MPI's mapping of 5 ranks here
     does not number as COMM_WORLD does; and where split_nodes cuts the
-    node, it reports the first part's hierarchy, as xhc.Comm builds it."""
+    node, it reports the first part's hierarchy, as xhc.Comm builds it,
+    and its waiting, staging, segment and transport, as xhc.Comm settles
+    them for the whole node's load (5 processes on 2 CPUs: crowded)."""
     script = tmp_path / "levels.py"
     script.write_text(COMM_LEVELS)
     env = {"XHC_TOPOLOGY": "pack:2 numa:2 core:2 pu:1",
@@ -667,9 +672,19 @@ def test_info_places_ranks_as_comm_does(tmp_path, split):
     info = run_mpi(5, ["-m", "xhc", "info", "--op", "allreduce", "--json"],
                    env=env, timeout=90)
     got = json.loads(info.stdout.strip().splitlines()[-1])
-    want = json.loads(comm.stdout.strip().splitlines()[-1])
+    levels, cfg, segment, copy = json.loads(
+        comm.stdout.strip().splitlines()[-1])
     assert [[lv["name"], lv["groups"]] for lv in
-            got["hierarchies"]["allreduce"]] == want
+            got["hierarchies"]["allreduce"]] == levels
+    w = got["waiting"]
+    assert w["crowded"] and cfg["split_nodes"] == int(split), (w, cfg)
+    assert [w["spin"], w["bcast_windows"], w["bcast_rounds"],
+            w["reduce_cico_max"], w["rs_window"]] == [
+        cfg["spin"], cfg["windows"], cfg["bcast_rounds"],
+        cfg["reduce_cico_max"], cfg["rs_window"]], (w, cfg)
+    assert got["segment"]["bytes"] == segment, (got["segment"], segment)
+    assert got["transport"]["name"].startswith(copy), (got["transport"],
+                                                       copy)
     assert got["nodes"]["count"] == int(split)
     assert got["ranks"] == len(got["nodes"]["ranks"]) == (5 if split == "1"
                                                           else 3)
@@ -800,7 +815,8 @@ def test_info_cuts_the_segment_as_xhc_comm_would(monkeypatch):
     for key in list(os.environ):
         if key.startswith("XHC_"):
             monkeypatch.delenv(key)
-    seg, w = cli._waiting(config.resolve(), [[0]] * 4, [24 << 20] * 4)
+    seg, w = cli._waiting(config.resolve(), [[0]] * 4, [24 << 20] * 4,
+                          (4, 1))
     assert seg["shrunk"] == ["windows", "rs_window", "reduce_cico_max"], seg
     assert seg["free"] == 24 << 20 and seg["bytes"] <= 12 << 20, seg
     assert (w["bcast_windows"], w["reduce_cico_max"], w["rs_window"]) == \
@@ -809,13 +825,15 @@ def test_info_cuts_the_segment_as_xhc_comm_would(monkeypatch):
         "has 24.0 MiB free; cut to fit half of it (windows, crowded "
         "reduce-scatter window, crowded Reduce slot size)")
     # Too little for its share: cut as far as it goes, and said so.
-    seg, _ = cli._waiting(config.resolve(), [[0]] * 4, [512 << 10] * 4)
+    seg, _ = cli._waiting(config.resolve(), [[0]] * 4, [512 << 10] * 4,
+                          (4, 1))
     assert cli._segment_text(seg).endswith(
         "has 0.5 MiB free; more than its share, 0.2 MiB, even cut (windows, "
         "crowded reduce-scatter window, crowded Reduce slot size, "
         "chunk_size, cico_max)")
     # Too little for the smallest: info says xhc.Comm refuses it.
-    seg, _ = cli._waiting(config.resolve(), [[0]] * 4, [64 << 10, None])
+    seg, _ = cli._waiting(config.resolve(), [[0]] * 4, [64 << 10, None],
+                          (4, 1))
     assert cli._segment_text(seg).endswith(
         "has 0.1 MiB free; too large even cut: xhc.Comm refuses it")
 

@@ -9,7 +9,7 @@ from . import config
 from .errors import XhcError
 from .hierarchy import DEFAULTS, build, parse_levels
 from .topology import (describe, local_locality, localities_for, node_cpus,
-                       node_index)
+                       node_index, node_size)
 
 
 def _positive(text):
@@ -104,13 +104,13 @@ def _arena_text(arena):
                    "pages are written" % (arena["bytes"] / (1 << 30)))
 
 
-def _waiting(cfg, cpu_sets, frees):
+def _waiting(cfg, cpu_sets, frees, load):
     """(segment, waiting): the segment (_segment), and how ranks wait
-    and stage, as xhc.Comm settles CFG (the tunables) for this load and
-    the room in /dev/shm (FREES: each rank's free bytes there)."""
-    crowded, ncpu = config.fit_to_load(cfg, cpu_sets, config.chosen(),
-                                       (len(cpu_sets), node_cpus()))
-    segment = _segment(cfg, len(cpu_sets), frees)
+    and stage, as xhc.Comm settles CFG (the tunables) for this load
+    (LOAD: config.node_load's) and the room in /dev/shm (FREES: each
+    rank's free bytes there)."""
+    crowded, ncpu = config.fit_to_load(cfg, cpu_sets, config.chosen(), load)
+    segment = _segment(cfg, len(cpu_sets), frees, load[0])
     return segment, {"ranks": len(cpu_sets), "cpus": ncpu, "crowded": crowded,
             "spin": cfg["spin"], "sleep": cfg["sleep"],
             "bcast_windows": cfg["windows"],
@@ -119,16 +119,16 @@ def _waiting(cfg, cpu_sets, frees):
             "rs_window": cfg["rs_window"]}
 
 
-def _segment(cfg, nranks, frees):
-    """The segment xhc.Comm would make for the NRANKS ranks of one node
-    with CFG (as fit_to_load left it), cut to fit /dev/shm as xhc.Comm
-    cuts it (which settles CFG): config.fit_segment's report, or None if
-    the core is not built."""
+def _segment(cfg, nranks, frees, processes):
+    """The segment xhc.Comm would make for NRANKS ranks of a node of
+    PROCESSES with CFG (as fit_to_load left it), cut to fit /dev/shm as
+    xhc.Comm cuts it (which settles CFG): config.fit_segment's report, or
+    None if the core is not built."""
     def size_of(c):
         return _core_says(lambda core: core.segment_size(nranks, c))
     if size_of(cfg) is _UNBUILT:
         return None
-    return config.fit_segment(cfg, nranks, frees, nranks, size_of,
+    return config.fit_segment(cfg, nranks, frees, processes, size_of,
                               config.chosen())
 
 
@@ -223,16 +223,18 @@ def _node_report(args, comm, node):
     localities = localities_for(node, args.topology,
                                 node_index(comm.Get_rank()), specs.values())
     shm_free = _core_says(lambda core: core.shm_free())
-    cpu_sets, frees = zip(*node.allgather((
+    cpu_sets, frees, sizes, cpus = zip(*node.allgather((
         sorted(os.sched_getaffinity(0)),
-        None if shm_free is _UNBUILT else shm_free)))
+        None if shm_free is _UNBUILT else shm_free,
+        node_size(node.Get_size()), node_cpus())))
     arena = _arena(node)
     nodes = comm.allreduce(1 if node.Get_rank() == 0 else 0)
     ranks = node.allgather(comm.Get_rank())
     if comm.Get_rank() != 0:
         return 0
     cfg = config.resolve()
-    segment, waiting = _waiting(cfg, cpu_sets, frees)
+    segment, waiting = _waiting(cfg, cpu_sets, frees,
+                                config.node_load(sizes, cpus, node.Get_size()))
     hierarchies = {op: build(localities, levels) for op, levels in specs.items()}
     name, reason = _transport(waiting["crowded"], cfg["copy"])
     machine = _machine(args.topology)

@@ -252,7 +252,10 @@ class Comm(HotComm):
         inner._whole_ranks = self._nodes.node_ranks()
         self._state = "spanning"
         self._bind(ffi.NULL, self._nodes)
-        self.xhc_info = dict(inner.xhc_info, nodes=self._nodes.count)
+        # The node's, but split_nodes as in force here (the node's is 1).
+        self.xhc_info = dict(inner.xhc_info, nodes=self._nodes.count,
+                             config=dict(inner.xhc_info["config"],
+                                         split_nodes=self._cfg["split_nodes"]))
         if self._cfg["debug"]:  # compared over every node, not each alone
             debug.install(self)
 
@@ -302,14 +305,9 @@ class Comm(HotComm):
         for key in alike:
             config.check_alike(key, [each[key] for each in alikes])
         chosen = (self._chosen - _LAYOUT).union(*layout)
-        # A rank that cannot tell its node's CPUs (0) does not count, and
-        # one in a cgroup of its own sees fewer than the node has; a
-        # communicator of two jobs (Connect, spawn) has at least its size.
-        processes = max(*node_sizes, self._comm.size)
-        cpus_known = [count for count in node_cpus if count > 0]
-        self._crowded, _ = config.fit_to_load(
-            cfg, cpus, chosen, (processes, max(cpus_known, default=0)))
-        self._fit_to_space(cfg, frees, processes, chosen)
+        load = config.node_load(node_sizes, node_cpus, self._comm.size)
+        self._crowded, _ = config.fit_to_load(cfg, cpus, chosen, load)
+        self._fit_to_space(cfg, frees, load[0], chosen)
 
     def _fit_to_space(self, cfg, frees, node_ranks, chosen):
         """Cut the segment to its share of /dev/shm (config.fit_segment,

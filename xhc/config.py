@@ -194,6 +194,17 @@ def check_alike(key, values):
                          f"(or {key}=) alike on every rank")
 
 
+def node_load(node_sizes, node_cpus, size):
+    """(processes, CPUs) of the node of a communicator of SIZE ranks, from
+    each rank's NODE_SIZES (the launcher's count of the job's processes
+    on its node) and NODE_CPUS (0: unknown), as fit_to_load takes them.
+    A rank that cannot tell its node's CPUs does not count, and one in a
+    cgroup of its own sees fewer than the node has; a communicator of two
+    jobs (Connect, spawn) has at least its size."""
+    known = [count for count in node_cpus if count > 0]
+    return max(*node_sizes, size), max(known, default=0)
+
+
 def fit_to_load(cfg, cpu_sets, chosen=(), node_load=(0, 0)):
     """Settle CFG for ranks with the CPU affinities CPU_SETS (one per
     rank), on a node that runs NODE_LOAD[0] processes of the job on
