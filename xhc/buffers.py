@@ -163,6 +163,14 @@ def _of_array(arr, obj=None):
     return _staged(arr, obj, arr.dtype, flags.writeable)
 
 
+def stages(arr):
+    """Whether ndarray ARR goes through a copy (_of_array): its numbers
+    are in the other byte order, or its memory is not contiguous."""
+    flags = arr.flags
+    return not arr.dtype.isnative \
+        or not (flags.c_contiguous or flags.f_contiguous)
+
+
 def _staged(arr, obj, dtype, writable):
     """ARR through a C-contiguous copy of DTYPE, loaded before the call
     and stored back after it, element by element."""
@@ -170,8 +178,11 @@ def _staged(arr, obj, dtype, writable):
     # ndarray's own item assignment, not any subclass's, through
     # operator.setitem: compiled, and it makes no Python object (np.copyto
     # dispatches in Python; ndarray.__setitem__ called so makes tuples,
-    # which may start a garbage collection, which runs Python).
-    base = arr if type(arr) is np.ndarray else arr.view(np.ndarray)
+    # which may start a garbage collection, which runs Python).  Through
+    # a view of ARR as it is laid out now: a persistent request binds its
+    # memory so, and reshaping ARR in place later leaves the view as it
+    # was, where the copy would no longer fit ARR's shape.
+    base = arr.view(np.ndarray)
     return Buffer(obj, copy, dtype_code(dtype), writable,
                   functools.partial(operator.setitem, copy, Ellipsis, base),
                   functools.partial(operator.setitem, base, Ellipsis, copy))

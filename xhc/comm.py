@@ -23,7 +23,7 @@ from ._hot import (HotComm, HotRequest, bind_plain, block_hook,
 from ._xhc import ffi, lib
 from .arena import in_arena
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
-                      numpy_dtype, plain_tables, predefined, resolve)
+                      numpy_dtype, plain_tables, predefined, resolve, stages)
 from .errors import ReadOnlyError, XhcError, agree
 from .mpierrors import (MPIRequestError, MPIRootTypeError, MPIValueError,
                         comm_freed)
@@ -383,9 +383,11 @@ class Comm(HotComm):
 
     def _keep_run(self, name, args, run):
         """Keep RUN for ARGS where xhc/_hot.c looks for their plan, laid
-        out as one: (*ARGS, RUN, no call, bytes kept alive, not kept (a
-        strided array, which no guard passes), (guard, dtypes), guard
-        address, call address 0, which has _hot.c call RUN)."""
+        out as one: (*ARGS, RUN, no call, bytes kept alive, not kept (an
+        array that goes through a copy, as a plan that stages is not: the
+        guard would pass it reshaped in place, which the copy no longer
+        fits), (guard, dtypes), guard address, call address 0, which has
+        _hot.c call RUN)."""
         # The argument the call writes: a Bcast's buffer but at the root,
         # a reduction's receive buffer.
         written = 0 if name == "Bcast" and args[1] != self._rank else 1
@@ -397,9 +399,11 @@ class Comm(HotComm):
                       if name == "Allreduce" else
                       (self._bcast_plans if name == "Bcast"
                        else self._reduce_plans, id(args[0])))
+        staged = any(type(a) is np.ndarray and stages(a) for a in args)
         self._remember(plans, key, (
             *args, run, None, self._bytes_kept_alive(args),
-            not kept_holds(address, args), (guard, dtypes), address, 0))
+            staged or not kept_holds(address, args), (guard, dtypes),
+            address, 0))
 
     def _raised_across(self, exc):
         """A call over the nodes that xhc/_hot.c ran raised EXC: withdraw,

@@ -3542,6 +3542,7 @@ def suite_staged(world, comm, v, sz, args):
         staged_derived(xcomm, comm, v)
         spec_forms(xcomm, comm, v)
         changed_after_plan(xcomm, comm, v)
+        staged_reshaped(xcomm, comm, v)
         exports_released(xcomm, comm, v)
         staged_exports_held(xcomm, comm, v)
         staged_steps_run_no_python(v)
@@ -3576,6 +3577,46 @@ def byte_orders(xcomm, comm, v):
             xcomm.Bcast(buf, root=0)
             v.check(f"{how} byte orders: Bcast {kind}",
                     np.array_equal(buf, ins[0]), f"got {buf[:4]}")
+
+
+def staged_reshaped(xcomm, comm, v):
+    """Arrays that go through a copy (numbers in the other byte order, or
+    strided), reshaped in place on the last rank after calls on them:
+    the blocking calls, and a persistent request made before, still give
+    the right values (each used to raise there, its copy no longer of the
+    array's shape, and its peers to wait; over several nodes, for ever)."""
+    n, last = comm.size, comm.rank == comm.size - 1
+    layouts = {"'>f8'": lambda: np.zeros(6, ">f8"),
+               "strided": lambda: np.zeros(12)[::2]}
+    for name, make in layouts.items():
+        a, b = make(), make()
+        req = xcomm.Allreduce_init(a, b)
+        for step in range(4):
+            if step == 2 and last:
+                a.shape = b.shape = (2, 3)  # the same memory
+            a[...] = comm.rank + step
+            xcomm.Allreduce(a, b)
+            blocking = b.ravel().tolist()
+            b[...] = 0
+            req.Start()
+            req.Wait()
+            want = [sum(range(n)) + n * step] * 6
+            v.case(f"{name} reshaped in place: Allreduce #{step}, blocking "
+                   "and persistent",
+                   None if blocking == b.ravel().tolist() == want else
+                   f"got {blocking} and {b.ravel().tolist()}")
+        req.Free()
+        c = make().astype(">i4") if name == "'>f8'" else \
+            np.zeros(12, np.int32)[::2]
+        for step in range(3):
+            if step == 2 and last:
+                c.shape = (3, 2)
+            c[...] = np.arange(6).reshape(c.shape) + step if \
+                comm.rank == 0 else 0
+            xcomm.Bcast(c, 0)
+            v.case(f"{name} reshaped in place: Bcast #{step}",
+                   None if c.ravel().tolist() == list(range(step, step + 6))
+                   else f"got {c.ravel().tolist()}")
 
 
 def staged_layouts(xcomm, comm, v):
@@ -3989,6 +4030,7 @@ def suite_spanning(xcomm, comm, v, sz, args):
     one_array_twice(v, xcomm, comm, sz)
     bad_buffer_on_one_rank(xcomm, comm, v)
     kept_runs(xcomm, comm, v)
+    staged_reshaped(xcomm, comm, v)
     plain_calls_across(xcomm, comm, v)
     leaders_take_named_types(xcomm, comm, v)
     node_shared_arrays(xcomm, comm, v, parts)
