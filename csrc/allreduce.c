@@ -41,10 +41,10 @@ int xhc_red_init(struct xhc_red *r, size_t count, int dtype, int op)
 }
 
 /* Wait for PEER's line DIR of operation SEQ, which must be of the size,
- * op and dtype of my call: ranks that passed different sizes fail rather
- * than fold bytes that are not there (or, in pieces, pair their calls
- * askew), and ranks that passed different ops or dtypes rather than each
- * fold by its own. */
+ * op and dtype of my call: ranks that passed different ops or dtypes (or
+ * are in a Barrier) fail rather than each fold by its own, and ranks
+ * that passed different sizes rather than fold bytes that are not there
+ * (or, in pieces, pair their calls askew). */
 static int xhc_take_line(xhc_ctx_t *ctx, int peer, int dir, uint64_t seq,
                          const struct xhc_red *r)
 {
@@ -53,8 +53,8 @@ static int xhc_take_line(xhc_ctx_t *ctx, int peer, int dir, uint64_t seq,
     uint64_t differs = (line->nbytes & ~XHC_NBYTES_TIMED) ^ r->total;
     uint64_t what_bits = (uint64_t)XHC_WHAT_MASK << XHC_WHAT_SHIFT;
     if (rc == 0 && differs)
-        rc = xhc_fail(ctx, peer, differs & ~what_bits ? XHC_ERR_MISMATCH
-                                                       : XHC_ERR_DISAGREE);
+        rc = xhc_fail(ctx, peer, differs & what_bits ? XHC_ERR_DISAGREE
+                                                      : XHC_ERR_MISMATCH);
     return rc;
 }
 

@@ -407,12 +407,15 @@ struct xhc_red {
     xhc_reduce_fn fn;
 };
 /* The op and dtype in the size a line carries: ranks that pass different
- * ops or dtypes of one size fail (XHC_ERR_DISAGREE) instead of each
- * folding by its own.  (A call of 2^40 bytes or more may hide them.) */
+ * ops or dtypes fail (XHC_ERR_DISAGREE) instead of each folding by its
+ * own.  (In a call of 2^40 bytes or more a size may read as either.) */
 #define XHC_WHAT_SHIFT 40
 #define XHC_WHAT_MASK 0xff
-_Static_assert(XHC_NOPS * XHC_NDTYPES <= XHC_WHAT_MASK + 1,
-               "an op and a dtype fit the size's what bits");
+/* A Barrier's, which is no op on any dtype: a peer in an Allreduce of
+ * the same op and dtype as the Barrier's lines is in another collective. */
+#define XHC_WHAT_BARRIER (XHC_NOPS * XHC_NDTYPES)
+_Static_assert(XHC_WHAT_BARRIER <= XHC_WHAT_MASK,
+               "an op and a dtype, or a Barrier, fit the size's what bits");
 /* A piece's number in the top bits of the size its lines carry (below
  * XHC_NBYTES_TIMED): ranks whose earlier calls ran different numbers of
  * pieces (they passed different sizes) then fail instead of folding each

@@ -809,14 +809,16 @@ def test_large_reductions_that_disagree_fail_at_once(disagreeing, case,
 
 @pytest.mark.parametrize("n", [4, 1024])
 @pytest.mark.parametrize("case", ["allreduce-ops", "reduce-ops",
-                                  "allreduce-dtypes"])
+                                  "allreduce-dtypes", "barrier-allreduce"])
 def test_small_reductions_that_disagree_on_op_or_dtype_fail(disagreeing,
                                                             case, n):
     """Rank 1 passes another op or dtype (of the same size) to a small
-    reduction, inline (4 elements) or through the slots (1024): the ranks
-    that read its part, and rank 1 reading theirs, fail at once, naming
-    the difference; a Reduce's non-roots, which read nothing, return;
-    the ranks that wait on one that failed raise that it gave up."""
+    reduction, inline (4 elements) or through the slots (1024), or meets
+    it with a Barrier: the ranks that read its part, and rank 1 reading
+    theirs, fail at once, naming the difference (a Barrier's used to be
+    a MPITruncateError); a Reduce's non-roots, which read nothing,
+    return; the ranks that wait on one that failed raise that it gave
+    up."""
     rep = disagreeing.by_rank(f"SMALL-DISAGREE-{case}-{n}")
     assert sorted(rep) == [0, 1, 2], disagreeing.output()
     failed = [r for r, kv in rep.items() if kv["exc"] != "None"]

@@ -154,7 +154,7 @@ def _of_array(arr, obj=None):
         # every rank reduces them (one that fell back alone would leave
         # the others waiting) and ranks of either order agree on values.
         native = arr.dtype.newbyteorder("=")
-        if dtype_code(native) != NOT_REDUCIBLE:
+        if dtype_code(native) != NOT_REDUCIBLE or native in _ALIASES:
             return _staged(arr, obj, native, flags.writeable)
     if flags.c_contiguous:
         return Buffer(obj, arr, code, flags.writeable)

@@ -3559,9 +3559,12 @@ def byte_orders(xcomm, comm, v):
     swapped = {"mixed": rank % 2 == 0, "all": True}
     for how, mine in swapped.items():
         for kind, op, count in (("f8", "SUM", 5), ("i4", "MAX", 40000),
-                                ("u2", "BOR", 3)):
+                                ("u2", "BOR", 3), ("c16", "SUM", 7),
+                                ("c8", "SUM", 3000)):
             dt = np.dtype(kind).newbyteorder(">" if mine else "=")
             ins = [(np.arange(count) * (r + 2) + r) % 4000 for r in range(n)]
+            if kind[0] == "c":  # an imaginary part, unlike the real one
+                ins = [x + 1j * (x % 7 - 3) for x in ins]
             want = np_fold(op, [x.astype(kind) for x in ins])
             got = np.full(count, 9, dt)
             xcomm.Allreduce(ins[rank].astype(dt), got, op=getattr(MPI, op))

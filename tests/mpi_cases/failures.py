@@ -903,7 +903,7 @@ def large_calls_disagree():
 
 
 # Small reductions, inline (4 elements) or through the slots (1024), on
-# whose op or dtype rank 1 disagrees.
+# whose op or dtype rank 1 disagrees, or which it meets with a Barrier.
 SMALL_DISAGREE = [
     ("allreduce-ops", lambda c, a, b: c.Allreduce(
         a, b, MPI.PROD if RANK == 1 else MPI.SUM)),
@@ -911,6 +911,8 @@ SMALL_DISAGREE = [
         a, b, MPI.MIN if RANK == 1 else MPI.MAX, root=0)),
     ("allreduce-dtypes", lambda c, a, b: c.Allreduce(
         a.view("u8") if RANK == 1 else a, b.view("u8") if RANK == 1 else b)),
+    ("barrier-allreduce", lambda c, a, b: c.Barrier() if RANK == 1
+     else c.Allreduce(a, b)),
 ]
 
 
