@@ -164,8 +164,9 @@ def _of_array(arr, obj=None):
 
 
 def stages(arr):
-    """Whether ndarray ARR goes through a copy (_of_array): its numbers
-    are in the other byte order, or its memory is not contiguous."""
+    """Whether ndarray ARR may go through a copy (_of_array): its memory
+    is not contiguous, or its dtype is in the other byte order (numbers
+    are; other data moves as it is, but counts here too)."""
     flags = arr.flags
     return not arr.dtype.isnative \
         or not (flags.c_contiguous or flags.f_contiguous)
