@@ -48,11 +48,7 @@ def _as_received(kind, text, error_class):
     if kind not in _MPI_KINDS:
         return _KINDS.get(kind, XhcError)(text)
     from . import mpierrors  # it imports this module
-    made = getattr(mpierrors, kind)
-    if kind in ("MPIRequestError", "MPICommError",
-                "MPITruncateError"):  # of one class each
-        return made(text)
-    return made(text, error_class)
+    return mpierrors.remade(getattr(mpierrors, kind), text, error_class)
 
 
 def agree(comm, value, problem=None):

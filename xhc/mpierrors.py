@@ -26,11 +26,13 @@ class _MPIError(MPI.Exception):
         return f"{type(self).__name__}({self.message!r})"
 
     def __reduce__(self):  # its attributes (code, notes) go as its state
-        return (_remade, (type(self), self.message, self.Get_error_class()),
+        return (remade, (type(self), self.message, self.Get_error_class()),
                 self.__dict__.copy())
 
 
-def _remade(kind, message, error_class):
+def remade(kind, message, error_class):
+    """An error of KIND (a class here) with MESSAGE and ERROR_CLASS, as
+    another process raised it (unpickled, or from errors.agree)."""
     err = kind.__new__(kind)
     _MPIError.__init__(err, message, error_class)
     return err
@@ -53,33 +55,37 @@ class MPIRootTypeError(TypeError, MPIValueError):
         _MPIError.__init__(self, message, error_class)
 
 
-class MPIRequestError(XhcError, _MPIError):
-    """A request in a state in which MPI refuses the call (MPI.ERR_REQUEST):
-    started or freed while active, used once freed, cancelled."""
+class _MPIXhcError(XhcError, _MPIError):
+    """An XhcError (CODE: the core's error code, or 0) that is also the
+    MPI.Exception of its class's one error class, _CLASS."""
 
-    code = 0  # not a core error code
+    code = 0
 
-    def __init__(self, message):
-        _MPIError.__init__(self, message, MPI.ERR_REQUEST)
-
-
-class MPICommError(XhcError, _MPIError):
-    """A call on an xhc.Comm already freed (MPI.ERR_COMM), as mpi4py
-    refuses a call on a freed communicator."""
-
-    def __init__(self, message, code=0):
-        _MPIError.__init__(self, message, MPI.ERR_COMM)
+    def __init__(self, message, code=0):  # not XhcError's
+        _MPIError.__init__(self, message, self._CLASS)
         self.code = code
 
 
-class MPITruncateError(XhcError, _MPIError):
+class MPIRequestError(_MPIXhcError):
+    """A request in a state in which MPI refuses the call (MPI.ERR_REQUEST):
+    started or freed while active, used once freed, cancelled."""
+
+    _CLASS = MPI.ERR_REQUEST
+
+
+class MPICommError(_MPIXhcError):
+    """A call on an xhc.Comm already freed (MPI.ERR_COMM), as mpi4py
+    refuses a call on a freed communicator."""
+
+    _CLASS = MPI.ERR_COMM
+
+
+class MPITruncateError(_MPIXhcError):
     """A peer's buffer of another size than this rank's (MPI.ERR_TRUNCATE,
     which mpi4py raises where a receive buffer is too short for what is
     sent): xhc raises it for either difference, having written nothing."""
 
-    def __init__(self, message, code=0):
-        _MPIError.__init__(self, message, MPI.ERR_TRUNCATE)
-        self.code = code
+    _CLASS = MPI.ERR_TRUNCATE
 
 
 def comm_freed(code=0):
