@@ -35,8 +35,7 @@ int xhc_red_init(struct xhc_red *r, size_t count, int dtype, int op)
     r->count = count;
     r->esize = xhc_dtype_size(dtype);
     r->nbytes = count * r->esize;
-    r->what = op * XHC_NDTYPES + dtype;
-    r->total = r->nbytes | (uint64_t)r->what << XHC_WHAT_SHIFT;
+    xhc_red_mark(r, op * XHC_NDTYPES + dtype);
     return 0;
 }
 

@@ -26,8 +26,7 @@ int xhc_barrier(xhc_ctx_t *ctx)
     struct xhc_red nothing;
     unsigned char none = 0; /* zero bytes move, but pointers must be valid */
     xhc_red_init(&nothing, 0, XHC_UINT8, XHC_BOR);
-    nothing.what = XHC_WHAT_BARRIER;
-    nothing.total = (uint64_t)XHC_WHAT_BARRIER << XHC_WHAT_SHIFT;
+    xhc_red_mark(&nothing, XHC_WHAT_BARRIER);
     ctx->stats[XHC_PATH_BARRIER]++;
     return xhc_allreduce_small(ctx, v, &none, &none, &nothing);
 }

@@ -416,6 +416,12 @@ struct xhc_red {
 #define XHC_WHAT_BARRIER (XHC_NOPS * XHC_NDTYPES)
 _Static_assert(XHC_WHAT_BARRIER <= XHC_WHAT_MASK,
                "an op and a dtype, or a Barrier, fit the size's what bits");
+/* Make WHAT the op and dtype R carries, in its lines' size too. */
+static inline void xhc_red_mark(struct xhc_red *r, int what)
+{
+    r->what = what;
+    r->total = r->nbytes | (uint64_t)what << XHC_WHAT_SHIFT;
+}
 /* A piece's number in the top bits of the size its lines carry (below
  * XHC_NBYTES_TIMED): ranks whose earlier calls ran different numbers of
  * pieces (they passed different sizes) then fail instead of folding each
