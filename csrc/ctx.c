@@ -264,6 +264,18 @@ void xhc_ctx_leave(xhc_ctx_t *ctx)
     xhc_ctx_mark(ctx, XHC_LEFT);
 }
 
+void xhc_ctx_forfeit(xhc_ctx_t *ctx)
+{
+    uint64_t seq;
+    if (!xhc_ctx_owned(ctx))
+        return;
+    /* Begun as a collective begins: if peers gave up on it without me
+     * (I was away), that already failed it, and their cause stands. */
+    if (xhc_begin(ctx, &seq) == 0)
+        xhc_fail(ctx, ctx->rank, XHC_ERR_LEADER);
+    xhc_ctx_leave(ctx);
+}
+
 /* Say that I refused REFUSALS calls since my last operation began; a
  * closing rank says XHC_CLOSED, a count no peer's matches, by which its
  * waiters know that it will raise no flag again. */

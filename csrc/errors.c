@@ -34,6 +34,9 @@ const char *xhc_strerror(int code)
         return "a peer's staging rounds are out of step with mine, after an "
                "earlier call to which the ranks passed different roots: "
                "free this xhc.Comm on every rank and make another";
+    case XHC_ERR_LEADER:
+        return "the node's leader failed in its step between the nodes, "
+               "MPI's call among the leaders: its own error says why";
     default: return code < 0 ? strerror(-code) : "unknown error";
     }
 }

@@ -115,7 +115,7 @@ def error_codes():
 
 def test_strerror_names_every_code():
     codes = error_codes()
-    assert len(codes) == 13
+    assert len(codes) == 14
     messages = {}
     for name in codes:
         msg = strerror(getattr(lib, name))
@@ -669,6 +669,39 @@ def test_a_reduce_in_pieces_given_up_part_way_keeps_ranks_in_step(
                 ctxs[r], "allreduce", r, (r + 1) * i) for r in range(n)})
             assert got == {r: (0, i * n * (n + 1) // 2)
                            for r in range(n)}, (i, got)
+
+
+@pytest.mark.parametrize("op", ["barrier", "bcast1", "allreduce",
+                                "bcast1-large"])
+def test_a_forfeited_collective_fails_its_waiters_at_once(op):
+    """Rank 1 forfeits its next collective (a node's leader whose step
+    between the nodes raised): rank 0, waiting on it there, fails at
+    once, with a first error that names rank 1 and says why, not after
+    its timeout (20 s here); and a rank that forfeits twice takes the
+    second for the next.  Their calls after meet in order."""
+    cfg = make_config(timeout=20.0)
+    with Segment(2, cfg) as seg:
+        ctxs = _pair(seg, cfg, [os.getpid()] * 2)
+        try:
+            assert _pair_call(ctxs, "barrier", (0, 0)) == [(0, None)] * 2
+            who = ffi.new("int *")
+            for _ in range(2):
+                lib.xhc_ctx_forfeit(ctxs[1])
+                t0 = time.monotonic()
+                rc, _ = _run_op(ctxs[0], op, 0, 1)
+                assert rc == lib.XHC_ERR_PEER_LEFT, strerror(rc)
+                assert time.monotonic() - t0 < 10
+                assert lib.xhc_failed_rank(ctxs[0]) == 1
+                assert lib.xhc_failed_cause(ctxs[0], who) \
+                    == lib.XHC_ERR_LEADER
+                assert who[0] == 1
+            assert lib.xhc_seq(ctxs[0]) == lib.xhc_seq(ctxs[1])
+            want = 100 if op.startswith("bcast") else None
+            got = _pair_call(ctxs, op, (0, 100))
+            assert got == [(0, 100 if op == "allreduce" else want)] * 2
+        finally:
+            lib.xhc_ctx_close(ctxs[0])
+            lib.xhc_ctx_close(ctxs[1])
 
 
 def test_a_call_that_fails_before_it_begins_gives_up_nothing():
