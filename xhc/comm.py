@@ -530,6 +530,12 @@ class Comm(HotComm):
         if self._nodes is not None:  # its node's peers, then
             self._nodes.inner._withdraw()
 
+    def _forfeit(self):
+        """This rank gives up its next collective without running it
+        (xhc_ctx_forfeit): its peers there raise at once.  For a node's
+        xhc.Comm, whose leader failed between the nodes (xhc/nodes.py)."""
+        self._on_ctx(lib.xhc_ctx_forfeit)
+
     def _raise(self, rc, what):
         """Raise for core error RC, which a collective returned: this rank
         gave up on it (xhc_ctx_leave), or, for arguments the core refused

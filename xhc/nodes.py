@@ -16,6 +16,10 @@ lowest rank).
 4. Barrier: an xhc Barrier on each node, an MPI Barrier among the
    leaders, and another xhc Barrier on each node, which none leaves
    before its leader has left the leaders'.
+5. A leader whose step among the leaders raises gives up its node's
+   step after it at once, so that its node's ranks raise rather than
+   time out; a Reduce root on its node gets an empty message for the
+   result, and raises.
 
 Every rank knows each rank's node and its rank there (gathered once), so
 each call needs no exchange beyond its three steps.  A rank alone on its
@@ -29,10 +33,13 @@ import functools
 import numpy as np
 from mpi4py import MPI
 
+from ._core import strerror
 from ._xhc import ffi, lib
 from .buffers import numpy_dtype
+from .errors import XhcError
 
 _TAG = 1  # the node communicator is private: no user message shares it
+_FAILED = 2  # a Reduce's result, sent empty: the leaders' step failed
 # The core's dtype codes as numpy dtypes.
 _NUMPY = tuple(numpy_dtype(code) for code in range(lib.XHC_NDTYPES))
 # The MPI type each of those crosses between the nodes as, named: numpy
@@ -210,7 +217,11 @@ class Nodes:
             return self.leaders.Barrier()
         self.inner.Barrier()
         if self.leads:
-            self.leaders.Barrier()
+            try:
+                self.leaders.Barrier()
+            except BaseException:
+                self._failed(forfeit=True)
+                raise
         self.inner.Barrier()
 
     # The steps of a rank that shares its node (a rank alone takes the
@@ -221,7 +232,11 @@ class Nodes:
         if self.index == home:
             self.inner.Bcast(buf, local)
         if self.leads:
-            self.leaders.Bcast(buf, home)
+            try:
+                self.leaders.Bcast(buf, home)
+            except BaseException:
+                self._failed(forfeit=self.index != home)
+                raise
         if self.index != home:
             self.inner.Bcast(buf, 0)
 
@@ -231,7 +246,11 @@ class Nodes:
         if self.leads:
             self.inner.Reduce(MPI.IN_PLACE if inplace else sendbuf, recvbuf,
                               op, 0)
-            self.leaders.Allreduce(MPI.IN_PLACE, _wire(recvbuf), across)
+            try:
+                self.leaders.Allreduce(MPI.IN_PLACE, _wire(recvbuf), across)
+            except BaseException:
+                self._failed(forfeit=True)
+                raise
         else:
             self.inner.Reduce(recvbuf if inplace else sendbuf, None, op, 0)
         self.inner.Bcast(recvbuf, 0)
@@ -251,13 +270,41 @@ class Nodes:
             self.inner.Reduce(MPI.IN_PLACE if inplace else mine, part, op,
                               0)
             gathers = self.index == home
-            self.leaders.Reduce(MPI.IN_PLACE if gathers else _wire(part),
-                                _wire(part) if gathers else None, across,
-                                home)
-            if gathers and not is_root:
+            sends = gathers and not is_root
+            try:
+                self.leaders.Reduce(MPI.IN_PLACE if gathers else _wire(part),
+                                    _wire(part) if gathers else None, across,
+                                    home)
+            except BaseException:
+                self._failed(root=local if sends else None)
+                raise
+            if sends:
                 self.node.Send(_wire(part), dest=local, tag=_TAG)
         if is_root and not self.leads:
-            self.node.Recv(_wire(recvbuf), source=0, tag=_TAG)
+            self._result(recvbuf)
+
+    def _failed(self, forfeit=False, root=None):
+        """My step among the leaders raised: my node's ranks must not wait
+        for what I no longer bring.  FORFEIT: I give up my node's step
+        after it at once, so that they raise too (xhc_ctx_forfeit) rather
+        than time out; ROOT, the rank on my node of a Reduce's root, which
+        waits for the result, gets an empty message instead (_result)."""
+        if forfeit:
+            self.inner._forfeit()
+        if root is not None:
+            self.node.Send([None, MPI.BYTE], dest=root, tag=_FAILED)
+
+    def _result(self, recvbuf):
+        """Receive a Reduce's result from my node's leader into RECVBUF,
+        and raise if it sent an empty message instead (_failed)."""
+        status = MPI.Status()
+        self.node.Recv(_wire(recvbuf), source=0, tag=MPI.ANY_TAG,
+                       status=status)
+        if status.Get_tag() == _FAILED:
+            from .comm import _settled  # took part: nothing to withdraw
+            raise _settled(XhcError(
+                f"Reduce: {strerror(lib.XHC_ERR_LEADER)} (rank "
+                f"{self.node_ranks()[0]})", lib.XHC_ERR_LEADER))
 
     def free(self):
         """Release the node's xhc.Comm and the two communicators; again,

@@ -4041,7 +4041,83 @@ def suite_spanning(xcomm, comm, v, sz, args):
     shared_memory_is_not_budgeted(xcomm, v)
     v.check("spanning: no fallback", xcomm.stats["fallback"] == 0,
             f"stats: {xcomm.stats}")
+    leader_fails_between_nodes(xcomm, comm, v, parts)
     differences_across_nodes(xcomm, comm, v)
+
+
+class FailsAfter:
+    """A communicator whose method NAME runs, then raises: a leaders'
+    step that fails (as MPI's own error would) once it has taken part."""
+
+    def __init__(self, real, name):
+        self.real, self.name = real, name
+
+    def __getattr__(self, attr):
+        fn = getattr(self.real, attr)
+        if attr != self.name:
+            return fn
+
+        def failing(*args, **kwargs):
+            fn(*args, **kwargs)
+            raise RuntimeError(f"leaders' {attr} failed")
+        return failing
+
+
+def leader_fails_between_nodes(xcomm, comm, v, parts):
+    """Rank 0, its node's leader, fails in the leaders' step (after MPI's
+    call, as a truncation or an interrupt would): it raises that error;
+    its node's ranks raise at once that their leader failed rather than
+    time out (or, a Reduce root, wait for ever for the result); the
+    other nodes complete with the right result; each op's next call, of
+    other arrays, meets on every rank.  Twice each: the first call of
+    fresh arrays, the second kept."""
+    rank, n, last = comm.rank, comm.size, comm.size - 1
+    mine = parts[rank] == parts[0]
+    root = 1 if n > 1 and parts[1] == parts[0] else last
+
+    def bcast(a, r):
+        xcomm.Bcast(a if rank == last else r, last)
+        return a if rank == last else r
+
+    calls = {  # name: (the call, returning its result, or None; the want)
+        "Allreduce": (lambda a, r: xcomm.Allreduce(a, r) or r,
+                      n * (n + 1) / 2),
+        "Barrier": (lambda a, r: xcomm.Barrier(), None),
+        "Bcast": (bcast, n),
+        "Reduce": (lambda a, r: xcomm.Reduce(a, r, root=root) or (
+            r if rank == root else None), n * (n + 1) / 2)}
+    for name, (call, want) in calls.items():
+        a, r = np.full(3, rank + 1.0), np.zeros(3)
+        for attempt in ("fresh", "kept"):
+            real = xcomm._nodes.leaders
+            if rank == 0:
+                xcomm._nodes.leaders = FailsAfter(real, name)
+            try:
+                out = call(a, r)
+                got = "returned"
+            except Exception as e:  # noqa: BLE001 -- the case reports it
+                out, got = None, (type(e).__name__, getattr(e, "code", None),
+                                  "leader failed" in str(e))
+            finally:
+                xcomm._nodes.leaders = real
+            if rank == 0:
+                expect = ("RuntimeError", None, False)
+            elif not mine or (name == "Reduce" and rank != root):
+                expect = "returned"
+            else:
+                expect = ("XhcError", lib.XHC_ERR_LEADER if name == "Reduce"
+                          else lib.XHC_ERR_PEER_LEFT, True)
+            v.case(f"spanning: leader fails in the leaders' {name} "
+                   f"({attempt})", None if got == expect else
+                   f"got {got}, want {expect}")
+            v.case(f"spanning: ... other nodes' {name} result ({attempt})",
+                   None if out is None or (out == want).all() else
+                   f"got {out}")
+        # Kept calls of rank 0 alone on its node hold its failing step.
+        xcomm._forget_plans()
+        out = call(a.copy(), np.zeros(3))
+        v.case(f"spanning: the {name} after meets",
+               None if out is None or (out == want).all() else f"got {out}")
 
 
 def differences_across_nodes(xcomm, comm, v):
