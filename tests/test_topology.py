@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 
 import pytest
@@ -486,6 +487,22 @@ def test_hwloc_calc_that_fails_says_what_to_do(monkeypatch, tmp_path, body,
     monkeypatch.setattr(topology, "HWLOC_TIMEOUT", 0.5)
     with pytest.raises(XhcError, match=match):
         topology.localities_of_masks(["0x00000001"])
+
+
+def test_hwloc_calc_whose_child_holds_its_output_is_bounded_too(
+        monkeypatch, tmp_path):
+    """An hwloc-calc that exits while a child of its own still holds its
+    output (a wrapper killed before the hwloc-calc it runs, say) raises
+    after the timeout too, its session killed; the wait for its pipes
+    lasted as long as the child did (here 60 s)."""
+    sleep = shutil.which("sleep")
+    fake_hwloc_calc(monkeypatch, tmp_path, f"({sleep} 60 &)\nexit 0")
+    monkeypatch.setattr(topology, "HWLOC_TIMEOUT", 0.5)
+    t0 = time.monotonic()
+    with pytest.raises(XhcError, match=r"^hwloc-calc did not answer within "
+                       r"0\.5 s for this machine"):
+        topology.localities_of_masks(["0x00000001"])
+    assert time.monotonic() - t0 < 30
 
 
 SPANNING = """

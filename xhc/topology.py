@@ -159,8 +159,10 @@ def _run_all(source, arg_lists, stdin_text=None):
     try:
         return [_finish(source, one) for one in started]
     finally:
-        for proc, _ in started:  # after a failure, reap the others
-            if proc.poll() is None:
+        for proc, _ in started:  # after a failure, end the others
+            # Unreaped (alive, or exited with a child of its session still
+            # holding its pipes), its pid still names its process group.
+            if proc.returncode is None:
                 os.killpg(proc.pid, 9)
             proc.communicate()  # and close their pipes
 
