@@ -581,6 +581,36 @@ def test_info_text_and_errors():
     assert proc.returncode == 1 and "accepted" in proc.stderr
 
 
+def test_info_of_a_hierarchy_that_reads_no_machine_needs_no_hwloc(
+        tmp_path):
+    """Offline, virtual levels alone (or flat) place the ranks by their
+    count: info needs neither hwloc nor a topology for them, as xhc.Comm
+    does not, where hwloc's error advises just such a hierarchy."""
+    fake = tmp_path / "hwloc-calc"
+    fake.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
+    fake.chmod(0o755)
+    path = f"{tmp_path}:{os.environ['PATH']}"
+    for topo in (["--topology", "pack:2 core:2 pu:1"], []):
+        proc = run_info(*topo, "--ranks", "4", "--hierarchy", "virtual:2",
+                        "--json", PATH=path)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["levels"] == [
+            {"name": "virtual:2", "groups": [[0, 1], [2, 3]]},
+            {"name": "node", "groups": [[0, 1, 2, 3]]}]
+    proc = run_info("--topology", "pack:2 core:2 pu:1", "--ranks", "3",
+                    "--hierarchy", "flat", PATH=path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("machine: unknown (hwloc cannot read "
+                                  "topology synthetic description"), \
+        proc.stdout
+    proc = run_info("--topology", "pack:2 core:2 pu:1", "--ranks", "4",
+                    "--hierarchy", "l3", PATH=path)
+    assert proc.returncode == 1 and ": broken;" in proc.stderr, proc.stderr
+    proc = run_info("--ranks", "4", "--hierarchy", "l3")
+    assert proc.returncode == 1 and "--ranks needs --topology" in \
+        proc.stderr, proc.stderr
+
+
 # Run python -m xhc with argv[1:], then fail if it started MPI.
 NO_MPI = """
 import sys

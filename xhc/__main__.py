@@ -7,7 +7,8 @@ import sys
 
 from . import config
 from .errors import XhcError
-from .hierarchy import DEFAULTS, build, parse_levels
+from .hierarchy import (DEFAULTS, build, parse_levels, placeless,
+                        reads_topology)
 from .topology import (describe, local_locality, localities_for, node_cpus,
                        node_index, node_size)
 
@@ -176,18 +177,27 @@ def _ranks(n):
 
 
 def _offline(args):
-    """Hierarchy of --ranks simulated ranks placed on --topology cores."""
-    if not args.topology and not os.environ.get("XHC_TOPOLOGY"):
-        raise XhcError("--ranks needs --topology (or XHC_TOPOLOGY) to place ranks on")
+    """Hierarchy of --ranks simulated ranks placed on --topology cores
+    (one of virtual levels alone, or flat, places them nowhere: it needs
+    neither a topology nor hwloc, as for xhc.Comm)."""
     op = args.op or "allreduce"
-    localities = [local_locality(args.topology, index=rank) for rank in range(args.ranks)]
     spec = _level_spec(args, op)
-    levels = build(localities, parse_levels(spec))
+    parsed = parse_levels(spec)
+    if not reads_topology(parsed):
+        localities = placeless(args.ranks)
+    elif not args.topology and not os.environ.get("XHC_TOPOLOGY"):
+        raise XhcError("--ranks needs --topology (or XHC_TOPOLOGY) to place "
+                       "ranks on, for a hierarchy that groups them by the "
+                       "machine")
+    else:
+        localities = [local_locality(args.topology, index=rank)
+                      for rank in range(args.ranks)]
+    levels = build(localities, parsed)
     if args.json:
         print(json.dumps({"op": op, "hierarchy": spec,
                           "levels": _levels_json(levels)}))
         return 0
-    print("%s, %s" % (describe(args.topology), _ranks(args.ranks)))
+    print("%s, %s" % (_machine(args.topology), _ranks(args.ranks)))
     print("%s hierarchy (%s), bottom to top:" % (op, spec or "flat"))
     print("\n".join(_levels_text(levels)))
     return 0
