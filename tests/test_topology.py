@@ -341,10 +341,13 @@ def test_every_rank_hears_that_hwloc_failed(monkeypatch, tmp_path):
                                           (SYN, [SYN, XML])])
 def test_ranks_with_different_topologies_all_refuse(mine, others):
     """Every rank sees every rank's source, so all refuse alike before
-    any of them takes the path of its own source."""
+    any of them takes the path of its own source; a rank without one
+    is named as on this machine."""
     with pytest.raises(ValueError,
-                       match="different topology values.*XHC_TOPOLOGY"):
+                       match="different topology values.*XHC_TOPOLOGY") as e:
         topology.gather_localities(NodeComm(1, None, others=others), mine)
+    assert ("'this machine'" in str(e.value)) == (None in (mine, *others))
+    assert "None" not in str(e.value)
 
 
 class Gathering:

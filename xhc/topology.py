@@ -406,7 +406,8 @@ def gather_localities(comm, topology=None, index=0, asked=()):
     is placed by its INDEX (node_index: its rank on its node, as the
     launcher placed it)."""
     source = source_of(topology)
-    check_alike("topology", comm.allgather(source))
+    check_alike("topology", [this or "this machine" for this in
+                             comm.allgather(source)])
     if source is None:
         return _machine_localities(comm, asked)
     # Every rank keeps the table it heard: a later communicator (a Split)
