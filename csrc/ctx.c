@@ -116,6 +116,7 @@ static void xhc_flags_init(struct xhc_rank_ctl *mine, uint64_t start)
         xhc_store_relaxed(&mine->copied.slot[k].seq, start);
     xhc_store_relaxed(&mine->entered.seq, start);
     xhc_store_relaxed(&mine->entered.abandoned, start);
+    xhc_store_relaxed(&mine->entered.kept, start);
     /* Orders all the flags above with the ack: seen together. */
     xhc_store_release(&mine->ack.seq, start);
 }
@@ -238,7 +239,11 @@ static int xhc_ctx_withdrawn(xhc_ctx_t *ctx)
            == ctx->seq + XHC_LEFT + XHC_WITHDRAWN;
 }
 
-void xhc_ctx_leave(xhc_ctx_t *ctx)
+/* Give up my current operation.  FORFEIT: I completed every operation
+ * since my last leave, which a peer late to one of them must still take
+ * part in; else count them given up with this one (a Reduce in pieces
+ * skips some), as peers late to them cannot tell. */
+static void xhc_ctx_give_up(xhc_ctx_t *ctx, int forfeit)
 {
     if (xhc_ctx_keep_mark(ctx) || xhc_ctx_withdrawn(ctx))
         return;
@@ -258,10 +263,18 @@ void xhc_ctx_leave(xhc_ctx_t *ctx)
      * nothing more of this operation or any before it (wait.c). */
     xhc_ack(ctx, ctx->seq);
     xhc_publish(ctx, &mine->finished.seq, ran);
-    struct xhc_leave rec = { .seq = ctx->seq, .round = ctx->round,
-                             .why = ctx->cause_why, .who = ctx->cause_who };
+    struct xhc_leave rec = {
+        .seq = ctx->seq, .round = ctx->round, .why = ctx->cause_why,
+        .who = ctx->cause_who,
+        .kept = forfeit ? xhc_load_relaxed(&mine->entered.abandoned)
+                        : ctx->seq };
     xhc_leave_write(&mine->entered, &rec);
     xhc_ctx_mark(ctx, XHC_LEFT);
+}
+
+void xhc_ctx_leave(xhc_ctx_t *ctx)
+{
+    xhc_ctx_give_up(ctx, 0);
 }
 
 void xhc_ctx_forfeit(xhc_ctx_t *ctx)
@@ -273,7 +286,7 @@ void xhc_ctx_forfeit(xhc_ctx_t *ctx)
      * (I was away), that already failed it, and their cause stands. */
     if (xhc_begin(ctx, &seq) == 0)
         xhc_fail(ctx, ctx->rank, XHC_ERR_LEADER);
-    xhc_ctx_leave(ctx);
+    xhc_ctx_give_up(ctx, 1);
 }
 
 /* Say that I refused REFUSALS calls since my last operation began; a

@@ -41,7 +41,7 @@ typedef struct xhc_ctx xhc_ctx_t;
                                    mine: an earlier call the ranks passed
                                    different roots left them out of step */
 #define XHC_ERR_LEADER    -5014 /* a node's leader failed in its step
-                                   between the nodes (xhc_ctx_forfeit) */
+                                   between the nodes */
 
 #define XHC_INLINE_MAX 112      /* bytes carried inside a flag's line */
 #define XHC_ROUND_MIN 16384     /* smallest Bcast round with bcast_rounds */
@@ -177,10 +177,12 @@ void xhc_ctx_leave(xhc_ctx_t *ctx);
  * call for each, until its calls and theirs meet in order again. */
 void xhc_ctx_withdraw(xhc_ctx_t *ctx);
 /* This rank will not run its next collective: it begins it and gives it
- * up at once, as if it had failed there with XHC_ERR_LEADER, so that
- * peers that wait on it there fail at once rather than time out (a
- * node's leader whose step between the nodes raised, which its node's
- * last step waits on).  Its next collective after that one is in step. */
+ * up at once, so that peers that wait on it there fail at once
+ * (XHC_ERR_PEER_LEFT, with XHC_ERR_LEADER as the first error) rather
+ * than time out (a node's leader whose step between the nodes raised,
+ * which its node's last step waits on).  It completed every collective
+ * before: a peer late to one of them still takes part in it.  Its next
+ * collective after that one is in step. */
 void xhc_ctx_forfeit(xhc_ctx_t *ctx);
 void xhc_ctx_close(xhc_ctx_t *ctx);
 

@@ -68,21 +68,26 @@ struct xhc_entered_line {
      * me, and counts rounds as I do (wait.c). */
     xhc_flag_t abandoned;
     xhc_flag_t round;
+    /* The operations after this one and before the abandoned one I
+     * completed (a forfeit's); else it is the abandoned one. */
+    xhc_flag_t kept;
 } XHC_ALIGNED;
 
 /* A rank's last leave, as one piece (leave.c): the operation, the round
- * count it reached there, and its first error then (0 if none is known)
- * and the rank that error names. */
+ * count it reached there, its first error then (0 if none is known) and
+ * the rank that error names, and KEPT: it gave up every operation up to
+ * SEQ but those after KEPT. */
 struct xhc_leave {
-    uint64_t seq, round;
+    uint64_t seq, round, kept;
     int32_t why, who;
 };
 
 void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec);
 /* Read the whole record: 0 if its writer is rewriting it for long. */
 int xhc_leave_read(struct xhc_entered_line *e, struct xhc_leave *rec);
-/* Did PEER give up on operation SEQ, or on a later one?  Then *REC holds
- * its record.  It never comes back to SEQ. */
+/* Did PEER give up on operation SEQ, or on a later one having not
+ * completed SEQ?  Then *REC holds its record.  It never comes back to
+ * SEQ. */
 int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
                    struct xhc_leave *rec);
 

@@ -676,17 +676,24 @@ def test_a_reduce_in_pieces_given_up_part_way_keeps_ranks_in_step(
 def test_a_forfeited_collective_fails_its_waiters_at_once(op):
     """Rank 1 forfeits its next collective (a node's leader whose step
     between the nodes raised): rank 0, waiting on it there, fails at
-    once, with a first error that names rank 1 and says why, not after
-    its timeout (20 s here); and a rank that forfeits twice takes the
-    second for the next.  Their calls after meet in order."""
+    once, naming it and why, not after its timeout (20 s here).  Rank 1
+    then roots a small Bcast, which waits for no reader, and forfeits
+    again; rank 0, late to that Bcast, still gets its data (the forfeit
+    must not read as giving up the Bcast its root completed), then
+    fails in the next.
+    Their calls after meet in order."""
     cfg = make_config(timeout=20.0)
     with Segment(2, cfg) as seg:
         ctxs = _pair(seg, cfg, [os.getpid()] * 2)
         try:
             assert _pair_call(ctxs, "barrier", (0, 0)) == [(0, None)] * 2
             who = ffi.new("int *")
-            for _ in range(2):
+            for late in (False, True):
+                if late:
+                    assert _run_op(ctxs[1], "bcast1", 1, 7) == (0, 7)
                 lib.xhc_ctx_forfeit(ctxs[1])
+                if late:
+                    assert _run_op(ctxs[0], "bcast1", 0, 0) == (0, 7)
                 t0 = time.monotonic()
                 rc, _ = _run_op(ctxs[0], op, 0, 1)
                 assert rc == lib.XHC_ERR_PEER_LEFT, strerror(rc)
