@@ -280,7 +280,9 @@ void xhc_ctx_leave(xhc_ctx_t *ctx)
 void xhc_ctx_forfeit(xhc_ctx_t *ctx)
 {
     uint64_t seq;
-    if (!xhc_ctx_owned(ctx))
+    /* After a refused call, the collective my peers are in is the one I
+     * refused: they take my next call for it, as after any refusal. */
+    if (!xhc_ctx_owned(ctx) || xhc_ctx_withdrawn(ctx))
         return;
     /* Begun as a collective begins: if peers gave up on it without me
      * (I was away), that already failed it, and their cause stands. */

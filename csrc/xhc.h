@@ -40,8 +40,9 @@ typedef struct xhc_ctx xhc_ctx_t;
 #define XHC_ERR_ASKEW     -5013 /* a peer's count of staging rounds is not
                                    mine: an earlier call the ranks passed
                                    different roots left them out of step */
-#define XHC_ERR_LEADER    -5014 /* a node's leader failed in its step
-                                   between the nodes */
+#define XHC_ERR_LEADER    -5014 /* a node's leader failed in this
+                                   collective (a front end's steps over
+                                   several nodes) */
 
 #define XHC_INLINE_MAX 112      /* bytes carried inside a flag's line */
 #define XHC_ROUND_MIN 16384     /* smallest Bcast round with bcast_rounds */
@@ -182,7 +183,9 @@ void xhc_ctx_withdraw(xhc_ctx_t *ctx);
  * than time out (a node's leader whose step between the nodes raised,
  * which its node's last step waits on).  It completed every collective
  * before: a peer late to one of them still takes part in it.  Its next
- * collective after that one is in step. */
+ * collective after that one is in step.  After a withdraw (a refused
+ * call), it does nothing: peers take this rank's next call for the one
+ * it refused. */
 void xhc_ctx_forfeit(xhc_ctx_t *ctx);
 void xhc_ctx_close(xhc_ctx_t *ctx);
 

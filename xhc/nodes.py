@@ -16,10 +16,12 @@ lowest rank).
 4. Barrier: an xhc Barrier on each node, an MPI Barrier among the
    leaders, and another xhc Barrier on each node, which none leaves
    before its leader has left the leaders'.
-5. A leader whose step among the leaders raises gives up its node's
-   step after it at once, so that its node's ranks raise rather than
-   time out; a Reduce root on its node gets an empty message for the
-   result, and raises.
+5. A leader whose step on the node or among the leaders raises gives
+   up its node's step after them at once, so that its node's ranks
+   raise rather than time out; a Reduce root on its node gets its
+   failure for the result, and raises.  The result's tag carries the
+   node step's number: a root that raised before it took a result
+   drops it at its next Reduce.
 
 Every rank knows each rank's node and its rank there (gathered once), so
 each call needs no exchange beyond its three steps.  A rank alone on its
@@ -38,8 +40,6 @@ from ._xhc import ffi, lib
 from .buffers import numpy_dtype
 from .errors import XhcError
 
-_TAG = 1  # the node communicator is private: no user message shares it
-_FAILED = 2  # a Reduce's result, sent empty: the leaders' step failed
 # The core's dtype codes as numpy dtypes.
 _NUMPY = tuple(numpy_dtype(code) for code in range(lib.XHC_NDTYPES))
 # The MPI type each of those crosses between the nodes as, named: numpy
@@ -244,9 +244,9 @@ class Nodes:
         """OPS: the op within nodes, and between them (between_nodes)."""
         op, across = ops
         if self.leads:
-            self.inner.Reduce(MPI.IN_PLACE if inplace else sendbuf, recvbuf,
-                              op, 0)
             try:
+                self.inner.Reduce(MPI.IN_PLACE if inplace else sendbuf,
+                                  recvbuf, op, 0)
                 self.leaders.Allreduce(MPI.IN_PLACE, _wire(recvbuf), across)
             except BaseException:
                 self._failed(forfeit=True)
@@ -267,11 +267,11 @@ class Nodes:
             self.inner.Reduce(mine, None, op, 0)
         else:
             part = recvbuf if is_root else scratch()
-            self.inner.Reduce(MPI.IN_PLACE if inplace else mine, part, op,
-                              0)
             gathers = self.index == home
             sends = gathers and not is_root
             try:
+                self.inner.Reduce(MPI.IN_PLACE if inplace else mine, part,
+                                  op, 0)
                 self.leaders.Reduce(MPI.IN_PLACE if gathers else _wire(part),
                                     _wire(part) if gathers else None, across,
                                     home)
@@ -279,32 +279,47 @@ class Nodes:
                 self._failed(root=local if sends else None)
                 raise
             if sends:
-                self.node.Send(_wire(part), dest=local, tag=_TAG)
+                self.node.Send(_wire(part), dest=local, tag=self._tag())
         if is_root and not self.leads:
             self._result(recvbuf)
 
     def _failed(self, forfeit=False, root=None):
-        """My step among the leaders raised: my node's ranks must not wait
-        for what I no longer bring.  FORFEIT: I give up my node's step
-        after it at once, so that they raise too (xhc_ctx_forfeit) rather
-        than time out; ROOT, the rank on my node of a Reduce's root, which
-        waits for the result, gets an empty message instead (_result)."""
+        """My step on the node, or among the leaders, raised: my node's
+        ranks must not wait for what I no longer bring.  FORFEIT: I give
+        up my node's step after it at once, so that they raise too
+        (xhc_ctx_forfeit) rather than time out; ROOT, the rank on my node
+        of a Reduce's root, which waits for the result, gets an empty
+        message instead (_result)."""
         if forfeit:
             self.inner._forfeit()
         if root is not None:
-            self.node.Send([None, MPI.BYTE], dest=root, tag=_FAILED)
+            self.node.Send([None, MPI.BYTE], dest=root,
+                           tag=self._tag() + 1)
+
+    def _tag(self):
+        """The tag of a Reduce's result from my node's leader to its root
+        (and, one more, of its failure): by the number of the node's last
+        step, which both read after it, so that a message the root did not
+        take (it raised first) is not taken for a later call's."""
+        return 2 * (self.inner._on_ctx(lib.xhc_seq, default=0) % 16384)
 
     def _result(self, recvbuf):
         """Receive a Reduce's result from my node's leader into RECVBUF,
-        and raise if it sent an empty message instead (_failed)."""
-        status = MPI.Status()
-        self.node.Recv(_wire(recvbuf), source=0, tag=MPI.ANY_TAG,
-                       status=status)
-        if status.Get_tag() == _FAILED:
-            from .comm import _settled  # took part: nothing to withdraw
-            raise _settled(XhcError(
-                f"Reduce: {strerror(lib.XHC_ERR_LEADER)} (rank "
-                f"{self.node_ranks()[0]})", lib.XHC_ERR_LEADER))
+        and raise if it sent its failure instead (_failed); drop any
+        message of an earlier call."""
+        tag, status = self._tag(), MPI.Status()
+        while True:
+            self.node.Probe(source=0, tag=MPI.ANY_TAG, status=status)
+            if status.Get_tag() == tag:
+                self.node.Recv(_wire(recvbuf), source=0, tag=tag)
+                return
+            self.node.Recv([bytearray(status.Get_count()), MPI.BYTE],
+                           source=0, tag=status.Get_tag())
+            if status.Get_tag() == tag + 1:
+                from .comm import _settled  # took part: nothing to withdraw
+                raise _settled(XhcError(
+                    f"Reduce: {strerror(lib.XHC_ERR_LEADER)} (rank "
+                    f"{self.node_ranks()[0]})", lib.XHC_ERR_LEADER))
 
     def free(self):
         """Release the node's xhc.Comm and the two communicators; again,

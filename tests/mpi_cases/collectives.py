@@ -4042,6 +4042,8 @@ def suite_spanning(xcomm, comm, v, sz, args):
     v.check("spanning: no fallback", xcomm.stats["fallback"] == 0,
             f"stats: {xcomm.stats}")
     leader_fails_between_nodes(xcomm, comm, v, parts)
+    leaders_fail_on_their_nodes(xcomm, comm, v, parts)
+    root_raises_before_its_result(xcomm, comm, v, parts)
     differences_across_nodes(xcomm, comm, v)
 
 
@@ -4118,6 +4120,85 @@ def leader_fails_between_nodes(xcomm, comm, v, parts):
         out = call(a.copy(), np.zeros(3))
         v.case(f"spanning: the {name} after meets",
                None if out is None or (out == want).all() else f"got {out}")
+
+
+def leaders_fail_on_their_nodes(xcomm, comm, v, parts):
+    """Every leader fails in its node's first step of an Allreduce or a
+    Reduce (after it ran, as an interrupt would), so none takes the
+    leaders' step: its node's ranks raise at once that it failed rather
+    than time out in the node's Bcast, or, a Reduce root, wait for ever
+    for the result; the next call meets on every rank.  (Not where a
+    node has one rank: it would wait in MPI for the leaders that
+    failed.)"""
+    rank, n = comm.rank, comm.size
+    leads = xcomm._nodes.leads
+    if any(parts.count(p) == 1 for p in parts):
+        return
+    # A Reduce root that does not lead its node, if there is one.
+    root = next((r for r in range(n) if r and parts[r] == parts[r - 1]), 0)
+    calls = {"Allreduce": lambda a, r: xcomm.Allreduce(a, r),
+             "Reduce": lambda a, r: xcomm.Reduce(
+                 a, r if rank == root else None, root=root)}
+    for name, call in calls.items():
+        real = xcomm._nodes.inner
+        if leads:
+            xcomm._nodes.inner = FailsAfter(real, "Reduce")
+        try:
+            call(np.full(3, rank + 1.0), np.zeros(3))
+            got = "returned"
+        except Exception as e:  # noqa: BLE001 -- the case reports it
+            got = (type(e).__name__, getattr(e, "code", None),
+                   "leader failed" in str(e))
+        finally:
+            xcomm._nodes.inner = real
+        if leads:
+            expect = ("RuntimeError", None, False)
+        elif name == "Allreduce":
+            expect = ("XhcError", lib.XHC_ERR_PEER_LEFT, True)
+        elif rank == root:
+            expect = ("XhcError", lib.XHC_ERR_LEADER, True)
+        else:
+            expect = "returned"
+        v.case(f"spanning: leaders fail in their nodes' {name} step",
+               None if got == expect else f"got {got}, want {expect}")
+        r = np.zeros(3)
+        call(np.full(3, rank + 2.0), r)
+        want = n * (n + 3) / 2 if name == "Allreduce" or rank == root else 0
+        v.case(f"spanning: the {name} after meets",
+               None if (r == want).all() else f"got {r}, want {want}")
+
+
+def root_raises_before_its_result(xcomm, comm, v, parts):
+    """A Reduce root that does not lead its node raises once as its
+    node's step returns (an interrupt, say), before it takes the result
+    its leader sends: each later Reduce's result is its own (the root
+    took the earlier call's, for good)."""
+    rank, n = comm.rank, comm.size
+    root = next((r for r in range(n) if r and parts[r] == parts[r - 1]),
+                None)
+    if root is None:
+        return  # no node of two ranks
+    real = xcomm._nodes.inner
+    if rank == root:
+        xcomm._nodes.inner = FailsAfter(real, "Reduce")
+    try:
+        xcomm.Reduce(np.ones(2), np.zeros(2) if rank == root else None,
+                     root=root)
+        got = "returned"
+    except RuntimeError:
+        got = "raised"
+    finally:
+        xcomm._nodes.inner = real
+    v.case("spanning: a root raises before its result",
+           None if got == ("raised" if rank == root else "returned")
+           else f"got {got}")
+    for k in range(1, 4):
+        r = np.zeros(2)
+        xcomm.Reduce(np.full(2, 10.0 ** k), r if rank == root else None,
+                     root=root)
+        v.case(f"spanning: the Reduce after it, {k}, gets its own result",
+               None if rank != root or (r == n * 10.0 ** k).all() else
+               f"got {r}")
 
 
 def differences_across_nodes(xcomm, comm, v):
@@ -4443,6 +4524,9 @@ def raised_in_kept_runs(xcomm, comm, v):
 
         def _withdraw(self):
             withdrawn.append(True)
+
+        def _forfeit(self):
+            pass  # after a refusal, nothing (xhc_ctx_forfeit)
 
     nodes.leaders = leaders = Leaders()
     try:
