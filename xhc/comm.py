@@ -24,7 +24,7 @@ from ._xhc import ffi, lib
 from .arena import in_arena
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
                       numpy_dtype, plain_tables, predefined, resolve, stages)
-from .errors import ReadOnlyError, XhcError, agree
+from .errors import ReadOnlyError, XhcError, agree, heard
 from .mpierrors import (MPIRequestError, MPIRootTypeError, MPIValueError,
                         comm_freed)
 from .topology import source_of
@@ -1004,7 +1004,12 @@ class Comm(HotComm):
             arr = self._nodes.inner.empty(shape, dtype)
         except Exception as exc:  # noqa: BLE001 - every rank must hear
             problem = exc
-        agree(self._comm, None, problem)
+        # The rank whose problem it is tells every node, naming itself by
+        # its number here; its node's ranks, which heard it named by its
+        # number on the node, take that instead.
+        agree(self._comm, None, None if heard(problem) else problem)
+        if problem is not None:
+            raise problem
         return arr
 
     def zeros(self, shape, dtype=float):

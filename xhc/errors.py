@@ -64,5 +64,12 @@ def agree(comm, value, problem=None):
         raise problem
     for rank, (kind, detail, error_class) in enumerate(everyone):
         if kind is not None:
-            raise _as_received(kind, f"rank {rank}: {detail}", error_class)
+            exc = _as_received(kind, f"rank {rank}: {detail}", error_class)
+            exc.xhc_heard = True  # another rank's (see heard())
+            raise exc
     return [each for _, each, _ in everyone]
+
+
+def heard(exc):
+    """Did agree() raise EXC for another rank's problem?"""
+    return getattr(exc, "xhc_heard", False)
