@@ -70,6 +70,17 @@ def _settled(exc):
     return exc
 
 
+def _tell_every_node(comm, problem):
+    """Raise on every rank of COMM, which spans several nodes, if a step
+    that each node ran alone raised PROBLEM on any rank.  The rank whose
+    problem it is tells every node, naming itself by its number in COMM;
+    its node's ranks, which heard it named by its number on the node
+    (errors.agree), take that instead."""
+    agree(comm, None, None if heard(problem) else problem)
+    if problem is not None:
+        raise problem
+
+
 def _leaving(entry):
     """Wrap a collective's entry point: whatever it raises before this rank
     took part (a bad argument, the wrong number of them, an MPI error
@@ -242,7 +253,7 @@ class Comm(HotComm):
         except Exception as exc:  # raised on every rank of that node
             problem = exc
         try:  # ... and now on every rank of every node
-            agree(self._comm, None, problem)
+            _tell_every_node(self._comm, problem)
         except BaseException:
             if inner is not None:
                 inner.free()
@@ -1004,12 +1015,7 @@ class Comm(HotComm):
             arr = self._nodes.inner.empty(shape, dtype)
         except Exception as exc:  # noqa: BLE001 - every rank must hear
             problem = exc
-        # The rank whose problem it is tells every node, naming itself by
-        # its number here; its node's ranks, which heard it named by its
-        # number on the node, take that instead.
-        agree(self._comm, None, None if heard(problem) else problem)
-        if problem is not None:
-            raise problem
+        _tell_every_node(self._comm, problem)
         return arr
 
     def zeros(self, shape, dtype=float):
