@@ -19,9 +19,10 @@ lowest rank).
 5. A leader whose step on the node or among the leaders raises gives
    up its node's step after them at once, so that its node's ranks
    raise rather than time out; a Reduce root on its node gets its
-   failure for the result, and raises.  The result's tag carries the
-   node step's number: a root that raised before it took a result
-   drops it at its next Reduce.
+   failure for the result, and raises.  A root that raises as its
+   node's step returns takes the result first; the result's tag
+   carries the node step's number, so that one it did not take is
+   dropped at its next Reduce.
 
 Every rank knows each rank's node and its rank there (gathered once), so
 each call needs no exchange beyond its three steps.  A rank alone on its
@@ -264,6 +265,8 @@ class Nodes:
         is_root = self.rank == root
         mine = recvbuf if inplace else sendbuf
         if not self.leads:
+            if is_root:
+                return self._root_step(mine, recvbuf, op)
             self.inner.Reduce(mine, None, op, 0)
         else:
             part = recvbuf if is_root else scratch()
@@ -280,8 +283,26 @@ class Nodes:
                 raise
             if sends:
                 self.node.Send(_wire(part), dest=local, tag=self._tag())
-        if is_root and not self.leads:
-            self._result(recvbuf)
+
+    def _root_step(self, mine, recvbuf, op):
+        """A Reduce root that does not lead its node: its node's step, then
+        the result from its leader.  An exception as its step returns (an
+        interrupt) leaves the result on its way: the root takes it first,
+        or its leader would wait in a large result's send for ever if the
+        root's next call were not a Reduce."""
+        began = self.inner._on_ctx(lib.xhc_seq, default=0)
+        try:
+            self.inner.Reduce(mine, None, op, 0)
+        except XhcError:  # the step failed: so did the leader's, or will
+            raise
+        except BaseException:
+            if self.inner._on_ctx(lib.xhc_seq, default=0) != began:
+                try:
+                    self._result(recvbuf)
+                except XhcError:
+                    pass  # the leader's failure: this rank's own stands
+            raise
+        self._result(recvbuf)
 
     def _failed(self, forfeit=False, root=None):
         """My step on the node, or among the leaders, raised: my node's

@@ -4171,34 +4171,38 @@ def leaders_fail_on_their_nodes(xcomm, comm, v, parts):
 def root_raises_before_its_result(xcomm, comm, v, parts):
     """A Reduce root that does not lead its node raises once as its
     node's step returns (an interrupt, say), before it takes the result
-    its leader sends: each later Reduce's result is its own (the root
-    took the earlier call's, for good)."""
+    its leader sends: a Barrier after it completes (a large result's
+    send, which waits for its receive, held the leader for ever), and
+    each later Reduce's result is its own (the root took the earlier
+    call's, for good)."""
     rank, n = comm.rank, comm.size
     root = next((r for r in range(n) if r and parts[r] == parts[r - 1]),
                 None)
     if root is None:
         return  # no node of two ranks
-    real = xcomm._nodes.inner
-    if rank == root:
-        xcomm._nodes.inner = FailsAfter(real, "Reduce")
-    try:
-        xcomm.Reduce(np.ones(2), np.zeros(2) if rank == root else None,
-                     root=root)
-        got = "returned"
-    except RuntimeError:
-        got = "raised"
-    finally:
-        xcomm._nodes.inner = real
-    v.case("spanning: a root raises before its result",
-           None if got == ("raised" if rank == root else "returned")
-           else f"got {got}")
-    for k in range(1, 4):
-        r = np.zeros(2)
-        xcomm.Reduce(np.full(2, 10.0 ** k), r if rank == root else None,
-                     root=root)
-        v.case(f"spanning: the Reduce after it, {k}, gets its own result",
-               None if rank != root or (r == n * 10.0 ** k).all() else
-               f"got {r}")
+    for count in (2, 1 << 16):  # 16 B, and 512 KiB: above eager sends
+        real = xcomm._nodes.inner
+        if rank == root:
+            xcomm._nodes.inner = FailsAfter(real, "Reduce")
+        try:
+            xcomm.Reduce(np.ones(count),
+                         np.zeros(count) if rank == root else None, root=root)
+            got = "returned"
+        except RuntimeError:
+            got = "raised"
+        finally:
+            xcomm._nodes.inner = real
+        v.case(f"spanning: a root raises before its result ({count})",
+               None if got == ("raised" if rank == root else "returned")
+               else f"got {got}")
+        xcomm.Barrier()
+        for k in range(1, 4):
+            r = np.zeros(count)
+            xcomm.Reduce(np.full(count, 10.0 ** k),
+                         r if rank == root else None, root=root)
+            v.case(f"spanning: the Reduce after it, {k}, gets its own "
+                   f"result ({count})", None if rank != root or
+                   (r == n * 10.0 ** k).all() else f"got {r[:4]}")
 
 
 def differences_across_nodes(xcomm, comm, v):
