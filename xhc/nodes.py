@@ -16,13 +16,14 @@ lowest rank).
 4. Barrier: an xhc Barrier on each node, an MPI Barrier among the
    leaders, and another xhc Barrier on each node, which none leaves
    before its leader has left the leaders'.
-5. A leader whose step on the node or among the leaders raises gives
-   up its node's step after them at once, so that its node's ranks
-   raise rather than time out; a Reduce root on its node gets its
-   failure for the result, and raises.  A root that raises as its
-   node's step returns takes the result first; the result's tag
-   carries the node step's number, so that one it did not take is
-   dropped at its next Reduce.
+5. A rank whose steps before its node's last raise (a leader's among
+   the leaders too) gives up that last step at once, so that its node's
+   ranks raise rather than time out; a Reduce root on a leader's node
+   gets its failure for the result, and raises.  A root that raises as
+   its node's step returns takes the result first; the result's tag
+   carries the number of the node's step before, so that one it did not
+   take is dropped at its next Reduce.  What the steps raise withdraws
+   nothing more: each of the node's steps settled its own part.
 
 Every rank knows each rank's node and its rank there (gathered once), so
 each call needs no exchange beyond its three steps.  A rank alone on its
@@ -58,6 +59,21 @@ _OWN = {(op, dtype): None for op in (lib.XHC_MIN, lib.XHC_MAX)
         for dtype in (lib.XHC_FLOAT32, lib.XHC_FLOAT64)}
 _OWN.update({(op, lib.XHC_FLOAT16): None for op in (
     lib.XHC_SUM, lib.XHC_PROD, lib.XHC_MIN, lib.XHC_MAX)})
+
+
+def _settling(step):
+    """Wrap a collective's steps: what they raise is settled (xhc/comm.py):
+    each step of the node's xhc.Comm has settled its own part already,
+    left or refused, and the rest is MPI's, so xhc.Comm must not withdraw
+    this rank from the node's next collective."""
+    @functools.wraps(step)
+    def wrapper(*args, **kwargs):
+        try:
+            return step(*args, **kwargs)
+        except BaseException as exc:
+            from .comm import _settled  # it imports this module
+            raise _settled(exc)
+    return wrapper
 
 
 def _wire(arr):
@@ -213,49 +229,50 @@ class Nodes:
                                      one)
         return fn(*args)
 
+    @_settling
     def Barrier(self):
         if self.alone:
             return self.leaders.Barrier()
+        self._then_node(self._barrier_first)
+        self.inner.Barrier()
+
+    def _barrier_first(self):
         self.inner.Barrier()
         if self.leads:
-            try:
-                self.leaders.Barrier()
-            except BaseException:
-                self._failed(forfeit=True)
-                raise
-        self.inner.Barrier()
+            self.leaders.Barrier()
 
     # The steps of a rank that shares its node (a rank alone takes the
     # *_call methods' shortcuts).
 
+    @_settling
     def Bcast(self, buf, root):
         home, local = self.where[root]
         if self.index == home:
             self.inner.Bcast(buf, local)
-        if self.leads:
-            try:
-                self.leaders.Bcast(buf, home)
-            except BaseException:
-                self._failed(forfeit=self.index != home)
-                raise
+        if self.leads and self.index == home:
+            self.leaders.Bcast(buf, home)
+        elif self.leads:
+            self._then_node(self.leaders.Bcast, buf, home)
         if self.index != home:
             self.inner.Bcast(buf, 0)
 
+    @_settling
     def Allreduce(self, sendbuf, recvbuf, ops, inplace):
         """OPS: the op within nodes, and between them (between_nodes)."""
         op, across = ops
-        if self.leads:
-            try:
-                self.inner.Reduce(MPI.IN_PLACE if inplace else sendbuf,
-                                  recvbuf, op, 0)
-                self.leaders.Allreduce(MPI.IN_PLACE, _wire(recvbuf), across)
-            except BaseException:
-                self._failed(forfeit=True)
-                raise
-        else:
-            self.inner.Reduce(recvbuf if inplace else sendbuf, None, op, 0)
+        self._then_node(self._allreduce_first, sendbuf, recvbuf, op, across,
+                        inplace)
         self.inner.Bcast(recvbuf, 0)
 
+    def _allreduce_first(self, sendbuf, recvbuf, op, across, inplace):
+        if not self.leads:
+            return self.inner.Reduce(recvbuf if inplace else sendbuf, None,
+                                     op, 0)
+        self.inner.Reduce(MPI.IN_PLACE if inplace else sendbuf, recvbuf, op,
+                          0)
+        self.leaders.Allreduce(MPI.IN_PLACE, _wire(recvbuf), across)
+
+    @_settling
     def Reduce(self, sendbuf, recvbuf, ops, root, inplace, scratch):
         """OPS as for Allreduce; INPLACE: the root's IN_PLACE.  SCRATCH()
         makes a contiguous array of the message's type and count, where a
@@ -267,22 +284,42 @@ class Nodes:
         if not self.leads:
             if is_root:
                 return self._root_step(mine, recvbuf, op)
-            self.inner.Reduce(mine, None, op, 0)
-        else:
-            part = recvbuf if is_root else scratch()
-            gathers = self.index == home
-            sends = gathers and not is_root
-            try:
-                self.inner.Reduce(MPI.IN_PLACE if inplace else mine, part,
-                                  op, 0)
-                self.leaders.Reduce(MPI.IN_PLACE if gathers else _wire(part),
-                                    _wire(part) if gathers else None, across,
-                                    home)
-            except BaseException:
-                self._failed(root=local if sends else None)
-                raise
-            if sends:
-                self.node.Send(_wire(part), dest=local, tag=self._tag())
+            return self.inner.Reduce(mine, None, op, 0)
+        part = recvbuf if is_root else scratch()
+        gathers = self.index == home
+        sends = gathers and not is_root
+        tag = self._tag() if sends else 0
+        try:
+            self.inner.Reduce(MPI.IN_PLACE if inplace else mine, part, op, 0)
+            self.leaders.Reduce(MPI.IN_PLACE if gathers else _wire(part),
+                                _wire(part) if gathers else None, across,
+                                home)
+        except BaseException:
+            if sends:  # the root waits for the result: it gets this
+                self.node.Send([None, MPI.BYTE], dest=local, tag=tag + 1)
+            raise
+        if sends:
+            self.node.Send(_wire(part), dest=local, tag=tag)
+
+    @_settling
+    def _then_node(self, first, *args):
+        """FIRST(*ARGS), the steps before my node's last; if they raise,
+        my node's ranks must not wait for me there: I give it up at once
+        (xhc_ctx_forfeit, which does nothing if I refused the call), so
+        that they raise too rather than time out."""
+        try:
+            first(*args)
+        except BaseException:
+            self.inner._forfeit()
+            raise
+
+    def _tag(self):
+        """The tag of a Reduce's result from my node's leader to its root
+        (and, one more, of its failure): by the number of the node's last
+        step before the Reduce, which both read, so that a message the
+        root did not take (it raised first) is not taken for a later
+        call's."""
+        return 2 * (self.inner._on_ctx(lib.xhc_seq, default=0) % 16384)
 
     def _root_step(self, mine, recvbuf, op):
         """A Reduce root that does not lead its node: its node's step, then
@@ -290,45 +327,25 @@ class Nodes:
         interrupt) leaves the result on its way: the root takes it first,
         or its leader would wait in a large result's send for ever if the
         root's next call were not a Reduce."""
-        began = self.inner._on_ctx(lib.xhc_seq, default=0)
+        tag = self._tag()
         try:
             self.inner.Reduce(mine, None, op, 0)
         except XhcError:  # the step failed: so did the leader's, or will
             raise
         except BaseException:
-            if self.inner._on_ctx(lib.xhc_seq, default=0) != began:
+            if self._tag() != tag:  # it ran
                 try:
-                    self._result(recvbuf)
+                    self._result(recvbuf, tag)
                 except XhcError:
                     pass  # the leader's failure: this rank's own stands
             raise
-        self._result(recvbuf)
+        self._result(recvbuf, tag)
 
-    def _failed(self, forfeit=False, root=None):
-        """My step on the node, or among the leaders, raised: my node's
-        ranks must not wait for what I no longer bring.  FORFEIT: I give
-        up my node's step after it at once, so that they raise too
-        (xhc_ctx_forfeit) rather than time out; ROOT, the rank on my node
-        of a Reduce's root, which waits for the result, gets an empty
-        message instead (_result)."""
-        if forfeit:
-            self.inner._forfeit()
-        if root is not None:
-            self.node.Send([None, MPI.BYTE], dest=root,
-                           tag=self._tag() + 1)
-
-    def _tag(self):
-        """The tag of a Reduce's result from my node's leader to its root
-        (and, one more, of its failure): by the number of the node's last
-        step, which both read after it, so that a message the root did not
-        take (it raised first) is not taken for a later call's."""
-        return 2 * (self.inner._on_ctx(lib.xhc_seq, default=0) % 16384)
-
-    def _result(self, recvbuf):
-        """Receive a Reduce's result from my node's leader into RECVBUF,
-        and raise if it sent its failure instead (_failed); drop any
+    def _result(self, recvbuf, tag):
+        """Receive a Reduce's result of TAG from my node's leader into
+        RECVBUF, and raise if it sent its failure instead; drop any
         message of an earlier call."""
-        tag, status = self._tag(), MPI.Status()
+        status = MPI.Status()
         while True:
             self.node.Probe(source=0, tag=MPI.ANY_TAG, status=status)
             if status.Get_tag() == tag:
@@ -337,10 +354,9 @@ class Nodes:
             self.node.Recv([bytearray(status.Get_count()), MPI.BYTE],
                            source=0, tag=status.Get_tag())
             if status.Get_tag() == tag + 1:
-                from .comm import _settled  # took part: nothing to withdraw
-                raise _settled(XhcError(
+                raise XhcError(
                     f"Reduce: {strerror(lib.XHC_ERR_LEADER)} (rank "
-                    f"{self.node_ranks()[0]})", lib.XHC_ERR_LEADER))
+                    f"{self.node_ranks()[0]})", lib.XHC_ERR_LEADER)
 
     def free(self):
         """Release the node's xhc.Comm and the two communicators; again,

@@ -4120,6 +4120,31 @@ def leader_fails_between_nodes(xcomm, comm, v, parts):
         out = call(a.copy(), np.zeros(3))
         v.case(f"spanning: the {name} after meets",
                None if out is None or (out == want).all() else f"got {out}")
+    # A failure in the leaders' Reduce, then at once in a Bcast from
+    # another node: the first withdrew nothing, so the Bcast's forfeit
+    # still fails rank 0's node at once.
+    got = []
+    for name in ("Reduce", "Bcast"):
+        real = xcomm._nodes.leaders
+        if rank == 0:
+            xcomm._nodes.leaders = FailsAfter(real, name)
+        try:
+            calls[name][0](np.full(3, 1.0), np.zeros(3))
+            got.append("returned")
+        except Exception as e:  # noqa: BLE001 -- the case reports it
+            got.append(getattr(e, "code", type(e).__name__))
+        finally:
+            xcomm._nodes.leaders = real
+    xcomm._forget_plans()
+    want = ["RuntimeError"] * 2 if rank == 0 else \
+        ["returned", lib.XHC_ERR_PEER_LEFT] if mine else ["returned"] * 2
+    if mine and rank == root:
+        want[0] = lib.XHC_ERR_LEADER
+    v.case("spanning: two leader failures in a row", None if got == want
+           else f"got {got}, want {want}")
+    out = calls["Allreduce"][0](np.full(3, rank + 1.0), np.zeros(3))
+    v.case("spanning: the Allreduce after them meets",
+           None if (out == n * (n + 1) / 2).all() else f"got {out}")
 
 
 def leaders_fail_on_their_nodes(xcomm, comm, v, parts):
@@ -4528,7 +4553,11 @@ def raised_in_kept_runs(xcomm, comm, v):
             return real[1].Allreduce(*args)
 
     class Refusing:
+        """The node's xhc.Comm, which refuses its step as the real one
+        does: it withdraws this rank, then raises."""
+
         def Reduce(self, *args):
+            self._withdraw()
             raise ValueError("refused")
 
         def _withdraw(self):
