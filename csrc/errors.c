@@ -35,8 +35,9 @@ const char *xhc_strerror(int code)
                "earlier call to which the ranks passed different roots: "
                "free this xhc.Comm on every rank and make another";
     case XHC_ERR_LEADER:
-        return "the node's leader failed in this collective, in its step "
-               "on the node or between the nodes: its own error says why";
+        return "it failed in an earlier step of this collective over "
+               "several nodes, on its node or between the nodes: its own "
+               "error says why";
     default: return code < 0 ? strerror(-code) : "unknown error";
     }
 }

@@ -40,9 +40,9 @@ typedef struct xhc_ctx xhc_ctx_t;
 #define XHC_ERR_ASKEW     -5013 /* a peer's count of staging rounds is not
                                    mine: an earlier call the ranks passed
                                    different roots left them out of step */
-#define XHC_ERR_LEADER    -5014 /* a node's leader failed in this
-                                   collective (a front end's steps over
-                                   several nodes) */
+#define XHC_ERR_LEADER    -5014 /* a rank failed in an earlier step of
+                                   a collective over several nodes (the
+                                   front end's steps; xhc_ctx_forfeit) */
 
 #define XHC_INLINE_MAX 112      /* bytes carried inside a flag's line */
 #define XHC_ROUND_MIN 16384     /* smallest Bcast round with bcast_rounds */

@@ -544,7 +544,7 @@ class Comm(HotComm):
     def _forfeit(self):
         """This rank gives up its next collective without running it
         (xhc_ctx_forfeit): its peers there raise at once.  For a node's
-        xhc.Comm, whose leader failed between the nodes (xhc/nodes.py)."""
+        xhc.Comm, whose rank failed in an earlier step (xhc/nodes.py)."""
         self._on_ctx(lib.xhc_ctx_forfeit)
 
     def _raise(self, rc, what):

@@ -355,8 +355,9 @@ class Nodes:
                            source=0, tag=status.Get_tag())
             if status.Get_tag() == tag + 1:
                 raise XhcError(
-                    f"Reduce: {strerror(lib.XHC_ERR_LEADER)} (rank "
-                    f"{self.node_ranks()[0]})", lib.XHC_ERR_LEADER)
+                    f"Reduce: no result from rank {self.node_ranks()[0]}, "
+                    f"this node's leader: {strerror(lib.XHC_ERR_LEADER)}",
+                    lib.XHC_ERR_LEADER)
 
     def free(self):
         """Release the node's xhc.Comm and the two communicators; again,

@@ -4099,7 +4099,7 @@ def leader_fails_between_nodes(xcomm, comm, v, parts):
                 got = "returned"
             except Exception as e:  # noqa: BLE001 -- the case reports it
                 out, got = None, (type(e).__name__, getattr(e, "code", None),
-                                  "leader failed" in str(e))
+                                  "failed in an earlier step" in str(e))
             finally:
                 xcomm._nodes.leaders = real
             if rank == 0:
@@ -4173,7 +4173,7 @@ def leaders_fail_on_their_nodes(xcomm, comm, v, parts):
             got = "returned"
         except Exception as e:  # noqa: BLE001 -- the case reports it
             got = (type(e).__name__, getattr(e, "code", None),
-                   "leader failed" in str(e))
+                   "failed in an earlier step" in str(e))
         finally:
             xcomm._nodes.inner = real
         if leads:
