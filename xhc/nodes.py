@@ -301,7 +301,6 @@ class Nodes:
         if sends:
             self.node.Send(_wire(part), dest=local, tag=tag)
 
-    @_settling
     def _then_node(self, first, *args):
         """FIRST(*ARGS), the steps before my node's last; if they raise,
         my node's ranks must not wait for me there: I give it up at once
