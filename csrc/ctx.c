@@ -117,6 +117,7 @@ static void xhc_flags_init(struct xhc_rank_ctl *mine, uint64_t start)
     xhc_store_relaxed(&mine->entered.seq, start);
     xhc_store_relaxed(&mine->entered.abandoned, start);
     xhc_store_relaxed(&mine->entered.kept, start);
+    xhc_store_relaxed(&mine->entered.forfeits, 0);
     /* Orders all the flags above with the ack: seen together. */
     xhc_store_release(&mine->ack.seq, start);
 }
@@ -240,8 +241,8 @@ static int xhc_ctx_withdrawn(xhc_ctx_t *ctx)
 }
 
 /* Give up my current operation.  FORFEIT: I completed every operation
- * since my last leave, which a peer late to one of them must still take
- * part in; else count them given up with this one (a Reduce in pieces
+ * since my last leave but my earlier forfeits, and a peer late to one of
+ * them must still take part in it; else count them given up with this one (a Reduce in pieces
  * skips some), as peers late to them cannot tell. */
 static void xhc_ctx_give_up(xhc_ctx_t *ctx, int forfeit)
 {
@@ -265,9 +266,13 @@ static void xhc_ctx_give_up(xhc_ctx_t *ctx, int forfeit)
     xhc_publish(ctx, &mine->finished.seq, ran);
     struct xhc_leave rec = {
         .seq = ctx->seq, .round = ctx->round, .why = ctx->cause_why,
-        .who = ctx->cause_who,
-        .kept = forfeit ? xhc_load_relaxed(&mine->entered.abandoned)
-                        : ctx->seq };
+        .who = ctx->cause_who, .kept = ctx->seq, .forfeits = 1 };
+    struct xhc_leave last;
+    /* I alone write my record: this read is never torn. */
+    if (forfeit && xhc_leave_read(&mine->entered, &last)) {
+        rec.kept = last.kept;
+        rec.forfeits = xhc_leave_forfeits(&last, ctx->seq);
+    }
     xhc_leave_write(&mine->entered, &rec);
     xhc_ctx_mark(ctx, XHC_LEFT);
 }

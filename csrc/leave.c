@@ -4,9 +4,11 @@
  * 1. Only its rank writes the record (xhc_ctx_leave): the operation, the
  *    round count it reached there, and the first error that made it
  *    leave.  It says that the rank gave up every operation up to that
- *    one (a Reduce in pieces gives up those it skipped), but for a
- *    forfeit (xhc_ctx_forfeit), which completed those after its last
- *    leave.  Peers read it to give up on that operation too, and to count
+ *    one (a Reduce in pieces gives up those it skipped).  A forfeit
+ *    (xhc_ctx_forfeit) gave up only those up to the rank's last leave
+ *    and the forfeits since: it completed the rest.  A mask keeps the
+ *    last 64 forfeits; no peer lags that far behind (XHC_RING).
+ *    Peers read it to give up on that operation too, and to count
  *    its rounds and name its cause as the leaver did (wait.c).
  * 2. The fields are read together or not at all: a peer that reads the
  *    operation and then the round must not take the round of a later
@@ -35,6 +37,7 @@ void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec)
     atomic_store_explicit(&e->who, rec->who, memory_order_relaxed);
     xhc_store_relaxed(&e->round, rec->round);
     xhc_store_relaxed(&e->kept, rec->kept);
+    xhc_store_relaxed(&e->forfeits, rec->forfeits);
     xhc_store_relaxed(&e->abandoned, rec->seq);
     /* Release: a reader that sees this version sees the record whole. */
     atomic_store_explicit(&e->version, v + 2, memory_order_release);
@@ -49,6 +52,7 @@ int xhc_leave_read(struct xhc_entered_line *e, struct xhc_leave *rec)
         rec->who = atomic_load_explicit(&e->who, memory_order_relaxed);
         rec->round = xhc_load_relaxed(&e->round);
         rec->kept = xhc_load_relaxed(&e->kept);
+        rec->forfeits = xhc_load_relaxed(&e->forfeits);
         rec->seq = xhc_load_relaxed(&e->abandoned);
         /* Orders the record's reads before the version's re-read. */
         atomic_thread_fence(memory_order_acquire);
@@ -60,11 +64,31 @@ int xhc_leave_read(struct xhc_entered_line *e, struct xhc_leave *rec)
     return 0;
 }
 
+/* Did the record REC give up operation SEQ, at or before its own? */
+static int xhc_leave_covers(const struct xhc_leave *rec, uint64_t seq)
+{
+    if (!xhc_seq_reached(rec->seq, seq))
+        return 0;
+    if (!xhc_seq_reached(seq, rec->kept + 1))
+        return 1;
+    uint64_t back = rec->seq - seq;
+    return back < 64 && (rec->forfeits >> back & 1);
+}
+
+int xhc_leave_forfeited(const struct xhc_leave *rec, uint64_t seq)
+{
+    return seq != rec->seq && xhc_seq_reached(seq, rec->kept + 1);
+}
+
 int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
                    struct xhc_leave *rec)
 {
-    /* Operations between KEPT and the abandoned one it completed. */
     return xhc_leave_read(&xhc_ctl(ctx, peer)->entered, rec)
-           && xhc_seq_reached(rec->seq, seq)
-           && !(xhc_seq_reached(seq, rec->kept + 1) && seq != rec->seq);
+           && xhc_leave_covers(rec, seq);
+}
+
+uint64_t xhc_leave_forfeits(const struct xhc_leave *last, uint64_t seq)
+{
+    uint64_t back = seq - last->seq;
+    return (back < 64 ? last->forfeits << back : 0) | 1;
 }

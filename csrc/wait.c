@@ -180,7 +180,8 @@ static int xhc_peer_closed(xhc_ctx_t *ctx, int peer)
 /* PEER gave up on my current operation, or on a later one: the first
  * error that made it leave is the first of mine too.  If it was mine,
  * where it put its end is where the rounds end (it may know it better: a
- * Bcast parent knows the root's size), unless I have run past that. */
+ * Bcast parent knows the root's size), unless I have run past that.  If
+ * it forfeited mine before a later leave, it ran no rounds there. */
 static void xhc_inherit_leave(xhc_ctx_t *ctx, int peer)
 {
     struct xhc_leave rec;
@@ -190,7 +191,9 @@ static void xhc_inherit_leave(xhc_ctx_t *ctx, int peer)
         ctx->cause_why = rec.why;
         ctx->cause_who = rec.who;
     }
-    if (rec.seq == ctx->seq && xhc_seq_reached(rec.round, ctx->round))
+    if (xhc_leave_forfeited(&rec, ctx->seq))
+        ctx->round_end = ctx->round; /* as PEER left it, if I ran none */
+    else if (rec.seq == ctx->seq && xhc_seq_reached(rec.round, ctx->round))
         ctx->round_end = rec.round;
 }
 
@@ -272,7 +275,8 @@ int xhc_skip_abandoned(xhc_ctx_t *ctx, uint64_t seq)
         struct xhc_leave rec;
         if (p == ctx->rank || !xhc_left_since(ctx, p, seq, &rec))
             continue;
-        if (xhc_seq_reached(rec.round, ctx->round))
+        if (!xhc_leave_forfeited(&rec, seq)
+            && xhc_seq_reached(rec.round, ctx->round))
             ctx->round = ctx->round_end = rec.round;
         if (peer < 0)
             peer = p;

@@ -68,17 +68,21 @@ struct xhc_entered_line {
      * me, and counts rounds as I do (wait.c). */
     xhc_flag_t abandoned;
     xhc_flag_t round;
-    /* The operations after this one and before the abandoned one I
-     * completed (a forfeit's); else it is the abandoned one. */
+    /* I gave up every operation up to KEPT; after it, only the
+     * abandoned one and those FORFEITS names (bit I: I gave up the
+     * operation I before the abandoned one), which are forfeits: I
+     * completed the rest. */
     xhc_flag_t kept;
+    xhc_flag_t forfeits;
 } XHC_ALIGNED;
 
 /* A rank's last leave, as one piece (leave.c): the operation, the round
  * count it reached there, its first error then (0 if none is known) and
- * the rank that error names, and KEPT: it gave up every operation up to
- * SEQ but those after KEPT. */
+ * the rank that error names, and which operations up to SEQ it gave up:
+ * every one up to KEPT, and after it those FORFEITS names (bit I: SEQ - I),
+ * as in the entered line. */
 struct xhc_leave {
-    uint64_t seq, round, kept;
+    uint64_t seq, round, kept, forfeits;
     int32_t why, who;
 };
 
@@ -90,6 +94,11 @@ int xhc_leave_read(struct xhc_entered_line *e, struct xhc_leave *rec);
  * SEQ. */
 int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
                    struct xhc_leave *rec);
+/* Was SEQ, which the record REC gave up, a forfeit before REC's own?
+ * A forfeit runs no rounds, and REC's round count is of a later one. */
+int xhc_leave_forfeited(const struct xhc_leave *rec, uint64_t seq);
+/* The FORFEITS of a forfeit of SEQ, after the record LAST. */
+uint64_t xhc_leave_forfeits(const struct xhc_leave *last, uint64_t seq);
 
 /* Ranks asleep on one of my flags (cfg.sleep): the one counter several
  * ranks write, each only on its way into and out of the kernel; I read

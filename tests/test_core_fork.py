@@ -678,9 +678,9 @@ def test_a_forfeited_collective_fails_its_waiters_at_once(op):
     between the nodes raised): rank 0, waiting on it there, fails at
     once, naming it and why, not after its timeout (20 s here).  Rank 1
     then roots a small Bcast, which waits for no reader, and forfeits
-    again; rank 0, late to that Bcast, still gets its data (the forfeit
-    must not read as giving up the Bcast its root completed), then
-    fails in the next.
+    again, once and then twice in a row; rank 0, late to those Bcasts,
+    still gets their data (no forfeit may read as giving up a Bcast its
+    root completed), and fails in each forfeited call.
     Their calls after meet in order."""
     cfg = make_config(timeout=20.0)
     with Segment(2, cfg) as seg:
@@ -688,20 +688,24 @@ def test_a_forfeited_collective_fails_its_waiters_at_once(op):
         try:
             assert _pair_call(ctxs, "barrier", (0, 0)) == [(0, None)] * 2
             who = ffi.new("int *")
-            for late in (False, True):
-                if late:
-                    assert _run_op(ctxs[1], "bcast1", 1, 7) == (0, 7)
-                lib.xhc_ctx_forfeit(ctxs[1])
-                if late:
-                    assert _run_op(ctxs[0], "bcast1", 0, 0) == (0, 7)
-                t0 = time.monotonic()
-                rc, _ = _run_op(ctxs[0], op, 0, 1)
-                assert rc == lib.XHC_ERR_PEER_LEFT, strerror(rc)
-                assert time.monotonic() - t0 < 10
-                assert lib.xhc_failed_rank(ctxs[0]) == 1
-                assert lib.xhc_failed_cause(ctxs[0], who) \
-                    == lib.XHC_ERR_LEADER
-                assert who[0] == 1
+            for late in (0, 1, 2):
+                for i in range(max(late, 1)):
+                    if late:
+                        assert _run_op(ctxs[1], "bcast1", 1, 7 + i) \
+                            == (0, 7 + i)
+                    lib.xhc_ctx_forfeit(ctxs[1])
+                for i in range(max(late, 1)):
+                    if late:
+                        assert _run_op(ctxs[0], "bcast1", 0, 0) \
+                            == (0, 7 + i)
+                    t0 = time.monotonic()
+                    rc, _ = _run_op(ctxs[0], op, 0, 1)
+                    assert rc == lib.XHC_ERR_PEER_LEFT, strerror(rc)
+                    assert time.monotonic() - t0 < 10
+                    assert lib.xhc_failed_rank(ctxs[0]) == 1
+                    assert lib.xhc_failed_cause(ctxs[0], who) \
+                        == lib.XHC_ERR_LEADER
+                    assert who[0] == 1
             assert lib.xhc_seq(ctxs[0]) == lib.xhc_seq(ctxs[1])
             want = 100 if op.startswith("bcast") else None
             got = _pair_call(ctxs, op, (0, 100))
