@@ -4032,6 +4032,7 @@ def suite_spanning(xcomm, comm, v, sz, args):
     usage_errors(v, xcomm, comm)
     one_array_twice(v, xcomm, comm, sz)
     bad_buffer_on_one_rank(xcomm, comm, v)
+    longer_bcast_on_a_leader(xcomm, comm, v, parts)
     kept_runs(xcomm, comm, v)
     staged_reshaped(xcomm, comm, v)
     plain_calls_across(xcomm, comm, v)
@@ -4280,6 +4281,38 @@ def bad_buffer_on_one_rank(xcomm, comm, v):
         if err is None and not np.all(out == n * (n + 1) / 2):
             err = f"then an Allreduce gave {out}"
         v.case(f"spanning: {what} with a bad buffer on rank {last}", err)
+
+
+def longer_bcast_on_a_leader(xcomm, comm, v, parts):
+    """The leader of the last node passes a Bcast buffer longer than the
+    root's (rank 0's): MPI gives it the root's data and leaves the rest,
+    so it completes, and its node's other ranks raise MPITruncateError
+    about it (as the README says); the other nodes complete; an
+    Allreduce after it is right on every rank."""
+    from xhc.mpierrors import MPITruncateError
+    n, rank = comm.size, comm.rank
+    leader = min(r for r in range(n) if parts[r] == parts[n - 1])
+    buf = np.full(8 if rank == leader else 4, -1.0)
+    sent = np.arange(4) + 0.5
+    if rank == 0:
+        buf[:] = sent
+    err = None
+    try:
+        xcomm.Bcast(buf, 0)
+        if parts[rank] == parts[leader] and rank != leader:
+            err = "no error"
+        elif not (np.array_equal(buf[:4], sent) and np.all(buf[4:] == -1)):
+            err = f"got {buf}"
+    except MPITruncateError as e:
+        if parts[rank] != parts[leader] or rank == leader:
+            err = f"raised {e}"
+        elif f"rank {leader}" not in str(e):
+            err = f"does not name rank {leader}: {e}"
+    out = np.empty(4)
+    xcomm.Allreduce(np.full(4, rank + 1.0), out)
+    if err is None and not np.all(out == n * (n + 1) / 2):
+        err = f"then an Allreduce gave {out}"
+    v.case(f"spanning: a longer Bcast buffer on rank {leader}, a leader", err)
 
 
 def kept_runs(xcomm, comm, v):
