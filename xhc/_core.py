@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from ._xhc import ffi, lib
-from .errors import XhcError, agree
+from .errors import XhcError, agree, rank_name
 
 KINDS = {"barrier": lib.XHC_BARRIER, "bcast": lib.XHC_BCAST,
          "allreduce": lib.XHC_ALLREDUCE, "reduce": lib.XHC_REDUCE}
@@ -55,19 +55,13 @@ def _first_error(ctx, peer, name):
             f"{strerror(why)}")
 
 
-def whole_rank(ranks, r):
-    """Rank R of a node's xhc.Comm as its number in the whole communicator
-    over several nodes, given each of its ranks' (RANKS); R without."""
-    return ranks[r] if ranks and 0 <= r < len(ranks) else r
-
-
 def error(rc, what, ctx=None, pids=None, ranks=None):
     """Return the exception for C return code RC of the call WHAT.  RANKS:
     None, or, for the xhc.Comm of one node of a communicator over several
     (WHAT a step on that node), each of its ranks' number in the whole
     communicator, by which the message names them."""
     def name(r):
-        return whole_rank(ranks, r)
+        return rank_name(r, ranks)
     if ranks:
         what += " (its step on this node, of a collective over several)"
     msg = f"{what}: {strerror(rc)}"
@@ -162,7 +156,7 @@ def collective_check(comm, rc, what):
     bad = [(r, c) for r, c in enumerate(codes) if c]
     if bad:
         rank, code = bad[0]
-        raise error(code, f"{what} (rank {rank})")
+        raise error(code, f"{what} (rank {rank_name(rank)})")
 
 
 def shm_free():
@@ -282,7 +276,8 @@ def _xpmem_probe(comm, ctx, got):
     if not bad:
         return None
     rank, code = bad[0]
-    return (f"rank {rank} cannot read rank {(rank + 1) % comm.size} "
+    return (f"rank {rank_name(rank)} cannot read rank "
+            f"{rank_name((rank + 1) % comm.size)} "
             f"through XPMEM: {strerror(code)}")
 
 
@@ -294,7 +289,7 @@ def _setup_xpmem(comm, ctx):
     got = comm.allgather((rc, segid[0], int(probe[0])))
     bad = [(r, code) for r, (code, _, _) in enumerate(got) if code]
     if bad:
-        why = f"rank {bad[0][0]}: {xpmem_status_text(bad[0][1])}"
+        why = f"rank {rank_name(bad[0][0])}: {xpmem_status_text(bad[0][1])}"
     else:
         why = _xpmem_probe(comm, ctx, got)
     if why:
@@ -389,11 +384,12 @@ def arena_status(comm):
                else "not 256 MiB of address space to reserve, at most a "
                "quarter of what ulimit -v leaves" if code == -errno.ENOMEM
                else strerror(code))
-        return False, 0, f"rank {rank} has no arena: {why}"
+        return False, 0, f"rank {rank_name(rank)} has no arena: {why}"
     if refusals:
         rank, peer, code = refusals[0]
         return False, min(sizes), (
-            f"rank {rank} may not map rank {peer}'s ({strerror(code)}: the "
+            f"rank {rank_name(rank)} may not map rank {rank_name(peer)}'s "
+            f"({strerror(code)}: the "
             f"kernel's ptrace read rule, as for CMA)")
     return True, min(sizes), None
 

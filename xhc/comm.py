@@ -24,7 +24,8 @@ from ._xhc import ffi, lib
 from .arena import in_arena
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
                       numpy_dtype, plain_tables, predefined, resolve, stages)
-from .errors import ReadOnlyError, XhcError, agree, heard
+from .errors import ReadOnlyError, XhcError, agree, heard, naming_ranks, \
+    rank_name
 from .mpierrors import (MPIRequestError, MPIRootTypeError, MPIValueError,
                         comm_freed)
 from .topology import source_of
@@ -79,6 +80,16 @@ def _tell_every_node(comm, problem):
     agree(comm, None, None if heard(problem) else problem)
     if problem is not None:
         raise problem
+
+
+def _whole_ranks(part, comm):
+    """Each rank of PART, a communicator of some of COMM's, as COMM's."""
+    groups = part.Get_group(), comm.Get_group()
+    try:
+        return groups[0].Translate_ranks(list(range(part.size)), groups[1])
+    finally:
+        for group in groups:
+            group.Free()
 
 
 def _leaving(entry):
@@ -247,9 +258,12 @@ class Comm(HotComm):
         """COMM spans several nodes: collectives go through an xhc.Comm of
         NODE, this rank's, and MPI between the nodes (xhc/nodes.py)."""
         inner = problem = None
+        # Its errors name the node's ranks by their number in COMM.
+        whole = _whole_ranks(node, self._comm)
         try:
-            inner = Comm(node, hierarchy=hierarchy, topology=topology,
-                         **dict(tunables, split_nodes=1))
+            with naming_ranks(whole):
+                inner = Comm(node, hierarchy=hierarchy, topology=topology,
+                             **dict(tunables, split_nodes=1))
         except Exception as exc:  # raised on every rank of that node
             problem = exc
         try:  # ... and now on every rank of every node
@@ -260,7 +274,7 @@ class Comm(HotComm):
             node.Free()
             raise
         self._nodes = nodes.Nodes(self._comm, node, inner)
-        inner._whole_ranks = self._nodes.node_ranks()
+        inner._whole_ranks = whole
         self._state = "spanning"
         self._bind(ffi.NULL, self._nodes)
         # The node's, but split_nodes as in force here (the node's is 1).
@@ -630,7 +644,7 @@ class Comm(HotComm):
         if not self._whole_ranks:
             return root
         # A root the call took: an integer.
-        return _core.whole_rank(self._whole_ranks, operator.index(root))
+        return rank_name(operator.index(root), self._whole_ranks)
 
     # -- Python objects (xhc/objects.py) --------------------------------------
     # mpi4py's lowercase collectives, on xhc's of bytes: the same results,

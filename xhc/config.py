@@ -3,6 +3,7 @@
 import os
 import re
 
+from .errors import rank_name
 from .hierarchy import DEFAULTS as HIERARCHY_DEFAULTS, parse_levels
 
 DEFAULTS = {
@@ -189,7 +190,8 @@ def check_alike(key, values):
                   if str(value) != str(values[0])), None)
     if other is not None:
         raise ValueError(f"xhc: ranks were given different {key} values "
-                         f"(rank 0: {str(values[0])!r}, rank {other}: "
+                         f"(rank {rank_name(0)}: {str(values[0])!r}, "
+                         f"rank {rank_name(other)}: "
                          f"{str(values[other])!r}): set XHC_{key.upper()} "
                          f"(or {key}=) alike on every rank")
 

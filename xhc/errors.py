@@ -1,5 +1,29 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """The one exception type of xhc, and how a failure travels to other ranks."""
+import contextlib
+import contextvars
+
+# While a node's xhc.Comm is made inside one over several nodes: each of
+# its ranks' number in the whole communicator, by which errors name them.
+_WHOLE_RANKS = contextvars.ContextVar("xhc_whole_ranks", default=None)
+
+
+@contextlib.contextmanager
+def naming_ranks(ranks):
+    """Within: rank_name() names rank R of the communicator being made as
+    RANKS[R] (its number in the whole communicator over several nodes)."""
+    token = _WHOLE_RANKS.set(ranks)
+    try:
+        yield
+    finally:
+        _WHOLE_RANKS.reset(token)
+
+
+def rank_name(r, ranks=None):
+    """Rank R as errors name it: its number in the whole communicator,
+    from RANKS (each rank's) or naming_ranks(); else R."""
+    ranks = ranks or _WHOLE_RANKS.get()
+    return ranks[r] if ranks and 0 <= r < len(ranks) else r
 
 
 class XhcError(RuntimeError):
@@ -64,7 +88,8 @@ def agree(comm, value, problem=None):
         raise problem
     for rank, (kind, detail, error_class) in enumerate(everyone):
         if kind is not None:
-            exc = _as_received(kind, f"rank {rank}: {detail}", error_class)
+            exc = _as_received(kind, f"rank {rank_name(rank)}: {detail}",
+                               error_class)
             exc.xhc_heard = True  # another rank's (see heard())
             raise exc
     return [each for _, each, _ in everyone]

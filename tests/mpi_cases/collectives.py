@@ -4046,6 +4046,7 @@ def suite_spanning(xcomm, comm, v, sz, args):
     leaders_fail_on_their_nodes(xcomm, comm, v, parts)
     root_raises_before_its_result(xcomm, comm, v, parts)
     differences_across_nodes(xcomm, comm, v)
+    differences_on_a_node(comm, v, parts)
 
 
 class FailsAfter:
@@ -4249,6 +4250,28 @@ def differences_across_nodes(xcomm, comm, v):
            "naming that rank by its number in the whole communicator",
            None if isinstance(exc, ValueError) and str(exc).startswith(
                prefix + "Comm.empty") else f"got {exc!r}")
+
+
+def differences_on_a_node(comm, v, parts):
+    """The last rank of a node of several ranks is given another
+    chunk_size: its node's xhc.Comm refuses it, and every rank raises
+    naming both ranks by their numbers in the whole communicator (they
+    were named by their numbers on the node).  Nodes of one rank each
+    compare nothing."""
+    crowded = [r for r in range(comm.size) if parts.count(parts[r]) > 1]
+    if not crowded:
+        return
+    odd = max(crowded)
+    low = parts.index(parts[odd])
+    made = []
+    exc = raises_what(lambda: made.append(xhc.Comm(
+        comm, chunk_size=1 << 19 if comm.rank == odd else 1 << 18)))
+    for each in made:
+        each.free()
+    names = f"(rank {low}: '262144', rank {odd}: '524288')"
+    v.case(f"spanning: a chunk_size that rank {odd} alone differs in is "
+           f"named by whole ranks", None if isinstance(exc, ValueError)
+           and names in str(exc) else f"got {exc!r}")
 
 
 def bad_buffer_on_one_rank(xcomm, comm, v):
