@@ -185,7 +185,10 @@ void xhc_ctx_withdraw(xhc_ctx_t *ctx);
  * before: a peer late to one of them still takes part in it.  Its next
  * collective after that one is in step.  After a withdraw (a refused
  * call), it does nothing: peers take this rank's next call for the one
- * it refused. */
+ * it refused.  Forfeit only a collective in which no peer stages rounds
+ * for this rank (a Barrier, or a Bcast this rank roots): those rounds
+ * count on every rank, and this rank cannot count them, so its next
+ * large collective would fail XHC_ERR_ASKEW. */
 void xhc_ctx_forfeit(xhc_ctx_t *ctx);
 void xhc_ctx_close(xhc_ctx_t *ctx);
 

@@ -18,7 +18,9 @@ lowest rank).
    before its leader has left the leaders'.
 5. A rank whose steps before its node's last raise (a leader's among
    the leaders too) gives up that last step at once, so that its node's
-   ranks raise rather than time out; a Reduce root on a leader's node
+   ranks raise rather than time out; but a rank that only reads that
+   step (an Allreduce's Bcast from its leader) takes part in it, as the
+   rounds its leader stages there count for every rank; a Reduce root on a leader's node
    gets its failure for the result, and raises.  A root that raises as
    its node's step returns takes the result first; the result's tag
    carries the number of the node's step before, so that one it did not
@@ -260,14 +262,15 @@ class Nodes:
     def Allreduce(self, sendbuf, recvbuf, ops, inplace):
         """OPS: the op within nodes, and between them (between_nodes)."""
         op, across = ops
+        if not self.leads:
+            return self._then_read(recvbuf, self.inner.Reduce,
+                                   recvbuf if inplace else sendbuf, None, op,
+                                   0)
         self._then_node(self._allreduce_first, sendbuf, recvbuf, op, across,
                         inplace)
         self.inner.Bcast(recvbuf, 0)
 
     def _allreduce_first(self, sendbuf, recvbuf, op, across, inplace):
-        if not self.leads:
-            return self.inner.Reduce(recvbuf if inplace else sendbuf, None,
-                                     op, 0)
         self.inner.Reduce(MPI.IN_PLACE if inplace else sendbuf, recvbuf, op,
                           0)
         self.leaders.Allreduce(MPI.IN_PLACE, _wire(recvbuf), across)
@@ -312,13 +315,37 @@ class Nodes:
             self.inner._forfeit()
             raise
 
+    def _then_read(self, buf, first, *args):
+        """FIRST(*ARGS), then my node's last step, a Bcast from its leader
+        into BUF, which I only read.  If FIRST raises once it began (it
+        refused nothing), I still take part in the Bcast, whatever it
+        gives, and raise FIRST's error: given up, my leader would have
+        counted its rounds and I not, out of step in every large call
+        after.  My leader gives up the Bcast if it failed too (and I
+        raise at once), or it has the node's result for me."""
+        began = self._inner_seq()
+        try:
+            first(*args)
+        except BaseException:
+            if self._inner_seq() != began:
+                try:
+                    self.inner.Bcast(buf, 0)
+                except Exception:  # noqa: BLE001 -- FIRST's error says it
+                    pass
+            raise
+        self.inner.Bcast(buf, 0)
+
+    def _inner_seq(self):
+        """The number of my node's last step."""
+        return self.inner._on_ctx(lib.xhc_seq, default=0)
+
     def _tag(self):
         """The tag of a Reduce's result from my node's leader to its root
         (and, one more, of its failure): by the number of the node's last
         step before the Reduce, which both read, so that a message the
         root did not take (it raised first) is not taken for a later
         call's."""
-        return 2 * (self.inner._on_ctx(lib.xhc_seq, default=0) % 16384)
+        return 2 * (self._inner_seq() % 16384)
 
     def _root_step(self, mine, recvbuf, op):
         """A Reduce root that does not lead its node: its node's step, then

@@ -4045,6 +4045,7 @@ def suite_spanning(xcomm, comm, v, sz, args):
     leader_fails_between_nodes(xcomm, comm, v, parts)
     leaders_fail_on_their_nodes(xcomm, comm, v, parts)
     root_raises_before_its_result(xcomm, comm, v, parts)
+    a_rank_fails_after_its_node_reduce(xcomm, comm, v, parts)
     differences_across_nodes(xcomm, comm, v)
     differences_on_a_node(comm, v, parts)
 
@@ -4193,6 +4194,42 @@ def leaders_fail_on_their_nodes(xcomm, comm, v, parts):
         want = n * (n + 3) / 2 if name == "Allreduce" or rank == root else 0
         v.case(f"spanning: the {name} after meets",
                None if (r == want).all() else f"got {r}, want {want}")
+
+
+def a_rank_fails_after_its_node_reduce(xcomm, comm, v, parts):
+    """The last rank, which does not lead its node, raises as its node's
+    Reduce returns in an Allreduce of 512 KiB, whose Bcast on the node
+    goes in rounds: only it raises, and the other ranks get the sum.  It
+    still takes part in that Bcast: had it given it up, its leader would
+    have counted rounds it did not, and every later large call on the
+    node failed (XHC_ERR_ASKEW, or a timeout).  Those after meet."""
+    rank, n, last = comm.rank, comm.size, comm.size - 1
+    if parts.count(parts[last]) == 1:
+        return
+    count = 1 << 16
+    real = xcomm._nodes.inner
+    if rank == last:
+        xcomm._nodes.inner = FailsAfter(real, "Reduce")
+    r = np.zeros(count)
+    try:
+        xcomm.Allreduce(np.full(count, rank + 1.0), r)
+        got = "returned" if (r == n * (n + 1) / 2).all() else f"got {r[:2]}"
+    except Exception as e:  # noqa: BLE001 -- the case reports it
+        got = repr(e)[:200]
+    finally:
+        xcomm._nodes.inner = real
+    want = "RuntimeError(\"leaders' Reduce failed\")" if rank == last \
+        else "returned"
+    v.case("spanning: a rank that fails after its node's Reduce",
+           None if got == want else f"got {got}, want {want}")
+    for k in range(1, 3):
+        r = np.zeros(count)
+        xcomm.Allreduce(np.full(count, rank + k + 0.0), r)
+        b = np.full(count, 0.5 + rank)
+        xcomm.Bcast(b, k % n)
+        ok = (r == n * (n - 1) / 2 + n * k).all() and (b == 0.5 + k % n).all()
+        v.case(f"spanning: large calls #{k} after it",
+               None if ok else f"got {r[:2]} and {b[:2]}")
 
 
 def root_raises_before_its_result(xcomm, comm, v, parts):
@@ -4621,6 +4658,9 @@ def raised_in_kept_runs(xcomm, comm, v):
 
         def _forfeit(self):
             pass  # after a refusal, nothing (xhc_ctx_forfeit)
+
+        def _on_ctx(self, fn, default=None):
+            return default  # a refusal begins no step
 
     nodes.leaders = leaders = Leaders()
     try:
