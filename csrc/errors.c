@@ -22,7 +22,8 @@ const char *xhc_strerror(int code)
     case XHC_ERR_FREED: return "the communicator was freed";
     case XHC_ERR_MISMATCH:
         return "a peer's buffer does not fit this call (the ranks passed "
-               "different sizes, or one that refused a call is a call "
+               "different sizes, or started persistent requests in "
+               "different orders, or one that refused a call is a call "
                "behind)";
     case XHC_ERR_DISAGREE:
         return "a peer called another collective, or this one with another "

@@ -638,6 +638,23 @@ def test_debug_names_the_disagreement(request, how, case, op, detail):
 
 
 @pytest.mark.parametrize("how", ["keyword", "env"])
+def test_debug_names_requests_started_out_of_order(request, how):
+    """Rank 2 starts two requests alike in the other order: each would
+    run with the other's buffers, and the sums mix; with XHC_DEBUG every
+    rank raises at once, naming the requests by their *_init calls."""
+    launch = request.getfixturevalue("args3" if how == "keyword"
+                                     else "debug_env3")
+    name = "debug-start-order" if how == "keyword" \
+        else "debug-env-start-order"
+    check_case(launch, name, "XhcError",
+               r"^XHC_DEBUG: ranks start different requests: rank \d "
+               r"request #(\d+) \(Allreduce \(4 elements\)\), rank \d "
+               r"request #(?!\1)\d+ \(Allreduce \(4 elements\)\), "
+               r"numbered by the \*_init calls .* mpi_assert_strict_"
+               r"persistent_collective_ordering were set\)$")
+
+
+@pytest.mark.parametrize("how", ["keyword", "env"])
 def test_debug_call_that_fails_on_one_rank_raises_on_every_rank(request,
                                                                 how):
     """With XHC_DEBUG, rank 2's Bcast with an argument too many fails
@@ -790,7 +807,8 @@ def test_a_rank_that_took_part_then_raised_is_waited_for(disagreeing, case,
     ("dtypes", r"a peer called another collective, or this one with another "
                r"root, op or datatype .* \(rank \d\)$"),
     ("sizes", r"a peer's buffer does not fit this call \(the ranks passed "
-              r"different sizes, or one that refused a call is a call "
+              r"different sizes, or started persistent requests in "
+              r"different orders, or one that refused a call is a call "
               r"behind\) \(rank \d\)$")],
     ids=["two-roots", "reduce-allreduce", "ops", "dtypes", "sizes"])
 def test_large_reductions_that_disagree_fail_at_once(disagreeing, case,
@@ -851,8 +869,9 @@ def test_a_bcast_reader_of_another_size_fails_and_the_next_ones_meet(
     assert sorted(rep) == [0, 1, 2], disagreeing.output()
     assert rep[odd]["exc"] == "MPITruncateError", rep[odd]
     assert re.search(r"a peer's buffer does not fit this call \(the ranks "
-                     r"passed different sizes, or one that refused a call "
-                     r"is a call behind\) \(rank %d\)$" % parent,
+                     r"passed different sizes, or started persistent "
+                     r"requests in different orders, or one that refused a "
+                     r"call is a call behind\) \(rank %d\)$" % parent,
                      rep[odd]["msg"]), rep[odd]
     for r in {0, 1, 2} - {odd}:
         assert rep[r]["exc"] == "None" or GAVE_UP in rep[r]["msg"], rep[r]
@@ -912,7 +931,8 @@ def test_ranks_that_pass_different_sizes_fail_at_once(disagreeing):
     assert all(float(kv["t"]) < 2.0 for kv in rep.values()), rep
     msgs = [kv["msg"] for kv in rep.values()]
     assert any("a peer's buffer does not fit this call (the ranks passed "
-               "different sizes, or one that refused a call is a call "
+               "different sizes, or started persistent requests in "
+               "different orders, or one that refused a call is a call "
                "behind)" in m for m in msgs), msgs
     assert all("does not fit this call" in m or GAVE_UP in m
                for m in msgs), msgs

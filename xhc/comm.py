@@ -1373,7 +1373,10 @@ class Request(HotRequest):
 
     Start() is HotRequest's: the core call, bound once here, without the
     interpreter.  A request that stages its buffers (or a freed one)
-    starts through _Start instead."""
+    starts through _Start instead, as does one XHC_DEBUG checks, which
+    first runs _before_start."""
+
+    _before_start = None
 
     def __init__(self, call, what, xcomm, plan=None, bind=None):
         self._call = call
@@ -1402,6 +1405,8 @@ class Request(HotRequest):
                 "first (Wait(), Test() or Waitall())"))
         if self._call is None:
             raise self._gone()
+        if self._before_start is not None:
+            self._before_start()
         rc = self._xcomm._in_core(self._run_call)
         if rc:
             self._failed(rc)

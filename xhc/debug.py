@@ -115,7 +115,11 @@ def checked(xcomm, name, call):
         if diffs:
             raise XhcError(f"XHC_DEBUG: ranks disagree on {name}: "
                            + "; ".join(diffs[:4]))
-        return call(*args, **kwargs)
+        if not name.endswith("_init"):
+            return call(*args, **kwargs)
+        # Every rank counts it, whether it then makes a request or raises.
+        xcomm._debug_inits = number = getattr(xcomm, "_debug_inits", 0) + 1
+        return _checking_starts(xcomm, call(*args, **kwargs), number)
 
     def wrapper(*args, **kwargs):
         # The agreement is part of the collective: claimed with it for
@@ -125,6 +129,35 @@ def checked(xcomm, name, call):
     wrapper.__name__ = name
     wrapper.__doc__ = call.__doc__
     return wrapper
+
+
+def _checking_starts(xcomm, req, number):
+    """REQ, the NUMBER-th *_init of XCOMM (alike on every rank), made to
+    compare that number over every rank before each Start(): ranks that
+    start a communicator's requests in different orders would each run
+    its own with another's call of its peers.  (mpi4py's requests, of a
+    call that fell back, are MPI's to match.)"""
+    from .comm import Request  # it imports this module
+    if not isinstance(req, Request):
+        return req
+    req._hot_bind(xcomm, 0, 0, 0, 0)  # every Start() through _Start
+
+    def agreed_start():
+        starts = agree(xcomm._comm, (number, req._what))
+        other = next((r for r, (n, _) in enumerate(starts) if n != number),
+                     None)
+        if other is not None:
+            raise XhcError(
+                f"XHC_DEBUG: ranks start different requests: rank "
+                f"{xcomm._comm.rank} request #{number} ({req._what}), rank "
+                f"{other} request #{starts[other][0]} ({starts[other][1]}), "
+                "numbered by the *_init calls that made them: start a "
+                "communicator's persistent requests in the same order on "
+                "every rank (each Start() runs its collective to "
+                "completion, as if MPI's info key mpi_assert_strict_"
+                "persistent_collective_ordering were set)")
+    req._before_start = agreed_start
+    return req
 
 
 def install(xcomm):

@@ -678,10 +678,25 @@ def debug_cases():
         ("debug-objects-bcast-root", lambda c: (
             c.bcast({"k": 1}), c.allreduce(1 if odd else 1.0),
             c.bcast(float(RANK), root=1 if odd else 0))),
+        # Requests alike, started in another order on one rank.
+        ("debug-start-order", lambda c: start_out_of_order(c, odd)),
         # A call that cannot even be compared, on one rank.
         ("debug-bcast-extra-arg",
          lambda c: c.Bcast(f8(4), 0, "extra") if odd else c.Bcast(f8(4), 0)),
     ]
+
+
+def start_out_of_order(c, odd):
+    """Two requests alike, which the ODD rank starts in the other order."""
+    a = c.Allreduce_init(f8(4), f8(4))
+    b = c.Allreduce_init(f8(4), f8(4))
+    try:
+        for req in (b, a) if odd else (a, b):
+            req.Start()
+            req.Wait()
+    finally:
+        a.Free()
+        b.Free()
 
 
 def suite_debug(xc):
