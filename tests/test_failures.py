@@ -620,7 +620,13 @@ DEBUG_CASES = [
     ("allreduce-init-count", "Allreduce_init",
      "sendbuf: rank 0 has '4 x float64', rank 2 has '5 x float64'"),
     ("reduce-init-root", "Reduce_init", "root: rank 0 has 0, rank 2 has 1"),
-    ("objects-bcast-root", "Bcast", "root: rank 0 has 0, rank 2 has 1"),
+    ("objects-bcast-root", "bcast", "root: rank 0 has 0, rank 2 has 1"),
+    ("objects-bad-root", "bcast", "root: rank 0 has 0, rank 2 has 3"),
+    ("objects-allreduce-op", "allreduce",
+     "op: rank 0 has 'SUM', rank 2 has 'MAX'"),
+    ("objects-allreduce-bad-op", "allreduce",
+     "op: rank 0 has 'SUM', rank 2 has 'NoneType'"),
+    ("objects-reduce-root", "reduce", "root: rank 0 has 0, rank 2 has 1"),
 ]
 
 

@@ -3,6 +3,7 @@
 arguments, and raise on every rank, naming what differs, before any rank
 waits on another."""
 import inspect
+import operator
 
 from mpi4py import MPI
 
@@ -34,7 +35,7 @@ def _signature(comm, name, bound):
     args = bound.arguments
     sig = {"operation": name}
     if "root" in args:
-        sig["root"] = args["root"]
+        sig["root"] = _root_name(args["root"])
     if "op" in args:
         sig["op"] = _op_name(args["op"])
     name = name.replace("_init", "")
@@ -51,6 +52,15 @@ def _signature(comm, name, bound):
         if name == "Allreduce":
             sig["recvbuf"] = _describe(args["recvbuf"])
     return sig
+
+
+def _root_name(root):
+    """ROOT as every rank names it: an integer's value, else what it is
+    (which the call then refuses, on every rank that passed it)."""
+    try:
+        return operator.index(root)
+    except Exception:  # noqa: BLE001 -- __index__ may raise anything
+        return repr(root)
 
 
 def _op_name(op):
@@ -161,8 +171,10 @@ def _checking_starts(xcomm, req, number):
 
 
 def install(xcomm):
-    """Replace the collectives of XCOMM, blocking and persistent, by
-    checked ones."""
+    """Replace the collectives of XCOMM, blocking, persistent and on
+    objects, by checked ones.  The calls on objects compare their own
+    root and op, then those of the calls of bytes they run."""
     for name in ("Bcast", "Barrier", "Allreduce", "Reduce", "Bcast_init",
-                 "Barrier_init", "Allreduce_init", "Reduce_init"):
+                 "Barrier_init", "Allreduce_init", "Reduce_init", "bcast",
+                 "allreduce", "reduce"):
         setattr(xcomm, name, checked(xcomm, name, getattr(xcomm, name)))

@@ -678,6 +678,15 @@ def debug_cases():
         ("debug-objects-bcast-root", lambda c: (
             c.bcast({"k": 1}), c.allreduce(1 if odd else 1.0),
             c.bcast(float(RANK), root=1 if odd else 0))),
+        # The calls on objects compare their own root and op first.
+        ("debug-objects-bad-root",
+         lambda c: c.bcast("hello", root=SIZE if odd else 0)),
+        ("debug-objects-allreduce-op",
+         lambda c: c.allreduce(RANK + 1, op=MPI.MAX if odd else MPI.SUM)),
+        ("debug-objects-allreduce-bad-op",
+         lambda c: c.allreduce(RANK + 1, op=None if odd else MPI.SUM)),
+        ("debug-objects-reduce-root",
+         lambda c: c.reduce("s", root=1 if odd else 0)),
         # Requests alike, started in another order on one rank.
         ("debug-start-order", lambda c: start_out_of_order(c, odd)),
         # A call that cannot even be compared, on one rank.
