@@ -240,10 +240,16 @@ static int xhc_ctx_withdrawn(xhc_ctx_t *ctx)
            == ctx->seq + XHC_LEFT + XHC_WITHDRAWN;
 }
 
+int xhc_ctx_refused(xhc_ctx_t *ctx)
+{
+    return xhc_ctx_owned(ctx) && xhc_ctx_withdrawn(ctx);
+}
+
 /* Give up my current operation.  FORFEIT: I completed every operation
  * since my last leave but my earlier forfeits, and a peer late to one of
- * them must still take part in it; else count them given up with this one (a Reduce in pieces
- * skips some), as peers late to them cannot tell. */
+ * them must still take part in it; else count them given up with this
+ * one (a Reduce in pieces skips some), as peers late to them cannot
+ * tell. */
 static void xhc_ctx_give_up(xhc_ctx_t *ctx, int forfeit)
 {
     if (xhc_ctx_keep_mark(ctx) || xhc_ctx_withdrawn(ctx))

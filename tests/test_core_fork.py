@@ -706,12 +706,16 @@ def test_a_forfeited_collective_fails_its_waiters_at_once(op):
                     assert lib.xhc_failed_cause(ctxs[0], who) \
                         == lib.XHC_ERR_LEADER
                     assert who[0] == 1
+                    # It left that call: it refused none.
+                    assert lib.xhc_ctx_refused(ctxs[0]) == 0
             assert lib.xhc_seq(ctxs[0]) == lib.xhc_seq(ctxs[1])
             want = 100 if op.startswith("bcast") else None
             got = _pair_call(ctxs, op, (0, 100))
             assert got == [(0, 100 if op == "allreduce" else want)] * 2
+            assert lib.xhc_ctx_refused(ctxs[1]) == 0
             # After a refused call (withdraw), a forfeit does nothing.
             lib.xhc_ctx_withdraw(ctxs[1])
+            assert lib.xhc_ctx_refused(ctxs[1]) == 1
             lib.xhc_ctx_forfeit(ctxs[1])
             assert lib.xhc_seq(ctxs[0]) == lib.xhc_seq(ctxs[1])
             assert _pair_call(ctxs, "allreduce", (3, 4)) == [(0, 7)] * 2

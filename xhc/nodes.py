@@ -323,11 +323,10 @@ class Nodes:
         counted its rounds and I not, out of step in every large call
         after.  My leader gives up the Bcast if it failed too (and I
         raise at once), or it has the node's result for me."""
-        began = self._inner_seq()
         try:
             first(*args)
         except BaseException:
-            if self._inner_seq() != began:
+            if not self.inner._on_ctx(lib.xhc_ctx_refused, default=True):
                 try:
                     self.inner.Bcast(buf, 0)
                 except Exception:  # noqa: BLE001 -- FIRST's error says it
@@ -335,17 +334,13 @@ class Nodes:
             raise
         self.inner.Bcast(buf, 0)
 
-    def _inner_seq(self):
-        """The number of my node's last step."""
-        return self.inner._on_ctx(lib.xhc_seq, default=0)
-
     def _tag(self):
         """The tag of a Reduce's result from my node's leader to its root
         (and, one more, of its failure): by the number of the node's last
         step before the Reduce, which both read, so that a message the
         root did not take (it raised first) is not taken for a later
         call's."""
-        return 2 * (self._inner_seq() % 16384)
+        return 2 * (self.inner._on_ctx(lib.xhc_seq, default=0) % 16384)
 
     def _root_step(self, mine, recvbuf, op):
         """A Reduce root that does not lead its node: its node's step, then

@@ -4660,7 +4660,7 @@ def raised_in_kept_runs(xcomm, comm, v):
             pass  # after a refusal, nothing (xhc_ctx_forfeit)
 
         def _on_ctx(self, fn, default=None):
-            return default  # a refusal begins no step
+            return default  # as once freed: taken as refused
 
     nodes.leaders = leaders = Leaders()
     try:
