@@ -217,7 +217,8 @@ def debug_env3():
 @pytest.fixture(scope="module")
 def threads4():
     # Two levels (groups of 2): the threads' flags cross a leader too.
-    return Launch(4, ["threads", "span-freed", "concurrent-span"],
+    return Launch(4, ["threads", "span-freed", "concurrent-span",
+                      "objects-freed"],
                   env={"XHC_TIMEOUT": "10", "XHC_HIERARCHY": "virtual:2"})
 
 
@@ -1350,6 +1351,17 @@ def test_an_error_over_several_nodes_names_whole_ranks(threads4):
                                     "node, of a collective over several)"), \
         rep[2]
     assert "(waiting for rank 3, pid" in rep[2]["msg"], rep[2]
+
+
+def test_an_error_in_a_call_on_objects_names_its_slots(threads4):
+    """A peer frees while ranks wait on it in an allreduce of numbers:
+    the error names the call's exchange of the objects' slots."""
+    rep = threads4.by_rank("OBJ-FREED")
+    assert sorted(rep) == [0, 2], threads4.output()
+    for kv in rep.values():
+        assert kv["exc"] == "XhcError", kv
+        assert kv["msg"].startswith("Allreduce of the objects' slots "
+                                    "(1024 B): a peer freed its xhc.Comm"), kv
 
 
 # -- found by the soak --------------------------------------------------------

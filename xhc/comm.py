@@ -636,7 +636,10 @@ class Comm(HotComm):
             if name != "_Allreduce" else []
         if hasattr(buf, "nbytes"):
             what.append(f"{buf.nbytes} B")
-        self._raise(rc, f"{name[1:]}({', '.join(what)})")
+        slots = self._objects and any(
+            buf is each for each in self._objects.slots())
+        self._raise(rc, name[1:] + " of the objects' slots " * bool(slots)
+                    + f"({', '.join(what)})")
 
     def _whole_rank(self, root):
         """ROOT as the error messages number it: for a node's xhc.Comm of

@@ -117,6 +117,11 @@ class Objects:
                        memoryview(self._recv))
         self._all = struct.Struct("<" + f"qdq{CAP}x" * size)
 
+    def slots(self):
+        """The arrays of the first exchange of a call on objects, which
+        its errors name as such: a bcast's slot, and every rank's."""
+        return self._one, self._recv
+
     def _put(self, view, offset, obj, cap=CAP):
         """Write OBJ's slot at OFFSET of VIEW, with room for a pickle of CAP
         bytes; (its tag, its pickle, the exception that kept it from

@@ -41,6 +41,8 @@ abort-op, abort-empty, abort-setup   rank 1 raises (python -m mpi4py
 gil           rank 0 counts in a thread while it waits in a collective
               that rank 1 enters late (2 ranks).
 threads       two threads, each on its own xhc.Comm over a Dup().
+objects-freed ranks 1 and 3 free while 0 and 2 wait in an allreduce of
+              numbers (4 ranks).
 free-busy     rank 0 frees its xhc.Comm, or a request, from a thread while
               a collective waits on it (2 ranks).
 concurrent, concurrent-span, concurrent-debug   rank 0 calls a
@@ -1672,6 +1674,21 @@ def suite_span_freed(xc):
     return xc
 
 
+def suite_objects_freed(xc):
+    """Ranks 1 and 3 free their xhc.Comm while ranks 0 and 2 wait on them
+    in an allreduce of a number: the error names the exchange as the
+    objects' slots, not a bare Allreduce the caller never made."""
+    c = xhc.Comm(W, timeout=20)
+    W.Barrier()
+    if RANK % 2:
+        time.sleep(0.3)
+    else:
+        _outcome_of("OBJ-FREED", lambda: c.allreduce(RANK))
+    c.free()
+    W.Barrier()
+    return xc
+
+
 def suite_zc_reuse(xc):
     """Large Allreduce (reduce-scatter path) of private arrays alternating
     with one of Comm.empty arrays: of the same size, and smaller."""
@@ -1701,6 +1718,7 @@ SUITES = {
     "gil": suite_gil,
     "threads": suite_threads,
     "span-freed": suite_span_freed,
+    "objects-freed": suite_objects_freed,
     "free-busy": suite_free_busy,
     "concurrent": suite_concurrent,
     "concurrent-span": lambda xc: suite_concurrent(xc, split_nodes=2),
