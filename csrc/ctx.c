@@ -240,9 +240,11 @@ static int xhc_ctx_withdrawn(xhc_ctx_t *ctx)
            == ctx->seq + XHC_LEFT + XHC_WITHDRAWN;
 }
 
-int xhc_ctx_refused(xhc_ctx_t *ctx)
+int xhc_ctx_completed(xhc_ctx_t *ctx)
 {
-    return xhc_ctx_owned(ctx) && xhc_ctx_withdrawn(ctx);
+    return xhc_ctx_owned(ctx) && !ctx->refused
+           && xhc_load_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq)
+                  == ctx->seq;
 }
 
 /* Give up my current operation.  FORFEIT: I completed every operation
@@ -293,7 +295,7 @@ void xhc_ctx_forfeit(xhc_ctx_t *ctx)
     uint64_t seq;
     /* After a refused call, the collective my peers are in is the one I
      * refused: they take my next call for it, as after any refusal. */
-    if (!xhc_ctx_owned(ctx) || xhc_ctx_withdrawn(ctx))
+    if (!xhc_ctx_owned(ctx) || ctx->refused)
         return;
     /* Begun as a collective begins: if peers gave up on it without me
      * (I was away), that already failed it, and their cause stands. */
@@ -322,6 +324,8 @@ static void xhc_ctx_mark_withdrawn(xhc_ctx_t *ctx, uint32_t refusals)
 
 void xhc_ctx_withdraw(xhc_ctx_t *ctx)
 {
+    if (ctx)
+        ctx->refused = 1;
     if (xhc_ctx_keep_mark(ctx))
         return;
     /* The count stops short of XHC_CLOSED, which only a close says. */

@@ -6,8 +6,12 @@
  *    leave.  It says that the rank gave up every operation up to that
  *    one (a Reduce in pieces gives up those it skipped).  A forfeit
  *    (xhc_ctx_forfeit) gave up only those up to the rank's last leave
- *    and the forfeits since: it completed the rest.  A mask keeps the
- *    last 64 forfeits; no peer lags that far behind (XHC_RING).
+ *    and the forfeits since: it completed the rest.  A mask keeps which
+ *    of the last 64 operations were forfeits; one further back counts as
+ *    given up.  A rank gets that far ahead of a late peer by forfeits
+ *    alone (they take no ring slot): without that peer it completes only
+ *    Bcasts it roots, within XHC_RING of it.  (A peer late to such a
+ *    Bcast followed by 64 forfeits gives it up.)
  *    Peers read it to give up on that operation too, and to count
  *    its rounds and name its cause as the leaver did (wait.c).
  * 2. The fields are read together or not at all: a peer that reads the
@@ -72,7 +76,7 @@ static int xhc_leave_covers(const struct xhc_leave *rec, uint64_t seq)
     if (!xhc_seq_reached(seq, rec->kept + 1))
         return 1;
     uint64_t back = rec->seq - seq;
-    return back < 64 && (rec->forfeits >> back & 1);
+    return back >= 64 || (rec->forfeits >> back & 1);
 }
 
 int xhc_leave_forfeited(const struct xhc_leave *rec, uint64_t seq)

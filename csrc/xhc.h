@@ -190,10 +190,10 @@ void xhc_ctx_withdraw(xhc_ctx_t *ctx);
  * count on every rank, and this rank cannot count them, so its next
  * large collective would fail XHC_ERR_ASKEW. */
 void xhc_ctx_forfeit(xhc_ctx_t *ctx);
-/* 1 if this rank refused a call (withdrew) since its last collective
- * began: it began none since, and its peers take its next call for the
- * one it refused; else 0. */
-int xhc_ctx_refused(xhc_ctx_t *ctx);
+/* 1 if this rank ran its last collective to its end, and refused no
+ * call since (withdrew); 0 if it gave that collective up, or refused a
+ * call since (its peers take its next call for the refused one). */
+int xhc_ctx_completed(xhc_ctx_t *ctx);
 void xhc_ctx_close(xhc_ctx_t *ctx);
 
 /* One collective described once, run many times: the front end keeps a

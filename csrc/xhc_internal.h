@@ -276,6 +276,8 @@ struct xhc_ctx {
     uint32_t refusals;  /* calls refused since then */
     uint32_t refused_before; /* calls refused before it began */
     int away;           /* I left or withdrew since it began */
+    int refused;        /* I refused a call since it began: after a
+                           leave too, which my mark and count keep */
     uint64_t round;     /* the last staged round, Bcast or reduce-scatter */
     uint64_t round_end; /* where this operation's rounds end, on every
                            rank: one that gives up on it counts them all
@@ -545,6 +547,7 @@ static inline int xhc_begin(xhc_ctx_t *ctx, uint64_t *seq)
     ctx->cause_why = 0;
     ctx->refused_before = ctx->refusals;
     ctx->refusals = 0;
+    ctx->refused = 0;
     /* Orders the times I published for earlier operations before it: a
      * writer that sees me past one looks for its time once more
      * (tune.c 7.).  Waiters past their timeout (wait.c) order nothing by

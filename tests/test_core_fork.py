@@ -706,18 +706,49 @@ def test_a_forfeited_collective_fails_its_waiters_at_once(op):
                     assert lib.xhc_failed_cause(ctxs[0], who) \
                         == lib.XHC_ERR_LEADER
                     assert who[0] == 1
-                    # It left that call: it refused none.
-                    assert lib.xhc_ctx_refused(ctxs[0]) == 0
+                    assert lib.xhc_ctx_completed(ctxs[0]) == 0  # it left
             assert lib.xhc_seq(ctxs[0]) == lib.xhc_seq(ctxs[1])
             want = 100 if op.startswith("bcast") else None
             got = _pair_call(ctxs, op, (0, 100))
             assert got == [(0, 100 if op == "allreduce" else want)] * 2
-            assert lib.xhc_ctx_refused(ctxs[1]) == 0
+            assert lib.xhc_ctx_completed(ctxs[1]) == 1
             # After a refused call (withdraw), a forfeit does nothing.
             lib.xhc_ctx_withdraw(ctxs[1])
-            assert lib.xhc_ctx_refused(ctxs[1]) == 1
+            assert lib.xhc_ctx_completed(ctxs[1]) == 0
             lib.xhc_ctx_forfeit(ctxs[1])
             assert lib.xhc_seq(ctxs[0]) == lib.xhc_seq(ctxs[1])
+            assert _pair_call(ctxs, "allreduce", (3, 4)) == [(0, 7)] * 2
+            # Nor after one refused after a forfeit (its mark says only
+            # that it gave up): rank 1 forfeits, both raise, rank 1
+            # refuses a call, and rank 0's next meets its next.
+            lib.xhc_ctx_forfeit(ctxs[1])
+            assert _run_op(ctxs[0], "barrier", 0, 0)[0] \
+                == lib.XHC_ERR_PEER_LEFT
+            lib.xhc_ctx_withdraw(ctxs[1])
+            assert lib.xhc_ctx_completed(ctxs[1]) == 0
+            lib.xhc_ctx_forfeit(ctxs[1])
+            assert lib.xhc_seq(ctxs[0]) == lib.xhc_seq(ctxs[1])
+            assert _pair_call(ctxs, "allreduce", (5, 4)) == [(0, 9)] * 2
+        finally:
+            lib.xhc_ctx_close(ctxs[0])
+            lib.xhc_ctx_close(ctxs[1])
+
+
+def test_many_forfeits_in_a_row_each_fail_a_late_peer_at_once():
+    """Rank 1 forfeits 70 collectives in a row, more than its leave
+    record names one by one (64): rank 0, late to all of them, fails
+    each at once rather than after its timeout, and their next call
+    meets."""
+    cfg = make_config(timeout=20.0)
+    with Segment(2, cfg) as seg:
+        ctxs = _pair(seg, cfg, [os.getpid()] * 2)
+        try:
+            for _ in range(70):
+                lib.xhc_ctx_forfeit(ctxs[1])
+            t0 = time.monotonic()
+            rcs = [_run_op(ctxs[0], "barrier", 0, 0)[0] for _ in range(70)]
+            assert rcs == [lib.XHC_ERR_PEER_LEFT] * 70
+            assert time.monotonic() - t0 < 10
             assert _pair_call(ctxs, "allreduce", (3, 4)) == [(0, 7)] * 2
         finally:
             lib.xhc_ctx_close(ctxs[0])

@@ -19,9 +19,10 @@ lowest rank).
 5. A rank whose steps before its node's last raise (a leader's among
    the leaders too) gives up that last step at once, so that its node's
    ranks raise rather than time out; but a rank that only reads that
-   step (an Allreduce's Bcast from its leader) takes part in it, as the
-   rounds its leader stages there count for every rank; a Reduce root on a leader's node
-   gets its failure for the result, and raises.  A root that raises as
+   step (an Allreduce's Bcast from its leader), whose step before
+   completed (it raised as that returned), takes part in it, as the
+   rounds its leader stages there count for every rank.  A Reduce root
+   on a leader's node gets its failure for the result, and raises.  A root that raises as
    its node's step returns takes the result first; the result's tag
    carries the number of the node's step before, so that one it did not
    take is dropped at its next Reduce.  What the steps raise withdraws
@@ -316,21 +317,23 @@ class Nodes:
             raise
 
     def _then_read(self, buf, first, *args):
-        """FIRST(*ARGS), then my node's last step, a Bcast from its leader
-        into BUF, which I only read.  If FIRST raises once it began (it
-        refused nothing), I still take part in the Bcast, whatever it
-        gives, and raise FIRST's error: given up, my leader would have
-        counted its rounds and I not, out of step in every large call
-        after.  My leader gives up the Bcast if it failed too (and I
-        raise at once), or it has the node's result for me."""
+        """FIRST(*ARGS), a step on my node, then my node's last step, a
+        Bcast from its leader into BUF, which I only read.  If FIRST
+        raises as its step returns (an interrupt), my leader may have
+        completed it and go on to stage the Bcast in rounds, which every
+        rank counts: I take part in it, whatever it gives, then raise.
+        If FIRST's step failed, so did my leader's, which runs no Bcast:
+        I give mine up (as _then_node), that no peer waits for me."""
         try:
             first(*args)
         except BaseException:
-            if not self.inner._on_ctx(lib.xhc_ctx_refused, default=True):
+            if self.inner._on_ctx(lib.xhc_ctx_completed, default=False):
                 try:
                     self.inner.Bcast(buf, 0)
                 except Exception:  # noqa: BLE001 -- FIRST's error says it
                     pass
+            else:
+                self.inner._forfeit()  # nothing after a refused call
             raise
         self.inner.Bcast(buf, 0)
 

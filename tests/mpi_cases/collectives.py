@@ -4660,7 +4660,7 @@ def raised_in_kept_runs(xcomm, comm, v):
             pass  # after a refusal, nothing (xhc_ctx_forfeit)
 
         def _on_ctx(self, fn, default=None):
-            return default  # as once freed: taken as refused
+            return default  # as once freed: no step to take part in
 
     nodes.leaders = leaders = Leaders()
     try:
