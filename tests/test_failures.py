@@ -662,6 +662,27 @@ def test_debug_names_requests_started_out_of_order(request, how):
 
 
 @pytest.mark.parametrize("how", ["keyword", "env"])
+@pytest.mark.parametrize("case,exc,pattern", [
+    ("start-vs-call", "XhcError",
+     r"^XHC_DEBUG: ranks disagree on (Start|Barrier): operation: rank 0 "
+     r"has 'Start', rank 2 has 'Barrier'"),
+    ("start-active", "MPIRequestError",
+     r"^(rank 2: )?Allreduce \(4 elements\): Start\(\) on an active "
+     r"request; complete it first")])
+def test_debug_compares_a_start_with_what_peers_call(request, how, case,
+                                                     exc, pattern):
+    """A Start() meets a Barrier on rank 2, or rank 2 starts its request
+    again before its Wait(): with XHC_DEBUG every rank raises, XhcError
+    or the MPIRequestError rank 2 raises, and their calls after meet
+    (the comparison took a tuple where it wanted a dict, or rank 2
+    raised alone and the others waited in the comparison)."""
+    launch = request.getfixturevalue("args3" if how == "keyword"
+                                     else "debug_env3")
+    prefix = "debug-" if how == "keyword" else "debug-env-"
+    check_case(launch, prefix + case, exc, pattern)
+
+
+@pytest.mark.parametrize("how", ["keyword", "env"])
 def test_debug_call_that_fails_on_one_rank_raises_on_every_rank(request,
                                                                 how):
     """With XHC_DEBUG, rank 2's Bcast with an argument too many fails

@@ -1401,19 +1401,26 @@ class Request(HotRequest):
 
     @_leaving
     def _Start(self):
-        if self._active:  # the others would match its next call to it
-            # Settled: no collective refused, so none to withdraw from.
-            raise _settled(MPIRequestError(
-                f"{self._what}: Start() on an active request; complete it "
-                "first (Wait(), Test() or Waitall())"))
-        if self._call is None:
-            raise self._gone()
-        if self._before_start is not None:
+        if self._before_start is not None:  # every rank raises alike
             self._before_start()
+        problem = self._start_problem()
+        if problem is not None:
+            raise problem
         rc = self._xcomm._in_core(self._run_call)
         if rc:
             self._failed(rc)
         self._active = True
+
+    def _start_problem(self):
+        """What Start() raises before it runs, or None."""
+        if self._active:  # the others would match its next call to it
+            # Settled: no collective refused, so none to withdraw from.
+            return _settled(MPIRequestError(
+                f"{self._what}: Start() on an active request; complete it "
+                "first (Wait(), Test() or Waitall())"))
+        if self._call is None:
+            return self._gone()
+        return None
 
     def _run_call(self):
         """The call, counted as under way (_in_core): a Free() that came

@@ -79,7 +79,8 @@ def _differences(sigs):
     first = sigs[0]
     out = []
     for rank, sig in enumerate(sigs[1:], 1):
-        for key in sorted(first.keys() | sig.keys()):
+        for key in sorted(first.keys() | sig.keys(),
+                          key=lambda k: (k != "operation", k)):
             if first.get(key) != sig.get(key):
                 out.append(f"{key}: rank 0 has {first.get(key)!r}, "
                            f"rank {rank} has {sig.get(key)!r}")
@@ -147,27 +148,42 @@ def _checking_starts(xcomm, req, number):
     start a communicator's requests in different orders would each run
     its own with another's call of its peers.  (mpi4py's requests, of a
     call that fell back, are MPI's to match.)"""
-    from .comm import Request  # it imports this module
+    from .comm import Request, _settled  # it imports this module
     if not isinstance(req, Request):
         return req
     req._hot_bind(xcomm, 0, 0, 0, 0)  # every Start() through _Start
 
     def agreed_start():
-        starts = agree(xcomm._comm, (number, req._what))
-        other = next((r for r, (n, _) in enumerate(starts) if n != number),
-                     None)
-        if other is not None:
-            raise XhcError(
-                f"XHC_DEBUG: ranks start different requests: rank "
-                f"{xcomm._comm.rank} request #{number} ({req._what}), rank "
-                f"{other} request #{starts[other][0]} ({starts[other][1]}), "
-                "numbered by the *_init calls that made them: start a "
-                "communicator's persistent requests in the same order on "
-                "every rank (each Start() runs its collective to "
-                "completion, as if MPI's info key mpi_assert_strict_"
-                "persistent_collective_ordering were set)")
+        # Compared as a call is, with what Start() would raise here: every
+        # rank raises alike, and none withdraws (settled).
+        sig = {"operation": "Start", "request": number, "call": req._what}
+        try:
+            starts = agree(xcomm._comm, sig, req._start_problem())
+        except BaseException as exc:
+            raise _settled(exc)
+        diffs = _differences(starts)
+        if diffs:
+            raise _settled(_start_error(xcomm, sig, starts, diffs))
     req._before_start = agreed_start
     return req
+
+
+def _start_error(xcomm, sig, sigs, diffs):
+    """The XhcError of a Start() (SIG) whose ranks' calls SIGS differ."""
+    other = next((r for r, each in enumerate(sigs)
+                  if each.get("request") != sig["request"]), None)
+    if other is None or sigs[other]["operation"] != "Start":
+        return XhcError("XHC_DEBUG: ranks disagree on Start: "
+                        + "; ".join(diffs[:4]))
+    return XhcError(
+        f"XHC_DEBUG: ranks start different requests: rank "
+        f"{xcomm._comm.rank} request #{sig['request']} ({sig['call']}), "
+        f"rank {other} request #{sigs[other]['request']} "
+        f"({sigs[other]['call']}), numbered by the *_init calls that made "
+        "them: start a communicator's persistent requests in the same "
+        "order on every rank (each Start() runs its collective to "
+        "completion, as if MPI's info key mpi_assert_strict_persistent_"
+        "collective_ordering were set)")
 
 
 def install(xcomm):

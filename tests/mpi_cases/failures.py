@@ -691,6 +691,9 @@ def debug_cases():
          lambda c: c.reduce("s", root=1 if odd else 0)),
         # Requests alike, started in another order on one rank.
         ("debug-start-order", lambda c: start_out_of_order(c, odd)),
+        # A Start() against another call; one that one rank refuses.
+        ("debug-start-vs-call", lambda c: start_against_a_call(c, odd)),
+        ("debug-start-active", lambda c: start_active(c, odd)),
         # A call that cannot even be compared, on one rank.
         ("debug-bcast-extra-arg",
          lambda c: c.Bcast(f8(4), 0, "extra") if odd else c.Bcast(f8(4), 0)),
@@ -708,6 +711,29 @@ def start_out_of_order(c, odd):
     finally:
         a.Free()
         b.Free()
+
+
+def start_against_a_call(c, odd):
+    """The ODD rank calls a Barrier where the others start a request."""
+    a = c.Allreduce_init(f8(4), f8(4))
+    try:
+        c.Barrier() if odd else a.Start()
+    finally:
+        a.Free()
+
+
+def start_active(c, odd):
+    """Every rank starts a request; the ODD rank then starts it again
+    before its Wait(), where the others wait and start it again."""
+    a = c.Allreduce_init(f8(4), f8(4))
+    try:
+        a.Start()
+        if not odd:
+            a.Wait()
+        a.Start()
+    finally:
+        a.Wait()
+        a.Free()
 
 
 def suite_debug(xc):
