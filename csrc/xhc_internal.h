@@ -68,10 +68,9 @@ struct xhc_entered_line {
      * me, and counts rounds as I do (wait.c). */
     xhc_flag_t abandoned;
     xhc_flag_t round;
-    /* I gave up every operation up to KEPT; after it, only the
-     * abandoned one and those FORFEITS names (bit I: I gave up the
-     * operation I before the abandoned one), which are forfeits: I
-     * completed the rest. */
+    /* I gave up every operation up to KEPT; after it, the abandoned
+     * one, those FORFEITS names (bit I: the operation I before it) and
+     * any more than 63 before it, all forfeits: I completed the rest. */
     xhc_flag_t kept;
     xhc_flag_t forfeits;
 } XHC_ALIGNED;
@@ -79,8 +78,8 @@ struct xhc_entered_line {
 /* A rank's last leave, as one piece (leave.c): the operation, the round
  * count it reached there, its first error then (0 if none is known) and
  * the rank that error names, and which operations up to SEQ it gave up:
- * every one up to KEPT, and after it those FORFEITS names (bit I: SEQ - I),
- * as in the entered line. */
+ * every one up to KEPT, and after it those FORFEITS names (bit I: SEQ - I)
+ * and any before SEQ - 63, as in the entered line. */
 struct xhc_leave {
     uint64_t seq, round, kept, forfeits;
     int32_t why, who;
