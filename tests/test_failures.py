@@ -631,17 +631,24 @@ DEBUG_CASES = [
 ]
 
 
+def check_debug_case(request, how, case, exc, pattern):
+    """check_case for CASE of the debug suites: with debug=True (HOW
+    "keyword") or XHC_DEBUG=1 ("env")."""
+    launch = request.getfixturevalue("args3" if how == "keyword"
+                                     else "debug_env3")
+    prefix = "debug-" if how == "keyword" else "debug-env-"
+    check_case(launch, prefix + case, exc, pattern)
+
+
 @pytest.mark.parametrize("how", ["keyword", "env"])
 @pytest.mark.parametrize("case,op,detail", DEBUG_CASES,
                          ids=[c[0] for c in DEBUG_CASES])
 def test_debug_names_the_disagreement(request, how, case, op, detail):
     """Rank 2 differs from ranks 0 and 1: with debug=True (keyword) or
     XHC_DEBUG=1 (env) every rank raises XhcError naming the difference."""
-    launch = request.getfixturevalue("args3" if how == "keyword"
-                                     else "debug_env3")
-    name = f"debug-{case}" if how == "keyword" else f"debug-env-{case}"
-    check_case(launch, name, "XhcError",
-               rf"^XHC_DEBUG: ranks disagree on {op}: .*" + re.escape(detail))
+    check_debug_case(request, how, case, "XhcError",
+                     rf"^XHC_DEBUG: ranks disagree on {op}: .*"
+                     + re.escape(detail))
 
 
 @pytest.mark.parametrize("how", ["keyword", "env"])
@@ -649,16 +656,13 @@ def test_debug_names_requests_started_out_of_order(request, how):
     """Rank 2 starts two requests alike in the other order: each would
     run with the other's buffers, and the sums mix; with XHC_DEBUG every
     rank raises at once, naming the requests by their *_init calls."""
-    launch = request.getfixturevalue("args3" if how == "keyword"
-                                     else "debug_env3")
-    name = "debug-start-order" if how == "keyword" \
-        else "debug-env-start-order"
-    check_case(launch, name, "XhcError",
-               r"^XHC_DEBUG: ranks start different requests: rank \d "
-               r"request #(\d+) \(Allreduce \(4 elements\)\), rank \d "
-               r"request #(?!\1)\d+ \(Allreduce \(4 elements\)\), "
-               r"numbered by the \*_init calls .* mpi_assert_strict_"
-               r"persistent_collective_ordering were set\)$")
+    check_debug_case(
+        request, how, "start-order", "XhcError",
+        r"^XHC_DEBUG: ranks start different requests: rank \d "
+        r"request #(\d+) \(Allreduce \(4 elements\)\), rank \d "
+        r"request #(?!\1)\d+ \(Allreduce \(4 elements\)\), "
+        r"numbered by the \*_init calls .* mpi_assert_strict_"
+        r"persistent_collective_ordering were set\)$")
 
 
 @pytest.mark.parametrize("how", ["keyword", "env"])
@@ -676,10 +680,7 @@ def test_debug_compares_a_start_with_what_peers_call(request, how, case,
     or the MPIRequestError rank 2 raises, and their calls after meet
     (the comparison took a tuple where it wanted a dict, or rank 2
     raised alone and the others waited in the comparison)."""
-    launch = request.getfixturevalue("args3" if how == "keyword"
-                                     else "debug_env3")
-    prefix = "debug-" if how == "keyword" else "debug-env-"
-    check_case(launch, prefix + case, exc, pattern)
+    check_debug_case(request, how, case, exc, pattern)
 
 
 @pytest.mark.parametrize("how", ["keyword", "env"])
@@ -688,13 +689,9 @@ def test_debug_call_that_fails_on_one_rank_raises_on_every_rank(request,
     """With XHC_DEBUG, rank 2's Bcast with an argument too many fails
     before the comparison: the others hear of it instead of waiting for
     ever in the comparison's allgather."""
-    launch = request.getfixturevalue("args3" if how == "keyword"
-                                     else "debug_env3")
-    case = "bcast-extra-arg"
-    name = f"debug-{case}" if how == "keyword" else f"debug-env-{case}"
-    check_case(launch, name, "TypeError",
-               r"^(rank 2: )?Bcast\(buf, root=\.\.\.\): too many "
-               r"positional arguments$")
+    check_debug_case(request, how, "bcast-extra-arg", "TypeError",
+                     r"^(rank 2: )?Bcast\(buf, root=\.\.\.\): too many "
+                     r"positional arguments$")
 
 
 @pytest.mark.parametrize("case", ["freed-on-one-rank", "freed-dup"])
