@@ -240,6 +240,11 @@ static int xhc_ctx_withdrawn(xhc_ctx_t *ctx)
            == ctx->seq + XHC_LEFT + XHC_WITHDRAWN;
 }
 
+int xhc_ctx_refused(xhc_ctx_t *ctx)
+{
+    return xhc_ctx_owned(ctx) && ctx->refused;
+}
+
 int xhc_ctx_completed(xhc_ctx_t *ctx)
 {
     return xhc_ctx_owned(ctx) && !ctx->refused

@@ -194,6 +194,9 @@ void xhc_ctx_forfeit(xhc_ctx_t *ctx);
  * call since (withdrew); 0 if it gave that collective up, or refused a
  * call since (its peers take its next call for the refused one). */
 int xhc_ctx_completed(xhc_ctx_t *ctx);
+/* 1 if this rank refused a call (withdrew) since its last collective
+ * began, even one it gave up; else 0. */
+int xhc_ctx_refused(xhc_ctx_t *ctx);
 void xhc_ctx_close(xhc_ctx_t *ctx);
 
 /* One collective described once, run many times: the front end keeps a
@@ -235,6 +238,8 @@ int xhc_reduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
  * as a collective does (a timeout, a peer gone or closed). */
 int xhc_agree(xhc_ctx_t *ctx, int32_t *value);
 
+/* The rank this rank's last collective failed waiting on, or -1 (each
+ * collective clears it as it begins). */
 int xhc_failed_rank(const xhc_ctx_t *ctx);
 /* The first error of this rank's last failed collective (0 if none is
  * known), which may be a peer's that made it give up (XHC_ERR_PEER_LEFT),

@@ -544,6 +544,7 @@ static inline int xhc_begin(xhc_ctx_t *ctx, uint64_t *seq)
 {
     *seq = ++ctx->seq;
     ctx->cause_why = 0;
+    ctx->failed_rank = -1;
     ctx->refused_before = ctx->refusals;
     ctx->refusals = 0;
     ctx->refused = 0;

@@ -672,14 +672,17 @@ def test_debug_names_requests_started_out_of_order(request, how):
      r"has 'Start', rank 2 has 'Barrier'"),
     ("start-active", "MPIRequestError",
      r"^(rank 2: )?Allreduce \(4 elements\): Start\(\) on an active "
-     r"request; complete it first")])
+     r"request; complete it first"),
+    ("startall-freed", "MPIRequestError",
+     r"^(rank 2: )?Allreduce \(4 elements\): request already freed")])
 def test_debug_compares_a_start_with_what_peers_call(request, how, case,
                                                      exc, pattern):
     """A Start() meets a Barrier on rank 2, or rank 2 starts its request
-    again before its Wait(): with XHC_DEBUG every rank raises, XhcError
-    or the MPIRequestError rank 2 raises, and their calls after meet
-    (the comparison took a tuple where it wanted a dict, or rank 2
-    raised alone and the others waited in the comparison)."""
+    again before its Wait(), or passes Startall a request it freed: with
+    XHC_DEBUG every rank raises, XhcError or the MPIRequestError rank 2
+    raises, and their calls after meet (the comparison took a tuple
+    where it wanted a dict, or rank 2 raised alone and the others waited
+    in the comparison)."""
     check_debug_case(request, how, case, exc, pattern)
 
 

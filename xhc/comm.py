@@ -1517,11 +1517,13 @@ class Request(HotRequest):
     def Startall(requests):
         """Start every request, in order; none if one cannot start (not a
         persistent request, or one of xhc's that is active or freed), as
-        MPI checks the list first."""
+        MPI checks the list first.  One that XHC_DEBUG checks is left to
+        its Start(), which compares first, and raises on every rank."""
         requests = list(requests)
         starts = [getattr(req, "Start", None) for req in requests]
         for req, start in zip(requests, starts):
-            if isinstance(req, Request) and (req._active or not req):
+            if isinstance(req, Request) and req._before_start is None \
+                    and (req._active or not req):
                 why = ("an active request; complete it first" if req else
                        "request already freed")
                 raise MPIRequestError(f"Startall: {req._what}: {why}")

@@ -19,9 +19,9 @@ lowest rank).
 5. A rank whose steps before its node's last raise (a leader's among
    the leaders too) gives up that last step at once, so that its node's
    ranks raise rather than time out; but a rank that only reads that
-   step (an Allreduce's Bcast from its leader), whose step before
-   completed (it raised as that returned), takes part in it, as the
-   rounds its leader stages there count for every rank.  A Reduce root
+   step (an Allreduce's Bcast from its leader) takes part in it, as the
+   rounds its leader stages there count for every rank, unless it
+   refused the step before or failed there waiting on its leader.  A Reduce root
    on a leader's node gets its failure for the result, and raises.  A
    root that raises as its node's step returns takes the result first;
    the result's tag carries the number of the node's step before, so
@@ -320,15 +320,16 @@ class Nodes:
     def _then_read(self, buf, first, *args):
         """FIRST(*ARGS), a step on my node, then my node's last step, a
         Bcast from its leader into BUF, which I only read.  If FIRST
-        raises as its step returns (an interrupt), my leader may have
-        completed it and go on to stage the Bcast in rounds, which every
-        rank counts: I take part in it, whatever it gives, then raise.
-        If FIRST's step failed, so did my leader's, which runs no Bcast:
-        I give mine up (as _then_node), that no peer waits for me."""
+        raises, my leader may still have completed that step and go on
+        to stage the Bcast in rounds, which every rank counts: I take
+        part in it, whatever it gives, then raise.  Not if FIRST refused
+        the call (its next is taken for it), nor if its step failed
+        waiting on my leader, which then runs no Bcast: I give that up
+        (as _then_node), and no peer waits for me."""
         try:
             first(*args)
         except BaseException:
-            if self.inner._on_ctx(lib.xhc_ctx_completed, default=False):
+            if self._leader_goes_on():
                 try:
                     self.inner.Bcast(buf, 0)
                 except Exception:  # noqa: BLE001 -- FIRST's error says it
@@ -337,6 +338,14 @@ class Nodes:
                 self.inner._forfeit()  # nothing after a refused call
             raise
         self.inner.Bcast(buf, 0)
+
+    def _leader_goes_on(self):
+        """After my node step raised: may my leader have completed it?"""
+        inner = self.inner
+        if inner._on_ctx(lib.xhc_ctx_completed, default=False):
+            return True  # it raised as it returned
+        return not inner._on_ctx(lib.xhc_ctx_refused, default=True) \
+            and inner._on_ctx(lib.xhc_failed_rank, default=0) != 0
 
     def _tag(self):
         """The tag of a Reduce's result from my node's leader to its root

@@ -4052,10 +4052,12 @@ def suite_spanning(xcomm, comm, v, sz, args):
 
 class FailsAfter:
     """A communicator whose method NAME runs, then raises: a leaders'
-    step that fails (as MPI's own error would) once it has taken part."""
+    step that fails (as MPI's own error would) once it has taken part.
+    LEAVES: a node's xhc.Comm gives up the collective first, as after a
+    failure of the core (where its leader may have completed it)."""
 
-    def __init__(self, real, name):
-        self.real, self.name = real, name
+    def __init__(self, real, name, leaves=False):
+        self.real, self.name, self.leaves = real, name, leaves
 
     def __getattr__(self, attr):
         fn = getattr(self.real, attr)
@@ -4064,6 +4066,8 @@ class FailsAfter:
 
         def failing(*args, **kwargs):
             fn(*args, **kwargs)
+            if self.leaves:
+                self.real._on_ctx(lib.xhc_ctx_leave)
             raise RuntimeError(f"leaders' {attr} failed")
         return failing
 
@@ -4199,29 +4203,39 @@ def leaders_fail_on_their_nodes(xcomm, comm, v, parts):
 def a_rank_fails_after_its_node_reduce(xcomm, comm, v, parts):
     """The last rank, which does not lead its node, raises as its node's
     Reduce returns in an Allreduce of 512 KiB, whose Bcast on the node
-    goes in rounds: only it raises, and the other ranks get the sum.  It
-    still takes part in that Bcast: had it given it up, its leader would
-    have counted rounds it did not, and every later large call on the
-    node failed (XHC_ERR_ASKEW, or a timeout).  Those after meet."""
+    goes in rounds, or gives that Reduce up first (its leader completed
+    it): only it raises, and the other ranks get the sum.  It still takes
+    part in that Bcast: had it given it up, its leader would have
+    counted rounds it did not, and every later large call on the node
+    failed (XHC_ERR_ASKEW, or a timeout).  Those after meet."""
     rank, n, last = comm.rank, comm.size, comm.size - 1
     if parts.count(parts[last]) == 1:
         return
     count = 1 << 16
-    real = xcomm._nodes.inner
-    if rank == last:
-        xcomm._nodes.inner = FailsAfter(real, "Reduce")
-    r = np.zeros(count)
-    try:
-        xcomm.Allreduce(np.full(count, rank + 1.0), r)
-        got = "returned" if (r == n * (n + 1) / 2).all() else f"got {r[:2]}"
-    except Exception as e:  # noqa: BLE001 -- the case reports it
-        got = repr(e)[:200]
-    finally:
-        xcomm._nodes.inner = real
-    want = "RuntimeError(\"leaders' Reduce failed\")" if rank == last \
-        else "returned"
-    v.case("spanning: a rank that fails after its node's Reduce",
-           None if got == want else f"got {got}, want {want}")
+    for leaves in (False, True):
+        real = xcomm._nodes.inner
+        if rank == last:
+            xcomm._nodes.inner = FailsAfter(real, "Reduce", leaves)
+        r = np.zeros(count)
+        try:
+            xcomm.Allreduce(np.full(count, rank + 1.0), r)
+            got = "returned" if (r == n * (n + 1) / 2).all() \
+                else f"got {r[:2]}"
+        except Exception as e:  # noqa: BLE001 -- the case reports it
+            got = repr(e)[:200]
+        finally:
+            xcomm._nodes.inner = real
+        want = "RuntimeError(\"leaders' Reduce failed\")" \
+            if rank == last else "returned"
+        v.case(f"spanning: a rank that fails after its node's Reduce "
+               f"(leaves: {leaves})",
+               None if got == want else f"got {got}, want {want}")
+        large_calls_meet(xcomm, comm, v, count)
+
+
+def large_calls_meet(xcomm, comm, v, count):
+    """Two large Allreduces and Bcasts are right on every rank."""
+    rank, n = comm.rank, comm.size
     for k in range(1, 3):
         r = np.zeros(count)
         xcomm.Allreduce(np.full(count, rank + k + 0.0), r)

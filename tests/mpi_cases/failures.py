@@ -694,6 +694,7 @@ def debug_cases():
         # A Start() against another call; one that one rank refuses.
         ("debug-start-vs-call", lambda c: start_against_a_call(c, odd)),
         ("debug-start-active", lambda c: start_active(c, odd)),
+        ("debug-startall-freed", lambda c: startall_freed(c, odd)),
         # A call that cannot even be compared, on one rank.
         ("debug-bcast-extra-arg",
          lambda c: c.Bcast(f8(4), 0, "extra") if odd else c.Bcast(f8(4), 0)),
@@ -734,6 +735,21 @@ def start_active(c, odd):
     finally:
         a.Wait()
         a.Free()
+
+
+def startall_freed(c, odd):
+    """Startall of two requests, the second of which the ODD rank has
+    freed."""
+    a = c.Allreduce_init(f8(4), f8(4))
+    b = c.Allreduce_init(f8(4), f8(4))
+    if odd:
+        b.Free()
+    try:
+        xhc.Request.Startall([a, b])
+    finally:
+        xhc.Request.Waitall([a, b])
+        a.Free()
+        b.Free()
 
 
 def suite_debug(xc):
