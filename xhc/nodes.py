@@ -21,13 +21,13 @@ lowest rank).
    ranks raise rather than time out; but a rank that only reads that
    step (an Allreduce's Bcast from its leader) takes part in it, as the
    rounds its leader stages there count for every rank, unless it
-   refused the step before or failed there waiting on its leader.  A Reduce root
-   on a leader's node gets its failure for the result, and raises.  A
-   root that raises as its node's step returns takes the result first;
-   the result's tag carries the number of the node's step before, so
-   that one it did not take is dropped at its next Reduce.  What the
-   steps raise withdraws nothing more: each of the node's steps settled
-   its own part.
+   refused the step before or failed there waiting on its leader.  A
+   Reduce root on a leader's node gets its failure for the result, and
+   raises.  A root that raises as its node's step returns takes the
+   result first; the result's tag carries the number of the node's step
+   before, so that one it did not take is dropped at its next Reduce.
+   What the steps raise withdraws nothing more: each of the node's steps
+   settled its own part.
 
 Every rank knows each rank's node and its rank there (gathered once), so
 each call needs no exchange beyond its three steps.  A rank alone on its
