@@ -232,14 +232,6 @@ static int xhc_ctx_keep_mark(xhc_ctx_t *ctx)
     return !xhc_ctx_owned(ctx) || xhc_ctx_left(ctx);
 }
 
-/* Did I withdraw since my last operation began?  Then I began nothing
- * that I could leave. */
-static int xhc_ctx_withdrawn(xhc_ctx_t *ctx)
-{
-    return xhc_load_relaxed(&xhc_ctl(ctx, ctx->rank)->entered.seq)
-           == ctx->seq + XHC_LEFT + XHC_WITHDRAWN;
-}
-
 int xhc_ctx_refused(xhc_ctx_t *ctx)
 {
     return xhc_ctx_owned(ctx) && ctx->refused;
@@ -259,7 +251,9 @@ int xhc_ctx_completed(xhc_ctx_t *ctx)
  * tell. */
 static void xhc_ctx_give_up(xhc_ctx_t *ctx, int forfeit)
 {
-    if (xhc_ctx_keep_mark(ctx) || xhc_ctx_withdrawn(ctx))
+    /* Withdrawn since my last operation began, I began nothing that I
+     * could leave. */
+    if (xhc_ctx_keep_mark(ctx) || ctx->refused)
         return;
     struct xhc_rank_ctl *mine = xhc_ctl(ctx, ctx->rank);
     /* The rounds I would have run count as run (see 4.), from my next
