@@ -628,6 +628,10 @@ DEBUG_CASES = [
     ("objects-allreduce-bad-op", "allreduce",
      "op: rank 0 has 'SUM', rank 2 has 'NoneType'"),
     ("objects-reduce-root", "reduce", "root: rank 0 has 0, rank 2 has 1"),
+    ("dup-vs-call", "(Bcast|Dup)",
+     "operation: rank 0 has 'Bcast', rank 2 has 'Dup'"),
+    ("zeros-vs-call", "(Barrier|zeros)",
+     "operation: rank 0 has 'Barrier', rank 2 has 'zeros'"),
 ]
 
 
@@ -695,6 +699,16 @@ def test_debug_call_that_fails_on_one_rank_raises_on_every_rank(request,
     check_debug_case(request, how, "bcast-extra-arg", "TypeError",
                      r"^(rank 2: )?Bcast\(buf, root=\.\.\.\): too many "
                      r"positional arguments$")
+
+
+@pytest.mark.parametrize("how", ["keyword", "env"])
+def test_debug_dup_with_a_bad_info_on_one_rank_raises_on_every_rank(
+        request, how):
+    """With XHC_DEBUG, rank 2's Dup(5) raises on every rank; before, the
+    others went on into MPI's Dup and waited there for ever."""
+    check_debug_case(request, how, "dup-bad-info", "TypeError",
+                     r"^(rank 2: )?info must be an MPI\.Info or None, "
+                     r"not int$")
 
 
 @pytest.mark.parametrize("case", ["freed-on-one-rank", "freed-dup"])

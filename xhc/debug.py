@@ -38,6 +38,9 @@ def _signature(comm, name, bound):
         sig["root"] = _root_name(args["root"])
     if "op" in args:
         sig["op"] = _op_name(args["op"])
+    if "info" in args:  # not compared (hints may differ), but a bad one
+        from .comm import _info  # raises on every rank; it imports this
+        _info(args["info"])
     name = name.replace("_init", "")
     if name == "Bcast":
         sig["buffer"] = _describe(args["buf"], typed=False)
@@ -189,8 +192,12 @@ def _start_error(xcomm, sig, sigs, diffs):
 def install(xcomm):
     """Replace the collectives of XCOMM, blocking, persistent and on
     objects, by checked ones.  The calls on objects compare their own
-    root and op, then those of the calls of bytes they run."""
+    root and op, then those of the calls of bytes they run.  The other
+    collectives xhc runs (duplicates and shared arrays, which check
+    their own arguments) compare the operation alone: against another
+    rank's checked call, each would wait in MPI for ever."""
     for name in ("Bcast", "Barrier", "Allreduce", "Reduce", "Bcast_init",
                  "Barrier_init", "Allreduce_init", "Reduce_init", "bcast",
-                 "allreduce", "reduce"):
+                 "allreduce", "reduce", "Dup", "Clone", "Dup_with_info",
+                 "empty", "zeros"):
         setattr(xcomm, name, checked(xcomm, name, getattr(xcomm, name)))

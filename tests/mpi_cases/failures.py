@@ -698,6 +698,11 @@ def debug_cases():
         # A call that cannot even be compared, on one rank.
         ("debug-bcast-extra-arg",
          lambda c: c.Bcast(f8(4), 0, "extra") if odd else c.Bcast(f8(4), 0)),
+        # The collectives xhc runs besides: a duplicate or a shared array
+        # against another call, and a duplicate with a bad info.
+        ("debug-dup-vs-call", lambda c: c.Dup() if odd else c.Bcast(f8(4))),
+        ("debug-zeros-vs-call", lambda c: c.zeros(4) if odd else c.Barrier()),
+        ("debug-dup-bad-info", lambda c: c.Dup(5 if odd else None).free()),
     ]
 
 
@@ -755,6 +760,10 @@ def startall_freed(c, odd):
 def suite_debug(xc):
     dx = xhc.Comm(W, debug=True)
     dx = run_cases(dx, debug_cases())
+    # The collectives compared by operation alone, called alike.
+    dx.Clone().free()
+    dx.Dup_with_info(MPI.Info.Create()).free()
+    assert not dx.zeros(4).any() and dx.empty(2).shape == (2,)
     dup = dx.Dup()
     dx.free()
     dup.free()  # and the communicator Dup() made
