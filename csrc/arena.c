@@ -27,7 +27,8 @@
  *    writes it in place.  As XPMEM attachments (xpmem.c 4.), windows
  *    stay mapped, 16 per peer, and serve any later buffer inside them:
  *    a mapping of the memfd shows whatever the owner keeps there.  Where
- *    address space runs out, the windows the operation does not use go.
+ *    address space runs out, the windows the operation does not use go,
+ *    and then a reader maps the buffer's own pages alone.
  * 5. A process forked from an owner gets the arena's pages copy-on-write
  *    (the memfd mapped privately over the shared mapping) but not the
  *    arena: its allocations go to malloc, its frees of blocks it
@@ -559,27 +560,49 @@ static void xhc_arena_unmap_idle(xhc_ctx_t *ctx)
             xhc_arena_unmap(&ctx->arena_att[i]);
 }
 
-/* Map PEER's arena pages [LO, HI), or as far as its arena goes past NEED,
- * into slot A, unmapping what A held. */
-static int xhc_arena_attach(xhc_ctx_t *ctx, int peer, int fd,
-                            struct xhc_att *a, uint64_t lo, uint64_t hi,
-                            uint64_t need)
+/* The pages SRC lies on in its owner's arena: [*FIRST, *NEED). */
+static void xhc_arena_pages(const struct xhc_src *src, uint64_t *first,
+                            uint64_t *need)
+{
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    *first = src->offset & ~(page - 1);
+    *need = (src->offset + src->nbytes + page - 1) & ~(page - 1);
+}
+
+static void *xhc_arena_mmap(int mfd, uint64_t lo, uint64_t hi)
+{
+    return mmap(NULL, hi - lo, PROT_READ | PROT_WRITE, MAP_SHARED, mfd,
+                (off_t)lo);
+}
+
+/* Map the pages [LO, HI) of SRC's owner's arena, or as far as it goes
+ * past SRC's last page, into slot A, unmapping what A held.  Where
+ * address space runs out (a ulimit -v), the windows this operation does
+ * not use go first, then only SRC's own pages are mapped. */
+static int xhc_arena_attach(xhc_ctx_t *ctx, const struct xhc_src *src,
+                            struct xhc_att *a, uint64_t lo, uint64_t hi)
 {
     int rc = 0;
     xhc_arena_unmap(a);
-    uint64_t size;
-    int mfd = xhc_arena_open_peer(ctx, peer, fd, need, &size, &rc);
+    uint64_t size, first, need;
+    xhc_arena_pages(src, &first, &need);
+    int mfd = xhc_arena_open_peer(ctx, src->owner, src->fd, need, &size,
+                                  &rc);
     if (mfd < 0)
         return rc;
     hi = hi < size ? hi : size;
-    void *map = mmap(NULL, hi - lo, PROT_READ | PROT_WRITE, MAP_SHARED,
-                     mfd, (off_t)lo);
+    void *map = xhc_arena_mmap(mfd, lo, hi);
     if (map == MAP_FAILED && errno == ENOMEM) {
         xhc_arena_unmap_idle(ctx);
-        map = mmap(NULL, hi - lo, PROT_READ | PROT_WRITE, MAP_SHARED, mfd,
-                   (off_t)lo);
+        map = xhc_arena_mmap(mfd, lo, hi);
     }
-    rc = map == MAP_FAILED ? -errno : 0;
+    if (map == MAP_FAILED && errno == ENOMEM) {
+        lo = first;
+        hi = need;
+        map = xhc_arena_mmap(mfd, lo, hi);
+    }
+    rc = map != MAP_FAILED ? 0
+         : errno == ENOMEM ? XHC_ERR_ADDRESS_SPACE : -errno;
     close(mfd); /* the mapping holds the memfd */
     if (rc)
         return rc;
@@ -607,16 +630,15 @@ unsigned char *xhc_arena_span(xhc_ctx_t *ctx, const struct xhc_src *src,
     }
     if (peer == ctx->rank) /* my own buffer, where it is */
         return (unsigned char *)(uintptr_t)src->addr;
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t end = src->offset + src->nbytes;
-    uint64_t need = (end + page - 1) & ~(page - 1);
+    uint64_t first, need;
+    xhc_arena_pages(src, &first, &need);
     uint64_t lo = src->offset & ~(XHC_ARENA_WINDOW - 1);
-    uint64_t hi = (end + XHC_ARENA_WINDOW - 1) & ~(XHC_ARENA_WINDOW - 1);
+    uint64_t hi = (need + XHC_ARENA_WINDOW - 1) & ~(XHC_ARENA_WINDOW - 1);
     struct xhc_att *set = &ctx->arena_att[(size_t)peer * XHC_ARENA_SPANS];
     int hit;
-    struct xhc_att *a = xhc_att_slot(set, XHC_ARENA_SPANS, lo, need, &hit);
-    if (!hit
-        && (*rc = xhc_arena_attach(ctx, peer, src->fd, a, lo, hi, need)))
+    struct xhc_att *a = xhc_att_slot(set, XHC_ARENA_SPANS, first, need,
+                                     &hit);
+    if (!hit && (*rc = xhc_arena_attach(ctx, src, a, lo, hi)))
         return NULL;
     a->used = ++ctx->arena_clock;
     a->op = ctx->seq;

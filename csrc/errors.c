@@ -39,6 +39,10 @@ const char *xhc_strerror(int code)
         return "it failed in an earlier step of this collective over "
                "several nodes, on its node or between the nodes: its own "
                "error says why";
+    case XHC_ERR_ADDRESS_SPACE:
+        return "no address space left in this process to map a peer's "
+               "array from xhc.shared_arrays() (a ulimit -v?): raise the "
+               "limit, or make such arrays outside shared_arrays()";
     default: return code < 0 ? strerror(-code) : "unknown error";
     }
 }

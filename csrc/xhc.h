@@ -43,6 +43,8 @@ typedef struct xhc_ctx xhc_ctx_t;
 #define XHC_ERR_LEADER    -5014 /* a rank failed in an earlier step of
                                    a collective over several nodes (the
                                    front end's steps; xhc_ctx_forfeit) */
+#define XHC_ERR_ADDRESS_SPACE -5015 /* no address space left here to map
+                                       a peer's arena buffer (ulimit -v) */
 
 #define XHC_INLINE_MAX 112      /* bytes carried inside a flag's line */
 #define XHC_ROUND_MIN 16384     /* smallest Bcast round with bcast_rounds */

@@ -115,7 +115,7 @@ def error_codes():
 
 def test_strerror_names_every_code():
     codes = error_codes()
-    assert len(codes) == 14
+    assert len(codes) == 15
     messages = {}
     for name in codes:
         msg = strerror(getattr(lib, name))

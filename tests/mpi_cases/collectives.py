@@ -22,6 +22,7 @@ fast while still crossing every boundary.  XHC_HIERARCHY, XHC_TOPOLOGY,
 XHC_COPY and XHC_SEQ_START act through xhc itself.
 """
 import argparse
+import contextlib
 import copy
 import gc
 import hashlib
@@ -1750,7 +1751,6 @@ def arena_little_address_space(comm, v):
     is not using for the one it needs: broadcasts of arena arrays 64 MiB
     apart, each in a window of its own, all arrive.  (A communicator of
     its own: none of its windows is mapped yet.)"""
-    import resource
     n, rank = comm.size, comm.rank
     if n == 1:
         return
@@ -1760,19 +1760,74 @@ def arena_little_address_space(comm, v):
     for _ in range(4):
         arrays.append(arena_empty(count))
         gaps.append(arena_empty(64 << 17))
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if rank == n - 1:
-        with open("/proc/self/statm") as f:
-            used = int(f.read().split()[0]) * mmap.PAGESIZE
-        resource.setrlimit(resource.RLIMIT_AS, (used + (100 << 20), hard))
-    try:
+    with address_space_left(rank == n - 1, 100 << 20):
         for k, a in enumerate(arrays):
             a[:] = k + 1 if rank == 0 else 0
             xcomm.Bcast(a, root=0)
             v.case(f"arena, little address space: Bcast #{k}",
                    None if (a == k + 1).all() else "wrong data")
+    xcomm.free()
+    arena_two_windows(comm, v)
+    arena_no_address_space(comm, v)
+
+
+def arena_two_windows(comm, v):
+    """An Allreduce whose send and receive arrays lie in two windows,
+    which do not fit at once in a reader's address space, maps one of
+    them and the other's pages alone (it used to fail, "Cannot allocate
+    memory")."""
+    n, rank = comm.size, comm.rank
+    xcomm = xhc.Comm(comm)
+    send, gap, recv = (arena_empty(1 << 16), arena_empty(64 << 17),
+                       arena_empty(1 << 16))
+    send[:] = rank + 1
+    recv[:] = -1
+    with address_space_left(rank == n - 1, 100 << 20):
+        xcomm.Allreduce(send, recv, op=MPI.SUM)
+    v.case("arena, little address space: Allreduce over two windows",
+           None if (recv == n * (n + 1) // 2).all() else "wrong data")
+    del gap
+    xcomm.free()
+
+
+@contextlib.contextmanager
+def address_space_left(short, nbytes):
+    """Within it, if SHORT, this process may map only NBYTES more."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if short:
+        with open("/proc/self/statm") as f:
+            used = int(f.read().split()[0]) * mmap.PAGESIZE
+        resource.setrlimit(resource.RLIMIT_AS, (used + nbytes, hard))
+    try:
+        yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def arena_no_address_space(comm, v):
+    """A reader that cannot map even the pages of the root's arena array
+    raises naming the address space and the way out, and the
+    communicator then works: the same Bcast, with room again, arrives."""
+    n, rank = comm.size, comm.rank
+    xcomm = xhc.Comm(comm)
+    a = arena_empty(2 << 20)  # 16 MiB
+    a[:] = 5 if rank == 0 else 0
+    error = None
+    with address_space_left(rank == n - 1, 8 << 20):
+        try:
+            xcomm.Bcast(a, root=0)
+        except xhc.XhcError as exc:
+            error = str(exc)
+    v.check("arena, no address space: the reader's error",
+            rank != n - 1 or (error and "no address space left" in error
+                              and "outside shared_arrays()" in error),
+            error)
+    xcomm.Barrier()
+    a[:] = 6 if rank == 0 else 0
+    xcomm.Bcast(a, root=0)
+    v.case("arena, no address space: the next Bcast",
+           None if (a == 6).all() else "wrong data")
     xcomm.free()
 
 
