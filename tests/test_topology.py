@@ -811,19 +811,43 @@ class _TwoRanks:
 
 
 def test_info_names_the_rank_that_keeps_arena_arrays_private():
-    """A rank with no arena, or a peer whose arena a rank may not map,
-    makes arena arrays private, and the reason names them."""
+    """A peer whose arena a rank may not map makes arena arrays private,
+    and the reason names both; a rank with no arena keeps its own arrays
+    private, and the note names it."""
     from xhc import _core
     gone = subprocess.Popen(["true"])
     gone.wait()  # its pid names no process now (nor soon another)
     usable, _, why = _core.arena_status(_TwoRanks(gone.pid, 1 << 30, []))
     assert not usable
     assert why.startswith("rank 0 may not map rank 1's (No such file"), why
-    usable, _, why = _core.arena_status(
+    # A rank with no arena keeps its own arrays private; the others' are
+    # read in place still, as xhc_info["arena"] says.
+    usable, nbytes, why = _core.arena_status(
         _TwoRanks(os.getpid(), -12, []))  # -ENOMEM
-    assert not usable
+    assert usable and nbytes == _core.lib.xhc_arena_size() > 0
     assert why == ("rank 1 has no arena: not 256 MiB of address space to "
-                   "reserve, at most a quarter of what ulimit -v leaves"), why
+                   "reserve, at most a quarter of what ulimit -v leaves; "
+                   "its arrays are private"), why
+
+def test_info_text_says_which_arena_arrays_are_private():
+    """The report's line for arena arrays read in place by every rank, by
+    all but a rank with no arena, and by none."""
+    from xhc import __main__ as cli
+    line = cli._arena_text({"usable": True, "bytes": 3 << 30,
+                            "reason": None})
+    assert "read in place by every rank; each process reserves 3.0 GiB" \
+        in line, line
+    line = cli._arena_text({"usable": True, "bytes": 3 << 30,
+                            "reason": "rank 1 has no arena: why; its arrays "
+                            "are private"})
+    assert ("read in place, but rank 1 has no arena: why; its arrays are "
+            "private; each process with an arena reserves 3.0 GiB") \
+        in line, line
+    line = cli._arena_text({"usable": False, "bytes": 3 << 30,
+                            "reason": "rank 0 may not map rank 1's"})
+    assert line.endswith("private, read as any other buffer (rank 0 may "
+                         "not map rank 1's)"), line
+
 
 @pytest.mark.parametrize("copy", ["cico", "cma", "xpmem"])
 def test_info_reports_the_copy_asked_for(copy):

@@ -100,9 +100,14 @@ def _arena_text(arena):
         return head + "unknown (core not built)"
     if not arena["usable"]:
         return head + "private, read as any other buffer (%s)" % arena["reason"]
-    return head + ("read in place by every rank; each process reserves "
-                   "%.1f GiB of address space for them, taking memory as "
-                   "pages are written" % (arena["bytes"] / (1 << 30)))
+    if not arena["bytes"]:
+        return head + "private: %s" % arena["reason"]
+    where = ("read in place, but %s; each process with an arena" %
+             arena["reason"] if arena["reason"] else
+             "read in place by every rank; each process")
+    return head + ("%s reserves %.1f GiB of address space for them, taking "
+                   "memory as pages are written" %
+                   (where, arena["bytes"] / (1 << 30)))
 
 
 def _waiting(cfg, cpu_sets, frees, load):

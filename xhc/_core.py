@@ -371,27 +371,35 @@ def setup_arena(comm, ctx, pids):
 
 
 def arena_status(comm):
-    """Collective, for reports: (usable, nbytes, why not).  USABLE: arena
-    arrays are read in place between the ranks of COMM; NBYTES: the least
-    any rank's arena reserves (each makes its arena now if it had none)."""
+    """Collective, for reports: (usable, nbytes, note).  USABLE: the ranks
+    of COMM may map each other's arenas, so arena arrays are read in
+    place between them (as xhc_info["arena"] says); NBYTES: the least any
+    rank's arena reserves (each makes its arena now if it had none), 0 if
+    none has one.  NOTE: why they are not usable, or which rank has no
+    arena, whose arrays stay private, and why; else None."""
     pids = comm.allgather(os.getpid())
     sizes = comm.allgather(int(lib.xhc_arena_size()))
     refusals = arena_refusals(comm, pids)
-    failed = [(rank, code) for rank, code in enumerate(sizes) if code <= 0]
-    if failed:
-        rank, code = failed[0]
-        why = ("it was forked from a process that has one" if code == 0
-               else "not 256 MiB of address space to reserve, at most a "
-               "quarter of what ulimit -v leaves" if code == -errno.ENOMEM
-               else strerror(code))
-        return False, 0, f"rank {rank_name(rank)} has no arena: {why}"
     if refusals:
         rank, peer, code = refusals[0]
-        return False, min(sizes), (
+        return False, max(0, min(sizes)), (
             f"rank {rank_name(rank)} may not map rank {rank_name(peer)}'s "
             f"({strerror(code)}: the "
             f"kernel's ptrace read rule, as for CMA)")
-    return True, min(sizes), None
+    failed = [(rank, code) for rank, code in enumerate(sizes) if code <= 0]
+    if not failed:
+        return True, min(sizes), None
+    rank, code = failed[0]
+    why = ("it was forked from a process that has one" if code == 0
+           else "not 256 MiB of address space to reserve, at most a "
+           "quarter of what ulimit -v leaves" if code == -errno.ENOMEM
+           else strerror(code))
+    made = [size for size in sizes if size > 0]
+    return True, min(made, default=0), (
+        f"rank {rank_name(rank)} has no arena: {why}; its arrays are "
+        "private" if len(failed) == 1 else
+        f"{len(failed)} ranks have no arena (rank {rank_name(rank)}: "
+        f"{why}); their arrays are private")
 
 
 def cma_problem():
