@@ -56,6 +56,27 @@ def test_min_bytes_chooses_the_least_size():
     assert in_arena(tiny) and not in_arena(large)
 
 
+def test_a_size_beyond_any_allocation_shares_none():
+    """min_bytes past the largest size_t shares no array; it used to wrap
+    (2**64 as 0: every array, a page each)."""
+    with xhc.shared_arrays(min_bytes=1 << 64):
+        small = np.zeros(8)
+    with xhc.shared_arrays(min_bytes=(1 << 64) + (1 << 16)):
+        large = np.zeros(1 << 20)
+    assert not in_arena(small) and not in_arena(large)
+
+
+@pytest.mark.parametrize("bad", [65536.9, 0.5, "65536", None])
+def test_a_size_that_is_not_an_integer_is_refused(bad):
+    """As numpy refuses a float for a shape: 65536.9 used to become 65536
+    silently, and 0.5 was refused as "min_bytes=0"."""
+    with pytest.raises(TypeError, match=rf"^shared_arrays: min_bytes must "
+                       rf"be an integer number of bytes, not "
+                       rf"{type(bad).__name__} "):
+        with xhc.shared_arrays(min_bytes=bad):
+            pass
+
+
 @pytest.mark.parametrize("bad", [0, -4096])
 def test_a_size_below_one_byte_is_refused(bad):
     with pytest.raises(ValueError, match="min_bytes"):

@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import ctypes
 import functools
+import operator
 import threading
 
 import numpy as np
@@ -54,6 +55,7 @@ _HANDLERS_LOCK = threading.Lock()
 # allocator is always the innermost open block's, or the one before all.
 _OPEN = contextvars.ContextVar("xhc_shared_arrays", default=())
 DEFAULT_MIN_BYTES = 64 << 10
+_SIZE_MAX = (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -143,10 +145,17 @@ def shared_arrays(min_bytes=DEFAULT_MIN_BYTES):
         comm.Allreduce(send, recv)
     """
     _check_numpy()
-    min_bytes = int(min_bytes)
+    try:
+        min_bytes = operator.index(min_bytes)
+    except TypeError:
+        raise TypeError(f"shared_arrays: min_bytes must be an integer "
+                        f"number of bytes, not {type(min_bytes).__name__} "
+                        f"{min_bytes!r}") from None
     if min_bytes < 1:
         raise ValueError(f"shared_arrays: min_bytes={min_bytes}; give a "
                          "size of 1 byte or more")
+    # No allocation reaches the largest size_t: beyond it, none is shared.
+    min_bytes = min(min_bytes, _SIZE_MAX)
     set_handler = _set_handler_fn()
     token = _open_block(set_handler, _handler(min_bytes))
     try:
