@@ -811,6 +811,51 @@ def special_values(v, xcomm, comm, sz, reduce_root=None):
                        digest(got) if root is None else None)
 
 
+def nan_payloads(v, xcomm, comm, sz, reduce_root=None):
+    """Of several NaNs, the first in the fold order gives its bits (MIN
+    and MAX; float16's SUM and PROD too): in an Allreduce the lowest
+    rank's that holds a NaN there; in a Reduce that one or the root's,
+    which some paths fold first.  Every rank's NaNs carry payloads of
+    their own, and element I is a NaN on the ranks R where (I + R) % 3
+    is not 0."""
+    n, rank = comm.size, comm.rank
+    if n == 1:
+        return
+    uint = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+    for dt in FLOAT_DTYPES:
+        ut, bits = uint[dt.itemsize], 8 * dt.itemsize
+        quiet = (1 << (bits - 1)) - (1 << (np.finfo(dt).nmant - 1))
+        counts = sz.small_counts(dt.itemsize)[2::3] + \
+            sz.large_counts(dt.itemsize, n)[:1]
+        for op in ARITH if dt.itemsize == 2 else ("MIN", "MAX"):
+            for j, count in enumerate(counts):
+                root = None if reduce_root is None else (reduce_root + j) % n
+                has = (np.arange(count)[None, :] + np.arange(n)[:, None]) \
+                    % 3 != 0
+                payload = np.arange(1, n + 1, dtype=ut)[:, None] + quiet
+                ins = np.where(has, payload, np.ones(1, dt).view(ut))
+                send = np.ascontiguousarray(ins[rank]).view(dt)
+                got = np.zeros(count, dt) if root in (None, rank) else None
+                if root is None:
+                    xcomm.Allreduce(send, got, op=mpi_op(op))
+                else:
+                    xcomm.Reduce(send, got, op=mpi_op(op), root=root)
+                err = None
+                if got is not None:
+                    first = ins[np.argmax(has, axis=0), np.arange(count)]
+                    ok = got.view(ut) == first
+                    if root is not None:
+                        ok |= has[root] & (got.view(ut) == ins[root])
+                    bad = np.flatnonzero(~ok)
+                    err = bad.size and (
+                        f"[{bad[0]}]: bits {int(got.view(ut)[bad[0]]):#x}, "
+                        f"first NaN's {int(first[bad[0]]):#x}")
+                v.case(f"{'Allreduce' if root is None else 'Reduce'} NaN "
+                       f"payloads {dt.name} {op} count {count}"
+                       f"{'' if root is None else f' root {root}'}",
+                       err or None)
+
+
 def suite_allreduce(xcomm, comm, v, sz, args):
     n = comm.size
     case = 0
@@ -857,6 +902,7 @@ def suite_allreduce(xcomm, comm, v, sz, args):
                       seed_of(13, case), in_place=k % 2 == 0)
     overflow_cases(v, xcomm, comm)
     special_values(v, xcomm, comm, sz)
+    nan_payloads(v, xcomm, comm, sz)
     usage_errors(v, xcomm, comm)
     one_array_twice(v, xcomm, comm, sz)
 
@@ -980,6 +1026,7 @@ def suite_reduce(xcomm, comm, v, sz, args):
                    seed_of(24, case), root, in_place=k == 0,
                    nonroot_buf=False)
     special_values(v, xcomm, comm, sz, reduce_root=n - 1)
+    nan_payloads(v, xcomm, comm, sz, reduce_root=n - 1)
     nonroots_publish_pieces_and_go(v, xcomm, comm, sz)
 
     def reduce_to_last(v, xcomm, comm, dt, op, count, seed, in_place):
