@@ -923,9 +923,31 @@ def test_a_late_peer_is_waited_for_past_the_timeout():
             assert _pidfds() == [], "the wait left its pidfd open"
         finally:
             lib.xhc_ctx_close(ctx)
-            _, status = os.waitpid(pid, 0)
+            status = _reap_within(pid, late + 30)
             os.close(rfd)
-        assert os.waitstatus_to_exitcode(status) == 0
+        assert status == 0, f"rank 1 exited {status}"
+
+
+def _reap_within(pid, seconds):
+    """The exit code of child PID, which is killed (-9) if it has not
+    exited within SECONDS: a hang fails rather than freezes the tests."""
+    code = _exited_by(pid, time.monotonic() + seconds)
+    if code is None:
+        os.kill(pid, signal.SIGKILL)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return code
+
+
+def _exited_by(pid, deadline):
+    """The exit code of child PID, reaped, or None if it still runs at
+    DEADLINE (time.monotonic())."""
+    while True:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
 
 
 # -- forked ranks -----------------------------------------------------------
@@ -1265,13 +1287,7 @@ def _final_reports(kids, from_kid, deadline, timeout):
     reports, failures = {}, []
     for rank, pid in enumerate(kids):
         msg = from_kid[rank].read(deadline)
-        status = None
-        while status is None and time.monotonic() < deadline:
-            got, st = os.waitpid(pid, os.WNOHANG)
-            if got:
-                status = os.waitstatus_to_exitcode(st)
-            else:
-                time.sleep(0.01)
+        status = _exited_by(pid, deadline)
         if status is None:
             failures.append(f"rank {rank} (pid {pid}) still running "
                             f"after {timeout} s: {msg}")

@@ -489,7 +489,9 @@ def test_refusals_that_mpi_makes_raise_what_mpi4py_raises(request, n):
     for case, twin in twins.items():
         assert twin["exc"] == "Exception" and twin["mpi"] != "None", \
             f"{case}: mpi4py raised {twin['exc']} (class {twin['mpi']})"
-        for r, kv in launch.by_rank("CASE", case).items():
+        ranks = launch.by_rank("CASE", case)
+        assert sorted(ranks) == list(range(n)), f"{case}: reports {ranks}"
+        for r, kv in ranks.items():
             assert (kv["mpi"], kv["value"]) == (twin["mpi"], "True"), \
                 f"{case}, rank {r}: xhc raised {kv['exc']} (MPI class " \
                 f"{kv['mpi']}, ValueError {kv['value']}), mpi4py class " \

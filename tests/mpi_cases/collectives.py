@@ -4105,6 +4105,7 @@ def changed_after_plan(xcomm, comm, v):
         v.check(f"{road}: plans made only for the subclass",
                 planned == (cls is Planned),
                 f"{len(xcomm._allreduce_plans)} Allreduce plans")
+        changed_in_place(xcomm, comm, v, cls, road)
     c = np.zeros(6)
     spec = [c, MPI.DOUBLE]
     for root in (n - 1, 0):
@@ -4113,6 +4114,59 @@ def changed_after_plan(xcomm, comm, v):
         xcomm.Bcast(spec, root=np.int64(root))
         v.check(f"Bcast of a list whose buffer changed, root {root}",
                 np.array_equal(spec[0], src), f"got {spec[0]}")
+
+def changed_in_place(xcomm, comm, v, cls, road):
+    """What changes an array keeps its memory through: a dtype of the
+    same size (a sum of int64 as float64 bits is wrong), read-only (the
+    call must raise, on every rank, as mpi4py's), and a shrink at the
+    same address (the call must move the new size, not the plan's)."""
+    n, rank = comm.size, comm.rank
+    a = owned(cls, 4)
+    xcomm.Allreduce(MPI.IN_PLACE, a)
+    xcomm.Allreduce(MPI.IN_PLACE, a)
+    a.dtype = np.int64                     # the same 32 bytes, 4 int64
+    a[:] = (rank + 1 << 52) + 1
+    xcomm.Allreduce(MPI.IN_PLACE, a)
+    v.check(f"{road}: Allreduce after a dtype of the same size",
+            (a == (n * (n + 1) // 2 << 52) + n).all(), f"got {a}")
+    s, r = owned(cls, 4), owned(cls, 4)
+    s[:] = rank + 1
+    xcomm.Allreduce(s, r)
+    xcomm.Allreduce(s, r)
+    r.flags.writeable = False
+    try:
+        xcomm.Allreduce(s, r)
+        raised = None
+    except ValueError as exc:
+        raised = str(exc)
+    v.check(f"{road}: Allreduce into an array made read-only",
+            raised == "Allreduce: the receive buffer is read-only; pass a "
+            "writable array",
+            f"raised {raised!r}")
+    r.flags.writeable = True
+    xcomm.Allreduce(s, r)
+    v.check(f"{road}: Allreduce after read-only",
+            (r == n * (n + 1) / 2).all(), f"got {r}")
+    s, r = owned(cls, 1000), owned(cls, 1000)
+    xcomm.Allreduce(s, r)
+    xcomm.Allreduce(s, r)
+    s.resize(10, refcheck=False)           # in place, as a rule
+    r.resize(10, refcheck=False)
+    s[:] = rank + 1
+    path = path_of(xcomm, lambda: xcomm.Allreduce(np.ones(10), np.zeros(10)))
+    got = path_of(xcomm, lambda: xcomm.Allreduce(s, r))
+    v.check(f"{road}: Allreduce after a shrink in place",
+            got == path and (r == n * (n + 1) / 2).all(),
+            f"path {got} (10 elements take {path}), got {r}")
+
+
+def path_of(xcomm, call):
+    """The paths whose counts CALL moves."""
+    before = xcomm.stats
+    call()
+    after = xcomm.stats
+    return sorted(k for k in after if after[k] != before.get(k))
+
 
 # -- several nodes -------------------------------------------------------------
 
@@ -4973,7 +5027,9 @@ def check_fit(xcomm, comm, v, free, said):
     share = free // 2  # COMM_WORLD is all of the node's ranks
     v.check("fit needed", xhc._core.segment_size(n, unfitted_config(comm))
             > share, "the segment fits unshrunk: a test of nothing")
-    v.check("fit size", size == xhc._core.segment_size(n, cfg), size)
+    v.check("fit size", size == xhc._core.segment_size(n, cfg)
+            and size in mapped_segments(), f"{size}, mapped "
+            f"{mapped_segments()}")
     v.check("fit within half", size <= share, f"{size} > {share}")
     lowered = shrunk_by_fit(xcomm, comm)
     v.check("fit lowered", lowered and all(
@@ -4984,6 +5040,18 @@ def check_fit(xcomm, comm, v, free, said):
         "--shm-size" in t for t in told), told)
     fits_alike_when_one_rank_chose(v, comm)
     v.flush()
+
+
+def mapped_segments():
+    """The sizes of this process's mappings of xhc segments: what the
+    core mapped, not what the front end computed."""
+    sizes = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "/dev/shm/xhc." in line:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                sizes.append(hi - lo)
+    return sizes
 
 
 def fits_alike_when_one_rank_chose(v, comm):
