@@ -73,7 +73,8 @@ const char *xhc_kernel_isa(void)
  * of both signs differ: ORing their bits keeps the sign (MIN), ANDing
  * drops it (MAX).  `x < y ? x : y` already gives a NaN in y; a NaN in x
  * is put back. */
-#if defined(__SSE2__)
+/* XHC_PORTABLE_PICK builds the #else branch on x86-64 too (a test). */
+#if defined(__SSE2__) && !defined(XHC_PORTABLE_PICK)
 #include <emmintrin.h>
 
 /* GCC 12 leaves selects like those of the #else branch scalar for SSE2,

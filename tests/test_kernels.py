@@ -35,14 +35,18 @@ LEVELS = [("x86-64-v4", {"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
 
 
 def builds():
-    """Name -> extra compiler flags: baseline, dispatched, and each level."""
+    """Name -> extra compiler flags: baseline, dispatched, portable, and
+    each level."""
     out = {"baseline": BASELINE, "dispatched": [],
            # Operands one byte off their type's alignment, which C allows
            # the kernels to take only through a type of alignment 1: the
            # sanitizer stops at any other access.
            "misaligned": [*BASELINE, "-DXHC_TEST_SHIFT=1",
                           "-fsanitize=alignment",
-                          "-fno-sanitize-recover=alignment"]}
+                          "-fno-sanitize-recover=alignment"],
+           # The float MIN and MAX of CPUs without SSE2, which x86-64
+           # never compiles otherwise.
+           "portable": [*BASELINE, "-DXHC_PORTABLE_PICK"]}
     if platform.machine() == "x86_64":
         for name, flags in LEVELS:
             if flags <= cpu_flags():
