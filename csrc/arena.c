@@ -26,9 +26,10 @@
  *    maps the aligned 64 MiB window around the buffer, and reads and
  *    writes it in place.  As XPMEM attachments (xpmem.c 4.), windows
  *    stay mapped, 16 per peer, and serve any later buffer inside them:
- *    a mapping of the memfd shows whatever the owner keeps there.  Where
- *    address space runs out, the windows the operation does not use go,
- *    and then a reader maps the buffer's own pages alone.
+ *    a mapping of the memfd shows whatever the owner keeps there.  Under
+ *    a ulimit -v that leaves less than an operation's windows, a reader
+ *    maps each buffer's own pages instead; where address space runs out
+ *    even so, the windows the operation does not use go first.
  * 5. A process forked from an owner gets the arena's pages copy-on-write
  *    (the memfd mapped privately over the shared mapping) but not the
  *    arena: its allocations go to malloc, its frees of blocks it
@@ -159,7 +160,7 @@ static size_t xhc_address_space_left(void)
         pages = 0;
     if (f)
         fclose(f);
-    size_t used = pages * arena.page;
+    size_t used = pages * (size_t)sysconf(_SC_PAGESIZE);
     return lim.rlim_cur > used ? (size_t)(lim.rlim_cur - used) : 0;
 }
 
@@ -591,6 +592,14 @@ static int xhc_arena_attach(xhc_ctx_t *ctx, const struct xhc_src *src,
     if (mfd < 0)
         return rc;
     hi = hi < size ? hi : size;
+    /* Where a ulimit -v leaves less than an operation's windows (two of
+     * each peer's), the pages alone from the first: a window mapped for
+     * one buffer could leave no room for the next one's pages. */
+    if (xhc_address_space_left()
+        < 2 * (size_t)(ctx->nranks - 1) * XHC_ARENA_WINDOW) {
+        lo = first;
+        hi = need;
+    }
     void *map = xhc_arena_mmap(mfd, lo, hi);
     if (map == MAP_FAILED && errno == ENOMEM) {
         xhc_arena_unmap_idle(ctx);

@@ -1827,22 +1827,25 @@ def arena_little_address_space(comm, v):
 
 
 def arena_two_windows(comm, v):
-    """An Allreduce whose send and receive arrays lie in two windows,
-    which do not fit at once in a reader's address space, maps one of
-    them and the other's pages alone (it used to fail, "Cannot allocate
-    memory")."""
+    """An Allreduce whose send and receive arrays (8 MiB each) lie in two
+    windows, where a reader's address space holds not both windows (it
+    used to fail, "Cannot allocate memory"), nor even one window and the
+    other array's pages (it failed with room for both arrays' pages
+    alone): the reader maps the arrays' pages."""
     n, rank = comm.size, comm.rank
-    xcomm = xhc.Comm(comm)
-    send, gap, recv = (arena_empty(1 << 16), arena_empty(64 << 17),
-                       arena_empty(1 << 16))
-    send[:] = rank + 1
-    recv[:] = -1
-    with address_space_left(rank == n - 1, 100 << 20):
-        xcomm.Allreduce(send, recv, op=MPI.SUM)
-    v.case("arena, little address space: Allreduce over two windows",
-           None if (recv == n * (n + 1) // 2).all() else "wrong data")
+    send, gap, recv = (arena_empty(1 << 20), arena_empty(64 << 17),
+                       arena_empty(1 << 20))
+    for room in (100, 70):
+        xcomm = xhc.Comm(comm)  # with no window mapped yet
+        send[:] = rank + 1
+        recv[:] = -1
+        with address_space_left(rank == n - 1, room << 20):
+            xcomm.Allreduce(send, recv, op=MPI.SUM)
+        v.case(f"arena, {room} MiB of address space: Allreduce over two "
+               "windows",
+               None if (recv == n * (n + 1) // 2).all() else "wrong data")
+        xcomm.free()
     del gap
-    xcomm.free()
 
 
 @contextlib.contextmanager
