@@ -713,6 +713,17 @@ def test_debug_dup_with_a_bad_info_on_one_rank_raises_on_every_rank(
                      r"not int$")
 
 
+@pytest.mark.parametrize("how", ["keyword", "env"])
+def test_debug_dup_with_info_of_none_on_one_rank_raises_on_every_rank(
+        request, how):
+    """Dup_with_info() takes no None (as mpi4py's): with XHC_DEBUG, rank
+    2's raises on every rank; it used to pass the comparison and raise on
+    rank 2 alone, the others waiting in MPI's Dup."""
+    check_debug_case(request, how, "dup-with-info-none", "TypeError",
+                     r"^(rank 2: )?info must be an MPI\.Info, not "
+                     r"NoneType$")
+
+
 @pytest.mark.parametrize("case", ["freed-on-one-rank", "freed-dup"])
 def test_debug_call_on_a_freed_comm_raises_at_once(args3, case):
     """With XHC_DEBUG, a call on a freed xhc.Comm raises XhcError at once,

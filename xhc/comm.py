@@ -1028,6 +1028,8 @@ class Comm(HotComm):
         """empty() on every node, raising on every rank if it failed on
         any (a node where it did not keeps its region until free())."""
         arr = problem = None
+        # The ranks of every node agree on their own; the nodes, here.
+        _core._agreed_ask(self._comm, shape, dtype)
         try:
             arr = self._nodes.inner.empty(shape, dtype)
         except Exception as exc:  # noqa: BLE001 - every rank must hear
@@ -1137,7 +1139,8 @@ class Comm(HotComm):
     @_claiming
     def Dup_with_info(self, info):
         """Dup() with INFO, as MPI's Dup_with_info()."""
-        return self._duplicate(self._comm.Dup_with_info, info)
+        return self._duplicate(self._comm.Dup_with_info,
+                               *_info(info, optional=False))
 
     def _duplicate(self, dup, *args):
         self._usable()  # raises if freed, as every collective does
@@ -1360,13 +1363,14 @@ def _with_topology(comm_type):
     return _add_passthrough(cls, comm_type)
 
 
-def _info(info):
-    """INFO as the arguments to pass MPI: none for None."""
-    if info is None:
+def _info(info, optional=True):
+    """INFO as the arguments to pass MPI: none for None, unless not
+    OPTIONAL (Dup_with_info's, which mpi4py requires)."""
+    if info is None and optional:
         return ()
     if not isinstance(info, MPI.Info):
-        raise TypeError(f"info must be an MPI.Info or None, not "
-                        f"{type(info).__name__}")
+        raise TypeError(f"info must be an MPI.Info{' or None' * optional}, "
+                        f"not {type(info).__name__}")
     return (info,)
 
 

@@ -40,7 +40,7 @@ def _signature(comm, name, bound):
         sig["op"] = _op_name(args["op"])
     if "info" in args:  # not compared (hints may differ), but a bad one
         from .comm import _info  # raises on every rank; it imports this
-        _info(args["info"])
+        _info(args["info"], optional=name != "Dup_with_info")
     name = name.replace("_init", "")
     if name == "Bcast":
         sig["buffer"] = _describe(args["buf"], typed=False)

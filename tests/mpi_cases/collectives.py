@@ -4938,6 +4938,16 @@ def node_shared_arrays(xcomm, comm, v, parts):
     want = {} if len(mates) == 1 else {"reduce.cico": 1, "bcast.cico": 1}
     v.check("spanning: the node's paths count one Reduce and one Bcast",
             rose == want, f"rose {rose}, want {want}")
+    # Each node alike inside, the nodes apart: every rank raises, naming
+    # ranks of the whole communicator (each node used to make its own).
+    last = parts[rank] == parts[n - 1]
+    first = parts.index(parts[n - 1])  # the last node's first rank
+    err = raises_what(xcomm.empty, 8 if last else 4,
+                      np.float32 if last else np.float64)
+    v.check("spanning: Comm.empty with another shape on another node",
+            isinstance(err, ValueError) and str(err).endswith(
+                f"rank {first} for ((8,), '<f4'); pass the same shape and "
+                "dtype on every rank"), repr(err))
 
 
 def node_arena_arrays(xcomm, comm, v):

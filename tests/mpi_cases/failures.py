@@ -703,6 +703,8 @@ def debug_cases():
         ("debug-dup-vs-call", lambda c: c.Dup() if odd else c.Bcast(f8(4))),
         ("debug-zeros-vs-call", lambda c: c.zeros(4) if odd else c.Barrier()),
         ("debug-dup-bad-info", lambda c: c.Dup(5 if odd else None).free()),
+        ("debug-dup-with-info-none", lambda c: c.Dup_with_info(
+            None if odd else MPI.INFO_ENV).free()),
     ]
 
 
