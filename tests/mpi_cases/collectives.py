@@ -4161,14 +4161,17 @@ def changed_in_place(xcomm, comm, v, cls, road):
     s, r = owned(cls, 1000), owned(cls, 1000)
     xcomm.Allreduce(s, r)
     xcomm.Allreduce(s, r)
-    s.resize(10, refcheck=False)           # in place, as a rule
+    at = address(s), address(r)
+    s.resize(10, refcheck=False)           # in place (glibc's realloc)
     r.resize(10, refcheck=False)
     s[:] = rank + 1
     path = path_of(xcomm, lambda: xcomm.Allreduce(np.ones(10), np.zeros(10)))
     got = path_of(xcomm, lambda: xcomm.Allreduce(s, r))
     v.check(f"{road}: Allreduce after a shrink in place",
-            got == path and (r == n * (n + 1) / 2).all(),
-            f"path {got} (10 elements take {path}), got {r}")
+            at == (address(s), address(r)) and got == path
+            and (r == n * (n + 1) / 2).all(),
+            f"moved {at != (address(s), address(r))}, path {got} (10 "
+            f"elements take {path}), got {r}")
 
 
 def path_of(xcomm, call):
