@@ -196,6 +196,21 @@ def test_a_freed_block_is_kept_and_reused_in_place():
     assert (b == 1).all()  # its pages kept, not punched and faulted again
 
 
+def test_a_kept_block_twice_the_size_or_more_is_left_alone():
+    """A request takes a kept block only where it fills more than half of
+    it: a 2 MiB block is too big for 1 MiB, and serves 1 MiB and a page
+    (numpy adds nothing to an array's bytes)."""
+    page = os.sysconf("SC_PAGESIZE")
+    with xhc.shared_arrays():
+        a = np.ones(2 * MIB, np.uint8)
+        where = address(a)
+        del a
+        half = np.empty(MIB, np.uint8)
+        more = np.empty(MIB + page, np.uint8)
+    assert address(half) != where
+    assert address(more) == where
+
+
 def test_kept_blocks_are_few_however_small():
     with xhc.shared_arrays(min_bytes=1):
         small = [np.ones(8) for _ in range(200)]

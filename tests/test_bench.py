@@ -94,26 +94,34 @@ def test_osu_over_two_nodes(tmp_path):
     assert one["nodes"] == 1
 
 
-# Run bench.osu with one xhc collective, argv[1], doing nothing at all.
+# Run bench.osu with one xhc collective, argv[1], broken as argv[2] says:
+# "nothing" does nothing at all; "everywhere" (a Reduce) writes the result
+# into every rank's receive buffer, as an Allreduce.
 BROKEN = """
 import sys
 import xhc
 from bench import osu
-setattr(xhc.Comm, sys.argv[1], lambda self, *args, **kwargs: None)
-sys.exit(osu.main(sys.argv[2:]))
+if sys.argv[2] == "everywhere":
+    xhc.Comm.Reduce = lambda self, s, r, op, root=0: self.Allreduce(s, r, op)
+else:
+    setattr(xhc.Comm, sys.argv[1], lambda self, *args, **kwargs: None)
+sys.exit(osu.main(sys.argv[3:]))
 """
 
 
-@pytest.mark.parametrize("op, method", [("barrier", "Barrier"),
-                                        ("allreduce", "Allreduce")])
-def test_osu_validation_catches_a_broken_call(op, method, tmp_path):
-    """-c fails a run whose xhc call returns at once: a Barrier that does
-    not wait for the last rank, an Allreduce that leaves the receive
-    buffer as it was."""
+@pytest.mark.parametrize("op, method, how", [
+    ("barrier", "Barrier", "nothing"), ("allreduce", "Allreduce", "nothing"),
+    ("bcast", "Bcast", "nothing"), ("reduce", "Reduce", "nothing"),
+    ("reduce", "Reduce", "everywhere")])
+def test_osu_validation_catches_a_broken_call(op, method, how, tmp_path):
+    """-c fails a run whose xhc call is broken: a Barrier that does not
+    wait for the last rank, an Allreduce or Reduce that leaves the receive
+    buffer as it was, a Bcast that sends nothing, a Reduce that writes
+    the non-roots' receive buffers too."""
     script = tmp_path / "broken.py"
     script.write_text(BROKEN)
     sizes = [] if op == "barrier" else ["-m", "8:64"]
-    proc = run_mpi(2, [str(script), method, op, *QUICK, "--impl", "xhc",
+    proc = run_mpi(2, [str(script), method, how, op, *QUICK, "--impl", "xhc",
                        *sizes], timeout=120, check=False)
     assert f"DATA VALIDATION ERROR: {op}" in proc.stderr
     # A failing exit, not a job aborted under python -m mpi4py.

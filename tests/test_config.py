@@ -28,6 +28,11 @@ def _no_xhc_environment(monkeypatch):
     ("cico_max", "1G", r"cico_max must be at most 4194304; set "
                        r"XHC_CICO_MAX \(or cico_max=\) lower"),
     ("chunk_size", "128M", r"chunk_size must be at most 67108864"),
+    ("chunk_size", "5000", r"chunk_size must be a multiple of 64, at least "
+                           r"4K; set XHC_CHUNK_SIZE"),
+    ("chunk_size", "2K", r"chunk_size must be a multiple of 64, at least 4K"),
+    ("cico_max", "200", r"cico_max must be a multiple of 64, at least 128"),
+    ("cico_max", "64", r"cico_max must be a multiple of 64, at least 128"),
     ("timeout", "nan", r"timeout must be a positive number of seconds"),
     ("timeout", "inf", r"timeout must be a positive number of seconds"),
     ("timeout", "0", r"timeout must be a positive number of seconds"),

@@ -1831,11 +1831,12 @@ def arena_two_windows(comm, v):
     windows, where a reader's address space holds not both windows (it
     used to fail, "Cannot allocate memory"), nor even one window and the
     other array's pages (it failed with room for both arrays' pages
-    alone): the reader maps the arrays' pages."""
+    alone): the reader maps the arrays' pages, two of each peer."""
     n, rank = comm.size, comm.rank
     send, gap, recv = (arena_empty(1 << 20), arena_empty(64 << 17),
                        arena_empty(1 << 20))
-    for room in (100, 70):
+    pages = 2 * (n - 1) * 8  # MiB
+    for room in (pages + 84, pages + 54):
         xcomm = xhc.Comm(comm)  # with no window mapped yet
         send[:] = rank + 1
         recv[:] = -1

@@ -28,6 +28,16 @@ def _pair(a, b):
 _SNAN32 = np.array([0x7fa00001], np.uint32).view(np.float32)[0]
 
 
+def _pickled_to(nbytes, r):
+    """Bytes of R's own, whose pickle (as mpi4py makes it) is NBYTES long."""
+    k = nbytes
+    while len(MPI.pickle.dumps(bytes([65 + r % 26]) * k)) > nbytes:
+        k -= 1
+    obj = bytes([65 + r % 26]) * k
+    assert len(MPI.pickle.dumps(obj)) == nbytes, (nbytes, k)
+    return obj
+
+
 def _cases(rank, size):
     """(name, every rank's object, op, exact): EXACT if mpi4py's tree, which
     folds in another order, must give the same result."""
@@ -99,6 +109,12 @@ def _cases(rank, size):
          True),
         ("pickles longer than a bcast's slot",
          ["z" * (objects.ONE_CAP + r) for r in range(size)], MPI.SUM, True),
+        # Pickles that fill a slot, or a bcast's, to the last byte.
+        ("pickles of a slot's length",
+         [_pickled_to(objects.CAP, r) for r in range(size)], MPI.SUM, True),
+        ("pickles of a bcast's slot's length",
+         [_pickled_to(objects.ONE_CAP, r) for r in range(size)], MPI.SUM,
+         True),
         ("non-commutative callable, rank order", [r for r in range(size)],
          _pair, False),
     ]
