@@ -1027,6 +1027,7 @@ class Comm(HotComm):
     def _empty_across(self, shape, dtype):
         """empty() on every node, raising on every rank if it failed on
         any (a node where it did not keeps its region until free())."""
+        self._usable()  # raises if freed, before any rank waits on it
         arr = problem = None
         # The ranks of every node agree on their own; the nodes, here.
         _core._agreed_ask(self._comm, shape, dtype)
