@@ -49,9 +49,11 @@ static int xhc_take_line(xhc_ctx_t *ctx, int peer, int dir, uint64_t seq,
 {
     struct xhc_flag_line *line = xhc_line(ctx, peer, dir, seq);
     int rc = xhc_wait_eq(ctx, &line->seq, seq, peer);
+    if (rc)
+        return rc; /* the line may be another operation's by now */
     uint64_t differs = (line->nbytes & ~XHC_NBYTES_TIMED) ^ r->total;
     uint64_t what_bits = (uint64_t)XHC_WHAT_MASK << XHC_WHAT_SHIFT;
-    if (rc == 0 && differs)
+    if (differs)
         rc = xhc_fail(ctx, peer, differs & what_bits ? XHC_ERR_DISAGREE
                                                       : XHC_ERR_MISMATCH);
     return rc;
@@ -261,10 +263,8 @@ static int xhc_small_in_pieces(xhc_ctx_t *ctx, const struct xhc_view *v,
          * that went on to later pieces gave them, and a rank back from
          * away must find them given up on (wait.c 5). */
         size_t rest = (r->count - done - piece.count + per - 1) / per;
-        if (rest) {
-            ctx->seq += rest;
-            xhc_ctx_leave(ctx);
-        }
+        if (rest)
+            xhc_ctx_skip(ctx, rest);
         return rc;
     }
     return 0;

@@ -118,7 +118,9 @@ static void xhc_flags_init(struct xhc_rank_ctl *mine, uint64_t start)
     xhc_store_relaxed(&mine->entered.abandoned, start);
     xhc_store_relaxed(&mine->entered.kept, start);
     xhc_store_relaxed(&mine->entered.forfeits, 0);
-    /* Orders all the flags above with the ack: seen together. */
+    xhc_store_relaxed(&mine->entered.left, 0);
+    /* Peers read these only after the front end's exchange that follows
+     * every rank's open; release, so that an ack seen is seen with them. */
     xhc_store_release(&mine->ack.seq, start);
 }
 
@@ -244,12 +246,11 @@ int xhc_ctx_completed(xhc_ctx_t *ctx)
                   == ctx->seq;
 }
 
-/* Give up my current operation.  FORFEIT: I completed every operation
- * since my last leave but my earlier forfeits, and a peer late to one of
- * them must still take part in it; else count them given up with this
- * one (a Reduce in pieces skips some), as peers late to them cannot
- * tell. */
-static void xhc_ctx_give_up(xhc_ctx_t *ctx, int forfeit)
+/* Give up my current operation, and the SKIPPED before it (a Reduce in
+ * pieces skips those it did not run), as a forfeit (FORFEIT) or a leave.
+ * Any other since my last record I completed: a peer late to it still
+ * takes part in it (leave.c). */
+static void xhc_ctx_give_up(xhc_ctx_t *ctx, int forfeit, uint64_t skipped)
 {
     /* Withdrawn since my last operation began, I began nothing that I
      * could leave. */
@@ -273,20 +274,24 @@ static void xhc_ctx_give_up(xhc_ctx_t *ctx, int forfeit)
     xhc_publish(ctx, &mine->finished.seq, ran);
     struct xhc_leave rec = {
         .seq = ctx->seq, .round = ctx->round, .why = ctx->cause_why,
-        .who = ctx->cause_who, .kept = ctx->seq, .forfeits = 1 };
+        .who = ctx->cause_who, .kept = ctx->seq };
     struct xhc_leave last;
     /* I alone write my record: this read is never torn. */
-    if (forfeit && xhc_leave_read(&mine->entered, &last)) {
-        rec.kept = last.kept;
-        rec.forfeits = xhc_leave_forfeits(&last, ctx->seq);
-    }
+    if (xhc_leave_read(&mine->entered, &last))
+        xhc_leave_follow(&rec, &last, forfeit, skipped);
     xhc_leave_write(&mine->entered, &rec);
     xhc_ctx_mark(ctx, XHC_LEFT);
 }
 
 void xhc_ctx_leave(xhc_ctx_t *ctx)
 {
-    xhc_ctx_give_up(ctx, 0);
+    xhc_ctx_give_up(ctx, 0, 0);
+}
+
+void xhc_ctx_skip(xhc_ctx_t *ctx, uint64_t skipped)
+{
+    ctx->seq += skipped;
+    xhc_ctx_give_up(ctx, 0, skipped);
 }
 
 void xhc_ctx_forfeit(xhc_ctx_t *ctx)
@@ -300,7 +305,7 @@ void xhc_ctx_forfeit(xhc_ctx_t *ctx)
      * (I was away), that already failed it, and their cause stands. */
     if (xhc_begin(ctx, &seq) == 0)
         xhc_fail(ctx, ctx->rank, XHC_ERR_LEADER);
-    xhc_ctx_give_up(ctx, 1);
+    xhc_ctx_give_up(ctx, 1, 0);
 }
 
 /* Say that I refused REFUSALS calls since my last operation began; a

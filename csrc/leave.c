@@ -3,15 +3,19 @@
  *
  * 1. Only its rank writes the record (xhc_ctx_leave): the operation, the
  *    round count it reached there, and the first error that made it
- *    leave.  It says that the rank gave up every operation up to that
- *    one (a Reduce in pieces gives up those it skipped).  A forfeit
- *    (xhc_ctx_forfeit) gave up only those up to the rank's last leave
- *    and the forfeits since: it completed the rest.  A mask keeps which
- *    of the last 64 operations were forfeits; one further back counts as
- *    given up.  A rank gets that far ahead of a late peer by forfeits
- *    alone (they take no ring slot): without that peer it completes only
- *    Bcasts it roots, within XHC_RING of it.  (A peer late to such a
- *    Bcast followed by 64 forfeits gives it up.)
+ *    leave.  It says which operations up to that one the rank gave up:
+ *    those its earlier records named, and this one (with those a Reduce
+ *    in pieces skipped), and no other: a rank that completed an
+ *    operation and then left the next one completed the first for its
+ *    peers too (a staging Bcast root that returned and then failed
+ *    leaves its rounds to readers still copying them).  Two masks keep
+ *    which of the last 64 operations were forfeits (xhc_ctx_forfeit),
+ *    which run no rounds, and which were leaves; one further back counts
+ *    as given up, as a forfeit unless a leave pushed out of the mask
+ *    raised KEPT over it.  A rank gets that far ahead of a late peer by
+ *    forfeits alone (they take no ring slot): without that peer it
+ *    completes only Bcasts it roots, within XHC_RING of it.  (A peer late
+ *    to such a Bcast followed by 64 forfeits gives it up.)
  *    Peers read it to give up on that operation too, and to count
  *    its rounds and name its cause as the leaver did (wait.c).
  * 2. The fields are read together or not at all: a peer that reads the
@@ -42,6 +46,7 @@ void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec)
     xhc_store_relaxed(&e->round, rec->round);
     xhc_store_relaxed(&e->kept, rec->kept);
     xhc_store_relaxed(&e->forfeits, rec->forfeits);
+    xhc_store_relaxed(&e->left, rec->left);
     xhc_store_relaxed(&e->abandoned, rec->seq);
     /* Release: a reader that sees this version sees the record whole. */
     atomic_store_explicit(&e->version, v + 2, memory_order_release);
@@ -57,6 +62,7 @@ int xhc_leave_read(struct xhc_entered_line *e, struct xhc_leave *rec)
         rec->round = xhc_load_relaxed(&e->round);
         rec->kept = xhc_load_relaxed(&e->kept);
         rec->forfeits = xhc_load_relaxed(&e->forfeits);
+        rec->left = xhc_load_relaxed(&e->left);
         rec->seq = xhc_load_relaxed(&e->abandoned);
         /* Orders the record's reads before the version's re-read. */
         atomic_thread_fence(memory_order_acquire);
@@ -76,12 +82,14 @@ static int xhc_leave_covers(const struct xhc_leave *rec, uint64_t seq)
     if (!xhc_seq_reached(seq, rec->kept + 1))
         return 1;
     uint64_t back = rec->seq - seq;
-    return back >= 64 || (rec->forfeits >> back & 1);
+    return back >= 64 || ((rec->forfeits | rec->left) >> back & 1);
 }
 
 int xhc_leave_forfeited(const struct xhc_leave *rec, uint64_t seq)
 {
-    return seq != rec->seq && xhc_seq_reached(seq, rec->kept + 1);
+    uint64_t back = rec->seq - seq;
+    return seq != rec->seq && xhc_seq_reached(seq, rec->kept + 1)
+           && (back >= 64 || (rec->forfeits >> back & 1));
 }
 
 int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
@@ -91,8 +99,28 @@ int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
            && xhc_leave_covers(rec, seq);
 }
 
-uint64_t xhc_leave_forfeits(const struct xhc_leave *last, uint64_t seq)
+/* MASK moved BACK operations on: bit I becomes bit I + BACK. */
+static uint64_t xhc_mask_moved(uint64_t mask, uint64_t back)
 {
-    uint64_t back = seq - last->seq;
-    return (back < 64 ? last->forfeits << back : 0) | 1;
+    return back < 64 ? mask << back : 0;
+}
+
+void xhc_leave_follow(struct xhc_leave *rec, const struct xhc_leave *last,
+                      int forfeit, uint64_t skipped)
+{
+    uint64_t back = rec->seq - last->seq;
+    /* LAST's leaves that fall out of the mask: the newest bounds KEPT,
+     * so that they still count as leaves, which ran rounds. */
+    uint64_t out = last->left & ~(back < 64 ? UINT64_MAX >> back : 0);
+    rec->kept = last->kept;
+    if (out && xhc_seq_reached(last->seq - __builtin_ctzll(out), rec->kept))
+        rec->kept = last->seq - __builtin_ctzll(out);
+    rec->forfeits = xhc_mask_moved(last->forfeits, back) | (forfeit != 0);
+    rec->left = xhc_mask_moved(last->left, back);
+    if (forfeit)
+        return;
+    /* This operation and the SKIPPED before it, in the mask or by KEPT. */
+    rec->left |= skipped >= 63 ? UINT64_MAX : (UINT64_C(2) << skipped) - 1;
+    if (skipped >= 64 && xhc_seq_reached(rec->seq - 64, rec->kept))
+        rec->kept = rec->seq - 64;
 }

@@ -68,20 +68,22 @@ struct xhc_entered_line {
      * me, and counts rounds as I do (wait.c). */
     xhc_flag_t abandoned;
     xhc_flag_t round;
-    /* I gave up every operation up to KEPT; after it, the abandoned
-     * one, those FORFEITS names (bit I: the operation I before it) and
-     * any more than 63 before it, all forfeits: I completed the rest. */
+    /* I gave up every operation up to KEPT; after it, those FORFEITS
+     * (forfeits) and LEFT (leaves) name, bit I for the operation I
+     * before the abandoned one, and any more than 63 before it, all
+     * forfeits: I completed the rest. */
     xhc_flag_t kept;
     xhc_flag_t forfeits;
+    xhc_flag_t left;
 } XHC_ALIGNED;
 
 /* A rank's last leave, as one piece (leave.c): the operation, the round
  * count it reached there, its first error then (0 if none is known) and
  * the rank that error names, and which operations up to SEQ it gave up:
- * every one up to KEPT, and after it those FORFEITS names (bit I: SEQ - I)
- * and any before SEQ - 63, as in the entered line. */
+ * every one up to KEPT, and after it those FORFEITS and LEFT name (bit I:
+ * SEQ - I) and any before SEQ - 63, as in the entered line. */
 struct xhc_leave {
-    uint64_t seq, round, kept, forfeits;
+    uint64_t seq, round, kept, forfeits, left;
     int32_t why, who;
 };
 
@@ -96,8 +98,11 @@ int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
 /* Was SEQ, which the record REC gave up, a forfeit before REC's own?
  * A forfeit runs no rounds, and REC's round count is of a later one. */
 int xhc_leave_forfeited(const struct xhc_leave *rec, uint64_t seq);
-/* The FORFEITS of a forfeit of SEQ, after the record LAST. */
-uint64_t xhc_leave_forfeits(const struct xhc_leave *last, uint64_t seq);
+/* Which operations up to REC->seq the record REC gives up, after the
+ * record LAST: LAST's, and REC's own operation with the SKIPPED before
+ * it, as a forfeit (FORFEIT) or a leave. */
+void xhc_leave_follow(struct xhc_leave *rec, const struct xhc_leave *last,
+                      int forfeit, uint64_t skipped);
 
 /* Ranks asleep on one of my flags (cfg.sleep): the one counter several
  * ranks write, each only on its way into and out of the kernel; I read
@@ -315,6 +320,9 @@ struct xhc_ctx {
 
 void xhc_wake(xhc_ctx_t *ctx, xhc_flag_t *flag); /* wait.c */
 int xhc_skip_abandoned(xhc_ctx_t *ctx, uint64_t seq); /* wait.c */
+/* Move on SKIPPED operations, which I will not run, and leave: those
+ * and the one I was in count as given up (ctx.c). */
+void xhc_ctx_skip(xhc_ctx_t *ctx, uint64_t skipped);
 
 /* alive.c */
 int xhc_pidfds_alloc(xhc_ctx_t *ctx);

@@ -755,6 +755,43 @@ def test_many_forfeits_in_a_row_each_fail_a_late_peer_at_once():
             lib.xhc_ctx_close(ctxs[1])
 
 
+@pytest.mark.parametrize("left_first", [False, True])
+def test_a_leave_gives_up_no_bcast_its_root_completed(left_first):
+    """Rank 0 roots a Bcast of two rounds, which fit its two staging
+    windows, so it returns before rank 1 reads them; then it roots a
+    small Bcast and leaves it (as after an error in it).  Rank 1, still
+    to read the first Bcast, gets its data: the leave gave up the second
+    only.  If rank 0 had left the first too (LEFT_FIRST), its second
+    leave still says so, and rank 1 gives the first up.  Their calls
+    after meet in order."""
+    cfg = make_config(timeout=20.0)
+    with Segment(2, cfg) as seg:
+        ctxs = _pair(seg, cfg, [os.getpid()] * 2)
+        try:
+            big = [np.full(2 * cfg.chunk_size, 9 - 9 * r, np.uint8)
+                   for r in (0, 1)]
+            assert lib.xhc_bcast(ctxs[0], ffi.from_buffer(big[0]),
+                                 big[0].nbytes, 0) == 0
+            if left_first:
+                lib.xhc_ctx_leave(ctxs[0])
+            assert _run_op(ctxs[0], "bcast0", 0, 5) == (0, 5)
+            lib.xhc_ctx_leave(ctxs[0])
+            rc = lib.xhc_bcast(ctxs[1], ffi.from_buffer(big[1]),
+                               big[1].nbytes, 0)
+            if left_first:
+                assert rc == lib.XHC_ERR_PEER_LEFT, strerror(rc)
+            else:
+                assert rc == 0, strerror(rc)
+                assert (big[1] == 9).all()
+            assert _run_op(ctxs[1], "bcast0", 1, 0)[0] \
+                in (0, lib.XHC_ERR_PEER_LEFT)
+            assert lib.xhc_seq(ctxs[0]) == lib.xhc_seq(ctxs[1])
+            assert _pair_call(ctxs, "allreduce", (3, 4)) == [(0, 7)] * 2
+        finally:
+            lib.xhc_ctx_close(ctxs[0])
+            lib.xhc_ctx_close(ctxs[1])
+
+
 def test_a_call_that_fails_before_it_begins_gives_up_nothing():
     """Rank 1 refused a call; rank 0, a Bcast's root, completes that Bcast
     without it, then fails its next call before it begins (it has no

@@ -223,8 +223,7 @@ static int left_before(xhc_ctx_t *ctx, int rank, struct board *b, int jump)
     uint64_t seq;
     if (rank == 1) {
         xhc_begin(ctx, &seq);
-        ctx->seq += (uint64_t)jump;
-        xhc_ctx_leave(ctx);
+        xhc_ctx_skip(ctx, (uint64_t)jump);
         if (!jump)
             xhc_begin(ctx, &seq);
         b->done = 1;

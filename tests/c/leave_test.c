@@ -4,7 +4,9 @@
  * its operation; another reads them all the while and checks that every
  * read it is given is one whole record, and no older than the last.
  * Then a writer stopped inside a rewrite: the read gives up, in bounded
- * time.  Prints "ok" and exits 0, or names the first broken rule. */
+ * time.  Then the history a rank's records keep: which operations its
+ * leaves and forfeits gave up, and which of them ran no rounds.  Prints
+ * "ok" and exits 0, or names the first broken rule. */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -61,6 +63,62 @@ static int read_records(long *whole, long *refused)
     return 0;
 }
 
+/* Give up operation SEQ (and the SKIPPED before it) after the record in
+ * the line, as ctx.c does. */
+static void give_up(struct xhc_entered_line *e, uint64_t seq, int forfeit,
+                    uint64_t skipped)
+{
+    struct xhc_leave last, rec = { .seq = seq, .kept = seq };
+    if (xhc_leave_read(e, &last))
+        xhc_leave_follow(&rec, &last, forfeit, skipped);
+    xhc_leave_write(e, &rec);
+}
+
+/* Does the record of the rank of CTX give SEQ up, as GIVEN, and as a
+ * forfeit, as FORFEITED?  0, or 1 after printing what broke. */
+static int expect(xhc_ctx_t *ctx, uint64_t seq, int given, int forfeited)
+{
+    struct xhc_leave rec;
+    int got = xhc_left_since(ctx, 0, seq, &rec);
+    int got_forfeit = got && xhc_leave_forfeited(&rec, seq);
+    if (got == given && got_forfeit == forfeited)
+        return 0;
+    printf("FAIL: after operation %llu, %llu given up %d (want %d), "
+           "forfeited %d (want %d)\n", (unsigned long long)rec.seq,
+           (unsigned long long)seq, got, given, got_forfeit, forfeited);
+    return 1;
+}
+
+/* Leaves and forfeits from operation 1000 on: a leave at 1005, a forfeit
+ * at 1007, a leave at 1010 that skipped 1008 and 1009, then 70 forfeits,
+ * which push the leaves out of the masks. */
+static int check_history(void)
+{
+    static struct xhc_rank_ctl ctl[1];
+    xhc_ctx_t ctx = { .ctl = ctl };
+    struct xhc_entered_line *e = &ctl[0].entered;
+    struct xhc_leave start = { .seq = 1000, .kept = 1000 };
+    xhc_leave_write(e, &start);
+    give_up(e, 1005, 0, 0);
+    int bad = expect(&ctx, 1004, 0, 0) + expect(&ctx, 1005, 1, 0)
+              + expect(&ctx, 1006, 0, 0) + expect(&ctx, 1000, 1, 0);
+    give_up(e, 1007, 1, 0);
+    bad += expect(&ctx, 1005, 1, 0) + expect(&ctx, 1006, 0, 0)
+           + expect(&ctx, 1007, 1, 0) + expect(&ctx, 1008, 0, 0);
+    give_up(e, 1010, 0, 2);
+    bad += expect(&ctx, 1005, 1, 0) + expect(&ctx, 1006, 0, 0)
+           + expect(&ctx, 1007, 1, 1) + expect(&ctx, 1008, 1, 0)
+           + expect(&ctx, 1009, 1, 0) + expect(&ctx, 1010, 1, 0);
+    for (uint64_t seq = 1011; seq <= 1080; seq++)
+        give_up(e, seq, 1, 0);
+    /* Past the masks every operation counts as given up; the leaves
+     * there still ran rounds, and the forfeits did not. */
+    bad += expect(&ctx, 1005, 1, 0) + expect(&ctx, 1010, 1, 0)
+           + expect(&ctx, 1012, 1, 1) + expect(&ctx, 1050, 1, 1)
+           + expect(&ctx, 1080, 1, 0) + expect(&ctx, 1081, 0, 0);
+    return bad != 0;
+}
+
 int main(void)
 {
     pthread_t writer;
@@ -83,6 +141,8 @@ int main(void)
         printf("FAIL: a record in the middle of a rewrite was read\n");
         return 1;
     }
+    if (check_history())
+        return 1;
     printf("ok\n");
     return 0;
 }
