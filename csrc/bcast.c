@@ -222,7 +222,7 @@ struct xhc_piece {
  * only grows, and a parent that gives up counts the rounds it did not
  * stage as run, so the first piece of its next Bcast also lifts it past
  * T.  A flag past T is then for me only if my parent has not given up on
- * my operation (nor on a later one, which would hide that record). */
+ * my operation: its record names every one it gave up (leave.c). */
 static int xhc_parent_staged(xhc_ctx_t *ctx, int parent, uint64_t t)
 {
     struct xhc_rank_ctl *pc = xhc_ctl(ctx, parent);

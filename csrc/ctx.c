@@ -277,9 +277,9 @@ static void xhc_ctx_give_up(xhc_ctx_t *ctx, int forfeit, uint64_t skipped)
         .who = ctx->cause_who, .kept = ctx->seq };
     struct xhc_leave last;
     /* I alone write my record: this read is never torn. */
-    if (xhc_leave_read(&mine->entered, &last))
+    if (xhc_leave_read(&mine->entered, ctx->seq, &last))
         xhc_leave_follow(&rec, &last, forfeit, skipped);
-    xhc_leave_write(&mine->entered, &rec);
+    xhc_leave_write(&mine->entered, &rec, skipped);
     xhc_ctx_mark(ctx, XHC_LEFT);
 }
 

@@ -34,7 +34,8 @@
 
 #define XHC_LEAVE_READ_TRIES 256
 
-void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec)
+void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec,
+                     uint64_t also)
 {
     uint32_t v = atomic_load_explicit(&e->version, memory_order_relaxed);
     atomic_store_explicit(&e->version, v + 1, memory_order_relaxed);
@@ -47,12 +48,15 @@ void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec)
     xhc_store_relaxed(&e->kept, rec->kept);
     xhc_store_relaxed(&e->forfeits, rec->forfeits);
     xhc_store_relaxed(&e->left, rec->left);
+    for (uint64_t i = 0; i <= also && i < 64; i++)
+        xhc_store_relaxed(&e->rounds[(rec->seq - i) % 64], rec->round);
     xhc_store_relaxed(&e->abandoned, rec->seq);
     /* Release: a reader that sees this version sees the record whole. */
     atomic_store_explicit(&e->version, v + 2, memory_order_release);
 }
 
-int xhc_leave_read(struct xhc_entered_line *e, struct xhc_leave *rec)
+int xhc_leave_read(struct xhc_entered_line *e, uint64_t seq,
+                   struct xhc_leave *rec)
 {
     for (int tries = 0; tries < XHC_LEAVE_READ_TRIES; tries++) {
         /* Acquire: pairs with the release that closed the record. */
@@ -63,6 +67,7 @@ int xhc_leave_read(struct xhc_entered_line *e, struct xhc_leave *rec)
         rec->kept = xhc_load_relaxed(&e->kept);
         rec->forfeits = xhc_load_relaxed(&e->forfeits);
         rec->left = xhc_load_relaxed(&e->left);
+        rec->then = xhc_load_relaxed(&e->rounds[seq % 64]);
         rec->seq = xhc_load_relaxed(&e->abandoned);
         /* Orders the record's reads before the version's re-read. */
         atomic_thread_fence(memory_order_acquire);
@@ -74,8 +79,7 @@ int xhc_leave_read(struct xhc_entered_line *e, struct xhc_leave *rec)
     return 0;
 }
 
-/* Did the record REC give up operation SEQ, at or before its own? */
-static int xhc_leave_covers(const struct xhc_leave *rec, uint64_t seq)
+int xhc_leave_covers(const struct xhc_leave *rec, uint64_t seq)
 {
     if (!xhc_seq_reached(rec->seq, seq))
         return 0;
@@ -95,8 +99,20 @@ int xhc_leave_forfeited(const struct xhc_leave *rec, uint64_t seq)
 int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
                    struct xhc_leave *rec)
 {
-    return xhc_leave_read(&xhc_ctl(ctx, peer)->entered, rec)
+    return xhc_leave_read(&xhc_ctl(ctx, peer)->entered, seq, rec)
            && xhc_leave_covers(rec, seq);
+}
+
+int xhc_leave_round(const struct xhc_leave *rec, uint64_t seq,
+                    uint64_t *round)
+{
+    uint64_t back = rec->seq - seq;
+    if (back < 64 && xhc_seq_reached(seq, rec->kept + 1)) {
+        *round = rec->then;
+        return 1;
+    }
+    *round = rec->round;
+    return !xhc_leave_forfeited(rec, seq);
 }
 
 /* MASK moved BACK operations on: bit I becomes bit I + BACK. */

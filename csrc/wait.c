@@ -39,12 +39,15 @@
  *    operation that its peers, not counting it late, gave up on without
  *    it.  Entered, it would take their flags of that operation, raised
  *    before they gave up, for live ones, and return what they no longer
- *    wait for.  So its first operation back first reads the last one each
- *    peer gave up on, and if one gave up on this one or a later one,
- *    gives it up too, with that peer's first error, and takes the round
- *    count they reached.  It stays away, so its next operation does the
- *    same: one call fails for each operation given up on without it,
- *    and then its calls and theirs meet in order again.  A peer that
+ *    wait for.  So its first operation back first reads the record of
+ *    the operations each peer gave up on (leave.c), and if one gave up
+ *    on this one, gives it up too, with that peer's first error, and
+ *    takes the round count they had once they gave it up.  One that a
+ *    peer completed without it (a Bcast the peer roots) it enters.  It
+ *    stays away while a peer gave up a later one, so its next operation
+ *    does the same: one call fails for each operation given up on
+ *    without it, and then its calls and theirs meet in order again.  A
+ *    peer that
  *    gives up at the very moment the rank comes back may miss its
  *    return as the rank misses its giving up (each reads before the
  *    other writes): the rank then completes that operation with what the
@@ -151,13 +154,13 @@ static int xhc_someone_late(xhc_ctx_t *ctx)
     return 0;
 }
 
-/* Has PEER given up on my current operation, or on a later one?  Then it
- * never comes back to mine (one that refuses its arguments withdraws,
- * and leaves no record).  Its mark says so until it begins another
- * operation; its leave record says so for good: once it has come back,
- * and when it gave up on a later one, having skipped mine (a failed
- * Reduce in pieces gives up on the pieces it did not run).  Whatever of
- * mine it raised, it raised before either (xhc_ctx_leave). */
+/* Has PEER given up on my current operation?  Then it never comes back
+ * to mine (one that refuses its arguments withdraws, and leaves no
+ * record).  Its mark says so until it begins another operation; its
+ * leave record says so for good: once it has come back, and when it gave
+ * up on a later one too, or had skipped mine (a failed Reduce in pieces
+ * gives up on the pieces it did not run).  Whatever of mine it raised,
+ * it raised before either (xhc_ctx_leave). */
 static int xhc_peer_left(xhc_ctx_t *ctx, int peer)
 {
     struct xhc_leave rec;
@@ -267,21 +270,29 @@ static int xhc_wait_slow(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
 }
 
 /* See 5.: give up on SEQ, the operation I am about to enter, if a peer
- * did, or on a later one. */
+ * did; stay away while a peer gave up a later one. */
 int xhc_skip_abandoned(xhc_ctx_t *ctx, uint64_t seq)
 {
-    int peer = -1;
+    int peer = -1, behind = 0;
     for (int p = 0; p < ctx->nranks; p++) {
         struct xhc_leave rec;
-        if (p == ctx->rank || !xhc_left_since(ctx, p, seq, &rec))
+        uint64_t round;
+        if (p == ctx->rank
+            || !xhc_leave_read(&xhc_ctl(ctx, p)->entered, seq, &rec))
             continue;
-        if (!xhc_leave_forfeited(&rec, seq)
-            && xhc_seq_reached(rec.round, ctx->round))
-            ctx->round = ctx->round_end = rec.round;
+        behind |= !xhc_seq_reached(seq, rec.seq);
+        if (!xhc_leave_covers(&rec, seq))
+            continue;
+        if (xhc_leave_round(&rec, seq, &round)
+            && xhc_seq_reached(round, ctx->round))
+            ctx->round = ctx->round_end = round;
         if (peer < 0)
             peer = p;
     }
-    return peer < 0 ? 0 : xhc_give_up(ctx, peer, XHC_ERR_PEER_LEFT);
+    if (peer >= 0)
+        return xhc_give_up(ctx, peer, XHC_ERR_PEER_LEFT);
+    ctx->away = behind; /* my next operation looks again */
+    return 0;
 }
 
 static int xhc_wait(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,

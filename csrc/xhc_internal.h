@@ -70,11 +70,15 @@ struct xhc_entered_line {
     xhc_flag_t round;
     /* I gave up every operation up to KEPT; after it, those FORFEITS
      * (forfeits) and LEFT (leaves) name, bit I for the operation I
-     * before the abandoned one, and any more than 63 before it, all
-     * forfeits: I completed the rest. */
+     * before the abandoned one; I completed the rest.  Any more than 63
+     * before it counts as given up, as a forfeit. */
     xhc_flag_t kept;
     xhc_flag_t forfeits;
     xhc_flag_t left;
+    /* My round count once I had given up each operation the masks
+     * name, at that operation modulo 64: a rank back from away counts
+     * rounds from it, though I completed operations since (wait.c 5). */
+    xhc_flag_t rounds[64];
 } XHC_ALIGNED;
 
 /* A rank's last leave, as one piece (leave.c): the operation, the round
@@ -84,17 +88,30 @@ struct xhc_entered_line {
  * SEQ - I) and any before SEQ - 63, as in the entered line. */
 struct xhc_leave {
     uint64_t seq, round, kept, forfeits, left;
+    uint64_t then; /* read: the round count at the operation asked for */
     int32_t why, who;
 };
 
-void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec);
-/* Read the whole record: 0 if its writer is rewriting it for long. */
-int xhc_leave_read(struct xhc_entered_line *e, struct xhc_leave *rec);
+/* Write REC, whose round count is that of the ALSO operations before
+ * its own too (those it skipped). */
+void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec,
+                     uint64_t also);
+/* Read the whole record, with the round count at operation SEQ: 0 if its
+ * writer is rewriting it for long. */
+int xhc_leave_read(struct xhc_entered_line *e, uint64_t seq,
+                   struct xhc_leave *rec);
+/* The round count REC's writer had once it gave up SEQ, which REC
+ * covers, if REC knows it: 1 and *ROUND, else 0 (a forfeit further back
+ * than the masks ran no rounds, and its count is not kept). */
+int xhc_leave_round(const struct xhc_leave *rec, uint64_t seq,
+                    uint64_t *round);
 /* Did PEER give up on operation SEQ, or on a later one having not
  * completed SEQ?  Then *REC holds its record.  It never comes back to
  * SEQ. */
 int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
                    struct xhc_leave *rec);
+/* Did the record REC give up operation SEQ, at or before its own? */
+int xhc_leave_covers(const struct xhc_leave *rec, uint64_t seq);
 /* Was SEQ, which the record REC gave up, a forfeit before REC's own?
  * A forfeit runs no rounds, and REC's round count is of a later one. */
 int xhc_leave_forfeited(const struct xhc_leave *rec, uint64_t seq);
@@ -279,7 +296,8 @@ struct xhc_ctx {
     uint64_t seq;       /* the last operation this rank started */
     uint32_t refusals;  /* calls refused since then */
     uint32_t refused_before; /* calls refused before it began */
-    int away;           /* I left or withdrew since it began */
+    int away;           /* I left or withdrew since it began, or a peer
+                           gave up an operation I have yet to begin */
     int refused;        /* I refused a call since it began: after a
                            leave too, which my mark and count keep */
     uint64_t round;     /* the last staged round, Bcast or reduce-scatter */

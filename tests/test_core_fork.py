@@ -792,6 +792,52 @@ def test_a_leave_gives_up_no_bcast_its_root_completed(left_first):
             lib.xhc_ctx_close(ctxs[1])
 
 
+@pytest.mark.parametrize("then", ["leave", "forfeit"])
+def test_a_rank_back_from_away_takes_a_bcast_its_root_completed(then):
+    """Rank 1 steps out (it refused a call).  Rank 0, without it, times
+    out in a Barrier, roots a Bcast of two rounds, which fit its staging
+    windows (so it completes), and then times out in a Barrier again or
+    forfeits (THEN).  Rank 1, back, gives up the first Barrier, gets the
+    Bcast's data, counting its rounds as rank 0 did, and gives up the
+    last call, where rank 0 gave it up.  Their large Bcasts after meet in
+    order, and so do their Allreduces."""
+    cfg = make_config(timeout=0.3)
+
+    def call(rank, op, value):
+        if op == "barrier":
+            rc, got = lib.xhc_barrier(ctxs[rank]), None
+        else:
+            a = np.full(2 * cfg.chunk_size, value, np.uint8)
+            rc = lib.xhc_bcast(ctxs[rank], ffi.from_buffer(a), a.nbytes, 0)
+            got = sorted(set(a.tolist()))
+        if rc:
+            lib.xhc_ctx_leave(ctxs[rank])  # as the front end does
+        return rc, got
+
+    with Segment(2, cfg) as seg:
+        ctxs = _pair(seg, cfg, [os.getpid()] * 2)
+        try:
+            lib.xhc_ctx_withdraw(ctxs[1])
+            assert call(0, "barrier", 0)[0] == lib.XHC_ERR_TIMEOUT
+            assert call(0, "bcast", 9) == (0, [9])
+            if then == "leave":
+                assert call(0, "barrier", 0)[0] == lib.XHC_ERR_TIMEOUT
+            else:
+                lib.xhc_ctx_forfeit(ctxs[0])
+            gone = lib.XHC_ERR_PEER_LEFT
+            assert [call(1, op, 0) for op in ("barrier", "bcast", "barrier")] \
+                == [(gone, None), (0, [9]), (gone, None)]
+            assert lib.xhc_seq(ctxs[0]) == lib.xhc_seq(ctxs[1])
+            for i in range(3):
+                got = _all_at_once({r: lambda r=r: call(r, "bcast", 5 + i - r)
+                                    for r in (0, 1)})
+                assert got == {0: (0, [5 + i]), 1: (0, [5 + i])}, (i, got)
+            assert _pair_call(ctxs, "allreduce", (3, 4)) == [(0, 7)] * 2
+        finally:
+            lib.xhc_ctx_close(ctxs[0])
+            lib.xhc_ctx_close(ctxs[1])
+
+
 def test_a_call_that_fails_before_it_begins_gives_up_nothing():
     """Rank 1 refused a call; rank 0, a Bcast's root, completes that Bcast
     without it, then fails its next call before it begins (it has no

@@ -30,7 +30,7 @@ static void *write_records(void *arg)
     (void)arg;
     for (uint64_t seq = 1; seq <= RECORDS; seq++) {
         struct xhc_leave rec = record_of(seq);
-        xhc_leave_write(&line, &rec);
+        xhc_leave_write(&line, &rec, 0);
     }
     return NULL;
 }
@@ -41,11 +41,14 @@ static int read_records(long *whole, long *refused)
     uint64_t last = 0;
     while (last != RECORDS) {
         struct xhc_leave rec;
-        if (!xhc_leave_read(&line, &rec)) {
+        if (!xhc_leave_read(&line, 0, &rec)) {
             (*refused)++;
             continue;
         }
+        /* The round count at operation 0 modulo 64: the last such
+         * record's, as of this one. */
         struct xhc_leave want = record_of(rec.seq);
+        want.then = record_of(rec.seq - rec.seq % 64).round;
         if (memcmp(&rec, &want, sizeof rec) != 0) {
             printf("FAIL: operation %llu read with round %llu, why %d, "
                    "who %d\n", (unsigned long long)rec.seq,
@@ -68,10 +71,11 @@ static int read_records(long *whole, long *refused)
 static void give_up(struct xhc_entered_line *e, uint64_t seq, int forfeit,
                     uint64_t skipped)
 {
-    struct xhc_leave last, rec = { .seq = seq, .kept = seq };
-    if (xhc_leave_read(e, &last))
+    struct xhc_leave last, rec = { .seq = seq, .kept = seq,
+                                   .round = 10 * seq };
+    if (xhc_leave_read(e, seq, &last))
         xhc_leave_follow(&rec, &last, forfeit, skipped);
-    xhc_leave_write(e, &rec);
+    xhc_leave_write(e, &rec, skipped);
 }
 
 /* Does the record of the rank of CTX give SEQ up, as GIVEN, and as a
@@ -89,16 +93,35 @@ static int expect(xhc_ctx_t *ctx, uint64_t seq, int given, int forfeited)
     return 1;
 }
 
+/* Does the record of the rank of CTX, which gives SEQ up, know its round
+ * count then (KNOWN), and is it ROUND?  0, or 1 after printing. */
+static int expect_round(xhc_ctx_t *ctx, uint64_t seq, int known,
+                        uint64_t round)
+{
+    struct xhc_leave rec;
+    uint64_t got = 0;
+    int covered = xhc_left_since(ctx, 0, seq, &rec);
+    int got_known = covered && xhc_leave_round(&rec, seq, &got);
+    if (covered && got_known == known && (!known || got == round))
+        return 0;
+    printf("FAIL: after operation %llu, the round at %llu: known %d "
+           "(want %d), %llu (want %llu)\n", (unsigned long long)rec.seq,
+           (unsigned long long)seq, got_known, known,
+           (unsigned long long)got, (unsigned long long)round);
+    return 1;
+}
+
 /* Leaves and forfeits from operation 1000 on: a leave at 1005, a forfeit
  * at 1007, a leave at 1010 that skipped 1008 and 1009, then 70 forfeits,
- * which push the leaves out of the masks. */
+ * which push the leaves out of the masks.  The round count after giving
+ * up operation I is 10 I. */
 static int check_history(void)
 {
     static struct xhc_rank_ctl ctl[1];
     xhc_ctx_t ctx = { .ctl = ctl };
     struct xhc_entered_line *e = &ctl[0].entered;
     struct xhc_leave start = { .seq = 1000, .kept = 1000 };
-    xhc_leave_write(e, &start);
+    xhc_leave_write(e, &start, 0);
     give_up(e, 1005, 0, 0);
     int bad = expect(&ctx, 1004, 0, 0) + expect(&ctx, 1005, 1, 0)
               + expect(&ctx, 1006, 0, 0) + expect(&ctx, 1000, 1, 0);
@@ -109,6 +132,10 @@ static int check_history(void)
     bad += expect(&ctx, 1005, 1, 0) + expect(&ctx, 1006, 0, 0)
            + expect(&ctx, 1007, 1, 1) + expect(&ctx, 1008, 1, 0)
            + expect(&ctx, 1009, 1, 0) + expect(&ctx, 1010, 1, 0);
+    bad += expect_round(&ctx, 1005, 1, 10050)
+           + expect_round(&ctx, 1007, 1, 10070)
+           + expect_round(&ctx, 1008, 1, 10100)
+           + expect_round(&ctx, 1010, 1, 10100);
     for (uint64_t seq = 1011; seq <= 1080; seq++)
         give_up(e, seq, 1, 0);
     /* Past the masks every operation counts as given up; the leaves
@@ -116,6 +143,11 @@ static int check_history(void)
     bad += expect(&ctx, 1005, 1, 0) + expect(&ctx, 1010, 1, 0)
            + expect(&ctx, 1012, 1, 1) + expect(&ctx, 1050, 1, 1)
            + expect(&ctx, 1080, 1, 0) + expect(&ctx, 1081, 0, 0);
+    /* Leaves past the masks take the last record's count, as when a
+     * leave gave up every operation before it; forfeits there none. */
+    bad += expect_round(&ctx, 1005, 1, 10800)
+           + expect_round(&ctx, 1012, 0, 0)
+           + expect_round(&ctx, 1050, 1, 10500);
     return bad != 0;
 }
 
@@ -124,7 +156,7 @@ int main(void)
     pthread_t writer;
     long whole = 0, refused = 0;
     struct xhc_leave first = record_of(0);
-    xhc_leave_write(&line, &first);
+    xhc_leave_write(&line, &first, 0);
     pthread_create(&writer, NULL, write_records, NULL);
     int failed = read_records(&whole, &refused);
     pthread_join(writer, NULL);
@@ -137,7 +169,7 @@ int main(void)
     /* A writer stopped between its first store and its last. */
     atomic_fetch_add(&line.version, 1);
     struct xhc_leave rec;
-    if (xhc_leave_read(&line, &rec)) {
+    if (xhc_leave_read(&line, 0, &rec)) {
         printf("FAIL: a record in the middle of a rewrite was read\n");
         return 1;
     }
