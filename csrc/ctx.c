@@ -184,6 +184,8 @@ int xhc_ctx_open_fd(xhc_ctx_t **out, int fd, size_t size, int rank,
     ctx->stage = ctx->seg + xhc_stage_offset(nranks, cfg);
     ctx->bstage = ctx->seg + xhc_bstage_offset(nranks, cfg);
     ctx->round = cfg->seq_start;
+    for (int k = 0; k < 64; k++)
+        ctx->began[k] = cfg->seq_start;
     xhc_flags_init(xhc_ctl(ctx, rank), cfg->seq_start);
     ctx->pids[rank] = ctx->opener = getpid();
     *out = ctx;
@@ -279,7 +281,10 @@ static void xhc_ctx_give_up(xhc_ctx_t *ctx, int forfeit, uint64_t skipped)
     /* I alone write my record: this read is never torn. */
     if (xhc_leave_read(&mine->entered, ctx->seq, &last))
         xhc_leave_follow(&rec, &last, forfeit, skipped);
-    xhc_leave_write(&mine->entered, &rec, skipped);
+    /* The operations I skipped began, as it were, where I end this. */
+    for (uint64_t i = 0; i < skipped && i < 64; i++)
+        ctx->began[(ctx->seq - i) % 64] = ctx->round;
+    xhc_leave_write(&mine->entered, &rec, ctx->began);
     xhc_ctx_mark(ctx, XHC_LEFT);
 }
 

@@ -13,11 +13,15 @@
  *    which run no rounds, and which were leaves; one further back counts
  *    as given up, as a forfeit unless a leave pushed out of the mask
  *    raised KEPT over it.  A rank gets that far ahead of a late peer by
- *    forfeits alone (they take no ring slot): without that peer it
- *    completes only Bcasts it roots, within XHC_RING of it.  (A peer late
- *    to such a Bcast followed by 64 forfeits gives it up.)
+ *    forfeits (they take no ring slot), and of a peer away by timeouts or
+ *    a Reduce in pieces too: without that peer it completes only Bcasts
+ *    it roots, within XHC_RING of it.  (A peer late to such a Bcast, or
+ *    back to it, followed by 64 operations given up, gives it up.)
  *    Peers read it to give up on that operation too, and to count
- *    its rounds and name its cause as the leaver did (wait.c).
+ *    its rounds and name its cause as the leaver did (wait.c): the
+ *    record keeps the round count once each of those 64 operations was
+ *    over, and once the one before them was, for a rank back from away
+ *    to count from, whatever the leaver completed since.
  * 2. The fields are read together or not at all: a peer that reads the
  *    operation and then the round must not take the round of a later
  *    leave.  A version counter guards them, as in a seqlock: odd while
@@ -35,7 +39,7 @@
 #define XHC_LEAVE_READ_TRIES 256
 
 void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec,
-                     uint64_t also)
+                     const uint64_t *began)
 {
     uint32_t v = atomic_load_explicit(&e->version, memory_order_relaxed);
     atomic_store_explicit(&e->version, v + 1, memory_order_relaxed);
@@ -48,8 +52,13 @@ void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec,
     xhc_store_relaxed(&e->kept, rec->kept);
     xhc_store_relaxed(&e->forfeits, rec->forfeits);
     xhc_store_relaxed(&e->left, rec->left);
-    for (uint64_t i = 0; i <= also && i < 64; i++)
-        xhc_store_relaxed(&e->rounds[(rec->seq - i) % 64], rec->round);
+    /* Once operation I was over, the round count was as I + 1 began. */
+    for (uint64_t i = 0; i < 64; i++) {
+        uint64_t op = rec->seq - i;
+        xhc_store_relaxed(&e->rounds[op % 64],
+                          i ? began[(op + 1) % 64] : rec->round);
+    }
+    xhc_store_relaxed(&e->floor, began[(rec->seq - 63) % 64]);
     xhc_store_relaxed(&e->abandoned, rec->seq);
     /* Release: a reader that sees this version sees the record whole. */
     atomic_store_explicit(&e->version, v + 2, memory_order_release);
@@ -67,8 +76,9 @@ int xhc_leave_read(struct xhc_entered_line *e, uint64_t seq,
         rec->kept = xhc_load_relaxed(&e->kept);
         rec->forfeits = xhc_load_relaxed(&e->forfeits);
         rec->left = xhc_load_relaxed(&e->left);
-        rec->then = xhc_load_relaxed(&e->rounds[seq % 64]);
         rec->seq = xhc_load_relaxed(&e->abandoned);
+        rec->then = xhc_load_relaxed(rec->seq - seq < 64
+                                     ? &e->rounds[seq % 64] : &e->floor);
         /* Orders the record's reads before the version's re-read. */
         atomic_thread_fence(memory_order_acquire);
         if (!(v & 1)
@@ -101,18 +111,6 @@ int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
 {
     return xhc_leave_read(&xhc_ctl(ctx, peer)->entered, seq, rec)
            && xhc_leave_covers(rec, seq);
-}
-
-int xhc_leave_round(const struct xhc_leave *rec, uint64_t seq,
-                    uint64_t *round)
-{
-    uint64_t back = rec->seq - seq;
-    if (back < 64 && xhc_seq_reached(seq, rec->kept + 1)) {
-        *round = rec->then;
-        return 1;
-    }
-    *round = rec->round;
-    return !xhc_leave_forfeited(rec, seq);
 }
 
 /* MASK moved BACK operations on: bit I becomes bit I + BACK. */

@@ -46,13 +46,14 @@
  *    peer completed without it (a Bcast the peer roots) it enters.  It
  *    stays away while a peer gave up a later one, so its next operation
  *    does the same: one call fails for each operation given up on
- *    without it, and then its calls and theirs meet in order again.  A
- *    peer that
- *    gives up at the very moment the rank comes back may miss its
- *    return as the rank misses its giving up (each reads before the
- *    other writes): the rank then completes that operation with what the
- *    peer gave before it timed out, as with any timeout that fires as
- *    the last rank arrives.
+ *    without it, and then its calls and theirs meet in order again.
+ *    Operations 64 or more before the peer's last one count as given
+ *    up, with the count the peer had once the 64th before it was over.
+ *    A peer that gives up at the very moment the rank comes back may
+ *    miss its return as the rank misses its giving up (each reads before
+ *    the other writes): the rank then completes that operation with what
+ *    the peer gave before it timed out, as with any timeout that fires
+ *    as the last rank arrives.
  */
 #include <errno.h>
 #include <limits.h>
@@ -180,8 +181,9 @@ static int xhc_peer_closed(xhc_ctx_t *ctx, int peer)
                                 memory_order_acquire) == XHC_CLOSED;
 }
 
-/* PEER gave up on my current operation, or on a later one: the first
- * error that made it leave is the first of mine too.  If it was mine,
+/* PEER gave up on my current operation (its record says so, whatever it
+ * did since): the first error that made it leave is the first of mine
+ * too.  If it was mine,
  * where it put its end is where the rounds end (it may know it better: a
  * Bcast parent knows the root's size), unless I have run past that.  If
  * it forfeited mine before a later leave, it ran no rounds there. */
@@ -276,16 +278,14 @@ int xhc_skip_abandoned(xhc_ctx_t *ctx, uint64_t seq)
     int peer = -1, behind = 0;
     for (int p = 0; p < ctx->nranks; p++) {
         struct xhc_leave rec;
-        uint64_t round;
         if (p == ctx->rank
             || !xhc_leave_read(&xhc_ctl(ctx, p)->entered, seq, &rec))
             continue;
         behind |= !xhc_seq_reached(seq, rec.seq);
         if (!xhc_leave_covers(&rec, seq))
             continue;
-        if (xhc_leave_round(&rec, seq, &round)
-            && xhc_seq_reached(round, ctx->round))
-            ctx->round = ctx->round_end = round;
+        if (xhc_seq_reached(rec.then, ctx->round))
+            ctx->round = ctx->round_end = rec.then;
         if (peer < 0)
             peer = p;
     }

@@ -75,10 +75,12 @@ struct xhc_entered_line {
     xhc_flag_t kept;
     xhc_flag_t forfeits;
     xhc_flag_t left;
-    /* My round count once I had given up each operation the masks
-     * name, at that operation modulo 64: a rank back from away counts
-     * rounds from it, though I completed operations since (wait.c 5). */
+    /* My round count once each of the 64 operations up to the abandoned
+     * one was over (given up or completed), at its number modulo 64, and
+     * FLOOR once the one before them was: a rank back from away counts
+     * rounds from them, though I went on (wait.c 5). */
     xhc_flag_t rounds[64];
+    xhc_flag_t floor;
 } XHC_ALIGNED;
 
 /* A rank's last leave, as one piece (leave.c): the operation, the round
@@ -88,23 +90,19 @@ struct xhc_entered_line {
  * SEQ - I) and any before SEQ - 63, as in the entered line. */
 struct xhc_leave {
     uint64_t seq, round, kept, forfeits, left;
-    uint64_t then; /* read: the round count at the operation asked for */
+    uint64_t then; /* read: the round count once the one asked was over */
     int32_t why, who;
 };
 
-/* Write REC, whose round count is that of the ALSO operations before
- * its own too (those it skipped). */
+/* Write REC; BEGAN: its writer's round count as each of its last 64
+ * operations began, at its number modulo 64. */
 void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec,
-                     uint64_t also);
-/* Read the whole record, with the round count at operation SEQ: 0 if its
- * writer is rewriting it for long. */
+                     const uint64_t *began);
+/* Read the whole record, with the round count once operation SEQ was
+ * over (further back than 64, once the 64th before REC's own was): 0 if
+ * its writer is rewriting it for long. */
 int xhc_leave_read(struct xhc_entered_line *e, uint64_t seq,
                    struct xhc_leave *rec);
-/* The round count REC's writer had once it gave up SEQ, which REC
- * covers, if REC knows it: 1 and *ROUND, else 0 (a forfeit further back
- * than the masks ran no rounds, and its count is not kept). */
-int xhc_leave_round(const struct xhc_leave *rec, uint64_t seq,
-                    uint64_t *round);
 /* Did PEER give up on operation SEQ, or on a later one having not
  * completed SEQ?  Then *REC holds its record.  It never comes back to
  * SEQ. */
@@ -304,6 +302,8 @@ struct xhc_ctx {
     uint64_t round_end; /* where this operation's rounds end, on every
                            rank: one that gives up on it counts them all
                            as done, so that the ranks' counts stay alike */
+    uint64_t began[64]; /* ROUND as each of my last 64 operations began,
+                           at its number modulo 64 (for leave.c) */
     uint64_t ack_floor; /* every rank's ack had reached this, last look */
     pid_t *pids;
     int *pidfds;        /* per rank, opened on first need (alive.c) */
@@ -569,6 +569,7 @@ static inline struct xhc_rank_ctl *xhc_ctl(xhc_ctx_t *ctx, int rank)
 static inline int xhc_begin(xhc_ctx_t *ctx, uint64_t *seq)
 {
     *seq = ++ctx->seq;
+    ctx->began[*seq % 64] = ctx->round;
     ctx->cause_why = 0;
     ctx->failed_rank = -1;
     ctx->refused_before = ctx->refusals;
@@ -582,7 +583,8 @@ static inline int xhc_begin(xhc_ctx_t *ctx, uint64_t *seq)
     ctx->round_end = ctx->round;
     if (__builtin_expect(ctx->away, 0)) {
         ctx->away = 0;
-        /* The rounds of the operation I left that I did not run. */
+        /* The rounds of the operation I left that I did not run (if I
+         * left: else my count stands as published). */
         xhc_publish(ctx, &xhc_ctl(ctx, ctx->rank)->finished.seq, ctx->round);
         return xhc_skip_abandoned(ctx, *seq);
     }

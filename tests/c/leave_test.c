@@ -16,6 +16,8 @@
 #define RECORDS 2000000
 
 static struct xhc_entered_line line;
+/* The writer's round count as each operation began: the last record's. */
+static uint64_t began[64];
 
 static struct xhc_leave record_of(uint64_t seq)
 {
@@ -30,7 +32,8 @@ static void *write_records(void *arg)
     (void)arg;
     for (uint64_t seq = 1; seq <= RECORDS; seq++) {
         struct xhc_leave rec = record_of(seq);
-        xhc_leave_write(&line, &rec, 0);
+        began[seq % 64] = record_of(seq - 1).round;
+        xhc_leave_write(&line, &rec, began);
     }
     return NULL;
 }
@@ -45,10 +48,10 @@ static int read_records(long *whole, long *refused)
             (*refused)++;
             continue;
         }
-        /* The round count at operation 0 modulo 64: the last such
-         * record's, as of this one. */
+        /* The round count once operation 0 was over, or, 64 or more
+         * operations back, the 64th before this record's. */
         struct xhc_leave want = record_of(rec.seq);
-        want.then = record_of(rec.seq - rec.seq % 64).round;
+        want.then = record_of(rec.seq < 64 ? 0 : rec.seq - 64).round;
         if (memcmp(&rec, &want, sizeof rec) != 0) {
             printf("FAIL: operation %llu read with round %llu, why %d, "
                    "who %d\n", (unsigned long long)rec.seq,
@@ -71,11 +74,14 @@ static int read_records(long *whole, long *refused)
 static void give_up(struct xhc_entered_line *e, uint64_t seq, int forfeit,
                     uint64_t skipped)
 {
+    static uint64_t ran[64];
     struct xhc_leave last, rec = { .seq = seq, .kept = seq,
                                    .round = 10 * seq };
+    for (uint64_t op = seq - 63; op <= seq; op++)
+        ran[op % 64] = 10 * (op - 1);
     if (xhc_leave_read(e, seq, &last))
         xhc_leave_follow(&rec, &last, forfeit, skipped);
-    xhc_leave_write(e, &rec, skipped);
+    xhc_leave_write(e, &rec, ran);
 }
 
 /* Does the record of the rank of CTX give SEQ up, as GIVEN, and as a
@@ -93,35 +99,30 @@ static int expect(xhc_ctx_t *ctx, uint64_t seq, int given, int forfeited)
     return 1;
 }
 
-/* Does the record of the rank of CTX, which gives SEQ up, know its round
- * count then (KNOWN), and is it ROUND?  0, or 1 after printing. */
-static int expect_round(xhc_ctx_t *ctx, uint64_t seq, int known,
-                        uint64_t round)
+/* Does the record of the rank of CTX, which gives SEQ up, have ROUND as
+ * its round count once SEQ was over?  0, or 1 after printing. */
+static int expect_round(xhc_ctx_t *ctx, uint64_t seq, uint64_t round)
 {
     struct xhc_leave rec;
-    uint64_t got = 0;
-    int covered = xhc_left_since(ctx, 0, seq, &rec);
-    int got_known = covered && xhc_leave_round(&rec, seq, &got);
-    if (covered && got_known == known && (!known || got == round))
+    if (xhc_left_since(ctx, 0, seq, &rec) && rec.then == round)
         return 0;
-    printf("FAIL: after operation %llu, the round at %llu: known %d "
-           "(want %d), %llu (want %llu)\n", (unsigned long long)rec.seq,
-           (unsigned long long)seq, got_known, known,
-           (unsigned long long)got, (unsigned long long)round);
+    printf("FAIL: after operation %llu, the round at %llu: %llu (want "
+           "%llu)\n", (unsigned long long)rec.seq, (unsigned long long)seq,
+           (unsigned long long)rec.then, (unsigned long long)round);
     return 1;
 }
 
 /* Leaves and forfeits from operation 1000 on: a leave at 1005, a forfeit
  * at 1007, a leave at 1010 that skipped 1008 and 1009, then 70 forfeits,
- * which push the leaves out of the masks.  The round count after giving
- * up operation I is 10 I. */
+ * which push the leaves out of the masks.  The round count once operation
+ * I was over is 10 I. */
 static int check_history(void)
 {
     static struct xhc_rank_ctl ctl[1];
     xhc_ctx_t ctx = { .ctl = ctl };
     struct xhc_entered_line *e = &ctl[0].entered;
     struct xhc_leave start = { .seq = 1000, .kept = 1000 };
-    xhc_leave_write(e, &start, 0);
+    xhc_leave_write(e, &start, began);
     give_up(e, 1005, 0, 0);
     int bad = expect(&ctx, 1004, 0, 0) + expect(&ctx, 1005, 1, 0)
               + expect(&ctx, 1006, 0, 0) + expect(&ctx, 1000, 1, 0);
@@ -132,10 +133,9 @@ static int check_history(void)
     bad += expect(&ctx, 1005, 1, 0) + expect(&ctx, 1006, 0, 0)
            + expect(&ctx, 1007, 1, 1) + expect(&ctx, 1008, 1, 0)
            + expect(&ctx, 1009, 1, 0) + expect(&ctx, 1010, 1, 0);
-    bad += expect_round(&ctx, 1005, 1, 10050)
-           + expect_round(&ctx, 1007, 1, 10070)
-           + expect_round(&ctx, 1008, 1, 10100)
-           + expect_round(&ctx, 1010, 1, 10100);
+    bad += expect_round(&ctx, 1005, 10050) + expect_round(&ctx, 1007, 10070)
+           + expect_round(&ctx, 1008, 10080)
+           + expect_round(&ctx, 1010, 10100);
     for (uint64_t seq = 1011; seq <= 1080; seq++)
         give_up(e, seq, 1, 0);
     /* Past the masks every operation counts as given up; the leaves
@@ -143,11 +143,11 @@ static int check_history(void)
     bad += expect(&ctx, 1005, 1, 0) + expect(&ctx, 1010, 1, 0)
            + expect(&ctx, 1012, 1, 1) + expect(&ctx, 1050, 1, 1)
            + expect(&ctx, 1080, 1, 0) + expect(&ctx, 1081, 0, 0);
-    /* Leaves past the masks take the last record's count, as when a
-     * leave gave up every operation before it; forfeits there none. */
-    bad += expect_round(&ctx, 1005, 1, 10800)
-           + expect_round(&ctx, 1012, 0, 0)
-           + expect_round(&ctx, 1050, 1, 10500);
+    /* Further back, the count once the 64th before 1080 was over. */
+    bad += expect_round(&ctx, 1005, 10160) + expect_round(&ctx, 1012, 10160)
+           + expect_round(&ctx, 1016, 10160)
+           + expect_round(&ctx, 1017, 10170)
+           + expect_round(&ctx, 1050, 10500);
     return bad != 0;
 }
 
@@ -156,7 +156,7 @@ int main(void)
     pthread_t writer;
     long whole = 0, refused = 0;
     struct xhc_leave first = record_of(0);
-    xhc_leave_write(&line, &first, 0);
+    xhc_leave_write(&line, &first, began);
     pthread_create(&writer, NULL, write_records, NULL);
     int failed = read_records(&whole, &refused);
     pthread_join(writer, NULL);
