@@ -16,7 +16,8 @@
  *    forfeits (they take no ring slot), and of a peer away by timeouts or
  *    a Reduce in pieces too: without that peer it completes only Bcasts
  *    it roots, within XHC_RING of it.  (A peer late to such a Bcast, or
- *    back to it, followed by 64 operations given up, gives it up.)
+ *    back to it, gives it up once the rank gives up an operation 64 or
+ *    more after it.)
  *    Peers read it to give up on that operation too, and to count
  *    its rounds and name its cause as the leaver did (wait.c): the
  *    record keeps the round count once each of those 64 operations was

@@ -183,10 +183,10 @@ static int xhc_peer_closed(xhc_ctx_t *ctx, int peer)
 
 /* PEER gave up on my current operation (its record says so, whatever it
  * did since): the first error that made it leave is the first of mine
- * too.  If it was mine,
- * where it put its end is where the rounds end (it may know it better: a
- * Bcast parent knows the root's size), unless I have run past that.  If
- * it forfeited mine before a later leave, it ran no rounds there. */
+ * too.  Its round count once mine was over is where my rounds end (it
+ * may know it better: a Bcast parent knows the root's size), unless I
+ * have run past that.  If it forfeited mine, within the last 64 of its
+ * record, it ran no rounds there. */
 static void xhc_inherit_leave(xhc_ctx_t *ctx, int peer)
 {
     struct xhc_leave rec;
@@ -196,10 +196,10 @@ static void xhc_inherit_leave(xhc_ctx_t *ctx, int peer)
         ctx->cause_why = rec.why;
         ctx->cause_who = rec.who;
     }
-    if (xhc_leave_forfeited(&rec, ctx->seq))
+    if (rec.seq - ctx->seq < 64 && xhc_leave_forfeited(&rec, ctx->seq))
         ctx->round_end = ctx->round; /* as PEER left it, if I ran none */
-    else if (rec.seq == ctx->seq && xhc_seq_reached(rec.round, ctx->round))
-        ctx->round_end = rec.round;
+    else if (xhc_seq_reached(rec.then, ctx->round))
+        ctx->round_end = rec.then;
 }
 
 int xhc_give_up(xhc_ctx_t *ctx, int peer, int rc)

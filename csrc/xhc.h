@@ -174,17 +174,18 @@ void xhc_ctx_leave(xhc_ctx_t *ctx);
  * as for a late rank, and time out, but for peers that refused as many
  * calls since that collective (every rank refused the same ones): to
  * them it stays late.  xhc_ctx_close withdraws for good.  The next
- * collective undoes either, unless peers gave up on it meanwhile (or
- * on a later one), not counting this rank late: then it gives it up too
- * and fails (XHC_ERR_PEER_LEFT, with their first error), and so on, one
- * call for each, until its calls and theirs meet in order again. */
+ * collective undoes either, unless peers gave up on it meanwhile, not
+ * counting this rank late: then it gives it up too and fails
+ * (XHC_ERR_PEER_LEFT, with their first error), and so on, one call for
+ * each they gave up, until its calls and theirs meet in order again. */
 void xhc_ctx_withdraw(xhc_ctx_t *ctx);
 /* This rank will not run its next collective: it begins it and gives it
  * up at once, so that peers that wait on it there fail at once
  * (XHC_ERR_PEER_LEFT, with XHC_ERR_LEADER as the first error) rather
  * than time out (a node's leader whose step between the nodes raised,
  * which its node's last step waits on).  It completed every collective
- * before: a peer late to one of them still takes part in it.  Its next
+ * before: a peer late to one of them still takes part in it (one 64 or
+ * more before a later forfeit or leave counts as given up).  Its next
  * collective after that one is in step.  After a withdraw (a refused
  * call), it does nothing: peers take this rank's next call for the one
  * it refused.  Forfeit only a collective in which no peer stages rounds

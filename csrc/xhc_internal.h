@@ -103,9 +103,8 @@ void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec,
  * its writer is rewriting it for long. */
 int xhc_leave_read(struct xhc_entered_line *e, uint64_t seq,
                    struct xhc_leave *rec);
-/* Did PEER give up on operation SEQ, or on a later one having not
- * completed SEQ?  Then *REC holds its record.  It never comes back to
- * SEQ. */
+/* Did PEER give up on operation SEQ (or on one 64 or more after it)?
+ * Then *REC holds its record.  It never comes back to SEQ. */
 int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
                    struct xhc_leave *rec);
 /* Did the record REC give up operation SEQ, at or before its own? */

@@ -847,6 +847,62 @@ def test_a_rank_back_from_away_takes_a_bcast_its_root_completed(then):
             lib.xhc_ctx_close(ctxs[1])
 
 
+@pytest.mark.parametrize("forfeits", [62, 63, 64])
+def test_a_reader_held_in_a_bcast_counts_its_rounds_as_its_root(forfeits):
+    """Rank 1 reads a Bcast of two rounds that rank 0 roots, and is held
+    in its wait (by its block hook).  Rank 0 completes that Bcast and the
+    next (eight staging windows hold both), then forfeits FORFEITS calls.
+    Rank 1, let go, gets each Bcast's data, unless the root's last
+    forfeit came 64 or more operations after it: then it gives it up,
+    counting its rounds as rank 0 did.  It gives up each forfeited call,
+    and their calls after meet in order."""
+    cfg = make_config(timeout=0.3, windows=8)
+    release, held = threading.Event(), threading.Event()
+
+    @ffi.callback("void(void *)")
+    def hook(arg):
+        held.set()
+        release.wait(20)
+
+    def bcast(rank, value):
+        a = np.full(2 * cfg.chunk_size, value, np.uint8)
+        rc = lib.xhc_bcast(ctxs[rank], ffi.from_buffer(a), a.nbytes, 0)
+        if rc:
+            lib.xhc_ctx_leave(ctxs[rank])  # as the front end does
+        return rc, sorted(set(a.tolist()))
+
+    with Segment(2, cfg) as seg:
+        ctxs = _pair(seg, cfg, [os.getpid()] * 2)
+        try:
+            lib.xhc_ctx_set_block_hook(ctxs[1], hook, ffi.NULL)
+            got = []
+            reader = threading.Thread(target=lambda: got.append(bcast(1, 0)))
+            reader.start()  # cffi releases the GIL while it waits
+            assert held.wait(20)
+            assert [bcast(0, 9), bcast(0, 10)] == [(0, [9]), (0, [10])]
+            for _ in range(forfeits):
+                lib.xhc_ctx_forfeit(ctxs[0])
+            release.set()
+            reader.join(20)
+            assert not reader.is_alive()
+            gone = lib.XHC_ERR_PEER_LEFT
+            got.append(bcast(1, 0))
+            assert got == [(0, [9]) if forfeits < 63 else (gone, [0]),
+                           (0, [10]) if forfeits < 64 else (gone, [0])]
+            assert [lib.xhc_barrier(ctxs[1]) for _ in range(forfeits)] \
+                == [gone] * forfeits
+            assert lib.xhc_seq(ctxs[0]) == lib.xhc_seq(ctxs[1])
+            for i in range(2):
+                both = _all_at_once({r: lambda r=r: bcast(r, 5 + i - r)
+                                     for r in (0, 1)})
+                assert both == {0: (0, [5 + i]), 1: (0, [5 + i])}, (i, both)
+            assert _pair_call(ctxs, "allreduce", (3, 4)) == [(0, 7)] * 2
+        finally:
+            release.set()
+            lib.xhc_ctx_close(ctxs[0])
+            lib.xhc_ctx_close(ctxs[1])
+
+
 def test_a_call_that_fails_before_it_begins_gives_up_nothing():
     """Rank 1 refused a call; rank 0, a Bcast's root, completes that Bcast
     without it, then fails its next call before it begins (it has no
