@@ -11,8 +11,7 @@
  *    leaves its rounds to readers still copying them).  Two masks keep
  *    which of the last 64 operations were forfeits (xhc_ctx_forfeit),
  *    which run no rounds, and which were leaves; one further back counts
- *    as given up, as a forfeit unless a leave pushed out of the mask
- *    raised KEPT over it.  A rank gets that far ahead of a late peer by
+ *    as given up.  A rank gets that far ahead of a late peer by
  *    forfeits (they take no ring slot), and of a peer away by timeouts or
  *    a Reduce in pieces too: without that peer it completes only Bcasts
  *    it roots, within XHC_RING of it.  (A peer late to such a Bcast, or
@@ -103,8 +102,7 @@ int xhc_leave_covers(const struct xhc_leave *rec, uint64_t seq)
 int xhc_leave_forfeited(const struct xhc_leave *rec, uint64_t seq)
 {
     uint64_t back = rec->seq - seq;
-    return seq != rec->seq && xhc_seq_reached(seq, rec->kept + 1)
-           && (back >= 64 || (rec->forfeits >> back & 1));
+    return back && back < 64 && (rec->forfeits >> back & 1);
 }
 
 int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
@@ -124,18 +122,12 @@ void xhc_leave_follow(struct xhc_leave *rec, const struct xhc_leave *last,
                       int forfeit, uint64_t skipped)
 {
     uint64_t back = rec->seq - last->seq;
-    /* LAST's leaves that fall out of the mask: the newest bounds KEPT,
-     * so that they still count as leaves, which ran rounds. */
-    uint64_t out = last->left & ~(back < 64 ? UINT64_MAX >> back : 0);
     rec->kept = last->kept;
-    if (out && xhc_seq_reached(last->seq - __builtin_ctzll(out), rec->kept))
-        rec->kept = last->seq - __builtin_ctzll(out);
     rec->forfeits = xhc_mask_moved(last->forfeits, back) | (forfeit != 0);
     rec->left = xhc_mask_moved(last->left, back);
-    if (forfeit)
-        return;
-    /* This operation and the SKIPPED before it, in the mask or by KEPT. */
-    rec->left |= skipped >= 63 ? UINT64_MAX : (UINT64_C(2) << skipped) - 1;
-    if (skipped >= 64 && xhc_seq_reached(rec->seq - 64, rec->kept))
-        rec->kept = rec->seq - 64;
+    /* This operation and the SKIPPED before it (any further back counts
+     * as given up). */
+    if (!forfeit)
+        rec->left |= skipped >= 63 ? UINT64_MAX
+                                   : (UINT64_C(2) << skipped) - 1;
 }

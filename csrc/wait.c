@@ -196,7 +196,7 @@ static void xhc_inherit_leave(xhc_ctx_t *ctx, int peer)
         ctx->cause_why = rec.why;
         ctx->cause_who = rec.who;
     }
-    if (rec.seq - ctx->seq < 64 && xhc_leave_forfeited(&rec, ctx->seq))
+    if (xhc_leave_forfeited(&rec, ctx->seq))
         ctx->round_end = ctx->round; /* as PEER left it, if I ran none */
     else if (xhc_seq_reached(rec.then, ctx->round))
         ctx->round_end = rec.then;

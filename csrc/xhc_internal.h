@@ -68,10 +68,11 @@ struct xhc_entered_line {
      * me, and counts rounds as I do (wait.c). */
     xhc_flag_t abandoned;
     xhc_flag_t round;
-    /* I gave up every operation up to KEPT; after it, those FORFEITS
+    /* I gave up every operation up to KEPT (set before my first one,
+     * and carried from record to record); after it, those FORFEITS
      * (forfeits) and LEFT (leaves) name, bit I for the operation I
      * before the abandoned one; I completed the rest.  Any more than 63
-     * before it counts as given up, as a forfeit. */
+     * before it counts as given up. */
     xhc_flag_t kept;
     xhc_flag_t forfeits;
     xhc_flag_t left;
@@ -109,8 +110,8 @@ int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
                    struct xhc_leave *rec);
 /* Did the record REC give up operation SEQ, at or before its own? */
 int xhc_leave_covers(const struct xhc_leave *rec, uint64_t seq);
-/* Was SEQ, which the record REC gave up, a forfeit before REC's own?
- * A forfeit runs no rounds, and REC's round count is of a later one. */
+/* Was SEQ, which the record REC gave up, a forfeit before REC's own,
+ * within its masks?  A forfeit runs no rounds. */
 int xhc_leave_forfeited(const struct xhc_leave *rec, uint64_t seq);
 /* Which operations up to REC->seq the record REC gives up, after the
  * record LAST: LAST's, and REC's own operation with the SKIPPED before
