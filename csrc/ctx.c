@@ -116,7 +116,6 @@ static void xhc_flags_init(struct xhc_rank_ctl *mine, uint64_t start)
         xhc_store_relaxed(&mine->copied.slot[k].seq, start);
     xhc_store_relaxed(&mine->entered.seq, start);
     xhc_store_relaxed(&mine->entered.abandoned, start);
-    xhc_store_relaxed(&mine->entered.kept, start);
     xhc_store_relaxed(&mine->entered.forfeits, 0);
     xhc_store_relaxed(&mine->entered.left, 0);
     /* Peers read these only after the front end's exchange that follows
@@ -276,9 +275,10 @@ static void xhc_ctx_give_up(xhc_ctx_t *ctx, int forfeit, uint64_t skipped)
     xhc_publish(ctx, &mine->finished.seq, ran);
     struct xhc_leave rec = {
         .seq = ctx->seq, .round = ctx->round, .why = ctx->cause_why,
-        .who = ctx->cause_who, .kept = ctx->seq };
+        .who = ctx->cause_who, .left = UINT64_MAX };
     struct xhc_leave last;
-    /* I alone write my record: this read is never torn. */
+    /* I alone write my record: this read is never torn (were it, the
+     * record would give up the 64 operations up to this one). */
     if (xhc_leave_read(&mine->entered, ctx->seq, &last))
         xhc_leave_follow(&rec, &last, forfeit, skipped);
     /* The operations I skipped began, as it were, where I end this. */

@@ -2,7 +2,7 @@
 /* leave.c: the record of the last operation a rank gave up on.
  *
  * 1. Only its rank writes the record (xhc_ctx_leave): the operation, the
- *    round count it reached there, and the first error that made it
+ *    round count once it was over, and the first error that made it
  *    leave.  It says which operations up to that one the rank gave up:
  *    those its earlier records named, and this one (with those a Reduce
  *    in pieces skipped), and no other: a rank that completed an
@@ -48,8 +48,6 @@ void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec,
     atomic_thread_fence(memory_order_release);
     atomic_store_explicit(&e->why, rec->why, memory_order_relaxed);
     atomic_store_explicit(&e->who, rec->who, memory_order_relaxed);
-    xhc_store_relaxed(&e->round, rec->round);
-    xhc_store_relaxed(&e->kept, rec->kept);
     xhc_store_relaxed(&e->forfeits, rec->forfeits);
     xhc_store_relaxed(&e->left, rec->left);
     /* Once operation I was over, the round count was as I + 1 began. */
@@ -72,11 +70,10 @@ int xhc_leave_read(struct xhc_entered_line *e, uint64_t seq,
         uint32_t v = atomic_load_explicit(&e->version, memory_order_acquire);
         rec->why = atomic_load_explicit(&e->why, memory_order_relaxed);
         rec->who = atomic_load_explicit(&e->who, memory_order_relaxed);
-        rec->round = xhc_load_relaxed(&e->round);
-        rec->kept = xhc_load_relaxed(&e->kept);
         rec->forfeits = xhc_load_relaxed(&e->forfeits);
         rec->left = xhc_load_relaxed(&e->left);
         rec->seq = xhc_load_relaxed(&e->abandoned);
+        rec->round = xhc_load_relaxed(&e->rounds[rec->seq % 64]);
         rec->then = xhc_load_relaxed(rec->seq - seq < 64
                                      ? &e->rounds[seq % 64] : &e->floor);
         /* Orders the record's reads before the version's re-read. */
@@ -91,12 +88,9 @@ int xhc_leave_read(struct xhc_entered_line *e, uint64_t seq,
 
 int xhc_leave_covers(const struct xhc_leave *rec, uint64_t seq)
 {
-    if (!xhc_seq_reached(rec->seq, seq))
-        return 0;
-    if (!xhc_seq_reached(seq, rec->kept + 1))
-        return 1;
     uint64_t back = rec->seq - seq;
-    return back >= 64 || ((rec->forfeits | rec->left) >> back & 1);
+    return xhc_seq_reached(rec->seq, seq)
+           && (back >= 64 || ((rec->forfeits | rec->left) >> back & 1));
 }
 
 int xhc_leave_forfeited(const struct xhc_leave *rec, uint64_t seq)
@@ -122,7 +116,6 @@ void xhc_leave_follow(struct xhc_leave *rec, const struct xhc_leave *last,
                       int forfeit, uint64_t skipped)
 {
     uint64_t back = rec->seq - last->seq;
-    rec->kept = last->kept;
     rec->forfeits = xhc_mask_moved(last->forfeits, back) | (forfeit != 0);
     rec->left = xhc_mask_moved(last->left, back);
     /* This operation and the SKIPPED before it (any further back counts

@@ -63,34 +63,30 @@ struct xhc_entered_line {
     _Atomic uint32_t refusals;
     /* Odd while I rewrite the fields of my last leave (leave.c). */
     _Atomic uint32_t version;
-    /* The last operation I gave up on, and my round then: they stay
-     * when I go on, so that a rank that was away does not enter it after
-     * me, and counts rounds as I do (wait.c). */
+    /* The last operation I gave up on: it stays when I go on, so that a
+     * rank that was away does not enter it after me (wait.c). */
     xhc_flag_t abandoned;
-    xhc_flag_t round;
-    /* I gave up every operation up to KEPT (set before my first one,
-     * and carried from record to record); after it, those FORFEITS
-     * (forfeits) and LEFT (leaves) name, bit I for the operation I
-     * before the abandoned one; I completed the rest.  Any more than 63
-     * before it counts as given up. */
-    xhc_flag_t kept;
+    /* Those before it that I gave up too: FORFEITS (forfeits) and LEFT
+     * (leaves) name them, bit I for the operation I before the abandoned
+     * one (bit 0: the abandoned one), and any more than 63 before it
+     * counts as given up; I completed the rest. */
     xhc_flag_t forfeits;
     xhc_flag_t left;
     /* My round count once each of the 64 operations up to the abandoned
      * one was over (given up or completed), at its number modulo 64, and
-     * FLOOR once the one before them was: a rank back from away counts
-     * rounds from them, though I went on (wait.c 5). */
+     * FLOOR once the one before them was: peers that give up one count
+     * rounds as I did, though I went on (wait.c). */
     xhc_flag_t rounds[64];
     xhc_flag_t floor;
 } XHC_ALIGNED;
 
 /* A rank's last leave, as one piece (leave.c): the operation, the round
- * count it reached there, its first error then (0 if none is known) and
+ * count once it was over, its first error then (0 if none is known) and
  * the rank that error names, and which operations up to SEQ it gave up:
- * every one up to KEPT, and after it those FORFEITS and LEFT name (bit I:
- * SEQ - I) and any before SEQ - 63, as in the entered line. */
+ * those FORFEITS and LEFT name (bit I: SEQ - I) and any before SEQ - 63,
+ * as in the entered line. */
 struct xhc_leave {
-    uint64_t seq, round, kept, forfeits, left;
+    uint64_t seq, round, forfeits, left;
     uint64_t then; /* read: the round count once the one asked was over */
     int32_t why, who;
 };
