@@ -792,6 +792,17 @@ def test_a_leave_gives_up_no_bcast_its_root_completed(left_first):
             lib.xhc_ctx_close(ctxs[1])
 
 
+def _two_round_bcast(ctx, cfg, value):
+    """A Bcast from rank 0 of two rounds of CFG's chunks, VALUE at the
+    root; left after an error, as the front end does: (rc, the values
+    the buffer holds)."""
+    a = np.full(2 * cfg.chunk_size, value, np.uint8)
+    rc = lib.xhc_bcast(ctx, ffi.from_buffer(a), a.nbytes, 0)
+    if rc:
+        lib.xhc_ctx_leave(ctx)
+    return rc, sorted(set(a.tolist()))
+
+
 @pytest.mark.parametrize("then", ["leave", "forfeit", "63 forfeits",
                                   "64 forfeits"])
 def test_a_rank_back_from_away_takes_a_bcast_its_root_completed(then):
@@ -809,15 +820,12 @@ def test_a_rank_back_from_away_takes_a_bcast_its_root_completed(then):
     after = int(then.split()[0]) if then[0].isdigit() else 1
 
     def call(rank, op, value):
-        if op == "barrier":
-            rc, got = lib.xhc_barrier(ctxs[rank]), None
-        else:
-            a = np.full(2 * cfg.chunk_size, value, np.uint8)
-            rc = lib.xhc_bcast(ctxs[rank], ffi.from_buffer(a), a.nbytes, 0)
-            got = sorted(set(a.tolist()))
+        if op != "barrier":
+            return _two_round_bcast(ctxs[rank], cfg, value)
+        rc = lib.xhc_barrier(ctxs[rank])
         if rc:
             lib.xhc_ctx_leave(ctxs[rank])  # as the front end does
-        return rc, got
+        return rc, None
 
     with Segment(2, cfg) as seg:
         ctxs = _pair(seg, cfg, [os.getpid()] * 2)
@@ -865,11 +873,7 @@ def test_a_reader_held_in_a_bcast_counts_its_rounds_as_its_root(forfeits):
         release.wait(20)
 
     def bcast(rank, value):
-        a = np.full(2 * cfg.chunk_size, value, np.uint8)
-        rc = lib.xhc_bcast(ctxs[rank], ffi.from_buffer(a), a.nbytes, 0)
-        if rc:
-            lib.xhc_ctx_leave(ctxs[rank])  # as the front end does
-        return rc, sorted(set(a.tolist()))
+        return _two_round_bcast(ctxs[rank], cfg, value)
 
     with Segment(2, cfg) as seg:
         ctxs = _pair(seg, cfg, [os.getpid()] * 2)
