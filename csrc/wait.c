@@ -22,10 +22,12 @@
  *    Past CFG.timeout, give up too, unless some live rank has not yet
  *    entered this operation: it is late, not lost (a rank reading its
  *    input while the others wait in a Bcast), and MPI would wait for it,
- *    so wait another CFG.timeout, and one more after it enters.  What
- *    times out is then a collective that every live rank has entered
- *    (or left, after an error of its own, or withdrawn, refusing its
- *    arguments) and that does not move: ranks that disagree on the order
+ *    so wait another CFG.timeout, and one more after it enters; but
+ *    not once a peer has given this operation up (below): it has failed
+ *    there, so give it up too, naming that peer.  What times out
+ *    is then a collective that every live rank has entered (or left,
+ *    after an error of its own, or withdrawn, refusing its arguments)
+ *    and that does not move: ranks that disagree on the order
  *    or the arguments of their collectives.  A rank that withdrew after
  *    refusing as many calls as I did there is late, not withdrawn: we
  *    all refused the same calls.
@@ -171,6 +173,15 @@ static int xhc_peer_left(xhc_ctx_t *ctx, int peer)
            || xhc_left_since(ctx, peer, ctx->seq, &rec);
 }
 
+/* A peer that gave up on my current operation, or -1. */
+static int xhc_someone_left(xhc_ctx_t *ctx)
+{
+    for (int p = 0; p < ctx->nranks; p++)
+        if (p != ctx->rank && xhc_peer_left(ctx, p))
+            return p;
+    return -1;
+}
+
 /* Has PEER closed its context (freed its communicator, or is exiting)?
  * It raises no flag from then on. */
 static int xhc_peer_closed(xhc_ctx_t *ctx, int peer)
@@ -249,6 +260,9 @@ static int xhc_wait_polling(xhc_ctx_t *ctx, xhc_flag_t *flag,
         if (xhc_reached(flag, want, exact))
             return 0;
         int late = xhc_someone_late(ctx);
+        int leaver = late ? xhc_someone_left(ctx) : -1;
+        if (leaver >= 0) /* the late rank would find it given up, too */
+            return xhc_give_up(ctx, leaver, XHC_ERR_PEER_LEFT);
         if (late || was_late) {
             /* The last late rank may have entered just now: give it a
              * whole timeout too. */

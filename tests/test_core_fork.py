@@ -275,6 +275,15 @@ def _ranks(seg, n, cfg, each=lambda rank, ctx: None):
             lib.xhc_ctx_close(ctx)
 
 
+def _flat_in_this_process(n):
+    """For _ranks: each of N ranks flat, all watching this process."""
+    def each(rank, ctx):
+        set_flat(ctx, n)
+        assert lib.xhc_ctx_set_pids(
+            ctx, ffi.new("int64_t[]", [os.getpid()] * n)) == 0
+    return each
+
+
 def test_each_rank_reserves_the_pages_it_writes():
     """Creating a segment only sizes it.  Each rank's open reserves the
     control block and its own slots and windows, so that /dev/shm running
@@ -531,6 +540,42 @@ def test_ranks_that_refused_the_same_calls_wait_for_each_other():
                 lib.xhc_ctx_close(ctx1)
 
 
+def test_a_rank_waiting_on_a_late_peer_gives_up_once_another_has():
+    """Ranks 0 and 1 refused a call, rank 2 none; ranks 0 and 2 enter a
+    Barrier, rank 1 stays away.  Rank 2 does not count rank 1 late (it
+    refused a call rank 2 did not) and times out.  Rank 0 does count it
+    late, and would wait for it as long as it stays away; but rank 2 has
+    given the Barrier up, so rank 0 gives it up at its next deadline,
+    naming rank 2 and its timeout.  Rank 1, back, gives it up too, and
+    the three ranks' calls meet again."""
+    cfg = make_config(timeout=0.5)
+    with Segment(3, cfg) as seg, \
+            _ranks(seg, 3, cfg, _flat_in_this_process(3)) as ctxs:
+        lib.xhc_ctx_withdraw(ctxs[0])
+        lib.xhc_ctx_withdraw(ctxs[1])
+        rc0 = []
+        waiter = threading.Thread(
+            target=lambda: rc0.append(lib.xhc_barrier(ctxs[0])))
+        t0 = time.monotonic()
+        waiter.start()  # cffi releases the GIL while it waits
+        assert lib.xhc_barrier(ctxs[2]) == lib.XHC_ERR_TIMEOUT
+        waiter.join(5)
+        took = time.monotonic() - t0
+        stuck = waiter.is_alive()
+        if stuck:  # rank 1's arrival frees it
+            lib.xhc_barrier(ctxs[1])
+            waiter.join(20)
+        assert not stuck and rc0 == [lib.XHC_ERR_PEER_LEFT], (took, rc0)
+        assert lib.xhc_failed_rank(ctxs[0]) == 2
+        who = ffi.new("int *")
+        assert lib.xhc_failed_cause(ctxs[0], who) == lib.XHC_ERR_TIMEOUT
+        assert who[0] == 1  # rank 2 timed out on rank 1, which never came
+        assert lib.xhc_barrier(ctxs[1]) == lib.XHC_ERR_PEER_LEFT
+        got = _all_at_once({r: lambda r=r: _run_op(
+            ctxs[r], "allreduce", r, r + 1) for r in range(3)})
+        assert got == {r: (0, 6) for r in range(3)}, got
+
+
 def _run_op(ctx, op, rank, value):
     """OP on CTX for RANK with VALUE (OP-large: 16 KiB, above cico_max:
     2 ranks meet on their buffers, or a Bcast goes in 4 rounds):
@@ -651,12 +696,8 @@ def test_a_reduce_in_pieces_given_up_part_way_keeps_ranks_in_step(
                               ffi.from_buffer(r) if rank == 0 else ffi.NULL,
                               count, lib.XHC_INT64, lib.XHC_SUM, 0)
 
-    def flat_here(rank, ctx):
-        set_flat(ctx, n)
-        assert lib.xhc_ctx_set_pids(
-            ctx, ffi.new("int64_t[]", [os.getpid()] * n)) == 0
-
-    with Segment(n, cfg) as seg, _ranks(seg, n, cfg, flat_here) as ctxs:
+    with Segment(n, cfg) as seg, \
+            _ranks(seg, n, cfg, _flat_in_this_process(n)) as ctxs:
         lib.xhc_ctx_withdraw(ctxs[gone])
         first = _all_at_once({r: lambda r=r: reduce_to_0(r)
                               for r in range(n) if r != gone})
