@@ -163,21 +163,25 @@ static int xhc_someone_late(xhc_ctx_t *ctx)
  * leave record says so for good: once it has come back, and when it gave
  * up on a later one too, or had skipped mine (a failed Reduce in pieces
  * gives up on the pieces it did not run).  Whatever of mine it raised,
- * it raised before either (xhc_ctx_leave). */
-static int xhc_peer_left(xhc_ctx_t *ctx, int peer)
+ * it raised before either (xhc_ctx_leave).  NAMED: count a record only
+ * if mine is among the last 64 operations it names. */
+static int xhc_peer_left(xhc_ctx_t *ctx, int peer, int named)
 {
     struct xhc_leave rec;
     /* Acquire: pairs with the release in xhc_ctx_leave. */
     return xhc_load_acquire(&xhc_ctl(ctx, peer)->entered.seq)
                == ctx->seq + XHC_LEFT
-           || xhc_left_since(ctx, peer, ctx->seq, &rec);
+           || (xhc_left_since(ctx, peer, ctx->seq, &rec)
+               && (!named || rec.seq - ctx->seq < 64));
 }
 
-/* A peer that gave up on my current operation, or -1. */
+/* A peer that gave up on my current operation, or -1: only by a record
+ * that names mine, as one 64 or more operations past mine may have
+ * completed it (the peer I wait on did not: it has not raised my flag). */
 static int xhc_someone_left(xhc_ctx_t *ctx)
 {
     for (int p = 0; p < ctx->nranks; p++)
-        if (p != ctx->rank && xhc_peer_left(ctx, p))
+        if (p != ctx->rank && xhc_peer_left(ctx, p, 1))
             return p;
     return -1;
 }
@@ -248,10 +252,10 @@ static int xhc_wait_polling(xhc_ctx_t *ctx, xhc_flag_t *flag,
         }
         /* Left before closed: peers in the operation it left take its
          * cause, as before it closed. */
-        int rc = !xhc_peer_alive(ctx, peer) ? XHC_ERR_PEER_GONE
-                 : xhc_peer_left(ctx, peer)   ? XHC_ERR_PEER_LEFT
-                 : xhc_peer_closed(ctx, peer) ? XHC_ERR_PEER_CLOSED
-                                              : 0;
+        int rc = !xhc_peer_alive(ctx, peer)    ? XHC_ERR_PEER_GONE
+                 : xhc_peer_left(ctx, peer, 0) ? XHC_ERR_PEER_LEFT
+                 : xhc_peer_closed(ctx, peer)  ? XHC_ERR_PEER_CLOSED
+                                               : 0;
         if (rc)  /* PEER will not raise FLAG, unless it did just before */
             return xhc_reached(flag, want, exact) ? 0
                                                   : xhc_give_up(ctx, peer, rc);

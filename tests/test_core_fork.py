@@ -576,6 +576,36 @@ def test_a_rank_waiting_on_a_late_peer_gives_up_once_another_has():
         assert got == {r: (0, 6) for r in range(3)}, got
 
 
+@pytest.mark.parametrize("forfeits", [63, 64])
+def test_a_rank_waiting_on_a_late_peer_completes_what_the_others_did(
+        forfeits):
+    """Rank 0 gives its part to a Reduce to rank 1 and then forfeits
+    FORFEITS collectives; rank 2 comes to the Reduce three timeouts late.
+    Rank 1, waiting for it, does not take rank 0's later giving up for
+    giving up this Reduce, which it completed, however far past it rank
+    0 has gone: it completes the Reduce with every part.  Ranks 1 and 2
+    then fail in each collective rank 0 forfeited, and all meet again."""
+    cfg = make_config(timeout=0.3)
+    with Segment(3, cfg) as seg, \
+            _ranks(seg, 3, cfg, _flat_in_this_process(3)) as ctxs:
+        def reduce_to_1(rank):
+            if rank == 2:
+                time.sleep(1.0)
+            got = _run_op(ctxs[rank], "reduce1", rank, rank + 1)
+            for _ in range(forfeits if rank == 0 else 0):
+                lib.xhc_ctx_forfeit(ctxs[0])
+            return got
+
+        got = _all_at_once({r: lambda r=r: reduce_to_1(r) for r in range(3)})
+        assert got == {0: (0, None), 1: (0, 6), 2: (0, None)}, got
+        for r in (1, 2):
+            for _ in range(forfeits):
+                assert lib.xhc_barrier(ctxs[r]) == lib.XHC_ERR_PEER_LEFT
+        got = _all_at_once({r: lambda r=r: _run_op(
+            ctxs[r], "allreduce", r, r + 1) for r in range(3)})
+        assert got == {r: (0, 6) for r in range(3)}, got
+
+
 def _run_op(ctx, op, rank, value):
     """OP on CTX for RANK with VALUE (OP-large: 16 KiB, above cico_max:
     2 ranks meet on their buffers, or a Bcast goes in 4 rounds):
