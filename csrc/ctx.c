@@ -284,7 +284,7 @@ static void xhc_ctx_give_up(xhc_ctx_t *ctx, int forfeit, uint64_t skipped)
     /* The operations I skipped began, as it were, where I end this. */
     for (uint64_t i = 0; i < skipped && i < 64; i++)
         ctx->began[(ctx->seq - i) % 64] = ctx->round;
-    xhc_leave_write(&mine->entered, &rec, ctx->began);
+    xhc_leave_write(&mine->entered, &rec, ctx->began, skipped + 1);
     xhc_ctx_mark(ctx, XHC_LEFT);
 }
 

@@ -21,7 +21,9 @@
  *    its rounds and name its cause as the leaver did (wait.c): the
  *    record keeps the round count once each of those 64 operations was
  *    over, and once the one before them was, for a rank back from away
- *    to count from, whatever the leaver completed since.
+ *    to count from, whatever the leaver completed since; and the first
+ *    error of each it gave up (further back, its last's), so that a
+ *    peer names that operation's cause, not a later one's.
  * 2. The fields are read together or not at all: a peer that reads the
  *    operation and then the round must not take the round of a later
  *    leave.  A version counter guards them, as in a seqlock: odd while
@@ -38,16 +40,29 @@
 
 #define XHC_LEAVE_READ_TRIES 256
 
+/* An error and the rank it names, as one word. */
+static uint64_t xhc_cause_pack(int32_t why, int32_t who)
+{
+    return (uint64_t)(uint32_t)why << 32 | (uint32_t)who;
+}
+
+static void xhc_cause_unpack(uint64_t cause, int32_t *why, int32_t *who)
+{
+    *why = (int32_t)(uint32_t)(cause >> 32);
+    *who = (int32_t)(uint32_t)cause;
+}
+
 void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec,
-                     const uint64_t *began)
+                     const uint64_t *began, uint64_t given)
 {
     uint32_t v = atomic_load_explicit(&e->version, memory_order_relaxed);
     atomic_store_explicit(&e->version, v + 1, memory_order_relaxed);
     /* Orders the odd version before the record's stores: a reader that
      * sees any of them sees the version move. */
     atomic_thread_fence(memory_order_release);
-    atomic_store_explicit(&e->why, rec->why, memory_order_relaxed);
-    atomic_store_explicit(&e->who, rec->who, memory_order_relaxed);
+    for (uint64_t i = 0; i < given && i < 64; i++)
+        xhc_store_relaxed(&e->causes[(rec->seq - i) % 64],
+                          xhc_cause_pack(rec->why, rec->who));
     xhc_store_relaxed(&e->forfeits, rec->forfeits);
     xhc_store_relaxed(&e->left, rec->left);
     /* Once operation I was over, the round count was as I + 1 began. */
@@ -68,14 +83,15 @@ int xhc_leave_read(struct xhc_entered_line *e, uint64_t seq,
     for (int tries = 0; tries < XHC_LEAVE_READ_TRIES; tries++) {
         /* Acquire: pairs with the release that closed the record. */
         uint32_t v = atomic_load_explicit(&e->version, memory_order_acquire);
-        rec->why = atomic_load_explicit(&e->why, memory_order_relaxed);
-        rec->who = atomic_load_explicit(&e->who, memory_order_relaxed);
         rec->forfeits = xhc_load_relaxed(&e->forfeits);
         rec->left = xhc_load_relaxed(&e->left);
         rec->seq = xhc_load_relaxed(&e->abandoned);
         rec->round = xhc_load_relaxed(&e->rounds[rec->seq % 64]);
-        rec->then = xhc_load_relaxed(rec->seq - seq < 64
-                                     ? &e->rounds[seq % 64] : &e->floor);
+        int near = rec->seq - seq < 64;
+        rec->then = xhc_load_relaxed(near ? &e->rounds[seq % 64] : &e->floor);
+        xhc_cause_unpack(xhc_load_relaxed(&e->causes[(near ? seq : rec->seq)
+                                                     % 64]),
+                         &rec->why, &rec->who);
         /* Orders the record's reads before the version's re-read. */
         atomic_thread_fence(memory_order_acquire);
         if (!(v & 1)

@@ -56,8 +56,6 @@ struct xhc_seq_line {
  * (wait.c), so that ranks that waited on me can name it. */
 struct xhc_entered_line {
     xhc_flag_t seq;
-    _Atomic int32_t why; /* that error's code, 0 if none is known */
-    _Atomic int32_t who; /* the rank it names */
     /* Calls I refused (withdrew from) since my last operation began: a
      * peer that refused as many there is in step with me (wait.c). */
     _Atomic uint32_t refusals;
@@ -78,6 +76,10 @@ struct xhc_entered_line {
      * rounds as I did, though I went on (wait.c). */
     xhc_flag_t rounds[64];
     xhc_flag_t floor;
+    /* The first error of each of those I gave up, at its number modulo
+     * 64 (xhc_cause_pack), 0 if none is known: a peer that gives one up
+     * after me names its cause, not that of a later one. */
+    xhc_flag_t causes[64];
 } XHC_ALIGNED;
 
 /* A rank's last leave, as one piece (leave.c): the operation, the round
@@ -88,16 +90,18 @@ struct xhc_entered_line {
 struct xhc_leave {
     uint64_t seq, round, forfeits, left;
     uint64_t then; /* read: the round count once the one asked was over */
-    int32_t why, who;
+    int32_t why, who; /* read: the first error of the one asked */
 };
 
-/* Write REC; BEGAN: its writer's round count as each of its last 64
- * operations began, at its number modulo 64. */
+/* Write REC, which gives up GIVEN operations up to its own (1 and more:
+ * those a Reduce in pieces skipped); BEGAN: its writer's round count as
+ * each of its last 64 operations began, at its number modulo 64. */
 void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec,
-                     const uint64_t *began);
+                     const uint64_t *began, uint64_t given);
 /* Read the whole record, with the round count once operation SEQ was
- * over (further back than 64, once the 64th before REC's own was): 0 if
- * its writer is rewriting it for long. */
+ * over (further back than 64, once the 64th before REC's own was) and
+ * the first error of SEQ (further back, of REC's own): 0 if its writer
+ * is rewriting it for long. */
 int xhc_leave_read(struct xhc_entered_line *e, uint64_t seq,
                    struct xhc_leave *rec);
 /* Did PEER give up on operation SEQ (or on one 64 or more after it)?

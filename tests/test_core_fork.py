@@ -689,6 +689,37 @@ def test_a_rank_back_from_away_does_not_enter_what_peers_gave_up(
             lib.xhc_ctx_close(ctxs[1])
 
 
+def test_a_rank_back_from_away_names_why_each_collective_was_given_up():
+    """Rank 2 refused a call and stays away.  Ranks 0 and 1 time out on it
+    in a Barrier; in the next Barrier rank 1 forfeits (its step between
+    the nodes raised) and rank 0 gives up on it; then they complete a
+    Bcast.  Rank 2, back, fails in each Barrier with that Barrier's own
+    first error, the timeout about it and then rank 1's failed step (not
+    the latest for both), and takes the Bcast's data."""
+    cfg = make_config(timeout=0.3)
+    who = ffi.new("int *")
+    with Segment(3, cfg) as seg, \
+            _ranks(seg, 3, cfg, _flat_in_this_process(3)) as ctxs:
+        lib.xhc_ctx_withdraw(ctxs[2])
+        got = _all_at_once({r: lambda r=r: lib.xhc_barrier(ctxs[r])
+                            for r in (0, 1)})
+        assert got == {0: lib.XHC_ERR_TIMEOUT, 1: lib.XHC_ERR_TIMEOUT}, got
+        lib.xhc_ctx_forfeit(ctxs[1])
+        assert lib.xhc_barrier(ctxs[0]) == lib.XHC_ERR_PEER_LEFT
+        assert [_run_op(ctxs[r], "bcast0", r, 7 - 7 * r) for r in (0, 1)] \
+            == [(0, 7)] * 2
+        for cause, about in ((lib.XHC_ERR_TIMEOUT, 2),
+                             (lib.XHC_ERR_LEADER, 1)):
+            assert lib.xhc_barrier(ctxs[2]) == lib.XHC_ERR_PEER_LEFT
+            assert lib.xhc_failed_rank(ctxs[2]) == 0
+            assert lib.xhc_failed_cause(ctxs[2], who) == cause
+            assert who[0] == about
+        assert _run_op(ctxs[2], "bcast0", 2, 0) == (0, 7)
+        got = _all_at_once({r: lambda r=r: _run_op(
+            ctxs[r], "allreduce", r, r + 1) for r in range(3)})
+        assert got == {r: (0, 6) for r in range(3)}, got
+
+
 def _all_at_once(calls):
     """Run CALLS (rank -> function of nothing) at once, each in a thread:
     {rank: what it returned}; none may hang."""
