@@ -317,70 +317,80 @@ def parse_args(argv=None):
                     epilog="run: mpiexec -n N python -m mpi4py -m bench.osu "
                     "COMMAND [options]")
     p.add_argument("command", choices=COMMANDS)
-    p.add_argument("-m", "--message-size", metavar="[MIN:]MAX",
+    _osu_options(p.add_argument_group("OSU options"))
+    _comparison_options(p.add_argument_group("comparison options"))
+    opts = p.parse_args(argv)
+    _check_opts(p, opts)
+    return opts
+
+
+def _osu_options(g):
+    """The options osu_* takes."""
+    g.add_argument("-m", "--message-size", metavar="[MIN:]MAX",
                    help="bytes, K/M suffixes (1:1M bcast, one element:1M "
                    "reductions)")
-    p.add_argument("-i", "--iterations", type=_positive,
+    g.add_argument("-i", "--iterations", type=_positive,
                    help="timed iterations at every size (default 1000 up "
                    "to 8 KiB, 100 above)")
-    p.add_argument("-x", "--warmup", type=_natural,
+    g.add_argument("-x", "--warmup", type=_natural,
                    help="warm-up iterations at every size (default 100 up "
                    "to 8 KiB, 10 above)")
-    p.add_argument("-f", "--full", action="store_true",
+    g.add_argument("-f", "--full", action="store_true",
                    help="also print Min/Max latency and Iterations")
-    p.add_argument("-c", "--validation", dest="validate",
+    g.add_argument("-c", "--validation", dest="validate",
                    action="store_true",
                    help="check every call's result (Barrier: untimed check "
                    "rounds after each block)")
-    p.add_argument("--impl", choices=("xhc", "mpi", "both"), default="both",
+
+
+def _comparison_options(g):
+    """What to compare, how, and where the numbers go."""
+    g.add_argument("--impl", choices=("xhc", "mpi", "both"), default="both",
                    help="both: interleaved, with an xhc/MPI ratio (default)")
-    p.add_argument("--shm", action="store_true",
+    g.add_argument("--shm", action="store_true",
                    help="xhc buffers come from xcomm.empty (zero-copy)")
-    p.add_argument("--arena", action="store_true",
+    g.add_argument("--arena", action="store_true",
                    help="xhc buffers are allocated under xhc.shared_arrays() "
                    "(zero-copy)")
-    p.add_argument("--root", type=_natural,
+    g.add_argument("--root", type=_natural,
                    help="root of bcast and reduce (0)")
-    p.add_argument("--dtype", choices=_osu.DTYPES,
+    g.add_argument("--dtype", choices=_osu.DTYPES,
                    help="reduction element type (float64)")
-    p.add_argument("--op", choices=MPI_OPS,
+    g.add_argument("--op", choices=MPI_OPS,
                    help="reduction operation (sum)")
-    p.add_argument("--blocks", type=_positive, default=10,
+    g.add_argument("--blocks", type=_positive, default=10,
                    help="alternating blocks per size with --impl both")
-    p.add_argument("--sync", choices=("mpi", "own"), default="mpi",
+    g.add_argument("--sync", choices=("mpi", "own"), default="mpi",
                    help="barrier before each timed call: the plain MPI "
                    "one for both (default), or each implementation's own, "
                    "as osu_* measures when xhc replaces the MPI's "
                    "collectives")
-    p.add_argument("--persistent", action="store_true",
+    g.add_argument("--persistent", action="store_true",
                    help="time MPI-4 persistent collectives on both sides: "
                    "*_init once per size, Start() and Wait() per call")
-    p.add_argument("--objects", action="store_true",
+    g.add_argument("--objects", action="store_true",
                    help="time the lowercase calls (bcast, allreduce, reduce) "
                    "on Python objects on both sides: one element as a "
                    "Python number, more as a numpy array, pickled")
-    p.add_argument("--numpy-scalar", action="store_true",
+    g.add_argument("--numpy-scalar", action="store_true",
                    help="with --objects, one element as numpy's scalar "
                    "(np.float64 for float64), as np.sum returns it")
-    p.add_argument("--cold", metavar="BYTES", type=_cold_size, default=0,
+    g.add_argument("--cold", metavar="BYTES", type=_cold_size, default=0,
                    help="rewrite a private buffer of BYTES (K/M suffixes) "
                         "before each call, untimed, so that it runs with "
                         "cold caches (e.g. 64M; use fewer iterations, and "
                         "--sync own, else MPI's barrier after the eviction "
                         "warms MPI's call alone; 0: off, the default)")
-    p.add_argument("--label", default="MPI", help="name of the MPI column")
-    p.add_argument("--peer", metavar="COMPONENT", type=_peer_name,
+    g.add_argument("--label", default="MPI", help="name of the MPI column")
+    g.add_argument("--peer", metavar="COMPONENT", type=_peer_name,
                    help="also time Open MPI's coll COMPONENT (e.g. sm) on a "
                    "duplicate of the communicator, in the same run")
-    p.add_argument("--json", metavar="FILE",
+    g.add_argument("--json", metavar="FILE",
                    help="write every number (see bench.compare to merge)")
-    p.add_argument("--plot", metavar="FILE.png",
+    g.add_argument("--plot", metavar="FILE.png",
                    help="latency vs size, log-log (needs matplotlib)")
-    p.add_argument("--no-progress", dest="progress", action="store_false",
+    g.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no '[osu] ...' progress lines on stderr")
-    opts = p.parse_args(argv)
-    _check_opts(p, opts)
-    return opts
 
 
 _positive, _natural = _mpi.int_at_least(1), _mpi.int_at_least(0)
