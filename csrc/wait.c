@@ -22,15 +22,16 @@
  *    Past CFG.timeout, give up too, unless some live rank has not yet
  *    entered this operation: it is late, not lost (a rank reading its
  *    input while the others wait in a Bcast), and MPI would wait for it,
- *    so wait another CFG.timeout, and one more after it enters; but
- *    not once a peer has given this operation up (below): it has failed
- *    there, so give it up too, naming that peer.  What times out
- *    is then a collective that every live rank has entered (or left,
- *    after an error of its own, or withdrawn, refusing its arguments)
- *    and that does not move: ranks that disagree on the order
- *    or the arguments of their collectives.  A rank that withdrew after
- *    refusing as many calls as I did there is late, not withdrawn: we
- *    all refused the same calls.
+ *    so wait another CFG.timeout, and one more after it enters.  What
+ *    times out is then a collective that every live rank has entered
+ *    (or left, after an error of its own, or withdrawn, refusing its
+ *    arguments) and that does not move: ranks that disagree on the
+ *    order or the arguments of their collectives.  A rank that withdrew
+ *    after refusing as many calls as I did there is late, not
+ *    withdrawn: we all refused the same calls.  Where the only late
+ *    ranks are such, once a peer has given this operation up they will
+ *    give it up too when they come back (see 5.): give it up at the
+ *    deadline, naming that peer, rather than wait for them.
  *    A rank that gives up leaves (xhc_ctx_leave), so that its peers do
  *    not wait for it in turn: one that waits on it in the operation it
  *    gave up on, or in an earlier one it skipped, gives up at once,
@@ -142,19 +143,32 @@ static int xhc_refused_with_me(xhc_ctx_t *ctx, int peer, uint64_t entered)
               == ctx->refused_before;
 }
 
-/* Has some live rank not yet entered my current operation? */
-static int xhc_someone_late(xhc_ctx_t *ctx)
+/* Which live ranks have not yet entered my current operation? */
+enum xhc_late {
+    XHC_NONE_LATE,
+    XHC_LATE_AWAY, /* only ranks that withdrew with me: back, they give
+                      up what a peer gave up (see 5.) */
+    XHC_LATE_TO_CALL /* some rank has yet to call it, and takes part */
+};
+
+static enum xhc_late xhc_someone_late(xhc_ctx_t *ctx)
 {
+    enum xhc_late late = XHC_NONE_LATE;
     for (int p = 0; p < ctx->nranks; p++) {
         /* Acquire: pairs with the release of a withdraw, which wrote the
          * refusal count first. */
         uint64_t entered = xhc_load_acquire(&xhc_ctl(ctx, p)->entered.seq);
-        int late = !xhc_seq_reached(entered, ctx->seq)
-                   || xhc_refused_with_me(ctx, p, entered);
-        if (late && xhc_peer_alive(ctx, p))
-            return 1;
+        enum xhc_late its = !xhc_seq_reached(entered, ctx->seq)
+                                ? XHC_LATE_TO_CALL
+                            : xhc_refused_with_me(ctx, p, entered)
+                                ? XHC_LATE_AWAY
+                                : XHC_NONE_LATE;
+        if (its > late && xhc_peer_alive(ctx, p))
+            late = its;
+        if (late == XHC_LATE_TO_CALL)
+            break;
     }
-    return 0;
+    return late;
 }
 
 /* Has PEER given up on my current operation?  Then it never comes back
@@ -263,9 +277,9 @@ static int xhc_wait_polling(xhc_ctx_t *ctx, xhc_flag_t *flag,
             continue;
         if (xhc_reached(flag, want, exact))
             return 0;
-        int late = xhc_someone_late(ctx);
-        int leaver = late ? xhc_someone_left(ctx) : -1;
-        if (leaver >= 0) /* the late rank would find it given up, too */
+        enum xhc_late late = xhc_someone_late(ctx);
+        int leaver = late == XHC_LATE_AWAY ? xhc_someone_left(ctx) : -1;
+        if (leaver >= 0) /* the late ranks will give it up too */
             return xhc_give_up(ctx, leaver, XHC_ERR_PEER_LEFT);
         if (late || was_late) {
             /* The last late rank may have entered just now: give it a

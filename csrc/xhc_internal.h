@@ -78,7 +78,8 @@ struct xhc_entered_line {
     xhc_flag_t floor;
     /* The first error of each of those I gave up, at its number modulo
      * 64 (xhc_cause_pack), 0 if none is known: a peer that gives one up
-     * after me names its cause, not that of a later one. */
+     * after me names its cause, not that of a later one.  (The slot of
+     * one I completed keeps an older one's; nothing reads it.) */
     xhc_flag_t causes[64];
 } XHC_ALIGNED;
 
@@ -100,8 +101,9 @@ void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec,
                      const uint64_t *began, uint64_t given);
 /* Read the whole record, with the round count once operation SEQ was
  * over (further back than 64, once the 64th before REC's own was) and
- * the first error of SEQ (further back, of REC's own): 0 if its writer
- * is rewriting it for long. */
+ * the first error of SEQ (further back, of REC's own); a SEQ after
+ * REC's own reads as further back: 0 if its writer is rewriting it for
+ * long. */
 int xhc_leave_read(struct xhc_entered_line *e, uint64_t seq,
                    struct xhc_leave *rec);
 /* Did PEER give up on operation SEQ (or on one 64 or more after it)?

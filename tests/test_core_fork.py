@@ -576,6 +576,30 @@ def test_a_rank_waiting_on_a_late_peer_gives_up_once_another_has():
         assert got == {r: (0, 6) for r in range(3)}, got
 
 
+def test_a_rank_late_to_a_bcast_a_peer_gave_up_still_takes_part():
+    """A large Bcast from rank 0: rank 1 gives it up at once (its size is
+    not the root's), and rank 2, which refused nothing, comes three
+    timeouts late.
+    Rank 0, which waits for its readers to have read its buffer (CMA;
+    rank 1, giving up, read all it will), waits for rank 2 as for any
+    late rank, and both complete it: rank 1's giving up is its own."""
+    cfg = make_config(timeout=0.3, copy="cma")
+    with Segment(3, cfg) as seg, \
+            _ranks(seg, 3, cfg, _flat_in_this_process(3)) as ctxs:
+        def bcast_from_0(rank):
+            if rank == 1:  # half as large again as the root's
+                a = np.zeros(3072, dtype=np.int64)
+                rc = lib.xhc_bcast(ctxs[1], ffi.from_buffer(a), a.nbytes, 0)
+                lib.xhc_ctx_leave(ctxs[1])  # as xhc.Comm does on an error
+                return rc
+            if rank == 2:
+                time.sleep(1.0)
+            return _run_op(ctxs[rank], "bcast0-large", rank, 7 - 7 * rank)
+
+        got = _all_at_once({r: lambda r=r: bcast_from_0(r) for r in range(3)})
+        assert got == {0: (0, 7), 1: lib.XHC_ERR_MISMATCH, 2: (0, 7)}, got
+
+
 @pytest.mark.parametrize("forfeits", [63, 64])
 def test_a_rank_waiting_on_a_late_peer_completes_what_the_others_did(
         forfeits):
