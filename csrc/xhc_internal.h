@@ -52,8 +52,9 @@ struct xhc_seq_line {
     xhc_flag_t seq;
 } XHC_ALIGNED;
 
-/* The operation I entered; if I left it, the first error that made me
- * (wait.c), so that ranks that waited on me can name it. */
+/* The operation I entered, and the record of those I gave up (leave.c):
+ * which, with the round count and the first error of each, so that ranks
+ * that waited on me count and name them as I did (wait.c). */
 struct xhc_entered_line {
     xhc_flag_t seq;
     /* Calls I refused (withdrew from) since my last operation began: a
@@ -102,7 +103,7 @@ void xhc_leave_write(struct xhc_entered_line *e, const struct xhc_leave *rec,
 /* Read the whole record, with the round count once operation SEQ was
  * over (further back than 64, once the 64th before REC's own was) and
  * the first error of SEQ (further back, of REC's own); a SEQ after
- * REC's own reads as further back: 0 if its writer is rewriting it for
+ * REC's own reads as further back.  0 if its writer is rewriting it for
  * long. */
 int xhc_leave_read(struct xhc_entered_line *e, uint64_t seq,
                    struct xhc_leave *rec);

@@ -579,10 +579,10 @@ def test_a_rank_waiting_on_a_late_peer_gives_up_once_another_has():
 def test_a_rank_late_to_a_bcast_a_peer_gave_up_still_takes_part():
     """A large Bcast from rank 0: rank 1 gives it up at once (its size is
     not the root's), and rank 2, which refused nothing, comes three
-    timeouts late.
-    Rank 0, which waits for its readers to have read its buffer (CMA;
-    rank 1, giving up, read all it will), waits for rank 2 as for any
-    late rank, and both complete it: rank 1's giving up is its own."""
+    timeouts late.  Rank 0, which waits for its readers to have read its
+    buffer (CMA; rank 1, giving up, read all it will), waits for rank 2
+    as for any late rank, and both complete it: rank 1's giving up is its
+    own."""
     cfg = make_config(timeout=0.3, copy="cma")
     with Segment(3, cfg) as seg, \
             _ranks(seg, 3, cfg, _flat_in_this_process(3)) as ctxs:
