@@ -102,11 +102,16 @@ int xhc_leave_read(struct xhc_entered_line *e, uint64_t seq,
     return 0;
 }
 
-int xhc_leave_covers(const struct xhc_leave *rec, uint64_t seq)
+int xhc_leave_names(const struct xhc_leave *rec, uint64_t seq)
 {
     uint64_t back = rec->seq - seq;
-    return xhc_seq_reached(rec->seq, seq)
-           && (back >= 64 || ((rec->forfeits | rec->left) >> back & 1));
+    return back < 64 && ((rec->forfeits | rec->left) >> back & 1);
+}
+
+int xhc_leave_covers(const struct xhc_leave *rec, uint64_t seq)
+{
+    return xhc_leave_names(rec, seq)
+           || (xhc_seq_reached(rec->seq, seq) && rec->seq - seq >= 64);
 }
 
 int xhc_leave_forfeited(const struct xhc_leave *rec, uint64_t seq)

@@ -186,7 +186,7 @@ static int xhc_peer_left(xhc_ctx_t *ctx, int peer, int named)
     return xhc_load_acquire(&xhc_ctl(ctx, peer)->entered.seq)
                == ctx->seq + XHC_LEFT
            || (xhc_left_since(ctx, peer, ctx->seq, &rec)
-               && (!named || rec.seq - ctx->seq < 64));
+               && (!named || xhc_leave_names(&rec, ctx->seq)));
 }
 
 /* A peer that gave up on my current operation, or -1: only by a record

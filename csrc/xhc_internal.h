@@ -113,6 +113,9 @@ int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
                    struct xhc_leave *rec);
 /* Did the record REC give up operation SEQ, at or before its own? */
 int xhc_leave_covers(const struct xhc_leave *rec, uint64_t seq);
+/* Did it by name: within its masks, not only by being 64 or more past
+ * SEQ (a rank that far ahead may have completed SEQ)? */
+int xhc_leave_names(const struct xhc_leave *rec, uint64_t seq);
 /* Was SEQ, which the record REC gave up, a forfeit before REC's own,
  * within its masks?  A forfeit runs no rounds. */
 int xhc_leave_forfeited(const struct xhc_leave *rec, uint64_t seq);

@@ -108,6 +108,20 @@ static int expect(xhc_ctx_t *ctx, uint64_t seq, int given, int forfeited)
     return 1;
 }
 
+/* Does the record of the rank of CTX name SEQ (within its masks), as
+ * NAMED?  0, or 1 after printing what broke. */
+static int expect_named(xhc_ctx_t *ctx, uint64_t seq, int named)
+{
+    struct xhc_leave rec;
+    if (xhc_left_since(ctx, 0, seq, &rec)
+        && xhc_leave_names(&rec, seq) == named)
+        return 0;
+    printf("FAIL: after operation %llu, %llu named %d (want %d)\n",
+           (unsigned long long)rec.seq, (unsigned long long)seq, !named,
+           named);
+    return 1;
+}
+
 /* Does the record of the rank of CTX, which gives SEQ up, have ROUND as
  * its round count once SEQ was over?  0, or 1 after printing. */
 static int expect_round(xhc_ctx_t *ctx, uint64_t seq, uint64_t round)
@@ -170,6 +184,9 @@ static int check_history(void)
            + expect(&ctx, 1012, 1, 0) + expect(&ctx, 1016, 1, 0)
            + expect(&ctx, 1017, 1, 1) + expect(&ctx, 1050, 1, 1)
            + expect(&ctx, 1080, 1, 0) + expect(&ctx, 1081, 0, 0);
+    /* Only those within the masks are named. */
+    bad += expect_named(&ctx, 1005, 0) + expect_named(&ctx, 1016, 0)
+           + expect_named(&ctx, 1017, 1) + expect_named(&ctx, 1080, 1);
     /* Further back, the count once the 64th before 1080 was over. */
     bad += expect_round(&ctx, 1005, 10160) + expect_round(&ctx, 1012, 10160)
            + expect_round(&ctx, 1016, 10160)
