@@ -175,6 +175,13 @@ def stages(arr):
 def _staged(arr, obj, dtype, writable):
     """ARR through a C-contiguous copy of DTYPE, loaded before the call
     and stored back after it, element by element."""
+    copy, load, store = _copy_of(arr, dtype)
+    return Buffer(obj, copy, dtype_code(dtype), writable, load, store)
+
+
+def _copy_of(arr, dtype):
+    """(a C-contiguous copy of ARR in DTYPE, the load that fills it from
+    ARR, the store that writes it back)."""
     copy = np.empty(arr.shape, dtype)
     # ndarray's own item assignment, not any subclass's, through
     # operator.setitem: compiled, and it makes no Python object (np.copyto
@@ -184,9 +191,30 @@ def _staged(arr, obj, dtype, writable):
     # memory so, and reshaping ARR in place later leaves the view as it
     # was, where the copy would no longer fit ARR's shape.
     base = arr.view(np.ndarray)
-    return Buffer(obj, copy, dtype_code(dtype), writable,
-                  functools.partial(operator.setitem, copy, Ellipsis, base),
-                  functools.partial(operator.setitem, base, Ellipsis, copy))
+    return (copy, functools.partial(operator.setitem, copy, Ellipsis, base),
+            functools.partial(operator.setitem, base, Ellipsis, copy))
+
+
+def for_mpi4py(obj):
+    """(OBJ as a fallback hands it to mpi4py, load, store): OBJ itself
+    with LOAD and STORE None, or, for an array that xhc takes and mpi4py
+    refuses (not contiguous, or in the other byte order), a contiguous
+    copy in native order with its load and store.  Else the rank that
+    passed it would raise in mpi4py alone, and its peers wait in MPI."""
+    if obj is None or obj is MPI.IN_PLACE or obj is MPI.BOTTOM \
+            or isinstance(obj, (list, tuple)):
+        return obj, None, None  # specifications: mpi4py takes their forms
+    try:
+        arr = _host(obj)
+        if not isinstance(arr, np.ndarray):
+            view = memoryview(arr)
+            arr = arr if view.contiguous else np.asarray(view)
+    except (TypeError, ValueError, BufferError):
+        return obj, None, None  # mpi4py says what is wrong with it
+    if not isinstance(arr, np.ndarray) or not stages(arr) \
+            or arr.dtype.hasobject:
+        return obj, None, None
+    return _copy_of(arr, arr.dtype.newbyteorder("="))
 
 
 # Predefined datatypes that MPI's arithmetic ops refuse, whose mpi4py

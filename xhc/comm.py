@@ -22,8 +22,9 @@ from ._hot import (HotComm, HotRequest, bind_plain, block_hook,
                    kept_holds, progress_hook, run_staged, set_progress)
 from ._xhc import ffi, lib
 from .arena import in_arena
-from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, in_place,
-                      numpy_dtype, plain_tables, predefined, resolve, stages)
+from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, for_mpi4py,
+                      in_place, numpy_dtype, plain_tables, predefined,
+                      resolve, stages)
 from .errors import ReadOnlyError, XhcError, agree, heard, naming_ranks, \
     rank_name
 from .mpierrors import (MPIRequestError, MPIRootTypeError, MPIValueError,
@@ -384,10 +385,46 @@ class Comm(HotComm):
     def _to_mpi4py(self, name, *args):
         self._warn(f"{name}: {self._why}")
         self._fallbacks += 1
+        persistent = name.endswith("_init")
+        blocking = name[:-5] if persistent else name
+        args, loads, stores = self._for_mpi4py(blocking, args)
+        got = self._mpi4py_call(getattr(self._comm, name), *args) \
+            if persistent or not (loads or stores) else None
+        if not (loads or stores):
+            return got
+        call = functools.partial(self._mpi4py_call, _start_wait, got) \
+            if persistent else functools.partial(
+                self._mpi4py_call, getattr(self._comm, name), *args)
+        run = _staged(call, loads, stores)
+        if not persistent:
+            return run()
+        # MPI's request, started and completed between the load and the
+        # store of its copies; every rank's is MPI's, so they match.
+        return Request(run, f"{blocking} (through mpi4py)", self, got,
+                       bind=(0, 0, 0, 0))
+
+    def _mpi4py_call(self, fn, *args):
         try:  # counted as under way: free() must not free a Dup()'s
-            return self._in_core(getattr(self._comm, name), *args)
+            return self._in_core(fn, *args)
         except BaseException as exc:
             raise _settled(exc)
+
+    def _for_mpi4py(self, name, args):
+        """(ARGS of mpi4py's NAME, loads, stores): each buffer that xhc
+        takes and mpi4py refuses replaced by a copy mpi4py takes, loaded
+        before the call, and stored after it where the call writes it."""
+        if name not in _BUFFER_ARGS:
+            return args, (), ()
+        count, out, at = _BUFFER_ARGS[name]
+        args, loads, stores = list(args), [], []
+        for i in range(count):
+            args[i], load, store = for_mpi4py(args[i])
+            if load is not None:
+                loads.append(load)
+                if i == out and (at is None or _same_rank(
+                        args[at], self._comm.rank) == (name == "Reduce")):
+                    stores.append(store)
+        return args, loads, stores
 
     # -- over several nodes (xhc/nodes.py) ------------------------------------
     # The buffers are resolved and checked first, as for a plan, and the
@@ -1246,6 +1283,19 @@ def _size_of(obj):
         return 0
 
 
+# For a fallback: how many buffers a collective takes first, which of them
+# it writes, and where its root is (None: it has none).  A Bcast writes
+# its buffer but at the root; a Reduce its receive buffer at the root
+# alone.
+_BUFFER_ARGS = {"Bcast": (1, 0, 1), "Allreduce": (2, 1, None),
+                "Reduce": (2, 1, 3)}
+
+
+def _start_wait(request):
+    request.Start()
+    request.Wait()
+
+
 def _same_rank(root, rank):
     """Is ROOT (any integer-like object) RANK?  Never raises: a bad root
     is judged later, alike on every rank."""
@@ -1515,6 +1565,8 @@ class Request(HotRequest):
             return False
         self._active = False
         self._call = None
+        if isinstance(self._plan, MPI.Request):  # a fallback's (_to_mpi4py)
+            self._plan.Free()
         self._plan = None
         return True
 

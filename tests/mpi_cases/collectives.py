@@ -26,6 +26,7 @@ import contextlib
 import copy
 import gc
 import hashlib
+import itertools
 import mmap
 import os
 import pickle
@@ -2084,6 +2085,57 @@ def suite_fallback(world, comm, v, sz, args):
     with xhc.Comm(comm) as xcomm:
         fallback_cases(xcomm, comm, v)
         equal_op_cases(xcomm, comm, v)
+        fallback_layout_cases(xcomm, comm, v)
+
+
+def fallback_layout_cases(xcomm, comm, v):
+    """A fallback takes the buffers xhc takes and mpi4py refuses (not
+    contiguous, or in the other byte order), here on some ranks only:
+    mpi4py would raise on those alone, and leave the others in MPI."""
+    n, rank = comm.size, comm.rank
+    usum = MPI.Op.Create(lambda a, b, t: np.add(
+        np.frombuffer(a, t.tocode()), np.frombuffer(b, t.tocode()),
+        out=np.frombuffer(b, t.tocode())), commute=True)
+    ins = [values(np.dtype("f8"), "SUM", seed_of(115, r), 6) for r in range(n)]
+    total = np_fold("SUM", ins)
+
+    def laid_out(r, data):
+        """Rank R's layout: strided, swapped bytes, or plain."""
+        if r % 3 == 0:
+            wide = np.zeros(2 * data.size)
+            wide[::2] = data
+            return wide[::2]
+        return data.astype(">f8" if r % 3 == 1 else "=f8")
+
+    def call(name, persistent, send, recv, root):
+        args = (send, recv, usum) + ((root,) if name == "Reduce" else ())
+        if not persistent:
+            return getattr(xcomm, name)(*args)
+        req = getattr(xcomm, name + "_init")(*args)
+        for _ in range(2):
+            recv[...] = -1
+            req.Start()
+            req.Wait()
+        req.Free()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for name, persistent in itertools.product(("Allreduce", "Reduce"),
+                                                  (False, True)):
+            root = (n - 1) if name == "Reduce" else None
+            send = laid_out(rank, ins[rank])
+            recv = laid_out(rank + 1, np.full(6, -1.0))
+            call(name, persistent, send, recv, root)
+            want = np.full(6, -1.0) if root not in (None, rank) else total
+            v.case(f"fallback of {name}{'_init' * persistent}, layouts "
+                   "mpi4py refuses on some ranks", compare(
+                       recv.astype("=f8"), want, "SUM", np.dtype("f8")))
+        both = laid_out(rank, ins[rank])
+        xcomm.Allreduce(MPI.IN_PLACE, both, op=usum)
+        v.case("fallback of an Allreduce in place, layouts mpi4py refuses "
+               "on some ranks", compare(both.astype("=f8"), total, "SUM",
+                                        np.dtype("f8")))
+    usum.Free()
 
 
 def equal_op_cases(xcomm, comm, v):
