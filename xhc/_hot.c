@@ -1223,9 +1223,17 @@ static PyMethodDef hot_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef hot_members[] = {
+    {"_mpi_handle", T_PYSSIZET, offsetof(HotComm, mpi_handle), 0,
+     "The wrapped communicator's MPI handle (MPI._handleof), where\n"
+     "mpi4py's own methods would read it."},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyType_Slot hot_slots[] = {
     {Py_tp_doc, "The per-call path of xhc.Comm's collectives."},
     {Py_tp_methods, hot_methods},
+    {Py_tp_members, hot_members},
     {Py_tp_traverse, hot_traverse},
     {Py_tp_clear, hot_clear},
     {Py_tp_dealloc, hot_dealloc},

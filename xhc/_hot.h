@@ -18,6 +18,11 @@ enum { BCAST, ALLREDUCE, REDUCE, NPLANS,
 
 typedef struct {
     PyObject_HEAD
+    /* As mpi4py's communicator begins: the wrapped communicator's handle,
+     * then flags of 0. mpi4py's methods do not check the type of self:
+     * MPI.Comm.Get_size(xcomm) reads these, not the fields below. */
+    Py_ssize_t mpi_handle;
+    unsigned mpi_flags;
     void *ctx;               /* NULL: every call takes the Python path */
     xhc_run_fn run;
     xhc_barrier_fn barrier;

@@ -222,6 +222,9 @@ class Comm(HotComm):
             dict(hierarchy) if isinstance(hierarchy, dict) else hierarchy))
         self._owns_comm = False  # made by Dup(): free() frees the comm too
         self.xhc_info = {}
+        if isinstance(comm, Comm):
+            raise TypeError("xhc.Comm needs an intra-communicator (got an "
+                            "xhc.Comm): use that one, or wrap its .comm")
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL \
                 or comm.Is_inter():
             got = "MPI.COMM_NULL" if isinstance(comm, MPI.Comm) and \
@@ -230,6 +233,7 @@ class Comm(HotComm):
                             f"{got}); wrap a communicator such as "
                             "MPI.COMM_WORLD or one from Split(), on the "
                             "ranks that have one")
+        self._mpi_handle = comm.handle
         # Kept, for free() may come after comm.Free() or MPI.Finalize().
         self._rank, self._size = comm.rank, comm.size
         problem = None
@@ -363,9 +367,11 @@ class Comm(HotComm):
 
     def _warn(self, reason):
         if reason not in self._warned:
-            self._warned.add(reason)
+            # Counted once said: a filter that makes it an error raises
+            # it, before the call, every time.
             warnings.warn(f"xhc: {reason}; falling back to mpi4py",
                           RuntimeWarning, stacklevel=_user_level())
+            self._warned.add(reason)
 
     def _fallback(self, name, *args):
         if self._state == "freed":  # by another thread, since _usable()
@@ -1135,6 +1141,7 @@ class Comm(HotComm):
         if self._owns_comm and self._comm != MPI.COMM_NULL \
                 and not MPI.Is_finalized():
             self._comm.Free()
+            self._mpi_handle = MPI.COMM_NULL.handle
 
     def __enter__(self):
         return self
@@ -1155,8 +1162,16 @@ class Comm(HotComm):
 
     def Free(self):
         """free(), then the wrapped communicator's Free(), as MPI's."""
-        self._refuse_if_busy("Free()")
-        self._comm.Free()
+        self._free_with("Free")
+
+    def Disconnect(self):
+        """free(), then the wrapped communicator's Disconnect(), as MPI's."""
+        self._free_with("Disconnect")
+
+    def _free_with(self, name):
+        self._refuse_if_busy(f"{name}()")
+        getattr(self._comm, name)()
+        self._mpi_handle = MPI.COMM_NULL.handle
         self.free()
 
     # Duplicates keep the class, as mpi4py's do: an object of this class
@@ -1379,15 +1394,20 @@ def _address(cdata):
     return int(ffi.cast("uintptr_t", cdata))
 
 
-def _forwarder(name):
+class _Forwarded:
     """An attribute of Comm that is NAME of the wrapped communicator, read
-    and set there (xcomm.name = "solver" names the communicator)."""
-    def get(self):
-        return getattr(self._comm, name)
+    and set there (xcomm.name = "solver" names the communicator); on the
+    class, COMM_TYPE's own (xhc.Comm.Create_keyval is MPI's)."""
+    def __init__(self, name, comm_type):
+        self.name, self.comm_type = name, comm_type
+        self.__doc__ = f"The wrapped communicator's {name}."
 
-    def set_(self, value):
-        setattr(self._comm, name, value)
-    return property(get, set_, doc=f"The wrapped communicator's {name}.")
+    def __get__(self, obj, cls=None):
+        return getattr(self.comm_type if obj is None else obj._comm,
+                       self.name)
+
+    def __set__(self, obj, value):
+        setattr(obj._comm, self.name, value)
 
 
 def _add_passthrough(cls, comm_type):
@@ -1398,7 +1418,7 @@ def _add_passthrough(cls, comm_type):
     """
     for name in dir(comm_type):
         if not name.startswith("_") and not hasattr(cls, name):
-            setattr(cls, name, _forwarder(name))
+            setattr(cls, name, _Forwarded(name, comm_type))
     return cls
 
 

@@ -1330,6 +1330,33 @@ def comparisons(v, xcomm, comm):
            raises(TypeError, hash, xcomm))
 
 
+def mpi4py_methods(v, xcomm, comm):
+    """mpi4py's methods, unbound, read an xhc.Comm as its communicator;
+    the class gives MPI's static ones; Disconnect() frees both; an
+    xhc.Comm is not wrapped again."""
+    got = [MPI.Comm.Get_size(xcomm), MPI.Comm.Get_rank(xcomm),
+           MPI.Comm.Compare(xcomm, comm), xhc.Comm.Get_rank(xcomm)]
+    want = [comm.size, comm.rank, MPI.IDENT, comm.rank]
+    v.case("mpi4py's unbound methods read the wrapped communicator",
+           None if got == want else f"got {got}, want {want}")
+    key = xhc.Comm.Create_keyval()
+    xcomm.Set_attr(key, "kept")
+    got = comm.Get_attr(key)
+    comm.Delete_attr(key)
+    MPI.Comm.Free_keyval(key)
+    v.case("a static method through the class",
+           None if got == "kept" else f"got {got!r}")
+    e = raises_what(xhc.Comm, xcomm)
+    v.case("an xhc.Comm of an xhc.Comm raises TypeError naming it",
+           None if isinstance(e, TypeError) and "got an xhc.Comm" in str(e)
+           else f"raised {e!r}")
+    xsplit = xhc.Comm(comm.Split(0, comm.rank))
+    xsplit.Disconnect()
+    err = None if xsplit.comm == MPI.COMM_NULL else "still a communicator"
+    v.case("Disconnect() frees the communicator and the xhc.Comm",
+           err or raises(xhc.XhcError, xsplit.Barrier))
+
+
 def topology_passthrough(v, comm):
     """A Cartesian or graph communicator keeps its own methods."""
     n, rank = comm.size, comm.rank
@@ -1453,6 +1480,7 @@ def suite_subcomm(xcomm, comm, v, sz, args):
         err = None
     v.case("xhc.Comm of a non-communicator raises TypeError", err)
     comparisons(v, xcomm, comm)
+    mpi4py_methods(v, xcomm, comm)
     topology_passthrough(v, comm)
     duplicates(v, comm)
 
