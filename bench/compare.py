@@ -17,9 +17,11 @@ column's --label), with ``[shm]`` where the buffers came from
 ``xcomm.empty`` (``--shm``) and ``[arena]`` where from
 ``xhc.shared_arrays`` (``--arena``); a repeated name gets the file's
 number.
-Ratios are the first xhc column over every other column.  Columns from
-different files were NOT measured interleaved: on a noisy machine,
-differences below ~30 % between them are noise.  The header names each
+Each ratio is an xhc column over another column: over the columns of
+its own file, the xhc column measured interleaved with them; over those
+of a file without one, and over the other xhc columns, the first xhc
+column.  Columns from different files were NOT measured interleaved: on
+a noisy machine, differences below ~30 % between them are noise.  The header names each
 file's buffers, and marks a file run without ``-c``, whose results
 nothing checked.  A file from a failed run, or one in which an xhc call
 fell back to mpi4py (its xhc column is then partly MPI's), is refused.
@@ -144,33 +146,44 @@ def columns(docs):
     return cols
 
 
+def ratios(cols):
+    """(numerator, denominator) of each ratio: every other column under
+    an xhc column, its own file's where that has one (the two were
+    measured interleaved), else the first file's that has one."""
+    xhcs = [c for c in cols if c[2] == "xhc"]
+    if not xhcs:
+        return []
+    own = {c[1]: c for c in reversed(xhcs)}
+    return [(xhcs[0] if c[2] == "xhc" else own.get(c[1], xhcs[0]), c)
+            for c in cols if c != xhcs[0]]
+
+
 def rows(docs, cols):
     """Yield (size, latencies, ratios) for sizes present in every file."""
     by_size = [{r["size"]: r for r in d["results"]} for d in docs]
-    xhc = next((c for c in cols if c[2] == "xhc"), None)
+    pairs = ratios(cols)
     for size in by_size[0]:
         if not all(size in b for b in by_size):
             continue
-        lat = [by_size[i][size][key]["avg_us"] for _, i, key in cols]
-        ratios = []
-        if xhc is not None:
-            x = by_size[xhc[1]][size]["xhc"]["avg_us"]
-            ratios = [x / v for c, v in zip(cols, lat) if c != xhc]
-        yield size, lat, ratios
+        lat = {c: by_size[c[1]][size][c[2]]["avg_us"] for c in cols}
+        yield size, [lat[c] for c in cols], [lat[x] / lat[c]
+                                              for x, c in pairs]
 
 
 def print_table(docs, paths, out=None):
     """Print the merged OSU table to OUT (stdout)."""
     cols = columns(docs)
     titles = [(f"{name} Avg(us)", "f") for name, _, _ in cols]
-    xhc = next((c for c in cols if c[2] == "xhc"), None)
-    if xhc is not None:
-        titles += [(f"{xhc[0]}/{c[0]}", "f") for c in cols if c != xhc]
+    titles += [(f"{x[0]}/{c[0]}", "f") for x, c in ratios(cols)]
     sized = docs[0]["results"][0]["size"] is not None
+    merged = list(rows(docs, cols))
+    if not merged:
+        raise SystemExit("compare: no size is in every file; run them "
+                         "with sizes in common (-m)")
     table = _osu.Table(titles, sized=sized, out=out)
     table.header(preamble(docs, paths))
-    for size, lat, ratios in rows(docs, cols):
-        table.row(size, lat + ratios)
+    for size, lat, ratio in merged:
+        table.row(size, lat + ratio)
 
 
 def preamble(docs, paths):

@@ -805,6 +805,31 @@ def test_compare_merges_runs(tmp_path, capsys):
                                "0.50"]
 
 
+def test_compare_divides_by_each_files_own_xhc_column(tmp_path, capsys):
+    """A file with an xhc column of its own has its other columns divided
+    by it, measured interleaved with them, not by the first file's; a
+    file without one by the first file's.  Files with no size in common
+    are refused."""
+    a, b = _doc("MPI", ["xhc", "mpi"], 1.0), _doc("MPI", ["xhc", "mpi"], 4.0)
+    c = _doc("MPICH", ["mpi"], 3.0)
+    for row in b["results"]:
+        row["xhc"]["avg_us"] /= 8
+    paths = [str(tmp_path / f"{i}.json") for i in range(3)]
+    for path, doc in zip(paths, (a, b, c)):
+        _osu.write_json(path, doc)
+    assert compare.main(paths) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3].split()[-4:] == ["xhc/MPI", "xhc/xhc#2", "xhc#2/MPI#2",
+                                    "xhc/MPICH"], out[-3]
+    assert out[-1].split() == ["16", "16.00", "16.00", "8.00", "64.00",
+                               "48.00", "1.00", "2.00", "0.12", "0.33"]
+    for row in c["results"]:
+        row["size"] *= 4
+    _osu.write_json(paths[2], c)
+    with pytest.raises(SystemExit, match="no size is in every file"):
+        compare.main(paths)
+
+
 def test_compare_checks_counts_only_of_sizes_it_shows(tmp_path, capsys):
     """A size that not every file has is not in the table, so counts
     that differ there do not refuse the merge."""
