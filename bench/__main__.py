@@ -96,7 +96,8 @@ def _named_for(path, op):
 def parse_args(argv=None):
     """The options; no OP means every collective."""
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    ap.add_argument("-n", "--ranks", type=int, default=2)
+    ap.add_argument("-n", "--ranks", type=int, default=2,
+                    help="ranks to run (default 2)")
     # Checked here, not with choices=: argparse (3.11) checks the empty
     # default of nargs="*" against the choices and refuses it.
     ap.add_argument("ops", nargs="*", metavar="OP",
@@ -108,6 +109,8 @@ def parse_args(argv=None):
                     "bcast), and with several OPs a --json or --plot FILE "
                     "of its own (a.json: a-bcast.json, ...)")
     args = ap.parse_args(argv)
+    if args.ranks < 1:  # mpiexec -n 0 would take every slot it finds
+        ap.error(f"-n {args.ranks}: give 1 or more ranks")
     bad = [op for op in args.ops if op not in SWEEPS]
     if bad:
         ap.error(f"unknown OP {bad[0]!r}: choose from {', '.join(SWEEPS)}")

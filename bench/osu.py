@@ -500,10 +500,7 @@ def _sizes(opts):
     sizes = _osu.message_sizes(opts.message_size, item,
                                f"one {opts.dtype} element"
                                if opts.command != "bcast" else "one byte")
-    if opts.command != "bcast":
-        sizes = [s for s in sizes if s >= item]
-        if not sizes:
-            raise ValueError(f"no size holds one {opts.dtype} element")
+    if opts.command != "bcast":  # a size below one element is odd too
         odd = [s for s in sizes if s % item]
         if odd:
             raise ValueError(

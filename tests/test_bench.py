@@ -481,6 +481,9 @@ def test_osu_peer_refuses_another_mpi(monkeypatch):
      r"each\), .*: lower the largest size$"),
     ("allreduce", "4", "float64", r"^-m 4: 4 bytes is less than the least "
      r"size, 8 \(one float64 element\)$"),
+    ("allreduce", "4:16", "float64", "-m 4:16: 4 bytes is not a whole "
+     "number of float64 elements"),
+    ("reduce", "3:5", "float64", "-m 3:5: 3 bytes is not a whole number"),
     ("allreduce", "64KiB:32K", "float64", "minimum 65536 exceeds maximum"),
     ("bcast", "0", "float64", r"^bad message size '0': give a byte count of "
      r"1 or more, with an optional K, M or G suffix, such as 64K$"),
@@ -508,8 +511,9 @@ def test_osu_float16_sums_limited_to_exact_rank_counts():
     from bench import _osu, osu
 
     def refused(nranks, dtype="float16", op="sum"):
+        least = np.dtype(dtype).itemsize
         opts = types.SimpleNamespace(command="allreduce", root=0, op=op,
-                                     dtype=dtype, message_size="2:64",
+                                     dtype=dtype, message_size=f"{least}:64",
                                      json=None, plot=None, peer=None, cold=0)
         return osu._option_error(opts, nranks, 1)
 
@@ -990,3 +994,10 @@ def test_bench_main_options():
     assert parse_args(["-n", "4", "bcast"]).ops == ["bcast"]
     with pytest.raises(SystemExit):
         parse_args(["bogus"])
+
+
+def test_bench_main_refuses_no_ranks(capsys):
+    from bench.__main__ import parse_args
+    with pytest.raises(SystemExit):
+        parse_args(["-n", "0"])
+    assert "-n 0: give 1 or more ranks" in capsys.readouterr().err

@@ -185,6 +185,40 @@ def test_verify_holds_xhc_to_the_mpi(n, tmp_path):
                      r"MPI_MAX\) gave", proc.stdout), proc.stdout
 
 
+# bench.miniamr with xhc's float64 Allreduce(SUM), the checksums, giving
+# the last rank a doubled sum from the fifth call on: a check fails there
+# alone.
+ONE_RANK_WRONG = """
+import sys
+import numpy as np
+from mpi4py import MPI
+import xhc
+from bench.miniamr import driver
+real = xhc.Comm.Allreduce
+calls = [0]
+def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+    real(self, sendbuf, recvbuf, op)
+    if recvbuf.dtype == np.float64 and op == MPI.SUM:
+        calls[0] += 1
+        if calls[0] >= 5 and self.rank == self.size - 1:
+            recvbuf *= 2
+xhc.Comm.Allreduce = Allreduce
+sys.exit(driver.main(sys.argv[1:]))
+"""
+
+
+def test_a_check_failed_on_one_rank_says_so(tmp_path):
+    """A checksum that only one rank sees wrong (a collective that gave
+    the ranks different results) is reported by that rank."""
+    script = tmp_path / "one_rank_wrong.py"
+    script.write_text(ONE_RANK_WRONG)
+    proc = run_mpi(2, [str(script), "--coll", "xhc", *decomp_args(2),
+                       *PROBLEM], timeout=120, check=False)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert re.search(r"rank 1: Time step \d+ stage \d+ sum .* too large",
+                     proc.stderr), proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("args, text", [
     (["--help"], "usage: python -m mpi4py -m bench.miniamr"),
     (["--bogus"], "error: unrecognized arguments: --bogus"),

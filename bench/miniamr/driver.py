@@ -86,6 +86,16 @@ class Run:
         if self.rank == 0:
             print(*a, flush=True)
 
+    def fail(self, msg):
+        """Say MSG, a failed check, from whichever rank saw it: rank 0 on
+        stdout, as say(); another on stderr, naming itself, for a
+        collective that gave the ranks different results may fail the
+        check on some ranks alone."""
+        if self.rank == 0:
+            self.say(msg)
+        else:
+            print(f"rank {self.rank}: {msg}", file=sys.stderr, flush=True)
+
     def execute(self):
         o = self.o
         self.calc = stencil(o.stencil)
@@ -156,7 +166,7 @@ class Run:
         bad = checksum.compare(sums, grid_sum[s:e], o.tol) \
             if self.check else []
         for v, new, old, rel in bad:
-            self.say(f"Time step {ts} stage {stage} sum {new!r} (old "
+            self.fail(f"Time step {ts} stage {stage} sum {new!r} (old "
                      f"{old!r}) variable {s + v} difference {rel:.3e} too "
                      f"large (tol {o.tol:g})")
         if bad:
@@ -211,9 +221,9 @@ class Run:
             if o.json:
                 report.write_json(rep, o.json)
         if bad:
-            self.say(f"final checksum differs from the last check: {bad}")
+            self.fail(f"final checksum differs from the last check: {bad}")
         if differ:
-            self.say(f"final checksum over --coll {o.coll} "
+            self.fail(f"final checksum over --coll {o.coll} "
                      f"{[v.hex() for v in coll.tolist()]} differs from "
                      f"the plain MPI's {[v.hex() for v in final.tolist()]}")
         wrong = self.unverified()

@@ -54,7 +54,8 @@ class VerifiedComm(TimedComm):
             return
         self._wrong.append(
             f"{name}{self._k[name][len(name):]}({got.dtype}{_op_name(op)}) "
-            f"gave {got.ravel()[:4]} where the MPI gave {want.ravel()[:4]}")
+            f"gave {got.ravel()[:4].tolist()} where the MPI gave "
+            f"{want.ravel()[:4].tolist()}")
         got[...] = want
 
 
