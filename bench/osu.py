@@ -693,22 +693,24 @@ def reduce_stats(comm, case, iters):
             "iterations": iters, "blocks_us": list(blocks / comm.size)}
 
 
-# A block of STALL_CALLS calls or more that is STALL times slower than the
-# size's median block is flagged for a rerun: most often a stall of the
-# machine (this VM has them), but it may be that column's own calls.
+# A block that is STALL times slower than the size's median block is
+# flagged for a rerun: most often a stall of the machine (this VM has
+# them), but it may be that column's own calls.  Below STALL_CALLS calls a
+# block, where one slow call weighs more on its mean, it takes that much
+# more: a block of 4 calls, 7.5 times.
 STALL, STALL_CALLS = 3.0, 10
 
 
 def stalls(size, impls, stats):
     """Return a note for each implementation whose slowest block at SIZE
-    took STALL times its median block or more."""
+    took STALL times its median block or more (more for short blocks)."""
     notes = []
     for im, st in zip(impls, stats):
         blocks = st["blocks_us"]
         median = float(np.median(blocks))
         calls = st["iterations"] / max(1, len(blocks))
-        if len(blocks) >= 4 and calls >= STALL_CALLS \
-                and max(blocks) >= STALL * median > 0:
+        factor = STALL * max(1.0, STALL_CALLS / calls)
+        if len(blocks) >= 4 and max(blocks) >= factor * median > 0:
             where = f"{size} B" if size is not None else "the barrier"
             notes.append(f"note: {where}: one block of {im.label} took "
                          f"{max(blocks) / median:.1f}x its median block "

@@ -996,6 +996,24 @@ def test_bench_main_options():
         parse_args(["bogus"])
 
 
+def test_stall_notes_take_more_of_short_blocks():
+    """A block 3x its median is noted; one of 4 calls only from 7.5x,
+    where one slow call weighs more on its mean, but a stall of 1000x
+    still is."""
+    import types
+    from bench import osu
+    im = [types.SimpleNamespace(label="xhc")]
+
+    def noted(blocks, calls):
+        return osu.stalls(8, im, [{"blocks_us": blocks,
+                                   "iterations": calls * len(blocks)}])
+    assert noted([1, 1, 1, 3.1], 10) and not noted([1, 1, 1, 2.9], 10)
+    assert noted([1, 1, 1, 1000], 4) and noted([1, 1, 1, 7.6], 4)
+    assert not noted([1, 1, 1, 7.4], 4) and not noted([1, 1, 9], 40)
+    assert "one block of xhc took 1000.0x its median block" in \
+        noted([1, 1, 1, 1000], 4)[0]
+
+
 def test_bench_main_refuses_no_ranks(capsys):
     from bench.__main__ import parse_args
     with pytest.raises(SystemExit):
