@@ -1014,6 +1014,20 @@ def test_stall_notes_take_more_of_short_blocks():
         noted([1, 1, 1, 1000], 4)[0]
 
 
+def test_osu_notes_a_fallback_beside_the_table(capsys):
+    """Calls any rank handed to mpi4py are summed over the ranks and
+    noted on stdout, with the table whose xhc column they are in."""
+    import types
+    from bench import osu
+    comm = types.SimpleNamespace(rank=0, gather=lambda x, root: [x, x])
+    run = types.SimpleNamespace(comm=comm, doc={}, opts=types.SimpleNamespace(
+        json=None, plot=None))
+    osu.finish(run, types.SimpleNamespace(stats={"fallback": 1, "eager": 3}))
+    assert capsys.readouterr().out == "# note: 2 xhc calls fell back to " \
+        "mpi4py: the xhc column is partly MPI's\n"
+    assert run.doc["xhc_stats"] == {"fallback": 2, "eager": 6}
+
+
 def test_bench_main_refuses_no_ranks(capsys):
     from bench.__main__ import parse_args
     with pytest.raises(SystemExit):
