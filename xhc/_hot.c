@@ -1225,7 +1225,7 @@ static PyMethodDef hot_methods[] = {
 
 static PyMemberDef hot_members[] = {
     {"_mpi_handle", T_PYSSIZET, offsetof(HotComm, mpi_handle), 0,
-     "The wrapped communicator's MPI handle (MPI._handleof), where\n"
+     "The wrapped communicator's MPI handle (its .handle), where\n"
      "mpi4py's own methods would read it."},
     {NULL, 0, 0, 0, NULL},
 };

@@ -394,19 +394,18 @@ class Comm(HotComm):
         persistent = name.endswith("_init")
         blocking = name[:-5] if persistent else name
         args, loads, stores = self._for_mpi4py(blocking, args)
-        got = self._mpi4py_call(getattr(self._comm, name), *args) \
-            if persistent or not (loads or stores) else None
+        call = functools.partial(self._mpi4py_call, getattr(self._comm, name),
+                                 *args)
         if not (loads or stores):
-            return got
-        call = functools.partial(self._mpi4py_call, _start_wait, got) \
-            if persistent else functools.partial(
-                self._mpi4py_call, getattr(self._comm, name), *args)
-        run = _staged(call, loads, stores)
+            return call()
         if not persistent:
-            return run()
+            return _staged(call, loads, stores)()
         # MPI's request, started and completed between the load and the
-        # store of its copies; every rank's is MPI's, so they match.
-        return Request(run, f"{blocking} (through mpi4py)", self, got,
+        # store of its copies: every rank's is MPI's, so they match.
+        mpi_request = call()
+        run = _staged(functools.partial(self._mpi4py_call, _start_wait,
+                                        mpi_request), loads, stores)
+        return Request(run, f"{blocking} (through mpi4py)", self, mpi_request,
                        bind=(0, 0, 0, 0))
 
     def _mpi4py_call(self, fn, *args):
@@ -1585,8 +1584,8 @@ class Request(HotRequest):
             return False
         self._active = False
         self._call = None
-        if isinstance(self._plan, MPI.Request):  # a fallback's (_to_mpi4py)
-            self._plan.Free()
+        if isinstance(self._plan, MPI.Request) and not MPI.Is_finalized():
+            self._plan.Free()  # a fallback's (Comm._to_mpi4py)
         self._plan = None
         return True
 
