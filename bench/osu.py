@@ -980,8 +980,9 @@ def finish(run, xcomm, error=None):
         stats = {k: sum(s[k] for s in every) for k in every[0]}
         run.doc["xhc_stats"] = stats
         if stats.get("fallback"):  # beside the table it weighs on
-            print(f"# note: {stats['fallback']} xhc calls fell back to "
-                  "mpi4py: the xhc column is partly MPI's", flush=True)
+            print(f"# note: {stats['fallback']} xhc calls (summed over "
+                  "the ranks) fell back to mpi4py: the xhc column is partly "
+                  "MPI's", flush=True)
     if error:
         run.doc["error"] = error
     if run.opts.json:

@@ -1023,8 +1023,8 @@ def test_osu_notes_a_fallback_beside_the_table(capsys):
     run = types.SimpleNamespace(comm=comm, doc={}, opts=types.SimpleNamespace(
         json=None, plot=None))
     osu.finish(run, types.SimpleNamespace(stats={"fallback": 1, "eager": 3}))
-    assert capsys.readouterr().out == "# note: 2 xhc calls fell back to " \
-        "mpi4py: the xhc column is partly MPI's\n"
+    assert capsys.readouterr().out == "# note: 2 xhc calls (summed over " \
+        "the ranks) fell back to mpi4py: the xhc column is partly MPI's\n"
     assert run.doc["xhc_stats"] == {"fallback": 2, "eager": 6}
 
 

@@ -99,6 +99,13 @@ def test_every_suite_default_config(n):
     run_suites(n, ALL_SUITES)
 
 
+def test_fallback_under_debug():
+    """XHC_DEBUG compares every Start() of xhc's requests, but not those
+    of requests MPI matches (a fallback's, even where xhc copies their
+    buffers): some ranks with such a request, others with mpi4py's."""
+    run_suites(4, ["fallback"], env={"XHC_DEBUG": "1"})
+
+
 @pytest.mark.parametrize("n,env,levels", VARIANTS)
 def test_variant(n, env, levels):
     # Every case up to 4 ranks; a thinner selection above (time budget).

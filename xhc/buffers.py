@@ -8,6 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ._xhc import ffi, lib
+from .errors import ReadOnlyError
 from .mpierrors import MPIValueError
 
 # The ops the core reduces with: (op, the core's code, name).
@@ -195,26 +196,57 @@ def _copy_of(arr, dtype):
             functools.partial(operator.setitem, base, Ellipsis, copy))
 
 
-def for_mpi4py(obj):
+def for_mpi4py(obj, written=False):
     """(OBJ as a fallback hands it to mpi4py, load, store): OBJ itself
     with LOAD and STORE None, or, for an array that xhc takes and mpi4py
     refuses (not contiguous, or in the other byte order), a contiguous
     copy in native order with its load and store.  Else the rank that
-    passed it would raise in mpi4py alone, and its peers wait in MPI."""
+    passed it would raise in mpi4py alone, and its peers wait in MPI.
+    WRITTEN: the call writes it, so a read-only one raises here, as on
+    xhc's own path."""
     if obj is None or obj is MPI.IN_PLACE or obj is MPI.BOTTOM \
             or isinstance(obj, (list, tuple)):
         return obj, None, None  # specifications: mpi4py takes their forms
+    arr = _array_of(obj)
+    if arr is None or not stages(arr) or arr.dtype.hasobject:
+        return obj, None, None
+    if written and not arr.flags.writeable:
+        raise ReadOnlyError("the receive buffer is read-only; pass a "
+                            "writable array")
+    return _copy_of(arr, arr.dtype.newbyteorder("="))
+
+
+def _array_of(obj):
+    """OBJ as an ndarray on its memory, or OBJ itself where it is one
+    contiguous buffer; None where mpi4py will say what is wrong."""
     try:
         arr = _host(obj)
-        if not isinstance(arr, np.ndarray):
-            view = memoryview(arr)
-            arr = arr if view.contiguous else np.asarray(view)
+        if isinstance(arr, np.ndarray):
+            return arr
+        view = memoryview(arr)
+        return arr if view.contiguous else np.asarray(view)
     except (TypeError, ValueError, BufferError):
-        return obj, None, None  # mpi4py says what is wrong with it
-    if not isinstance(arr, np.ndarray) or not stages(arr) \
-            or arr.dtype.hasobject:
-        return obj, None, None
-    return _copy_of(arr, arr.dtype.newbyteorder("="))
+        return None
+
+
+def start_of(obj):
+    """Where the memory mpi4py would hand MPI for OBJ (a buffer, or a
+    specification [buf, datatype] or [buf, count, datatype]) begins; None
+    for any other, and for no memory."""
+    if isinstance(obj, (list, tuple)):
+        if not 2 <= len(obj) <= 3 or isinstance(obj[1], (list, tuple)):
+            return None
+        obj = obj[0]
+    arr = _array_of(obj)
+    try:
+        if arr is not None and not isinstance(arr, np.ndarray):
+            arr = np.frombuffer(memoryview(arr).cast("B"), np.uint8)
+    except (TypeError, ValueError, BufferError):
+        return None
+    if arr is None or not arr.nbytes or not (arr.flags.c_contiguous or
+                                             arr.flags.f_contiguous):
+        return None
+    return arr.__array_interface__["data"][0]
 
 
 # Predefined datatypes that MPI's arithmetic ops refuse, whose mpi4py

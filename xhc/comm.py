@@ -24,7 +24,7 @@ from ._xhc import ffi, lib
 from .arena import in_arena
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, for_mpi4py,
                       in_place, numpy_dtype, plain_tables, predefined,
-                      resolve, stages)
+                      resolve, stages, start_of)
 from .errors import ReadOnlyError, XhcError, agree, heard, naming_ranks, \
     rank_name
 from .mpierrors import (MPIRequestError, MPIRootTypeError, MPIValueError,
@@ -405,8 +405,8 @@ class Comm(HotComm):
         mpi_request = call()
         run = _staged(functools.partial(self._mpi4py_call, _start_wait,
                                         mpi_request), loads, stores)
-        return Request(run, f"{blocking} (through mpi4py)", self, mpi_request,
-                       bind=(0, 0, 0, 0))
+        return OverMPI(run, f"{blocking} (through mpi4py)", self,
+                       mpi_request, bind=(0, 0, 0, 0))
 
     def _mpi4py_call(self, fn, *args):
         try:  # counted as under way: free() must not free a Dup()'s
@@ -415,20 +415,24 @@ class Comm(HotComm):
             raise _settled(exc)
 
     def _for_mpi4py(self, name, args):
-        """(ARGS of mpi4py's NAME, loads, stores): each buffer that xhc
-        takes and mpi4py refuses replaced by a copy mpi4py takes, loaded
-        before the call, and stored after it where the call writes it."""
-        if name not in _BUFFER_ARGS:
+        """(ARGS of mpi4py's NAME, loads, stores): for a reduction, each
+        buffer that xhc takes and mpi4py refuses replaced by a copy
+        mpi4py takes, loaded before the call and stored after it where
+        the call writes it; one array passed as both buffers, which MPI
+        refuses, passed as IN_PLACE, as xhc's own path takes it."""
+        if name not in _ROOT_ARG:  # a Barrier, or objects
             return args, (), ()
-        count, out, at = _BUFFER_ARGS[name]
+        at = _ROOT_ARG[name]
+        root = at is None or _same_rank(args[at], self._comm.rank)
         args, loads, stores = list(args), [], []
-        for i in range(count):
-            args[i], load, store = for_mpi4py(args[i])
+        for i, written in ((0, False), (1, root)):
+            args[i], load, store = for_mpi4py(args[i], written)
             if load is not None:
                 loads.append(load)
-                if i == out and (at is None or _same_rank(
-                        args[at], self._comm.rank) == (name == "Reduce")):
-                    stores.append(store)
+                stores += [store] if written else []
+        if root and not loads and start_of(args[0]) is not None and \
+                start_of(args[0]) == start_of(args[1]):
+            args[0] = MPI.IN_PLACE
         return args, loads, stores
 
     # -- over several nodes (xhc/nodes.py) ------------------------------------
@@ -1137,10 +1141,13 @@ class Comm(HotComm):
         self._keep.clear()
         if self._nodes is not None:  # kept: a call under way may hold it
             self._nodes.free()
+        # mpi4py's methods called with this object (HotComm) find it freed,
+        # as they find a freed communicator, whatever becomes of the one
+        # it wrapped.
+        self._mpi_handle = MPI.COMM_NULL.handle
         if self._owns_comm and self._comm != MPI.COMM_NULL \
                 and not MPI.Is_finalized():
             self._comm.Free()
-            self._mpi_handle = MPI.COMM_NULL.handle
 
     def __enter__(self):
         return self
@@ -1170,7 +1177,6 @@ class Comm(HotComm):
     def _free_with(self, name):
         self._refuse_if_busy(f"{name}()")
         getattr(self._comm, name)()
-        self._mpi_handle = MPI.COMM_NULL.handle
         self.free()
 
     # Duplicates keep the class, as mpi4py's do: an object of this class
@@ -1297,12 +1303,10 @@ def _size_of(obj):
         return 0
 
 
-# For a fallback: how many buffers a collective takes first, which of them
-# it writes, and where its root is (None: it has none).  A Bcast writes
-# its buffer but at the root; a Reduce its receive buffer at the root
-# alone.
-_BUFFER_ARGS = {"Bcast": (1, 0, 1), "Allreduce": (2, 1, None),
-                "Reduce": (2, 1, 3)}
+# For a fallback: the reductions (which take a send and a receive buffer
+# first) and where their root is (None: every rank receives).  A Bcast
+# never falls back: over several nodes xhc carries it between them.
+_ROOT_ARG = {"Allreduce": None, "Reduce": 3}
 
 
 def _start_wait(request):
@@ -1407,6 +1411,9 @@ class _Forwarded:
 
     def __set__(self, obj, value):
         setattr(obj._comm, self.name, value)
+
+    def __delete__(self, obj):
+        delattr(obj._comm, self.name)
 
 
 def _add_passthrough(cls, comm_type):
@@ -1620,6 +1627,14 @@ class Request(HotRequest):
 for _name in completion.CALLS:
     setattr(Request, _name, staticmethod(getattr(completion, _name)))
 del _name
+
+
+class OverMPI(Request):
+    """A *_init that fell back to mpi4py with buffers mpi4py takes only
+    through copies: Start() loads them, starts and completes MPI's own
+    persistent request, and stores them back.  MPI matches it with the
+    other ranks' mpi4py requests, so XHC_DEBUG does not compare its
+    Start()s (theirs are MPI's)."""
 
 
 def _path_counts(ctx):

@@ -150,9 +150,9 @@ def _checking_starts(xcomm, req, number):
     compare that number over every rank before each Start(): ranks that
     start a communicator's requests in different orders would each run
     its own with another's call of its peers.  (mpi4py's requests, of a
-    call that fell back, are MPI's to match.)"""
-    from .comm import Request, _settled  # it imports this module
-    if not isinstance(req, Request):
+    call that fell back, are MPI's to match, and so are OverMPI's.)"""
+    from .comm import OverMPI, Request, _settled  # it imports this module
+    if not isinstance(req, Request) or isinstance(req, OverMPI):
         return req
     req._hot_bind(xcomm, 0, 0, 0, 0)  # every Start() through _Start
 

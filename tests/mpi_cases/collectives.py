@@ -1355,6 +1355,12 @@ def mpi4py_methods(v, xcomm, comm):
     err = None if xsplit.comm == MPI.COMM_NULL else "still a communicator"
     v.case("Disconnect() frees the communicator and the xhc.Comm",
            err or raises(xhc.XhcError, xsplit.Barrier))
+    split = comm.Split(0, comm.rank)
+    xsplit = xhc.Comm(split)
+    xsplit.free()
+    split.Free()
+    v.case("mpi4py's unbound methods find a freed xhc.Comm freed",
+           raises(MPI.Exception, MPI.Comm.Get_size, xsplit))
 
 
 def topology_passthrough(v, comm):
@@ -2118,51 +2124,60 @@ def suite_fallback(world, comm, v, sz, args):
 
 def fallback_layout_cases(xcomm, comm, v):
     """A fallback takes the buffers xhc takes and mpi4py refuses (not
-    contiguous, or in the other byte order), here on some ranks only:
-    mpi4py would raise on those alone, and leave the others in MPI."""
+    contiguous, or in the other byte order), and one array as both
+    buffers, here on some ranks only: mpi4py would raise on those alone,
+    and leave the others in MPI.  A rank whose buffers it takes as they
+    are gets mpi4py's request from *_init, the others an xhc request over
+    one: MPI matches them (under XHC_DEBUG too).  A Reduce writes nothing
+    off its root: those ranks' receive buffers are read-only here."""
     n, rank = comm.size, comm.rank
     usum = MPI.Op.Create(lambda a, b, t: np.add(
         np.frombuffer(a, t.tocode()), np.frombuffer(b, t.tocode()),
         out=np.frombuffer(b, t.tocode())), commute=True)
     ins = [values(np.dtype("f8"), "SUM", seed_of(115, r), 6) for r in range(n)]
     total = np_fold("SUM", ins)
+    # Per rank, by rank % 4: the send and the receive buffer's layouts.
+    send_as, recv_as = [("strided", "plain"), ("plain", "plain"),
+                        ("swapped", "strided"), ("twice", "twice")][rank % 4]
 
-    def laid_out(r, data):
-        """Rank R's layout: strided, swapped bytes, or plain."""
-        if r % 3 == 0:
+    def laid_out(how, data):
+        if how == "strided":
             wide = np.zeros(2 * data.size)
             wide[::2] = data
             return wide[::2]
-        return data.astype(">f8" if r % 3 == 1 else "=f8")
+        return data.astype(">f8" if how == "swapped" else "=f8")
 
-    def call(name, persistent, send, recv, root):
+    def call(name, persistent, root):
+        twice = send_as == "twice"
+        recv = laid_out(recv_as, ins[rank] if twice else np.full(6, -1.0))
+        send = recv if twice else laid_out(send_as, ins[rank])
+        if root not in (None, rank):
+            recv.flags.writeable = False
         args = (send, recv, usum) + ((root,) if name == "Reduce" else ())
-        if not persistent:
-            return getattr(xcomm, name)(*args)
-        req = getattr(xcomm, name + "_init")(*args)
-        for _ in range(2):
-            recv[...] = -1
+        for _ in range(2 if persistent else 1):
+            if twice and recv.flags.writeable:
+                recv[...] = ins[rank]
+            if not persistent:
+                getattr(xcomm, name)(*args)
+                continue
+            req = getattr(xcomm, name + "_init")(*args)
             req.Start()
             req.Wait()
-        req.Free()
+            req.Free()
+        return recv
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         for name, persistent in itertools.product(("Allreduce", "Reduce"),
                                                   (False, True)):
-            root = (n - 1) if name == "Reduce" else None
-            send = laid_out(rank, ins[rank])
-            recv = laid_out(rank + 1, np.full(6, -1.0))
-            call(name, persistent, send, recv, root)
-            want = np.full(6, -1.0) if root not in (None, rank) else total
-            v.case(f"fallback of {name}{'_init' * persistent}, layouts "
-                   "mpi4py refuses on some ranks", compare(
-                       recv.astype("=f8"), want, "SUM", np.dtype("f8")))
-        both = laid_out(rank, ins[rank])
-        xcomm.Allreduce(MPI.IN_PLACE, both, op=usum)
-        v.case("fallback of an Allreduce in place, layouts mpi4py refuses "
-               "on some ranks", compare(both.astype("=f8"), total, "SUM",
-                                        np.dtype("f8")))
+            for root in ((None,) if name == "Allreduce" else range(n)):
+                got = call(name, persistent, root)
+                want = total if root in (None, rank) else (
+                    ins[rank] if send_as == "twice" else np.full(6, -1.0))
+                v.case(f"fallback of {name}{'_init' * persistent} (root "
+                       f"{root}), layouts mpi4py refuses on some ranks",
+                       compare(got.astype("=f8"), want, "SUM",
+                               np.dtype("f8")))
     usum.Free()
 
 
