@@ -1013,6 +1013,9 @@ static void hot_dealloc(HotComm *h)
  * Waitany and Waitsome pick each start once. */
 typedef struct {
     PyObject_HEAD
+    MPI4PY_HEAD
+    PyObject *mpi_weakref;   /* as mpi4py's request goes on: NULL, */
+    PyObject *mpi_buf;       /* and None, which its Wait() sets again */
     xhc_run_fn run;          /* with CALL; or NULL and: */
     xhc_barrier_fn barrier;  /* with CTX; both NULL: unbound */
     void *call;
@@ -1142,6 +1145,12 @@ static PyMethodDef req_methods[] = {
 };
 
 static PyMemberDef req_members[] = {
+    {"_mpi_handle", T_PYSSIZET, offsetof(HotRequest, mpi_handle), 0,
+     "MPI.REQUEST_NULL's handle, where mpi4py's own methods would read\n"
+     "a request's (Start() completes the operation)."},
+    {"_mpi_buf", T_OBJECT, offsetof(HotRequest, mpi_buf), 0,
+     "None, where mpi4py's request holds its buffer (its methods\n"
+     "replace it without a check for NULL)."},
     {"_active", T_BOOL, offsetof(HotRequest, active), 0,
      "Started and not yet completed by a Wait or a Test."},
     {"_released", T_BOOL, offsetof(HotRequest, released), READONLY,
@@ -1153,6 +1162,7 @@ static int req_traverse(HotRequest *r, visitproc visit, void *arg)
 {
     Py_VISIT(r->owner);
     Py_VISIT(r->across);
+    Py_VISIT(r->mpi_buf);
     Py_VISIT(Py_TYPE(r));
     return 0;
 }
@@ -1162,6 +1172,7 @@ static int req_clear(HotRequest *r)
     r->run = NULL, r->barrier = NULL;
     Py_CLEAR(r->owner);
     Py_CLEAR(r->across);
+    Py_CLEAR(r->mpi_buf);
     return 0;
 }
 
@@ -1226,7 +1237,7 @@ static PyMethodDef hot_methods[] = {
 static PyMemberDef hot_members[] = {
     {"_mpi_handle", T_PYSSIZET, offsetof(HotComm, mpi_handle), 0,
      "The wrapped communicator's MPI handle (its .handle), where\n"
-     "mpi4py's own methods would read it."},
+     "mpi4py's own methods would read it (MPI4PY_HEAD)."},
     {NULL, 0, 0, 0, NULL},
 };
 

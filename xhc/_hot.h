@@ -16,13 +16,18 @@ typedef int (*xhc_barrier_fn)(void *ctx);
 enum { BCAST, ALLREDUCE, REDUCE, NPLANS,
        OBJ_ALLREDUCE = NPLANS, OBJ_REDUCE, OBJ_BCAST, NKINDS };
 
+/* How mpi4py's objects begin (its MPI.h): an MPI handle, then flags, 0
+ * here. mpi4py's methods do not check the type of self, so one called
+ * with an xhc object (MPI.Comm.Get_size(xcomm)) reads these, not the
+ * fields after them: the handle is the wrapped communicator's, or a null
+ * one (a request's, or a freed communicator's). */
+#define MPI4PY_HEAD       \
+    Py_ssize_t mpi_handle; \
+    unsigned mpi_flags;
+
 typedef struct {
     PyObject_HEAD
-    /* As mpi4py's communicator begins: the wrapped communicator's handle,
-     * then flags of 0. mpi4py's methods do not check the type of self:
-     * MPI.Comm.Get_size(xcomm) reads these, not the fields below. */
-    Py_ssize_t mpi_handle;
-    unsigned mpi_flags;
+    MPI4PY_HEAD
     void *ctx;               /* NULL: every call takes the Python path */
     xhc_run_fn run;
     xhc_barrier_fn barrier;

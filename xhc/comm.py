@@ -1463,6 +1463,8 @@ class Request(HotRequest):
     _before_start = None
 
     def __init__(self, call, what, xcomm, plan=None, bind=None):
+        self._mpi_handle = MPI.REQUEST_NULL.handle  # see HotRequest
+        self._mpi_buf = None
         self._call = call
         self._what = what
         self._xcomm = xcomm

@@ -1361,6 +1361,15 @@ def mpi4py_methods(v, xcomm, comm):
     split.Free()
     v.case("mpi4py's unbound methods find a freed xhc.Comm freed",
            raises(MPI.Exception, MPI.Comm.Get_size, xsplit))
+    out = np.zeros(3)
+    req = xcomm.Allreduce_init(np.ones(3), out)
+    req.Start()
+    got = [MPI.Request.Wait(req), MPI.Request.Test(req), bool(req)]
+    req.Wait()
+    req.Free()
+    v.case("mpi4py's unbound request methods see a null request",
+           None if got == [True, True, True] and (out == comm.size).all()
+           else f"got {got}, {out}")
 
 
 def topology_passthrough(v, comm):
