@@ -229,6 +229,17 @@ def _array_of(obj):
         return None
 
 
+def blank_like(obj):
+    """New memory in the form of OBJ, a buffer or a specification that
+    mpi4py takes: where a Reduce root whose own receive buffer is bad
+    receives, so as to take part."""
+    if isinstance(obj, (list, tuple)):
+        return [blank_like(obj[0]), *obj[1:]]
+    arr = _array_of(obj)
+    return np.empty_like(arr if isinstance(arr, np.ndarray)
+                         else np.asarray(memoryview(arr)))
+
+
 def start_of(obj):
     """Where the memory mpi4py would hand MPI for OBJ (a buffer, or a
     specification [buf, datatype] or [buf, count, datatype]) begins; None

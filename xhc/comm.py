@@ -22,9 +22,9 @@ from ._hot import (HotComm, HotRequest, bind_plain, block_hook,
                    kept_holds, progress_hook, run_staged, set_progress)
 from ._xhc import ffi, lib
 from .arena import in_arena
-from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, for_mpi4py,
-                      in_place, numpy_dtype, plain_tables, predefined,
-                      resolve, stages, start_of)
+from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, blank_like,
+                      for_mpi4py, in_place, numpy_dtype, plain_tables,
+                      predefined, resolve, stages, start_of)
 from .errors import ReadOnlyError, XhcError, agree, heard, naming_ranks, \
     rank_name
 from .mpierrors import (MPIRequestError, MPIRootTypeError, MPIValueError,
@@ -393,6 +393,8 @@ class Comm(HotComm):
         self._fallbacks += 1
         persistent = name.endswith("_init")
         blocking = name[:-5] if persistent else name
+        if name == "Reduce":
+            self._root_takes_part(*args)
         args, loads, stores = self._for_mpi4py(blocking, args)
         call = functools.partial(self._mpi4py_call, getattr(self._comm, name),
                                  *args)
@@ -407,6 +409,24 @@ class Comm(HotComm):
                                         mpi_request), loads, stores)
         return OverMPI(run, f"{blocking} (through mpi4py)", self,
                        mpi_request, bind=(0, 0, 0, 0))
+
+    def _root_takes_part(self, sendbuf, recvbuf, op, root):
+        """At a fallback Reduce's root, a receive buffer xhc's own path
+        refuses: only the root sees it, so it takes part into new memory,
+        then raises, and its peers stay in step (mpi4py would raise at
+        the root alone, and match their next Reduce with this one)."""
+        if in_place(sendbuf) or not _same_rank(root, self._comm.rank):
+            return
+        s = resolve(sendbuf)
+        try:
+            _check_pair(s, resolve(recvbuf), "Reduce")
+        except (TypeError, ValueError) as exc:
+            send, load, _ = for_mpi4py(sendbuf)
+            if load is not None:
+                load()
+            self._mpi4py_call(self._comm.Reduce, send, blank_like(send), op,
+                              root)
+            raise _settled(exc)
 
     def _mpi4py_call(self, fn, *args):
         try:  # counted as under way: free() must not free a Dup()'s

@@ -2187,7 +2187,25 @@ def fallback_layout_cases(xcomm, comm, v):
                        f"{root}), layouts mpi4py refuses on some ranks",
                        compare(got.astype("=f8"), want, "SUM",
                                np.dtype("f8")))
+        bad_root_recv(v, xcomm, usum, ins, total)
     usum.Free()
+
+
+def bad_root_recv(v, xcomm, op, ins, total):
+    """A fallback Reduce whose root's receive buffer is read-only, or of
+    the wrong size: the root raises, having taken part, and the next
+    Reduce gets its own sums, not the bad one's."""
+    rank, root = xcomm.rank, xcomm.size - 1
+    for what, bad in (("read-only", np.zeros(6)), ("short", np.zeros(5))):
+        bad.flags.writeable = what != "read-only"
+        err = raises_what(xcomm.Reduce, ins[rank], bad if rank == root
+                          else None, op, root)
+        out = np.full(6, -1.0)
+        xcomm.Reduce(ins[rank], out, op=op, root=root)
+        v.case(f"fallback Reduce with a {what} root receive buffer, then "
+               "another", f"raised {err!r}" if (rank == root) !=
+               isinstance(err, ValueError) else None if rank != root else
+               compare(out, total, "SUM", np.dtype("f8")))
 
 
 def equal_op_cases(xcomm, comm, v):
