@@ -1148,9 +1148,9 @@ static PyMemberDef req_members[] = {
     {"_mpi_handle", T_PYSSIZET, offsetof(HotRequest, mpi_handle), 0,
      "MPI.REQUEST_NULL's handle, where mpi4py's own methods would read\n"
      "a request's (Start() completes the operation)."},
-    {"_mpi_buf", T_OBJECT, offsetof(HotRequest, mpi_buf), 0,
-     "None, where mpi4py's request holds its buffer (its methods\n"
-     "replace it without a check for NULL)."},
+    {"_mpi_buf", T_OBJECT, offsetof(HotRequest, mpi_buf), READONLY,
+     "None from req_new, where mpi4py's request holds its buffer (its\n"
+     "methods replace it without a check for NULL)."},
     {"_active", T_BOOL, offsetof(HotRequest, active), 0,
      "Started and not yet completed by a Wait or a Test."},
     {"_released", T_BOOL, offsetof(HotRequest, released), READONLY,
@@ -1176,6 +1176,16 @@ static int req_clear(HotRequest *r)
     return 0;
 }
 
+static PyObject *req_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
+{
+    HotRequest *r = (HotRequest *)PyType_GenericNew(tp, args, kw);
+    if (r) {
+        Py_INCREF(Py_None);
+        r->mpi_buf = Py_None;
+    }
+    return (PyObject *)r;
+}
+
 static void req_dealloc(HotRequest *r)
 {
     PyTypeObject *tp = Py_TYPE(r);
@@ -1189,6 +1199,7 @@ static PyType_Slot req_slots[] = {
     {Py_tp_doc, "The Start and Wait of xhc's persistent collectives."},
     {Py_tp_methods, req_methods},
     {Py_tp_members, req_members},
+    {Py_tp_new, req_new},
     {Py_tp_traverse, req_traverse},
     {Py_tp_clear, req_clear},
     {Py_tp_dealloc, req_dealloc},

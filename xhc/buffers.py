@@ -208,7 +208,8 @@ def for_mpi4py(obj, written=False):
             or isinstance(obj, (list, tuple)):
         return obj, None, None  # specifications: mpi4py takes their forms
     arr = _array_of(obj)
-    if arr is None or not stages(arr) or arr.dtype.hasobject:
+    if not isinstance(arr, np.ndarray) or not stages(arr) \
+            or arr.dtype.hasobject:
         return obj, None, None
     if written and not arr.flags.writeable:
         raise ReadOnlyError("the receive buffer is read-only; pass a "

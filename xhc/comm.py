@@ -415,11 +415,13 @@ class Comm(HotComm):
         refuses: only the root sees it, so it takes part into new memory,
         then raises, and its peers stay in step (mpi4py would raise at
         the root alone, and match their next Reduce with this one)."""
-        if in_place(sendbuf) or not _same_rank(root, self._comm.rank):
+        if not _same_rank(root, self._comm.rank):
             return
-        s = resolve(sendbuf)
+        mine = in_place(sendbuf)  # then RECVBUF holds the root's part
+        sendbuf = recvbuf if mine else sendbuf
         try:
-            _check_pair(s, resolve(recvbuf), "Reduce")
+            s = resolve(sendbuf)
+            _check_pair(s, s if mine else resolve(recvbuf), "Reduce")
         except (TypeError, ValueError) as exc:
             send, load, _ = for_mpi4py(sendbuf)
             if load is not None:
@@ -1484,7 +1486,6 @@ class Request(HotRequest):
 
     def __init__(self, call, what, xcomm, plan=None, bind=None):
         self._mpi_handle = MPI.REQUEST_NULL.handle  # see HotRequest
-        self._mpi_buf = None
         self._call = call
         self._what = what
         self._xcomm = xcomm

@@ -2188,6 +2188,12 @@ def fallback_layout_cases(xcomm, comm, v):
                        compare(got.astype("=f8"), want, "SUM",
                                np.dtype("f8")))
         bad_root_recv(v, xcomm, usum, ins, total)
+        # Buffers mpi4py takes as they are, on some ranks: memoryviews.
+        out = np.full(6, -1.0)
+        xcomm.Allreduce(*((memoryview(ins[rank]), memoryview(out))
+                          if rank % 2 else (ins[rank], out)), op=usum)
+        v.case("fallback of an Allreduce of memoryviews on some ranks",
+               compare(out, total, "SUM", np.dtype("f8")))
     usum.Free()
 
 
@@ -2196,10 +2202,13 @@ def bad_root_recv(v, xcomm, op, ins, total):
     the wrong size: the root raises, having taken part, and the next
     Reduce gets its own sums, not the bad one's."""
     rank, root = xcomm.rank, xcomm.size - 1
-    for what, bad in (("read-only", np.zeros(6)), ("short", np.zeros(5))):
-        bad.flags.writeable = what != "read-only"
-        err = raises_what(xcomm.Reduce, ins[rank], bad if rank == root
-                          else None, op, root)
+    for what, bad in (("read-only", np.zeros(6)), ("short", np.zeros(5)),
+                      ("read-only in-place", ins[rank].copy())):
+        bad.flags.writeable = what == "short"
+        send = MPI.IN_PLACE if "in-place" in what and rank == root \
+            else ins[rank]
+        err = raises_what(xcomm.Reduce, send, bad if rank == root else None,
+                          op, root)
         out = np.full(6, -1.0)
         xcomm.Reduce(ins[rank], out, op=op, root=root)
         v.case(f"fallback Reduce with a {what} root receive buffer, then "
