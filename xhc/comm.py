@@ -452,8 +452,8 @@ class Comm(HotComm):
             if load is not None:
                 loads.append(load)
                 stores += [store] if written else []
-        if root and not loads and start_of(args[0]) is not None and \
-                start_of(args[0]) == start_of(args[1]):
+        start = start_of(args[0]) if root and not loads else None
+        if start is not None and start == start_of(args[1]):
             args[0] = MPI.IN_PLACE
         return args, loads, stores
 
