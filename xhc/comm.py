@@ -418,17 +418,16 @@ class Comm(HotComm):
         if not _same_rank(root, self._comm.rank):
             return
         mine = in_place(sendbuf)  # then RECVBUF holds the root's part
-        sendbuf = recvbuf if mine else sendbuf
-        try:
-            s = resolve(sendbuf)
-            _check_pair(s, s if mine else resolve(recvbuf), "Reduce")
-        except (TypeError, ValueError) as exc:
-            send, load, _ = for_mpi4py(sendbuf)
+        part = recvbuf if mine else sendbuf
+
+        def take_part():
+            send, load, _ = for_mpi4py(part)
             if load is not None:
                 load()
             self._mpi4py_call(self._comm.Reduce, send, blank_like(send), op,
                               root)
-            raise _settled(exc)
+        # Resolved as the plan resolved it before it fell back.
+        _checked_root_recv(resolve(part), recvbuf, mine, take_part)
 
     def _mpi4py_call(self, fn, *args):
         try:  # counted as under way: free() must not free a Dup()'s
@@ -555,18 +554,12 @@ class Comm(HotComm):
         return _staged(run, _filled(s.load), _filled(r and r.store))
 
     def _root_recv_across(self, s, recvbuf, ops, root, inplace, dt):
-        """The Reduce root's receive buffer; with a bad one, the root takes
-        part into scratch memory of dtype DT before it raises, as
-        _root_recv has it."""
-        try:
-            r = s if inplace else resolve(recvbuf)
-            _check_pair(s, r, "Reduce")
-            return r
-        except (TypeError, ValueError) as exc:
-            scratch = functools.partial(np.empty, s.count, dt)
-            self._in_core(self._nodes.reduce_call(
-                _flat(s, dt), scratch(), ops, root, False, scratch))
-            raise _settled(exc)
+        """The Reduce root's receive buffer (_checked_root_recv), taking
+        part into scratch memory of dtype DT with a bad one."""
+        scratch = functools.partial(np.empty, s.count, dt)
+        return _checked_root_recv(s, recvbuf, inplace, lambda: self._in_core(
+            self._nodes.reduce_call(_flat(s, dt), scratch(), ops, root,
+                                    False, scratch)))
 
     def _in_core(self, fn, *args):
         """FN(*ARGS), a core call (or MPI's on the wrapped communicator,
@@ -1033,18 +1026,14 @@ class Comm(HotComm):
         before it raises: the other ranks stay in step.  With FLAGS (a
         request's, agreed in Reduce_init) it takes the path their
         requests will."""
-        try:
-            r = s if inplace else resolve(recvbuf)
-            _check_pair(s, r, "Reduce")
-            return r
-        except (TypeError, ValueError) as exc:
+        def take_part():
             scratch = ffi.new("char[]", max(s.nbytes, 1))
             rc = self._in_core(_run, _call(self._ctx, lib.XHC_REDUCE, s,
                                            scratch, s.count, s.dtype,
                                            OPS[id(op)], root, flags))
             if rc:  # then the ranks are out of step: say so
                 self._raise(rc, "Reduce")
-            raise _settled(exc)
+        return _checked_root_recv(s, recvbuf, inplace, take_part)
 
     def _reducible(self, op, buf):
         """Can the core reduce Buffer BUF with OP?  If not, say why.  OP
@@ -1329,6 +1318,20 @@ def _size_of(obj):
 # first) and where their root is (None: every rank receives).  A Bcast
 # never falls back: over several nodes xhc carries it between them.
 _ROOT_ARG = {"Allreduce": None, "Reduce": 3}
+
+
+def _checked_root_recv(s, recvbuf, inplace, take_part):
+    """The Reduce root's receive buffer for Buffer S (S itself if
+    INPLACE), resolved and checked.  Only the root sees it, so with a bad
+    one the root still takes part (TAKE_PART(), into other memory) before
+    it raises: the other ranks stay in step."""
+    try:
+        r = s if inplace else resolve(recvbuf)
+        _check_pair(s, r, "Reduce")
+        return r
+    except (TypeError, ValueError) as exc:
+        take_part()
+        raise _settled(exc)
 
 
 def _start_wait(request):
