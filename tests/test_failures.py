@@ -1474,6 +1474,28 @@ def test_an_mpi_that_will_not_load_names_the_fix():
     assert "/nonexistent/libmpi.so" in proc.stdout, proc.stdout
 
 
+def test_an_unbuilt_source_tree_names_the_fix(tmp_path):
+    """A copy of xhc/ without its compiled core (a clone that was not
+    built, which shadows an installed xhc when Python runs from its top)
+    says on import how to build it, or where to run from instead."""
+    import shutil
+
+    import mpi4py
+    shutil.copytree(os.path.join(os.path.dirname(HERE), "xhc"),
+                    tmp_path / "xhc", ignore=shutil.ignore_patterns("*.so"))
+    # -S: no site hooks, so no editable install can supply the core.
+    path = [str(tmp_path), os.path.dirname(os.path.dirname(mpi4py.__file__))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    proc = subprocess.run([sys.executable, "-S", "-c", "import xhc"],
+                          env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: xhc's C core is not built in "
+                           f"{tmp_path / 'xhc'}"), proc.stderr
+    assert "pip install -e ." in last, last
+
+
 # An xhc.Comm (and its shared arrays) still alive when the interpreter
 # exits, in a program whose module state goes in an order that took
 # xhc.comm's globals first (the lambda that replaces os.sched_getaffinity

