@@ -396,6 +396,8 @@ ARG_CASES = [
      r"different chunk_size values .*: set XHC_CHUNK_SIZE"),
     ("hierarchy-differs", "ValueError",
      r"different hierarchy values .*set XHC_HIERARCHY"),
+    ("hierarchy-reads-differ", "ValueError",
+     r"different hierarchy values .*set XHC_HIERARCHY"),
     ("windows-one", "ValueError", r"windows must be auto or 2 to 64"),
     ("split-nodes-differs", "ValueError",
      r"different split_nodes values .*: set XHC_SPLIT_NODES \(or "

@@ -2,6 +2,7 @@
 """Locality discovery via hwloc-calc on synthetic, XML and real topologies."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -772,6 +773,39 @@ def test_virtual_levels_need_no_topology(tmp_path):
     assert len(refused) == 3 and all(
         "refused hwloc cannot read topology synthetic description "
         "'pack:2 nada:3'" in ln for ln in refused), proc.stdout
+
+
+# python -m xhc info, with one XHC_* variable set on rank 0 alone.
+INFO_ON_ONE_RANK = """
+import os, sys
+from mpi4py import MPI
+from xhc.__main__ import main
+if MPI.COMM_WORLD.rank == 0:
+    os.environ[sys.argv[1]] = sys.argv[2]
+print("rank", MPI.COMM_WORLD.rank, "exit", main(["info"]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("var, value, said", [
+    ("XHC_SPIN", "x", r"XHC_SPIN\): 'x' is not a whole number"),
+    ("XHC_CHUNK_SIZE", "64K", "different chunk_size values"),
+    ("XHC_SPLIT_NODES", "2", "different split_nodes values"),
+    ("XHC_HIERARCHY", "flat", "different hierarchy values")])
+def test_info_refuses_settings_xhc_comm_refuses(tmp_path, var, value, said):
+    """info, given a setting on one rank that xhc.Comm would refuse (bad
+    there, or unlike the others'), exits 1 on every rank and says why, as
+    xhc.Comm raises on every rank; it hung, or reported rank 0's."""
+    script = tmp_path / "info.py"
+    script.write_text(INFO_ON_ONE_RANK)
+    proc = run_mpi(3, [str(script), var, value], timeout=90)
+    exits = sorted(ln for ln in proc.stdout.splitlines()
+                   if ln.startswith("rank "))
+    assert exits == ["rank %d exit 1" % r for r in range(3)], proc.stdout
+    errors = [ln for ln in proc.stderr.splitlines()
+              if ln.startswith("xhc: error: ")]
+    assert len(errors) == 3, proc.stderr
+    assert all(re.search(said, ln) for ln in errors), errors
+    assert not any(ln.startswith("xhc: error: xhc:") for ln in errors)
 
 
 

@@ -221,20 +221,25 @@ def _online(args):
     if spans:  # rank 0 would read other nodes' bindings on its own machine
         raise XhcError("xhc info describes one node, and this job spans "
                        "several: run it with the ranks of one node")
+    from .comm import agreed_settings
     from .nodes import node_parts
+    # Raised on every rank where xhc.Comm would raise, or ranks that read
+    # their settings differently would wait for each other for ever.
+    cfg, _, asked = agreed_settings(comm, args.hierarchy, args.topology, {})
     # Each node's report, as XHC_SPLIT_NODES cuts the node for xhc.Comm;
     # rank 0 prints its own node's.
-    node = node_parts(comm, config.resolve()["split_nodes"])
+    node = node_parts(comm, cfg["split_nodes"])
     try:
-        return _node_report(args, comm, node)
+        return _node_report(args, comm, node, cfg, asked)
     finally:
         node.Free()
 
 
-def _node_report(args, comm, node):
-    """Collective over NODE, a part of COMM: rank 0 of COMM prints."""
+def _node_report(args, comm, node, cfg, asked):
+    """Collective over NODE, a part of COMM: rank 0 of COMM prints the
+    report of CFG and of ASKED, each operation's parsed levels."""
     ops = [args.op] if args.op else list(DEFAULTS)
-    specs = {op: parse_levels(_level_spec(args, op)) for op in ops}
+    specs = {op: asked[op] for op in ops}
     localities = localities_for(node, args.topology,
                                 node_index(comm.Get_rank()), specs.values())
     shm_free = _core_says(lambda core: core.shm_free())
@@ -247,7 +252,6 @@ def _node_report(args, comm, node):
     ranks = node.allgather(comm.Get_rank())
     if comm.Get_rank() != 0:
         return 0
-    cfg = config.resolve()
     segment, waiting = _waiting(cfg, cpu_sets, frees,
                                 config.node_load(sizes, cpus, node.Get_size()))
     hierarchies = {op: build(localities, levels) for op, levels in specs.items()}
@@ -335,7 +339,10 @@ def main(argv=None):
     try:
         return args.run(args)
     except (XhcError, ValueError) as exc:
-        print("xhc: error: %s" % exc, file=sys.stderr)
+        text = str(exc)
+        if text.startswith("xhc: "):  # said once, as "xhc: error: ..."
+            text = text[len("xhc: "):]
+        print("xhc: error: %s" % text, file=sys.stderr)
         return 1
 
 

@@ -27,6 +27,7 @@ from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, blank_like,
                       predefined, resolve, stages, start_of)
 from .errors import ReadOnlyError, XhcError, agree, heard, naming_ranks, \
     rank_name
+from .hierarchy import parse_levels
 from .mpierrors import (MPIRequestError, MPIRootTypeError, MPIValueError,
                         comm_freed)
 from .topology import source_of
@@ -39,8 +40,8 @@ _READ_ONLY = ("Bcast: the buffer is read-only on a receiving rank; pass a "
 _ACROSS = {"Barrier": 0, "Bcast": 2, "Allreduce": 3, "Reduce": 4}
 _IN_PLACE = MPI.IN_PLACE
 # Tunables that change the ranks' protocol or the segment's layout.
-_ALIKE = ("sleep", "windows", "copy", "debug", "cico_max", "chunk_size",
-          "seq_start")
+_ALIKE = ("split_nodes", "sleep", "windows", "copy", "debug", "cico_max",
+          "chunk_size", "seq_start")
 _run = lib.xhc_run
 _barrier = lib.xhc_barrier
 _agree = lib.xhc_agree
@@ -176,6 +177,31 @@ def _misbound(entry, args, kwargs):
     return None
 
 
+def agreed_settings(comm, hierarchy, topology, tunables):
+    """The tunables (config.resolve), those given (config.chosen) and the
+    parsed hierarchy of each operation, as xhc.Comm(COMM, ...) reads them.
+    Collective: raises on every rank if any rank's are bad, or if ranks
+    differ in one that must be alike (_ALIKE, the split that cuts the
+    nodes, the hierarchy, by which a rank chooses whether to gather
+    localities at all): ranks that chose differently would wait for each
+    other for ever."""
+    problem = settings = None
+    try:
+        cfg = config.resolve(**tunables)
+        asked = {kind: parse_levels(spec) for kind, spec
+                 in config.hierarchies(hierarchy).items()}
+        source_of(topology)  # checked before any rank gathers
+        settings = (cfg, config.chosen(**tunables), asked)
+    except (TypeError, ValueError, OverflowError) as exc:
+        problem = exc
+    alike = None if problem else dict(
+        {key: cfg[key] for key in _ALIKE}, hierarchy=asked)
+    theirs = agree(comm, alike, problem)
+    for key in alike:
+        config.check_alike(key, [each[key] for each in theirs])
+    return settings
+
+
 class Comm(HotComm):
     """Wrap an mpi4py intra-communicator; accelerate Bcast, Barrier,
     Allreduce and Reduce through node shared memory, and their forms on
@@ -236,19 +262,10 @@ class Comm(HotComm):
         self._mpi_handle = comm.handle
         # Kept, for free() may come after comm.Free() or MPI.Finalize().
         self._rank, self._size = comm.rank, comm.size
-        problem = None
-        try:
-            self._cfg = config.resolve(**tunables)
-            self._chosen = config.chosen(**tunables)
-            self._specs = config.hierarchies(hierarchy)
-            source_of(topology)  # checked before any rank gathers
-        except (TypeError, ValueError, OverflowError) as exc:
-            problem = exc
-        splits = agree(comm, None if problem else self._cfg["split_nodes"],
-                       problem)
-        config.check_alike("split_nodes", splits)
+        self._cfg, self._chosen, self._asked = agreed_settings(
+            comm, hierarchy, topology, tunables)
         self._topology = topology
-        node = nodes.node_parts(comm, splits[0])
+        node = nodes.node_parts(comm, self._cfg["split_nodes"])
         if node.size != comm.size:
             self._span(node, hierarchy, topology, tunables)
             return
@@ -292,13 +309,11 @@ class Comm(HotComm):
     def _setup(self):
         comm, cfg = self._comm, self._cfg
         index = topology.node_index(MPI.COMM_WORLD.rank)
-        parsed = {kind: hierarchy.parse_levels(spec)
-                  for kind, spec in self._specs.items()}
         localities = topology.localities_for(comm, self._topology, index,
-                                             parsed.values())
+                                             self._asked.values())
         self._fit_to_load(cfg)
         self._levels = {kind: hierarchy.build(localities, levels)
-                        for kind, levels in parsed.items()}
+                        for kind, levels in self._asked.items()}
         self._ctx = _core.open_context(comm, _core.make_config(cfg))
         try:
             for kind, levels in self._levels.items():
@@ -318,22 +333,15 @@ class Comm(HotComm):
     def _fit_to_load(self, cfg):
         """Settle the waiting and staging tunables for the node's load
         (config.fit_to_load) and for the room in /dev/shm
-        (_fit_to_space).  The _ALIKE tunables and the hierarchy must be
-        alike on every rank (the topology source was checked when the
-        localities were gathered): ranks that built different group tables
-        would wait for each other for ever.  A tunable of the segment's
+        (_fit_to_space).  The tunables were agreed (agreed_settings), the
+        topology source when the localities were gathered.  A tunable of the segment's
         layout that any rank chose counts as chosen on all, and every rank
         fits the segment to the same numbers, so all settle alike."""
-        alike = {key: cfg[key] for key in _ALIKE}
-        alike["hierarchy"] = {kind: hierarchy.parse_levels(spec)
-                              for kind, spec in self._specs.items()}
-        mine = (sorted(os.sched_getaffinity(0)), alike,
+        mine = (sorted(os.sched_getaffinity(0)),
                 self._chosen & _LAYOUT, _core.shm_free(),
                 topology.node_size(self._comm.size), topology.node_cpus())
-        cpus, alikes, layout, frees, node_sizes, node_cpus = zip(
+        cpus, layout, frees, node_sizes, node_cpus = zip(
             *self._comm.allgather(mine))
-        for key in alike:
-            config.check_alike(key, [each[key] for each in alikes])
         chosen = (self._chosen - _LAYOUT).union(*layout)
         load = config.node_load(node_sizes, node_cpus, self._comm.size)
         self._crowded, _ = config.fit_to_load(cfg, cpus, chosen, load)

@@ -4349,7 +4349,7 @@ def suite_spanning(xcomm, comm, v, sz, args):
     root_raises_before_its_result(xcomm, comm, v, parts)
     a_rank_fails_after_its_node_reduce(xcomm, comm, v, parts)
     differences_across_nodes(xcomm, comm, v)
-    differences_on_a_node(comm, v, parts)
+    differences_between_ranks(comm, v)
 
 
 class FailsAfter:
@@ -4605,24 +4605,21 @@ def differences_across_nodes(xcomm, comm, v):
                prefix + "Comm.empty") else f"got {exc!r}")
 
 
-def differences_on_a_node(comm, v, parts):
-    """The last rank of a node of several ranks is given another
-    chunk_size: its node's xhc.Comm refuses it, and every rank raises
-    naming both ranks by their numbers in the whole communicator (they
-    were named by their numbers on the node).  Nodes of one rank each
-    compare nothing."""
-    crowded = [r for r in range(comm.size) if parts.count(parts[r]) > 1]
-    if not crowded:
+def differences_between_ranks(comm, v):
+    """The last rank is given another chunk_size: xhc.Comm refuses it on
+    every rank of every node, before any node builds its own, naming both
+    ranks by their numbers in the whole communicator, whether they share
+    a node or not."""
+    last = comm.size - 1
+    if last == 0:
         return
-    odd = max(crowded)
-    low = parts.index(parts[odd])
     made = []
     exc = raises_what(lambda: made.append(xhc.Comm(
-        comm, chunk_size=1 << 19 if comm.rank == odd else 1 << 18)))
+        comm, chunk_size=1 << 19 if comm.rank == last else 1 << 18)))
     for each in made:
         each.free()
-    names = f"(rank {low}: '262144', rank {odd}: '524288')"
-    v.case(f"spanning: a chunk_size that rank {odd} alone differs in is "
+    names = f"(rank 0: '262144', rank {last}: '524288')"
+    v.case(f"spanning: a chunk_size that rank {last} alone differs in is "
            f"named by whole ranks", None if isinstance(exc, ValueError)
            and names in str(exc) else f"got {exc!r}")
 

@@ -491,6 +491,10 @@ def suite_args(xc):
         ("chunk-differs", lambda c: xhc.Comm(W, chunk_size=(RANK + 1) << 16)),
         ("hierarchy-differs",
          lambda c: xhc.Comm(W, hierarchy="node" if RANK else "virtual:2")),
+        # One that reads the machine against one that does not: the
+        # ranks would gather their localities, or not, each on its own.
+        ("hierarchy-reads-differ",
+         lambda c: xhc.Comm(W, hierarchy="numa,socket" if RANK else "flat")),
         ("windows-one", lambda c: xhc.Comm(W, windows=1)),
         ("split-nodes-differs", lambda c: xhc.Comm(W, split_nodes=1 + RANK)),
         ("split-nodes-zero", lambda c: xhc.Comm(W, split_nodes=0)),
