@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Tunables: parsing, validation, and how they settle for the node's load."""
 import os
+import warnings
 
 import pytest
 
@@ -23,6 +24,7 @@ def _no_xhc_environment(monkeypatch):
     ("windows", "65", r"windows must be auto or 2 to 64"),
     ("spin", "-3", r"spin must be 0 or more; set XHC_SPIN"),
     ("spin", str(2**32), r"spin must be at most 4294967295; set XHC_SPIN"),
+    ("sleep", str(2**32), r"sleep must be at most 4294967295; set XHC_SLEEP"),
     ("seq_start", "-1", r"seq_start must be 0 or more"),
     ("seq_start", str(2**64), r"seq_start must be at most"),
     ("cico_max", "1G", r"cico_max must be at most 4194304; set "
@@ -59,8 +61,19 @@ def test_debug_words(value, on):
 
 def test_largest_values_pass():
     cfg = config.resolve(spin=2**32 - 1, seq_start=2**64 - 1,
-                         cico_max="4M", chunk_size="64M")
+                         cico_max="4M", chunk_size="64M", sleep=2**32 - 1)
     assert (cfg["spin"], cfg["cico_max"]) == (2**32 - 1, 4 << 20)
+
+
+def test_spaces_around_a_value_are_ignored(monkeypatch):
+    """As around a number, so around a word: XHC_COPY="cma " is cma."""
+    monkeypatch.setenv("XHC_COPY", "cma ")
+    monkeypatch.setenv("XHC_DEBUG", " 1")
+    monkeypatch.setenv("XHC_WINDOWS", " auto")
+    monkeypatch.setenv("XHC_SPIN", " 4 ")
+    cfg = config.resolve()
+    assert (cfg["copy"], cfg["debug"], cfg["windows"], cfg["spin"]) == (
+        "cma", True, "auto", 4)
 
 
 def test_unknown_keywords_are_refused():
@@ -281,3 +294,32 @@ def test_what_was_cut_is_named_as_the_user_knows_it():
     assert config.cut_text("windows", cfg) == "windows=4"
     assert config.cut_name("rs_window") == "crowded reduce-scatter window"
     assert config.cut_name("chunk_size") == "chunk_size"
+
+
+def test_a_misspelt_variable_is_named_once(monkeypatch):
+    """An XHC_* variable close to one xhc reads draws a warning naming
+    that one, once; names xhc reads, and names near none, draw none."""
+    monkeypatch.setattr(config, "_MISSPELT_SAID", set())
+    monkeypatch.setenv("XHC_CHUNKSIZE", "64K")
+    monkeypatch.setenv("XHC_CHUNK_SIZE", "64K")
+    monkeypatch.setenv("XHC_SOMETHING_ELSE", "1")
+    with pytest.warns(RuntimeWarning) as said:
+        config.resolve()
+    assert [str(w.message) for w in said] == [
+        "XHC_CHUNKSIZE is set, but xhc reads no such variable: did you "
+        "mean XHC_CHUNK_SIZE?"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert config.resolve()["chunk_size"] == 64 << 10
+
+
+def test_a_misspelt_variable_made_an_error_raises_each_time(monkeypatch):
+    """A filter that makes the warning an error raises on every call: the
+    name counts as said only once it was."""
+    monkeypatch.setattr(config, "_MISSPELT_SAID", set())
+    monkeypatch.setenv("XHC_HIERACHY", "flat")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            with pytest.raises(RuntimeWarning, match="XHC_HIERARCHY"):
+                config.resolve()

@@ -192,7 +192,8 @@ def agreed_settings(comm, hierarchy, topology, tunables):
                  in config.hierarchies(hierarchy).items()}
         source_of(topology)  # checked before any rank gathers
         settings = (cfg, config.chosen(**tunables), asked)
-    except (TypeError, ValueError, OverflowError) as exc:
+    except (TypeError, ValueError, OverflowError, Warning) as exc:
+        # (a Warning: one that a filter made an error)
         problem = exc
     alike = None if problem else dict(
         {key: cfg[key] for key in _ALIKE}, hierarchy=asked)

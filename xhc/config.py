@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Tunables: keyword argument, else XHC_* environment variable, else default."""
+import difflib
 import os
 import re
+import warnings
 
 from .errors import rank_name
 from .hierarchy import DEFAULTS as HIERARCHY_DEFAULTS, parse_levels
@@ -46,7 +48,7 @@ def _whole(text):
 
 
 def _auto_or_int(text):
-    return "auto" if str(text).lower() == "auto" else _whole(text)
+    return "auto" if str(text).strip().lower() == "auto" else _whole(text)
 
 
 _YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
@@ -54,7 +56,7 @@ _YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 def _switch(value):
     """A boolean from True/False or one of the words for them."""
-    word = str(value).lower()
+    word = str(value).strip().lower()
     if word in _YES or word in _NO:
         return word in _YES
     raise ValueError(f"{value!r} is neither on ({', '.join(_YES)}) nor off "
@@ -63,14 +65,14 @@ def _switch(value):
 
 _PARSERS = {"cico_max": parse_size, "chunk_size": parse_size,
             "timeout": float, "spin": _whole,
-            "copy": lambda value: str(value).lower(),
+            "copy": lambda value: str(value).strip().lower(),
             "sleep": _whole, "windows": _auto_or_int,
             "seq_start": _whole, "debug": _switch, "split_nodes": _whole}
 # The largest values: beyond them a typo would reserve gigabytes of
 # /dev/shm per rank (cico_max: 8 slots a rank) or overflow the core's
 # fields.
 _MOST = {"cico_max": 4 << 20, "chunk_size": 64 << 20, "spin": 2**32 - 1,
-         "seq_start": 2**64 - 1}
+         "sleep": 2**32 - 1, "seq_start": 2**64 - 1}
 
 
 def _check_keywords(given):
@@ -97,9 +99,30 @@ def chosen(**given):
     return out
 
 
+# The variables xhc reads: the tunables', and the build's compiler flags.
+_VARIABLES = {"XHC_" + key.upper() for key in DEFAULTS} | {
+    "XHC_HIERARCHY", "XHC_TOPOLOGY", "XHC_CFLAGS"}
+_MISSPELT_SAID = set()
+
+
+def _warn_misspelt():
+    """Warn, once a name, of a set XHC_* variable that xhc does not read
+    but that is close to one it does: a typo would otherwise leave the
+    default in force without a word."""
+    ours = {name for name in os.environ if name.startswith("XHC_")}
+    for name in sorted(ours - _VARIABLES - _MISSPELT_SAID):
+        near = difflib.get_close_matches(name, _VARIABLES, n=1, cutoff=0.8)
+        if near:
+            warnings.warn(f"{name} is set, but xhc reads no such variable: "
+                          f"did you mean {near[0]}?", RuntimeWarning,
+                          stacklevel=5)  # xhc.Comm()'s caller
+            _MISSPELT_SAID.add(name)  # once said (a filter may raise)
+
+
 def resolve(**given):
     """Return every tunable, from GIVEN, the environment or the default."""
     _check_keywords(given)
+    _warn_misspelt()
     out = {}
     for key, default in DEFAULTS.items():
         value = given.get(key)
@@ -126,7 +149,7 @@ _RULES = [
     ("spin", lambda v: v >= 0, "0 or more"),
     ("split_nodes", lambda v: v >= 1, "1 (a node is a node) or more"),
     ("seq_start", lambda v: v >= 0, "0 or more"),
-    ("sleep", lambda v: 0 <= v < 2**32, "0 (never) or a count of yields"),
+    ("sleep", lambda v: v >= 0, "0 (never) or a count of yields"),
     ("windows", lambda v: v == "auto" or 2 <= v <= 64, "auto or 2 to 64"),
     ("copy", lambda v: v in _COPIES, "auto, xpmem, adaptive, cma or cico"),
 ]
