@@ -583,6 +583,11 @@ def test_info_text_and_errors():
     assert "l3" in proc.stdout and "{0-7}" in proc.stdout
     proc = run_info("--topology", XML, "--ranks", "8", "--hierarchy", "l4")
     assert proc.returncode == 1 and "accepted" in proc.stderr
+    for bad in ("abc", "0", "65537"):
+        proc = run_info("--ranks", bad, "--hierarchy", "flat")
+        assert proc.returncode == 2 and proc.stderr.endswith(
+            "argument --ranks: must be a whole number from 1 to 65536, got "
+            f"'{bad}'\n"), proc.stderr
 
 
 def test_info_of_a_hierarchy_that_reads_no_machine_needs_no_hwloc(

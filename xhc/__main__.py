@@ -13,11 +13,18 @@ from .topology import (describe, local_locality, localities_for, node_cpus,
                        node_index, node_size)
 
 
-def _positive(text):
-    """argparse type: an integer >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1, got %d" % value)
+_MOST_RANKS = 1 << 16  # more than any node has cores; beyond, a typo
+
+
+def _rank_count(text):
+    """argparse type: a count of ranks, 1 to _MOST_RANKS."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= _MOST_RANKS:
+        raise argparse.ArgumentTypeError(
+            "must be a whole number from 1 to %d, got %r" % (_MOST_RANKS, text))
     return value
 
 
@@ -296,8 +303,9 @@ def _info_args(parser):
     """Options of the info command."""
     parser.add_argument("--topology", metavar="SRC",
                         help="hwloc XML file or synthetic string (default: XHC_TOPOLOGY, "
-                             "else this machine)")
-    parser.add_argument("--ranks", type=_positive, metavar="N",
+                             "else this machine; with --ranks, a hierarchy of "
+                             "the machine's levels needs one)")
+    parser.add_argument("--ranks", type=_rank_count, metavar="N",
                         help="simulate N ranks bound to cores in order (no MPI needed)")
     parser.add_argument("--hierarchy", metavar="LEVELS",
                         help="comma list, e.g. l3,numa,socket or virtual:4,node "
