@@ -791,18 +791,23 @@ print("rank", MPI.COMM_WORLD.rank, "exit", main(["info"]), flush=True)
 """
 
 
-@pytest.mark.parametrize("var, value, said", [
-    ("XHC_SPIN", "x", r"XHC_SPIN\): 'x' is not a whole number"),
-    ("XHC_CHUNK_SIZE", "64K", "different chunk_size values"),
-    ("XHC_SPLIT_NODES", "2", "different split_nodes values"),
-    ("XHC_HIERARCHY", "flat", "different hierarchy values")])
-def test_info_refuses_settings_xhc_comm_refuses(tmp_path, var, value, said):
+@pytest.mark.parametrize("var, value, said, split", [
+    ("XHC_SPIN", "x", r"XHC_SPIN\): 'x' is not a whole number", "1"),
+    ("XHC_CHUNK_SIZE", "64K", "different chunk_size values", "1"),
+    ("XHC_SPLIT_NODES", "2", "different split_nodes values", "1"),
+    ("XHC_HIERARCHY", "flat", "different hierarchy values", "1"),
+    # Ranks 0 and 1 make one node, rank 2 another, which must hear of it.
+    ("XHC_CHUNK_SIZE", "64K", "different chunk_size values", "2")])
+def test_info_refuses_settings_xhc_comm_refuses(tmp_path, var, value, said,
+                                                split):
     """info, given a setting on one rank that xhc.Comm would refuse (bad
-    there, or unlike the others'), exits 1 on every rank and says why, as
-    xhc.Comm raises on every rank; it hung, or reported rank 0's."""
+    there, or unlike the others' on its node), exits 1 on every rank and
+    says why, as xhc.Comm raises on every rank; it hung, or reported rank
+    0's."""
     script = tmp_path / "info.py"
     script.write_text(INFO_ON_ONE_RANK)
-    proc = run_mpi(3, [str(script), var, value], timeout=90)
+    proc = run_mpi(3, [str(script), var, value], timeout=90,
+                   env={"XHC_SPLIT_NODES": split})
     exits = sorted(ln for ln in proc.stdout.splitlines()
                    if ln.startswith("rank "))
     assert exits == ["rank %d exit 1" % r for r in range(3)], proc.stdout
@@ -811,6 +816,23 @@ def test_info_refuses_settings_xhc_comm_refuses(tmp_path, var, value, said):
     assert len(errors) == 3, proc.stderr
     assert all(re.search(said, ln) for ln in errors), errors
     assert not any(ln.startswith("xhc: error: xhc:") for ln in errors)
+
+
+def test_info_takes_nodes_that_differ(tmp_path):
+    """Nodes may differ in settings their own ranks share, as for
+    xhc.Comm: info reports rank 0's node, as its xhc.Comm settles it."""
+    script = tmp_path / "info.py"
+    script.write_text(INFO_ON_ONE_RANK.replace(
+        'main(["info"])', 'main(["info", "--json"])').replace(
+        "MPI.COMM_WORLD.rank == 0", "MPI.COMM_WORLD.rank < 2"))
+    proc = run_mpi(3, [str(script), "XHC_CHUNK_SIZE", "64K"], timeout=90,
+                   env={"XHC_SPLIT_NODES": "2"})
+    exits = sorted(ln for ln in proc.stdout.splitlines()
+                   if ln.startswith("rank "))
+    assert exits == ["rank %d exit 0" % r for r in range(3)], proc.stdout
+    report = json.loads(next(ln for ln in proc.stdout.splitlines()
+                             if ln.startswith("{")))
+    assert report["nodes"] == {"count": 2, "ranks": [0, 1]}, report
 
 
 

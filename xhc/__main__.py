@@ -6,7 +6,7 @@ import os
 import sys
 
 from . import config
-from .errors import XhcError
+from .errors import XhcError, agree
 from .hierarchy import (DEFAULTS, build, parse_levels, placeless,
                         reads_topology)
 from .topology import (describe, local_locality, localities_for, node_cpus,
@@ -24,7 +24,8 @@ def _rank_count(text):
         value = None
     if value is None or not 1 <= value <= _MOST_RANKS:
         raise argparse.ArgumentTypeError(
-            "must be a whole number from 1 to %d, got %r" % (_MOST_RANKS, text))
+            "must be a whole number from 1 to %d, got %r"
+            % (_MOST_RANKS, text))
     return value
 
 
@@ -192,6 +193,7 @@ def _offline(args):
     """Hierarchy of --ranks simulated ranks placed on --topology cores
     (one of virtual levels alone, or flat, places them nowhere: it needs
     neither a topology nor hwloc, as for xhc.Comm)."""
+    config.warn_misspelt()  # as xhc.Comm would, of XHC_HIERACHY say
     op = args.op or "allreduce"
     spec = _level_spec(args, op)
     parsed = parse_levels(spec)
@@ -228,15 +230,26 @@ def _online(args):
     if spans:  # rank 0 would read other nodes' bindings on its own machine
         raise XhcError("xhc info describes one node, and this job spans "
                        "several: run it with the ranks of one node")
-    from .comm import agreed_settings
+    from . import _built
+    agreed_settings = _built("comm").agreed_settings
     from .nodes import node_parts
     # Raised on every rank where xhc.Comm would raise, or ranks that read
     # their settings differently would wait for each other for ever.
-    cfg, _, asked = agreed_settings(comm, args.hierarchy, args.topology, {})
+    cfg, _, asked, alike_on_node = agreed_settings(comm, args.hierarchy,
+                                                   args.topology, {})
     # Each node's report, as XHC_SPLIT_NODES cuts the node for xhc.Comm;
     # rank 0 prints its own node's.
     node = node_parts(comm, cfg["split_nodes"])
     try:
+        problem = None
+        try:  # each node's settings, as its own xhc.Comm checks them
+            if node.Get_size() != comm.Get_size():
+                cfg, _, asked, alike_on_node = agreed_settings(
+                    node, args.hierarchy, args.topology, {})
+            alike_on_node()
+        except (XhcError, ValueError) as exc:
+            problem = exc
+        agree(comm, None, problem)  # ... raised on every node
         return _node_report(args, comm, node, cfg, asked)
     finally:
         node.Free()
@@ -346,7 +359,8 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     try:
         return args.run(args)
-    except (XhcError, ValueError) as exc:
+    # (a Warning: one made an error; ImportError: the core is not built)
+    except (XhcError, ValueError, Warning, ImportError) as exc:
         text = str(exc)
         if text.startswith("xhc: "):  # said once, as "xhc: error: ..."
             text = text[len("xhc: "):]

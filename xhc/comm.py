@@ -39,9 +39,12 @@ _READ_ONLY = ("Bcast: the buffer is read-only on a receiving rank; pass a "
 # xhc/nodes.py's collectives, and how many arguments each takes.
 _ACROSS = {"Barrier": 0, "Bcast": 2, "Allreduce": 3, "Reduce": 4}
 _IN_PLACE = MPI.IN_PLACE
-# Tunables that change the ranks' protocol or the segment's layout.
+# Tunables that change the ranks' protocol or the segment's layout, alike
+# on a node; of them, those alike over every node: the split that cuts
+# the nodes, and debug, which compares calls over every node.
 _ALIKE = ("split_nodes", "sleep", "windows", "copy", "debug", "cico_max",
           "chunk_size", "seq_start")
+_EVERYWHERE = ("split_nodes", "debug")
 _run = lib.xhc_run
 _barrier = lib.xhc_barrier
 _agree = lib.xhc_agree
@@ -179,28 +182,32 @@ def _misbound(entry, args, kwargs):
 
 def agreed_settings(comm, hierarchy, topology, tunables):
     """The tunables (config.resolve), those given (config.chosen) and the
-    parsed hierarchy of each operation, as xhc.Comm(COMM, ...) reads them.
-    Collective: raises on every rank if any rank's are bad, or if ranks
-    differ in one that must be alike (_ALIKE, the split that cuts the
-    nodes, the hierarchy, by which a rank chooses whether to gather
-    localities at all): ranks that chose differently would wait for each
-    other for ever."""
-    problem = settings = None
+    parsed hierarchy of each operation, as xhc.Comm(COMM, ...) reads them,
+    and a function that raises if the ranks differ in one that must be
+    alike on a node (_ALIKE, and the hierarchy, by which a rank chooses
+    whether to gather localities at all): call it on every rank once
+    COMM is known to be one node.  Collective: raises on every rank if
+    any rank's are bad, or if ranks differ in one that must be alike
+    over every node (_EVERYWHERE).  Ranks that chose differently would
+    wait for each other for ever."""
+    problem = settings = alike = None
     try:
         cfg = config.resolve(**tunables)
         asked = {kind: parse_levels(spec) for kind, spec
                  in config.hierarchies(hierarchy).items()}
         source_of(topology)  # checked before any rank gathers
         settings = (cfg, config.chosen(**tunables), asked)
+        alike = dict({key: cfg[key] for key in _ALIKE}, hierarchy=asked)
     except (TypeError, ValueError, OverflowError, Warning) as exc:
         # (a Warning: one that a filter made an error)
         problem = exc
-    alike = None if problem else dict(
-        {key: cfg[key] for key in _ALIKE}, hierarchy=asked)
     theirs = agree(comm, alike, problem)
-    for key in alike:
-        config.check_alike(key, [each[key] for each in theirs])
-    return settings
+
+    def check(keys):
+        for key in keys:
+            config.check_alike(key, [each[key] for each in theirs])
+    check(_EVERYWHERE)
+    return (*settings, lambda: check(alike))
 
 
 class Comm(HotComm):
@@ -263,14 +270,15 @@ class Comm(HotComm):
         self._mpi_handle = comm.handle
         # Kept, for free() may come after comm.Free() or MPI.Finalize().
         self._rank, self._size = comm.rank, comm.size
-        self._cfg, self._chosen, self._asked = agreed_settings(
-            comm, hierarchy, topology, tunables)
+        self._cfg, self._chosen, self._asked, alike_on_node = \
+            agreed_settings(comm, hierarchy, topology, tunables)
         self._topology = topology
         node = nodes.node_parts(comm, self._cfg["split_nodes"])
-        if node.size != comm.size:
+        if node.size != comm.size:  # each node's xhc.Comm checks its own
             self._span(node, hierarchy, topology, tunables)
             return
         node.Free()
+        alike_on_node()
         self._setup()
         self._state = "open"
         self._bind(self._ctx)
@@ -335,9 +343,10 @@ class Comm(HotComm):
         """Settle the waiting and staging tunables for the node's load
         (config.fit_to_load) and for the room in /dev/shm
         (_fit_to_space).  The tunables were agreed (agreed_settings), the
-        topology source when the localities were gathered.  A tunable of the segment's
-        layout that any rank chose counts as chosen on all, and every rank
-        fits the segment to the same numbers, so all settle alike."""
+        topology source when the localities were gathered.  A tunable of
+        the segment's layout that any rank chose counts as chosen on all,
+        and every rank fits the segment to the same numbers, so all
+        settle alike."""
         mine = (sorted(os.sched_getaffinity(0)),
                 self._chosen & _LAYOUT, _core.shm_free(),
                 topology.node_size(self._comm.size), topology.node_cpus())

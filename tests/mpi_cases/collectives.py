@@ -4349,7 +4349,8 @@ def suite_spanning(xcomm, comm, v, sz, args):
     root_raises_before_its_result(xcomm, comm, v, parts)
     a_rank_fails_after_its_node_reduce(xcomm, comm, v, parts)
     differences_across_nodes(xcomm, comm, v)
-    differences_between_ranks(comm, v)
+    differences_on_a_node(comm, v, parts)
+    differences_between_nodes(comm, v, parts)
 
 
 class FailsAfter:
@@ -4605,23 +4606,47 @@ def differences_across_nodes(xcomm, comm, v):
                prefix + "Comm.empty") else f"got {exc!r}")
 
 
-def differences_between_ranks(comm, v):
-    """The last rank is given another chunk_size: xhc.Comm refuses it on
-    every rank of every node, before any node builds its own, naming both
-    ranks by their numbers in the whole communicator, whether they share
-    a node or not."""
-    last = comm.size - 1
-    if last == 0:
+def differences_on_a_node(comm, v, parts):
+    """The last rank of a node of several ranks is given another
+    chunk_size: its node's xhc.Comm refuses it, and every rank raises
+    naming both ranks by their numbers in the whole communicator (they
+    were named by their numbers on the node).  Nodes of one rank each
+    compare nothing."""
+    crowded = [r for r in range(comm.size) if parts.count(parts[r]) > 1]
+    if not crowded:
         return
+    odd = max(crowded)
+    low = parts.index(parts[odd])
     made = []
     exc = raises_what(lambda: made.append(xhc.Comm(
-        comm, chunk_size=1 << 19 if comm.rank == last else 1 << 18)))
+        comm, chunk_size=1 << 19 if comm.rank == odd else 1 << 18)))
     for each in made:
         each.free()
-    names = f"(rank 0: '262144', rank {last}: '524288')"
-    v.case(f"spanning: a chunk_size that rank {last} alone differs in is "
+    names = f"(rank {low}: '262144', rank {odd}: '524288')"
+    v.case(f"spanning: a chunk_size that rank {odd} alone differs in is "
            f"named by whole ranks", None if isinstance(exc, ValueError)
            and names in str(exc) else f"got {exc!r}")
+
+
+def differences_between_nodes(comm, v, parts):
+    """Nodes whose ranks agree may differ from each other in a tunable of
+    their own protocol (chunk_size, hierarchy): each node's xhc.Comm
+    takes its own, and a collective over all is right.  debug, which
+    compares calls over every node, may not: every rank raises."""
+    node = parts[comm.rank]
+    with xhc.Comm(comm, chunk_size=(1 + node % 2) << 16,
+                  hierarchy="flat" if node % 2 else None) as xc:
+        send = np.arange(1 << 17, dtype=np.float64) * (comm.rank + 1)
+        got = np.empty_like(send)
+        xc.Allreduce(send, got)
+        want = np.arange(1 << 17, dtype=np.float64) * sum(
+            range(1, comm.size + 1))
+        v.check("spanning: nodes may differ in chunk_size and hierarchy",
+                np.array_equal(got, want), f"got {got[:4]}")
+    exc = raises_what(lambda: xhc.Comm(comm, debug=node == parts[0]).free())
+    v.case("spanning: a node apart in debug raises on every rank",
+           None if isinstance(exc, ValueError) and
+           "different debug values" in str(exc) else f"got {exc!r}")
 
 
 def bad_buffer_on_one_rank(xcomm, comm, v):
