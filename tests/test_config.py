@@ -303,11 +303,14 @@ def test_a_misspelt_variable_is_named_once(monkeypatch):
     monkeypatch.setenv("XHC_CHUNKSIZE", "64K")
     monkeypatch.setenv("XHC_CHUNK_SIZE", "64K")
     monkeypatch.setenv("XHC_SOMETHING_ELSE", "1")
+    monkeypatch.setenv("xhc_Debug", "1")
     with pytest.warns(RuntimeWarning) as said:
         config.resolve()
     assert [str(w.message) for w in said] == [
         "XHC_CHUNKSIZE is set, but xhc reads no such variable: did you "
-        "mean XHC_CHUNK_SIZE?"]
+        "mean XHC_CHUNK_SIZE?",
+        "xhc_Debug is set, but xhc reads no such variable: did you mean "
+        "XHC_DEBUG?"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert config.resolve()["chunk_size"] == 64 << 10

@@ -105,13 +105,14 @@ _VARIABLES = {"XHC_" + key.upper() for key in DEFAULTS} | {
 _MISSPELT_SAID = set()
 
 
-def _warn_misspelt():
+def warn_misspelt():
     """Warn, once a name, of a set XHC_* variable that xhc does not read
     but that is close to one it does: a typo would otherwise leave the
     default in force without a word."""
-    ours = {name for name in os.environ if name.startswith("XHC_")}
+    ours = {name for name in os.environ if name.upper().startswith("XHC_")}
     for name in sorted(ours - _VARIABLES - _MISSPELT_SAID):
-        near = difflib.get_close_matches(name, _VARIABLES, n=1, cutoff=0.8)
+        near = difflib.get_close_matches(name.upper(), _VARIABLES, n=1,
+                                         cutoff=0.8)
         if near:
             warnings.warn(f"{name} is set, but xhc reads no such variable: "
                           f"did you mean {near[0]}?", RuntimeWarning,
@@ -122,7 +123,7 @@ def _warn_misspelt():
 def resolve(**given):
     """Return every tunable, from GIVEN, the environment or the default."""
     _check_keywords(given)
-    _warn_misspelt()
+    warn_misspelt()
     out = {}
     for key, default in DEFAULTS.items():
         value = given.get(key)
