@@ -34,6 +34,8 @@
  *    soon as every rank holds it open; then it is sized and reserved
  *    through a descriptor (xhc_shm_reserve), which for a large array takes
  *    long enough that a kill would otherwise often find it still named.
+ *    It is mapped over a mapping the caller made and owns
+ *    (xhc_shm_map_over), so that no descriptor stays open per array.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -116,6 +118,13 @@ int xhc_shm_reserve(int fd, size_t size)
 {
     int err = xhc_shm_size(fd, size);
     return err ? err : xhc_shm_fallocate(fd, 0, size);
+}
+
+int xhc_shm_map_over(void *addr, size_t size, int fd)
+{
+    void *p = mmap(addr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                   fd, 0);
+    return p == MAP_FAILED ? -errno : 0;
 }
 
 int xhc_shm_create(const char *name, size_t size)

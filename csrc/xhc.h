@@ -120,6 +120,11 @@ int xhc_shm_unlink(const char *name);
 /* Size the open file FD to SIZE bytes and reserve its pages: -ENOSPC at
  * once if the file system has not that much free. */
 int xhc_shm_reserve(int fd, size_t size);
+/* Map SIZE bytes of the open file FD over ADDR, the start of a mapping of
+ * that size that the caller made and will unmap: Python's mmap objects
+ * keep a duplicate of the descriptor they map, one per Comm.empty array
+ * against the open-files limit; one made without a file keeps none. */
+int xhc_shm_map_over(void *addr, size_t size, int fd);
 
 /* Every rank must have returned from xhc_ctx_open before any rank calls a
  * collective: until a rank opens, its flags do not yet hold seq_start.

@@ -506,11 +506,7 @@ def _map_everywhere(comm, total):
             rc = 0 if any(opened) else lib.xhc_shm_reserve(fd, total)
         _all_or_none(opened)
         check(comm.bcast(rc, root=0), "allocating shared memory")
-        mm, failed = None, None
-        try:
-            mm = mmap.mmap(fd, total)
-        except OSError as exc:
-            failed = f"mapping shared memory: {exc.strerror}"
+        mm, failed = _map_file(fd, total)
         try:
             _all_or_none(comm.allgather(failed))
         except XhcError:
@@ -521,6 +517,23 @@ def _map_everywhere(comm, total):
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def _map_file(fd, total):
+    """(mmap of TOTAL bytes of the file FD, None) or (None, what failed).
+    The mmap is made without a file, then the file mapped over it: an
+    mmap of the file would hold a descriptor open as long as it lives."""
+    try:  # writable, or its buffer would be read-only; none of its
+        # pages is touched before the file's replace them
+        mm = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE)
+    except OSError as exc:
+        return None, f"mapping shared memory: {exc.strerror}"
+    with ffi.from_buffer(mm) as addr:
+        rc = lib.xhc_shm_map_over(addr, total, fd)
+    if rc:
+        mm.close()
+        return None, f"mapping shared memory: {strerror(rc)}"
+    return mm, None
 
 
 def _all_or_none(failures):

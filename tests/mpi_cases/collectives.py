@@ -1598,12 +1598,33 @@ def shared_memory_is_not_budgeted(xcomm, v):
            None if held == [0, 0, 0, 0, 8000] else f"held {held}")
 
 
+def shared_arrays_hold_no_descriptor(comm, v):
+    """A Comm.empty array holds no file descriptor, however many there
+    are: each held one (an mmap of a file keeps its own duplicate), and
+    a soft limit of 1024 open files stopped the 992nd."""
+    def descriptors():
+        return len(os.listdir("/proc/self/fd"))
+    with xhc.Comm(comm) as xc:
+        before = descriptors()
+        arrays = [xc.empty(100 + i) for i in range(32)]
+        for i, a in enumerate(arrays):
+            a[:] = comm.rank + i
+        out = np.empty(100 + 31)
+        xc.Allreduce(arrays[31], out)
+        grew = descriptors() - before
+    v.case("Comm.empty arrays hold no file descriptor",
+           None if grew == 0 and np.all(out == sum(range(comm.size))
+                                        + 31 * comm.size)
+           else f"{grew} more descriptors; got {out[:2]}")
+
+
 def suite_zerocopy(xcomm, comm, v, sz, args, alloc=None):
     """Arrays from ALLOC (Comm.empty by default) read in place."""
     n, rank = comm.size, comm.rank
     if alloc is None:
         alloc = xcomm.empty
         shared_memory_is_not_budgeted(xcomm, v)
+        shared_arrays_hold_no_descriptor(comm, v)
 
     start = xcomm.stats
     shapes = [(5,), (INLINE // 8 + 3,), (sz.cico // 8 - 1,), (3, sz.cico // 8),
