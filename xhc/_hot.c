@@ -1014,8 +1014,11 @@ static void hot_dealloc(HotComm *h)
 typedef struct {
     PyObject_HEAD
     MPI4PY_HEAD
-    PyObject *mpi_weakref;   /* as mpi4py's request goes on: NULL, */
-    PyObject *mpi_buf;       /* and None, which its Wait() sets again */
+    /* None each: mpi4py's request goes on with a weakref list, then the
+     * buffer its Wait() replaces without a check for NULL.  After an MPI
+     * handle of 8 bytes (Open MPI's) that buffer is the second; after one
+     * of 4 (MPICH's), the first. */
+    PyObject *mpi_bufs[2];
     xhc_run_fn run;          /* with CALL; or NULL and: */
     xhc_barrier_fn barrier;  /* with CTX; both NULL: unbound */
     void *call;
@@ -1148,9 +1151,10 @@ static PyMemberDef req_members[] = {
     {"_mpi_handle", T_PYSSIZET, offsetof(HotRequest, mpi_handle), 0,
      "MPI.REQUEST_NULL's handle, where mpi4py's own methods would read\n"
      "a request's (Start() completes the operation)."},
-    {"_mpi_buf", T_OBJECT, offsetof(HotRequest, mpi_buf), READONLY,
-     "None from req_new, where mpi4py's request holds its buffer (its\n"
-     "methods replace it without a check for NULL)."},
+    {"_mpi_buf", T_OBJECT, offsetof(HotRequest, mpi_bufs[1]), READONLY,
+     "None from req_new, where mpi4py's request holds its buffer after\n"
+     "an 8-byte MPI handle (its methods replace it without a check for\n"
+     "NULL); mpi_bufs[0] likewise after a 4-byte one."},
     {"_active", T_BOOL, offsetof(HotRequest, active), 0,
      "Started and not yet completed by a Wait or a Test."},
     {"_released", T_BOOL, offsetof(HotRequest, released), READONLY,
@@ -1162,7 +1166,8 @@ static int req_traverse(HotRequest *r, visitproc visit, void *arg)
 {
     Py_VISIT(r->owner);
     Py_VISIT(r->across);
-    Py_VISIT(r->mpi_buf);
+    Py_VISIT(r->mpi_bufs[0]);
+    Py_VISIT(r->mpi_bufs[1]);
     Py_VISIT(Py_TYPE(r));
     return 0;
 }
@@ -1172,16 +1177,17 @@ static int req_clear(HotRequest *r)
     r->run = NULL, r->barrier = NULL;
     Py_CLEAR(r->owner);
     Py_CLEAR(r->across);
-    Py_CLEAR(r->mpi_buf);
+    Py_CLEAR(r->mpi_bufs[0]);
+    Py_CLEAR(r->mpi_bufs[1]);
     return 0;
 }
 
 static PyObject *req_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
 {
     HotRequest *r = (HotRequest *)PyType_GenericNew(tp, args, kw);
-    if (r) {
+    for (int i = 0; r && i < 2; i++) {
         Py_INCREF(Py_None);
-        r->mpi_buf = Py_None;
+        r->mpi_bufs[i] = Py_None;
     }
     return (PyObject *)r;
 }

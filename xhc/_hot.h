@@ -20,7 +20,9 @@ enum { BCAST, ALLREDUCE, REDUCE, NPLANS,
  * here. mpi4py's methods do not check the type of self, so one called
  * with an xhc object (MPI.Comm.Get_size(xcomm)) reads these, not the
  * fields after them: the handle is the wrapped communicator's, or a null
- * one (a request's, or a freed communicator's). */
+ * one (a request's, or a freed communicator's).  A 4-byte handle
+ * (MPICH's) and its flags share MPI_HANDLE's 8 bytes: xhc/comm.py's
+ * _stored_handle lays them out. */
 #define MPI4PY_HEAD       \
     Py_ssize_t mpi_handle; \
     unsigned mpi_flags;

@@ -180,6 +180,19 @@ def _misbound(entry, args, kwargs):
     return None
 
 
+def _stored_handle(obj):
+    """OBJ's MPI handle as the 8 bytes at the start of an mpi4py object of
+    its kind hold it (xhc/_hot.h's MPI4PY_HEAD), as a signed number:
+    mpi4py gives it unsigned, of the size of MPI's handles, 8 bytes for
+    Open MPI's pointers, 4 for MPICH's ints (its negative ones
+    sign-extended), which are followed by the flags, 0."""
+    bits = 8 * MPI._sizeof(obj)
+    value = obj.handle & ((1 << bits) - 1)
+    if bits < 64 and sys.byteorder == "big":
+        value <<= 64 - bits
+    return value - (1 << 64) if value >> 63 else value
+
+
 def agreed_settings(comm, hierarchy, topology, tunables):
     """The tunables (config.resolve), those given (config.chosen) and the
     parsed hierarchy of each operation, as xhc.Comm(COMM, ...) reads them,
@@ -267,7 +280,7 @@ class Comm(HotComm):
                             f"{got}); wrap a communicator such as "
                             "MPI.COMM_WORLD or one from Split(), on the "
                             "ranks that have one")
-        self._mpi_handle = comm.handle
+        self._mpi_handle = _stored_handle(comm)
         # Kept, for free() may come after comm.Free() or MPI.Finalize().
         self._rank, self._size = comm.rank, comm.size
         self._cfg, self._chosen, self._asked, alike_on_node = \
@@ -1173,7 +1186,7 @@ class Comm(HotComm):
         # mpi4py's methods called with this object (HotComm) find it freed,
         # as they find a freed communicator, whatever becomes of the one
         # it wrapped.
-        self._mpi_handle = MPI.COMM_NULL.handle
+        self._mpi_handle = _stored_handle(MPI.COMM_NULL)
         if self._owns_comm and self._comm != MPI.COMM_NULL \
                 and not MPI.Is_finalized():
             self._comm.Free()
@@ -1506,7 +1519,7 @@ class Request(HotRequest):
     _before_start = None
 
     def __init__(self, call, what, xcomm, plan=None, bind=None):
-        self._mpi_handle = MPI.REQUEST_NULL.handle  # see HotRequest
+        self._mpi_handle = _stored_handle(MPI.REQUEST_NULL)  # see HotRequest
         self._call = call
         self._what = what
         self._xcomm = xcomm

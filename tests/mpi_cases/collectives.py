@@ -1330,10 +1330,39 @@ def comparisons(v, xcomm, comm):
            raises(TypeError, hash, xcomm))
 
 
+class _Handle:
+    """An object with an MPI handle, as mpi4py gives it."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+
+def handles_as_mpi4py_holds_them(v):
+    """xhc's objects hold an MPI handle as mpi4py's do: 8 bytes as they
+    are, or 4 (MPICH's ints, which mpi4py gives sign-extended) followed
+    by flags of 0.  MPICH's first Dup() raised OverflowError, and its
+    MPI.Request.Wait(xreq) crashed."""
+    real = MPI._sizeof
+    try:
+        MPI._sizeof = lambda obj: 4
+        got = [xhc.comm._stored_handle(_Handle(h))
+               for h in (0xFFFFFFFF84000002, 0x44000000)]
+        MPI._sizeof = lambda obj: 8
+        got.append(xhc.comm._stored_handle(_Handle(0x7F00DEADBEE0)))
+    finally:
+        MPI._sizeof = real
+    want = [0x84000002, 0x44000000] if sys.byteorder == "little" else [
+        (0x84000002 << 32) - (1 << 64), 0x44000000 << 32]
+    want.append(0x7F00DEADBEE0)
+    v.case("handles laid out as mpi4py's objects hold them",
+           None if got == want else f"got {got}, want {want}")
+
+
 def mpi4py_methods(v, xcomm, comm):
     """mpi4py's methods, unbound, read an xhc.Comm as its communicator;
     the class gives MPI's static ones; Disconnect() frees both; an
     xhc.Comm is not wrapped again."""
+    handles_as_mpi4py_holds_them(v)
     got = [MPI.Comm.Get_size(xcomm), MPI.Comm.Get_rank(xcomm),
            MPI.Comm.Compare(xcomm, comm), xhc.Comm.Get_rank(xcomm)]
     want = [comm.size, comm.rank, MPI.IDENT, comm.rank]
