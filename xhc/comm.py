@@ -193,6 +193,11 @@ def _stored_handle(obj):
     return value - (1 << 64) if value >> 63 else value
 
 
+# The null handles freed communicators and xhc's requests hold.
+_COMM_NULL_HANDLE = _stored_handle(MPI.COMM_NULL)
+_REQUEST_NULL_HANDLE = _stored_handle(MPI.REQUEST_NULL)
+
+
 def agreed_settings(comm, hierarchy, topology, tunables):
     """The tunables (config.resolve), those given (config.chosen) and the
     parsed hierarchy of each operation, as xhc.Comm(COMM, ...) reads them,
@@ -1186,7 +1191,7 @@ class Comm(HotComm):
         # mpi4py's methods called with this object (HotComm) find it freed,
         # as they find a freed communicator, whatever becomes of the one
         # it wrapped.
-        self._mpi_handle = _stored_handle(MPI.COMM_NULL)
+        self._mpi_handle = _COMM_NULL_HANDLE
         if self._owns_comm and self._comm != MPI.COMM_NULL \
                 and not MPI.Is_finalized():
             self._comm.Free()
@@ -1519,7 +1524,7 @@ class Request(HotRequest):
     _before_start = None
 
     def __init__(self, call, what, xcomm, plan=None, bind=None):
-        self._mpi_handle = _stored_handle(MPI.REQUEST_NULL)  # see HotRequest
+        self._mpi_handle = _REQUEST_NULL_HANDLE  # see HotRequest
         self._call = call
         self._what = what
         self._xcomm = xcomm
