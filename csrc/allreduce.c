@@ -35,7 +35,7 @@ int xhc_red_init(struct xhc_red *r, size_t count, int dtype, int op)
     r->count = count;
     r->esize = xhc_dtype_size(dtype);
     r->nbytes = count * r->esize;
-    xhc_red_mark(r, op * XHC_NDTYPES + dtype);
+    xhc_red_mark(r, 1 + op * XHC_NDTYPES + dtype);
     return 0;
 }
 

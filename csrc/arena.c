@@ -73,7 +73,9 @@ struct xhc_extents {
 
 static struct {
     pthread_mutex_t lock; /* guards everything below but BASE and STATE */
-    _Atomic int state;
+    _Atomic int state;    /* relaxed everywhere: it orders nothing (BASE's
+                             release does), and changes under the lock or
+                             in a forked child of one thread */
     int fd, error; /* ERROR: why the arena could not be made */
     unsigned char *_Atomic base; /* set once, before STATE turns READY */
     size_t size, top, used, kept_bytes, page;

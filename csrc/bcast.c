@@ -236,20 +236,6 @@ static int xhc_parent_staged(xhc_ctx_t *ctx, int parent, uint64_t t)
     return 0;
 }
 
-/* Did my parent, whose buffer I read in place, stay in my operation
- * until I had read it?  It leaves only once I ack, unless it gives up;
- * then it marks itself gone before it writes anything more (ctx.c,
- * xhc_ctx_mark): its caller may rewrite the buffer, and its next
- * operation describe another in its big line. */
-static int xhc_parent_stayed(xhc_ctx_t *ctx, int parent)
-{
-    /* Orders my reads of its buffer before the look at its state. */
-    atomic_thread_fence(memory_order_acquire);
-    if (xhc_load_relaxed(&xhc_ctl(ctx, parent)->entered.seq) == ctx->seq)
-        return 0;
-    return xhc_give_up(ctx, parent, XHC_ERR_PEER_LEFT);
-}
-
 /* Get the piece into my buffer; return where it is readable for my own
  * staging. */
 static int xhc_pipe_get(xhc_ctx_t *ctx, struct xhc_pipe *p,
@@ -270,10 +256,7 @@ static int xhc_pipe_get(xhc_ctx_t *ctx, struct xhc_pipe *p,
         return rc;
     rc = xhc_peer_read(ctx, parent, &p->from->send, c->at, p->buf + c->at,
                        c->len, NULL);
-    /* A read that failed may have met the next operation's buffer. */
-    int stayed = rc == 0 || rc == XHC_ERR_MISMATCH || rc == XHC_ERR_COPY
-                 ? xhc_parent_stayed(ctx, parent) : 0;
-    return stayed ? stayed : rc;
+    return xhc_read_stayed(ctx, parent, rc);
 }
 
 static int xhc_pipe_piece(xhc_ctx_t *ctx, struct xhc_pipe *p,

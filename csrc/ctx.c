@@ -207,9 +207,9 @@ static void xhc_ctx_mark(xhc_ctx_t *ctx, uint64_t how)
      * published before, so it does not mistake one it missed for one I
      * will never raise. */
     xhc_store_release(&xhc_ctl(ctx, ctx->rank)->entered.seq, ctx->seq + how);
-    /* Orders that mark before whatever I write next, the buffer a child
-     * reads in place included: a child that read such a write sees me
-     * gone (bcast.c, xhc_parent_stayed), on any CPU, not only x86's. */
+    /* Orders that mark before whatever I write next, the buffer a peer
+     * reads in place included: a peer that read such a write sees me
+     * gone (wait.c, xhc_read_stayed), on any CPU, not only x86's. */
     atomic_thread_fence(memory_order_release);
     ctx->away = 1;
 }

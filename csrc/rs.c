@@ -30,6 +30,11 @@
  *    crosses between cores costs several times a local one, the split
  *    took up to four and a half times as long.
  * 4. All ack, and wait for all acks: peers read our buffers until then.
+ *    A rank that gives up (its wait timed out) returns at once, though,
+ *    and its caller may reuse its buffers: so after each chunk a rank
+ *    reads of a peer's buffer, and before it writes into one, it checks
+ *    that the peer is still in the call, and else fails too, rather than
+ *    fold the caller's next bytes and return them as this call's.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -125,6 +130,9 @@ static int xhc_rs_reduce_mine(xhc_ctx_t *ctx, uint64_t seq,
     for (size_t at = lo; at < hi; at += step) {
         size_t n = hi - at < step ? hi - at : step;
         int rc = xhc_rs_chunk(ctx, sbuf, dst, at, n, r);
+        /* Did I fold this call's bytes, and are the buffers I push to
+         * still its own? */
+        rc = xhc_read_stayed(ctx, -1, rc);
         if (rc == 0 && push)
             rc = xhc_rs_push(ctx, dst, at * r->esize, n * r->esize,
                              r->nbytes * (size_t)ctx->nranks
@@ -150,9 +158,9 @@ static int xhc_rs_gather(xhc_ctx_t *ctx, uint64_t seq, unsigned char *rbuf,
             continue;
         int rc = xhc_wait_eq(ctx, &xhc_ctl(ctx, p)->done.seq, seq, p);
         if (rc == 0 && !pushed)
-            rc = xhc_peer_read(ctx, p, &ctx->peer_recv[p],
-                               lo * r->esize, rbuf + lo * r->esize,
-                               (hi - lo) * r->esize, NULL);
+            rc = xhc_read_stayed(ctx, p, xhc_peer_read(
+                     ctx, p, &ctx->peer_recv[p], lo * r->esize,
+                     rbuf + lo * r->esize, (hi - lo) * r->esize, NULL));
         if (rc)
             return rc;
     }

@@ -24,7 +24,9 @@
  * 3. Take: once owner j has reduced round T, copy its part from its result
  *    slot (or its shared receive array) into my receive buffer; raise
  *    `finished`.  Allreduce: every rank takes; Reduce: only the root.
- * 4. If anyone's buffer is read in place, all ack before returning.
+ * 4. If anyone's buffer is read in place, all ack before returning, and
+ *    a rank checks after each read in place that its owner is still in
+ *    the call (rs.c 4.).
  * An Allreduce whose every buffer is in node shared memory, or a Reduce
  * whose send buffers and root receive buffer are, needs no staging at
  * all: it runs rs.c's single-copy rounds, reading in place, with two
@@ -122,11 +124,14 @@ static int xhc_reduce_part(xhc_ctx_t *ctx, const struct xhc_rs *rs,
     unsigned char *dst = rs->rbuf ? rs->rbuf + lo * es : res;
     for (int p = 0; rc == 0 && p < ctx->nranks && n; p++)
         ctx->srcs[p] = xhc_input(ctx, rs, p, t, lo, n, &rc);
-    if (rc)
-        return rc;
-    if (n)
+    if (rc == 0 && n)
         xhc_fold(dst, ctx->srcs, ctx->nranks, ctx->scratch, n, es,
                  rs->red->fn);
+    /* Did I fold this call's bytes where I read a peer's in place? */
+    if (rs->in_place_reads)
+        rc = xhc_read_stayed(ctx, -1, rc);
+    if (rc)
+        return rc;
     if (n && takers && !shared_out && dst != res)
         xhc_copy_as(res, dst, n * es, rs->stream);
     /* Orders my part's result before takers read it. */
@@ -151,8 +156,11 @@ static int xhc_take(xhc_ctx_t *ctx, const struct xhc_rs *rs, uint64_t t,
         if (xhc_in_region(recv))
             src = xhc_region_span(ctx, recv, lo * es, n * es, &rc);
         if (rc)
-            return xhc_fail(ctx, j, rc);
+            return xhc_read_stayed(ctx, j, xhc_fail(ctx, j, rc));
         memcpy(rs->rbuf + lo * es, src, n * es);
+        rc = xhc_in_region(recv) ? xhc_read_stayed(ctx, j, 0) : 0;
+        if (rc)
+            return rc;
     }
     /* Orders all my reads of round T before their owners reuse them. */
     xhc_publish(ctx, &xhc_ctl(ctx, ctx->rank)->finished.seq, t);

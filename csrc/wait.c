@@ -128,6 +128,7 @@ static void xhc_sleep(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
     if (!xhc_value_reached(v, want, exact))
         syscall(SYS_futex, xhc_futex_word(flag), FUTEX_WAIT, (uint32_t)v,
                 &bound, NULL, 0);
+    /* Relaxed: a writer that still counts me makes one futex wake more. */
     atomic_fetch_sub_explicit(sleepers, 1, memory_order_relaxed);
 }
 
@@ -237,6 +238,35 @@ int xhc_give_up(xhc_ctx_t *ctx, int peer, int rc)
     if (rc == XHC_ERR_PEER_LEFT)
         xhc_inherit_leave(ctx, peer);
     xhc_ctx_leave(ctx);
+    return rc;
+}
+
+/* Was PEER, whose buffer I read or write in place (or by CMA), still in
+ * my operation?  It leaves only once I ack, unless it gives up; then it
+ * marks itself gone before it writes anything more (ctx.c, xhc_ctx_mark),
+ * and its caller may rewrite the buffer, its next operation describe
+ * another in its big line. */
+static int xhc_peer_stayed(xhc_ctx_t *ctx, int peer)
+{
+    /* Orders my reads of its buffer before the look at its state. */
+    atomic_thread_fence(memory_order_acquire);
+    /* Acquire: orders the look before my writes into its buffer. */
+    if (xhc_load_acquire(&xhc_ctl(ctx, peer)->entered.seq) == ctx->seq)
+        return 0;
+    return xhc_give_up(ctx, peer, XHC_ERR_PEER_LEFT);
+}
+
+int xhc_read_stayed(xhc_ctx_t *ctx, int peer, int rc)
+{
+    /* A read that failed may have met the buffer of its next call. */
+    if (rc && rc != XHC_ERR_MISMATCH && rc != XHC_ERR_COPY)
+        return rc;
+    for (int p = peer < 0 ? 0 : peer; p < ctx->nranks; p++) {
+        if (p != ctx->rank && xhc_peer_stayed(ctx, p))
+            return XHC_ERR_PEER_LEFT;
+        if (peer >= 0)
+            break;
+    }
     return rc;
 }
 

@@ -394,6 +394,13 @@ int xhc_wait_ge(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want, int peer);
 /* Fail with RC about PEER, with its first error (and its rounds' end) if
  * it left, and leave. */
 int xhc_give_up(xhc_ctx_t *ctx, int peer, int rc);
+/* RC, the outcome of my reads of PEER's buffers (PEER < 0: of every
+ * peer's), unless PEER has given up meanwhile: then XHC_ERR_PEER_LEFT.
+ * Asked after my reads, it says that they read the bytes of this call;
+ * asked before my writes into a peer's buffer, that they land in one
+ * still lent to it (a peer that gives up in between is not seen: that
+ * much may be written into its buffer after it left). */
+int xhc_read_stayed(xhc_ctx_t *ctx, int peer, int rc);
 
 /* copy.c */
 void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
@@ -453,14 +460,16 @@ struct xhc_red {
     int32_t what;   /* the op and dtype, as one number (xhc_red_init) */
     xhc_reduce_fn fn;
 };
-/* The op and dtype in the size a line carries: ranks that pass different
- * ops or dtypes fail (XHC_ERR_DISAGREE) instead of each folding by its
- * own.  (In a call of 2^40 bytes or more a size may read as either.) */
+/* The op and dtype in the size a line carries, from 1: ranks that pass
+ * different ops or dtypes fail (XHC_ERR_DISAGREE) instead of each folding
+ * by its own, and a rank in a Bcast, whose lines carry the size alone,
+ * with one in a reduction of the same size.  (In a call of 2^40 bytes or
+ * more a size may read as either.) */
 #define XHC_WHAT_SHIFT 40
 #define XHC_WHAT_MASK 0xff
 /* A Barrier's, which is no op on any dtype: a peer in an Allreduce of
  * the same op and dtype as the Barrier's lines is in another collective. */
-#define XHC_WHAT_BARRIER (XHC_NOPS * XHC_NDTYPES)
+#define XHC_WHAT_BARRIER (1 + XHC_NOPS * XHC_NDTYPES)
 _Static_assert(XHC_WHAT_BARRIER <= XHC_WHAT_MASK,
                "an op and a dtype, or a Barrier, fit the size's what bits");
 /* Make WHAT the op and dtype R carries, in its lines' size too. */

@@ -116,7 +116,11 @@ def test_no_wrong_data_after_ranks_pass_different_sizes(tmp_path, cc):
     came back to the next, or gave up on a later one (as a failed Reduce
     in pieces does), makes a peer still waiting on it there fail at once
     (it waited out its timeout before).  A late reader of a root that
-    gave up and rewrote its buffer fails rather than read the new data."""
+    gave up and rewrote its buffer fails rather than read the new data;
+    so does a single-copy Allreduce rank whose peer timed out and reused
+    its buffers (it folded them and pushed into them before), and a rank
+    in an int8 SUM Allreduce that meets a Bcast of the same size (it
+    returned the Bcast's bytes before)."""
     sources = [os.path.basename(f) for f in glob.glob(CSRC + "/*.c")]
     _unit_test(tmp_path, cc, "disagree_test", sorted(sources), SANITIZE,
                ["-lrt", "-ldl", "-lpthread"])

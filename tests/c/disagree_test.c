@@ -31,6 +31,15 @@
  *    CMA), so the root gives up on it and writes its next message into
  *    that buffer; only then does rank 2 come to the Bcast.  It must
  *    fail, not return 0 with the root's next message.
+ * 7. A single-copy Allreduce of 2 ranks: rank 1 stops as it meets; rank
+ *    0 folds its slice, times out waiting for rank 1's, gives up and
+ *    rewrites its buffers (in a shared region, then private ones read by
+ *    CMA).  Rank 1, back, must fail, not fold the new bytes and return 0,
+ *    nor push its slice into rank 0's receive buffer after it left.
+ * 8. Ranks 0 and 1 a pair under a level of all three: a Bcast on ranks 0
+ *    and 2, and an Allreduce (SUM, int8) of the same size on rank 1,
+ *    which reads the sum from its parent's line, where the Bcast's bytes
+ *    are, with the same byte count: rank 1 must fail, not return them.
  * Prints "ok" if every check holds.
  */
 #include <sched.h>
@@ -297,13 +306,91 @@ static int root_gave_up(xhc_ctx_t *ctx, int rank, struct board *b)
     return 0;
 }
 
+/* 7.: the buffers of both ranks, in one region both register (NULL:
+ * private ones, read by CMA). */
+#define GIVEN_UP (8 * CHUNK / 8)  /* doubles: two chunks a rank */
+static double *region;
+
+/* Rank 1's first wait, in the meet: hold it until rank 0 has given up. */
+static void held_at_meet(void *arg)
+{
+    static int held;
+    struct board *b = arg;
+    if (held++)
+        return;
+    b->done = 1;
+    while (b->done != 2)
+        sched_yield();
+}
+
+static double *given_up_buffers(xhc_ctx_t *ctx, int rank)
+{
+    if (!region)
+        return malloc(2 * GIVEN_UP * sizeof(double));
+    xhc_ctx_add_region(ctx, region, 4 * GIVEN_UP * sizeof(double));
+    return region + 2 * GIVEN_UP * (size_t)rank;
+}
+
+static int gave_up_reduction(xhc_ctx_t *ctx, int rank, struct board *b)
+{
+    double *s = given_up_buffers(ctx, rank), *r = s + GIVEN_UP;
+    for (size_t i = 0; i < GIVEN_UP; i++)
+        s[i] = 1.0, r[i] = 0.0;
+    if (rank == 1)
+        xhc_ctx_set_block_hook(ctx, held_at_meet, b);
+    while (rank == 0 && b->done != 1)
+        sched_yield();
+    int rc = xhc_allreduce(ctx, s, r, GIVEN_UP, XHC_FLOAT64, XHC_SUM);
+    if (rank == 0) {
+        if (rc != XHC_ERR_TIMEOUT)
+            fail(b, "rank 0 did not time out on its held peer", rank, rc);
+        xhc_ctx_leave(ctx);
+        for (size_t i = 0; i < GIVEN_UP; i++)  /* its caller's next use */
+            s[i] = 1000.0, r[i] = -1.0;
+        b->done = 2;
+        while (b->done != 3)
+            sched_yield();
+        for (size_t i = 0; i < GIVEN_UP; i++)
+            if (r[i] != -1.0) {
+                fail(b, "a peer wrote into a buffer after its call", 0, 0);
+                break;
+            }
+    } else {
+        if (rc == 0)
+            fail(b, "an Allreduce whose peer gave up returned 0", rank, 0);
+        if (rc == 0 && r[GIVEN_UP - 1] != 2.0)
+            fail(b, "... with the peer's next data", rank, 0);
+        b->done = 3;
+    }
+    if (!region)
+        free(s);
+    return 0;
+}
+
+/* 8.: run with PAIRED set. */
+static int paired;
+
+static int bcast_against_sum(xhc_ctx_t *ctx, int rank, struct board *b)
+{
+    int8_t buf[64];
+    for (int i = 0; i < 64; i++)
+        buf[i] = (int8_t)(rank == 0 ? 100 : 1);
+    int rc = rank == 1 ? xhc_allreduce(ctx, buf, buf, 64, XHC_INT8, XHC_SUM)
+                       : xhc_bcast(ctx, buf, 64, 0);
+    if (rank == 1 && rc == 0)
+        fail(b, "an Allreduce met a Bcast and returned 0", rank, buf[0]);
+    return 0;
+}
+
 static int ranks_open(xhc_ctx_t **ctx, int fd, size_t size, int rank, int n,
                       const xhc_config_t *cfg)
 {
-    int flat[MAXRANKS] = { 0 };
+    int groups[2 * MAXRANKS] = { 0 };  /* flat, or pairs under all */
+    for (int r = 0; paired && r < n; r++)
+        groups[r] = r / 2;
     int rc = xhc_ctx_open_fd(ctx, fd, size, rank, n, cfg);
     for (int k = 0; rc == 0 && k < XHC_NKINDS; k++)
-        rc = xhc_ctx_set_hierarchy(*ctx, k, 1, flat);
+        rc = xhc_ctx_set_hierarchy(*ctx, k, 1 + paired, groups);
     return rc;
 }
 
@@ -369,7 +456,17 @@ int main(void)
     cfg.reduce_cico_max = 0;
     bad += run(2, &cfg, own_roots, NULL);
     bad += run(2, &cfg, jumped_over, NULL);
+    paired = 1;
+    bad += run(3, &cfg, bcast_against_sum, NULL);
+    paired = 0;
+    cfg.timeout = 0.5;
+    region = mmap(NULL, 4 * GIVEN_UP * sizeof(double),
+                  PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    bad += region == MAP_FAILED || run(2, &cfg, gave_up_reduction, NULL);
+    region = NULL;
     cfg.copy = XHC_COPY_CMA;
+    bad += run(2, &cfg, gave_up_reduction, NULL);
+    cfg.timeout = 5.0;
     bad += run(3, &cfg, root_gave_up, NULL);
     if (bad)
         return 1;
