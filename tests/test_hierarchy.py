@@ -113,6 +113,22 @@ def test_multi_domain_keys_group_by_equality():
     assert build(loc, "numa")[0] == ("numa", [[0, 1], [2], [3]])
 
 
+def test_ranks_in_no_domain_of_a_level_share_it_with_their_cores_alone():
+    # Ranks 2-5 are on cores outside every L3 (ranks 4 and 5 share core 4);
+    # an empty key is no shared domain where other ranks have one.
+    loc = locs(6, core=lambda r: [0, 1, 2, 3, 4, 4][r],
+               numa=lambda r: r // 4)
+    for rank in range(2, 6):
+        loc[rank]["l3"] = ()
+    assert build(loc, "l3")[0] == ("l3", [[0, 1], [2], [3], [4, 5]])
+    assert build(loc, "l3,numa")[:2] == [("l3", [[0, 1], [2], [3], [4, 5]]),
+                                         ("numa", [[0, 1, 2, 3], [4, 5]])]
+    # Where no rank is in one, the level splits nothing.
+    for rank in range(6):
+        loc[rank]["l3"] = ()
+    assert build(loc, "l3") == [("node", [list(range(6))])]
+
+
 @pytest.mark.parametrize("n,k", [(8, 2), (10, 4), (9, 3), (5, 4)])
 def test_virtual_groups(n, k):
     levels = build(locs(n), "virtual:%d" % k)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import warnings
+from xml.etree import ElementTree
 
 import pytest
 from mpi_cases.host import expected_copy
@@ -22,6 +23,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYN = "pack:2 numa:2 l3:2 core:4 pu:1"
 # Generated once with: lstopo -i "pack:2 numa:1 l3:2 core:2 pu:2" --of xml
 XML = os.path.join(ROOT, "tests", "data", "pack2-l3x2-core2-smt2.xml")
+# Packages of 1, 2 and 2 cores, each its own NUMA node; an L3 over the
+# first package's core alone.
+XML_ONE_L3 = os.path.join(ROOT, "tests", "data", "l3-in-one-package.xml")
 
 
 @pytest.fixture(autouse=True)
@@ -104,6 +108,20 @@ def test_xml_topology():
         ("node", [list(range(8))])]
 
 
+def test_cores_outside_every_l3_share_none():
+    assert "3 packages" in describe(XML_ONE_L3)
+    assert "1 L3 cache" in describe(XML_ONE_L3)
+    numa = lambda r: {0: 0, 1: 1, 2: 1, 3: 2, 4: 2}[r % 5]
+    assert [loc["l3"] for loc in placed(XML_ONE_L3, 5)] == [(0,)] + [()] * 4
+    # Each core without an L3 is alone at that level, so the level splits
+    # nothing on one rank a core, and never straddles the NUMA nodes.
+    assert build(placed(XML_ONE_L3, 5), DEFAULTS["allreduce"]) == [
+        ("numa", by(5, numa)), ("node", [list(range(5))])]
+    assert build(placed(XML_ONE_L3, 8), DEFAULTS["allreduce"]) == [
+        ("l3", by(8, lambda r: r % 5)), ("numa", by(8, numa)),
+        ("node", [list(range(8))])]
+
+
 def test_xhc_topology_env(monkeypatch):
     monkeypatch.setenv("XHC_TOPOLOGY", SYN)
     assert local_locality(index=9) == local_locality(SYN, 9)
@@ -137,7 +155,7 @@ def test_bad_xml_is_xhc_error(tmp_path):
 
 def test_topology_errors_name_their_fix(tmp_path):
     """A synthetic string hwloc refuses, a directory and a machine without
-    cores each say what to give instead."""
+    cores (synthetic or XML) each say what to give instead."""
     with pytest.raises(XhcError, match=r"each as type:count .* such as "
                        r"'pack:2 numa:2 core:4 pu:1'"):
         describe("pack:0 core:2 pu:1")
@@ -145,6 +163,20 @@ def test_topology_errors_name_their_fix(tmp_path):
         describe(str(tmp_path))
     with pytest.raises(XhcError, match=r"no cores .*give it a core level"):
         topology._core_table("pack:2 pu:2")
+    # The shipped machine with its Core objects taken out, PUs kept.
+    tree = ElementTree.parse(XML)
+    for parent in tree.iter("object"):
+        for i, child in enumerate(list(parent)):
+            if child.get("type") == "Core":
+                parent.remove(child)
+                for k, pu in enumerate(child):
+                    parent.insert(i + k, pu)
+    coreless = tmp_path / "coreless.xml"
+    tree.write(coreless)
+    assert "16 PUs" in describe(str(coreless))
+    with pytest.raises(XhcError, match=r"no cores .*write it again with "
+                       r"lstopo .*Core object"):
+        topology._core_table(str(coreless))
 
 
 def test_the_topology_typeerror_gives_a_valid_example():
@@ -421,8 +453,8 @@ def test_rank_0_places_every_rank_on_a_topology_source(monkeypatch):
 
 
 def test_topology_source_names(monkeypatch, tmp_path):
-    """"" is this machine, as an unset XHC_TOPOLOGY is; a file is named by
-    its absolute path, alike from any working directory."""
+    """"" (or spaces) is this machine, as an unset XHC_TOPOLOGY is; a file
+    is named by its absolute path, alike from any working directory."""
     monkeypatch.delenv("XHC_TOPOLOGY", raising=False)
     assert topology.source_of("") is None and topology.source_of(None) is None
     monkeypatch.setenv("XHC_TOPOLOGY", "")
@@ -430,6 +462,13 @@ def test_topology_source_names(monkeypatch, tmp_path):
     monkeypatch.chdir(os.path.dirname(XML))
     assert topology.source_of(os.path.basename(XML)) == XML
     assert topology.source_of(SYN) == SYN
+    # Spaces around it are ignored, as around every tunable's value.
+    assert topology.source_of(" %s\n" % os.path.basename(XML)) == XML
+    assert topology.source_of("  ") is None
+    monkeypatch.setenv("XHC_TOPOLOGY", " \t")
+    assert topology.source_of(None) is None
+    monkeypatch.setenv("XHC_TOPOLOGY", " %s " % SYN)
+    assert topology.source_of(None) == SYN
 
 
 def test_cpuset_mask():
@@ -615,9 +654,12 @@ def test_info_of_a_hierarchy_that_reads_no_machine_needs_no_hwloc(
     proc = run_info("--topology", "pack:2 core:2 pu:1", "--ranks", "4",
                     "--hierarchy", "l3", PATH=path)
     assert proc.returncode == 1 and ": broken;" in proc.stderr, proc.stderr
-    proc = run_info("--ranks", "4", "--hierarchy", "l3")
-    assert proc.returncode == 1 and "--ranks needs --topology" in \
-        proc.stderr, proc.stderr
+    for blank in ({}, {"XHC_TOPOLOGY": "  "}):
+        proc = run_info("--ranks", "4", "--hierarchy", "l3", **blank)
+        assert proc.returncode == 1 and "--ranks needs --topology" in \
+            proc.stderr, proc.stderr
+    proc = run_info("--ranks", "4", XHC_TOPOLOGY=" %s " % XML)
+    assert proc.returncode == 0 and "hwloc XML" in proc.stdout, proc.stderr
 
 
 # Run python -m xhc with argv[1:], then fail if it started MPI.

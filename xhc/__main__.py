@@ -10,7 +10,7 @@ from .errors import XhcError, agree
 from .hierarchy import (DEFAULTS, build, parse_levels, placeless,
                         reads_topology)
 from .topology import (describe, local_locality, localities_for, node_cpus,
-                       node_index, node_size)
+                       node_index, node_size, source_of)
 
 
 _MOST_RANKS = 1 << 16  # more than any node has cores; beyond, a typo
@@ -199,7 +199,7 @@ def _offline(args):
     parsed = parse_levels(spec)
     if not reads_topology(parsed):
         localities = placeless(args.ranks)
-    elif not args.topology and not os.environ.get("XHC_TOPOLOGY"):
+    elif source_of(args.topology) is None:
         raise XhcError("--ranks needs --topology (or XHC_TOPOLOGY) to place "
                        "ranks on, for a hierarchy that groups them by the "
                        "machine")

@@ -102,12 +102,18 @@ def placeless(size):
 
 
 def _keys(localities, name):
-    """Per-rank grouping key of locality level NAME."""
+    """Per-rank grouping key of locality level NAME.  A rank in no object
+    of the level's type, where others are in one (a core outside every
+    L3 of the machine), shares that level with the ranks on its cores
+    alone: its key is its cores'."""
     keys = []
     for rank, locality in enumerate(localities):
         if name not in locality:
             raise ValueError("locality of rank %d has no %r entry" % (rank, name))
         keys.append(locality[name])
+    if any(keys) and not all(keys):
+        keys = [key or ("outside", localities[rank].get("core") or rank)
+                for rank, key in enumerate(keys)]
     return keys
 
 

@@ -3,8 +3,11 @@
 
 A process's locality is a dict ``{level name: key}`` for every name in
 ``CANONICAL``; the key is a tuple of the logical indexes of the hwloc objects
-of that level's type that the process's cpuset intersects (``()`` when the
-machine has no object of that type).  Ranks with equal keys share the domain.
+of that level's type that the process's cpuset intersects (``()`` when it
+intersects none: the machine has no object of that type, or these CPUs lie
+outside all of them).  Ranks with equal keys share the domain; those with
+``()`` where others have one share it with no rank on other cores
+(hierarchy.py).
 
 Where the cpuset comes from:
 
@@ -89,8 +92,9 @@ def find_hwloc_calc():
 
 
 def source_of(topology):
-    """Resolve the topology argument against XHC_TOPOLOGY; None (or "")
-    means this machine.  A file is named by its absolute path, so that
+    """Resolve the topology argument against XHC_TOPOLOGY; None (or "",
+    or spaces) means this machine.  Spaces around it are ignored, as
+    around every tunable.  A file is named by its absolute path, so that
     ranks in different working directories name it alike."""
     if topology is None:
         topology = os.environ.get("XHC_TOPOLOGY")
@@ -101,6 +105,9 @@ def source_of(topology):
                         f"a synthetic description such as 'pack:2 core:4 pu:1', "
                         f"not {type(topology).__name__}")
     topology = os.fspath(topology)
+    topology = topology.strip() if isinstance(topology, str) else topology
+    if not topology:
+        return None
     return os.path.abspath(topology) if os.path.exists(topology) \
         else topology
 
@@ -373,9 +380,11 @@ def _core_table(source):
     """Locality of every logical core of SOURCE, as a tuple indexed by core."""
     count = _count(source, "core")
     if count == 0:
-        raise XhcError("topology %r has no cores to place processes on: "
-                       "give it a core level (a synthetic description "
-                       "such as 'pack:2 core:4 pu:1')" % source)
+        fix = ("write it again with lstopo from a machine, or give each "
+               "PU a Core object above it" if os.path.exists(source) else
+               "give it a core level, as in 'pack:2 core:4 pu:1'")
+        raise XhcError("topology %r has no cores to place processes on: %s"
+                       % (source, fix))
     # One stdin-mode run per level type answers for all cores at once.
     cores = ["core:%d\n" % core for core in range(count)]
     outs = _run_all(source, [["-I", LEVEL_TYPES[name]] for name in _QUERIED],
