@@ -1199,6 +1199,36 @@ def _open_as_nobody(name, lib):
     return os.waitstatus_to_exitcode(status), text
 
 
+class _InterruptedComm:
+    """A communicator of one rank whose allgather, the ranks' report that
+    they opened a new shared file, is interrupted (a KeyboardInterrupt
+    while rank 0 waits for a slow peer)."""
+    rank, size = 0, 1
+
+    def bcast(self, obj, root=0):
+        return obj
+
+    def allgather(self, obj):
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("make", ["segment", "array"])
+def test_an_interrupt_while_ranks_open_a_new_file_leaves_none(make):
+    """In-process, no MPI: rank 0, interrupted as it waits for the ranks
+    to open the file it created (a segment, or a Comm.empty array's),
+    unlinks it: nothing is left in /dev/shm."""
+    from xhc import _core, config
+
+    before = set(os.listdir(SHM))
+    with pytest.raises(KeyboardInterrupt):
+        if make == "segment":
+            cfg = _core.make_config(dict(config.resolve(), windows=2))
+            _core.open_context(_InterruptedComm(), cfg)
+        else:
+            _core._map_everywhere(_InterruptedComm(), 1 << 20)
+    assert set(os.listdir(SHM)) - before == set()
+
+
 def test_new_segment_is_private_and_unguessable():
     """In-process, no MPI: names differ and carry >= 96 random bits; the
     segment is created 0600 (O_EXCL), and another user cannot open it."""

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Set up the C core for a communicator, and turn its codes into errors."""
+import contextlib
 import errno
 import math
 import mmap
@@ -180,7 +181,8 @@ def open_context(comm, cfg):
     size = lib.xhc_segment_size(comm.size, cfg)
     out, fd = ffi.new("xhc_ctx_t **"), -1
     try:
-        fd = _open_everywhere(comm, size)
+        with _shared_file(comm, size) as (fd, _):
+            collective_check(comm, min(fd, 0), "opening the shared segment")
         rc = lib.xhc_ctx_open_fd(out, fd, size, 0, comm.size, cfg) \
             if comm.rank == 0 else 0
         if comm.bcast(rc, root=0) == 0 and comm.rank != 0:
@@ -198,28 +200,26 @@ def open_context(comm, cfg):
     return out[0]
 
 
-def _open_everywhere(comm, size):
-    """Rank 0 creates a segment of SIZE bytes, every rank opens it, and
-    once all have, rank 0 unlinks it: no kill from then on, while the
-    ranks reserve its pages, can leave it in /dev/shm.  Return this rank's
-    descriptor, or raise on every rank."""
-    name, created, fd = None, False, -1
+@contextlib.contextmanager
+def _shared_file(comm, size):
+    """Collective: rank 0 creates a shared file of SIZE bytes and every
+    rank opens it; yields (this rank's descriptor, or a negative error
+    code, and rank 0's error code creating it).  The body checks that
+    every rank opened it; leaving, rank 0 unlinks it, whatever was
+    raised (an interrupt in the body too): no kill from then on, while
+    the ranks reserve its pages, can leave it in /dev/shm.  The caller
+    closes the descriptor."""
+    name, created = None, False
     try:
         if comm.rank == 0:
             name = new_name()
             rc = lib.xhc_shm_create(name.encode(), size)
             created = rc == 0
         name, rc = comm.bcast((name, rc if comm.rank == 0 else 0), root=0)
-        fd = lib.xhc_shm_open(name.encode()) if rc == 0 else rc
-        collective_check(comm, min(fd, 0), "opening the shared segment")
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        raise
+        yield (lib.xhc_shm_open(name.encode()) if rc == 0 else rc), rc
     finally:
-        if created:  # every rank has opened it, or failed, or raises
+        if created:
             lib.xhc_shm_unlink(name.encode())
-    return fd
 
 
 def make_config(cfg):
@@ -489,21 +489,15 @@ def _map_everywhere(comm, total):
     """Collective: map a new shared file of TOTAL bytes on every rank, or
     raise on every rank, so that ranks number their regions alike.  The
     file is unlinked as soon as every rank holds it open, before rank 0
-    sizes and reserves it (slow for a large one): a kill from then on
-    leaves nothing in /dev/shm."""
-    name, rc = None, 0
-    if comm.rank == 0:
-        name = new_name()
-        rc = lib.xhc_shm_create(name.encode(), 0)
-    name, rc = comm.bcast((name, rc), root=0)
-    check(rc, "allocating shared memory")
-    fd = lib.xhc_shm_open(name.encode())
+    sizes and reserves it (slow for a large one)."""
+    fd = -1
     try:
-        opened = comm.allgather(
-            None if fd >= 0 else f"opening shared memory: {strerror(fd)}")
-        if comm.rank == 0:
-            lib.xhc_shm_unlink(name.encode())
-            rc = 0 if any(opened) else lib.xhc_shm_reserve(fd, total)
+        with _shared_file(comm, 0) as (fd, rc):
+            check(rc, "allocating shared memory")
+            opened = comm.allgather(
+                None if fd >= 0 else f"opening shared memory: {strerror(fd)}")
+        rc = 0 if comm.rank or any(opened) \
+            else lib.xhc_shm_reserve(fd, total)
         _all_or_none(opened)
         check(comm.bcast(rc, root=0), "allocating shared memory")
         mm, failed = _map_file(fd, total)
