@@ -1333,6 +1333,19 @@ def test_an_interrupt_inside_a_counted_call_leaves_no_count(args2):
     assert all(kv["stuck"] == "None" for kv in rep.values()), rep
 
 
+def test_an_interrupt_in_start_leaves_the_request_inactive(args2):
+    """A signal handler that raises while rank 0 waits in Start() raises
+    out of it with the result complete and the request inactive, so a
+    loop that catches it starts the request again; rank 1 sees nothing."""
+    check_completed(args2)
+    rep = args2.by_rank("START-INTERRUPTED")
+    assert sorted(rep) == [0, 1], args2.output()
+    for rank, caught in ((0, "1"), (1, "0")):
+        rep[rank].pop("_pos")
+        assert rep[rank] == {"rank": str(rank), "caught": caught,
+                             "right": "3", "active": "False"}, rep
+
+
 def test_free_while_a_call_is_planned_stops_the_call(args2):
     """free() from one thread between another thread's planning of a call
     and its core call: the call raises instead of running on the closed

@@ -1057,9 +1057,8 @@ static PyObject *start_claimed(HotRequest *r)
     return PyObject_CallMethod((PyObject *)r, "_failed", "i", rc);
 }
 
-static PyObject *req_start(HotRequest *r, PyObject *unused)
+static PyObject *start_owned(HotRequest *r)
 {
-    (void)unused;
     HotComm *owner = r->owner;
     if (!owner)  /* none bound: _Start says why */
         return PyObject_CallMethod((PyObject *)r, "_Start", NULL);
@@ -1070,6 +1069,22 @@ static PyObject *req_start(HotRequest *r, PyObject *unused)
         owner->calls--;
     }
     Py_DECREF(owner);
+    return res;
+}
+
+/* A signal handler that raises as the operation completes (a
+ * KeyboardInterrupt that came in its wait) raises out of Start(), not at
+ * the caller's next line, and leaves the request inactive, as the Wait()
+ * that would have completed it: mpi4py's comes out of that Wait(), so a
+ * loop that catches it may start the request again. */
+static PyObject *req_start(HotRequest *r, PyObject *unused)
+{
+    (void)unused;
+    PyObject *res = start_owned(r);
+    if (res && r->active && PyErr_CheckSignals() < 0) {
+        r->active = 0;
+        Py_CLEAR(res);
+    }
     return res;
 }
 

@@ -1454,7 +1454,56 @@ def suite_free_busy(xc):
     free_while_planning()
     free_while_raising()
     interrupted_counts()
+    interrupted_start(xc)
     return xc
+
+
+class _Alarm(Exception):
+    """What interrupted_start's signal handler raises."""
+
+
+def _raise_alarm(signum, frame):
+    raise _Alarm
+
+
+def interrupted_start(xc, rounds=3):
+    """A signal handler that raises while rank 0 waits in a persistent
+    Allreduce's Start() for rank 1, which comes late: the exception comes
+    out of Start() with the result complete and the request inactive, so
+    the loop that catches it starts the request again, as one around
+    mpi4py's Start() and Wait() may.  The request stayed active, and the
+    next Start() raised that it was."""
+    c = xc.Dup()
+    send, recv = np.zeros(4), np.zeros(4)
+    req = c.Allreduce_init(send, recv)
+    caught, right = 0, 0
+    old = signal.signal(signal.SIGALRM, _raise_alarm)
+    try:
+        for i in range(rounds):
+            send[:] = 10 * i + RANK
+            W.Barrier()
+            if RANK == 1 and i == 0:
+                time.sleep(0.5)
+            elif i == 0:
+                signal.setitimer(signal.ITIMER_REAL, 0.1)
+            try:
+                req.Start()
+                req.Wait()
+            except _Alarm:
+                caught += 1
+            right += np.array_equal(recv, np.full(4, SIZE * 10 * i
+                                                  + SIZE * (SIZE - 1) / 2))
+    except Exception as exc:  # noqa: BLE001 -- reported
+        emit("START-INTERRUPTED", f"rank={RANK}",
+             f"error={type(exc).__name__}")
+    else:
+        emit("START-INTERRUPTED", f"rank={RANK}", f"caught={caught}",
+             f"right={right}", f"active={req._active}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    req.Free()
+    c.free()
 
 
 def interrupted_counts(lines=8):
