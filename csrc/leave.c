@@ -127,6 +127,22 @@ int xhc_left_since(xhc_ctx_t *ctx, int peer, uint64_t seq,
            && xhc_leave_covers(rec, seq);
 }
 
+int xhc_peer_gave_up(xhc_ctx_t *ctx, int peer, int *rank)
+{
+    struct xhc_leave rec;
+    if (!ctx || !ctx->ctl || peer < 0 || peer >= ctx->nranks
+        || !xhc_leave_read(&xhc_ctl(ctx, peer)->entered, ctx->seq, &rec)
+        || !rec.why || xhc_seq_reached(rec.seq, ctx->seq))
+        return 0;
+    /* Still away from that one (left, or withdrawn since): its mark. */
+    uint64_t away = xhc_load_acquire(&xhc_ctl(ctx, peer)->entered.seq)
+                    - rec.seq;
+    if (away != XHC_LEFT && away != XHC_LEFT + XHC_WITHDRAWN)
+        return 0;
+    *rank = rec.who;
+    return rec.why;
+}
+
 /* MASK moved BACK operations on: bit I becomes bit I + BACK. */
 static uint64_t xhc_mask_moved(uint64_t mask, uint64_t back)
 {

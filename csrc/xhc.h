@@ -253,6 +253,11 @@ int xhc_failed_rank(const xhc_ctx_t *ctx);
  * known), which may be a peer's that made it give up (XHC_ERR_PEER_LEFT),
  * and in *RANK the rank that error names. */
 int xhc_failed_cause(const xhc_ctx_t *ctx, int *rank);
+/* If PEER gave up a collective before this rank's last and has begun
+ * none since, the first error that made it (0 if none, or none is
+ * known), and in *RANK the rank that error names: what keeps it from a
+ * later collective that times out waiting on it. */
+int xhc_peer_gave_up(xhc_ctx_t *ctx, int peer, int *rank);
 uint64_t xhc_stat(const xhc_ctx_t *ctx, int path);
 uint64_t xhc_seq(const xhc_ctx_t *ctx);
 size_t xhc_dtype_size(int dtype);

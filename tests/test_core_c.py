@@ -120,7 +120,8 @@ def test_no_wrong_data_after_ranks_pass_different_sizes(tmp_path, cc):
     so does a single-copy Allreduce rank whose peer timed out and reused
     its buffers (it folded them and pushed into them before), and a rank
     in an int8 SUM Allreduce that meets a Bcast of the same size (it
-    returned the Bcast's bytes before)."""
+    returned the Bcast's bytes before).  A timeout on a rank that gave up
+    an earlier operation, and has begun none since, learns why it did."""
     sources = [os.path.basename(f) for f in glob.glob(CSRC + "/*.c")]
     _unit_test(tmp_path, cc, "disagree_test", sorted(sources), SANITIZE,
                ["-lrt", "-ldl", "-lpthread"])

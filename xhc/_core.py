@@ -56,6 +56,17 @@ def _first_error(ctx, peer, name):
             f"{strerror(why)}")
 
 
+def _gave_up_before(ctx, peer, name):
+    """Why PEER, which a collective timed out waiting on, gave up an
+    earlier one and has begun none since; "" if it did not."""
+    who = ffi.new("int *")
+    why = lib.xhc_peer_gave_up(ctx, peer, who)
+    if why in (0, lib.XHC_ERR_PEER_LEFT):
+        return ""
+    return (f"; it gave up an earlier collective, whose first error was "
+            f"about rank {name(who[0])}: {strerror(why)}")
+
+
 def error(rc, what, ctx=None, pids=None, ranks=None):
     """Return the exception for C return code RC of the call WHAT.  RANKS:
     None, or, for the xhc.Comm of one node of a communicator over several
@@ -72,9 +83,10 @@ def error(rc, what, ctx=None, pids=None, ranks=None):
         pid = pids[peer] if pids and peer >= 0 else "?"
         msg += f" (waiting for rank {name(peer)}, pid {pid}"
         if rc == lib.XHC_ERR_TIMEOUT:
-            msg += ("; check that every rank calls the same collectives "
-                    "in the same order, or raise XHC_TIMEOUT if it is only "
-                    "slow")
+            msg += _gave_up_before(ctx, peer, name) or (
+                "; check that every rank calls the same collectives "
+                "in the same order, or raise XHC_TIMEOUT if it is only "
+                "slow")
         if rc == lib.XHC_ERR_PEER_LEFT:
             msg += _first_error(ctx, peer, name)
         msg += ")"

@@ -40,6 +40,9 @@
  *    and 2, and an Allreduce (SUM, int8) of the same size on rank 1,
  *    which reads the sum from its parent's line, where the Bcast's bytes
  *    are, with the same byte count: rank 1 must fail, not return them.
+ * 9. Rank 1 gives up an operation with an error of its own and begins
+ *    no other; rank 0's next operation after that one times out waiting
+ *    on it, and must learn why it gave up (xhc_peer_gave_up).
  * Prints "ok" if every check holds.
  */
 #include <sched.h>
@@ -382,6 +385,32 @@ static int bcast_against_sum(xhc_ctx_t *ctx, int rank, struct board *b)
     return 0;
 }
 
+/* 9. */
+static int away_since(xhc_ctx_t *ctx, int rank, struct board *b)
+{
+    uint64_t seq;
+    if (rank == 1) {
+        xhc_begin(ctx, &seq);
+        xhc_fail(ctx, 1, XHC_ERR_COPY);
+        xhc_ctx_leave(ctx);
+        b->done = 1;
+        while (b->done != 2)  /* alive, not closed, till rank 0 is done */
+            sched_yield();
+        return 0;
+    }
+    while (b->done != 1)
+        sched_yield();
+    int who = -1, rc = xhc_barrier(ctx);
+    if (rc != XHC_ERR_PEER_LEFT || xhc_peer_gave_up(ctx, 1, &who) != 0)
+        fail(b, "the operation rank 1 left did not fail as left", rank, rc);
+    rc = xhc_barrier(ctx);
+    int why = xhc_peer_gave_up(ctx, 1, &who);
+    b->done = 2;
+    if (rc != XHC_ERR_TIMEOUT || why != XHC_ERR_COPY || who != 1)
+        fail(b, "a timeout on a rank away did not learn why", rank, why);
+    return 0;
+}
+
 static int ranks_open(xhc_ctx_t **ctx, int fd, size_t size, int rank, int n,
                       const xhc_config_t *cfg)
 {
@@ -466,6 +495,7 @@ int main(void)
     region = NULL;
     cfg.copy = XHC_COPY_CMA;
     bad += run(2, &cfg, gave_up_reduction, NULL);
+    bad += run(2, &cfg, away_since, NULL);
     cfg.timeout = 5.0;
     bad += run(3, &cfg, root_gave_up, NULL);
     if (bad)
