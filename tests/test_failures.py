@@ -667,8 +667,8 @@ def test_debug_names_requests_started_out_of_order(request, how):
     check_debug_case(
         request, how, "start-order", "XhcError",
         r"^XHC_DEBUG: ranks start different requests: rank \d "
-        r"request #(\d+) \(Allreduce \(4 elements\)\), rank \d "
-        r"request #(?!\1)\d+ \(Allreduce \(4 elements\)\), "
+        r"request #(\d+) \(Allreduce\(32 B\)\), rank \d "
+        r"request #(?!\1)\d+ \(Allreduce\(32 B\)\), "
         r"numbered by the \*_init calls .* mpi_assert_strict_"
         r"persistent_collective_ordering were set\)$")
 
@@ -679,10 +679,10 @@ def test_debug_names_requests_started_out_of_order(request, how):
      r"^XHC_DEBUG: ranks disagree on (Start|Barrier): operation: rank 0 "
      r"has 'Start', rank 2 has 'Barrier'"),
     ("start-active", "MPIRequestError",
-     r"^(rank 2: )?Allreduce \(4 elements\): Start\(\) on an active "
+     r"^(rank 2: )?Allreduce\(32 B\): Start\(\) on an active "
      r"request; complete it first"),
     ("startall-freed", "MPIRequestError",
-     r"^(rank 2: )?Allreduce \(4 elements\): request already freed")])
+     r"^(rank 2: )?Allreduce\(32 B\): request already freed")])
 def test_debug_compares_a_start_with_what_peers_call(request, how, case,
                                                      exc, pattern):
     """A Start() meets a Barrier on rank 2, or rank 2 starts its request

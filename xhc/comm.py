@@ -833,8 +833,7 @@ class Comm(HotComm):
                 return self._fallback("Allreduce_init", sendbuf, recvbuf, op,
                                       *extra)
             # The plan: (sendbuf, recvbuf, op, run, call, send Buffer, ...).
-            return Request(p[3], f"Allreduce ({_elements(p[5])} elements)",
-                           self, p)
+            return Request(p[3], f"Allreduce({p[5].nbytes} B)", self, p)
 
     @_claiming
     @_leaving
@@ -853,8 +852,8 @@ class Comm(HotComm):
                                       root, *extra)
             # The plan: (sendbuf, recvbuf, op, root, run, call, send
             # Buffer, ...).
-            return Request(p[4], f"Reduce(root={root}, {_elements(p[6])} "
-                           "elements)", self, p)
+            return Request(p[4], f"Reduce(root={root}, {p[6].nbytes} B)",
+                           self, p)
 
     def _shared_flag(self, what, *arrays):
         """Collective, from *_init: XHC_CALL_SHARED if every rank's ARRAYS

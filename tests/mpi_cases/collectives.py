@@ -987,8 +987,8 @@ def complex_forms(v, xcomm, comm):
                f"got {got}")
     req = xcomm.Allreduce_init(mine, np.zeros(5, complex))
     if xcomm.xhc_info.get("nodes", 1) == 1:  # over nodes: by its method
-        v.case("a complex request is named by the caller's count",
-               None if req._what == "Allreduce (5 elements)" else req._what)
+        v.case("a complex request is named as its blocking call",
+               None if req._what == "Allreduce(80 B)" else req._what)
     req.Free()
     one = np.zeros(1, complex)
     xcomm.Allreduce(np.complex128(rank + 1j), one)
