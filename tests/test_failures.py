@@ -1346,6 +1346,19 @@ def test_an_interrupt_in_start_leaves_the_request_inactive(args2):
                              "right": "3", "active": "False"}, rep
 
 
+def test_an_interrupt_between_an_object_calls_exchanges_gives_up_the_second(
+        args2):
+    """Rank 1, interrupted as the first exchange of an allreduce of long
+    pickles returns, gives the second up: rank 0 raises at once that it
+    did, naming the earlier step, and the next call is right on both."""
+    check_completed(args2)
+    rep = args2.by_rank("OBJECT-INTERRUPTED")
+    assert sorted(rep) == [0, 1], args2.output()
+    assert (rep[0]["exc"], rep[0]["named"]) == ("XhcError", "True"), rep
+    assert rep[1]["exc"] == "_Alarm", rep
+    assert rep[0]["after"] == rep[1]["after"] == "3", rep
+
+
 def test_free_while_a_call_is_planned_stops_the_call(args2):
     """free() from one thread between another thread's planning of a call
     and its core call: the call raises instead of running on the closed

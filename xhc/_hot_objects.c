@@ -260,6 +260,26 @@ static PyObject *finish(HotComm *h, const char *name, PyObject **argv,
     return res;
 }
 
+/* The call NAME raised as its first exchange returned (a signal
+ * handler's exception, run here before any Python code of the call):
+ * Objects.unfinished gives its second exchange up, if one was due, so
+ * that peers waiting there raise at once.  The exception stands; NULL.
+ * (Objects.finish and .received see to what raises inside them.) */
+static PyObject *interrupted(HotComm *h, PyObject *objects, const char *name)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *done = PyObject_CallMethod(objects, "unfinished", "OOs",
+                                         (PyObject *)h, Py_None, name);
+    if (!done) {  /* its own error stands instead */
+        Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
+        return NULL;
+    }
+    Py_DECREF(done);
+    PyErr_Restore(type, value, tb);
+    return NULL;
+}
+
 /* Take (TAKE) or drop references to the N objects a call holds: ours
  * while a wait may release the GIL, or Python code runs, whatever others
  * rebind. */
@@ -299,8 +319,10 @@ static PyObject *reduce_call(HotComm *h, int kind, const char *twin,
     hold(held, 4, 1);
     int rc = hot_invoke(h, h->run, &c, h->barrier, h->ctx);
     PyObject *res = rc ? hot_failed(h, "_Allreduce", rc, held, 3)
-                       : finish(h, twin + 1, argv, root_arg, k, root,
-                                c.rbuf);
+                    : PyErr_CheckSignals() < 0
+                        ? interrupted(h, held[3], twin + 1)
+                        : finish(h, twin + 1, argv, root_arg, k, root,
+                                 c.rbuf);
     hold(held, 4, 0);
     return res;
 }
@@ -340,7 +362,9 @@ static PyObject *bcast_call(HotComm *h, const char *twin, PyObject **argv,
     if (rc)
         res = hot_failed(h, "_Bcast", rc, held, 2);
     else if (root != h->rank)
-        res = received(h, held[3], c.rbuf, argv[1]);
+        res = PyErr_CheckSignals() < 0 ? interrupted(h, held[3], "bcast")
+                                       : received(h, held[3], c.rbuf,
+                                                  argv[1]);
     else {
         res = argv[0];  /* a number: immutable, returned as it is */
         Py_INCREF(res);

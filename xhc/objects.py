@@ -38,6 +38,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ._hot import bind_objects
+from ._xhc import lib
 from .errors import XhcError, error_text
 
 SLOT = 256             # bytes of one rank's slot
@@ -96,6 +97,11 @@ def _number(tag, f, i):
     return _TYPE[tag](f if tag in _IN_FLOAT else i)
 
 
+def _next(seq):
+    """The operation after SEQ (None: no context, none)."""
+    return None if seq is None else seq + 1
+
+
 def _failed(name, rank, slot, length):
     """The XhcError for RANK, whose object did not pickle: its SLOT holds
     the reason, LENGTH bytes."""
@@ -143,22 +149,55 @@ class Objects:
     def bcast(self, x, obj, root):
         """ROOT's OBJ by xhc.Comm X, a new one on every rank (but for
         numbers)."""
-        one = self._one
-        if self._rank == root:
+        one, before = self._one, x._on_ctx(lib.xhc_seq)
+        try:
+            if self._rank != root:
+                x.Bcast(one, root)
+                return self.received(x, root)
             tag, data, exc = self._put(self._views[1], 0, obj, ONE_CAP)
             x.Bcast(one, root)
             if exc is not None:
                 raise exc
             if tag > ONE_CAP:
                 x.Bcast(np.frombuffer(data, np.uint8), root)
-            return obj if data is None else MPI.pickle.loads(data)
-        x.Bcast(one, root)
-        return self.received(x, root)
+        except BaseException:
+            self.unfinished(x, _next(before), "bcast")
+            raise
+        return obj if data is None else MPI.pickle.loads(data)
+
+    def unfinished(self, x, first, name):
+        """The call NAME by xhc.Comm X raised once its first exchange, the
+        operation FIRST of X's core (None: the last it began), had
+        completed, before its second began (a KeyboardInterrupt as the
+        first returned, say): give the second up, if one was due, so that
+        the peers waiting in it raise at once rather than take this rank's
+        next call for it.  Not if the first failed (this rank gave it up),
+        or the second began."""
+        seq = x._on_ctx(lib.xhc_seq)
+        if seq is None or seq != (seq if first is None else first) \
+                or not x._on_ctx(lib.xhc_ctx_completed, default=0):
+            return
+        if name == "bcast":
+            due = _HEADER.unpack_from(self._one)[0] > ONE_CAP
+        else:
+            tags = self._all.unpack_from(self._recv)[0::3]
+            long = sum(tag for tag in tags if tag > CAP)
+            due = FAILED not in tags and 0 < long <= LIMIT
+        if due:
+            x._forfeit()
 
     def received(self, x, root):
         """The object of a bcast whose slot came from ROOT by xhc.Comm X
         (xhc/_hot_objects.c calls this for the slots it does not read
         itself)."""
+        first = x._on_ctx(lib.xhc_seq)
+        try:
+            return self._received(x, root)
+        except BaseException:
+            self.unfinished(x, first, "bcast")
+            raise
+
+    def _received(self, x, root):
         one = self._one
         tag, f, i = _HEADER.unpack_from(one)
         if tag == FAILED:
@@ -180,15 +219,28 @@ class Objects:
             raise TypeError(f"{name}: op must be an MPI.Op or a callable, "
                             f"not {type(op).__name__}")
         tag, data, exc = self._put(self._views[0], self._mine, obj)
-        x.Allreduce(self._send, self._recv, MPI.BOR)
-        if exc is not None:
-            raise exc
-        return self.finish(x, name, obj, op, root, data)
+        before = x._on_ctx(lib.xhc_seq)
+        try:
+            x.Allreduce(self._send, self._recv, MPI.BOR)
+            if exc is not None:
+                raise exc
+            return self.finish(x, name, obj, op, root, data)
+        except BaseException:
+            self.unfinished(x, _next(before), name)
+            raise
 
     def finish(self, x, name, obj, op, root, data=None):
         """reduce's result from the slots exchanged, OBJ's pickle DATA if
         it did not fit its slot (xhc/_hot_objects.c calls this for the
         exchanges it does not fold itself)."""
+        first = x._on_ctx(lib.xhc_seq)
+        try:
+            return self._finish(x, name, obj, op, root, data)
+        except BaseException:
+            self.unfinished(x, first, name)
+            raise
+
+    def _finish(self, x, name, obj, op, root, data):
         fields = self._all.unpack_from(self._recv)
         tags = fields[0::3]
         folds = root is None or root == self._rank

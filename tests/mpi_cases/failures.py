@@ -1455,6 +1455,7 @@ def suite_free_busy(xc):
     free_while_raising()
     interrupted_counts()
     interrupted_start(xc)
+    interrupted_object_call(xc)
     return xc
 
 
@@ -1464,6 +1465,37 @@ class _Alarm(Exception):
 
 def _raise_alarm(signum, frame):
     raise _Alarm
+
+
+def interrupted_object_call(xc):
+    """A signal handler raises on rank 1 as the first exchange of an
+    allreduce of objects that pickle too long for their slots returns
+    (rank 0 came late to it): rank 1 gives the second exchange up, so
+    rank 0 raises at once that it did, and the next call meets on both.
+    Before, rank 1's next call met rank 0's second exchange there: rank 0
+    raised that the sizes differ, and the calls stayed paired askew."""
+    c = xc.Dup()
+    big = np.arange(3000) + RANK  # some 24 KB of pickle
+    old = signal.signal(signal.SIGALRM, _raise_alarm)
+    W.Barrier()
+    try:
+        if RANK == 1:
+            signal.setitimer(signal.ITIMER_REAL, 0.1)
+        else:
+            time.sleep(0.5)
+        c.allreduce(big)
+        outcome = "None"
+    except (_Alarm, xhc.XhcError) as exc:
+        outcome = type(exc).__name__
+        gave_up = "a peer gave up" in str(exc) and \
+            "failed in an earlier step" in str(exc)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    after = c.allreduce(RANK + 1)
+    emit("OBJECT-INTERRUPTED", f"rank={RANK}", f"exc={outcome}",
+         f"named={outcome == 'XhcError' and gave_up}", f"after={after}")
+    c.free()
 
 
 def interrupted_start(xc, rounds=3):
