@@ -32,9 +32,10 @@
  * 4. All ack, and wait for all acks: peers read our buffers until then.
  *    A rank that gives up (its wait timed out) returns at once, though,
  *    and its caller may reuse its buffers: so after each chunk a rank
- *    reads of a peer's buffer, and before it writes into one, it checks
- *    that the peer is still in the call, and else fails too, rather than
- *    fold the caller's next bytes and return them as this call's.
+ *    reads of a peer's buffer, and before each it writes into one (a
+ *    push, or a fold into the root's), it checks that the peer is still
+ *    in the call, and else fails too, rather than fold the caller's next
+ *    bytes and return them as this call's, or write into them.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -123,13 +124,17 @@ static int xhc_rs_push(xhc_ctx_t *ctx, const unsigned char *src, size_t off,
 
 static int xhc_rs_reduce_mine(xhc_ctx_t *ctx, uint64_t seq,
                               const unsigned char *sbuf, unsigned char *dst,
-                              const struct xhc_red *r, int owner, int push)
+                              const struct xhc_red *r, int owner, int push,
+                              int into)
 {
     size_t lo, hi, step = ctx->cfg.chunk_size / r->esize;
     xhc_slice(ctx, r, owner, ctx->rank, &lo, &hi);
     for (size_t at = lo; at < hi; at += step) {
         size_t n = hi - at < step ? hi - at : step;
-        int rc = xhc_rs_chunk(ctx, sbuf, dst, at, n, r);
+        /* DST is peer INTO's receive buffer: is it still lent to me? */
+        int rc = into >= 0 ? xhc_read_stayed(ctx, into, 0) : 0;
+        if (rc == 0)
+            rc = xhc_rs_chunk(ctx, sbuf, dst, at, n, r);
         /* Did I fold this call's bytes, and are the buffers I push to
          * still its own? */
         rc = xhc_read_stayed(ctx, -1, rc);
@@ -197,7 +202,8 @@ int xhc_rs_met(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
     if (!target && (owner < 0 || whole))  /* a ROOT non-root folds nothing */
         return xhc_fail(ctx, root, rc ? rc : XHC_ERR_MISMATCH);
     rc = xhc_rs_reduce_mine(ctx, seq, sbuf, target, r, owner,
-                            mode == XHC_RS_PUSH);
+                            mode == XHC_RS_PUSH,
+                            mode == XHC_RS_DIRECT && !whole ? root : -1);
     if (rc == 0 && whole)
         rc = xhc_rs_gather(ctx, seq, target, r, owner,
                            mode == XHC_RS_PUSH || mode == XHC_RS_DIRECT);

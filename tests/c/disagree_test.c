@@ -35,7 +35,9 @@
  *    0 folds its slice, times out waiting for rank 1's, gives up and
  *    rewrites its buffers (in a shared region, then private ones read by
  *    CMA).  Rank 1, back, must fail, not fold the new bytes and return 0,
- *    nor push its slice into rank 0's receive buffer after it left.
+ *    nor push its slice into rank 0's receive buffer after it left.  The
+ *    same for a Reduce to rank 0 in the region, whose owners fold their
+ *    slices straight into the root's receive buffer.
  * 8. Ranks 0 and 1 a pair under a level of all three: a Bcast on ranks 0
  *    and 2, and an Allreduce (SUM, int8) of the same size on rank 1,
  *    which reads the sum from its parent's line, where the Bcast's bytes
@@ -313,6 +315,7 @@ static int root_gave_up(xhc_ctx_t *ctx, int rank, struct board *b)
  * private ones, read by CMA). */
 #define GIVEN_UP (8 * CHUNK / 8)  /* doubles: two chunks a rank */
 static double *region;
+static int reducing;  /* a Reduce to rank 0, else an Allreduce */
 
 /* Rank 1's first wait, in the meet: hold it until rank 0 has given up. */
 static void held_at_meet(void *arg)
@@ -343,7 +346,9 @@ static int gave_up_reduction(xhc_ctx_t *ctx, int rank, struct board *b)
         xhc_ctx_set_block_hook(ctx, held_at_meet, b);
     while (rank == 0 && b->done != 1)
         sched_yield();
-    int rc = xhc_allreduce(ctx, s, r, GIVEN_UP, XHC_FLOAT64, XHC_SUM);
+    int rc = reducing
+        ? xhc_reduce(ctx, s, r, GIVEN_UP, XHC_FLOAT64, XHC_SUM, 0)
+        : xhc_allreduce(ctx, s, r, GIVEN_UP, XHC_FLOAT64, XHC_SUM);
     if (rank == 0) {
         if (rc != XHC_ERR_TIMEOUT)
             fail(b, "rank 0 did not time out on its held peer", rank, rc);
@@ -361,7 +366,7 @@ static int gave_up_reduction(xhc_ctx_t *ctx, int rank, struct board *b)
     } else {
         if (rc == 0)
             fail(b, "an Allreduce whose peer gave up returned 0", rank, 0);
-        if (rc == 0 && r[GIVEN_UP - 1] != 2.0)
+        if (rc == 0 && !reducing && r[GIVEN_UP - 1] != 2.0)
             fail(b, "... with the peer's next data", rank, 0);
         b->done = 3;
     }
@@ -492,6 +497,9 @@ int main(void)
     region = mmap(NULL, 4 * GIVEN_UP * sizeof(double),
                   PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     bad += region == MAP_FAILED || run(2, &cfg, gave_up_reduction, NULL);
+    reducing = 1;
+    bad += region == MAP_FAILED || run(2, &cfg, gave_up_reduction, NULL);
+    reducing = 0;
     region = NULL;
     cfg.copy = XHC_COPY_CMA;
     bad += run(2, &cfg, gave_up_reduction, NULL);
