@@ -1333,17 +1333,21 @@ def test_an_interrupt_inside_a_counted_call_leaves_no_count(args2):
     assert all(kv["stuck"] == "None" for kv in rep.values()), rep
 
 
-def test_an_interrupt_in_start_leaves_the_request_inactive(args2):
-    """A signal handler that raises while rank 0 waits in Start() raises
-    out of it with the result complete and the request inactive, so a
-    loop that catches it starts the request again; rank 1 sees nothing."""
+@pytest.mark.parametrize("startall", [False, True])
+def test_an_interrupt_in_start_leaves_the_request_inactive(args2, startall):
+    """A signal handler that raises while rank 0 waits in Start() (of one
+    request, or the first of two in Startall) raises out of it with the
+    results complete (the second started too) and the requests inactive,
+    so a loop that catches it starts them again; rank 1 sees nothing."""
     check_completed(args2)
-    rep = args2.by_rank("START-INTERRUPTED")
-    assert sorted(rep) == [0, 1], args2.output()
-    for rank, caught in ((0, "1"), (1, "0")):
-        rep[rank].pop("_pos")
-        assert rep[rank] == {"rank": str(rank), "caught": caught,
-                             "right": "3", "active": "False"}, rep
+    rep = [kv for kv in args2.get("START-INTERRUPTED")
+           if kv["all"] == str(startall)]
+    assert sorted(int(kv["rank"]) for kv in rep) == [0, 1], args2.output()
+    for kv in rep:
+        kv.pop("_pos")
+        caught = "1" if kv["rank"] == "0" else "0"
+        assert kv == {"all": str(startall), "rank": kv["rank"],
+                      "caught": caught, "right": "3", "active": "False"}, rep
 
 
 def test_an_interrupt_between_an_object_calls_exchanges_gives_up_the_second(

@@ -52,8 +52,12 @@ def _first_error(ctx, peer, name):
     why = lib.xhc_failed_cause(ctx, who)
     if why in (0, lib.XHC_ERR_PEER_LEFT):
         return f"; rank {name(peer)}'s own error says what went wrong"
-    return (f"; the first error was about rank {name(who[0])}: "
-            f"{strerror(why)}")
+    return f"; the first error was{_about(who[0], name)}: {strerror(why)}"
+
+
+def _about(rank, name):
+    """' about rank N', or nothing for an error about no one rank (-1)."""
+    return f" about rank {name(rank)}" if rank >= 0 else ""
 
 
 def _gave_up_before(ctx, peer, name):
@@ -63,8 +67,8 @@ def _gave_up_before(ctx, peer, name):
     why = lib.xhc_peer_gave_up(ctx, peer, who)
     if why in (0, lib.XHC_ERR_PEER_LEFT):
         return ""
-    return (f"; it gave up an earlier collective, whose first error was "
-            f"about rank {name(who[0])}: {strerror(why)}")
+    return (f"; it gave up an earlier collective, whose first error "
+            f"was{_about(who[0], name)}: {strerror(why)}")
 
 
 def error(rc, what, ctx=None, pids=None, ranks=None):

@@ -1662,7 +1662,9 @@ class Request(HotRequest):
         """Start every request, in order; none if one cannot start (not a
         persistent request, or one of xhc's that is active or freed), as
         MPI checks the list first.  One that XHC_DEBUG checks is left to
-        its Start(), which compares first, and raises on every rank."""
+        its Start(), which compares first, and raises on every rank.  A
+        signal handler's exception out of one Start(), whose collective
+        completed, comes once the rest have started."""
         requests = list(requests)
         starts = [getattr(req, "Start", None) for req in requests]
         for req, start in zip(requests, starts):
@@ -1679,8 +1681,34 @@ class Request(HotRequest):
             if start is None:
                 raise TypeError("Startall takes persistent requests, not "
                                 f"{type(req).__name__}")
-        for start in starts:
-            start()
+        held = None
+        for req, start in zip(requests, starts):
+            before = req._xcomm._on_ctx(lib.xhc_seq) \
+                if isinstance(req, Request) else None
+            try:
+                start()
+            except BaseException as exc:
+                if held is not None or not _completed_after(req, before):
+                    raise
+                held = exc  # a signal handler's: start the rest first
+        if held is not None:
+            # Every request is complete, as the Waitall after would leave
+            # it (see Start()): a loop that catches this starts them again.
+            for req in requests:
+                if isinstance(req, Request):
+                    req._active = False
+            raise held
+
+
+def _completed_after(req, before):
+    """Did REQ's Start(), which raised, complete its collective, the
+    operation after BEFORE of its core, all the same?  (A signal handler
+    raised as it returned, and left it inactive.)"""
+    if before is None or req._active:
+        return False
+    x = req._xcomm
+    return x._on_ctx(lib.xhc_seq) == before + 1 \
+        and bool(x._on_ctx(lib.xhc_ctx_completed, default=0))
 
 
 # Waitall, Waitany, ..., testsome: over lists that may mix xhc's requests
