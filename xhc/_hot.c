@@ -579,6 +579,11 @@ int hot_invoke(HotComm *h, xhc_run_fn run, void *call,
     return rc;
 }
 
+static PyObject *raised_across(PyObject *exc, void *h)
+{
+    return PyObject_CallMethod((PyObject *)h, "_raised_across", "O", exc);
+}
+
 /* Run RUN(ARGS), a call over several nodes that H kept (xhc/nodes.py)
  * or the steps of one of plain arrays, as Comm._in_core runs it: counted
  * as under way.  What it raises goes through H's _raised_across first,
@@ -595,13 +600,17 @@ static PyObject *run_across(HotComm *h, PyObject *run, PyObject *const *args,
         Py_DECREF(res);
         Py_RETURN_NONE;
     }
+    return hot_raised(raised_across, h);
+}
+
+PyObject *hot_raised(hot_aside_fn aside, void *arg)
+{
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
     if (tb)
         PyException_SetTraceback(value, tb);
-    PyObject *done = PyObject_CallMethod((PyObject *)h, "_raised_across",
-                                         "O", value);
+    PyObject *done = aside(value, arg);
     if (!done) {  /* its own error stands instead */
         Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
         return NULL;

@@ -64,6 +64,10 @@ int hot_plain_root(const HotComm *h, PyObject *root);
 /* Run CALL with RUN (or BARRIER on CTX), counted as under way on H. */
 int hot_invoke(HotComm *h, xhc_run_fn run, void *call,
                xhc_barrier_fn barrier, void *ctx);
+/* With an exception set: ASIDE(the exception, ARG), then the exception
+ * stands again, unless ASIDE raised, whose error then stands.  NULL. */
+typedef PyObject *(*hot_aside_fn)(PyObject *exc, void *arg);
+PyObject *hot_raised(hot_aside_fn aside, void *arg);
 /* Raise error RC of twin NAME, called with ARGV, through Comm._failed. */
 PyObject *hot_failed(HotComm *h, const char *name, int rc, PyObject **argv,
                      int nargv);

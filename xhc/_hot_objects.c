@@ -265,19 +265,24 @@ static PyObject *finish(HotComm *h, const char *name, PyObject **argv,
  * Objects.unfinished gives its second exchange up, if one was due, so
  * that peers waiting there raise at once.  The exception stands; NULL.
  * (Objects.finish and .received see to what raises inside them.) */
+struct unfinished {
+    HotComm *h;
+    PyObject *objects;
+    const char *name;
+};
+
+static PyObject *unfinished(PyObject *exc, void *arg)
+{
+    (void)exc;
+    struct unfinished *u = arg;
+    return PyObject_CallMethod(u->objects, "unfinished", "OOs",
+                               (PyObject *)u->h, Py_None, u->name);
+}
+
 static PyObject *interrupted(HotComm *h, PyObject *objects, const char *name)
 {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyObject *done = PyObject_CallMethod(objects, "unfinished", "OOs",
-                                         (PyObject *)h, Py_None, name);
-    if (!done) {  /* its own error stands instead */
-        Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
-        return NULL;
-    }
-    Py_DECREF(done);
-    PyErr_Restore(type, value, tb);
-    return NULL;
+    struct unfinished u = { h, objects, name };
+    return hot_raised(unfinished, &u);
 }
 
 /* Take (TAKE) or drop references to the N objects a call holds: ours

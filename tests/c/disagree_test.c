@@ -228,6 +228,16 @@ static double seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Rank 1's part in 4. and 9., once it has given up: say so, and stay
+ * alive, not closed, till rank 0 is done. */
+static int stay_away(struct board *b)
+{
+    b->done = 1;
+    while (b->done != 2)
+        sched_yield();
+    return 0;
+}
+
 /* 4.: rank 1 gives up on operation 1 (and on JUMP more), as a failed
  * call does; back (JUMP 0) it begins operation 2.  Rank 0 enters
  * operation 1 once rank 1 is done, and must fail within a fraction of
@@ -240,10 +250,7 @@ static int left_before(xhc_ctx_t *ctx, int rank, struct board *b, int jump)
         xhc_ctx_skip(ctx, (uint64_t)jump);
         if (!jump)
             xhc_begin(ctx, &seq);
-        b->done = 1;
-        while (b->done != 2)  /* alive, not closed, till rank 0 is done */
-            sched_yield();
-        return 0;
+        return stay_away(b);
     }
     while (b->done != 1)
         sched_yield();
@@ -398,10 +405,7 @@ static int away_since(xhc_ctx_t *ctx, int rank, struct board *b)
         xhc_begin(ctx, &seq);
         xhc_fail(ctx, 1, XHC_ERR_COPY);
         xhc_ctx_leave(ctx);
-        b->done = 1;
-        while (b->done != 2)  /* alive, not closed, till rank 0 is done */
-            sched_yield();
-        return 0;
+        return stay_away(b);
     }
     while (b->done != 1)
         sched_yield();
