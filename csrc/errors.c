@@ -36,9 +36,9 @@ const char *xhc_strerror(int code)
                "earlier call to which the ranks passed different roots: "
                "free this xhc.Comm on every rank and make another";
     case XHC_ERR_LEADER:
-        return "it failed in an earlier step of this collective (over "
-               "several nodes: on its node or between the nodes; on "
-               "objects: their first exchange): its own error says why";
+        return "it failed in an earlier step of this collective over "
+               "several nodes, on its node or between the nodes: its own "
+               "error says why";
     case XHC_ERR_ADDRESS_SPACE:
         return "no address space left in this process to map a peer's "
                "array from xhc.shared_arrays() (a ulimit -v?): raise the "

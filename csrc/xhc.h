@@ -41,9 +41,8 @@ typedef struct xhc_ctx xhc_ctx_t;
                                    mine: an earlier call the ranks passed
                                    different roots left them out of step */
 #define XHC_ERR_LEADER    -5014 /* a rank failed in an earlier step of
-                                   a collective the front end runs in
-                                   steps (over several nodes, or on
-                                   objects; xhc_ctx_forfeit) */
+                                   a collective over several nodes (the
+                                   front end's steps; xhc_ctx_forfeit) */
 #define XHC_ERR_ADDRESS_SPACE -5015 /* no address space left here to map
                                        a peer's arena buffer (ulimit -v) */
 
@@ -189,8 +188,7 @@ void xhc_ctx_withdraw(xhc_ctx_t *ctx);
  * up at once, so that peers that wait on it there fail at once
  * (XHC_ERR_PEER_LEFT, with XHC_ERR_LEADER as the first error) rather
  * than time out (a node's leader whose step between the nodes raised,
- * which its node's last step waits on; a call on objects interrupted
- * between its two exchanges).  It completed every collective
+ * which its node's last step waits on).  It completed every collective
  * before: a peer late to one of them still takes part in it (one 64 or
  * more before a later forfeit or leave counts as given up).  Its next
  * collective after that one is in step.  After a withdraw (a refused

@@ -241,6 +241,42 @@ static PyObject *fold_slots(const unsigned char *all, int nranks, int k)
     return number_object(n, &acc);
 }
 
+/* RES of OBJECTS' finish or received, called once the first exchange
+ * of the call NAME to ROOT_ARG completed (first_done: stage 1).  If it
+ * raised before the second exchange began (a signal handler's exception
+ * at its first line, say), Objects.unfinished takes part in the second
+ * all the same, so that no peer waits for this rank there; then the
+ * exception stands. */
+struct unfinished {
+    HotComm *h;
+    PyObject *objects, *root_arg;
+    const char *name;
+};
+
+static PyObject *unfinished(PyObject *exc, void *arg)
+{
+    (void)exc;
+    struct unfinished *u = arg;
+    return PyObject_CallMethod(u->objects, "unfinished", "OsO",
+                               (PyObject *)u->h, u->name, u->root_arg);
+}
+
+/* OBJECTS' stage 1: the first exchange of the call under way is done. */
+static int first_done(PyObject *objects)
+{
+    PyObject *one = PyLong_FromLong(1);  /* a small int, shared */
+    int rc = one ? PyObject_SetAttrString(objects, "_stage", one) : -1;
+    Py_XDECREF(one);
+    return rc;
+}
+
+static PyObject *after_first(HotComm *h, PyObject *objects, const char *name,
+                             PyObject *root_arg, PyObject *res)
+{
+    struct unfinished u = { h, objects, root_arg, name };
+    return res ? res : hot_raised(unfinished, &u);
+}
+
 /* After the exchange into ALL: the result on this rank, which folds by K
  * if it is ROOT, of the call NAME with ARGV (object, op) and ROOT_ARG
  * (None for allreduce). */
@@ -249,40 +285,19 @@ static PyObject *finish(HotComm *h, const char *name, PyObject **argv,
                         const unsigned char *all)
 {
     PyObject *res = fold_slots(all, h->size, k);
-    if (!res && !PyErr_Occurred())
-        return PyObject_CallMethod(h->objects, "finish", "OsOOO",
-                                   (PyObject *)h, name, argv[0], argv[1],
-                                   root_arg);
+    if (!res && !PyErr_Occurred()) {
+        if (first_done(h->objects) < 0)
+            return NULL;
+        res = PyObject_CallMethod(h->objects, "finish", "OsOOO",
+                                  (PyObject *)h, name, argv[0], argv[1],
+                                  root_arg);
+        return after_first(h, h->objects, name, root_arg, res);
+    }
     if (res && root != h->rank) {
         Py_DECREF(res);
         Py_RETURN_NONE;
     }
     return res;
-}
-
-/* The call NAME raised as its first exchange returned (a signal
- * handler's exception, run here before any Python code of the call):
- * Objects.unfinished gives its second exchange up, if one was due, so
- * that peers waiting there raise at once.  The exception stands; NULL.
- * (Objects.finish and .received see to what raises inside them.) */
-struct unfinished {
-    HotComm *h;
-    PyObject *objects;
-    const char *name;
-};
-
-static PyObject *unfinished(PyObject *exc, void *arg)
-{
-    (void)exc;
-    struct unfinished *u = arg;
-    return PyObject_CallMethod(u->objects, "unfinished", "OOs",
-                               (PyObject *)u->h, Py_None, u->name);
-}
-
-static PyObject *interrupted(HotComm *h, PyObject *objects, const char *name)
-{
-    struct unfinished u = { h, objects, name };
-    return hot_raised(unfinished, &u);
 }
 
 /* Take (TAKE) or drop references to the N objects a call holds: ours
@@ -324,10 +339,8 @@ static PyObject *reduce_call(HotComm *h, int kind, const char *twin,
     hold(held, 4, 1);
     int rc = hot_invoke(h, h->run, &c, h->barrier, h->ctx);
     PyObject *res = rc ? hot_failed(h, "_Allreduce", rc, held, 3)
-                    : PyErr_CheckSignals() < 0
-                        ? interrupted(h, held[3], twin + 1)
-                        : finish(h, twin + 1, argv, root_arg, k, root,
-                                 c.rbuf);
+                       : finish(h, twin + 1, argv, root_arg, k, root,
+                                c.rbuf);
     hold(held, 4, 0);
     return res;
 }
@@ -341,8 +354,11 @@ static PyObject *received(HotComm *h, PyObject *objects,
     for (int n = 0; n < NNUMBERS; n++)
         if (objs.type[n] && s.tag == objs.tag[n])
             return number_object(n, &s);
-    return PyObject_CallMethod(objects, "received", "OO", (PyObject *)h,
-                               root_arg);
+    if (first_done(objects) < 0)
+        return NULL;
+    PyObject *res = PyObject_CallMethod(objects, "received", "OO",
+                                        (PyObject *)h, root_arg);
+    return after_first(h, objects, "bcast", root_arg, res);
 }
 
 /* bcast with ARGV (object, root): see 5. */
@@ -367,9 +383,7 @@ static PyObject *bcast_call(HotComm *h, const char *twin, PyObject **argv,
     if (rc)
         res = hot_failed(h, "_Bcast", rc, held, 2);
     else if (root != h->rank)
-        res = PyErr_CheckSignals() < 0 ? interrupted(h, held[3], "bcast")
-                                       : received(h, held[3], c.rbuf,
-                                                  argv[1]);
+        res = received(h, held[3], c.rbuf, argv[1]);
     else {
         res = argv[0];  /* a number: immutable, returned as it is */
         Py_INCREF(res);

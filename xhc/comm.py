@@ -1694,6 +1694,9 @@ class Request(HotRequest):
         if held is not None:
             # Every request is complete, as the Waitall after would leave
             # it (see Start()): a loop that catches this starts them again.
+            # mpi4py's are completed so, as their peers started them too.
+            MPI.Request.Waitall([req for req in requests
+                                 if not isinstance(req, Request)])
             for req in requests:
                 if isinstance(req, Request):
                     req._active = False

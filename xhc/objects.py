@@ -26,12 +26,17 @@ run on xhc's collectives of bytes.
 6. When the long pickles come to more than LIMIT bytes, every rank (all
    know the tags) calls mpi4py's own reduction instead: each rank would
    receive every object, where mpi4py's tree passes fewer along.
+7. A rank whose call raises once the first exchange completed, and
+   before the second began (a signal handler's exception as the first
+   returns), takes part in the second all the same, then raises
+   (unfinished): no peer waits for it there, or meets its next call.
 Every result is a new object, as mpi4py's (the root's of a bcast too),
 except the numbers: immutable values, which the root's bcast returns as
 they are.  xhc/_hot_objects.c runs 2. for a root's number and for every
 reader, and 3. and 4. for numbers, in C; it hands the rest to received
 and finish here.
 """
+import contextlib
 import struct
 
 import numpy as np
@@ -97,11 +102,6 @@ def _number(tag, f, i):
     return _TYPE[tag](f if tag in _IN_FLOAT else i)
 
 
-def _next(seq):
-    """The operation after SEQ (None: no context, none)."""
-    return None if seq is None else seq + 1
-
-
 def _failed(name, rank, slot, length):
     """The XhcError for RANK, whose object did not pickle: its SLOT holds
     the reason, LENGTH bytes."""
@@ -115,6 +115,9 @@ class Objects:
 
     def __init__(self, rank, size):
         self._rank, self._size = rank, size
+        # Of the call under way: 0 before its first exchange completed, 1
+        # after, 2 once its second began (unfinished).
+        self._stage = 0
         self._mine = rank * SLOT
         self._send = np.zeros(size * SLOT, np.uint8)  # zero but my slot
         self._recv = np.zeros(size * SLOT, np.uint8)
@@ -149,7 +152,8 @@ class Objects:
     def bcast(self, x, obj, root):
         """ROOT's OBJ by xhc.Comm X, a new one on every rank (but for
         numbers)."""
-        one, before = self._one, x._on_ctx(lib.xhc_seq)
+        one, data = self._one, None
+        self._stage, before = 0, x._on_ctx(lib.xhc_seq)
         try:
             if self._rank != root:
                 x.Bcast(one, root)
@@ -159,51 +163,63 @@ class Objects:
             if exc is not None:
                 raise exc
             if tag > ONE_CAP:
+                self._stage = 2
                 x.Bcast(np.frombuffer(data, np.uint8), root)
         except BaseException:
-            self.unfinished(x, _next(before), "bcast")
+            self._first_done(x, before)
+            self.unfinished(x, "bcast", root, data)
             raise
         return obj if data is None else MPI.pickle.loads(data)
 
-    def unfinished(self, x, first, name):
-        """The call NAME by xhc.Comm X raised once its first exchange, the
-        operation FIRST of X's core (None: the last it began), had
-        completed, before its second began (a KeyboardInterrupt as the
-        first returned, say): give the second up, if one was due, so that
-        the peers waiting in it raise at once rather than take this rank's
-        next call for it.  Not if the first failed (this rank gave it up),
-        or the second began."""
-        seq = x._on_ctx(lib.xhc_seq)
-        if seq is None or seq != (seq if first is None else first) \
-                or not x._on_ctx(lib.xhc_ctx_completed, default=0):
+    def _first_done(self, x, before):
+        """Did X's core run the first exchange, the operation after
+        BEFORE, and no other since?  Then this call is at stage 1."""
+        if self._stage == 0 and before is not None \
+                and x._on_ctx(lib.xhc_seq) == before + 1:
+            self._stage = 1
+
+    def unfinished(self, x, name, root, data=None):
+        """The call NAME by xhc.Comm X to ROOT (None: every rank) raised
+        once its first exchange had completed, before its second began
+        (a KeyboardInterrupt as the first returned, say): take part in
+        the second all the same, if one was due, with this rank's pickle
+        DATA, so that the call completes for every peer; what it brings
+        is dropped, and the exception stands.  Nothing if the first
+        failed (this rank gave it up), or the second began (stage 2)."""
+        if self._stage != 1 or not x._on_ctx(lib.xhc_ctx_completed,
+                                             default=0):
             return
-        if name == "bcast":
-            due = _HEADER.unpack_from(self._one)[0] > ONE_CAP
-        else:
-            tags = self._all.unpack_from(self._recv)[0::3]
-            long = sum(tag for tag in tags if tag > CAP)
-            due = FAILED not in tags and 0 < long <= LIMIT
-        if due:
-            x._forfeit()
+        self._stage = 2
+        with contextlib.suppress(Exception):  # the first exception says it
+            if name == "bcast":
+                self._bcast_along(x, root, data)
+            else:
+                self._reduce_along(x, root, data)
+
+    def _bcast_along(self, x, root, data):
+        tag = _HEADER.unpack_from(self._one)[0]
+        if tag > ONE_CAP:
+            x.Bcast(np.frombuffer(data, np.uint8) if self._rank == root
+                    else np.empty(tag, np.uint8), root)
+
+    def _reduce_along(self, x, root, data):
+        tags = self._all.unpack_from(self._recv)[0::3]
+        long = [tag if tag > CAP else 0 for tag in tags]
+        if FAILED not in tags and 0 < sum(long) <= LIMIT:
+            self._long_pickles(x, data, long, root,
+                               root is None or root == self._rank, sum(long))
 
     def received(self, x, root):
         """The object of a bcast whose slot came from ROOT by xhc.Comm X
         (xhc/_hot_objects.c calls this for the slots it does not read
         itself)."""
-        first = x._on_ctx(lib.xhc_seq)
-        try:
-            return self._received(x, root)
-        except BaseException:
-            self.unfinished(x, first, "bcast")
-            raise
-
-    def _received(self, x, root):
         one = self._one
         tag, f, i = _HEADER.unpack_from(one)
         if tag == FAILED:
             raise _failed("bcast", root, one, i)
         if tag > ONE_CAP:
             data = np.empty(tag, np.uint8)
+            self._stage = 2
             x.Bcast(data, root)
             return MPI.pickle.loads(data)
         if tag < 0:
@@ -219,28 +235,21 @@ class Objects:
             raise TypeError(f"{name}: op must be an MPI.Op or a callable, "
                             f"not {type(op).__name__}")
         tag, data, exc = self._put(self._views[0], self._mine, obj)
-        before = x._on_ctx(lib.xhc_seq)
+        self._stage, before = 0, x._on_ctx(lib.xhc_seq)
         try:
             x.Allreduce(self._send, self._recv, MPI.BOR)
             if exc is not None:
                 raise exc
             return self.finish(x, name, obj, op, root, data)
         except BaseException:
-            self.unfinished(x, _next(before), name)
+            self._first_done(x, before)
+            self.unfinished(x, name, root, data)
             raise
 
     def finish(self, x, name, obj, op, root, data=None):
         """reduce's result from the slots exchanged, OBJ's pickle DATA if
         it did not fit its slot (xhc/_hot_objects.c calls this for the
         exchanges it does not fold itself)."""
-        first = x._on_ctx(lib.xhc_seq)
-        try:
-            return self._finish(x, name, obj, op, root, data)
-        except BaseException:
-            self.unfinished(x, first, name)
-            raise
-
-    def _finish(self, x, name, obj, op, root, data):
         fields = self._all.unpack_from(self._recv)
         tags = fields[0::3]
         folds = root is None or root == self._rank
@@ -301,6 +310,7 @@ class Objects:
         if long[self._rank]:
             send[start:start + len(data)] = np.frombuffer(data, np.uint8)
         recv = np.empty(total, np.uint8) if folds else None
+        self._stage = 2
         if root is None:
             x.Allreduce(send, recv, MPI.BOR)
         else:
