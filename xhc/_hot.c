@@ -1036,6 +1036,7 @@ typedef struct {
     PyObject *across;        /* or, over several nodes, what Start runs */
     char active;             /* started, not yet waited for */
     char released;           /* by _hot_release: no Start() may run */
+    char interrupted;        /* the last Start() completed, then raised */
 } HotRequest;
 
 static PyTypeObject *hot_comm_type;  /* HotComm, made by hot_exec */
@@ -1089,9 +1090,11 @@ static PyObject *start_owned(HotRequest *r)
 static PyObject *req_start(HotRequest *r, PyObject *unused)
 {
     (void)unused;
+    r->interrupted = 0;
     PyObject *res = start_owned(r);
     if (res && r->active && PyErr_CheckSignals() < 0) {
         r->active = 0;
+        r->interrupted = 1;
         Py_CLEAR(res);
     }
     return res;
@@ -1183,6 +1186,9 @@ static PyMemberDef req_members[] = {
      "Started and not yet completed by a Wait or a Test."},
     {"_released", T_BOOL, offsetof(HotRequest, released), READONLY,
      "Released by _hot_release: Start() must not run its call."},
+    {"_interrupted", T_BOOL, offsetof(HotRequest, interrupted), READONLY,
+     "The last Start() completed its collective, then a signal handler "
+     "raised."},
     {NULL, 0, 0, 0, NULL},
 };
 

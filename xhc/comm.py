@@ -1683,12 +1683,11 @@ class Request(HotRequest):
                                 f"{type(req).__name__}")
         held = None
         for req, start in zip(requests, starts):
-            before = req._xcomm._on_ctx(lib.xhc_seq) \
-                if isinstance(req, Request) else None
             try:
                 start()
             except BaseException as exc:
-                if held is not None or not _completed_after(req, before):
+                if held is not None or not getattr(req, "_interrupted",
+                                                   False):
                     raise
                 held = exc  # a signal handler's: start the rest first
         if held is not None:
@@ -1701,17 +1700,6 @@ class Request(HotRequest):
                 if isinstance(req, Request):
                     req._active = False
             raise held
-
-
-def _completed_after(req, before):
-    """Did REQ's Start(), which raised, complete its collective, the
-    operation after BEFORE of its core, all the same?  (A signal handler
-    raised as it returned, and left it inactive.)"""
-    if before is None or req._active:
-        return False
-    x = req._xcomm
-    return x._on_ctx(lib.xhc_seq) == before + 1 \
-        and bool(x._on_ctx(lib.xhc_ctx_completed, default=0))
 
 
 # Waitall, Waitany, ..., testsome: over lists that may mix xhc's requests
