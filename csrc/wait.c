@@ -261,12 +261,10 @@ int xhc_read_stayed(xhc_ctx_t *ctx, int peer, int rc)
     /* A read that failed may have met the buffer of its next call. */
     if (rc && rc != XHC_ERR_MISMATCH && rc != XHC_ERR_COPY)
         return rc;
-    for (int p = peer < 0 ? 0 : peer; p < ctx->nranks; p++) {
+    int first = peer < 0 ? 0 : peer, last = peer < 0 ? ctx->nranks - 1 : peer;
+    for (int p = first; p <= last; p++)
         if (p != ctx->rank && xhc_peer_stayed(ctx, p))
             return XHC_ERR_PEER_LEFT;
-        if (peer >= 0)
-            break;
-    }
     return rc;
 }
 
