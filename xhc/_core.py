@@ -48,27 +48,28 @@ USAGE = {lib.XHC_ERR_ARG, lib.XHC_ERR_DTYPE_OP}
 def _first_error(ctx, peer, name):
     """What made PEER give up on the collective, as far as it is known;
     NAME(rank) is how a message numbers a rank."""
-    who = ffi.new("int *")
-    why = lib.xhc_failed_cause(ctx, who)
-    if why in (0, lib.XHC_ERR_PEER_LEFT):
-        return f"; rank {name(peer)}'s own error says what went wrong"
-    return f"; the first error was{_about(who[0], name)}: {strerror(why)}"
-
-
-def _about(rank, name):
-    """' about rank N', or nothing for an error about no one rank (-1)."""
-    return f" about rank {name(rank)}" if rank >= 0 else ""
+    return _cause(lib.xhc_failed_cause, (ctx,), name, "; the ") or \
+        f"; rank {name(peer)}'s own error says what went wrong"
 
 
 def _gave_up_before(ctx, peer, name):
     """Why PEER, which a collective timed out waiting on, gave up an
     earlier one and has begun none since; "" if it did not."""
+    return _cause(lib.xhc_peer_gave_up, (ctx, peer), name,
+                  "; it gave up an earlier collective, whose ")
+
+
+def _cause(read, args, name, lead):
+    """LEAD and 'first error was about rank N: ...', from READ(*ARGS,
+    &rank), the core's code of a first error; "" if it knows none (or
+    only that a peer left, whose own error says more).  A code about no
+    one rank (-1) names none."""
     who = ffi.new("int *")
-    why = lib.xhc_peer_gave_up(ctx, peer, who)
+    why = read(*args, who)
     if why in (0, lib.XHC_ERR_PEER_LEFT):
         return ""
-    return (f"; it gave up an earlier collective, whose first error "
-            f"was{_about(who[0], name)}: {strerror(why)}")
+    about = f" about rank {name(who[0])}" if who[0] >= 0 else ""
+    return f"{lead}first error was{about}: {strerror(why)}"
 
 
 def error(rc, what, ctx=None, pids=None, ranks=None):
