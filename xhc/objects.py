@@ -102,6 +102,13 @@ def _number(tag, f, i):
     return _TYPE[tag](f if tag in _IN_FLOAT else i)
 
 
+def _long(tags):
+    """The second exchange's layout from the slots' TAGS: each rank's
+    pickle length if it did not fit its slot, else 0; and their sum."""
+    long = [tag if tag > CAP else 0 for tag in tags]
+    return long, sum(long)
+
+
 def _failed(name, rank, slot, length):
     """The XhcError for RANK, whose object did not pickle: its SLOT holds
     the reason, LENGTH bytes."""
@@ -204,10 +211,10 @@ class Objects:
 
     def _reduce_along(self, x, root, data):
         tags = self._all.unpack_from(self._recv)[0::3]
-        long = [tag if tag > CAP else 0 for tag in tags]
-        if FAILED not in tags and 0 < sum(long) <= LIMIT:
+        long, total = _long(tags)
+        if FAILED not in tags and 0 < total <= LIMIT:
             self._long_pickles(x, data, long, root,
-                               root is None or root == self._rank, sum(long))
+                               root is None or root == self._rank, total)
 
     def received(self, x, root):
         """The object of a bcast whose slot came from ROOT by xhc.Comm X
@@ -279,8 +286,7 @@ class Objects:
         if FAILED in tags:
             r = tags.index(FAILED)
             raise _failed(name, r, self._recv[r * SLOT:], fields[3 * r + 2])
-        long = [tag if tag > CAP else 0 for tag in tags]
-        total = sum(long)
+        long, total = _long(tags)
         if total > LIMIT:
             x._why = ("objects that pickle to more than "
                       f"{LIMIT >> 20} MiB together")
