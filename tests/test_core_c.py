@@ -118,7 +118,9 @@ def test_no_wrong_data_after_ranks_pass_different_sizes(tmp_path, cc):
     (it waited out its timeout before).  A late reader of a root that
     gave up and rewrote its buffer fails rather than read the new data;
     so does a single-copy Allreduce rank whose peer timed out and reused
-    its buffers (it folded them and pushed into them before), and a rank
+    its buffers (it folded them and pushed into them before), or a
+    staged one's rank stopped just before reading that peer's buffer in
+    place (to fold it, or to take its part of the result), and a rank
     in an int8 SUM Allreduce that meets a Bcast of the same size (it
     returned the Bcast's bytes before).  A timeout on a rank that gave up
     an earlier operation, and has begun none since, learns why it did."""

@@ -45,6 +45,15 @@
  * 9. Rank 1 gives up an operation with an error of its own and begins
  *    no other; rank 0's next operation after that one times out waiting
  *    on it, and must learn why it gave up (xhc_peer_gave_up).
+ * 10. As 7., staged: rank 0's buffers in a shared region, rank 1's
+ *    private, so rank 1 reads rank 0's in place and rank 0 reads rank
+ *    1's staged copy.  The ranks' blocking waits hand a token between
+ *    them so that rank 1 stops where it is about to read in place: in a
+ *    Reduce to rank 1, before folding rank 0's send buffer; in an
+ *    Allreduce, before taking rank 0's part from its receive buffer.
+ *    Rank 0 meanwhile completes its part, times out waiting for rank 1,
+ *    gives up and rewrites its buffers.  Rank 1 must fail, not return 0
+ *    with the new bytes.
  * Prints "ok" if every check holds.
  */
 #include <sched.h>
@@ -336,6 +345,28 @@ static void held_at_meet(void *arg)
         sched_yield();
 }
 
+/* Rank 0's part in 7. and 10., its call RC over: having timed out on its
+ * held peer, it gives up and its caller reuses the send buffer S and the
+ * receive buffer after it, N doubles each, while rank 1 finishes. */
+static void gives_up_and_reuses(xhc_ctx_t *ctx, struct board *b, int rc,
+                                double *s, size_t n)
+{
+    double *r = s + n;
+    if (rc != XHC_ERR_TIMEOUT)
+        fail(b, "rank 0 did not time out on its held peer", 0, rc);
+    xhc_ctx_leave(ctx);
+    for (size_t i = 0; i < n; i++)
+        s[i] = 1000.0, r[i] = -1.0;
+    b->done = 2;
+    while (b->done != 3)
+        sched_yield();
+    for (size_t i = 0; i < n; i++)
+        if (r[i] != -1.0) {
+            fail(b, "a peer wrote into a buffer after its call", 0, 0);
+            break;
+        }
+}
+
 static double *given_up_buffers(xhc_ctx_t *ctx, int rank)
 {
     if (!region)
@@ -357,19 +388,7 @@ static int gave_up_reduction(xhc_ctx_t *ctx, int rank, struct board *b)
         ? xhc_reduce(ctx, s, r, GIVEN_UP, XHC_FLOAT64, XHC_SUM, 0)
         : xhc_allreduce(ctx, s, r, GIVEN_UP, XHC_FLOAT64, XHC_SUM);
     if (rank == 0) {
-        if (rc != XHC_ERR_TIMEOUT)
-            fail(b, "rank 0 did not time out on its held peer", rank, rc);
-        xhc_ctx_leave(ctx);
-        for (size_t i = 0; i < GIVEN_UP; i++)  /* its caller's next use */
-            s[i] = 1000.0, r[i] = -1.0;
-        b->done = 2;
-        while (b->done != 3)
-            sched_yield();
-        for (size_t i = 0; i < GIVEN_UP; i++)
-            if (r[i] != -1.0) {
-                fail(b, "a peer wrote into a buffer after its call", 0, 0);
-                break;
-            }
+        gives_up_and_reuses(ctx, b, rc, s, GIVEN_UP);
     } else {
         if (rc == 0)
             fail(b, "an Allreduce whose peer gave up returned 0", rank, 0);
@@ -417,6 +436,55 @@ static int away_since(xhc_ctx_t *ctx, int rank, struct board *b)
     b->done = 2;
     if (rc != XHC_ERR_TIMEOUT || why != XHC_ERR_COPY || who != 1)
         fail(b, "a timeout on a rank away did not learn why", rank, why);
+    return 0;
+}
+
+/* 10.: what a rank's first and second blocking waits do: set the token
+ * to SET, then wait until it is AWAIT (0: return at once). */
+struct relay {
+    int enter_at;  /* the token that lets the rank make its call */
+    int set[2], await[2];
+};
+static const struct relay *relays;  /* one a rank */
+#define STAGED (CHUNK / 16)  /* doubles: one window, so that nothing
+                                after the read in place fails */
+
+static void relay_hook(void *arg)
+{
+    static int calls;
+    struct board *b = arg;
+    const struct relay *me = &relays[b->pids[0] == getpid() ? 0 : 1];
+    int k = calls++;
+    if (k > 1 || !me->await[k])
+        return;
+    b->done = me->set[k];
+    while (b->done != me->await[k])
+        sched_yield();
+}
+
+static int gave_up_staged(xhc_ctx_t *ctx, int rank, struct board *b)
+{
+    double *s = given_up_buffers(ctx, 0), *r;  /* both see the region */
+    if (rank == 1)
+        s = malloc(2 * STAGED * sizeof(double));
+    r = s + STAGED;
+    for (size_t i = 0; i < STAGED; i++)
+        s[i] = 1.0, r[i] = 0.0;
+    xhc_ctx_set_block_hook(ctx, relay_hook, b);
+    while (b->done != relays[rank].enter_at)
+        sched_yield();
+    int rc = reducing
+        ? xhc_reduce(ctx, s, r, STAGED, XHC_FLOAT64, XHC_SUM, 1)
+        : xhc_allreduce(ctx, s, r, STAGED, XHC_FLOAT64, XHC_SUM);
+    if (rank == 0) {
+        gives_up_and_reuses(ctx, b, rc, s, STAGED);
+    } else {
+        if (rc == 0)
+            fail(b, reducing ? "a staged Reduce whose peer gave up returned 0"
+                 : "a staged Allreduce whose peer gave up returned 0", rank, 0);
+        b->done = 3;
+        free(s);
+    }
     return 0;
 }
 
@@ -503,7 +571,18 @@ int main(void)
     bad += region == MAP_FAILED || run(2, &cfg, gave_up_reduction, NULL);
     reducing = 1;
     bad += region == MAP_FAILED || run(2, &cfg, gave_up_reduction, NULL);
+    /* Rank 0 held in its meet till rank 1 waits for its staging. */
+    const struct relay before_fold[2] = { { 0, { 5 }, { 1 } },
+                                          { 5, { 1 }, { 2 } } };
+    /* Rank 1 held in its meet till rank 0 waits for its staging, which
+     * holds rank 0 till rank 1 waits for its part. */
+    const struct relay before_take[2] = { { 5, { 6 }, { 1 } },
+                                          { 0, { 5, 1 }, { 6, 2 } } };
+    relays = before_fold;
+    bad += region == MAP_FAILED || run(2, &cfg, gave_up_staged, NULL);
     reducing = 0;
+    relays = before_take;
+    bad += region == MAP_FAILED || run(2, &cfg, gave_up_staged, NULL);
     region = NULL;
     cfg.copy = XHC_COPY_CMA;
     bad += run(2, &cfg, gave_up_reduction, NULL);
