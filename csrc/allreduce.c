@@ -59,6 +59,31 @@ static int xhc_take_line(xhc_ctx_t *ctx, int peer, int dir, uint64_t seq,
     return rc;
 }
 
+/* Fold into DST my value MINE and the up payloads of operation SEQ of
+ * WHO[0..N): in WHO's order, MINE at my place in it, or first if WHO
+ * does not name me.  Every rank that folds the same values so folds
+ * them in the same order, and gets the same bits. */
+static int xhc_fold_ups(xhc_ctx_t *ctx, const int *who, int n, uint64_t seq,
+                        const struct xhc_red *r, const void *mine, void *dst)
+{
+    int k = 1;
+    for (int i = 0; i < n; i++)
+        k &= who[i] != ctx->rank;
+    ctx->srcs[0] = mine;
+    for (int i = 0; i < n; i++, k++) {
+        if (who[i] == ctx->rank) {
+            ctx->srcs[k] = mine;
+            continue;
+        }
+        int rc = xhc_take_line(ctx, who[i], XHC_UP, seq, r);
+        if (rc)
+            return rc;
+        ctx->srcs[k] = xhc_payload(ctx, who[i], XHC_UP, seq, r->nbytes);
+    }
+    xhc_fold(dst, ctx->srcs, k, ctx->scratch, r->count, r->esize, r->fn);
+    return 0;
+}
+
 /* Fold *MINE with the up payloads of CHILD[0..NCHILD) into DST; on
  * return *MINE points at DST.  Nothing to fold leaves *MINE alone. */
 int xhc_fold_children(xhc_ctx_t *ctx, const int *child, int nchild,
@@ -67,18 +92,10 @@ int xhc_fold_children(xhc_ctx_t *ctx, const int *child, int nchild,
 {
     if (nchild == 0)
         return 0;
-    ctx->srcs[0] = *mine;
-    for (int i = 0; i < nchild; i++) {
-        int c = child[i];
-        int rc = xhc_take_line(ctx, c, XHC_UP, seq, r);
-        if (rc)
-            return rc;
-        ctx->srcs[i + 1] = xhc_payload(ctx, c, XHC_UP, seq, r->nbytes);
-    }
-    xhc_fold(dst, ctx->srcs, nchild + 1, ctx->scratch, r->count, r->esize,
-             r->fn);
-    *mine = dst;
-    return 0;
+    int rc = xhc_fold_ups(ctx, child, nchild, seq, r, *mine, dst);
+    if (rc == 0)
+        *mine = dst;
+    return rc;
 }
 
 /* Step 5: do I copy my value into my up slot of operation SEQ with
@@ -99,8 +116,8 @@ static int xhc_up_stream(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
 
 /* Make VALUE my contribution to operation SEQ of KIND (my place in it V)
  * for whoever reads it. */
-int xhc_publish_up(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
-                   uint64_t seq, const struct xhc_red *r, const void *value)
+void xhc_publish_up(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
+                    uint64_t seq, const struct xhc_red *r, const void *value)
 {
     struct xhc_flag_line *line = xhc_line(ctx, ctx->rank, XHC_UP, seq);
     unsigned char *dst = xhc_payload(ctx, ctx->rank, XHC_UP, seq, r->nbytes);
@@ -115,7 +132,6 @@ int xhc_publish_up(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
     xhc_publish(ctx, &line->seq, seq);
     if (timed)
         xhc_tune_store_done(ctx, seq);
-    return 0;
 }
 
 /* Does any rank of WHO[0..N) but me time its up slot of SEQ? */
@@ -139,27 +155,6 @@ void xhc_folded(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
     int timed = xhc_any_timed(ctx, v->child, top ? v->nsub : v->nchild, seq)
                 || (top && xhc_any_timed(ctx, v->peer, v->npeer, seq));
     xhc_tune_copied(ctx, seq, timed);
-}
-
-/* Step 3: every top-level member folds all members' values into RBUF. */
-static int xhc_fold_peers(xhc_ctx_t *ctx, const struct xhc_view *v,
-                          uint64_t seq, const struct xhc_red *r,
-                          const void *mine, void *rbuf)
-{
-    for (int i = 0; i < v->npeer; i++) {
-        int p = v->peer[i];
-        if (p == ctx->rank) {
-            ctx->srcs[i] = mine;
-            continue;
-        }
-        int rc = xhc_take_line(ctx, p, XHC_UP, seq, r);
-        if (rc)
-            return rc;
-        ctx->srcs[i] = xhc_payload(ctx, p, XHC_UP, seq, r->nbytes);
-    }
-    xhc_fold(rbuf, ctx->srcs, v->npeer, ctx->scratch, r->count, r->esize,
-             r->fn);
-    return 0;
 }
 
 /* Step 4: take the result from my parent (unless I have it) and pass it
@@ -197,9 +192,10 @@ int xhc_allreduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
     if (rc == 0)
         rc = xhc_fold_children(ctx, v->child, v->nsub, seq, r, up, &mine);
     if (rc == 0)
-        rc = xhc_publish_up(ctx, XHC_ALLREDUCE, v, seq, r, mine);
+        xhc_publish_up(ctx, XHC_ALLREDUCE, v, seq, r, mine);
+    /* Step 3: every top-level member folds all members' values. */
     if (rc == 0 && v->npeer)
-        rc = xhc_fold_peers(ctx, v, seq, r, mine, rbuf);
+        rc = xhc_fold_ups(ctx, v->peer, v->npeer, seq, r, mine, rbuf);
     if (rc == 0 && (v->nsub || v->npeer > 1))
         xhc_folded(ctx, XHC_ALLREDUCE, v, seq, r);
     if (rc == 0)

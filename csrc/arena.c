@@ -5,8 +5,8 @@
  *    once (the machine's memory, at most XHC_ARENA_MAX and a quarter of
  *    the address space a ulimit -v leaves; none below XHC_ARENA_MIN) and
  *    mapped whole with MAP_NORESERVE, so that only pages written take
- *    memory.  The memfd has no name in
- *    /dev/shm: nothing outlives the processes.
+ *    memory.  The memfd has no name in /dev/shm: nothing outlives the
+ *    processes.
  * 2. Blocks are whole pages: first fit in a list of free extents sorted
  *    by offset, else from the top.  Live blocks are kept too, so a free
  *    needs no size.  A request the arena cannot meet returns NULL, and
@@ -501,50 +501,42 @@ int xhc_arena_owns(const void *p, size_t nbytes)
 
 /* -- peers' arenas ----------------------------------------------------------- */
 
-int xhc_arena_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
-                       struct xhc_src *src)
+void xhc_arena_describe(const xhc_ctx_t *ctx, const void *buf,
+                        size_t nbytes, struct xhc_src *src)
 {
     if (!ctx->arena_ok || !nbytes || !xhc_arena_owns(buf, nbytes))
-        return 0;
+        return;
     src->region = XHC_REGION_ARENA;
     src->offset = (uint64_t)((const unsigned char *)buf - arena.base);
     src->owner = ctx->rank;
     src->fd = arena.fd;
-    return 1;
 }
 
 /* PEER's arena, whose memfd is its descriptor FD, opened here, if it
- * holds [0, END), and its *SIZE; -1 with *RC set if not. */
+ * holds [0, END), and its *SIZE: the descriptor, or a negative code. */
 static int xhc_arena_open_peer(xhc_ctx_t *ctx, int peer, int fd,
-                               uint64_t end, uint64_t *size, int *rc)
+                               uint64_t end, uint64_t *size)
 {
     char path[64], link[64];
     snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)ctx->pids[peer], fd);
     ssize_t n = readlink(path, link, sizeof(link) - 1);
-    if (n < 0) {
-        *rc = xhc_peer_alive(ctx, peer) ? -errno : XHC_ERR_PEER_GONE;
-        return -1;
-    }
+    if (n < 0)
+        return xhc_peer_alive(ctx, peer) ? -errno : XHC_ERR_PEER_GONE;
     link[n] = '\0';
     /* Only the peer's arena: "/memfd:xhc-arena (deleted)". */
     static const char want[] = "/memfd:" XHC_ARENA_NAME " ";
-    if (strncmp(link, want, sizeof(want) - 1)) {
-        *rc = XHC_ERR_COPY;
-        return -1;
-    }
+    if (strncmp(link, want, sizeof(want) - 1))
+        return XHC_ERR_COPY;
     int mfd = open(path, O_RDWR | O_CLOEXEC);
-    if (mfd < 0) {
-        *rc = -errno;
-        return -1;
-    }
+    if (mfd < 0)
+        return -errno;
     struct stat st;
     if (fstat(mfd, &st) == 0 && (uint64_t)st.st_size >= end) {
         *size = (uint64_t)st.st_size;
         return mfd;
     }
-    *rc = XHC_ERR_MISMATCH; /* past the end of its arena */
     close(mfd);
-    return -1;
+    return XHC_ERR_MISMATCH; /* past the end of its arena */
 }
 
 static void xhc_arena_unmap(struct xhc_att *a)
@@ -585,14 +577,12 @@ static void *xhc_arena_mmap(int mfd, uint64_t lo, uint64_t hi)
 static int xhc_arena_attach(xhc_ctx_t *ctx, const struct xhc_src *src,
                             struct xhc_att *a, uint64_t lo, uint64_t hi)
 {
-    int rc = 0;
     xhc_arena_unmap(a);
     uint64_t size, first, need;
     xhc_arena_pages(src, &first, &need);
-    int mfd = xhc_arena_open_peer(ctx, src->owner, src->fd, need, &size,
-                                  &rc);
+    int mfd = xhc_arena_open_peer(ctx, src->owner, src->fd, need, &size);
     if (mfd < 0)
-        return rc;
+        return mfd;
     hi = hi < size ? hi : size;
     /* Where a ulimit -v leaves less than an operation's windows (two of
      * each peer's), the pages alone from the first: a window mapped for
@@ -612,7 +602,7 @@ static int xhc_arena_attach(xhc_ctx_t *ctx, const struct xhc_src *src,
         hi = need;
         map = xhc_arena_mmap(mfd, lo, hi);
     }
-    rc = map != MAP_FAILED ? 0
+    int rc = map != MAP_FAILED ? 0
          : errno == ENOMEM ? XHC_ERR_ADDRESS_SPACE : -errno;
     close(mfd); /* the mapping holds the memfd */
     if (rc)

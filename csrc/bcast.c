@@ -396,10 +396,9 @@ static int xhc_bcast_large(xhc_ctx_t *ctx, const struct xhc_view *v,
         xhc_tune_store_done(ctx, seq);
     xhc_ack(ctx, seq);
     /* Children that read my buffer in place must finish before I return. */
-    for (int i = 0; rc == 0 && v->nchild && !p.stage_mine && i < v->nchild;
-         i++)
-        rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, v->child[i])->ack.seq, seq,
-                         v->child[i]);
+    if (!p.stage_mine)
+        rc = xhc_wait_all_ge(ctx, offsetof(struct xhc_rank_ctl, ack.seq),
+                             v->child, v->nchild, seq);
     if (rc == 0)
         xhc_tune_done(&pick, nbytes);
     return rc;

@@ -454,13 +454,8 @@ int xhc_ring_reserve(xhc_ctx_t *ctx, uint64_t seq)
 /* Wait until everyone has finished round T - DEPTH (see 4.). */
 int xhc_stage_reserve(xhc_ctx_t *ctx, uint64_t t, uint64_t depth)
 {
-    for (int r = 0; r < ctx->nranks; r++) {
-        int rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, r)->finished.seq,
-                             t - depth, r);
-        if (rc)
-            return rc;
-    }
-    return 0;
+    return xhc_wait_all_ge(ctx, offsetof(struct xhc_rank_ctl, finished.seq),
+                           NULL, ctx->nranks, t - depth);
 }
 
 /* My operation is over, having run fewer rounds than it counts (it read
@@ -484,13 +479,11 @@ void xhc_ack(xhc_ctx_t *ctx, uint64_t seq)
 int xhc_ack_all(xhc_ctx_t *ctx, uint64_t seq)
 {
     xhc_ack(ctx, seq);
-    for (int r = 0; r < ctx->nranks; r++) {
-        int rc = xhc_wait_ge(ctx, &xhc_ctl(ctx, r)->ack.seq, seq, r);
-        if (rc)
-            return rc;
-    }
-    ctx->ack_floor = seq;
-    return 0;
+    int rc = xhc_wait_all_ge(ctx, offsetof(struct xhc_rank_ctl, ack.seq),
+                             NULL, ctx->nranks, seq);
+    if (rc == 0)
+        ctx->ack_floor = seq;
+    return rc;
 }
 
 int xhc_failed_cause(const xhc_ctx_t *ctx, int *rank)

@@ -40,7 +40,7 @@ static int xhc_reduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
     if (rc == 0 && v->nchild)
         xhc_folded(ctx, XHC_REDUCE, v, seq, r);
     if (rc == 0 && !is_root)
-        rc = xhc_publish_up(ctx, XHC_REDUCE, v, seq, r, mine);
+        xhc_publish_up(ctx, XHC_REDUCE, v, seq, r, mine);
     if (rc == 0 && is_root && mine != rbuf)
         memcpy(rbuf, mine, r->nbytes);
     if (rc == 0)

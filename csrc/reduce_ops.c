@@ -8,8 +8,9 @@
  *    as MPI defines them.  Floating MIN and MAX are IEEE 754-2019's
  *    minimum and maximum: a NaN in either operand gives a NaN, and -0 is
  *    below +0, so the result's value is the same whichever rank holds
- *    which (of several NaNs, the first in fold order gives its bits).  (`x < y ? x : y` keeps a NaN only when it comes second, and
- *    of two zeros keeps the second.)  Half precision works in float and
+ *    which (of several NaNs, the first in fold order gives its bits).
+ *    (`x < y ? x : y` keeps a NaN only when it comes second, and of two
+ *    zeros keeps the second.)  Half precision works in float and
  *    rounds each result once (see its kernels).
  * 3. xhc_fold reduces a list of buffers in list order, so every element's
  *    result depends only on the order of the list, never on timing.

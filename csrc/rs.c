@@ -172,6 +172,69 @@ static int xhc_rs_gather(xhc_ctx_t *ctx, uint64_t seq, unsigned char *rbuf,
     return 0;
 }
 
+/* Whose choice of copy every rank follows: the root's, or rank 0's. */
+static int xhc_decider(const struct xhc_meeting *m)
+{
+    return m->root < 0 ? 0 : m->root;
+}
+
+/* Publish my send and receive buffers for operation SEQ, and my choice
+ * M->single, then copy every rank's descriptions into
+ * ctx->peer_send/peer_recv: a peer that has done its share may start its
+ * next operation and rewrite its big line while I still read its
+ * buffers.  M->single and M->stream become the decider's choices;
+ * M->in_place is set if anyone's buffer is read in place from a shared
+ * region, M->private if anyone's is not.  (Of a Reduce's result slices
+ * only the root's receive buffer counts: the root gathers the others'
+ * private slices only when its own buffer is private too, else owners
+ * fold straight into it.)
+ * M->first becomes rank 0's size, read before any check can fail. */
+static int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
+                    const void *rbuf, size_t nbytes, struct xhc_meeting *m)
+{
+    struct xhc_big_line *big = &xhc_ctl(ctx, ctx->rank)->big;
+    xhc_src_describe(ctx, sbuf, nbytes, &big->send);
+    xhc_src_describe(ctx, rbuf, rbuf ? nbytes : 0, &big->recv);
+    big->single = m->single;
+    big->stream = m->stream;
+    big->root = m->root;
+    big->what = m->what;
+    big->round = ctx->round;
+    /* Orders the descriptions and choice before peers see the number. */
+    xhc_publish(ctx, &big->seq, seq);
+    m->in_place = m->private = 0;
+    for (int p = 0; p < ctx->nranks; p++) {
+        struct xhc_big_line *pb = &xhc_ctl(ctx, p)->big;
+        int rc = xhc_wait_eq(ctx, &pb->seq, seq, p);
+        if (rc)
+            return rc;
+        if (p == 0)
+            m->first = pb->send.nbytes;
+        /* An erroneous program (ranks in different reductions, or with
+         * different roots, ops, dtypes or sizes, now or in an earlier
+         * Bcast that left our rounds apart) fails here, on every rank at
+         * once, instead of folding what it can. */
+        if (pb->root != m->root || pb->what != m->what)
+            return xhc_fail(ctx, p, XHC_ERR_DISAGREE);
+        if (pb->send.nbytes != nbytes)
+            return xhc_fail(ctx, p, XHC_ERR_MISMATCH);
+        if (pb->round != ctx->round)
+            return xhc_fail(ctx, p, XHC_ERR_ASKEW);
+        ctx->peer_send[p] = pb->send;
+        ctx->peer_recv[p] = pb->recv;
+        if (p == xhc_decider(m)) {
+            m->single = pb->single;
+            m->stream = pb->stream;
+        }
+        m->in_place |= xhc_in_region(&pb->send) || xhc_in_region(&pb->recv);
+        int result_read = m->root < 0 || p == m->root;
+        m->private |= !xhc_in_region(&pb->send)
+                      || (result_read && pb->recv.nbytes
+                          && !xhc_in_region(&pb->recv));
+    }
+    return 0;
+}
+
 /* How step 3 moves the folded slices, for ROOT (< 0: every rank), from
  * the buffers every rank published for this operation: the same answer
  * on every rank. */

@@ -14,7 +14,7 @@
  * 2. A new class (unless step 6 seeds it) runs each way XHC_TUNE_TRIES
  *    times, alternating, then runs the cheaper one.  Its first call,
  *    which pays for first touches of the buffers and a cold cache, stages
- *    and teaches nothing: two slow tries had kept a Bcast on CMA, at
+ *    and teaches nothing: two such slow tries can keep a Bcast on CMA, at
  *    twice staging's cost, for 17 calls.
  * 3. Every `gap` calls it runs the other way once, to notice a change in
  *    the machine; that call's time replaces all it knew of that way.  If
@@ -42,9 +42,9 @@
  *    after XHC_TUNE_GAP_MIN calls, not after step 4's gap: the costs it
  *    took come from another size, where the ways may compare otherwise.
  *    A sweep of sizes tries both ways in one class of three, not in
- *    every one: with a few calls a size, the tries had kept a Reduce
- *    from 1 to 16 MiB near MPI's time where CMA cost three times as much
- *    as staging, and seeding cut it to half at the seeded sizes.  A
+ *    every one: with a few calls a size, tries in every class keep a
+ *    Reduce from 1 to 16 MiB near MPI's time where CMA costs three times
+ *    as much as staging, and seeding halves it at the seeded sizes.  A
  *    class that took costs is no source until it has timed both ways
  *    itself.
  * 7. A rank that decides for ranks that stage (a Bcast parent, a

@@ -183,7 +183,7 @@ static enum xhc_late xhc_someone_late(xhc_ctx_t *ctx)
 static int xhc_peer_left(xhc_ctx_t *ctx, int peer, int named)
 {
     struct xhc_leave rec;
-    /* Acquire: pairs with the release in xhc_ctx_leave. */
+    /* Acquire: pairs with the release in xhc_ctx_mark (xhc_ctx_leave). */
     return xhc_load_acquire(&xhc_ctl(ctx, peer)->entered.seq)
                == ctx->seq + XHC_LEFT
            || (xhc_left_since(ctx, peer, ctx->seq, &rec)
@@ -374,4 +374,18 @@ int xhc_wait_eq(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want, int peer)
 int xhc_wait_ge(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want, int peer)
 {
     return xhc_wait(ctx, flag, want, peer, 0);
+}
+
+int xhc_wait_all_ge(xhc_ctx_t *ctx, size_t field, const int *who, int n,
+                    uint64_t want)
+{
+    for (int i = 0; i < n; i++) {
+        int r = who ? who[i] : i;
+        xhc_flag_t *flag = (xhc_flag_t *)((unsigned char *)xhc_ctl(ctx, r)
+                                          + field);
+        int rc = xhc_wait_ge(ctx, flag, want, r);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }

@@ -3,9 +3,12 @@
  *
  * The core knows nothing of MPI.  A front end (xhc/comm.py) creates one
  * shared-memory segment per communicator, tells every rank its place in the
- * hierarchy as plain arrays, and calls the collectives below.  Every
- * function returns 0 or a negative code: -errno for OS failures, XHC_ERR_*
- * for the core's own; xhc_strerror() names both.
+ * hierarchy as plain arrays, and calls the collectives below.  A
+ * function that can fail returns 0 (xhc_shm_open: a descriptor) or a
+ * negative code: -errno for OS failures, XHC_ERR_* for the core's own;
+ * xhc_strerror() names both.  Those that answer a question say what
+ * they return: 1 or 0, a size, a rank (-1: none), or an error code that
+ * some call failed with (0: none).
  *
  * The region between the cffi markers is read verbatim by xhc/_build.py as
  * the cdef, so it must stay plain C declarations.
@@ -115,6 +118,7 @@ size_t xhc_segment_size(int nranks, const xhc_config_t *cfg);
  * free; its pages are reserved by the ranks' xhc_ctx_open, each those it
  * writes. */
 int xhc_shm_create(const char *name, size_t size);
+/* Open NAME: its descriptor, or a negative code. */
 int xhc_shm_open(const char *name);
 int xhc_shm_unlink(const char *name);
 /* Size the open file FD to SIZE bytes and reserve its pages: -ENOSPC at
@@ -138,10 +142,11 @@ int xhc_ctx_open_fd(xhc_ctx_t **out, int fd, size_t size, int rank,
                     int nranks, const xhc_config_t *cfg);
 /* Map every rank's reduce-scatter staging, and the pages of every rank's
  * Bcast windows that the least staged Bcast uses, which the first calls
- * would otherwise fault in one by one (the rest fault in at first use).  Call it once every rank has returned
- * from xhc_ctx_open, so that each page was placed by the rank that
- * writes it; it changes no data, so peers may already be running
- * collectives.  A NULL context does nothing. */
+ * would otherwise fault in one by one (the rest fault in at first use).
+ * Call it once every rank has returned from xhc_ctx_open, so that each
+ * page was placed by the rank that writes it; it changes no data, so
+ * peers may already be running collectives.  A NULL context does
+ * nothing. */
 void xhc_ctx_map_windows(xhc_ctx_t *ctx);
 int xhc_ctx_set_hierarchy(xhc_ctx_t *ctx, int kind, int nlevels,
                           const int *groups);
@@ -268,7 +273,6 @@ int xhc_op_valid(int dtype, int op);
 int xhc_fold_into(void *inout, const void *in, size_t count, int dtype,
                   int op);
 int xhc_xpmem_check(void);
-int xhc_xpmem_present(void);
 int xhc_cma_selftest(void);
 /* "x86-64-v4", "x86-64-v3" or "x86-64": the reduction kernels chosen for
  * this CPU; NULL if they were built once, without dispatch. */

@@ -379,9 +379,9 @@ void xhc_shm_map_windows(unsigned char *seg, int nranks,
 /* view.c */
 int xhc_hier_set(struct xhc_hier *h, int n, int nlevels, const int *groups);
 void xhc_hier_free(struct xhc_hier *h, int n);
+const struct xhc_view *xhc_view_get(xhc_ctx_t *ctx, int kind, int root);
 
 /* ctx.c */
-const struct xhc_view *xhc_view_get(xhc_ctx_t *ctx, int kind, int root);
 int xhc_ring_reserve(xhc_ctx_t *ctx, uint64_t seq);
 int xhc_stage_reserve(xhc_ctx_t *ctx, uint64_t t, uint64_t depth);
 void xhc_rounds_close(xhc_ctx_t *ctx);
@@ -391,6 +391,11 @@ void xhc_ack(xhc_ctx_t *ctx, uint64_t seq);
 /* wait.c */
 int xhc_wait_eq(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want, int peer);
 int xhc_wait_ge(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want, int peer);
+/* Wait until the flag at FIELD (its offsetof in struct xhc_rank_ctl) of
+ * each rank of WHO[0..N), or of ranks 0..N-1 if WHO is NULL, has reached
+ * WANT. */
+int xhc_wait_all_ge(xhc_ctx_t *ctx, size_t field, const int *who, int n,
+                    uint64_t want);
 /* Fail with RC about PEER, with its first error (and its rounds' end) if
  * it left, and leave. */
 int xhc_give_up(xhc_ctx_t *ctx, int peer, int rc);
@@ -410,23 +415,6 @@ struct xhc_att *xhc_att_slot(struct xhc_att *set, int n, uint64_t lo,
 unsigned char *xhc_region_span(xhc_ctx_t *ctx,
                                const struct xhc_src *src, size_t offset,
                                size_t len, int *rc);
-/* What xhc_meet learns besides the peers' buffers. */
-struct xhc_meeting {
-    int root;     /* a Reduce's root, or -1 for Allreduce */
-    int what;     /* my op and dtype (struct xhc_red) */
-    int single;   /* in: mine; out: the decider's (xhc_decider) */
-    int stream;   /* in: mine; out: the decider's: staging stores */
-    int in_place; /* out: some rank's buffer is in a shared region */
-    int private;  /* out: some rank's buffer is not */
-    size_t first; /* out: rank 0's size, which every rank reads first */
-};
-/* Whose choice of copy every rank follows: the root's, or rank 0's. */
-static inline int xhc_decider(const struct xhc_meeting *m)
-{
-    return m->root < 0 ? 0 : m->root;
-}
-int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, const void *rbuf,
-             size_t nbytes, struct xhc_meeting *m);
 void xhc_copy_stream(void *dst, const void *src, size_t len);
 void xhc_copy_as(void *dst, const void *src, size_t len, int stream);
 int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
@@ -434,8 +422,8 @@ int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
                   const void **direct);
 
 /* arena.c */
-int xhc_arena_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
-                       struct xhc_src *src);
+void xhc_arena_describe(const xhc_ctx_t *ctx, const void *buf,
+                        size_t nbytes, struct xhc_src *src);
 unsigned char *xhc_arena_span(xhc_ctx_t *ctx, const struct xhc_src *src,
                               int *rc);
 void xhc_arena_close(xhc_ctx_t *ctx);
@@ -450,7 +438,7 @@ xhc_reduce_fn xhc_reduce_fn_get(int dtype, int op);
 void xhc_fold(void *dst, const void *const *srcs, int nsrc, void *acc,
               size_t count, size_t esize, xhc_reduce_fn fn);
 
-/* allreduce.c: the reduce-scatter engine that Reduce shares. */
+/* allreduce.c: the reductions, which Reduce and Barrier share. */
 struct xhc_red {
     size_t count, esize, nbytes;
     uint64_t total; /* bytes of the whole call, which may go in pieces,
@@ -493,8 +481,8 @@ int xhc_red_init(struct xhc_red *r, size_t count, int dtype, int op);
 int xhc_fold_children(xhc_ctx_t *ctx, const int *child, int nchild,
                       uint64_t seq, const struct xhc_red *r, void *dst,
                       const void **mine);
-int xhc_publish_up(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
-                   uint64_t seq, const struct xhc_red *r, const void *value);
+void xhc_publish_up(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
+                    uint64_t seq, const struct xhc_red *r, const void *value);
 void xhc_folded(xhc_ctx_t *ctx, int kind, const struct xhc_view *v,
                 uint64_t seq, const struct xhc_red *r);
 int xhc_allreduce_small(xhc_ctx_t *ctx, const struct xhc_view *v,
@@ -508,12 +496,28 @@ typedef int (*xhc_small_fn)(xhc_ctx_t *ctx, const struct xhc_view *v,
 int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
                   size_t count, int dtype, int op, int root, int flags,
                   xhc_small_fn small);
-int xhc_bcast_with(xhc_ctx_t *ctx, void *buf, size_t nbytes, int root,
-                   int flags);
 int xhc_allreduce_with(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                        size_t count, int dtype, int op, int flags);
+
+/* bcast.c */
+int xhc_bcast_with(xhc_ctx_t *ctx, void *buf, size_t nbytes, int root,
+                   int flags);
+
+/* reduce.c */
 int xhc_reduce_with(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
                     size_t count, int dtype, int op, int root, int flags);
+
+/* rs.c */
+/* What the ranks' meeting (rs.c 1.) learns besides the peers' buffers. */
+struct xhc_meeting {
+    int root;     /* a Reduce's root, or -1 for Allreduce */
+    int what;     /* my op and dtype (struct xhc_red) */
+    int single;   /* in: mine; out: the decider's (xhc_decider) */
+    int stream;   /* in: mine; out: the decider's: staging stores */
+    int in_place; /* out: some rank's buffer is in a shared region */
+    int private;  /* out: some rank's buffer is not */
+    size_t first; /* out: rank 0's size, which every rank reads first */
+};
 /* How the folded slices of a reduce-scatter reach who wants them. */
 enum {
     XHC_RS_TAKE,   /* takers copy each slice from its owner */

@@ -104,11 +104,6 @@ int xhc_xpmem_check(void)
     return xlib.status;
 }
 
-int xhc_xpmem_present(void)
-{
-    return xhc_xpmem_check() == 0;
-}
-
 /* Make my address space a segment (once per context); *PROBE: where
  * peers' xhc_xpmem_probe find my probe word. */
 int xhc_ctx_xpmem_make(xhc_ctx_t *ctx, int64_t *segid, uintptr_t *probe)

@@ -871,6 +871,15 @@ static void hold_or_clear(PyObject **slot, PyObject *obj)
     }
 }
 
+/* Leave nothing bound: no context for calls to find, no steps over
+ * several nodes for them to run. */
+static void unbind(HotComm *h)
+{
+    h->ctx = NULL;
+    Py_CLEAR(h->span);
+    Py_CLEAR(h->span_plain);
+}
+
 /* _hot_bind(ctx, run, barrier, bcast_plans, allreduce_plans,
  *           reduce_plans, sum, rank, size, span=None, span_plain=None):
  * addresses as ints; ctx 0 unbinds.  SPAN, for a communicator over
@@ -899,11 +908,8 @@ static PyObject *hot_bind(HotComm *h, PyObject *args)
     h->run = (xhc_run_fn)(uintptr_t)run;
     h->barrier = (xhc_barrier_fn)(uintptr_t)barrier;
     h->ctx = h->run && h->barrier ? (void *)(uintptr_t)ctx : NULL;
-    if (h->closed) {
-        h->ctx = NULL;
-        Py_CLEAR(h->span);
-        Py_CLEAR(h->span_plain);
-    }
+    if (h->closed)
+        unbind(h);
     forget_last_plain(h);
     Py_RETURN_NONE;
 }
@@ -919,9 +925,7 @@ static PyObject *hot_close(HotComm *h, PyObject *unused)
     if (h->busy)
         Py_RETURN_FALSE;
     h->closed = 1;
-    h->ctx = NULL;
-    Py_CLEAR(h->span);
-    Py_CLEAR(h->span_plain);
+    unbind(h);
     forget_last_plain(h);
     Py_RETURN_TRUE;
 }
@@ -937,8 +941,8 @@ static PyObject *hot_busy(HotComm *h, PyObject *unused)
 /* _counted(fn, *args): FN(*ARGS) counted as under way (7.); or
  * NotImplemented, calling nothing, once closed.  The count goes up and
  * down here, where nothing can be raised in between: in Python, a
- * KeyboardInterrupt between the count and its try left it up for good,
- * and free() refused for ever after. */
+ * KeyboardInterrupt between the count and its try would leave it up for
+ * good, and free() refuse for ever after. */
 static PyObject *hot_counted(HotComm *h, PyObject *const *args,
                              Py_ssize_t nargs)
 {

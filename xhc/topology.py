@@ -287,14 +287,6 @@ def warn_if_spanning(locality, pu_locality=None, asked=()):
         % (spanned[0], ", ".join(spanned)), RuntimeWarning)
 
 
-def binding_mask():
-    """This process's CPU binding as an hwloc bitmask string ("all" where
-    the system has no binding API, e.g. macOS: treated as unbound)."""
-    if hasattr(os, "sched_getaffinity"):
-        return _cpuset_mask(sorted(os.sched_getaffinity(0)))
-    return "all"
-
-
 def _binding_masks():
     """This process's binding mask, and the mask of the first PU in it
     (None where the system has no binding API)."""
