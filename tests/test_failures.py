@@ -1292,13 +1292,16 @@ def test_gil_released_while_waiting(args2, op, path):
 
 
 @pytest.mark.parametrize("path", ["plain", "python", "request",
-                                  "staged-request", "fallback"])
+                                  "staged-request", "fallback", "empty",
+                                  "Dup"])
 def test_free_refused_while_another_thread_waits(args2, path):
     """free() (or a request's Free()) from a second thread while the main
     thread waits in a collective raises, where it used to unmap the memory
     the wait polls (SIGSEGV), or (fallback: a Dup()'s, in mpi4py's
-    Allreduce) free the communicator MPI waits on; the collective
-    completes, and the communicator still works and frees afterwards."""
+    Allreduce; Dup: a Dup()'s, in MPI's Dup) free the communicator MPI
+    waits on, or (empty) close the context empty() then registered its
+    array with; the collective completes, and the communicator still
+    works and frees afterwards."""
     check_completed(args2)
     rep = args2.get("FREE-BUSY", path)
     assert len(rep) == 1, args2.output()

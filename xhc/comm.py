@@ -1103,8 +1103,13 @@ class Comm(HotComm):
         communicator spans several nodes, the ranks of each node share
         theirs.
         """
-        if self._nodes is not None:
-            return self._empty_across(shape, dtype)
+        # Counted as under way, as a collective is: a free() from another
+        # thread meanwhile refuses rather than close the context it
+        # registers the array with, or free the communicator of a Dup().
+        return self._in_core(self._empty_across if self._nodes is not None
+                             else self._empty_here, shape, dtype)
+
+    def _empty_here(self, shape, dtype):
         self._usable()  # raises if freed
         if len(self._keep) >= lib.XHC_MAX_REGIONS:  # alike on every rank
             raise ValueError(
@@ -1130,6 +1135,7 @@ class Comm(HotComm):
         _tell_every_node(self._comm, problem)
         return arr
 
+    @_claiming
     def zeros(self, shape, dtype=float):
         """Collective: like empty(), filled with zeros."""
         arr = self.empty(shape, dtype)
@@ -1248,7 +1254,9 @@ class Comm(HotComm):
 
     def _duplicate(self, dup, *args):
         self._usable()  # raises if freed, as every collective does
-        comm = dup(*args)
+        # Counted as under way: a free() from another thread meanwhile
+        # refuses rather than free the communicator DUP runs on.
+        comm = self._in_core(dup, *args)
         try:
             made = type(self)(comm, **self._keywords)
         except BaseException:  # raised on every rank: none keeps COMM

@@ -1408,10 +1408,14 @@ def suite_free_busy(xc):
     """Rank 0 frees its xhc.Comm (or a request) from a second thread while
     its main thread waits in a collective that rank 1 enters 0.5 s late:
     the free must refuse, not unmap the memory the wait polls (nor, for
-    a Dup()'s, free the communicator a fallback to mpi4py waits in)."""
+    a Dup()'s, free the communicator a fallback to mpi4py waits in).
+    The collective may be an empty() or a Dup(), which wait in MPI: the
+    free must not close the context empty() registers its array with, nor
+    free the communicator a Dup() duplicates; the data then goes through
+    what they made."""
     for k, path in enumerate(("plain", "python", "request",
-                              "staged-request", "fallback")):
-        if path == "fallback":  # its free() would free the communicator
+                              "staged-request", "fallback", "empty", "Dup")):
+        if path in ("fallback", "Dup"):  # its free() frees the communicator
             with xhc.Comm(W) as parent:
                 c = parent.Dup()
         else:
@@ -1442,6 +1446,14 @@ def suite_free_busy(xc):
             wide = b.astype(np.longdouble)
             c.Allreduce(MPI.IN_PLACE, wide)
             b[:] = wide
+        elif path == "empty":
+            arr = c.empty(4)
+            arr[:] = b
+            c.Bcast(arr, root=1)
+            b[:] = arr
+        elif path == "Dup":
+            with c.Dup() as d:
+                d.Bcast(b, root=1)
         else:
             req.Start()
         if th is not None:
