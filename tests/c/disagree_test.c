@@ -331,7 +331,7 @@ static int root_gave_up(xhc_ctx_t *ctx, int rank, struct board *b)
  * private ones, read by CMA). */
 #define GIVEN_UP (8 * CHUNK / 8)  /* doubles: two chunks a rank */
 static double *region;
-static int reducing;  /* a Reduce to rank 0, else an Allreduce */
+static int reducing;  /* a Reduce, else an Allreduce */
 
 /* Rank 1's first wait, in the meet: hold it until rank 0 has given up. */
 static void held_at_meet(void *arg)
@@ -367,6 +367,17 @@ static void gives_up_and_reuses(xhc_ctx_t *ctx, struct board *b, int rc,
         }
 }
 
+/* 7. and 10.: the sum of N ones in S, into the N doubles after S (zeros
+ * till then): a Reduce to ROOT, or (REDUCING 0) an Allreduce. */
+static int sum_of_ones(xhc_ctx_t *ctx, double *s, size_t n, int root)
+{
+    double *r = s + n;
+    for (size_t i = 0; i < n; i++)
+        s[i] = 1.0, r[i] = 0.0;
+    return reducing ? xhc_reduce(ctx, s, r, n, XHC_FLOAT64, XHC_SUM, root)
+                    : xhc_allreduce(ctx, s, r, n, XHC_FLOAT64, XHC_SUM);
+}
+
 static double *given_up_buffers(xhc_ctx_t *ctx, int rank)
 {
     if (!region)
@@ -378,15 +389,11 @@ static double *given_up_buffers(xhc_ctx_t *ctx, int rank)
 static int gave_up_reduction(xhc_ctx_t *ctx, int rank, struct board *b)
 {
     double *s = given_up_buffers(ctx, rank), *r = s + GIVEN_UP;
-    for (size_t i = 0; i < GIVEN_UP; i++)
-        s[i] = 1.0, r[i] = 0.0;
     if (rank == 1)
         xhc_ctx_set_block_hook(ctx, held_at_meet, b);
     while (rank == 0 && b->done != 1)
         sched_yield();
-    int rc = reducing
-        ? xhc_reduce(ctx, s, r, GIVEN_UP, XHC_FLOAT64, XHC_SUM, 0)
-        : xhc_allreduce(ctx, s, r, GIVEN_UP, XHC_FLOAT64, XHC_SUM);
+    int rc = sum_of_ones(ctx, s, GIVEN_UP, 0);
     if (rank == 0) {
         gives_up_and_reuses(ctx, b, rc, s, GIVEN_UP);
     } else {
@@ -464,18 +471,13 @@ static void relay_hook(void *arg)
 
 static int gave_up_staged(xhc_ctx_t *ctx, int rank, struct board *b)
 {
-    double *s = given_up_buffers(ctx, 0), *r;  /* both see the region */
+    double *s = given_up_buffers(ctx, 0);  /* both see the region */
     if (rank == 1)
         s = malloc(2 * STAGED * sizeof(double));
-    r = s + STAGED;
-    for (size_t i = 0; i < STAGED; i++)
-        s[i] = 1.0, r[i] = 0.0;
     xhc_ctx_set_block_hook(ctx, relay_hook, b);
     while (b->done != relays[rank].enter_at)
         sched_yield();
-    int rc = reducing
-        ? xhc_reduce(ctx, s, r, STAGED, XHC_FLOAT64, XHC_SUM, 1)
-        : xhc_allreduce(ctx, s, r, STAGED, XHC_FLOAT64, XHC_SUM);
+    int rc = sum_of_ones(ctx, s, STAGED, 1);
     if (rank == 0) {
         gives_up_and_reuses(ctx, b, rc, s, STAGED);
     } else {
