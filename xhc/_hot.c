@@ -215,6 +215,9 @@ struct plain_table {
         int lanes;                       /* core elements per element: 2 for
                                           * a complex, a pair of floats */
         uint32_t ops;                    /* bit K: op code K reduces it */
+        PyObject *names;                 /* a tuple: the MPI datatypes and
+                                          * typecodes that name it in a
+                                          * buffer specification */
     } dtype[PLAIN_DTYPES];
     struct {
         PyObject *op;
@@ -233,6 +236,15 @@ struct plain_buf {
     uint32_t ops;      /* the op codes that reduce it */
 };
 
+/* The index of A's dtype in the table, or -1. */
+static int plain_dtype(const ndarray_head *a)
+{
+    for (int t = 0; t < plain.ndtypes; t++)
+        if (plain.dtype[t].descr == a->descr)
+            return t;
+    return -1;
+}
+
 /* Is OBJ a plain array (writable, if WRITTEN)?  Fill B if so. */
 static int plain_array(PyObject *obj, int written, struct plain_buf *b)
 {
@@ -242,10 +254,8 @@ static int plain_array(PyObject *obj, int written, struct plain_buf *b)
     int need = NPY_C_CONTIGUOUS | (written ? NPY_WRITEABLE : 0);
     if ((a->flags & need) != need)
         return 0;
-    int t = 0;
-    while (t < plain.ndtypes && plain.dtype[t].descr != a->descr)
-        t++;
-    if (t == plain.ndtypes)
+    int t = plain_dtype(a);
+    if (t < 0)
         return 0;
     Py_ssize_t elements = 1;
     for (int d = 0; d < a->nd; d++)
@@ -257,6 +267,41 @@ static int plain_array(PyObject *obj, int written, struct plain_buf *b)
     b->lanes = plain.dtype[t].lanes;
     b->ops = plain.dtype[t].ops;
     return 1;
+}
+
+/* OBJ, or the array A if OBJ is a buffer specification that names the
+ * whole of A in A's own dtype, as mpi4py takes it: [A, TYPE] or [A,
+ * COUNT, TYPE] (a list or a tuple), TYPE an MPI datatype or typecode of
+ * that dtype (bound with the table), COUNT A's element count.  Such a
+ * call is the same call as one with A alone, and takes its path: the
+ * specification, a new object per call, could key no plan. */
+static PyObject *spec_unwrapped(PyObject *obj)
+{
+    if (!PyList_CheckExact(obj) && !PyTuple_CheckExact(obj))
+        return obj;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+    PyObject **item = PySequence_Fast_ITEMS(obj);
+    if ((n != 2 && n != 3) || !plain.ndarray
+        || Py_TYPE(item[0]) != plain.ndarray)
+        return obj;
+    const ndarray_head *a = (const ndarray_head *)item[0];
+    int t = plain_dtype(a), named = 0;
+    PyObject *names = t < 0 ? NULL : plain.dtype[t].names;
+    for (Py_ssize_t i = 0; names && i < PyTuple_GET_SIZE(names); i++)
+        named |= PyTuple_GET_ITEM(names, i) == item[n - 1];
+    if (!named)
+        return obj;
+    if (n == 3) {
+        Py_ssize_t elements = 1;
+        for (int d = 0; d < a->nd; d++)
+            elements *= a->dimensions[d];
+        if (!PyLong_CheckExact(item[1])
+            || PyLong_AsSsize_t(item[1]) != elements) {
+            PyErr_Clear();  /* a count that does not fit: not A's */
+            return obj;
+        }
+    }
+    return item[0];
 }
 
 /* The core's code for OP if it reduces B, else -1. */
@@ -787,6 +832,17 @@ static PyObject *hot_collective(HotComm *h, int kind, PyObject *const *args,
         given = root != NULL;
         argv[r] = root;
     }
+    /* The arrays a specification names, held: Python code run during
+     * the call could drop them from a list. */
+    PyObject *held[2] = { NULL, NULL };
+    for (int i = 0; given && kind < NPLANS && i < 2; i++) {
+        PyObject *a = KIND[kind].kinds[i] == 'b' ? spec_unwrapped(argv[i])
+                                                 : argv[i];
+        if (a != argv[i]) {
+            Py_INCREF(a);
+            held[i] = argv[i] = a;
+        }
+    }
     PyObject *res = NULL;
     if (hot_claim(h, KIND[kind].twin + 1) == 0) {
         res = !given ? hot_slow((PyObject *)h, KIND[kind].twin, args, nargsf,
@@ -798,6 +854,8 @@ static PyObject *hot_collective(HotComm *h, int kind, PyObject *const *args,
         h->calls--;
     }
     Py_XDECREF(root);
+    Py_XDECREF(held[0]);
+    Py_XDECREF(held[1]);
     return res;
 }
 
@@ -1333,7 +1391,8 @@ static int table_fill(struct plain_table *t, PyObject *dtypes, PyObject *ops)
     t->nops = (int)PyTuple_GET_SIZE(ops);
     for (int i = 0; i < t->ndtypes; i++) {
         PyObject *e = PyTuple_GET_ITEM(dtypes, i);
-        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 5)
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 6
+            || !PyTuple_Check(PyTuple_GET_ITEM(e, 5)))
             goto bad;
         if (table_int(e, 1, -1, XHC_NDTYPES, &code) < 0
             || table_int(e, 2, 1, 1 << 16, &size) < 0
@@ -1345,6 +1404,7 @@ static int table_fill(struct plain_table *t, PyObject *dtypes, PyObject *ops)
         t->dtype[i].itemsize = size;
         t->dtype[i].lanes = (int)lanes;
         t->dtype[i].ops = (uint32_t)bits;
+        t->dtype[i].names = PyTuple_GET_ITEM(e, 5);
     }
     for (int i = 0; i < t->nops; i++) {
         PyObject *e = PyTuple_GET_ITEM(ops, i);
@@ -1364,12 +1424,14 @@ bad:
 /* Take (TAKE 1) or drop (-1) the references table T holds. */
 static void table_refs(struct plain_table *t, int take)
 {
-    PyObject *objs[2 + PLAIN_DTYPES + PLAIN_OPS];
+    PyObject *objs[2 + 2 * PLAIN_DTYPES + PLAIN_OPS];
     int n = 0;
     objs[n++] = (PyObject *)t->ndarray;
     objs[n++] = t->in_place;
-    for (int i = 0; i < t->ndtypes; i++)
+    for (int i = 0; i < t->ndtypes; i++) {
         objs[n++] = t->dtype[i].descr;
+        objs[n++] = t->dtype[i].names;
+    }
     for (int i = 0; i < t->nops; i++)
         objs[n++] = t->op[i].op;
     for (int i = 0; i < n; i++) {
@@ -1382,7 +1444,8 @@ static void table_refs(struct plain_table *t, int take)
 
 /* bind_plain(ndarray, in_place, dtypes, ops): the table of 3.; DTYPES
  * is a tuple of (dtype, code, itemsize, lanes, the bits of the op codes
- * that reduce it), OPS of (op, code).  A new binding (a reloaded
+ * that reduce it, the tuple of MPI datatypes and typecodes that name it),
+ * OPS of (op, code).  A new binding (a reloaded
  * xhc.comm) replaces the old one. */
 static PyObject *bind_plain(PyObject *module, PyObject *args)
 {

@@ -2,6 +2,7 @@
 """Turn mpi4py-style buffer arguments into what the C core takes."""
 import functools
 import operator
+import sys
 import weakref
 
 import numpy as np
@@ -74,8 +75,41 @@ def plain_tables():
         bits = sum(1 << c for op, c in ops if code != NOT_REDUCIBLE and
                    lib.xhc_op_valid(code, c) and
                    (alias is None or op in alias.only))
-        dtypes.append((dt, code, dt.itemsize, lanes, bits))
+        dtypes.append((dt, code, dt.itemsize, lanes, bits, _names_of(dt)))
     return tuple(dtypes), ops
+
+
+# MPI's datatypes whose elements are numpy's numbers of the same kind and
+# size, reduced alike: a buffer specification [array, TYPE] with one of
+# them names the array, as the array alone does.  (Not MPI.BYTE or
+# MPI.PACKED, untyped bytes no op reduces; nor Fortran's LOGICAL, whose
+# true need not be 1; nor the newer FLOAT16_T, which MPIs may lack.)
+_NUMERIC_TYPES = (
+    "FLOAT", "DOUBLE", "SIGNED_CHAR", "UNSIGNED_CHAR", "SHORT",
+    "UNSIGNED_SHORT", "INT", "UNSIGNED", "LONG", "UNSIGNED_LONG",
+    "LONG_LONG", "UNSIGNED_LONG_LONG", "INT8_T", "INT16_T", "INT32_T",
+    "INT64_T", "UINT8_T", "UINT16_T", "UINT32_T", "UINT64_T", "C_BOOL",
+    "C_FLOAT_COMPLEX", "C_DOUBLE_COMPLEX", "C_COMPLEX", "REAL",
+    "DOUBLE_PRECISION", "INTEGER", "COMPLEX", "DOUBLE_COMPLEX")
+
+
+def _names_of(dt):
+    """The MPI datatypes above, and the typecodes mpi4py takes for them
+    (one-character strings, interned, as literals in code are), that name
+    numpy dtype DT."""
+    from mpi4py.util import dtlib
+
+    def numpy_of(datatype):
+        try:
+            return dtlib.to_numpy_dtype(datatype)
+        except (ValueError, TypeError):  # not in this MPI
+            return None
+    types = [t for t in (getattr(MPI, n, MPI.DATATYPE_NULL)
+                         for n in _NUMERIC_TYPES)
+             if t != MPI.DATATYPE_NULL and numpy_of(t) == dt]
+    codes = [sys.intern(c) for c, t in MPI._typedict.items()
+             if len(c) == 1 and any(t == u for u in types)]
+    return tuple(types + codes)
 
 
 def in_place(sendbuf):

@@ -3836,6 +3836,7 @@ def suite_staged(world, comm, v, sz, args):
         staged_layouts(xcomm, comm, v)
         staged_derived(xcomm, comm, v)
         spec_forms(xcomm, comm, v)
+        whole_array_specs(xcomm, comm, v)
         changed_after_plan(xcomm, comm, v)
         staged_reshaped(xcomm, comm, v)
         exports_released(xcomm, comm, v)
@@ -4005,6 +4006,85 @@ def staged_derived(xcomm, comm, v):
     finally:
         pair.Free()
         every2.Free()
+
+
+# (dtype, an MPI datatype and a typecode that name it, an op MPI defines
+# on it)
+_WHOLE_SPECS = [
+    (np.float64, MPI.DOUBLE, "d", MPI.SUM),
+    (np.float32, MPI.FLOAT, "f", MPI.MAX),
+    (np.int32, MPI.INT, "i", MPI.SUM),
+    (np.int64, MPI.INT64_T, "q", MPI.MIN),
+    (np.uint8, MPI.UNSIGNED_CHAR, "B", MPI.BOR),
+    (np.complex128, MPI.C_DOUBLE_COMPLEX, "D", MPI.SUM),
+    (np.bool_, MPI.C_BOOL, "?", MPI.LXOR),
+]
+
+
+def whole_array_specs(xcomm, comm, v):
+    """A specification that names the whole of a contiguous array in its
+    own dtype ([a, MPI.DOUBLE], (a, MPI.DOUBLE), [a, a.size, MPI.DOUBLE],
+    [a, 'd']) is the same call as the array alone, and goes the array's
+    way, straight to the core, through no Python; results equal mpi4py's
+    with the same specifications.  One that names part of the array, or
+    reads it as another type, keeps mpi4py's meaning, through Python."""
+    slow = []
+
+    def counted(name, twin):
+        return lambda *a, **k: (slow.append(name), twin(*a, **k))[1]
+
+    for name in ("_Bcast", "_Allreduce", "_Reduce"):
+        setattr(xcomm, name, counted(name, getattr(xcomm, name)))
+    try:
+        whole_and_partial_specs(xcomm, comm, v, slow)
+    finally:
+        for name in ("_Bcast", "_Allreduce", "_Reduce"):
+            delattr(xcomm, name)
+
+
+def whole_and_partial_specs(xcomm, comm, v, slow):
+    n, rank = comm.size, comm.rank
+    forms = (("[a, T]", lambda a, t, c: [a, t]),
+             ("(a, T)", lambda a, t, c: (a, t)),
+             ("[a, count, T]", lambda a, t, c: [a, a.size, t]),
+             ("[a, typecode]", lambda a, t, c: [a, c]))
+    for k, (dt, mpitype, code, op) in enumerate(_WHOLE_SPECS):
+        for name, form in forms:
+            def spec(a):
+                return form(a, mpitype, code)
+            rng = np.random.default_rng(seed_of(170, k, rank))
+            s = rng.integers(0, 100, (2, 3)).astype(dt)
+            if dt is np.complex128:
+                s += 1j * rng.integers(0, 100, (2, 3))
+            what = f"{np.dtype(dt).name} {name}"
+            for call in ("Allreduce", "Reduce", "Bcast"):
+                got, want = np.zeros_like(s), np.zeros_like(s)
+                if call == "Bcast":
+                    got[:], want[:] = s, s
+                    xcomm.Bcast(spec(got), root=n - 1)
+                    comm.Bcast(spec(want), root=n - 1)
+                elif call == "Allreduce":
+                    xcomm.Allreduce(spec(s), spec(got), op=op)
+                    comm.Allreduce(spec(s), spec(want), op=op)
+                else:
+                    xcomm.Reduce(spec(s), spec(got), op=op, root=n - 1)
+                    comm.Reduce(spec(s), spec(want), op=op, root=n - 1)
+                v.check(f"{call} {what} as mpi4py's",
+                        np.array_equal(got, want), f"got {got}, want {want}")
+    v.check("whole-array specifications go through no Python", not slow,
+            f"{len(slow)} calls did: {sorted(set(slow))}")
+    a = np.arange(6.0) + rank
+    got, want = np.full(6, -1.0), np.full(6, -1.0)
+    xcomm.Allreduce([a, 4, MPI.DOUBLE], [got, 4, MPI.DOUBLE])
+    comm.Allreduce([a, 4, MPI.DOUBLE], [want, 4, MPI.DOUBLE])
+    v.check("Allreduce [a, 4, DOUBLE] of 6 doubles as mpi4py's",
+            np.array_equal(got, want), f"got {got}, want {want}")
+    b = np.arange(4.0) if rank == 0 else np.zeros(4)
+    xcomm.Bcast([b, MPI.FLOAT], root=0)  # 8 floats: the same 32 bytes
+    v.check("Bcast [float64 array, FLOAT]", np.array_equal(b, np.arange(4.0)),
+            f"got {b}")
+    v.check("specifications of part of an array, or of another type, go "
+            "through Python", slow == ["_Allreduce", "_Bcast"], f"{slow}")
 
 
 def spec_forms(xcomm, comm, v):
