@@ -226,6 +226,13 @@ def test_a_check_failed_on_one_rank_says_so(tmp_path):
     (["--npx", "3", "--npy", "1"], "the ranks given do not divide 2 ranks"),
     (["--object", "2", "0", "a"] + ["0"] * 11, "invalid float value: 'a'"),
     (["--num_objects", "-1"], "--num_objects: -1 is not >= 0"),
+    (["--seed", "-1"], "error: --seed must be >= 0"),
+    (["--block_change", "-3"], "error: --block_change must be >= 0"),
+    (["--seed", str(1 << 31)], "error: --seed must be below 2**31"),
+    (["--object", "99", "0"] + ["0"] * 12,
+     "--object: unknown type 99 or bounce 0; types are 0-15 and 20-25"),
+    (["--json", "/nonexistent-dir/x.json"],
+     "--json /nonexistent-dir/x.json: cannot write a file there"),
     (["--coll", "mpi", "--verify"], "drop --verify or use --coll xhc")])
 def test_options_refused_once_without_abort(args, text):
     """Under mpiexec, help and errors come from rank 0 alone, and every
@@ -265,6 +272,43 @@ def test_dims_as_mpi_dims_create(tmp_path):
     script.write_text(DIMS)
     proc = run_mpi(1, [str(script)], timeout=60)
     assert "dims agree" in proc.stdout
+
+
+ARRIVALS = """
+import sys
+from mpi4py import MPI
+import numpy as np, xhc
+from bench.miniamr import timers
+rank = MPI.COMM_WORLD.rank
+# Each rank's clock as the proxy reads it, entry then return of its two
+# calls: rank 1 arrives 9 s after rank 0, which waits for it.
+clock = iter({0: [0.0, 10.0, 20.0, 20.25],
+              1: [9.0, 10.5, 20.5, 21.0]}[rank])
+timers.now = lambda: next(clock)
+comm = MPI.COMM_WORLD if sys.argv[1] == "mpi" else xhc.Comm(MPI.COMM_WORLD)
+timed = timers.TimedComm(comm, timers.CollStats())
+one = np.ones(1)
+timed.Allreduce(MPI.IN_PLACE, one)
+timed.Bcast(one, root=0)
+cost = timed.after_last_arrival()
+print(f"rank {rank} inside {timed._stats.total_seconds()} "
+      f"Allreduce {cost['Allreduce']} Bcast {cost['Bcast']}")
+"""
+
+
+@pytest.mark.parametrize("coll", ["mpi", "xhc"])
+def test_cost_after_last_arrival(coll, tmp_path):
+    """A collective's cost after the last rank arrived is its return
+    minus the latest entry of any rank, 0 for a rank that returned before
+    that: with the proxy's clock set, rank 0 waits 10 s inside the
+    Allreduce, of which 1 s after rank 1 came, and rank 1 spends 1.5 s;
+    in the Bcast, rank 0 returns before rank 1 enters (0 s), and rank 1
+    takes 0.5 s."""
+    script = tmp_path / "arrivals.py"
+    script.write_text(ARRIVALS)
+    out = run_mpi(2, [str(script), coll], timeout=60).stdout
+    assert "rank 0 inside 10.25 Allreduce 1.0 Bcast 0.0" in out, out
+    assert "rank 1 inside 2.0 Allreduce 1.5 Bcast 0.5" in out, out
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 8])

@@ -6,6 +6,7 @@ same way); rank 0's values are then broadcast as miniAMR does: one Bcast of
 the integer parameters and one of the doubles (error tolerance + objects).
 """
 import math
+import os
 
 import numpy as np
 
@@ -117,8 +118,11 @@ def complete(o, size):
     if o.npx <= 0 or o.npy <= 0 or o.npz <= 0:
         dims = dims_create(size, [o.npx, o.npy, o.npz])
         if dims is None:
-            raise OptionError(f"--npx {o.npx} --npy {o.npy} --npz {o.npz}: "
-                              f"the ranks given do not divide {size} ranks")
+            given = " ".join(f"--np{a} {v}" for a, v in
+                             zip("xyz", (o.npx, o.npy, o.npz)) if v > 0)
+            raise OptionError(f"{given}: the ranks given do not divide "
+                              f"{size} ranks; give counts whose product "
+                              "divides it, or leave one out")
         o.npx, o.npy, o.npz = dims
     o.permute = int(o.permute)
     o.report_diffusion = int(o.report_diffusion)
@@ -174,13 +178,25 @@ def finish(o, size):
             raise OptionError(f"--{n} must be > 0")
     if o.comm_vars <= 0 or o.comm_vars > o.num_vars:
         o.comm_vars = o.num_vars
-    if o.num_refine < 0 or o.checksum_freq < 0 or o.refine_freq < 0:
-        raise OptionError("--num_refine, --checksum_freq, --refine_freq >= 0")
-    if o.block_change <= 0:
+    for n in ("num_refine", "checksum_freq", "refine_freq", "block_change",
+              "inbalance", "seed"):
+        if getattr(o, n) < 0:
+            raise OptionError(f"--{n} must be >= 0")
+    for n in INT_FIELDS:  # they cross as MPI ints, as miniAMR's do
+        if getattr(o, n) >= 1 << 31:
+            raise OptionError(f"--{n} must be below 2**31")
+    if o.block_change == 0:
         o.block_change = o.num_refine
     for ob in o.objects:
         if int(ob[0]) not in OBJECT_TYPES or int(ob[1]) not in (0, 1, 2):
-            raise OptionError(f"unknown object type/bounce {ob[:2]}")
+            raise OptionError(
+                f"--object: unknown type {ob[0]:g} or bounce {ob[1]:g}; "
+                "types are 0-15 and 20-25, bounces 0, 1 and 2")
+    if o.json is not None:
+        where = os.path.dirname(os.path.abspath(o.json))
+        if os.path.isdir(o.json) or not os.access(where, os.W_OK):
+            raise OptionError(f"--json {o.json}: cannot write a file there; "
+                              "name a file in a writable directory")
     o.tol = 10.0 ** -o.error_tol if o.error_tol >= 1 else o.error_tol
     if not (o.tol >= 0 and math.isfinite(o.tol)):
         raise OptionError("--error_tol must be >= 0")
