@@ -21,8 +21,9 @@ const char *xhc_strerror(int code)
     case XHC_ERR_COPY: return "single-copy read of a peer's buffer failed";
     case XHC_ERR_FREED: return "the communicator was freed";
     case XHC_ERR_MISMATCH:
-        return "a peer's buffer does not fit this call (the ranks passed "
-               "different sizes, or started persistent requests in "
+        return "this rank's buffer and a peer's differ in size (the "
+               "ranks passed different sizes, or started persistent "
+               "requests in "
                "different orders, or one that refused a call is a call "
                "behind)";
     case XHC_ERR_DISAGREE:

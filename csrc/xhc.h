@@ -33,8 +33,9 @@ typedef struct xhc_ctx xhc_ctx_t;
 #define XHC_ERR_FREED     -5008 /* the context was closed */
 #define XHC_ERR_PEER_LEFT -5009 /* a peer gave up on this operation after
                                    an error of its own */
-#define XHC_ERR_MISMATCH  -5010 /* a peer's buffer does not fit this call:
-                                   the ranks passed different sizes */
+#define XHC_ERR_MISMATCH  -5010 /* this rank's buffer and a peer's differ
+                                   in size: the ranks passed different
+                                   sizes */
 #define XHC_ERR_DISAGREE  -5011 /* a peer called another collective, or
                                    this one with another root, op or
                                    dtype */

@@ -850,8 +850,8 @@ def test_a_rank_that_took_part_then_raised_is_waited_for(disagreeing, case,
             r"root, op or datatype .* \(rank \d\)$"),
     ("dtypes", r"a peer called another collective, or this one with another "
                r"root, op or datatype .* \(rank \d\)$"),
-    ("sizes", r"a peer's buffer does not fit this call \(the ranks passed "
-              r"different sizes, or started persistent requests in "
+    ("sizes", r"this rank's buffer and a peer's differ in size \(the ranks "
+              r"passed different sizes, or started persistent requests in "
               r"different orders, or one that refused a call is a call "
               r"behind\) \(rank \d\)$")],
     ids=["two-roots", "reduce-allreduce", "ops", "dtypes", "sizes"])
@@ -912,7 +912,7 @@ def test_a_bcast_reader_of_another_size_fails_and_the_next_ones_meet(
     rep = disagreeing.by_rank("BCAST-SIZES-" + case)
     assert sorted(rep) == [0, 1, 2], disagreeing.output()
     assert rep[odd]["exc"] == "MPITruncateError", rep[odd]
-    assert re.search(r"a peer's buffer does not fit this call \(the ranks "
+    assert re.search(r"this rank's buffer and a peer's differ in size \(the ranks "
                      r"passed different sizes, or started persistent "
                      r"requests in different orders, or one that refused a "
                      r"call is a call behind\) \(rank %d\)$" % parent,
@@ -969,16 +969,16 @@ def test_ranks_that_pass_different_sizes_fail_at_once(disagreeing):
     that peer, raised at once; the ranks waiting on it give up at once."""
     rep = disagreeing.by_rank("SIZES-DIFFER")
     assert sorted(rep) == [0, 1, 2], disagreeing.output()
-    assert all(kv["exc"] == ("MPITruncateError" if "does not fit" in
+    assert all(kv["exc"] == ("MPITruncateError" if "differ in size" in
                              kv["msg"] else "XhcError")
                for kv in rep.values()), rep
     assert all(float(kv["t"]) < 2.0 for kv in rep.values()), rep
     msgs = [kv["msg"] for kv in rep.values()]
-    assert any("a peer's buffer does not fit this call (the ranks passed "
-               "different sizes, or started persistent requests in "
+    assert any("this rank's buffer and a peer's differ in size (the ranks "
+               "passed different sizes, or started persistent requests in "
                "different orders, or one that refused a call is a call "
                "behind)" in m for m in msgs), msgs
-    assert all("does not fit this call" in m or GAVE_UP in m
+    assert all("differ in size" in m or GAVE_UP in m
                for m in msgs), msgs
 
 
