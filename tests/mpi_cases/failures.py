@@ -140,6 +140,12 @@ _core.lib = _LibProxy(_core.lib)
 
 # -- helpers ------------------------------------------------------------------
 
+# The (count, displacement) of a buffer specification [buf, PYTHON_PATH,
+# TYPE]: the whole buffer, through the Python code (of the whole-buffer
+# specifications, [buf, TYPE] and [buf, count, TYPE] go straight to C).
+PYTHON_PATH = (None, 0)
+
+
 def f8(n, value=0.0):
     return np.full(n, value, np.float64)
 
@@ -1256,7 +1262,8 @@ def late_after_an_interrupt(xc, late):
     handles it and comes LATE seconds late to the next Allreduce.  It took
     part in the Bcast, so it must not count as having refused it: the
     others wait for it."""
-    buf = [np.arange(6.0) if RANK == 0 else np.zeros(6), MPI.DOUBLE]
+    buf = [np.arange(6.0) if RANK == 0 else np.zeros(6), PYTHON_PATH,
+           MPI.DOUBLE]
     interrupted = False
     W.Barrier()
     if RANK == 1:
@@ -1441,7 +1448,7 @@ def suite_free_busy(xc):
         if path == "plain":
             c.Bcast(b, root=1)              # from C
         elif path == "python":
-            c.Bcast([b, MPI.DOUBLE], root=1)  # through Python and cffi
+            c.Bcast([b, PYTHON_PATH, MPI.DOUBLE], root=1)  # and cffi
         elif path == "fallback":  # long double has no kernel: mpi4py's
             wide = b.astype(np.longdouble)
             c.Allreduce(MPI.IN_PLACE, wide)
@@ -1659,7 +1666,7 @@ def free_while_planning():
     def call():
         sys.settrace(hold)
         try:
-            c.Allreduce([f8(4, 1.0), MPI.DOUBLE], f8(4))  # through Python
+            c.Allreduce([f8(4, 1.0), PYTHON_PATH, MPI.DOUBLE], f8(4))
             outcome.append("returned")
         except Exception as e:  # noqa: BLE001
             outcome.append(f"{type(e).__name__}: {oneline(e)}")
@@ -1685,7 +1692,8 @@ def suite_concurrent(xc, split_nodes=1, debug=False):
     req = c.Allreduce_init(a, r)
     tries = {
         "Bcast": lambda: c.Bcast(f8(4), root=0),           # from C
-        "Bcast-python": lambda: c.Bcast([f8(4), MPI.DOUBLE], root=0),
+        "Bcast-python": lambda: c.Bcast([f8(4), PYTHON_PATH, MPI.DOUBLE],
+                                        root=0),
         "bcast": lambda: c.bcast({"x": 1}, root=0),        # objects
         "allreduce": lambda: c.allreduce(1.5),             # from C
         "Barrier": c.Barrier,
