@@ -79,34 +79,28 @@ def plain_tables():
     return tuple(dtypes), ops
 
 
-# MPI's datatypes whose elements are numpy's numbers of the same kind and
-# size, reduced alike: a buffer specification [array, TYPE] with one of
-# them names the array, as the array alone does.  (Not MPI.BYTE or
-# MPI.PACKED, untyped bytes no op reduces; nor Fortran's LOGICAL, whose
-# true need not be 1; nor the newer FLOAT16_T, which MPIs may lack.)
-_NUMERIC_TYPES = (
-    "FLOAT", "DOUBLE", "SIGNED_CHAR", "UNSIGNED_CHAR", "SHORT",
-    "UNSIGNED_SHORT", "INT", "UNSIGNED", "LONG", "UNSIGNED_LONG",
-    "LONG_LONG", "UNSIGNED_LONG_LONG", "INT8_T", "INT16_T", "INT32_T",
-    "INT64_T", "UINT8_T", "UINT16_T", "UINT32_T", "UINT64_T", "C_BOOL",
-    "C_FLOAT_COMPLEX", "C_DOUBLE_COMPLEX", "C_COMPLEX", "REAL",
-    "DOUBLE_PRECISION", "INTEGER", "COMPLEX", "DOUBLE_COMPLEX")
+# MPI's C datatypes, by the numpy type of their elements, which they
+# reduce alike: a buffer specification [array, TYPE] with one of them
+# names the array, as the array alone does.  (Not MPI.BYTE or
+# MPI.PACKED, untyped bytes no op reduces; nor Fortran's types, whose
+# sizes only the MPI knows, and asking it needs MPI started.)
+_C_TYPES = {
+    "FLOAT": "f", "DOUBLE": "d", "SIGNED_CHAR": "b", "UNSIGNED_CHAR": "B",
+    "SHORT": "h", "UNSIGNED_SHORT": "H", "INT": "i", "UNSIGNED": "I",
+    "LONG": "l", "UNSIGNED_LONG": "L", "LONG_LONG": "q",
+    "UNSIGNED_LONG_LONG": "Q", "INT8_T": "i1", "INT16_T": "i2",
+    "INT32_T": "i4", "INT64_T": "i8", "UINT8_T": "u1", "UINT16_T": "u2",
+    "UINT32_T": "u4", "UINT64_T": "u8", "C_BOOL": "?",
+    "C_FLOAT_COMPLEX": "F", "C_COMPLEX": "F", "C_DOUBLE_COMPLEX": "D"}
 
 
 def _names_of(dt):
     """The MPI datatypes above, and the typecodes mpi4py takes for them
     (one-character strings, interned, as literals in code are), that name
     numpy dtype DT."""
-    from mpi4py.util import dtlib
-
-    def numpy_of(datatype):
-        try:
-            return dtlib.to_numpy_dtype(datatype)
-        except (ValueError, TypeError):  # not in this MPI
-            return None
-    types = [t for t in (getattr(MPI, n, MPI.DATATYPE_NULL)
-                         for n in _NUMERIC_TYPES)
-             if t != MPI.DATATYPE_NULL and numpy_of(t) == dt]
+    types = [getattr(MPI, n) for n, c in _C_TYPES.items()
+             if np.dtype(c) == dt and getattr(MPI, n, MPI.DATATYPE_NULL)
+             != MPI.DATATYPE_NULL]
     codes = [sys.intern(c) for c, t in MPI._typedict.items()
              if len(c) == 1 and any(t == u for u in types)]
     return tuple(types + codes)
