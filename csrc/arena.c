@@ -520,8 +520,9 @@ static int xhc_arena_open_peer(xhc_ctx_t *ctx, int peer, int fd,
     char path[64], link[64];
     snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)ctx->pids[peer], fd);
     ssize_t n = readlink(path, link, sizeof(link) - 1);
+    int why = -errno;  /* before the liveness check, which may reset it */
     if (n < 0)
-        return xhc_peer_alive(ctx, peer) ? -errno : XHC_ERR_PEER_GONE;
+        return xhc_peer_alive(ctx, peer) ? why : XHC_ERR_PEER_GONE;
     link[n] = '\0';
     /* Only the peer's arena: "/memfd:xhc-arena (deleted)". */
     static const char want[] = "/memfd:" XHC_ARENA_NAME " ";
