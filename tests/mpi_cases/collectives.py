@@ -2836,11 +2836,11 @@ FLOAT_OPS = ("SUM", "PROD", "MIN", "MAX")
 INT_OPS = FLOAT_OPS + ("LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR")
 
 
-def plain_calls(xcomm, comm, v):
-    """New arrays on every call, so no plan can match, of every dtype that
-    goes straight to the core (Bcast-only ones too), 0-d and empty arrays,
-    and the spellings of IN_PLACE: all right, and none through Python."""
-    n, rank = comm.size, comm.rank
+@contextlib.contextmanager
+def python_calls(xcomm):
+    """A list of the names of the Python twins (_Bcast, _Allreduce,
+    _Reduce) that XCOMM's calls reach meanwhile, in order: a call that
+    the C path runs reaches none."""
     slow = []
 
     def counted(name, twin):
@@ -2849,6 +2849,18 @@ def plain_calls(xcomm, comm, v):
     for name in ("_Bcast", "_Allreduce", "_Reduce"):
         setattr(xcomm, name, counted(name, getattr(xcomm, name)))
     try:
+        yield slow
+    finally:
+        for name in ("_Bcast", "_Allreduce", "_Reduce"):
+            delattr(xcomm, name)
+
+
+def plain_calls(xcomm, comm, v):
+    """New arrays on every call, so no plan can match, of every dtype that
+    goes straight to the core (Bcast-only ones too), 0-d and empty arrays,
+    and the spellings of IN_PLACE: all right, and none through Python."""
+    n, rank = comm.size, comm.rank
+    with python_calls(xcomm) as slow:
         for i, ch in enumerate("dlifqhbBHILQPFD?"):
             dt = np.dtype(ch)
             for op in {"f": FLOAT_OPS, "c": ("SUM",),
@@ -2889,9 +2901,6 @@ def plain_calls(xcomm, comm, v):
             xcomm.Reduce(spelled if rank == 0 else r, r, MPI.MAX, 0)
             v.check(f"plain: Reduce({spelled}, ...) at the root",
                     rank != 0 or (r == n).all(), f"got {r}")
-    finally:
-        for name in ("_Bcast", "_Allreduce", "_Reduce"):
-            delattr(xcomm, name)
     v.check("plain: no call went through Python", not slow,
             f"{len(slow)} calls did: {sorted(set(slow))}")
     plain_table_rebound(xcomm, comm, v)
@@ -2906,10 +2915,16 @@ def plain_table_rebound(xcomm, comm, v):
     _hot.bind_plain(np.ndarray, MPI.IN_PLACE, dtypes, ops)
     for what, entry in (("a dtype code", (99, 8, 1, 1)),
                         ("a lane count", (lib.XHC_FLOAT64, 8, 3, 1)),
-                        ("an op mask", (lib.XHC_FLOAT64, 8, 1, 1 << 20))):
-        bad = ((dtypes[0][0], *entry),) + dtypes[1:]
+                        ("an op mask", (lib.XHC_FLOAT64, 8, 1, 1 << 20)),
+                        ("a list of names", (lib.XHC_FLOAT64, 8, 1, 1, []))):
+        names = entry[4:] or dtypes[0][5:]  # the entry's own names: valid
+        bad = ((dtypes[0][0], *entry[:4], *names),) + dtypes[1:]
         v.case(f"plain: {what} out of range is refused", raises(
             ValueError, _hot.bind_plain, np.ndarray, MPI.IN_PLACE, bad, ops))
+    good = ((dtypes[0][0], *dtypes[0][1:]),) + dtypes[1:]
+    v.case("plain: a table entry rebuilt from its parts is taken",
+           None if _hot.bind_plain(np.ndarray, MPI.IN_PLACE, good, ops) is None
+           else "bind_plain returned something")
     r = np.full(4, comm.rank + 1.0)
     xcomm.Allreduce(MPI.IN_PLACE, r)
     n = comm.size
@@ -4028,18 +4043,8 @@ def whole_array_specs(xcomm, comm, v):
     way, straight to the core, through no Python; results equal mpi4py's
     with the same specifications.  One that names part of the array, or
     reads it as another type, keeps mpi4py's meaning, through Python."""
-    slow = []
-
-    def counted(name, twin):
-        return lambda *a, **k: (slow.append(name), twin(*a, **k))[1]
-
-    for name in ("_Bcast", "_Allreduce", "_Reduce"):
-        setattr(xcomm, name, counted(name, getattr(xcomm, name)))
-    try:
+    with python_calls(xcomm) as slow:
         whole_and_partial_specs(xcomm, comm, v, slow)
-    finally:
-        for name in ("_Bcast", "_Allreduce", "_Reduce"):
-            delattr(xcomm, name)
 
 
 def whole_and_partial_specs(xcomm, comm, v, slow):
