@@ -20,6 +20,9 @@
  *    array that are one or do not overlap) and whose op and
  *    root are valid goes straight to the core, with the codes the table
  *    gives: a fresh array per call, common in Python, costs no plan.
+ *    A buffer specification that names the whole of a plain array in
+ *    its own dtype ([a, MPI.DOUBLE], [a, a.size, MPI.DOUBLE], [a, "d"])
+ *    is that array (spec_unwrapped): the same call, on the same path.
  * 4. Anything else (a staged buffer, keywords spelt differently, an error
  *    code, a freed or fallback communicator) goes to the Python method of
  *    the same name with a leading underscore, which makes the plan or
