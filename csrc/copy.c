@@ -183,7 +183,7 @@ uintptr_t xhc_ctx_probe_address(xhc_ctx_t *ctx)
 /* Can this rank read PEER's memory with CMA?  0 if it can. */
 int xhc_cma_probe(xhc_ctx_t *ctx, int peer, uintptr_t address)
 {
-    if (!ctx->pids || peer < 0 || peer >= ctx->nranks)
+    if (peer < 0 || peer >= ctx->nranks)
         return XHC_ERR_ARG;
     uint64_t word = 0;
     int rc = xhc_cma_read(ctx->pids[peer], &word, address, sizeof(word));

@@ -146,16 +146,22 @@ static void views_release(held_views *hv)
         PyBuffer_Release(&hv->view[--hv->n]);
 }
 
+/* The elements of numpy array A. */
+static Py_ssize_t array_elements(const ndarray_head *a)
+{
+    Py_ssize_t n = 1;
+    for (int d = 0; d < a->nd; d++)
+        n *= a->dimensions[d];
+    return n;
+}
+
 /* Does numpy array A still have the data pointer, dtype, size and flags
  * of guard entry E? */
 static int array_holds(const uintptr_t *e, const ndarray_head *a)
 {
-    Py_ssize_t size = 1;
-    for (int d = 0; d < a->nd; d++)
-        size *= a->dimensions[d];
     uintptr_t flags = (uintptr_t)(unsigned)a->flags;
     return (uintptr_t)a->data == e[1] && (uintptr_t)a->descr == e[2]
-           && (uintptr_t)size == e[3] && (flags & e[4]) == e[4]
+           && (uintptr_t)array_elements(a) == e[3] && (flags & e[4]) == e[4]
            && (flags & e[5]);
 }
 
@@ -260,9 +266,7 @@ static int plain_array(PyObject *obj, int written, struct plain_buf *b)
     int t = plain_dtype(a);
     if (t < 0)
         return 0;
-    Py_ssize_t elements = 1;
-    for (int d = 0; d < a->nd; d++)
-        elements *= a->dimensions[d];
+    Py_ssize_t elements = array_elements(a);
     b->nbytes = elements * plain.dtype[t].itemsize;
     b->count = elements * plain.dtype[t].lanes;
     b->data = a->data;
@@ -295,11 +299,8 @@ static PyObject *spec_unwrapped(PyObject *obj)
     if (!named)
         return obj;
     if (n == 3) {
-        Py_ssize_t elements = 1;
-        for (int d = 0; d < a->nd; d++)
-            elements *= a->dimensions[d];
         if (!PyLong_CheckExact(item[1])
-            || PyLong_AsSsize_t(item[1]) != elements) {
+            || PyLong_AsSsize_t(item[1]) != array_elements(a)) {
             PyErr_Clear();  /* a count that does not fit: not A's */
             return obj;
         }
