@@ -40,11 +40,14 @@ NOT_REDUCIBLE = -1  # bytes that Bcast moves but no kernel reduces
 class Alias:
     """How the core reduces a dtype it has no kernel of its own for: as
     LANES elements of dtype CODE each, with the ops ONLY, which MPI
-    defines on it (NAME names it in messages)."""
-    __slots__ = ("name", "code", "lanes", "only")
+    defines on it (NAME names it in messages).  RETYPED: the elements are
+    not what CODE's kernel takes them for (complex, bool), so a buffer
+    of this alias pairs with no other; else the alias limits ops alone."""
+    __slots__ = ("name", "code", "lanes", "only", "retyped")
 
-    def __init__(self, name, code, lanes, only):
+    def __init__(self, name, code, lanes, only, retyped=True):
         self.name, self.code, self.lanes, self.only = name, code, lanes, only
+        self.retyped = retyped
 
 
 # Complex numbers sum as the pairs of floats they are; bools, which MPI
@@ -55,6 +58,14 @@ _ALIASES = {
     np.dtype("?"): Alias("bool", lib.XHC_UINT8, 1,
                          (MPI.LAND, MPI.LOR, MPI.LXOR)),
 }
+# Fortran's INTEGER types, which MPI reduces with the arithmetic and
+# bitwise ops but not the logical ones (those are for C integers): by
+# the core's code of the C integer of the same size.
+_FORTRAN_INTEGER = {
+    code: Alias("Fortran INTEGER", code, 1, tuple(
+        getattr(MPI, name) for name in ("SUM", "PROD", "MIN", "MAX", "BAND",
+                                        "BOR", "BXOR")), retyped=False)
+    for code in (lib.XHC_INT8, lib.XHC_INT16, lib.XHC_INT32, lib.XHC_INT64)}
 DTYPE_NAMES = {code: f"{'int' if k == 'i' else 'uint' if k == 'u' else 'float'}"
                f"{8 * size}" for (k, size), code in _DTYPES.items()}
 DTYPE_NAMES[NOT_REDUCIBLE] = "bytes"
@@ -129,13 +140,15 @@ class Buffer:
     __slots__ = ("obj", "arr", "ptr", "nbytes", "count", "dtype", "alias",
                  "writable", "load", "store")
 
-    def __init__(self, obj, arr, dtype, writable, load=None, store=None):
+    def __init__(self, obj, arr, dtype, writable, load=None, store=None,
+                 alias=None):
         self.obj = obj
         # Complex and bool: reduced as the core's type of their Alias.
-        self.alias = _ALIASES.get(arr.dtype) if dtype == NOT_REDUCIBLE \
-            else None
-        if self.alias is not None:
-            dtype = self.alias.code
+        if alias is None and dtype == NOT_REDUCIBLE:
+            alias = _ALIASES.get(arr.dtype)
+        self.alias = alias
+        if alias is not None:
+            dtype = alias.code
             arr = arr.reshape(-1).view(numpy_dtype(dtype))
         self.arr = arr  # contiguous: the memory the core reads and writes
         self.ptr = ffi.from_buffer(arr)
@@ -299,17 +312,27 @@ _NO_ARITHMETIC = tuple(
         "LOGICAL8")) if t != MPI.DATATYPE_NULL)
 
 
+_FORTRAN_INTEGER_TYPES = tuple(
+    t for t in (getattr(MPI, name, MPI.DATATYPE_NULL) for name in (
+        "INTEGER", "INTEGER1", "INTEGER2", "INTEGER4", "INTEGER8",
+        "INTEGER16")) if t != MPI.DATATYPE_NULL)
+
+
 def _element_type(dt):
-    """The numpy dtype of the one predefined type that DT is made of;
-    None if DT mixes types or numpy has no such type."""
+    """The numpy dtype of the one predefined type that DT is made of, and
+    the Alias that limits its ops (or None); (None, None) if DT mixes
+    types or numpy has no such type."""
     if dt.is_predefined:
         if any(dt == t for t in _NO_ARITHMETIC):
-            return np.dtype(f"V{dt.Get_size()}")  # moved, never reduced
+            return np.dtype(f"V{dt.Get_size()}"), None  # moved, never reduced
         try:
             npdt = np.dtype(dt.tocode())
         except (ValueError, TypeError, KeyError):
-            return None
-        return npdt if npdt.itemsize == dt.Get_size() > 0 else None
+            return None, None
+        if npdt.itemsize != dt.Get_size() or not npdt.itemsize:
+            return None, None
+        fortran = any(dt == t for t in _FORTRAN_INTEGER_TYPES)
+        return npdt, _FORTRAN_INTEGER[dtype_code(npdt)] if fortran else None
     base, combiner, params = dt.decode()
     parts = zip(params["datatypes"], params["blocklengths"]) \
         if combiner == "STRUCT" else [(base, 1)]
@@ -319,7 +342,7 @@ def _element_type(dt):
             found.add(_element_type(t))
         if not t.is_predefined:
             t.Free()  # decode made new handles for derived types
-    return found.pop() if len(found) == 1 else None
+    return found.pop() if len(found) == 1 else (None, None)
 
 
 def _raw_bytes(buf):
@@ -400,10 +423,12 @@ def _of_spec(spec):
     if buf is MPI.BOTTOM:
         return _of_bottom(spec, count, displ, dt)
     npdt = _plain_code(dt) if isinstance(dt, str) else None
+    alias = None
     if npdt is None:
         if isinstance(dt, str):
             dt = _datatype_of_code(dt)
-        npdt = _element_type(dt) if dt.is_predefined else None
+        if dt.is_predefined:
+            npdt, alias = _element_type(dt)
         if npdt is None:
             return _of_packed(spec, _raw_bytes(buf), count, displ, dt)
     raw = _raw_bytes(buf)
@@ -416,7 +441,8 @@ def _of_spec(spec):
                          f"{count} elements of {size} bytes at {displ}; "
                          "pass a larger buffer or a smaller count")
     arr = raw[displ * size:(displ + count) * size].view(npdt)
-    return Buffer(spec, arr, dtype_code(npdt), raw.flags.writeable)
+    return Buffer(spec, arr, dtype_code(npdt), raw.flags.writeable,
+                  alias=alias)
 
 
 def _check_count(count, displ):
@@ -545,7 +571,7 @@ def _packed(spec, address, count, displ, own, writable, raw=None):
     except ValueError:
         own.Free()
         raise
-    element = _element_type(own)
+    element, alias = _element_type(own)
     packed = np.empty(own.Pack_size(count, MPI.COMM_SELF), np.uint8)
     weakref.finalize(packed, _free_type, own)
     arr = packed[:own.Get_size() * count].view(
@@ -560,7 +586,7 @@ def _packed(spec, address, count, displ, own, writable, raw=None):
     load = functools.partial(own.Pack, window, packed, 0, MPI.COMM_SELF)
     store = functools.partial(own.Unpack, packed, 0, window, MPI.COMM_SELF)
     load.holds = store.holds = raw
-    return Buffer(spec, arr, code, writable, load, store)
+    return Buffer(spec, arr, code, writable, load, store, alias)
 
 
 def _free_type(dt):

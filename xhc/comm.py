@@ -1079,7 +1079,8 @@ class Comm(HotComm):
                             f"{type(op).__name__}); pass one of MPI's ops, "
                             "or one made with MPI.Op.Create")
         if id(op) not in OPS:
-            self._why = "user-defined or MAXLOC/MINLOC op"
+            self._why = ("op without a reduction kernel (user-defined, "
+                         "MAXLOC, MINLOC, REPLACE, NO_OP or OP_NULL)")
             return False
         if buf.dtype == NOT_REDUCIBLE:
             self._why = "datatype without a reduction kernel"
@@ -1807,7 +1808,7 @@ def _check_pair(s, r, name):
     if not r.writable:
         raise ReadOnlyError(f"{name}: the receive buffer is read-only; "
                             "pass a writable array")
-    if s.dtype != r.dtype or s.alias is not r.alias:
+    if s.dtype != r.dtype or _retyped(s) is not _retyped(r):
         raise ValueError(f"{name}: send and receive buffers differ in dtype; "
                          "use the same dtype for both")
     if s.count != r.count:
@@ -1817,6 +1818,11 @@ def _check_pair(s, r, name):
         raise ValueError(f"{name}: the send and receive buffers overlap, "
                          "which MPI forbids; pass MPI.IN_PLACE as the send "
                          "buffer, or separate arrays")
+
+
+def _retyped(b):
+    """Buffer B's Alias if it changes what B's elements are, else None."""
+    return b.alias if b.alias is not None and b.alias.retyped else None
 
 
 def _elements(b):

@@ -2345,7 +2345,7 @@ def fallback_cases(xcomm, comm, v):
             iout[:] = 0
             xcomm.Allreduce(ins[rank], iout, op=usum)
 
-        run("Allreduce: user-defined or MAXLOC/MINLOC op", ar_user,
+        run("Allreduce: op without a reduction kernel", ar_user,
             lambda rep: None if np.array_equal(iout, total)
             else f"got {iout[:4]}")
 
@@ -2354,7 +2354,7 @@ def fallback_cases(xcomm, comm, v):
             xcomm.Reduce(ins[rank], iout if rank == n - 1 else None,
                          op=usum, root=n - 1)
 
-        run("Reduce: user-defined or MAXLOC/MINLOC op", rd_user,
+        run("Reduce: op without a reduction kernel", rd_user,
             lambda rep: None if rank != n - 1 or np.array_equal(iout, total)
             else f"got {iout[:4]}")
 
@@ -2365,7 +2365,7 @@ def fallback_cases(xcomm, comm, v):
             req.Wait()
             req.Free()
 
-        run("Allreduce_init: user-defined or MAXLOC/MINLOC op", ar_user_init,
+        run("Allreduce_init: op without a reduction kernel", ar_user_init,
             lambda rep: None if np.array_equal(iout, total)
             else f"got {iout[:4]}")
 
@@ -2388,7 +2388,7 @@ def fallback_cases(xcomm, comm, v):
 
             if opname == "MAXLOC":
                 # MAXLOC is the reason, whatever the pair type.
-                run("Allreduce: user-defined or MAXLOC/MINLOC op", ar_loc,
+                run("Allreduce: op without a reduction kernel", ar_loc,
                     lambda rep, best=best, where=where:
                     None if np.array_equal(loc_out[:, 0], best) and
                     np.array_equal(loc_out[:, 1], where) else
@@ -2400,6 +2400,14 @@ def fallback_cases(xcomm, comm, v):
                     np.array_equal(loc_out[:, 1], where)
                 v.check("fallback MINLOC MPI_2INT", ok,
                         f"got {loc_out[:3].tolist()}")
+        # 2b. MPI.OP_NULL, which MPI refuses: the same reason, and
+        # mpi4py's error.
+        def ar_null(rep, c=xcomm):
+            c.Allreduce(ins[rank], iout, op=MPI.OP_NULL)
+
+        run("Allreduce: op without a reduction kernel", ar_null,
+            lambda rep: "MPI's Allreduce with MPI.OP_NULL succeeded",
+            plain=lambda rep: ar_null(rep, comm))
         # 3. A dtype without a kernel (long double) in Allreduce.
         lins = [values(np.dtype("i1"), "SUM", seed_of(111, r), 9).astype(
             np.longdouble) for r in range(n)]
@@ -2462,6 +2470,16 @@ def fallback_cases(xcomm, comm, v):
         run("Allreduce: datatype without a reduction kernel", ar_logical_sum,
             lambda rep: "MPI's SUM of LOGICAL succeeded",
             plain=lambda rep: ar_logical_sum(rep, comm))
+        # Fortran's INTEGER: MPI's logical ops refuse it.
+        fout = np.zeros(4, np.int32)
+
+        def ar_integer_land(rep, c=xcomm):
+            c.Allreduce([np.ones(4, np.int32), MPI.INTEGER],
+                        [fout, MPI.INTEGER], op=MPI.LAND)
+
+        run("Allreduce: Fortran INTEGER data with an op other than",
+            ar_integer_land, lambda rep: "MPI's LAND of INTEGER succeeded",
+            plain=lambda rep: ar_integer_land(rep, comm))
         # ... but they move in place, through the core.
         want = pattern(seed_of(113), 16)
         got = want.copy() if rank == n - 1 else np.zeros(16, np.uint8)
@@ -2470,6 +2488,23 @@ def fallback_cases(xcomm, comm, v):
         v.case("Bcast of MPI.BYTE through the core",
                first_diff(got, want) if not np.array_equal(got, want) else
                None if xcomm.stats["fallback"] == before else "fell back")
+        # ... and Fortran's INTEGER sums there as the C integer it is.
+        fins = [values(np.dtype("i8"), "SUM", seed_of(115, r), 7)
+                for r in range(n)]
+        fout = np.zeros(7, np.int64)
+        xcomm.Allreduce([fins[rank], MPI.INTEGER8], [fout, MPI.INTEGER8],
+                        op=MPI.SUM)
+        v.case("Allreduce SUM of MPI.INTEGER8 through the core",
+               first_diff(fout, np_fold("SUM", fins))
+               if not np.array_equal(fout, np_fold("SUM", fins)) else
+               None if xcomm.stats["fallback"] == before else "fell back")
+        # A send INTEGER8 and a receive int64 array differ in name only:
+        # mpi4py refuses them, xhc sums them (the README says so).
+        fout[:] = 0
+        xcomm.Allreduce([fins[rank], MPI.INTEGER8], fout, op=MPI.SUM)
+        v.case("Allreduce SUM of INTEGER8 into an int64 array",
+               None if np.array_equal(fout, np_fold("SUM", fins)) else
+               first_diff(fout, np_fold("SUM", fins)))
 
     ours = [w for w in caught if issubclass(w.category, RuntimeWarning)
             and str(w.message).startswith("xhc:")]
