@@ -51,7 +51,7 @@
  *    thread until it returns; a second thread's call, which would take
  *    the same flags and sequence numbers as the first (waiting with the
  *    GIL let go), raises before it touches anything.
- * 10. A staged call (xhc/comm.py, _staged) runs its copies in, its core
+ * 10. A staged call (xhc/plans.py, staged) runs its copies in, its core
  *    call and its copies back from here (run_staged), so that no
  *    bytecode, and with it no signal handler, runs between them.
  * The core is reached through function pointers handed over by cffi, so
@@ -63,7 +63,7 @@
 #include <stddef.h>
 #include <string.h>
 
-/* The plan's layout, fixed by xhc/comm.py: the arguments it was made for
+/* The plan's layout, fixed by xhc/plans.py: the arguments it was made for
  * first; the address of its guard second to last, of its xhc_call last. */
 static const int NKEYS[NPLANS] = { 1, 3, 3 };   /* identity-checked */
 
@@ -95,7 +95,7 @@ PyObject *hot_slow(PyObject *self, const char *name, PyObject *const *args,
         return NULL;
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    /* Any number of arguments: the Python twin judges them (_leaving). */
+    /* Any number of arguments: the Python twin judges them (xhc/entry.py's leaving). */
     PyObject *small[8], **stack = small;
     if (n + nkw + 1 > 8
         && !(stack = PyMem_Malloc((size_t)(n + nkw + 1) * sizeof(*stack)))) {
@@ -126,7 +126,7 @@ typedef struct {
     int flags;
 } ndarray_head;
 
-/* The guard words of PLAN (see _guard in xhc/comm.py). */
+/* The guard words of PLAN (see guard_of in xhc/plans.py). */
 static const uintptr_t *guard_of(PyObject *plan)
 {
     Py_ssize_t n = PyTuple_GET_SIZE(plan);
@@ -169,8 +169,8 @@ static int array_holds(const uintptr_t *e, const ndarray_head *a)
  * entry E (writable if E says it is written)?  The plan holds no export
  * of OBJ, so that it can be resized or closed between calls; like
  * mpi4py, the call takes one into HV and holds it until it returns.
- * Only built-in exporters get such entries (_guarded_buffer in
- * xhc/comm.py): taking their buffer runs no Python code, which could
+ * Only built-in exporters get such entries (guarded_buffer in
+ * xhc/plans.py): taking their buffer runs no Python code, which could
  * free the context or resize an array already checked. */
 static int buffer_holds(const uintptr_t *e, PyObject *obj, held_views *hv)
 {
@@ -188,7 +188,7 @@ static int buffer_holds(const uintptr_t *e, PyObject *obj, held_views *hv)
 }
 
 /* Does every buffer guard G lists still have what it was planned with
- * (see _guard in xhc/comm.py)?  An entry with dtype 0 is a buffer object,
+ * (see guard_of in xhc/plans.py)?  An entry with dtype 0 is a buffer object,
  * any other an ndarray.  What HV holds on success, the caller releases;
  * on failure nothing is held. */
 static int guard_holds(const uintptr_t *g, PyObject *const *argv,
@@ -636,7 +636,7 @@ static PyObject *raised_across(PyObject *exc, void *h)
 /* Run RUN(ARGS), a call over several nodes that H kept (xhc/nodes.py)
  * or the steps of one of plain arrays, as Comm._in_core runs it: counted
  * as under way.  What it raises goes through H's _raised_across first,
- * which withdraws as _leaving does. */
+ * which withdraws as xhc/entry.py's leaving does. */
 static PyObject *run_across(HotComm *h, PyObject *run, PyObject *const *args,
                             size_t nargs)
 {
@@ -1477,7 +1477,7 @@ static PyObject *bind_plain(PyObject *module, PyObject *args)
 }
 
 /* kept_holds(guard, args): does every array that GUARD (the address of
- * a guard of arrays alone, made by _guard in xhc/comm.py) names among
+ * a guard of arrays alone, made by guard_of in xhc/plans.py) names among
  * the tuple ARGS still have what it had?  For the calls that a
  * communicator over several nodes keeps in Python (_kept_run there). */
 static PyObject *kept_holds(PyObject *mod, PyObject *args)
@@ -1521,7 +1521,7 @@ static int call_each(PyObject *fns)
  * makes them so), a signal handler that fires in the call's wait runs
  * once the staged result is whole, as after a call that needs no
  * staging.  What a store raises is marked as raised by a rank that took
- * part (_settled in xhc/comm.py). */
+ * part (settled in xhc/entry.py). */
 static PyObject *run_staged(PyObject *mod, PyObject *const *args,
                             Py_ssize_t nargs)
 {

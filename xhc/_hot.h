@@ -21,8 +21,8 @@ enum { BCAST, ALLREDUCE, REDUCE, NPLANS,
  * with an xhc object (MPI.Comm.Get_size(xcomm)) reads these, not the
  * fields after them: the handle is the wrapped communicator's, or a null
  * one (a request's, or a freed communicator's).  A 4-byte handle
- * (MPICH's) and its flags share MPI_HANDLE's 8 bytes: xhc/comm.py's
- * _stored_handle lays them out. */
+ * (MPICH's) and its flags share MPI_HANDLE's 8 bytes: xhc/requests.py's
+ * stored_handle lays them out. */
 #define MPI4PY_HEAD       \
     Py_ssize_t mpi_handle; \
     unsigned mpi_flags;

@@ -1,11 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """xhc.Comm: an mpi4py intra-communicator with shared-memory collectives."""
-import array
 import contextlib
 import errno
 import functools
-import inspect
-import mmap
 import operator
 import os
 import sys
@@ -16,20 +13,23 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from . import (_core, completion, config, debug, hierarchy, nodes, objects,
-               topology)
-from ._hot import (HotComm, HotRequest, bind_plain, block_hook,
-                   kept_holds, progress_hook, run_staged, set_progress)
+from . import _core, config, debug, hierarchy, nodes, objects, topology
+from ._hot import (HotComm, bind_plain, block_hook, kept_holds,
+                   progress_hook, set_progress)
 from ._xhc import ffi, lib
 from .arena import in_arena
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, blank_like,
                       for_mpi4py, in_place, numpy_dtype, plain_tables,
                       predefined, resolve, stages, start_of)
+from .entry import SETTLED, claiming, drop_locals, leaving, settled
 from .errors import ReadOnlyError, XhcError, agree, heard, naming_ranks, \
     rank_name
 from .hierarchy import parse_levels
-from .mpierrors import (MPIRequestError, MPIRootTypeError, MPIValueError,
-                        comm_freed)
+from .mpierrors import MPIRootTypeError, MPIValueError, comm_freed
+from .plans import (KEEPABLE, NBYTES, RUN_FN, STAGED, address, core_call,
+                    guard_of, is_spec, keepable, kept, make_plan, staged)
+from .requests import (COMM_NULL_HANDLE, OverMPI, Request, busy_error,
+                       stored_handle)
 from .topology import source_of
 
 _CACHE_MAX = 64           # plans kept per operation
@@ -48,8 +48,6 @@ _EVERYWHERE = ("split_nodes", "debug")
 _run = lib.xhc_run
 _barrier = lib.xhc_barrier
 _agree = lib.xhc_agree
-_CALL_T = ffi.typeof("xhc_call_t *")  # field order: see csrc/xhc.h
-_run_fn = ffi.addressof(lib, "xhc_run")
 _barrier_fn = ffi.addressof(lib, "xhc_barrier")
 _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
 _PROGRESS_HOOK = ffi.cast("void (*)(void *)", progress_hook)
@@ -62,18 +60,6 @@ _PROGRESS_HOOK = ffi.cast("void (*)(void *)", progress_hook)
 # completes, as MPI's progress rule promises.  Unless MPI is finalized.
 set_progress(MPI.Is_finalized, MPI.COMM_SELF.Iprobe)
 bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
-
-
-_SETTLED = "_xhc_settled"  # xhc/_hot.c's run_staged sets it too
-
-
-def _settled(exc):
-    """Mark EXC as raised by a rank whose part in its collective is
-    settled: it took part (into scratch memory, or in mpi4py's call for a
-    fallback), or the core's error already made it leave or withdraw
-    (Comm._raise).  _leaving lets it be."""
-    setattr(exc, _SETTLED, True)
-    return exc
 
 
 def _tell_every_node(comm, problem):
@@ -95,107 +81,6 @@ def _whole_ranks(part, comm):
     finally:
         for group in groups:
             group.Free()
-
-
-def _leaving(entry):
-    """Wrap a collective's entry point: whatever it raises before this rank
-    took part (a bad argument, the wrong number of them, an MPI error
-    while staging), this rank will not enter the collective its peers may
-    be waiting in, so it withdraws (Comm._withdraw); its next collective
-    enters as usual.  What it raises once the core began the collective
-    (a KeyboardInterrupt as the call returns) withdraws nothing."""
-    @functools.wraps(entry)
-    def wrapper(self, *args, **kwargs):
-        comm = getattr(self, "_xcomm", self)  # a Request's, or self
-        seq = comm._on_ctx(lib.xhc_seq)
-        try:
-            return entry(self, *args, **kwargs)
-        except BaseException as exc:
-            began = seq is not None and comm._on_ctx(lib.xhc_seq) != seq
-            if not began and not getattr(exc, _SETTLED, False):
-                self._withdraw()
-            if isinstance(exc, TypeError) and exc.__traceback__.tb_next is None:
-                raise _misbound(entry, args, kwargs) or exc from None
-            _drop_locals(exc)
-            raise
-    return wrapper
-
-
-def _claiming(entry):
-    """Wrap a collective that Python runs (a *_init, empty(), Dup()): it
-    claims the xhc.Comm for this thread while it runs, as HotComm's
-    calls do (xhc/_hot.c, 9.), so that another thread's collective on it
-    meanwhile raises, and it raises while another thread's runs.  Around
-    _leaving: a call with arguments its entry cannot take raises in
-    _leaving's own frame, which then names them (_misbound)."""
-    @functools.wraps(entry)
-    def wrapper(self, *args, **kwargs):
-        return self._claimed(entry.__name__,
-                             lambda: entry(self, *args, **kwargs))
-    return wrapper
-
-
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_SUSPENDABLE = (inspect.CO_GENERATOR | inspect.CO_COROUTINE
-                | inspect.CO_ASYNC_GENERATOR)
-
-
-def _drop_locals(exc):
-    """Clear xhc's own finished frames in EXC's traceback (and in those of
-    the exceptions it chains), whose locals hold exports of the caller's
-    buffers: a bytearray must be resizable again in the caller's except
-    clause, as after a refused mpi4py call.  The caller's frames, and any
-    generator's, stay as they are."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        tb = exc.__traceback__
-        while tb is not None:
-            code = tb.tb_frame.f_code
-            if code.co_filename.startswith(_PACKAGE) \
-                    and not code.co_flags & _SUSPENDABLE:
-                try:
-                    tb.tb_frame.clear()
-                except RuntimeError:  # still running: the wrapper's own
-                    pass
-            tb = tb.tb_next
-        exc = exc.__cause__ or exc.__context__
-
-
-def _misbound(entry, args, kwargs):
-    """The TypeError for arguments ARGS, KWARGS that do not fit ENTRY
-    (a twin such as _Allreduce, or Allreduce_init), in terms of the
-    public method, whose parameters it lists; None if they fit."""
-    sig = inspect.signature(entry)
-    unknown = [key for key in kwargs if key not in sig.parameters]
-    try:
-        if unknown:  # first: a misspelt keyword leaves its parameter missing
-            raise TypeError(f"got an unexpected keyword argument "
-                            f"{unknown[0]!r}")
-        sig.bind(None, *args, **kwargs)
-    except TypeError as exc:
-        params = ", ".join(p.name if p.default is p.empty else p.name + "=..."
-                           for p in list(sig.parameters.values())[1:])
-        return TypeError(f"{entry.__name__.lstrip('_')}({params}): {exc}")
-    return None
-
-
-def _stored_handle(obj):
-    """OBJ's MPI handle as the 8 bytes at the start of an mpi4py object of
-    its kind hold it (xhc/_hot.h's MPI4PY_HEAD), as a signed number:
-    mpi4py gives it unsigned, of the size of MPI's handles, 8 bytes for
-    Open MPI's pointers, 4 for MPICH's ints (its negative ones
-    sign-extended), which are followed by the flags, 0."""
-    bits = 8 * MPI._sizeof(obj)
-    value = obj.handle & ((1 << bits) - 1)
-    if bits < 64 and sys.byteorder == "big":
-        value <<= 64 - bits
-    return value - (1 << 64) if value >> 63 else value
-
-
-# The null handles freed communicators and xhc's requests hold.
-_COMM_NULL_HANDLE = _stored_handle(MPI.COMM_NULL)
-_REQUEST_NULL_HANDLE = _stored_handle(MPI.REQUEST_NULL)
 
 
 def agreed_settings(comm, hierarchy, topology, tunables):
@@ -285,7 +170,7 @@ class Comm(HotComm):
                             f"{got}); wrap a communicator such as "
                             "MPI.COMM_WORLD or one from Split(), on the "
                             "ranks that have one")
-        self._mpi_handle = _stored_handle(comm)
+        self._mpi_handle = stored_handle(comm)
         # Kept, for free() may come after comm.Free() or MPI.Finalize().
         self._rank, self._size = comm.rank, comm.size
         self._cfg, self._chosen, self._asked, alike_on_node = \
@@ -437,12 +322,12 @@ class Comm(HotComm):
         if not (loads or stores):
             return call()
         if not persistent:
-            return _staged(call, loads, stores)()
+            return staged(call, loads, stores)()
         # MPI's request, started and completed between the load and the
         # store of its copies: every rank's is MPI's, so they match.
         mpi_request = call()
-        run = _staged(functools.partial(self._mpi4py_call, _start_wait,
-                                        mpi_request), loads, stores)
+        run = staged(functools.partial(self._mpi4py_call, _start_wait,
+                                       mpi_request), loads, stores)
         return OverMPI(run, f"{blocking} (through mpi4py)", self,
                        mpi_request, bind=(0, 0, 0, 0))
 
@@ -469,7 +354,7 @@ class Comm(HotComm):
         try:  # counted as under way: free() must not free a Dup()'s
             return self._in_core(fn, *args)
         except BaseException as exc:
-            raise _settled(exc)
+            raise settled(exc)
 
     def _for_mpi4py(self, name, args):
         """(ARGS of mpi4py's NAME, loads, stores): for a reduction, each
@@ -505,7 +390,7 @@ class Comm(HotComm):
         writability."""
         run = self._across_nodes(name, args)
         if run is not None and name != "Barrier" and all(
-                type(a) in _KEEPABLE for a in args):
+                type(a) in KEEPABLE for a in args):
             self._keep_run(name, args, run)
         return run
 
@@ -519,26 +404,25 @@ class Comm(HotComm):
         # The argument the call writes: a Bcast's buffer but at the root,
         # a reduction's receive buffer.
         written = 0 if name == "Bcast" and args[1] != self._rank else 1
-        guard, dtypes = _guard([(i, a, i == written, None)
-                                for i, a in enumerate(args)
-                                if type(a) is np.ndarray])
-        address = _address(guard)
+        guard, dtypes = guard_of([(i, a, i == written, None)
+                                  for i, a in enumerate(args)
+                                  if type(a) is np.ndarray])
+        at = address(guard)
         plans, key = ((self._allreduce_plans, id(args[1]))
                       if name == "Allreduce" else
                       (self._bcast_plans if name == "Bcast"
                        else self._reduce_plans, id(args[0])))
-        staged = any(type(a) is np.ndarray and stages(a) for a in args)
+        copied = any(type(a) is np.ndarray and stages(a) for a in args)
         self._remember(plans, key, (
             *args, run, None, self._bytes_kept_alive(args),
-            staged or not kept_holds(address, args), (guard, dtypes),
-            address, 0))
+            copied or not kept_holds(at, args), (guard, dtypes), at, 0))
 
     def _raised_across(self, exc):
         """A call over the nodes that xhc/_hot.c ran raised EXC: withdraw,
-        as _leaving does, unless this rank's part is settled."""
-        if not getattr(exc, _SETTLED, False):
+        as leaving() does, unless this rank's part is settled."""
+        if not getattr(exc, SETTLED, False):
             self._withdraw()
-        _drop_locals(exc)
+        drop_locals(exc)
 
     def _across_nodes(self, name, args):
         """A callable that runs collective NAME on ARGS over the nodes
@@ -557,9 +441,9 @@ class Comm(HotComm):
         if sink and not b.writable:  # takes part, as _take_part_then_raise
             self._in_core(self._nodes.bcast_call(
                 np.empty(b.nbytes, np.uint8), root))
-            raise _settled(ReadOnlyError(_READ_ONLY))
+            raise settled(ReadOnlyError(_READ_ONLY))
         run = self._nodes.bcast_call(_flat(b, np.uint8), root)
-        return _staged(run, _filled(b.load, not sink), _filled(b.store, sink))
+        return staged(run, filled(b.load, not sink), filled(b.store, sink))
 
     def _reduce_across(self, name, sendbuf, recvbuf, op, root):
         """Allreduce (ROOT None) or Reduce, checked as _allreduce_plan and
@@ -587,7 +471,7 @@ class Comm(HotComm):
             run = self._nodes.reduce_call(
                 _flat(s, dt), r and _flat(r, dt), ops, root, inplace,
                 functools.partial(np.empty, s.count, dt))
-        return _staged(run, _filled(s.load), _filled(r and r.store))
+        return staged(run, filled(s.load), filled(r and r.store))
 
     def _root_recv_across(self, s, recvbuf, ops, root, inplace, dt):
         """The Reduce root's receive buffer (_checked_root_recv), taking
@@ -617,7 +501,7 @@ class Comm(HotComm):
         """Raise for collective NAME (None: one Python runs), called while
         another thread's collective runs on this object (xhc/_hot.c, 9.).
         Nothing of it ran, so there is nothing to withdraw from."""
-        raise _settled(XhcError(
+        raise settled(XhcError(
             f"{name + ': ' if name else ''}another thread's collective is "
             "under way on this xhc.Comm; MPI allows one at a time on a "
             "communicator: give each thread its own, xhc.Comm(comm.Dup())"))
@@ -626,7 +510,7 @@ class Comm(HotComm):
         """Raise if a collective runs on this object in another thread:
         the memory it polls must not go away under it."""
         if self._hot_busy():
-            raise _busy_error(what)
+            raise busy_error(what)
 
     def _on_ctx(self, fn, *args, alone=False, default=None):
         """FN(context, *ARGS), counted as under way, as _in_core counts a
@@ -667,7 +551,7 @@ class Comm(HotComm):
         else:
             self._on_ctx(lib.xhc_ctx_leave)
         pids, ranks = getattr(self, "_pids", None), self._whole_ranks
-        raise _settled(self._on_ctx(
+        raise settled(self._on_ctx(
             lambda ctx: _core.error(rc, what, ctx, pids, ranks))
             or _core.error(rc, what, None, pids, ranks))
 
@@ -685,7 +569,7 @@ class Comm(HotComm):
     # Any other call comes here, to the same name with an underscore,
     # which makes a new plan (or falls back, or raises) and runs it.
 
-    @_leaving
+    @leaving
     def _Barrier(self):
         """Block until every rank has called Barrier."""
         rc = self._in_core(_barrier, self._ctx)
@@ -694,7 +578,7 @@ class Comm(HotComm):
                 return self._fallback("Barrier")
             self._raise(rc, "Barrier")
 
-    @_leaving
+    @leaving
     def _Bcast(self, buf, root=0):
         """Broadcast BUF from ROOT, as mpi4py's Comm.Bcast."""
         p = self._bcast_plan(buf, root)
@@ -704,7 +588,7 @@ class Comm(HotComm):
         if rc:
             self._failed("_Bcast", rc, (buf, root))
 
-    @_leaving
+    @leaving
     def _Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Reduce SENDBUF over all ranks into RECVBUF (IN_PLACE allowed)."""
         p = self._allreduce_plan(sendbuf, recvbuf, op)
@@ -714,7 +598,7 @@ class Comm(HotComm):
         if rc:
             self._failed("_Allreduce", rc, (sendbuf, recvbuf, op))
 
-    @_leaving
+    @leaving
     def _Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
         """Reduce SENDBUF over all ranks into ROOT's RECVBUF."""
         p = self._reduce_plan(sendbuf, recvbuf, op, root)
@@ -795,18 +679,18 @@ class Comm(HotComm):
     # -- persistent collectives (MPI-4 style) ---------------------------------
     # All argument work happens in *_init; Start() is the C call alone.
 
-    @_claiming
-    @_leaving
+    @claiming
+    @leaving
     def Barrier_init(self, info=None):
         """A persistent Barrier."""
         extra = _info(info)
         if not self._usable():
             return self._fallback("Barrier_init", *extra)
         return Request(functools.partial(_barrier, self._ctx), "Barrier", self,
-                       bind=(0, 0, _address(_barrier_fn), _address(self._ctx)))
+                       bind=(0, 0, address(_barrier_fn), address(self._ctx)))
 
-    @_claiming
-    @_leaving
+    @claiming
+    @leaving
     def Bcast_init(self, buf, root=0, info=None):
         """A persistent Bcast of BUF from ROOT."""
         mine = buf if _same_rank(root, self._comm.rank) else None
@@ -819,8 +703,8 @@ class Comm(HotComm):
             return Request(p[2], f"Bcast(root={root}, {p[3].count} B)",
                            self, p)
 
-    @_claiming
-    @_leaving
+    @claiming
+    @leaving
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):
         """A persistent Allreduce of SENDBUF into RECVBUF."""
         flags = self._shared_flag("Allreduce_init", recvbuf,
@@ -835,8 +719,8 @@ class Comm(HotComm):
             # The plan: (sendbuf, recvbuf, op, run, call, send Buffer, ...).
             return Request(p[3], f"Allreduce({p[5].nbytes} B)", self, p)
 
-    @_claiming
-    @_leaving
+    @claiming
+    @leaving
     def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=None):
         """A persistent Reduce of SENDBUF into ROOT's RECVBUF."""
         flags = self._shared_flag("Reduce_init",
@@ -881,14 +765,14 @@ class Comm(HotComm):
     def _agreed(self):
         """The rest of a *_init, after _shared_flag: whatever it raises
         before this rank took part, it withdraws from the collective its
-        peers go on to, as _leaving has it (which takes the agreement, a
+        peers go on to, as leaving() has it (which takes the agreement, a
         core collective of its own, for this rank's part)."""
         try:
             yield
         except BaseException as exc:
-            if not getattr(exc, _SETTLED, False):
+            if not getattr(exc, SETTLED, False):
                 self._withdraw()
-            raise _settled(exc)
+            raise settled(exc)
 
     def _in_shared(self, arr):
         """Is ARR a C-contiguous ndarray wholly inside one of our Comm.empty
@@ -901,7 +785,7 @@ class Comm(HotComm):
                 return True
             lo = arr.__array_interface__["data"][0]
             for mm, base in self._keep:
-                start = _address(base)
+                start = address(base)
                 if start <= lo and lo + arr.nbytes <= start + len(mm):
                     return True
         except Exception:  # noqa: BLE001
@@ -916,14 +800,14 @@ class Comm(HotComm):
         than the whole budget, is never kept."""
         old = plans.pop(key, None)
         if old is not None:
-            self._plan_bytes -= old[_NBYTES]
-        if plan[_STAGED] or plan[_NBYTES] > _CACHE_BYTES:
+            self._plan_bytes -= old[NBYTES]
+        if plan[STAGED] or plan[NBYTES] > _CACHE_BYTES:
             return
-        if (self._plan_bytes + plan[_NBYTES] > _CACHE_BYTES
+        if (self._plan_bytes + plan[NBYTES] > _CACHE_BYTES
                 or len(plans) >= _CACHE_MAX):
             self._forget_plans()
         plans[key] = plan
-        self._plan_bytes += plan[_NBYTES]
+        self._plan_bytes += plan[NBYTES]
 
     def _held_bytes(self, *bufs):
         """Bytes a plan of BUFS (Buffers, or None) keeps alive."""
@@ -964,7 +848,7 @@ class Comm(HotComm):
         return r
 
     def _bcast_plan(self, buf, root, remember=True, flags=0):
-        """(buf, root, run, call, buffer, ...): see _plan; FLAGS as for
+        """(buf, root, run, call, buffer, ...): see make_plan; FLAGS as for
         _allreduce_plan."""
         if not self._usable():
             return None
@@ -973,16 +857,16 @@ class Comm(HotComm):
         sink = self._comm.rank != root
         if sink and not b.writable:
             self._take_part_then_raise(b, root, flags)
-        call = _call(self._ctx, lib.XHC_BCAST, None, b, b.nbytes, root=root,
-                     flags=flags)
-        plan = _plan((buf, root), call, [(b, not sink, sink)],
-                     [(0, buf, sink, b)], self._held_bytes(b), (b,))
-        if remember and not flags and _keepable(b):
-            self._remember(self._bcast_plans, id(buf), _kept(plan, 2))
+        call = core_call(self._ctx, lib.XHC_BCAST, None, b, b.nbytes,
+                         root=root, flags=flags)
+        plan = make_plan((buf, root), call, [(b, not sink, sink)],
+                         [(0, buf, sink, b)], self._held_bytes(b), (b,))
+        if remember and not flags and keepable(b):
+            self._remember(self._bcast_plans, id(buf), kept(plan, 2))
         return plan
 
     def _allreduce_plan(self, sendbuf, recvbuf, op, flags=0, remember=True):
-        """(sendbuf, recvbuf, op, run, call, ...): see _plan.  A request's
+        """(sendbuf, recvbuf, op, run, call, ...): see make_plan.  A request's
         plan (made with REMEMBER false, and FLAGS agreed in *_init) is its
         alone: never remembered for blocking calls, so that Free() lets go
         of its buffers."""
@@ -997,21 +881,21 @@ class Comm(HotComm):
         if not self._reducible(known, r):
             return None
         _check_op(r, known, "Allreduce")
-        call = _call(self._ctx, lib.XHC_ALLREDUCE, s, r, r.count, r.dtype,
-                     OPS[id(known)], flags=flags)
+        call = core_call(self._ctx, lib.XHC_ALLREDUCE, s, r, r.count,
+                         r.dtype, OPS[id(known)], flags=flags)
         moves = [(r, True, True)] if s is r else [(s, True, False),
                                                   (r, False, True)]
-        plan = _plan((sendbuf, recvbuf, op), call, moves,
-                     [(0, sendbuf, False, s), (1, recvbuf, True, r)],
-                     self._held_bytes(s, r), (s, r))
-        if remember and not flags and _keepable(s, r) and not _spec(sendbuf):
+        plan = make_plan((sendbuf, recvbuf, op), call, moves,
+                         [(0, sendbuf, False, s), (1, recvbuf, True, r)],
+                         self._held_bytes(s, r), (s, r))
+        if remember and not flags and keepable(s, r) and not is_spec(sendbuf):
             self._remember(self._allreduce_plans, id(recvbuf),
-                           _kept(plan, 3))
+                           kept(plan, 3))
         return plan
 
     def _reduce_plan(self, sendbuf, recvbuf, op, root, flags=0,
                      remember=True):
-        """(sendbuf, recvbuf, op, root, run, call, ...): see _plan; FLAGS
+        """(sendbuf, recvbuf, op, root, run, call, ...): see make_plan; FLAGS
         and REMEMBER as for _allreduce_plan."""
         if not self._usable():
             return None
@@ -1029,16 +913,16 @@ class Comm(HotComm):
         r = None
         if is_root:
             r = self._root_recv(s, recvbuf, known, root, mine, flags)
-        call = _call(self._ctx, lib.XHC_REDUCE, s, r, s.count, s.dtype,
-                     OPS[id(known)], root, flags)
+        call = core_call(self._ctx, lib.XHC_REDUCE, s, r, s.count,
+                         s.dtype, OPS[id(known)], root, flags)
         moves = [(s, True, s is r)] + ([(r, False, True)]
                                        if r is not None and r is not s
                                        else [])
-        plan = _plan((sendbuf, recvbuf, op, root), call, moves,
-                     [(0, sendbuf, False, s), (1, recvbuf, is_root, r)],
-                     self._held_bytes(s, r), (s, r))
-        if remember and not flags and _keepable(s, r) and not _spec(sendbuf):
-            self._remember(self._reduce_plans, id(sendbuf), _kept(plan, 4))
+        plan = make_plan((sendbuf, recvbuf, op, root), call, moves,
+                         [(0, sendbuf, False, s), (1, recvbuf, is_root, r)],
+                         self._held_bytes(s, r), (s, r))
+        if remember and not flags and keepable(s, r) and not is_spec(sendbuf):
+            self._remember(self._reduce_plans, id(sendbuf), kept(plan, 4))
         return plan
 
     def _take_part_then_raise(self, b, root, flags=0):
@@ -1048,12 +932,12 @@ class Comm(HotComm):
         the other ranks stay in step, along the path FLAGS (a request's,
         agreed in Bcast_init) chooses."""
         scratch = ffi.new("char[]", max(b.nbytes, 1))
-        rc = self._in_core(_run, _call(self._ctx, lib.XHC_BCAST, None,
-                                       scratch, b.nbytes, root=root,
-                                       flags=flags))
+        rc = self._in_core(_run, core_call(self._ctx, lib.XHC_BCAST, None,
+                                           scratch, b.nbytes, root=root,
+                                           flags=flags))
         if rc:  # then the ranks are out of step: say so, not the buffer
             self._raise(rc, "Bcast")
-        raise _settled(ReadOnlyError(_READ_ONLY))
+        raise settled(ReadOnlyError(_READ_ONLY))
 
     def _root_recv(self, s, recvbuf, op, root, inplace, flags=0):
         """The root's receive buffer.  Only the root sees it, so if it is
@@ -1063,9 +947,9 @@ class Comm(HotComm):
         requests will."""
         def take_part():
             scratch = ffi.new("char[]", max(s.nbytes, 1))
-            rc = self._in_core(_run, _call(self._ctx, lib.XHC_REDUCE, s,
-                                           scratch, s.count, s.dtype,
-                                           OPS[id(op)], root, flags))
+            rc = self._in_core(_run, core_call(
+                self._ctx, lib.XHC_REDUCE, s, scratch, s.count, s.dtype,
+                OPS[id(op)], root, flags))
             if rc:  # then the ranks are out of step: say so
                 self._raise(rc, "Reduce")
         return _checked_root_recv(s, recvbuf, inplace, take_part)
@@ -1094,7 +978,7 @@ class Comm(HotComm):
 
     # -- shared memory, stats, lifetime ---------------------------------------
 
-    @_claiming
+    @claiming
     def empty(self, shape, dtype=float):
         """Collective: an uninitialised array in node shared memory.
 
@@ -1136,7 +1020,7 @@ class Comm(HotComm):
         _tell_every_node(self._comm, problem)
         return arr
 
-    @_claiming
+    @claiming
     def zeros(self, shape, dtype=float):
         """Collective: like empty(), filled with zeros."""
         arr = self.empty(shape, dtype)
@@ -1166,7 +1050,7 @@ class Comm(HotComm):
         if ctx:
             lib.xhc_ctx_set_block_hook(ctx, _BLOCK_HOOK, ffi.NULL)
             lib.xhc_ctx_set_progress_hook(ctx, _PROGRESS_HOOK, ffi.NULL)
-        self._hot_bind(_address(ctx), _address(_run_fn), _address(_barrier_fn),
+        self._hot_bind(address(ctx), address(RUN_FN), address(_barrier_fn),
                        self._bcast_plans, self._allreduce_plans,
                        self._reduce_plans, MPI.SUM, self._rank, self._size,
                        *((across.Barrier, across.plain) if across else ()))
@@ -1177,7 +1061,7 @@ class Comm(HotComm):
         # Refuse if a call runs, or else let none begin from now on: one
         # step in C, which no other thread's call can come between.
         if not self._hot_close():
-            raise _busy_error("free()")
+            raise busy_error("free()")
         # Nothing may reach the context once its closing has begun: the
         # close releases the GIL.
         with self._requests_lock:
@@ -1197,7 +1081,7 @@ class Comm(HotComm):
         # mpi4py's methods called with this object (HotComm) find it freed,
         # as they find a freed communicator, whatever becomes of the one
         # it wrapped.
-        self._mpi_handle = _COMM_NULL_HANDLE
+        self._mpi_handle = COMM_NULL_HANDLE
         if self._owns_comm and self._comm != MPI.COMM_NULL \
                 and not MPI.Is_finalized():
             self._comm.Free()
@@ -1236,18 +1120,18 @@ class Comm(HotComm):
     # that wraps the wrapped communicator's duplicate, with this one's
     # keywords, and owns it.  (Idup() passes through: wrapping waits for
     # the other ranks.)
-    @_claiming
+    @claiming
     def Dup(self, info=None):
         """MPI's Dup() of the wrapped communicator, wrapped as this object
         is, with its keywords; its free() frees the duplicate."""
         return self._duplicate(self._comm.Dup, *_info(info))
 
-    @_claiming
+    @claiming
     def Clone(self):
         """Dup(), as mpi4py's Clone()."""
         return self._duplicate(self._comm.Clone)
 
-    @_claiming
+    @claiming
     def Dup_with_info(self, info):
         """Dup() with INFO, as MPI's Dup_with_info()."""
         return self._duplicate(self._comm.Dup_with_info,
@@ -1375,7 +1259,7 @@ def _checked_root_recv(s, recvbuf, inplace, take_part):
         return r
     except (TypeError, ValueError) as exc:
         take_part()
-        raise _settled(exc)
+        raise settled(exc)
 
 
 def _start_wait(request):
@@ -1390,80 +1274,6 @@ def _same_rank(root, rank):
         return operator.index(root) == rank
     except Exception:  # noqa: BLE001 - an __index__ may raise anything
         return False
-
-
-def _call(ctx, kind, s, r, count, dtype=0, op=0, root=0, flags=0):
-    """An xhc_call for buffers S and R (Buffer, cdata pointer or None).
-    Whoever keeps it also keeps S and R, whose pointers it holds."""
-    return ffi.new(_CALL_T, [ctx, _ptr(s), _ptr(r), count, kind, dtype, op,
-                             root, flags])
-
-
-def _ptr(b):
-    return ffi.NULL if b is None else getattr(b, "ptr", b)
-
-
-# Where a plan keeps what _remember and xhc/_hot.c read, from its end: the
-# call's address, the guard's address, the guard, whether it stages, and
-# the bytes of the buffers it keeps alive.
-_NBYTES, _STAGED = -5, -4
-
-
-def _plan(args, call, moves, guarded, nbytes, buffers):
-    """A plan: ARGS (the arguments it was made for, as given), a runner of
-    CALL, CALL, BUFFERS, then the tail above.
-
-    MOVES lists (Buffer, read, written) for staging; GUARDED lists
-    (argument index, argument, needs writable) for the guard."""
-    run = functools.partial(_run, call)
-    loads = [b.load for b, read, _ in moves if read and b.load]
-    stores = [b.store for b, _, written in moves if written and b.store]
-    run = _staged(run, loads, stores)
-    guard, dtypes = _guard(guarded)
-    return (*args, run, call, *buffers, nbytes, bool(loads or stores),
-            (guard, dtypes), _address(guard), _address(call))
-
-
-def _staged(run, loads, stores):
-    """RUN, with the staged copies LOADS filled before and STORES written
-    back after, where there are any: in C (run_staged), so that a signal
-    handler cannot raise between the call and its write back."""
-    return functools.partial(run_staged, run, tuple(loads), tuple(stores)) \
-        if loads or stores else run
-
-
-# numpy's flag bits (numpy/ndarraytypes.h), checked by the guard.
-_C_CONTIGUOUS, _F_CONTIGUOUS, _WRITEABLE = 0x1, 0x2, 0x400
-
-
-def _guard(guarded):
-    """What xhc/_hot.c checks before it runs a plan: each ndarray still has
-    the data pointer, dtype object, size and contiguity it had (and is
-    writable if it is written); each other buffer object used in place
-    still exports the same memory and length (writable if written).  As
-    an array of words: [n, then per buffer: argument index, data, dtype
-    (0: a buffer object), size (bytes, for a buffer object), flags it
-    must all have (for a buffer object: 1 if written), flags it must
-    have one of]; and the dtypes, which the plan keeps alive so that no
-    other dtype can take their addresses."""
-    words, dtypes = [0], []
-    for index, arg, writable, b in guarded:
-        if isinstance(arg, np.ndarray):
-            words[0] += 1
-            dtypes.append(arg.dtype)
-            words += [index, arg.__array_interface__["data"][0],
-                      id(arg.dtype), arg.size,
-                      _WRITEABLE if writable else 0,
-                      _C_CONTIGUOUS | _F_CONTIGUOUS]
-        elif _guarded_buffer(arg, b):
-            words[0] += 1
-            words += [index, _address(b.ptr), 0, b.nbytes, int(writable), 0]
-    return ffi.new("uintptr_t[]", words), tuple(dtypes)
-
-
-def _address(cdata):
-    """A C pointer as a Python int, for xhc/_hot.c."""
-    return int(ffi.cast("uintptr_t", cdata))
 
 
 class _Forwarded:
@@ -1520,221 +1330,9 @@ def _info(info, optional=True):
     return (info,)
 
 
-class Request(HotRequest):
-    """A persistent collective: Start() runs it to completion, so Wait()
-    and Test() find it done.  The buffers stay referenced until Free().
-
-    Start() is HotRequest's: the core call, bound once here, without the
-    interpreter.  A request that stages its buffers (or a freed one)
-    starts through _Start instead, as does one XHC_DEBUG checks, which
-    first runs _before_start."""
-
-    _before_start = None
-
-    def __init__(self, call, what, xcomm, plan=None, bind=None):
-        self._mpi_handle = _REQUEST_NULL_HANDLE  # see HotRequest
-        self._call = call
-        self._what = what
-        self._xcomm = xcomm
-        self._plan = plan  # keeps the buffers the call points to
-        self._freed = False  # by its own Free()
-        if bind is None and plan is not None and not plan[_STAGED]:
-            bind = (_address(_run_fn), plan[-1], 0, 0)
-        with xcomm._requests_lock:
-            # A free() in another thread since this *_init began has
-            # closed the context the plan points to.
-            if xcomm._state == "freed":
-                raise comm_freed()
-            # Bound to its owner even unbound to a call: Free() checks the
-            # owner's calls under way.
-            self._hot_bind(xcomm, *(bind or (0, 0, 0, 0)))
-            xcomm._requests.add(self)  # free() frees its requests
-
-    @_leaving
-    def _Start(self):
-        if self._before_start is not None:  # every rank raises alike
-            self._before_start()
-        problem = self._start_problem()
-        if problem is not None:
-            raise problem
-        rc = self._xcomm._in_core(self._run_call)
-        if rc:
-            self._failed(rc)
-        self._active = True
-
-    def _start_problem(self):
-        """What Start() raises before it runs, or None."""
-        if self._active:  # the others would match its next call to it
-            # Settled: no collective refused, so none to withdraw from.
-            return _settled(MPIRequestError(
-                f"{self._what}: Start() on an active request; complete it "
-                "first (Wait(), Test() or Waitall())"))
-        if self._call is None:
-            return self._gone()
-        return None
-
-    def _run_call(self):
-        """The call, counted as under way (_in_core): a Free() that came
-        first has released the request, and one that comes later refuses
-        while the count is up."""
-        call = self._call
-        if call is None or self._released:
-            raise self._gone()
-        return call()
-
-    def _gone(self):
-        return MPIRequestError(f"{self._what}: request already freed (or "
-                               "its xhc.Comm: already freed)")
-
-    def _failed(self, rc):
-        self._xcomm._raise(rc, self._what)
-
-    def _withdraw(self):
-        self._xcomm._withdraw()
-
-    def Test(self, status=None):
-        """True: Start() completed the operation, which is now inactive."""
-        return self.Wait(status)
-
-    def Get_status(self, status=None):
-        """True: Start() completed the operation (it stays active)."""
-        return self._fill(status)
-
-    get_status = Get_status
-
-    def wait(self, status=None):
-        """None, as mpi4py's wait() of a request that receives no object."""
-        self.Wait(status)
-
-    def test(self, status=None):
-        """(True, None), as mpi4py's test() of a completed request that
-        receives no object."""
-        return self.Wait(status), None
-
-    def Cancel(self):
-        """Refuse: MPI makes cancelling a collective erroneous."""
-        raise MPIRequestError(f"{self._what}: a collective cannot be "
-                              "cancelled; Free() the request instead")
-
-    cancel = Cancel
-
-    _fill = staticmethod(completion.fill_empty)  # for _hot.c's Wait
-
-    def __bool__(self):
-        """False once freed, as an mpi4py request."""
-        return self._call is not None
-
-    def __eq__(self, other):
-        """A freed request equals MPI.REQUEST_NULL, as mpi4py's."""
-        if isinstance(other, MPI.Request):
-            return not self and other == MPI.REQUEST_NULL
-        return NotImplemented
-
-    __hash__ = HotRequest.__hash__  # by identity: xhc.Comm keeps a WeakSet
-
-    def Free(self):
-        """Drop the buffers and the plan.  A second Free(), or one of an
-        active request, raises MPIRequestError (an XhcError and MPI's
-        MPI.ERR_REQUEST, as mpi4py raises); a Free() after the xhc.Comm's
-        free() does not."""
-        if self._freed:
-            raise MPIRequestError(f"{self._what}: request already freed")
-        if self._active:
-            raise MPIRequestError(
-                f"{self._what}: Free() on an active request; complete it "
-                "first (Wait(), Test() or Waitall()), as MPI requires")
-        if not self._release():
-            raise _busy_error("Request.Free()")
-        self._freed = True
-
-    def free(self):
-        """Free() unless freed already, as mpi4py's free()."""
-        if not self._freed:
-            self.Free()
-
-    def _release(self):
-        """Unbind, then drop the buffers and the plan; False, doing
-        nothing, while a call runs on the xhc.Comm (never from its free(),
-        which let none run).  The check and the unbinding are one step in
-        C, which no Start() in another thread can come between."""
-        if not self._hot_release():
-            return False
-        self._active = False
-        self._call = None
-        if isinstance(self._plan, MPI.Request) and not MPI.Is_finalized():
-            self._plan.Free()  # a fallback's (Comm._to_mpi4py)
-        self._plan = None
-        return True
-
-    @staticmethod
-    def Startall(requests):
-        """Start every request, in order; none if one cannot start (not a
-        persistent request, or one of xhc's that is active or freed), as
-        MPI checks the list first.  One that XHC_DEBUG checks is left to
-        its Start(), which compares first, and raises on every rank.  A
-        signal handler's exception out of one Start(), whose collective
-        completed, comes once the rest have started."""
-        requests = list(requests)
-        starts = [getattr(req, "Start", None) for req in requests]
-        for req, start in zip(requests, starts):
-            if isinstance(req, Request) and req._before_start is None \
-                    and (req._active or not req):
-                why = ("an active request; complete it first" if req else
-                       "request already freed")
-                raise MPIRequestError(f"Startall: {req._what}: {why}")
-            if isinstance(req, MPI.Request) and (
-                    start is None or req == MPI.REQUEST_NULL):
-                raise MPIRequestError("Startall: MPI.REQUEST_NULL or a "
-                                      "request that is not persistent; pass "
-                                      "persistent requests")
-            if start is None:
-                raise TypeError("Startall takes persistent requests, not "
-                                f"{type(req).__name__}")
-        held = None
-        for req, start in zip(requests, starts):
-            try:
-                start()
-            except BaseException as exc:
-                if held is not None or not getattr(req, "_interrupted",
-                                                   False):
-                    raise
-                held = exc  # a signal handler's: start the rest first
-        if held is not None:
-            # Every request is complete, as the Waitall after would leave
-            # it (see Start()): a loop that catches this starts them again.
-            # mpi4py's are completed so, as their peers started them too.
-            MPI.Request.Waitall([req for req in requests
-                                 if not isinstance(req, Request)])
-            for req in requests:
-                if isinstance(req, Request):
-                    req._active = False
-            raise held
-
-
-# Waitall, Waitany, ..., testsome: over lists that may mix xhc's requests
-# with mpi4py's, as mpi4py's class methods of the same names.
-for _name in completion.CALLS:
-    setattr(Request, _name, staticmethod(getattr(completion, _name)))
-del _name
-
-
-class OverMPI(Request):
-    """A *_init that fell back to mpi4py with buffers mpi4py takes only
-    through copies: Start() loads them, starts and completes MPI's own
-    persistent request, and stores them back.  MPI matches it with the
-    other ranks' mpi4py requests, so XHC_DEBUG does not compare its
-    Start()s (theirs are MPI's)."""
-
-
 def _path_counts(ctx):
     """The core's calls per path on CTX."""
     return {k: int(lib.xhc_stat(ctx, v)) for k, v in _core.PATHS.items()}
-
-
-def _busy_error(what):
-    return XhcError(f"xhc.Comm {what} while a collective runs on it in "
-                    "another thread; call it once that collective has "
-                    "returned")
 
 
 def _check_op(s, op, name):
@@ -1746,53 +1344,7 @@ def _check_op(s, op, name):
             "ops on integers only)", MPI.ERR_OP)
 
 
-def _keepable(*bufs):
-    """May a plan of BUFS (Buffers, or None) be kept for later calls?
-    Only if xhc/_hot.c can check each before reusing it: an ndarray (its
-    memory, dtype, size and flags) or a built-in buffer object used in
-    place (its memory and length), not a specification, a DLPack-only
-    array or another exporter."""
-    return all(b is None or isinstance(b.obj, np.ndarray)
-               or _guarded_buffer(b.obj, b) for b in bufs)
-
-
-def _spec(arg):
-    """Is ARG a buffer specification ([MPI.IN_PLACE, MPI.DOUBLE] among
-    them)?  Its items can change between calls: never planned."""
-    return isinstance(arg, (list, tuple))
-
-
-# Buffer objects whose plans xhc/_hot.c guards by memory and length:
-# built-in exporters, whose buffers keep their format and whose export
-# runs no Python code.  Others go through Python on every call.
-_GUARDED_TYPES = (bytearray, bytes, array.array, mmap.mmap, memoryview)
-
-
-def _guarded_buffer(arg, b):
-    """Is ARG, resolved as B, a built-in buffer object that the core uses
-    in place (so xhc/_hot.c guards it by its memory)?"""
-    return b is not None and b.obj is arg and b.load is None \
-        and type(arg) in _GUARDED_TYPES
-
-
-def _kept(plan, nargs):
-    """PLAN (for NARGS arguments) as remembered for later calls: without
-    the Buffers of buffer objects other than ndarrays, whose exports
-    would stop those being resized or closed.  Per call, as mpi4py does,
-    xhc/_hot.c takes a buffer from each, checks it is the same memory,
-    and lets go when the call returns."""
-    first, last = nargs + 2, len(plan) - 5
-    held = tuple(b if b is None or isinstance(b.obj, np.ndarray) else None
-                 for b in plan[first:last])
-    return plan[:first] + held + plan[last:]
-
-
-# What _kept_run may keep a call of: arrays, and arguments that are not
-# buffers (an op, a root, IN_PLACE or None).
-_KEEPABLE = {np.ndarray, MPI.Op, int, type(MPI.IN_PLACE), type(None)}
-
-
-def _filled(step, wanted=True):
+def filled(step, wanted=True):
     """[STEP] if there is one and it is WANTED, else []."""
     return [step] if step and wanted else []
 

@@ -8,8 +8,10 @@ import operator
 from mpi4py import MPI
 
 from .buffers import DTYPE_NAMES, OP_NAMES, in_place, predefined, resolve
+from .entry import misbound, settled
 from .errors import XhcError, agree
 from .mpierrors import comm_freed
+from .requests import OverMPI, Request
 
 _SIGNATURES = {}
 # Predefined ops without a kernel (they fall back), by name.
@@ -97,9 +99,9 @@ def _own_signature(xcomm, name, sig, args, kwargs):
     try:
         bound = sig.bind(*args, **kwargs)
     except TypeError as exc:  # worded as without XHC_DEBUG, on every rank
-        from .comm import Comm, _misbound  # it imports this module
+        from .comm import Comm  # it imports this module
         entry = getattr(Comm, "_" + name, None) or getattr(Comm, name)
-        return None, _misbound(entry, args, kwargs) or \
+        return None, misbound(entry, args, kwargs) or \
             TypeError(f"{name}: {exc}")
     try:
         bound.apply_defaults()
@@ -151,7 +153,6 @@ def _checking_starts(xcomm, req, number):
     start a communicator's requests in different orders would each run
     its own with another's call of its peers.  (mpi4py's requests, of a
     call that fell back, are MPI's to match, and so are OverMPI's.)"""
-    from .comm import OverMPI, Request, _settled  # it imports this module
     if not isinstance(req, Request) or isinstance(req, OverMPI):
         return req
     req._hot_bind(xcomm, 0, 0, 0, 0)  # every Start() through _Start
@@ -163,10 +164,10 @@ def _checking_starts(xcomm, req, number):
         try:
             starts = agree(xcomm._comm, sig, req._start_problem())
         except BaseException as exc:
-            raise _settled(exc)
+            raise settled(exc)
         diffs = _differences(starts)
         if diffs:
-            raise _settled(_start_error(xcomm, sig, starts, diffs))
+            raise settled(_start_error(xcomm, sig, starts, diffs))
     req._before_start = agreed_start
     return req
 

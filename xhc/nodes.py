@@ -44,6 +44,7 @@ from mpi4py import MPI
 from ._core import strerror
 from ._xhc import ffi, lib
 from .buffers import numpy_dtype
+from .entry import settled
 from .errors import XhcError
 
 # The core's dtype codes as numpy dtypes.
@@ -66,7 +67,7 @@ _OWN.update({(op, lib.XHC_FLOAT16): None for op in (
 
 
 def _settling(step):
-    """Wrap a collective's steps: what they raise is settled (xhc/comm.py):
+    """Wrap a collective's steps: what they raise is settled (xhc/entry.py):
     each step of the node's xhc.Comm has settled its own part already,
     left or refused, and the rest is MPI's, so xhc.Comm must not withdraw
     this rank from the node's next collective."""
@@ -75,8 +76,7 @@ def _settling(step):
         try:
             return step(*args, **kwargs)
         except BaseException as exc:
-            from .comm import _settled  # it imports this module
-            raise _settled(exc)
+            raise settled(exc)
     return wrapper
 
 

@@ -1345,10 +1345,10 @@ def handles_as_mpi4py_holds_them(v):
     real = MPI._sizeof
     try:
         MPI._sizeof = lambda obj: 4
-        got = [xhc.comm._stored_handle(_Handle(h))
+        got = [xhc.requests.stored_handle(_Handle(h))
                for h in (0xFFFFFFFF84000002, 0x44000000)]
         MPI._sizeof = lambda obj: 8
-        got.append(xhc.comm._stored_handle(_Handle(0x7F00DEADBEE0)))
+        got.append(xhc.requests.stored_handle(_Handle(0x7F00DEADBEE0)))
     finally:
         MPI._sizeof = real
     want = [0x84000002, 0x44000000] if sys.byteorder == "little" else [

@@ -1,0 +1,243 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""xhc's persistent collectives (*_init): requests that run their call
+to completion in Start()."""
+import sys
+
+from mpi4py import MPI
+
+from . import completion
+from ._hot import HotRequest
+from .entry import leaving, settled
+from .errors import XhcError
+from .mpierrors import MPIRequestError, comm_freed
+from .plans import RUN_FN, STAGED, address
+
+
+def stored_handle(obj):
+    """OBJ's MPI handle as the 8 bytes at the start of an mpi4py object of
+    its kind hold it (xhc/_hot.h's MPI4PY_HEAD), as a signed number:
+    mpi4py gives it unsigned, of the size of MPI's handles, 8 bytes for
+    Open MPI's pointers, 4 for MPICH's ints (its negative ones
+    sign-extended), which are followed by the flags, 0."""
+    bits = 8 * MPI._sizeof(obj)
+    value = obj.handle & ((1 << bits) - 1)
+    if bits < 64 and sys.byteorder == "big":
+        value <<= 64 - bits
+    return value - (1 << 64) if value >> 63 else value
+
+
+# The null handles freed communicators and xhc's requests hold.
+COMM_NULL_HANDLE = stored_handle(MPI.COMM_NULL)
+REQUEST_NULL_HANDLE = stored_handle(MPI.REQUEST_NULL)
+
+
+class Request(HotRequest):
+    """A persistent collective: Start() runs it to completion, so Wait()
+    and Test() find it done.  The buffers stay referenced until Free().
+
+    Start() is HotRequest's: the core call, bound once here, without the
+    interpreter.  A request that stages its buffers (or a freed one)
+    starts through _Start instead, as does one XHC_DEBUG checks, which
+    first runs _before_start."""
+
+    _before_start = None
+
+    def __init__(self, call, what, xcomm, plan=None, bind=None):
+        self._mpi_handle = REQUEST_NULL_HANDLE  # see HotRequest
+        self._call = call
+        self._what = what
+        self._xcomm = xcomm
+        self._plan = plan  # keeps the buffers the call points to
+        self._freed = False  # by its own Free()
+        if bind is None and plan is not None and not plan[STAGED]:
+            bind = (address(RUN_FN), plan[-1], 0, 0)
+        with xcomm._requests_lock:
+            # A free() in another thread since this *_init began has
+            # closed the context the plan points to.
+            if xcomm._state == "freed":
+                raise comm_freed()
+            # Bound to its owner even unbound to a call: Free() checks the
+            # owner's calls under way.
+            self._hot_bind(xcomm, *(bind or (0, 0, 0, 0)))
+            xcomm._requests.add(self)  # free() frees its requests
+
+    @leaving
+    def _Start(self):
+        if self._before_start is not None:  # every rank raises alike
+            self._before_start()
+        problem = self._start_problem()
+        if problem is not None:
+            raise problem
+        rc = self._xcomm._in_core(self._run_call)
+        if rc:
+            self._failed(rc)
+        self._active = True
+
+    def _start_problem(self):
+        """What Start() raises before it runs, or None."""
+        if self._active:  # the others would match its next call to it
+            # Settled: no collective refused, so none to withdraw from.
+            return settled(MPIRequestError(
+                f"{self._what}: Start() on an active request; complete it "
+                "first (Wait(), Test() or Waitall())"))
+        if self._call is None:
+            return self._gone()
+        return None
+
+    def _run_call(self):
+        """The call, counted as under way (_in_core): a Free() that came
+        first has released the request, and one that comes later refuses
+        while the count is up."""
+        call = self._call
+        if call is None or self._released:
+            raise self._gone()
+        return call()
+
+    def _gone(self):
+        return MPIRequestError(f"{self._what}: request already freed (or "
+                               "its xhc.Comm: already freed)")
+
+    def _failed(self, rc):
+        self._xcomm._raise(rc, self._what)
+
+    def _withdraw(self):
+        self._xcomm._withdraw()
+
+    def Test(self, status=None):
+        """True: Start() completed the operation, which is now inactive."""
+        return self.Wait(status)
+
+    def Get_status(self, status=None):
+        """True: Start() completed the operation (it stays active)."""
+        return self._fill(status)
+
+    get_status = Get_status
+
+    def wait(self, status=None):
+        """None, as mpi4py's wait() of a request that receives no object."""
+        self.Wait(status)
+
+    def test(self, status=None):
+        """(True, None), as mpi4py's test() of a completed request that
+        receives no object."""
+        return self.Wait(status), None
+
+    def Cancel(self):
+        """Refuse: MPI makes cancelling a collective erroneous."""
+        raise MPIRequestError(f"{self._what}: a collective cannot be "
+                              "cancelled; Free() the request instead")
+
+    cancel = Cancel
+
+    _fill = staticmethod(completion.fill_empty)  # for _hot.c's Wait
+
+    def __bool__(self):
+        """False once freed, as an mpi4py request."""
+        return self._call is not None
+
+    def __eq__(self, other):
+        """A freed request equals MPI.REQUEST_NULL, as mpi4py's."""
+        if isinstance(other, MPI.Request):
+            return not self and other == MPI.REQUEST_NULL
+        return NotImplemented
+
+    __hash__ = HotRequest.__hash__  # by identity: xhc.Comm keeps a WeakSet
+
+    def Free(self):
+        """Drop the buffers and the plan.  A second Free(), or one of an
+        active request, raises MPIRequestError (an XhcError and MPI's
+        MPI.ERR_REQUEST, as mpi4py raises); a Free() after the xhc.Comm's
+        free() does not."""
+        if self._freed:
+            raise MPIRequestError(f"{self._what}: request already freed")
+        if self._active:
+            raise MPIRequestError(
+                f"{self._what}: Free() on an active request; complete it "
+                "first (Wait(), Test() or Waitall()), as MPI requires")
+        if not self._release():
+            raise busy_error("Request.Free()")
+        self._freed = True
+
+    def free(self):
+        """Free() unless freed already, as mpi4py's free()."""
+        if not self._freed:
+            self.Free()
+
+    def _release(self):
+        """Unbind, then drop the buffers and the plan; False, doing
+        nothing, while a call runs on the xhc.Comm (never from its free(),
+        which let none run).  The check and the unbinding are one step in
+        C, which no Start() in another thread can come between."""
+        if not self._hot_release():
+            return False
+        self._active = False
+        self._call = None
+        if isinstance(self._plan, MPI.Request) and not MPI.Is_finalized():
+            self._plan.Free()  # a fallback's (Comm._to_mpi4py)
+        self._plan = None
+        return True
+
+    @staticmethod
+    def Startall(requests):
+        """Start every request, in order; none if one cannot start (not a
+        persistent request, or one of xhc's that is active or freed), as
+        MPI checks the list first.  One that XHC_DEBUG checks is left to
+        its Start(), which compares first, and raises on every rank.  A
+        signal handler's exception out of one Start(), whose collective
+        completed, comes once the rest have started."""
+        requests = list(requests)
+        starts = [getattr(req, "Start", None) for req in requests]
+        for req, start in zip(requests, starts):
+            if isinstance(req, Request) and req._before_start is None \
+                    and (req._active or not req):
+                why = ("an active request; complete it first" if req else
+                       "request already freed")
+                raise MPIRequestError(f"Startall: {req._what}: {why}")
+            if isinstance(req, MPI.Request) and (
+                    start is None or req == MPI.REQUEST_NULL):
+                raise MPIRequestError("Startall: MPI.REQUEST_NULL or a "
+                                      "request that is not persistent; pass "
+                                      "persistent requests")
+            if start is None:
+                raise TypeError("Startall takes persistent requests, not "
+                                f"{type(req).__name__}")
+        held = None
+        for req, start in zip(requests, starts):
+            try:
+                start()
+            except BaseException as exc:
+                if held is not None or not getattr(req, "_interrupted",
+                                                   False):
+                    raise
+                held = exc  # a signal handler's: start the rest first
+        if held is not None:
+            # Every request is complete, as the Waitall after would leave
+            # it (see Start()): a loop that catches this starts them again.
+            # mpi4py's are completed so, as their peers started them too.
+            MPI.Request.Waitall([req for req in requests
+                                 if not isinstance(req, Request)])
+            for req in requests:
+                if isinstance(req, Request):
+                    req._active = False
+            raise held
+
+
+# Waitall, Waitany, ..., testsome: over lists that may mix xhc's requests
+# with mpi4py's, as mpi4py's class methods of the same names.
+for _name in completion.CALLS:
+    setattr(Request, _name, staticmethod(getattr(completion, _name)))
+del _name
+
+
+class OverMPI(Request):
+    """A *_init that fell back to mpi4py with buffers mpi4py takes only
+    through copies: Start() loads them, starts and completes MPI's own
+    persistent request, and stores them back.  MPI matches it with the
+    other ranks' mpi4py requests, so XHC_DEBUG does not compare its
+    Start()s (theirs are MPI's)."""
+
+
+def busy_error(what):
+    return XhcError(f"xhc.Comm {what} while a collective runs on it in "
+                    "another thread; call it once that collective has "
+                    "returned")
