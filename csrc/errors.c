@@ -28,10 +28,12 @@ const char *xhc_strerror(int code)
                "behind)";
     case XHC_ERR_DISAGREE:
         return "a peer called another collective, or this one with another "
-               "root, op or datatype (XHC_DEBUG=1 names the difference)";
+               "root, op or datatype, or it is a call behind after refusing "
+               "an earlier call (XHC_DEBUG=1 names the difference)";
     case XHC_ERR_PEER_CLOSED:
         return "a peer freed its xhc.Comm, or its process is exiting, before "
-               "taking part in this collective";
+               "taking part in this collective; an error it raised, if any, "
+               "is the cause";
     case XHC_ERR_ASKEW:
         return "a peer's staging rounds are out of step with mine, after an "
                "earlier call to which the ranks passed different roots: "

@@ -27,19 +27,20 @@ def _no_xhc_environment(monkeypatch):
     ("sleep", str(2**32), r"sleep must be at most 4294967295; set XHC_SLEEP"),
     ("seq_start", "-1", r"seq_start must be 0 or more"),
     ("seq_start", str(2**64), r"seq_start must be at most"),
-    ("cico_max", "1G", r"cico_max must be at most 4194304; set "
+    ("cico_max", "1G", r"cico_max must be at most 4194304 \(4M\); set "
                        r"XHC_CICO_MAX \(or cico_max=\) lower"),
-    ("chunk_size", "128M", r"chunk_size must be at most 67108864"),
+    ("chunk_size", "128M", r"chunk_size must be at most 67108864 \(64M\); "
+                           r"set XHC_CHUNK_SIZE"),
     ("chunk_size", "5000", r"chunk_size must be a multiple of 64, at least "
                            r"4K; set XHC_CHUNK_SIZE"),
     ("chunk_size", "2K", r"chunk_size must be a multiple of 64, at least 4K"),
     ("cico_max", "200", r"cico_max must be a multiple of 64, at least 128"),
     ("cico_max", "64", r"cico_max must be a multiple of 64, at least 128"),
-    ("timeout", "nan", r"timeout must be a positive number of seconds"),
-    ("timeout", "inf", r"timeout must be a positive number of seconds"),
-    ("timeout", "0", r"timeout must be a positive number of seconds"),
+    ("timeout", "nan", r"timeout must be a finite number of seconds above 0"),
+    ("timeout", "inf", r"timeout must be a finite number of seconds above 0"),
+    ("timeout", "0", r"timeout must be a finite number of seconds above 0"),
     ("timeout", "", r"^xhc tunable timeout \(XHC_TIMEOUT\): could not "
-                    r"convert .*; set it to a positive number of seconds$"),
+                    r"convert .*; set it to a finite number of seconds above 0$"),
     ("windows", "lots", r"XHC_WINDOWS\): 'lots' is not a whole number; "
                         r"set it to auto or 2 to 64$"),
     ("debug", "2", r"XHC_DEBUG\): '2' is neither on \(1, true, yes, on\) "

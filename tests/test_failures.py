@@ -304,43 +304,47 @@ ARG_CASES = [
     ("allreduce-overlap-large", "ValueError",
      r"buffers overlap, .*; pass MPI\.IN_PLACE"),
     ("allreduce-null-type", "TypeError",
-     r"^datatype MPI\.DATATYPE_NULL cannot be used \(MPI_ERR_TYPE: .*\); "
-     r"pass a datatype$"),
+     r"^Allreduce: sendbuf: datatype MPI\.DATATYPE_NULL cannot be used "
+     r"\(MPI_ERR_TYPE: .*\); pass a datatype$"),
     ("allreduce-uncommitted-type", "TypeError",
-     r"^datatype derived cannot be used \(MPI_ERR_TYPE: .*\); commit a "
-     r"derived datatype \(dt\.Commit\(\)\) before passing it$"),
+     r"^Allreduce: sendbuf: datatype derived cannot be used "
+     r"\(MPI_ERR_TYPE: .*\); commit a derived datatype \(dt\.Commit\(\)\) "
+     r"before passing it$"),
     ("bcast-derived-past-the-buffer", "ValueError",
-     r"^buffer of 32 bytes is too small for 100 elements of a datatype of "
-     r"extent 24 at 0 \(they span bytes 0 to 2400\); pass a larger buffer "
-     r"or a smaller count$"),
+     r"^Bcast: buf: buffer of 32 bytes is too small for 100 elements of a "
+     r"datatype of extent 24 at 0 \(they span bytes 0 to 2400\); pass a "
+     r"larger buffer or a smaller count$"),
     ("bcast-count-negative", "ValueError",
      r"buffer specification's count is -1; pass a count of 0 or more$"),
     ("bcast-derived-displacement-negative", "ValueError",
      r"buffer specification's displacement is -1; pass a displacement of 0 "
      r"or more$"),
     ("bcast-zero-extent-type", "ValueError",
-     r"^datatype .* has extent 0; give it a positive one$"),
+     r"^Bcast: buf: datatype .* has extent 0; give it a positive one$"),
     ("bcast-none-with-count", "ValueError",
-     r"^buffer is None but count is 2; pass a buffer, or \[MPI\.BOTTOM, "
-     r"count, datatype\] for a datatype of absolute addresses$"),
+     r"^Bcast: buf: buffer is None but count is 2; pass a buffer, or "
+     r"\[MPI\.BOTTOM, count, datatype\] for a datatype of absolute "
+     r"addresses$"),
     ("bcast-in-place", "MPIValueError",
-     r"^MPI\.IN_PLACE stands only for the send buffer of an Allreduce, or "
-     r"of a Reduce at its root$"),
+     r"^Bcast: buf: MPI\.IN_PLACE stands only for the send buffer of an "
+     r"Allreduce, or of a Reduce at its root$"),
     ("bcast-in-place-spec", "MPIValueError",
-     r"^MPI\.IN_PLACE stands only for the send buffer"),
+     r"^Bcast: buf: MPI\.IN_PLACE stands only for the send buffer"),
     ("bcast-init-in-place-spec", "MPIValueError",
-     r"^MPI\.IN_PLACE stands only for the send buffer"),
+     r"^Bcast: buf: MPI\.IN_PLACE stands only for the send buffer"),
     ("bcast-bottom", "ValueError",
-     r"^MPI\.BOTTOM needs a count and an MPI\.Datatype of absolute "
-     r"addresses: pass \[MPI\.BOTTOM, count, datatype\]$"),
+     r"^Bcast: buf: MPI\.BOTTOM needs a count and an MPI\.Datatype of "
+     r"absolute addresses: pass \[MPI\.BOTTOM, count, datatype\]$"),
     ("allreduce-recv-in-place", "MPIValueError",
-     r"^MPI\.IN_PLACE stands only for the send buffer"),
+     r"^Allreduce: recvbuf: MPI\.IN_PLACE stands only for the send buffer"),
     ("allreduce-recv-in-place-spec", "MPIValueError",
-     r"^MPI\.IN_PLACE stands only for the send buffer"),
+     r"^Allreduce: recvbuf: MPI\.IN_PLACE stands only for the send buffer"),
     ("reduce-in-place-off-root", "MPIValueError",
-     r"^Reduce: IN_PLACE is only for the root$"),
+     r"^Reduce: MPI\.IN_PLACE is only for the root \(rank \d\); pass a "
+     r"send buffer on the other ranks$"),
     ("allreduce-in-place-one-item", "TypeError",
-     r"^a buffer specification of 1 items; pass one of mpi4py's forms"),
+     r"^Allreduce: sendbuf: a buffer specification of 1 items; pass one of "
+     r"mpi4py's forms"),
     ("allreduce-extra-arg", "TypeError",
      r"^Allreduce\(sendbuf, recvbuf, op=\.\.\.\): too many positional "
      r"arguments$"),
@@ -391,13 +395,16 @@ ARG_CASES = [
      r"different copy values \(rank 0: 'auto', rank 1: 'cico'\): set "
      r"XHC_COPY"),
     ("debug-differs", "ValueError",
-     r"different debug values .*: set XHC_DEBUG \(or debug=\) alike"),
+     r"different debug values \(rank 0: 'off', rank \d: 'on'\): set "
+     r"XHC_DEBUG \(or debug=\) alike"),
     ("chunk-differs", "ValueError",
      r"different chunk_size values .*: set XHC_CHUNK_SIZE"),
     ("hierarchy-differs", "ValueError",
-     r"different hierarchy values .*set XHC_HIERARCHY"),
+     r"different hierarchy values \(rank 0: 'virtual:2', rank 1: 'node'\): "
+     r"set XHC_HIERARCHY"),
     ("hierarchy-reads-differ", "ValueError",
-     r"different hierarchy values .*set XHC_HIERARCHY"),
+     r"different hierarchy values \(rank 0: 'flat', rank 1: "
+     r"'numa,package'\): set XHC_HIERARCHY"),  # as xhc names them
     ("windows-one", "ValueError", r"windows must be auto or 2 to 64"),
     ("split-nodes-differs", "ValueError",
      r"different split_nodes values .*: set XHC_SPLIT_NODES \(or "
@@ -611,6 +618,13 @@ DEBUG_CASES = [
      "sendbuf: rank 0 has '4 x float64', rank 2 has '2 x complex of "
      "float64'"),
     ("allreduce-op", "Allreduce", "op: rank 0 has 'SUM', rank 2 has 'MAX'"),
+    # A dtype with no kernel is named as numpy names it, not as bytes.
+    ("allreduce-longdouble", "Allreduce",
+     "sendbuf: rank 0 has '4 x float64', rank 2 has '4 x float128'"),
+    # What one rank cannot pass says why, as the call would have.
+    ("allreduce-not-a-buffer", "Allreduce",
+     "sendbuf: rank 0 has '4 x float64', rank 2 has 'unusable (TypeError: "
+     "str is not a buffer: pass a numpy array"),
     ("bcast-count", "Bcast",
      "buffer: rank 0 has '32 bytes', rank 2 has '40 bytes'"),
     ("bcast-root", "Bcast", "root: rank 0 has 0, rank 2 has 1"),
@@ -777,8 +791,8 @@ def test_ranks_that_raised_are_not_waited_for(disagreeing):
 # (case, what rank 1 raised, its message)
 ONE_RANK_REFUSES = [
     ("null-type", "TypeError",
-     r"^datatype MPI\.DATATYPE_NULL cannot be used \(MPI_ERR_TYPE: .*\); "
-     r"pass a datatype$"),
+     r"^Allreduce: sendbuf: datatype MPI\.DATATYPE_NULL cannot be used "
+     r"\(MPI_ERR_TYPE: .*\); pass a datatype$"),
     ("uncommitted-type", "TypeError",
      r"cannot be used \(MPI_ERR_TYPE: .*\); commit a derived datatype "
      r"\(dt\.Commit\(\)\) before passing it$"),
@@ -842,14 +856,15 @@ def test_a_rank_that_took_part_then_raised_is_waited_for(disagreeing, case,
 
 @pytest.mark.parametrize("case,pattern", [
     ("two-roots", "a peer called another collective, or this one with "
-                  r"another root, op or datatype \(XHC_DEBUG=1 names the "
+                  r"another root, op or datatype, or it is a call behind "
+                  r"after refusing an earlier call \(XHC_DEBUG=1 names the "
                   r"difference\) "
                   r"\(rank \d\)$"),
     ("reduce-allreduce", r"a peer called another collective.* \(rank \d\)$"),
     ("ops", r"a peer called another collective, or this one with another "
-            r"root, op or datatype .* \(rank \d\)$"),
+            r"root, op or datatype, .* \(rank \d\)$"),
     ("dtypes", r"a peer called another collective, or this one with another "
-               r"root, op or datatype .* \(rank \d\)$"),
+               r"root, op or datatype, .* \(rank \d\)$"),
     ("sizes", r"this rank's buffer and a peer's differ in size \(the ranks "
               r"passed different sizes, or started persistent requests in "
               r"different orders, or one that refused a call is a call "
@@ -919,6 +934,13 @@ def test_a_bcast_reader_of_another_size_fails_and_the_next_ones_meet(
                      rep[odd]["msg"]), rep[odd]
     for r in {0, 1, 2} - {odd}:
         assert rep[r]["exc"] == "None" or GAVE_UP in rep[r]["msg"], rep[r]
+        # Rank ODD's error, told about PARENT, in words that fit the rank
+        # that reads them (PARENT's own: "this rank").
+        told = (f"the first error was that the buffer of rank {parent}"
+                f"{' (this rank)' * (r == parent)} differs in size from "
+                "that of the rank that gave up first")
+        assert "first error" not in rep[r]["msg"] or told in rep[r]["msg"], \
+            rep[r]
     assert all(float(kv["t"]) < 2.0 for kv in rep.values()), rep
     after = disagreeing.by_rank("BCAST-SIZES-AFTER-" + case)
     assert sorted(after) == [0, 1, 2], disagreeing.output()
@@ -1084,8 +1106,8 @@ def test_dead_rank_is_named(killed):
         else:
             assert int(m.group(1)) in survivors and GAVE_UP in kv["msg"], \
                 kv["msg"]
-            assert "the first error was about rank 2: a peer process " \
-                "has exited" in kv["msg"], kv["msg"]
+            assert "the first error was that the process of rank 2 had " \
+                "exited" in kv["msg"], kv["msg"]
         # 0.3 s of that is rank 2's sleep before it kills itself.
         assert float(kv["t"]) < 2.5, f"rank {r} took {kv['t']} s"
     assert any("(waiting for rank 2," in kv["msg"] for kv in rep.values())

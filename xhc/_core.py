@@ -45,38 +45,63 @@ def strerror(rc):
 USAGE = {lib.XHC_ERR_ARG, lib.XHC_ERR_DTYPE_OP}
 
 
-def _first_error(ctx, peer, name):
+def _first_error(ctx, peer, name, me):
     """What made PEER give up on the collective, as far as it is known;
-    NAME(rank) is how a message numbers a rank."""
-    return _cause(lib.xhc_failed_cause, (ctx,), name, "; the ") or \
+    NAME(rank) is how a message numbers a rank, ME this rank."""
+    return _cause(lib.xhc_failed_cause, (ctx,), name, me, "; the ") or \
         f"; rank {name(peer)}'s own error says what went wrong"
 
 
-def _gave_up_before(ctx, peer, name):
+def _gave_up_before(ctx, peer, name, me):
     """Why PEER, which a collective timed out waiting on, gave up an
     earlier one and has begun none since; "" if it did not."""
-    return _cause(lib.xhc_peer_gave_up, (ctx, peer), name,
+    return _cause(lib.xhc_peer_gave_up, (ctx, peer), name, me,
                   "; it gave up an earlier collective, whose ")
 
 
-def _cause(read, args, name, lead):
-    """LEAD and 'first error was about rank N: ...', from READ(*ARGS,
-    &rank), the core's code of a first error; "" if it knows none (or
-    only that a peer left, whose own error says more).  A code about no
-    one rank (-1) names none."""
+# A first error as told to other ranks than the one that gave up on it,
+# about rank {} (the code's own text speaks as that one: "this rank's
+# buffer", "a peer").
+_AS_TOLD = {
+    lib.XHC_ERR_TIMEOUT: "{} did not arrive within the timeout",
+    lib.XHC_ERR_PEER_GONE: "the process of {} had exited",
+    lib.XHC_ERR_PEER_CLOSED: "{} had freed its xhc.Comm, or was exiting, "
+                             "before taking part",
+    lib.XHC_ERR_MISMATCH: "the buffer of {} differs in size from that of "
+                          "the rank that gave up first",
+    lib.XHC_ERR_DISAGREE: "{} called another collective than the rank that "
+                          "gave up first, or this one with another root, "
+                          "op or datatype",
+    lib.XHC_ERR_COPY: "a single-copy read of the buffer of {} failed",
+    lib.XHC_ERR_LEADER: "{} failed in an earlier step of this collective "
+                        "over several nodes: its own error says why",
+}
+
+
+def _cause(read, args, name, me, lead):
+    """LEAD and 'first error was that rank N ...', from READ(*ARGS,
+    &rank), the core's code of a first error and the rank it is about;
+    "" if it knows none (or only that a peer left, whose own error says
+    more).  A code about no one rank (-1) names none."""
     who = ffi.new("int *")
     why = read(*args, who)
     if why in (0, lib.XHC_ERR_PEER_LEFT):
         return ""
-    about = f" about rank {name(who[0])}" if who[0] >= 0 else ""
-    return f"{lead}first error was{about}: {strerror(why)}"
+    if who[0] < 0:
+        return f"{lead}first error was: {strerror(why)}"
+    subject = f"rank {name(who[0])}" + (" (this rank)" if who[0] == me
+                                        else "")
+    if why in _AS_TOLD:
+        return f"{lead}first error was that {_AS_TOLD[why].format(subject)}"
+    return f"{lead}first error was about {subject}: {strerror(why)}"
 
 
-def error(rc, what, ctx=None, pids=None, ranks=None):
+def error(rc, what, ctx=None, pids=None, ranks=None, me=-1):
     """Return the exception for C return code RC of the call WHAT.  RANKS:
     None, or, for the xhc.Comm of one node of a communicator over several
     (WHAT a step on that node), each of its ranks' number in the whole
-    communicator, by which the message names them."""
+    communicator, by which the message names them.  ME: this rank (as
+    CTX numbers it), which a peer's first error may be about."""
     def name(r):
         return rank_name(r, ranks)
     if ranks:
@@ -88,12 +113,12 @@ def error(rc, what, ctx=None, pids=None, ranks=None):
         pid = pids[peer] if pids and peer >= 0 else "?"
         msg += f" (waiting for rank {name(peer)}, pid {pid}"
         if rc == lib.XHC_ERR_TIMEOUT:
-            msg += _gave_up_before(ctx, peer, name) or (
+            msg += _gave_up_before(ctx, peer, name, me) or (
                 "; check that every rank calls the same collectives "
                 "in the same order, or raise XHC_TIMEOUT if it is only "
                 "slow")
         if rc == lib.XHC_ERR_PEER_LEFT:
-            msg += _first_error(ctx, peer, name)
+            msg += _first_error(ctx, peer, name, me)
         msg += ")"
     if rc == lib.XHC_ERR_COPY and peer >= 0:
         msg += f" (reading rank {name(peer)})"

@@ -348,7 +348,9 @@ class Comm(HotComm):
             self._mpi4py_call(self._comm.Reduce, send, blank_like(send), op,
                               root)
         # Resolved as the plan resolved it before it fell back.
-        _checked_root_recv(resolve(part), recvbuf, mine, take_part)
+        _checked_root_recv(_resolved(part, "Reduce", "recvbuf" if mine
+                                     else "sendbuf"), recvbuf, mine,
+                           take_part)
 
     def _mpi4py_call(self, fn, *args):
         try:  # counted as under way: free() must not free a Dup()'s
@@ -436,7 +438,7 @@ class Comm(HotComm):
         return self._reduce_across(name, *args[:3], root)
 
     def _bcast_across(self, buf, root):
-        b = resolve(buf)
+        b = _resolved(buf, "Bcast", "buf")
         sink = self._rank != root
         if sink and not b.writable:  # takes part, as _take_part_then_raise
             self._in_core(self._nodes.bcast_call(
@@ -450,10 +452,11 @@ class Comm(HotComm):
         _reduce_plan check theirs; None if mpi4py must reduce."""
         inplace, receives = in_place(sendbuf), root in (None, self._rank)
         if inplace and not receives:
-            raise MPIValueError(f"{name}: IN_PLACE is only for the root",
-                                MPI.ERR_ARG)
-        r = resolve(recvbuf) if root is None else None
-        s = r if inplace and r else resolve(recvbuf if inplace else sendbuf)
+            raise _in_place_off_root(name, root)
+        r = _resolved(recvbuf, name, "recvbuf") if root is None else None
+        s = r if inplace and r else _resolved(
+            recvbuf if inplace else sendbuf, name,
+            "recvbuf" if inplace else "sendbuf")
         if r is not None:
             _check_pair(s, r, name)
         known = predefined(op)
@@ -552,7 +555,7 @@ class Comm(HotComm):
             self._on_ctx(lib.xhc_ctx_leave)
         pids, ranks = getattr(self, "_pids", None), self._whole_ranks
         raise settled(self._on_ctx(
-            lambda ctx: _core.error(rc, what, ctx, pids, ranks))
+            lambda ctx: _core.error(rc, what, ctx, pids, ranks, self._rank))
             or _core.error(rc, what, None, pids, ranks))
 
     def _usable(self):
@@ -853,7 +856,7 @@ class Comm(HotComm):
         if not self._usable():
             return None
         root = self._root_arg(root, "Bcast")
-        b = resolve(buf)
+        b = _resolved(buf, "Bcast", "buf")
         sink = self._comm.rank != root
         if sink and not b.writable:
             self._take_part_then_raise(b, root, flags)
@@ -873,8 +876,9 @@ class Comm(HotComm):
         if not self._usable():
             return None
         known = predefined(op)
-        r = resolve(recvbuf)
-        s = r if in_place(sendbuf) else resolve(sendbuf)
+        r = _resolved(recvbuf, "Allreduce", "recvbuf")
+        s = r if in_place(sendbuf) else _resolved(sendbuf, "Allreduce",
+                                                  "sendbuf")
         # Only this rank sees its receive buffer: a mismatch raises here,
         # before the dtype could make this rank alone fall back.
         _check_pair(s, r, "Allreduce")
@@ -903,10 +907,10 @@ class Comm(HotComm):
         is_root = self._comm.rank == root
         mine = in_place(sendbuf)
         if mine and not is_root:
-            raise MPIValueError("Reduce: IN_PLACE is only for the root",
-                                MPI.ERR_ARG)
+            raise _in_place_off_root("Reduce", root)
         known = predefined(op)
-        s = resolve(recvbuf if mine else sendbuf)
+        s = _resolved(recvbuf if mine else sendbuf, "Reduce",
+                      "recvbuf" if mine else "sendbuf")
         if not self._reducible(known, s):
             return None
         _check_op(s, known, "Reduce")
@@ -1254,12 +1258,32 @@ def _checked_root_recv(s, recvbuf, inplace, take_part):
     one the root still takes part (TAKE_PART(), into other memory) before
     it raises: the other ranks stay in step."""
     try:
-        r = s if inplace else resolve(recvbuf)
+        r = s if inplace else _resolved(recvbuf, "Reduce", "recvbuf")
         _check_pair(s, r, "Reduce")
         return r
     except (TypeError, ValueError) as exc:
         take_part()
         raise settled(exc)
+
+
+def _resolved(obj, name, arg):
+    """resolve(OBJ), which call NAME takes as its argument ARG: what it
+    raises for a bad one names both, as "Allreduce: sendbuf: ..."."""
+    try:
+        return resolve(obj)
+    except (TypeError, ValueError) as exc:
+        prefix = f"{name}: {arg}: "
+        if isinstance(exc, MPIValueError):  # its text is its message
+            exc.message = prefix + exc.message
+        elif exc.args and isinstance(exc.args[0], str):
+            exc.args = (prefix + exc.args[0], *exc.args[1:])
+        raise
+
+
+def _in_place_off_root(name, root):
+    return MPIValueError(f"{name}: MPI.IN_PLACE is only for the root (rank "
+                         f"{root}); pass a send buffer on the other ranks",
+                         MPI.ERR_ARG)
 
 
 def _start_wait(request):

@@ -71,6 +71,7 @@ _PARSERS = {"cico_max": parse_size, "chunk_size": parse_size,
 # The largest values: beyond them a typo would reserve gigabytes of
 # /dev/shm per rank (cico_max: 8 slots a rank) or overflow the core's
 # fields.
+_SIZES = ("cico_max", "chunk_size")  # in bytes, as parse_size reads them
 _MOST = {"cico_max": 4 << 20, "chunk_size": 64 << 20, "spin": 2**32 - 1,
          "sleep": 2**32 - 1, "seq_start": 2**64 - 1}
 
@@ -146,7 +147,8 @@ _RULES = [
      "a multiple of 64, at least 128"),
     ("chunk_size", lambda v: v >= 4096 and v % 64 == 0,
      "a multiple of 64, at least 4K"),
-    ("timeout", lambda v: 0 < v < float("inf"), "a positive number of seconds"),
+    ("timeout", lambda v: 0 < v < float("inf"),
+     "a finite number of seconds above 0"),
     ("spin", lambda v: v >= 0, "0 or more"),
     ("split_nodes", lambda v: v >= 1, "1 (a node is a node) or more"),
     ("seq_start", lambda v: v >= 0, "0 or more"),
@@ -162,6 +164,8 @@ _MUST = {key: what for key, _, what in _RULES}
 def _validate(cfg):
     for key, most in _MOST.items():
         if cfg[key] > most:
+            if key in _SIZES:  # as the README gives it, too
+                most = f"{most} ({most >> 20}M)"
             raise ValueError(f"{key} must be at most {most}; set "
                              f"XHC_{key.upper()} (or {key}=) lower")
     for key, valid, what in _RULES:
@@ -214,10 +218,25 @@ def check_alike(key, values):
                   if str(value) != str(values[0])), None)
     if other is not None:
         raise ValueError(f"xhc: ranks were given different {key} values "
-                         f"(rank {rank_name(0)}: {str(values[0])!r}, "
+                         f"(rank {rank_name(0)}: {_shown(values[0])!r}, "
                          f"rank {rank_name(other)}: "
-                         f"{str(values[other])!r}): set XHC_{key.upper()} "
-                         f"(or {key}=) alike on every rank")
+                         f"{_shown(values[other])!r}): set "
+                         f"XHC_{key.upper()} (or {key}=) alike on every rank")
+
+
+def _shown(value):
+    """A tunable's VALUE as a user gives it: a switch on or off, a
+    hierarchy (levels by operation) as its levels, per operation where
+    they differ."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, dict):
+        specs = {op: ",".join(levels) or "flat"
+                 for op, levels in value.items()}
+        if len(set(specs.values())) == 1:
+            return next(iter(specs.values()))
+        return "; ".join(f"{op}: {spec}" for op, spec in specs.items())
+    return str(value)
 
 
 def node_load(node_sizes, node_cpus, size):

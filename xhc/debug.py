@@ -7,7 +7,8 @@ import operator
 
 from mpi4py import MPI
 
-from .buffers import DTYPE_NAMES, OP_NAMES, in_place, predefined, resolve
+from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, in_place,
+                      predefined, resolve)
 from .entry import misbound, settled
 from .errors import XhcError, agree
 from .mpierrors import comm_freed
@@ -22,13 +23,15 @@ def _describe(buf, typed=True):
     """What of a buffer must agree across ranks: its size (and type)."""
     try:
         b = resolve(buf)
-    except (TypeError, ValueError):
-        return "unchecked buffer"
+    except (TypeError, ValueError) as exc:  # the call raises it too
+        return f"unusable ({type(exc).__name__}: {exc})"
     if not typed:
         return f"{b.nbytes} bytes"
     if b.alias is not None:  # as given: a complex array, not its floats
         return (f"{b.count // b.alias.lanes} x {b.alias.name} "
                 f"of {DTYPE_NAMES[b.dtype]}")
+    if b.dtype == NOT_REDUCIBLE:  # its own type, which has no kernel
+        return f"{b.count} x {b.arr.dtype}"
     return f"{b.count} x {DTYPE_NAMES[b.dtype]}"
 
 

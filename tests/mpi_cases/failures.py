@@ -666,6 +666,11 @@ def debug_cases():
                               np.zeros(2, np.complex128) if odd else f8(4))),
         ("debug-allreduce-op",
          lambda c: c.Allreduce(f8(4), f8(4), op=MPI.MAX if odd else MPI.SUM)),
+        ("debug-allreduce-longdouble",  # float128 where it is 16 bytes
+         lambda c: c.Allreduce(np.zeros(4, np.float128 if odd else "f8"),
+                               np.zeros(4, np.float128 if odd else "f8"))),
+        ("debug-allreduce-not-a-buffer",
+         lambda c: c.Allreduce("str" if odd else f8(4), f8(4))),
         ("debug-bcast-count", lambda c: c.Bcast(f8(n), root=0)),
         ("debug-bcast-root", lambda c: c.Bcast(f8(4), root=1 if odd else 0)),
         ("debug-reduce-root",
