@@ -27,6 +27,9 @@ def _no_xhc_environment(monkeypatch):
     ("sleep", str(2**32), r"sleep must be at most 4294967295; set XHC_SLEEP"),
     ("seq_start", "-1", r"seq_start must be 0 or more"),
     ("seq_start", str(2**64), r"seq_start must be at most"),
+    ("split_nodes", str(2**31), r"split_nodes must be at most 2147483647; "
+                                r"set XHC_SPLIT_NODES"),
+    ("split_nodes", str(10**21), r"split_nodes must be at most 2147483647"),
     ("cico_max", "1G", r"cico_max must be at most 4194304 \(4M\); set "
                        r"XHC_CICO_MAX \(or cico_max=\) lower"),
     ("chunk_size", "128M", r"chunk_size must be at most 67108864 \(64M\); "

@@ -70,10 +70,12 @@ _PARSERS = {"cico_max": parse_size, "chunk_size": parse_size,
             "seq_start": _whole, "debug": _switch, "split_nodes": _whole}
 # The largest values: beyond them a typo would reserve gigabytes of
 # /dev/shm per rank (cico_max: 8 slots a rank) or overflow the core's
-# fields.
+# fields, or MPI's int (split_nodes: a colour of MPI_Comm_split, which
+# only the higher ranks would overflow, while rank 0 waited in MPI).
 _SIZES = ("cico_max", "chunk_size")  # in bytes, as parse_size reads them
 _MOST = {"cico_max": 4 << 20, "chunk_size": 64 << 20, "spin": 2**32 - 1,
-         "sleep": 2**32 - 1, "seq_start": 2**64 - 1}
+         "sleep": 2**32 - 1, "seq_start": 2**64 - 1,
+         "split_nodes": 2**31 - 1}
 
 
 def _check_keywords(given):
