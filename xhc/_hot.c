@@ -28,11 +28,12 @@
  *    the same name with a leading underscore, which makes the plan or
  *    raises.  So this file holds no policy of its own: the table and the
  *    plans come from Python; it only skips the interpreter.
- * 5. A persistent request (HotRequest, the base of xhc.comm.Request) is
- *    bound to its core call once, so Start() goes straight to the core.
+ * 5. A persistent request (HotRequest, xhc/_hot_request.c, the base of
+ *    xhc/requests.py's Request) is bound to its core call once, so
+ *    Start() goes straight to the core.
  * 5a. Over several nodes (xhc/nodes.py) a kept plan, and a request,
  *    hold a Python callable instead, the call's steps, which run from
- *    here with nothing of Python's in between (run_across).  A call of
+ *    here with nothing of Python's in between (hot_run_across).  A call of
  *    plain arrays with no plan goes to Nodes.plain with the table's codes
  *    (plain_across), but the same arguments twice in a row, which go to
  *    Python to be kept.
@@ -594,7 +595,7 @@ static PyObject *set_progress(PyObject *mod, PyObject *args)
  * Comm._concurrent raises for NAME (NULL: a call Python makes) if another
  * thread's collective is under way on H.  The same thread may claim
  * again: a call in Python makes core calls of its own. */
-static int hot_claim(HotComm *h, const char *name)
+int hot_claim(HotComm *h, const char *name)
 {
     PyThreadState *me = PyThreadState_Get();
     if (h->calls && h->caller != me) {
@@ -637,8 +638,8 @@ static PyObject *raised_across(PyObject *exc, void *h)
  * or the steps of one of plain arrays, as Comm._in_core runs it: counted
  * as under way.  What it raises goes through H's _raised_across first,
  * which withdraws as xhc/entry.py's leaving does. */
-static PyObject *run_across(HotComm *h, PyObject *run, PyObject *const *args,
-                            size_t nargs)
+PyObject *hot_run_across(HotComm *h, PyObject *run, PyObject *const *args,
+                          size_t nargs)
 {
     Py_INCREF(run);  /* whatever the call does to the plan holding it */
     h->busy++;
@@ -703,7 +704,7 @@ static PyObject *plain_across(HotComm *h, PyObject *steps, int kind,
         args[i] = PyLong_FromLong(codes[i]);
     for (int i = 0; i < n; i++)
         args[NCODES + i] = argv[i];
-    PyObject *res = run_across(h, steps, args, NCODES + n);
+    PyObject *res = hot_run_across(h, steps, args, NCODES + n);
     for (int i = 0; i < NCODES; i++)
         Py_DECREF(args[i]);
     return res;
@@ -789,7 +790,7 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
             return hot_slow((PyObject *)h, name, args, nargsf, kwnames);
         }
         if (h->span) {  /* a kept run over the nodes: Python, from here */
-            PyObject *res = run_across(
+            PyObject *res = hot_run_across(
                 h, PyTuple_GET_ITEM(plan, KIND[kind].nargs), NULL, 0);
             Py_DECREF(plan);
             views_release(&hv);
@@ -903,7 +904,7 @@ static PyObject *barrier_claimed(HotComm *h, PyObject *const *args,
                                  size_t nargsf, PyObject *kwnames)
 {
     if (h->span && !PyVectorcall_NARGS(nargsf) && !kwnames)
-        return run_across(h, h->span, NULL, 0);
+        return hot_run_across(h, h->span, NULL, 0);
     if (!h->ctx || PyVectorcall_NARGS(nargsf) || kwnames)
         return hot_slow((PyObject *)h, "_Barrier", args, nargsf, kwnames);
     int rc = hot_invoke(h, h->run, NULL, h->barrier, h->ctx);
@@ -923,7 +924,7 @@ static PyObject *hot_barrier(HotComm *h, PyObject *const *args,
 }
 
 /* Hold OBJ in *SLOT, or nothing if OBJ is None. */
-static void hold_or_clear(PyObject **slot, PyObject *obj)
+void hot_hold_or_clear(PyObject **slot, PyObject *obj)
 {
     if (obj == Py_None)
         Py_CLEAR(*slot);
@@ -947,7 +948,7 @@ static void unbind(HotComm *h)
  * addresses as ints; ctx 0 unbinds.  SPAN, for a communicator over
  * several nodes, is its Barrier, and SPAN_PLAIN the steps of its calls
  * of plain arrays; its plans then hold calls that run in Python
- * (run_across). */
+ * (hot_run_across). */
 static PyObject *hot_bind(HotComm *h, PyObject *args)
 {
     unsigned long long ctx, run, barrier;
@@ -957,8 +958,8 @@ static PyObject *hot_bind(HotComm *h, PyObject *args)
                           &PyDict_Type, &p[2], &sum, &h->rank, &h->size,
                           &span, &span_plain))
         return NULL;
-    hold_or_clear(&h->span, span);
-    hold_or_clear(&h->span_plain, span_plain);
+    hot_hold_or_clear(&h->span, span);
+    hot_hold_or_clear(&h->span_plain, span_plain);
     for (int i = 0; i < NPLANS; i++) {
         Py_INCREF(p[i]);
         Py_XSETREF(h->plans[i], p[i]);
@@ -1078,241 +1079,6 @@ static void hot_dealloc(HotComm *h)
     tp->tp_free((PyObject *)h);
     Py_DECREF(tp);
 }
-
-/* A persistent collective (xhc.comm.Request derives from it): Start()
- * runs the bound call in C, as a planned call does; Wait() has nothing to
- * wait for, since Start() completes the operation.  An unbound request
- * (freed, or staging its buffers in Python) starts through its Python
- * method _Start.  ACTIVE is MPI's state of a persistent request: set by
- * a Start, cleared by the Wait or Test that completes it, so that
- * Waitany and Waitsome pick each start once. */
-typedef struct {
-    PyObject_HEAD
-    MPI4PY_HEAD
-    /* None each: mpi4py's request goes on with a weakref list, then the
-     * buffer its Wait() replaces without a check for NULL.  After an MPI
-     * handle of 8 bytes (Open MPI's) that buffer is the second; after one
-     * of 4 (MPICH's), the first. */
-    PyObject *mpi_bufs[2];
-    xhc_run_fn run;          /* with CALL; or NULL and: */
-    xhc_barrier_fn barrier;  /* with CTX; both NULL: unbound */
-    void *call;
-    void *ctx;
-    HotComm *owner;          /* counts the call as under way; with CALL */
-    PyObject *across;        /* or, over several nodes, what Start runs */
-    char active;             /* started, not yet waited for */
-    char released;           /* by _hot_release: no Start() may run */
-    char interrupted;        /* the last Start() completed, then raised */
-} HotRequest;
-
-static PyTypeObject *hot_comm_type;  /* HotComm, made by hot_exec */
-
-/* Start() with the owner claimed (9.), and held by the caller. */
-static PyObject *start_claimed(HotRequest *r)
-{
-    /* Started and not yet completed: MPI's error, which _Start raises
-     * before the collective would run a second time. */
-    if (r->active)
-        return PyObject_CallMethod((PyObject *)r, "_Start", NULL);
-    if (r->across && r->owner->span) {
-        PyObject *res = run_across(r->owner, r->across, NULL, 0);
-        if (res)
-            r->active = 1;
-        return res;
-    }
-    /* An owner without a context was freed, perhaps by a finalizer in a
-     * garbage cycle that did not reach this request to unbind it: its
-     * context is closed, and _Start says so. */
-    if ((!r->run && !r->barrier) || !r->owner->ctx)
-        return PyObject_CallMethod((PyObject *)r, "_Start", NULL);
-    int rc = hot_invoke(r->owner, r->run, r->call, r->barrier, r->ctx);
-    if (rc == 0) {
-        r->active = 1;
-        Py_RETURN_NONE;
-    }
-    return PyObject_CallMethod((PyObject *)r, "_failed", "i", rc);
-}
-
-static PyObject *start_owned(HotRequest *r)
-{
-    HotComm *owner = r->owner;
-    if (!owner)  /* none bound: _Start says why */
-        return PyObject_CallMethod((PyObject *)r, "_Start", NULL);
-    Py_INCREF(owner);  /* bound to the call until it returns */
-    PyObject *res = NULL;
-    if (hot_claim(owner, "Start") == 0) {
-        res = start_claimed(r);
-        owner->calls--;
-    }
-    Py_DECREF(owner);
-    return res;
-}
-
-/* A signal handler that raises as the operation completes (a
- * KeyboardInterrupt that came in its wait) raises out of Start(), not at
- * the caller's next line, and leaves the request inactive, as the Wait()
- * that would have completed it: mpi4py's comes out of that Wait(), so a
- * loop that catches it may start the request again. */
-static PyObject *req_start(HotRequest *r, PyObject *unused)
-{
-    (void)unused;
-    r->interrupted = 0;
-    PyObject *res = start_owned(r);
-    if (res && r->active && PyErr_CheckSignals() < 0) {
-        r->active = 0;
-        r->interrupted = 1;
-        Py_CLEAR(res);
-    }
-    return res;
-}
-
-/* Wait(status=None): True at once; a status given is filled as MPI
- * fills one for a completed collective, by the Python method _fill. */
-static PyObject *req_wait(HotRequest *r, PyObject *const *args,
-                          size_t nargsf, PyObject *kwnames)
-{
-    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (n + nkw > 1 || (nkw && !PyUnicode_Check(PyTuple_GET_ITEM(kwnames, 0)))
-        || (nkw && PyUnicode_CompareWithASCIIString(
-                       PyTuple_GET_ITEM(kwnames, 0), "status") != 0)) {
-        PyErr_SetString(PyExc_TypeError, "Wait(status=None)");
-        return NULL;
-    }
-    PyObject *done = Py_True;
-    if (n + nkw == 1 && args[0] != Py_None)
-        done = PyObject_CallMethod((PyObject *)r, "_fill", "O", args[0]);
-    else
-        Py_INCREF(done);
-    if (done)
-        r->active = 0;  /* completed: inactive, as MPI leaves it */
-    return done;
-}
-
-/* _hot_bind(owner, run, call, barrier, ctx, across=None): the xhc.Comm,
- * then addresses as ints, or ACROSS, a call over several nodes that its
- * owner runs (run_across); all 0 and None unbinds. */
-static PyObject *req_bind(HotRequest *r, PyObject *args)
-{
-    unsigned long long run, call, barrier, ctx;
-    PyObject *owner, *across = Py_None;
-    if (!PyArg_ParseTuple(args, "O!KKKK|O", hot_comm_type, &owner, &run,
-                          &call, &barrier, &ctx, &across))
-        return NULL;
-    Py_INCREF(owner);
-    Py_XSETREF(r->owner, (HotComm *)owner);
-    hold_or_clear(&r->across, across);
-    r->run = (xhc_run_fn)(uintptr_t)run;
-    r->call = (void *)(uintptr_t)call;
-    r->barrier = (xhc_barrier_fn)(uintptr_t)barrier;
-    r->ctx = (void *)(uintptr_t)ctx;
-    if (!(r->run && r->call) && !(r->barrier && r->ctx))
-        r->run = NULL, r->barrier = NULL;
-    Py_RETURN_NONE;
-}
-
-/* _hot_release(): unbind, mark released and return True, unless a call
- * runs on the owner (False): in one step under the GIL.  A Start() that
- * comes after finds nothing bound, and its Python path (_Start) finds
- * _released once it counts as under way. */
-static PyObject *req_release(HotRequest *r, PyObject *unused)
-{
-    (void)unused;
-    if (r->owner && r->owner->busy)
-        Py_RETURN_FALSE;
-    r->released = 1;
-    r->run = NULL, r->barrier = NULL;
-    r->call = NULL, r->ctx = NULL;
-    Py_CLEAR(r->across);
-    Py_RETURN_TRUE;
-}
-
-static PyMethodDef req_methods[] = {
-    {"Start", (PyCFunction)req_start, METH_NOARGS,
-     "Run the collective (all ranks Start their matching requests)."},
-    {"Wait", (PyCFunction)(void (*)(void))req_wait,
-     METH_FASTCALL | METH_KEYWORDS,
-     "Return True at once: Start() completed the operation."},
-    {"_hot_release", (PyCFunction)req_release, METH_NOARGS,
-     "Unbind, unless a call runs on the owner (then False)."},
-    {"_hot_bind", (PyCFunction)req_bind, METH_VARARGS,
-     "Bind the core call (or barrier) that Start runs."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyMemberDef req_members[] = {
-    {"_mpi_handle", T_PYSSIZET, offsetof(HotRequest, mpi_handle), 0,
-     "MPI.REQUEST_NULL's handle, where mpi4py's own methods would read\n"
-     "a request's (Start() completes the operation)."},
-    {"_mpi_buf", T_OBJECT, offsetof(HotRequest, mpi_bufs[1]), READONLY,
-     "None from req_new, where mpi4py's request holds its buffer after\n"
-     "an 8-byte MPI handle (its methods replace it without a check for\n"
-     "NULL); mpi_bufs[0] likewise after a 4-byte one."},
-    {"_active", T_BOOL, offsetof(HotRequest, active), 0,
-     "Started and not yet completed by a Wait or a Test."},
-    {"_released", T_BOOL, offsetof(HotRequest, released), READONLY,
-     "Released by _hot_release: Start() must not run its call."},
-    {"_interrupted", T_BOOL, offsetof(HotRequest, interrupted), READONLY,
-     "The last Start() completed its collective, then a signal handler "
-     "raised."},
-    {NULL, 0, 0, 0, NULL},
-};
-
-static int req_traverse(HotRequest *r, visitproc visit, void *arg)
-{
-    Py_VISIT(r->owner);
-    Py_VISIT(r->across);
-    Py_VISIT(r->mpi_bufs[0]);
-    Py_VISIT(r->mpi_bufs[1]);
-    Py_VISIT(Py_TYPE(r));
-    return 0;
-}
-
-static int req_clear(HotRequest *r)
-{
-    r->run = NULL, r->barrier = NULL;
-    Py_CLEAR(r->owner);
-    Py_CLEAR(r->across);
-    Py_CLEAR(r->mpi_bufs[0]);
-    Py_CLEAR(r->mpi_bufs[1]);
-    return 0;
-}
-
-static PyObject *req_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
-{
-    HotRequest *r = (HotRequest *)PyType_GenericNew(tp, args, kw);
-    for (int i = 0; r && i < 2; i++) {
-        Py_INCREF(Py_None);
-        r->mpi_bufs[i] = Py_None;
-    }
-    return (PyObject *)r;
-}
-
-static void req_dealloc(HotRequest *r)
-{
-    PyTypeObject *tp = Py_TYPE(r);
-    PyObject_GC_UnTrack(r);
-    req_clear(r);
-    tp->tp_free((PyObject *)r);
-    Py_DECREF(tp);
-}
-
-static PyType_Slot req_slots[] = {
-    {Py_tp_doc, "The Start and Wait of xhc's persistent collectives."},
-    {Py_tp_methods, req_methods},
-    {Py_tp_members, req_members},
-    {Py_tp_new, req_new},
-    {Py_tp_traverse, req_traverse},
-    {Py_tp_clear, req_clear},
-    {Py_tp_dealloc, req_dealloc},
-    {0, NULL},
-};
-
-static PyType_Spec req_spec = {
-    "xhc._hot.HotRequest", sizeof(HotRequest), 0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    req_slots,
-};
 
 #define FAST (METH_FASTCALL | METH_KEYWORDS)
 static PyMethodDef hot_methods[] = {
@@ -1594,20 +1360,16 @@ static int hot_exec(PyObject *m)
                 && !(KW_NAMES[k][i] = PyUnicode_InternFromString(
                          KIND[k].names[i])))
                 return -1;
-    const PyType_Spec *specs[] = { &hot_spec, &req_spec };
-    const char *names[] = { "HotComm", "HotRequest" };
-    for (int i = 0; i < 2; i++) {
-        PyObject *tp = PyType_FromSpec((PyType_Spec *)specs[i]);
-        if (!tp)
-            return -1;
-        if (i == 0)
-            hot_comm_type = (PyTypeObject *)tp;  /* the module keeps it */
-        if (PyModule_AddObject(m, names[i], tp) < 0) {
-            Py_DECREF(tp);
-            return -1;
-        }
+    PyObject *tp = PyType_FromSpec(&hot_spec);
+    if (!tp)
+        return -1;
+    if (PyModule_AddObject(m, "HotComm", tp) < 0) {
+        Py_DECREF(tp);
+        return -1;
     }
-    return add_hook(m, "block_hook", hot_block)
+    /* The module keeps HotComm, which requests bind to. */
+    return hot_request_add(m, (PyTypeObject *)tp)
+           || add_hook(m, "block_hook", hot_block)
            || add_hook(m, "progress_hook", hot_progress);
 }
 

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* _hot.h: what xhc/_hot.c shares with xhc/_hot_objects.c. */
+/* _hot.h: what xhc/_hot.c shares with xhc/_hot_objects.c and
+ * xhc/_hot_request.c. */
 #ifndef XHC_HOT_H
 #define XHC_HOT_H
 
@@ -61,6 +62,15 @@ int hot_plain_call(const HotComm *h, int kind, PyObject *const *argv,
                    xhc_call_t *c);
 /* ROOT (an exact int) if it is a rank of H's communicator, else -1. */
 int hot_plain_root(const HotComm *h, PyObject *root);
+/* Claim H's collectives for this thread (xhc/_hot.c, 9.): 0, or -1 with
+ * the error for NAME set if another thread's collective runs on H. */
+int hot_claim(HotComm *h, const char *name);
+/* Run RUN(ARGS), steps over several nodes, counted as under way on H;
+ * None, or NULL with what it raised (after H's _raised_across). */
+PyObject *hot_run_across(HotComm *h, PyObject *run, PyObject *const *args,
+                         size_t nargs);
+/* Hold OBJ in *SLOT, or nothing if OBJ is None. */
+void hot_hold_or_clear(PyObject **slot, PyObject *obj);
 /* Run CALL with RUN (or BARRIER on CTX), counted as under way on H. */
 int hot_invoke(HotComm *h, xhc_run_fn run, void *call,
                xhc_barrier_fn barrier, void *ctx);
@@ -82,5 +92,9 @@ PyObject *hot_objects_bind(HotComm *h, PyObject *args);
 PyObject *bind_objects(PyObject *module, PyObject *args);
 int hot_objects_traverse(HotComm *h, visitproc visit, void *arg);
 void hot_objects_clear(HotComm *h);
+
+/* xhc/_hot_request.c: add HotRequest to module M; COMM_TYPE is HotComm,
+ * the type of the xhc.Comm a request binds to. */
+int hot_request_add(PyObject *m, PyTypeObject *comm_type);
 
 #endif
