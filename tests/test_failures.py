@@ -290,10 +290,11 @@ ARG_CASES = [
      r"send buffer has 50000 elements, receive buffer 50001; make them "
      r"equal$"),
     ("allreduce-op-none", "TypeError",
-     r"^op must be an MPI\.Op, such as MPI\.SUM \(got NoneType\); pass one "
-     r"of MPI's ops, or one made with MPI\.Op\.Create$"),
+     r"^Allreduce: op must be an MPI\.Op, such as MPI\.SUM \(got "
+     r"NoneType\); pass one of MPI's ops, or one made with "
+     r"MPI\.Op\.Create$"),
     ("reduce-op-string", "TypeError",
-     r"^op must be an MPI\.Op, such as MPI\.SUM \(got str\)"),
+     r"^Reduce: op must be an MPI\.Op, such as MPI\.SUM \(got str\)"),
     ("allreduce-band-float64", "MPIValueError", r"BAND .*float64" + INT_ONLY),
     ("allreduce-lxor-float32", "MPIValueError", r"LXOR .*float32" + INT_ONLY),
     ("allreduce-dtype-differs", "ValueError",
@@ -432,7 +433,8 @@ ARG_CASES = [
      r"allocating shared memory: No space left on device \(/dev/shm has "
      r"not that much free: .*mount it larger"),
     ("empty-negative", "ValueError",
-     r"^Comm\.empty: negative dimension in shape \(4, -1\)$"),
+     r"^Comm\.empty: negative dimension in shape \(4, -1\); give every "
+     r"dimension 0 or more$"),
     ("empty-one-too-many", "ValueError",
      r"^Comm\.empty: this xhc\.Comm holds 64 arrays, as many as one "
      r"communicator can; allocate fewer, larger arrays, or wrap the "
@@ -444,7 +446,8 @@ ARG_CASES = [
     # The rank that asked, and every other (naming it), before anything
     # is created.
     ("empty-negative-on-one-rank", "ValueError",
-     r"^(rank {last}: )?Comm\.empty: negative dimension in shape \(-1,\)$"),
+     r"^(rank {last}: )?Comm\.empty: negative dimension in shape \(-1,\); "
+     r"give every dimension 0 or more$"),
     ("empty-fails-on-one-rank", "XhcError",
      r"^Comm\.empty failed on rank {last}: opening shared memory: Too many "
      r"open files; no rank kept the array$"),

@@ -504,7 +504,8 @@ def _ask(shape, dtype):
     dims = tuple(operator.index(n) for n in np.atleast_1d(
         np.asarray(shape, dtype=object)).tolist())
     if any(n < 0 for n in dims):
-        raise ValueError(f"Comm.empty: negative dimension in shape {dims}")
+        raise ValueError(f"Comm.empty: negative dimension in shape {dims}; "
+                         "give every dimension 0 or more")
     return dims, dtype
 
 

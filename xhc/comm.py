@@ -460,7 +460,7 @@ class Comm(HotComm):
         if r is not None:
             _check_pair(s, r, name)
         known = predefined(op)
-        if not self._reducible(known, s):
+        if not self._reducible(known, s, name):
             return None
         _check_op(s, known, name)
         dt = numpy_dtype(s.dtype)
@@ -882,7 +882,7 @@ class Comm(HotComm):
         # Only this rank sees its receive buffer: a mismatch raises here,
         # before the dtype could make this rank alone fall back.
         _check_pair(s, r, "Allreduce")
-        if not self._reducible(known, r):
+        if not self._reducible(known, r, "Allreduce"):
             return None
         _check_op(r, known, "Allreduce")
         call = core_call(self._ctx, lib.XHC_ALLREDUCE, s, r, r.count,
@@ -911,7 +911,7 @@ class Comm(HotComm):
         known = predefined(op)
         s = _resolved(recvbuf if mine else sendbuf, "Reduce",
                       "recvbuf" if mine else "sendbuf")
-        if not self._reducible(known, s):
+        if not self._reducible(known, s, "Reduce"):
             return None
         _check_op(s, known, "Reduce")
         r = None
@@ -958,14 +958,14 @@ class Comm(HotComm):
                 self._raise(rc, "Reduce")
         return _checked_root_recv(s, recvbuf, inplace, take_part)
 
-    def _reducible(self, op, buf):
-        """Can the core reduce Buffer BUF with OP?  If not, say why.  OP
-        must be an MPI.Op, as mpi4py wants: anything else raises here,
-        before a fallback would count it."""
+    def _reducible(self, op, buf, name):
+        """Can the core reduce Buffer BUF with OP in call NAME?  If not,
+        say why.  OP must be an MPI.Op, as mpi4py wants: anything else
+        raises here, before a fallback would count it."""
         if not isinstance(op, MPI.Op):
-            raise TypeError(f"op must be an MPI.Op, such as MPI.SUM (got "
-                            f"{type(op).__name__}); pass one of MPI's ops, "
-                            "or one made with MPI.Op.Create")
+            raise TypeError(f"{name}: op must be an MPI.Op, such as MPI.SUM "
+                            f"(got {type(op).__name__}); pass one of MPI's "
+                            "ops, or one made with MPI.Op.Create")
         if id(op) not in OPS:
             self._why = ("op without a reduction kernel (user-defined, "
                          "MAXLOC, MINLOC, REPLACE, NO_OP or OP_NULL)")
