@@ -966,6 +966,13 @@ class Comm(HotComm):
             raise TypeError(f"{name}: op must be an MPI.Op, such as MPI.SUM "
                             f"(got {type(op).__name__}); pass one of MPI's "
                             "ops, or one made with MPI.Op.Create")
+        if buf.dtype == NOT_REDUCIBLE and buf.alias is None and \
+                not is_spec(buf.obj) and buf.arr.dtype.kind in "MmSUV":
+            # mpi4py could only fail on it, with an error of its own.
+            raise TypeError(f"{name}: {buf.arr.dtype} data cannot be "
+                            "reduced: MPI has no datatype for it; reduce a "
+                            "numeric view of it (such as arr.view(np.int64)), "
+                            "or move it with Bcast")
         if id(op) not in OPS:
             self._why = ("op without a reduction kernel (user-defined, "
                          "MAXLOC, MINLOC, REPLACE, NO_OP or OP_NULL)")
