@@ -20,9 +20,10 @@
  *    array that are one or do not overlap) and whose op and
  *    root are valid goes straight to the core, with the codes the table
  *    gives: a fresh array per call, common in Python, costs no plan.
- *    A buffer specification that names the whole of a plain array in
- *    its own dtype ([a, MPI.DOUBLE], [a, a.size, MPI.DOUBLE], [a, "d"])
- *    is that array (spec_unwrapped): the same call, on the same path.
+ *    A buffer specification of a plain array in its own dtype ([a,
+ *    MPI.DOUBLE], [a, "d"], [a, n, MPI.DOUBLE], [a, (n, k), MPI.DOUBLE])
+ *    is that array, or a view of the part it names (spec_array): the
+ *    same call, on the same path.
  * 4. Anything else (a staged buffer, keywords spelt differently, an error
  *    code, a freed or fallback communicator) goes to the Python method of
  *    the same name with a leading underscore, which makes the plan or
@@ -277,36 +278,93 @@ static int plain_array(PyObject *obj, int written, struct plain_buf *b)
     return 1;
 }
 
-/* OBJ, or the array A if OBJ is a buffer specification that names the
- * whole of A in A's own dtype, as mpi4py takes it: [A, TYPE] or [A,
- * COUNT, TYPE] (a list or a tuple), TYPE an MPI datatype or typecode of
- * that dtype (bound with the table), COUNT A's element count.  Such a
- * call is the same call as one with A alone, and takes its path: the
- * specification, a new object per call, could key no plan. */
-static PyObject *spec_unwrapped(PyObject *obj)
+/* ITEM as a count or displacement (an exact int, 0 or more) in *OUT;
+ * 0 if it is not one. */
+static int spec_index(PyObject *item, Py_ssize_t *out)
+{
+    if (!PyLong_CheckExact(item))
+        return 0;
+    *out = PyLong_AsSsize_t(item);
+    if (*out == -1 && PyErr_Occurred()) {
+        PyErr_Clear();  /* beyond any buffer: Python's checks say so */
+        return 0;
+    }
+    return *out >= 0;
+}
+
+/* The COUNT and DISPL a specification of N ITEMS gives, with its type
+ * TYPE (NULL for [A, COUNT], which has A's own); COUNT -1 if it gives
+ * none.  0 if it takes a form or values xhc/_hot.c leaves to Python. */
+static int spec_window(PyObject **item, Py_ssize_t n, PyObject **type,
+                       Py_ssize_t *count, Py_ssize_t *displ)
+{
+    *count = -1, *displ = 0, *type = item[n - 1];
+    if (n == 2) {
+        if (PyLong_CheckExact(item[1])) {  /* [A, COUNT] */
+            *type = NULL;
+            return spec_index(item[1], count);
+        }
+        return 1;
+    }
+    if (n == 4)
+        return spec_index(item[1], count) && spec_index(item[2], displ);
+    if (PyTuple_CheckExact(item[1]) && PyTuple_GET_SIZE(item[1]) == 2)
+        return spec_index(PyTuple_GET_ITEM(item[1], 0), count)
+               && spec_index(PyTuple_GET_ITEM(item[1], 1), displ);
+    return spec_index(item[1], count);
+}
+
+/* A view of COUNT elements of A from DISPL on, in A's own dtype: A's
+ * memory, for A is C-contiguous.  Made by numpy's own methods, which run
+ * no Python code.  NULL, with no error, if numpy will not. */
+static PyObject *flat_window(PyObject *a, Py_ssize_t count, Py_ssize_t displ)
+{
+    PyObject *flat = ((const ndarray_head *)a)->nd == 1
+                     ? (Py_INCREF(a), a)
+                     : PyObject_CallMethod(a, "reshape", "n", (Py_ssize_t)-1);
+    PyObject *view = flat ? PySequence_GetSlice(flat, displ, displ + count)
+                          : NULL;
+    Py_XDECREF(flat);
+    if (!view)
+        PyErr_Clear();  /* Python's path makes the same call, and says why */
+    return view;
+}
+
+/* The plain array a buffer specification OBJ names, as mpi4py takes it
+ * ([A, TYPE], [A, COUNT], [A, COUNT, TYPE], [A, (COUNT, DISPL), TYPE],
+ * [A, COUNT, DISPL, TYPE]; a list or a tuple), if A is a plain array's
+ * C-contiguous memory and TYPE an MPI datatype or typecode of A's own
+ * dtype (bound with the table): A itself for the whole of it, else a
+ * view of the window named.  Such a call is the same call as one with
+ * that array, and takes its path: the specification, a new object per
+ * call, could key no plan.  A new reference, or NULL (no error) for any
+ * other OBJ, which goes to Python. */
+static PyObject *spec_array(PyObject *obj)
 {
     if (!PyList_CheckExact(obj) && !PyTuple_CheckExact(obj))
-        return obj;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-    PyObject **item = PySequence_Fast_ITEMS(obj);
-    if ((n != 2 && n != 3) || !plain.ndarray
-        || Py_TYPE(item[0]) != plain.ndarray)
-        return obj;
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(obj), count, displ;
+    PyObject **item = PySequence_Fast_ITEMS(obj), *type;
+    if (n < 2 || n > 4 || !plain.ndarray || Py_TYPE(item[0]) != plain.ndarray
+        || !spec_window(item, n, &type, &count, &displ))
+        return NULL;
     const ndarray_head *a = (const ndarray_head *)item[0];
-    int t = plain_dtype(a), named = 0;
+    int t = plain_dtype(a), named = type == NULL;
     PyObject *names = t < 0 ? NULL : plain.dtype[t].names;
-    for (Py_ssize_t i = 0; names && i < PyTuple_GET_SIZE(names); i++)
-        named |= PyTuple_GET_ITEM(names, i) == item[n - 1];
-    if (!named)
-        return obj;
-    if (n == 3) {
-        if (!PyLong_CheckExact(item[1])
-            || PyLong_AsSsize_t(item[1]) != array_elements(a)) {
-            PyErr_Clear();  /* a count that does not fit: not A's */
-            return obj;
-        }
+    for (Py_ssize_t i = 0; !named && names && i < PyTuple_GET_SIZE(names);
+         i++)
+        named = PyTuple_GET_ITEM(names, i) == type;
+    Py_ssize_t elements = array_elements(a);
+    if (count < 0)
+        count = elements - displ;
+    if (!named || !(a->flags & NPY_C_CONTIGUOUS) || count < 0
+        || count > elements - displ)
+        return NULL;
+    if (count == elements) {
+        Py_INCREF(item[0]);
+        return item[0];
     }
-    return item[0];
+    return flat_window(item[0], count, displ);
 }
 
 /* The core's code for OP if it reduces B, else -1. */
@@ -841,12 +899,9 @@ static PyObject *hot_collective(HotComm *h, int kind, PyObject *const *args,
      * the call could drop them from a list. */
     PyObject *held[2] = { NULL, NULL };
     for (int i = 0; given && kind < NPLANS && i < 2; i++) {
-        PyObject *a = KIND[kind].kinds[i] == 'b' ? spec_unwrapped(argv[i])
-                                                 : argv[i];
-        if (a != argv[i]) {
-            Py_INCREF(a);
+        PyObject *a = KIND[kind].kinds[i] == 'b' ? spec_array(argv[i]) : NULL;
+        if (a)
             held[i] = argv[i] = a;
-        }
     }
     PyObject *res = NULL;
     if (hot_claim(h, KIND[kind].twin + 1) == 0) {

@@ -4072,12 +4072,14 @@ _WHOLE_SPECS = [
 
 
 def whole_array_specs(xcomm, comm, v):
-    """A specification that names the whole of a contiguous array in its
-    own dtype ([a, MPI.DOUBLE], (a, MPI.DOUBLE), [a, a.size, MPI.DOUBLE],
-    [a, 'd']) is the same call as the array alone, and goes the array's
-    way, straight to the core, through no Python; results equal mpi4py's
-    with the same specifications.  One that names part of the array, or
-    reads it as another type, keeps mpi4py's meaning, through Python."""
+    """A specification of a C-contiguous array in its own dtype, of the
+    whole array ([a, MPI.DOUBLE], (a, MPI.DOUBLE), [a, a.size,
+    MPI.DOUBLE], [a, 'd']) or of part of it ([a, 4, MPI.DOUBLE], [a, 5],
+    [a, (3, 2), MPI.DOUBLE], [a, 3, 2, MPI.DOUBLE]), is the same call as
+    the array, or a view of that part, alone, and goes its way, straight
+    to the core, through no Python; results equal mpi4py's with the same
+    specifications.  One that reads the array as another type, or part of
+    a Fortran-order one, keeps mpi4py's meaning, through Python."""
     with python_calls(xcomm) as slow:
         whole_and_partial_specs(xcomm, comm, v, slow)
 
@@ -4087,7 +4089,13 @@ def whole_and_partial_specs(xcomm, comm, v, slow):
     forms = (("[a, T]", lambda a, t, c: [a, t]),
              ("(a, T)", lambda a, t, c: (a, t)),
              ("[a, count, T]", lambda a, t, c: [a, a.size, t]),
-             ("[a, typecode]", lambda a, t, c: [a, c]))
+             ("[a, typecode]", lambda a, t, c: [a, c]),
+             ("[a, 4, T]", lambda a, t, c: [a, 4, t]),
+             ("[a, 5]", lambda a, t, c: [a, 5]),
+             ("(a, 0, T)", lambda a, t, c: (a, 0, t)),
+             ("[a, (3, 2), T]", lambda a, t, c: [a, (3, 2), t]),
+             ("[a, 3, 2, typecode]", lambda a, t, c: [a, 3, 2, c]),
+             ("[a, 0, 6, T]", lambda a, t, c: [a, 0, 6, t]))
     for k, (dt, mpitype, code, op) in enumerate(_WHOLE_SPECS):
         for name, form in forms:
             def spec(a):
@@ -4111,20 +4119,30 @@ def whole_and_partial_specs(xcomm, comm, v, slow):
                     comm.Reduce(spec(s), spec(want), op=op, root=n - 1)
                 v.check(f"{call} {what} as mpi4py's",
                         np.array_equal(got, want), f"got {got}, want {want}")
-    v.check("whole-array specifications go through no Python", not slow,
-            f"{len(slow)} calls did: {sorted(set(slow))}")
-    a = np.arange(6.0) + rank
+    v.check("specifications of an array in its own dtype go through no "
+            "Python", not slow, f"{len(slow)} calls did: {sorted(set(slow))}")
+    fort = np.asfortranarray(np.arange(6.0).reshape(2, 3) + rank)
     got, want = np.full(6, -1.0), np.full(6, -1.0)
-    xcomm.Allreduce([a, 4, MPI.DOUBLE], [got, 4, MPI.DOUBLE])
-    comm.Allreduce([a, 4, MPI.DOUBLE], [want, 4, MPI.DOUBLE])
-    v.check("Allreduce [a, 4, DOUBLE] of 6 doubles as mpi4py's",
-            np.array_equal(got, want), f"got {got}, want {want}")
+    xcomm.Allreduce([fort, 4, MPI.DOUBLE], [got, 4, MPI.DOUBLE])
+    comm.Allreduce([fort, 4, MPI.DOUBLE], [want, 4, MPI.DOUBLE])
+    v.check("Allreduce [Fortran-order array, 4, DOUBLE] as mpi4py's "
+            "(in memory order)", np.array_equal(got, want),
+            f"got {got}, want {want}")
     b = np.arange(4.0) if rank == 0 else np.zeros(4)
     xcomm.Bcast([b, MPI.FLOAT], root=0)  # 8 floats: the same 32 bytes
     v.check("Bcast [float64 array, FLOAT]", np.array_equal(b, np.arange(4.0)),
             f"got {b}")
-    v.check("specifications of part of an array, or of another type, go "
-            "through Python", slow == ["_Allreduce", "_Bcast"], f"{slow}")
+    try:  # a window past the end, which mpi4py hands MPI as it is
+        xcomm.Allreduce([np.zeros(6), 4, 3, MPI.DOUBLE],
+                        [np.zeros(6), 4, 3, MPI.DOUBLE])
+        raised = None
+    except ValueError as exc:
+        raised = str(exc)
+    v.check("[a, 4, 3, DOUBLE] of 6 doubles raises ValueError",
+            raised and "too small for 4 elements" in raised, f"{raised}")
+    v.check("specifications of another type, of part of a Fortran-order "
+            "array, or past the end, go through Python",
+            slow == ["_Allreduce", "_Bcast", "_Allreduce"], f"{slow}")
 
 
 def spec_forms(xcomm, comm, v):
