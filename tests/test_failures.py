@@ -297,6 +297,9 @@ ARG_CASES = [
      r"^Reduce: op must be an MPI\.Op, such as MPI\.SUM \(got str\)"),
     ("allreduce-band-float64", "MPIValueError", r"BAND .*float64" + INT_ONLY),
     ("allreduce-lxor-float32", "MPIValueError", r"LXOR .*float32" + INT_ONLY),
+    ("bcast-spec-strided", "NotContiguousError",
+     r"^Bcast: buf: the ndarray of a buffer specification is not "
+     r"contiguous; pass a contiguous one$"),
     # mpi4py has no datatype for them: raised, not handed to it.
     ("allreduce-datetime", "TypeError",
      r"^Allreduce: datetime64\[s\] data cannot be reduced: MPI has no "

@@ -9,7 +9,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ._xhc import ffi, lib
-from .errors import ReadOnlyError
+from .errors import NotContiguousError, ReadOnlyError
 from .mpierrors import MPIValueError
 
 # The ops the core reduces with: (op, the core's code, name).
@@ -354,9 +354,9 @@ def _raw_bytes(buf):
     try:
         return np.frombuffer(buf, np.uint8)
     except (TypeError, ValueError, BufferError):
-        raise ValueError(f"the {type(buf).__name__} of a buffer "
-                         "specification is not contiguous; pass a "
-                         "contiguous one") from None
+        raise NotContiguousError(f"the {type(buf).__name__} of a buffer "
+                                 "specification is not contiguous; pass a "
+                                 "contiguous one") from None
 
 
 _SPEC_FORMS = ("pass one of mpi4py's forms: [buf, datatype], [buf, count], "
@@ -608,9 +608,10 @@ def _of_object(obj):
         try:
             return _of_array(np.asarray(view), obj)
         except (TypeError, ValueError):
-            raise ValueError(f"a non-contiguous {type(obj).__name__} of "
-                             f"format {view.format!r}, which numpy cannot "
-                             "take; pass a contiguous buffer") from None
+            raise NotContiguousError(
+                f"a non-contiguous {type(obj).__name__} of format "
+                f"{view.format!r}, which numpy cannot take; pass a "
+                "contiguous buffer") from None
     try:
         npdt = _format_dtype(view.format)
         arr = np.frombuffer(view.cast("B"), npdt)

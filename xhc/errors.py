@@ -43,6 +43,12 @@ class ReadOnlyError(ValueError, BufferError):
     other bad arguments, and the BufferError mpi4py raises."""
 
 
+class NotContiguousError(ValueError, BufferError):
+    """A buffer that must be contiguous and is not (in a specification,
+    or of a format numpy cannot read): a ValueError, as xhc's other bad
+    arguments, and the BufferError mpi4py raises."""
+
+
 def error_text(exc):
     """EXC as text another rank can raise again: an XhcError's message, or
     the type and message of anything else."""
