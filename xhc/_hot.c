@@ -1407,6 +1407,18 @@ static int add_hook(PyObject *m, const char *name, void (*hook)(void *))
     return 0;
 }
 
+PyTypeObject *hot_add_type(PyObject *m, const char *name, PyType_Spec *spec)
+{
+    PyObject *tp = PyType_FromSpec(spec);
+    if (!tp)
+        return NULL;
+    if (PyModule_AddObject(m, name, tp) < 0) {
+        Py_DECREF(tp);
+        return NULL;
+    }
+    return (PyTypeObject *)tp;  /* the module keeps it */
+}
+
 static int hot_exec(PyObject *m)
 {
     for (int k = 0; k < NKINDS; k++)
@@ -1415,15 +1427,8 @@ static int hot_exec(PyObject *m)
                 && !(KW_NAMES[k][i] = PyUnicode_InternFromString(
                          KIND[k].names[i])))
                 return -1;
-    PyObject *tp = PyType_FromSpec(&hot_spec);
-    if (!tp)
-        return -1;
-    if (PyModule_AddObject(m, "HotComm", tp) < 0) {
-        Py_DECREF(tp);
-        return -1;
-    }
-    /* The module keeps HotComm, which requests bind to. */
-    return hot_request_add(m, (PyTypeObject *)tp)
+    PyTypeObject *comm_type = hot_add_type(m, "HotComm", &hot_spec);
+    return !comm_type || hot_request_add(m, comm_type)
            || add_hook(m, "block_hook", hot_block)
            || add_hook(m, "progress_hook", hot_progress);
 }

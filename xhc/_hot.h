@@ -93,6 +93,9 @@ PyObject *bind_objects(PyObject *module, PyObject *args);
 int hot_objects_traverse(HotComm *h, visitproc visit, void *arg);
 void hot_objects_clear(HotComm *h);
 
+/* The type of SPEC, added to module M as NAME, which keeps it; NULL
+ * with an error set if it cannot be. */
+PyTypeObject *hot_add_type(PyObject *m, const char *name, PyType_Spec *spec);
 /* xhc/_hot_request.c: add HotRequest to module M; COMM_TYPE is HotComm,
  * the type of the xhc.Comm a request binds to. */
 int hot_request_add(PyObject *m, PyTypeObject *comm_type);

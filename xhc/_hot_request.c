@@ -259,12 +259,5 @@ static PyType_Spec req_spec = {
 int hot_request_add(PyObject *m, PyTypeObject *comm_type)
 {
     hot_comm_type = comm_type;
-    PyObject *tp = PyType_FromSpec(&req_spec);
-    if (!tp)
-        return -1;
-    if (PyModule_AddObject(m, "HotRequest", tp) < 0) {
-        Py_DECREF(tp);
-        return -1;
-    }
-    return 0;
+    return hot_add_type(m, "HotRequest", &req_spec) ? 0 : -1;
 }
