@@ -303,9 +303,12 @@ ARG_CASES = [
     # mpi4py has no datatype for them: raised, not handed to it.
     ("allreduce-datetime", "TypeError",
      r"^Allreduce: datetime64\[s\] data cannot be reduced: MPI has no "
-     r"datatype for it; reduce a numeric view"),
+     r"datatype for it; reduce numbers made from it \(such as a datetime64 "
+     r"array's \.view\(np\.int64\)\), or move it with Bcast$"),
     ("reduce-strings", "TypeError",
-     r"^Reduce: \|S4 data cannot be reduced: MPI has no datatype for it"),
+     r"^Reduce: bytes32 data cannot be reduced: MPI has no datatype for it"),
+    ("allreduce-structured", "TypeError",
+     r"^Allreduce: structured data cannot be reduced"),
     ("allreduce-dtype-differs", "ValueError",
      r"differ in dtype; use the same dtype for both$"),
     ("allreduce-overlap", "ValueError",

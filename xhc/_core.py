@@ -71,7 +71,8 @@ _AS_TOLD = {
                           "the rank that gave up first",
     lib.XHC_ERR_DISAGREE: "{} called another collective than the rank that "
                           "gave up first, or this one with another root, "
-                          "op or datatype",
+                          "op or datatype, or was a call behind after "
+                          "refusing an earlier call",
     lib.XHC_ERR_COPY: "a single-copy read of the buffer of {} failed",
     lib.XHC_ERR_LEADER: "{} failed in an earlier step of this collective "
                         "over several nodes: its own error says why",

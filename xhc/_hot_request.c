@@ -23,7 +23,8 @@
 
 static PyTypeObject *hot_comm_type;  /* HotComm, which requests bind to */
 
-/* A persistent collective (xhc.comm.Request derives from it): Start()
+/* A persistent collective (xhc/requests.py's Request derives from it):
+ * Start()
  * runs the bound call in C, as a planned call does; Wait() has nothing to
  * wait for, since Start() completes the operation.  An unbound request
  * (freed, or staging its buffers in Python) starts through its Python
@@ -133,7 +134,7 @@ static PyObject *req_wait(HotRequest *r, PyObject *const *args,
 
 /* _hot_bind(owner, run, call, barrier, ctx, across=None): the xhc.Comm,
  * then addresses as ints, or ACROSS, a call over several nodes that its
- * owner runs (run_across); all 0 and None unbinds. */
+ * owner runs (hot_run_across); all 0 and None unbinds. */
 static PyObject *req_bind(HotRequest *r, PyObject *args)
 {
     unsigned long long run, call, barrier, ctx;

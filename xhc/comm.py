@@ -969,10 +969,12 @@ class Comm(HotComm):
         if buf.dtype == NOT_REDUCIBLE and buf.alias is None and \
                 not is_spec(buf.obj) and buf.arr.dtype.kind in "MmSUV":
             # mpi4py could only fail on it, with an error of its own.
-            raise TypeError(f"{name}: {buf.arr.dtype} data cannot be "
-                            "reduced: MPI has no datatype for it; reduce a "
-                            "numeric view of it (such as arr.view(np.int64)), "
-                            "or move it with Bcast")
+            dt = buf.arr.dtype
+            raise TypeError(f"{name}: {'structured' if dt.names else dt.name}"
+                            " data cannot be reduced: MPI has no datatype "
+                            "for it; reduce numbers made from it (such as "
+                            "a datetime64 array's .view(np.int64)), or move "
+                            "it with Bcast")
         if id(op) not in OPS:
             self._why = ("op without a reduction kernel (user-defined, "
                          "MAXLOC, MINLOC, REPLACE, NO_OP or OP_NULL)")

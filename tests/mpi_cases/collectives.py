@@ -5151,7 +5151,7 @@ def released_requests_never_start(v, comm):
 
 def raised_in_kept_runs(xcomm, comm, v):
     """A kept call, run from xhc/_hot.c, that raises before this rank took
-    part withdraws it once, as _leaving would, and leaves the object
+    part withdraws it once, as entry.leaving would, and leaves the object
     usable; a persistent request's Start() alike."""
     n = comm.size
     a, b = np.ones(4), np.zeros(4)

@@ -437,6 +437,8 @@ def suite_args(xc):
          lambda c: c.Allreduce(np.zeros(4, "M8[s]"), np.zeros(4, "M8[s]"))),
         ("reduce-strings",
          lambda c: c.Reduce(np.zeros(4, "S4"), np.zeros(4, "S4"), root=0)),
+        ("allreduce-structured",
+         lambda c: c.Allreduce(np.zeros(4, "i4,f8"), np.zeros(4, "i4,f8"))),
         ("allreduce-null-type",
          lambda c: c.Allreduce([f8(4), MPI.DATATYPE_NULL], f8(4))),
         ("allreduce-uncommitted-type",
