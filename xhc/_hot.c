@@ -97,7 +97,8 @@ PyObject *hot_slow(PyObject *self, const char *name, PyObject *const *args,
         return NULL;
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    /* Any number of arguments: the Python twin judges them (xhc/entry.py's leaving). */
+    /* Any number of arguments: the Python twin judges them (leaving, in
+     * xhc/entry.py). */
     PyObject *small[8], **stack = small;
     if (n + nkw + 1 > 8
         && !(stack = PyMem_Malloc((size_t)(n + nkw + 1) * sizeof(*stack)))) {
@@ -350,9 +351,10 @@ static PyObject *spec_array(PyObject *obj)
         return NULL;
     const ndarray_head *a = (const ndarray_head *)item[0];
     int t = plain_dtype(a), named = type == NULL;
-    PyObject *names = t < 0 ? NULL : plain.dtype[t].names;
-    for (Py_ssize_t i = 0; !named && names && i < PyTuple_GET_SIZE(names);
-         i++)
+    if (t < 0)
+        return NULL;  /* no plain dtype: no view would be a plain array */
+    PyObject *names = plain.dtype[t].names;
+    for (Py_ssize_t i = 0; !named && i < PyTuple_GET_SIZE(names); i++)
         named = PyTuple_GET_ITEM(names, i) == type;
     Py_ssize_t elements = array_elements(a);
     if (count < 0)
