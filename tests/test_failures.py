@@ -386,14 +386,19 @@ ARG_CASES = [
      r"pass an int from 0 to {last}$"),
     ("reduce-root-negative", "MPIValueError",
      r"Reduce: invalid root -1 .*; pass an int from 0 to {last}$"),
-    ("freed-barrier", "MPICommError", r"^xhc\.Comm already freed$"),
-    ("freed-bcast", "MPICommError", r"^xhc\.Comm already freed$"),
-    ("freed-allreduce", "MPICommError", r"^xhc\.Comm already freed$"),
-    ("freed-reduce", "MPICommError", r"^xhc\.Comm already freed$"),
-    ("freed-empty", "MPICommError", r"already freed"),
-    ("freed-dup", "MPICommError", r"^xhc\.Comm already freed$"),
-    ("freed-clone", "MPICommError", r"^xhc\.Comm already freed$"),
-    ("freed-with-barrier", "MPICommError", r"^xhc\.Comm already freed$"),
+    ("freed-barrier", "MPICommError", r"^Barrier: xhc\.Comm already freed$"),
+    ("freed-bcast", "MPICommError", r"^Bcast: xhc\.Comm already freed$"),
+    ("freed-allreduce", "MPICommError", r"^Allreduce: xhc\.Comm already freed$"),
+    ("freed-reduce", "MPICommError", r"^Reduce: xhc\.Comm already freed$"),
+    ("freed-empty", "MPICommError", r"^empty: xhc\.Comm already freed$"),
+    ("freed-zeros", "MPICommError", r"^zeros: xhc\.Comm already freed$"),
+    ("freed-objects", "MPICommError",
+     r"^allreduce: xhc\.Comm already freed$"),
+    ("freed-object-bcast", "MPICommError",
+     r"^bcast: xhc\.Comm already freed$"),
+    ("freed-dup", "MPICommError", r"^Dup: xhc\.Comm already freed$"),
+    ("freed-clone", "MPICommError", r"^Clone: xhc\.Comm already freed$"),
+    ("freed-with-barrier", "MPICommError", r"^Barrier: xhc\.Comm already freed$"),
     ("intercomm", "TypeError",
      r"needs an intra-communicator \(got Intercomm\); " + COMM_FIX),
     ("not-a-comm", "TypeError",
@@ -575,6 +580,11 @@ FREED_REQUESTS = [f"request-{k}" for k in
                   ("barrier", "bcast", "allreduce", "reduce")]
 
 
+def _made_by(case):
+    """The collective whose *_init made the request of CASE."""
+    return case.rsplit("-", 1)[1].capitalize()
+
+
 @pytest.mark.parametrize("case", FREED_REQUESTS)
 def test_persistent_request_of_freed_comm(freed_requests2, case):
     """A request made by *_init and started after free(): the context it
@@ -589,8 +599,10 @@ def test_persistent_request_of_freed_comm(freed_requests2, case):
 def test_init_while_another_thread_frees(freed_requests2, case):
     """free() from another thread while *_init is about to make its
     request: *_init raises, where it used to return a request bound to the
-    closed context (whose Start() then ran on freed memory)."""
-    check_case(freed_requests2, case, "MPICommError", r"^xhc\.Comm already freed$")
+    closed context (whose Start() then ran on freed memory).  The error
+    names the call."""
+    check_case(freed_requests2, case, "MPICommError",
+               rf"^{_made_by(case)}_init: xhc\.Comm already freed$")
 
 
 @pytest.mark.parametrize("case", [c.replace("request-", "request-after-del-")
@@ -598,8 +610,10 @@ def test_init_while_another_thread_frees(freed_requests2, case):
 def test_request_started_after_its_comm_was_finalized(freed_requests2, case):
     """In a garbage cycle, the xhc.Comm's finalizer may close its context
     before another finalizer starts one of its requests: Start() raises,
-    where it used to run on the freed context (a bus error)."""
-    check_case(freed_requests2, case, "MPICommError", r"^xhc\.Comm already freed$")
+    where it used to run on the freed context (a bus error).  The error
+    names the request's call."""
+    check_case(freed_requests2, case, "MPICommError",
+               rf"^{_made_by(case)}\b.*: xhc\.Comm already freed$")
 
 
 def test_Free_frees_the_wrapped_communicator_too(freed_requests2):
@@ -607,7 +621,7 @@ def test_Free_frees_the_wrapped_communicator_too(freed_requests2):
     communicator, where it used to free the latter only and leave xhc
     working on a freed communicator; repr() still works after it."""
     check_case(freed_requests2, "comm-Free", "MPICommError",
-               r"^xhc\.Comm already freed$")
+               r"^Allreduce: xhc\.Comm already freed$")
 
 
 def test_argument_launches_complete(args2, args3, reduce_recv3, debug_env3,
@@ -749,7 +763,9 @@ def test_debug_call_on_a_freed_comm_raises_at_once(args3, case):
     the comparison; on a Dup()'s, free() had freed the communicator the
     comparison ran on, and MPI raised."""
     check_case(args3, f"debug-{case}", "MPICommError",
-               r"^xhc\.Comm already freed$",
+               r"^Barrier: xhc\.Comm already freed$"
+               if case == "freed-on-one-rank" else
+               r"^Allreduce: xhc\.Comm already freed$",
                raisers=[2] if case == "freed-on-one-rank" else None)
 
 
@@ -1411,7 +1427,8 @@ def test_free_while_a_call_is_planned_stops_the_call(args2):
     check_completed(args2)
     rep = args2.by_rank("FREE-PLANNING")
     assert sorted(rep) == [0, 1], args2.output()
-    assert rep[0]["msg"] == "MPICommError: xhc.Comm already freed", rep[0]
+    assert rep[0]["msg"] == \
+        "MPICommError: Allreduce: xhc.Comm already freed", rep[0]
     assert rep[1]["exc"] == "XhcError", rep[1]
 
 

@@ -134,7 +134,7 @@ def error(rc, what, ctx=None, pids=None, ranks=None, me=-1):
                 f"mount it larger, or {fix})")
     if rc == lib.XHC_ERR_FREED:
         from .mpierrors import comm_freed  # imports mpi4py's MPI
-        return comm_freed(rc)
+        return comm_freed(code=rc)
     if rc == lib.XHC_ERR_MISMATCH:
         from .mpierrors import MPITruncateError
         return MPITruncateError(msg, rc)

@@ -296,7 +296,7 @@ class Comm(HotComm):
 
     def _fallback(self, name, *args):
         if self._state == "freed":  # by another thread, since _usable()
-            raise comm_freed()
+            raise comm_freed(name)
         if self._nodes is not None and name in _ACROSS:
             run = self._kept_run(name, args)
             if run is not None:
@@ -558,10 +558,11 @@ class Comm(HotComm):
             lambda ctx: _core.error(rc, what, ctx, pids, ranks, self._rank))
             or _core.error(rc, what, None, pids, ranks))
 
-    def _usable(self):
-        """True if the core can take calls; False if mpi4py must."""
+    def _usable(self, name=None):
+        """True if the core can take calls; False if mpi4py must.  Raises
+        for call NAME (else its entry point names it) once freed."""
         if self._state == "freed":
-            raise comm_freed()
+            raise comm_freed(name)
         return self._state == "open"
 
     # -- collectives --------------------------------------------------------
@@ -639,6 +640,7 @@ class Comm(HotComm):
 
     def barrier(self):
         """Block until every rank has called barrier (Barrier())."""
+        self._usable("barrier")
         self.Barrier()
 
     # bcast, allreduce and reduce are HotComm's (xhc/_hot_objects.c),
@@ -648,17 +650,20 @@ class Comm(HotComm):
     def bcast(self, obj, root=0):
         """ROOT's picklable OBJ, as a new object on every rank (but for
         numbers)."""
+        self._usable("bcast")
         return (self._objects or self._new_objects()).bcast(
             self, obj, self._object_root(root, "bcast"))
 
     def allreduce(self, sendobj, op=MPI.SUM):
         """Every rank's SENDOBJ folded by OP (an MPI.Op or a callable of
         two objects) in rank order, on every rank."""
+        self._usable("allreduce")
         return (self._objects or self._new_objects()).reduce(
             self, "allreduce", sendobj, op, None)
 
     def reduce(self, sendobj, op=MPI.SUM, root=0):
         """allreduce's result on ROOT; None on the other ranks."""
+        self._usable("reduce")
         return (self._objects or self._new_objects()).reduce(
             self, "reduce", sendobj, op, self._object_root(root, "reduce"))
 
@@ -1036,6 +1041,7 @@ class Comm(HotComm):
     @claiming
     def zeros(self, shape, dtype=float):
         """Collective: like empty(), filled with zeros."""
+        self._usable("zeros")
         arr = self.empty(shape, dtype)
         arr[...] = 0
         return arr

@@ -129,7 +129,7 @@ def checked(xcomm, name, call):
         answers = xcomm._counted(lambda: agree(
             xcomm._comm, *_own_signature(xcomm, name, sig, args, kwargs)))
         if answers is NotImplemented:
-            raise comm_freed()
+            raise comm_freed(name)
         diffs = _differences(answers)
         if diffs:
             raise XhcError(f"XHC_DEBUG: ranks disagree on {name}: "

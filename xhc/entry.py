@@ -7,6 +7,7 @@ import inspect
 import os
 
 from ._xhc import lib
+from .mpierrors import named_freed
 
 SETTLED = "_xhc_settled"  # xhc/_hot.c's run_staged sets it too
 
@@ -37,6 +38,8 @@ def leaving(entry):
             began = seq is not None and comm._on_ctx(lib.xhc_seq) != seq
             if not began and not getattr(exc, SETTLED, False):
                 self._withdraw()
+            named_freed(exc, self._what if comm is not self  # a Request's
+                        else entry.__name__.lstrip("_"))
             if isinstance(exc, TypeError) and \
                     exc.__traceback__.tb_next is None:
                 raise misbound(entry, args, kwargs) or exc from None
@@ -54,8 +57,12 @@ def claiming(entry):
     leaving's own frame, which then names them (misbound)."""
     @functools.wraps(entry)
     def wrapper(self, *args, **kwargs):
-        return self._claimed(entry.__name__,
-                             lambda: entry(self, *args, **kwargs))
+        try:
+            return self._claimed(entry.__name__,
+                                 lambda: entry(self, *args, **kwargs))
+        except BaseException as exc:
+            named_freed(exc, entry.__name__)
+            raise
     return wrapper
 
 

@@ -88,6 +88,16 @@ class MPITruncateError(_MPIXhcError):
     _CLASS = MPI.ERR_TRUNCATE
 
 
-def comm_freed(code=0):
-    """The error of a call on an xhc.Comm already freed."""
-    return MPICommError("xhc.Comm already freed", code)
+FREED = "xhc.Comm already freed"
+
+
+def comm_freed(name=None, code=0):
+    """The error of call NAME on an xhc.Comm already freed; one raised
+    unnamed, deep in a call, is named by its entry point (named_freed)."""
+    return MPICommError(f"{name}: {FREED}" if name else FREED, code)
+
+
+def named_freed(exc, name):
+    """Name call NAME in EXC if it is comm_freed's error still unnamed."""
+    if isinstance(exc, MPICommError) and exc.message == FREED:
+        exc.message = f"{name}: {FREED}"
