@@ -16,38 +16,54 @@ def _no_xhc_environment(monkeypatch):
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("sleep", "soon", r"XHC_SLEEP\): 'soon' is not a whole number"),
-    ("sleep", "-1", r"sleep must be 0 \(never\) or a count of yields"),
-    ("windows", "many", r"XHC_WINDOWS\): 'many' is not a whole number"),
-    ("windows", "1", r"windows must be auto or 2 to 64; set XHC_WINDOWS "
-                     r"\(or windows=\) to such a value$"),
-    ("windows", "65", r"windows must be auto or 2 to 64"),
-    ("spin", "-3", r"spin must be 0 or more; set XHC_SPIN"),
-    ("spin", str(2**32), r"spin must be at most 4294967295; set XHC_SPIN"),
-    ("sleep", str(2**32), r"sleep must be at most 4294967295; set XHC_SLEEP"),
-    ("seq_start", "-1", r"seq_start must be 0 or more"),
-    ("seq_start", str(2**64), r"seq_start must be at most"),
-    ("split_nodes", str(2**31), r"split_nodes must be at most 2147483647; "
-                                r"set XHC_SPLIT_NODES"),
-    ("split_nodes", str(10**21), r"split_nodes must be at most 2147483647"),
-    ("cico_max", "1G", r"cico_max must be at most 4194304 \(4M\); set "
-                       r"XHC_CICO_MAX \(or cico_max=\) lower"),
-    ("chunk_size", "128M", r"chunk_size must be at most 67108864 \(64M\); "
-                           r"set XHC_CHUNK_SIZE"),
-    ("chunk_size", "5000", r"chunk_size must be a multiple of 64, at least "
-                           r"4K; set XHC_CHUNK_SIZE"),
-    ("chunk_size", "2K", r"chunk_size must be a multiple of 64, at least 4K"),
-    ("cico_max", "200", r"cico_max must be a multiple of 64, at least 128"),
-    ("cico_max", "64", r"cico_max must be a multiple of 64, at least 128"),
-    ("timeout", "nan", r"timeout must be a finite number of seconds above 0"),
-    ("timeout", "inf", r"timeout must be a finite number of seconds above 0"),
-    ("timeout", "0", r"timeout must be a finite number of seconds above 0"),
-    ("timeout", "", r"^xhc tunable timeout \(XHC_TIMEOUT\): could not "
-                    r"convert .*; set it to a finite number of seconds above 0$"),
-    ("windows", "lots", r"XHC_WINDOWS\): 'lots' is not a whole number; "
-                        r"set it to auto or 2 to 64$"),
-    ("debug", "2", r"XHC_DEBUG\): '2' is neither on \(1, true, yes, on\) "
-                   r"nor off \(0, false, no, off\)"),
+    ("sleep", "soon", r"^xhc tunable sleep: 'soon' is not a whole number; "
+                      r"set XHC_SLEEP \(or sleep=\) to 0 \(never\) or a "
+                      r"count of yields$"),
+    ("sleep", "-1", r"^xhc tunable sleep: must be 0 \(never\) or a count of "
+                    r"yields, not -1; set XHC_SLEEP \(or sleep=\) to such a "
+                    r"value$"),
+    ("windows", "many", r"tunable windows: 'many' is not a whole number"),
+    ("windows", "1", r"^xhc tunable windows: must be auto or 2 to 64, not 1; "
+                     r"set XHC_WINDOWS \(or windows=\) to such a value$"),
+    ("windows", "65", r"windows: must be auto or 2 to 64, not 65;"),
+    ("spin", "-3", r"spin: must be 0 or more, not -3; set XHC_SPIN"),
+    ("spin", str(2**32), r"spin: must be at most 4294967295, not 4294967296; "
+                         r"set XHC_SPIN"),
+    ("sleep", str(2**32), r"sleep: must be at most 4294967295, not "
+                          r"4294967296; set XHC_SLEEP"),
+    ("seq_start", "-1", r"seq_start: must be 0 or more"),
+    ("seq_start", str(2**64), r"seq_start: must be at most"),
+    ("split_nodes", str(2**31), r"split_nodes: must be at most 2147483647, "
+                                r"not 2147483648; set XHC_SPLIT_NODES"),
+    ("split_nodes", str(10**21), r"split_nodes: must be at most 2147483647"),
+    ("cico_max", "1G", r"^xhc tunable cico_max: must be at most 4194304 "
+                       r"\(4M\), not 1073741824; set XHC_CICO_MAX "
+                       r"\(or cico_max=\) lower$"),
+    ("chunk_size", "128M", r"chunk_size: must be at most 67108864 \(64M\), "
+                           r"not 134217728; set XHC_CHUNK_SIZE"),
+    ("chunk_size", "5000", r"chunk_size: must be a multiple of 64, at least "
+                           r"4K, not 5000; set XHC_CHUNK_SIZE"),
+    ("chunk_size", "2K", r"chunk_size: must be a multiple of 64, at least "
+                         r"4K, not 2048"),
+    ("cico_max", "200", r"cico_max: must be a multiple of 64, at least 128"),
+    ("cico_max", "64", r"cico_max: must be a multiple of 64, at least 128"),
+    ("timeout", "nan", r"timeout: must be a finite number of seconds above "
+                       r"0, not nan"),
+    ("timeout", "inf", r"timeout: must be a finite number of seconds above "
+                       r"0, not inf"),
+    ("timeout", "0", r"timeout: must be a finite number of seconds above 0"),
+    ("timeout", "", r"^xhc tunable timeout: could not convert .*; set "
+                    r"XHC_TIMEOUT \(or timeout=\) to a finite number of "
+                    r"seconds above 0$"),
+    ("windows", "lots", r"tunable windows: 'lots' is not a whole number; "
+                        r"set XHC_WINDOWS \(or windows=\) to auto or 2 to "
+                        r"64$"),
+    ("copy", "fast", r"^xhc tunable copy: must be auto, xpmem, adaptive, cma "
+                     r"or cico, not 'fast'; set XHC_COPY \(or copy=\) to "
+                     r"such a value$"),
+    ("debug", "2", r"^xhc tunable debug: '2' is neither on \(1, true, yes, "
+                   r"on\) nor off \(0, false, no, off\); set XHC_DEBUG "
+                   r"\(or debug=\) to one of those$"),
 ])
 def test_bad_values_name_the_variable(monkeypatch, key, value, message):
     monkeypatch.setenv("XHC_" + key.upper(), value)
@@ -100,13 +116,13 @@ def test_hierarchy_specs_are_checked_and_none_keeps_the_default():
 
 
 @pytest.mark.parametrize("given, kind, message", [
-    ({"spin": 1.5}, ValueError, r"tunable spin \(XHC_SPIN\): 1.5 is not a "
-                                r"whole number"),
-    ({"sleep": -0.5}, ValueError, r"tunable sleep .*-0.5 is not a whole"),
-    ({"windows": 2.9}, ValueError, r"tunable windows .*2.9 is not a whole"),
-    ({"copy": 1}, ValueError, r"copy must be auto, xpmem, adaptive, cma or "
-                              r"cico"),
-    ({"timeout": [1]}, ValueError, r"tunable timeout \(XHC_TIMEOUT\): "),
+    ({"spin": 1.5}, ValueError, r"^xhc tunable spin: 1.5 is not a whole "
+                                r"number; set XHC_SPIN \(or spin=\)"),
+    ({"sleep": -0.5}, ValueError, r"tunable sleep: -0.5 is not a whole"),
+    ({"windows": 2.9}, ValueError, r"tunable windows: 2.9 is not a whole"),
+    ({"copy": 1}, ValueError, r"copy: must be auto, xpmem, adaptive, cma or "
+                              r"cico, not '1'"),
+    ({"timeout": [1]}, ValueError, r"^xhc tunable timeout: "),
 ])
 def test_keywords_are_checked_as_the_variables(given, kind, message):
     """A keyword's value is refused where the same XHC_* value would be,
@@ -183,7 +199,10 @@ def test_fit_to_load_needs_a_line_per_rank_in_a_window():
     # Each rank owns whole 64-byte lines of every reduce-scatter window.
     cfg = config.resolve(chunk_size=4096)
     assert config.fit_to_load(cfg, [[0]] * 64) == (True, 1)
-    with pytest.raises(ValueError, match=r"XHC_CHUNK_SIZE .* at least 4160"):
+    with pytest.raises(ValueError, match=r"^xhc tunable chunk_size: 4096 is "
+                       r"too small for 65 ranks \(a window holds 64 bytes per "
+                       r"rank\); set XHC_CHUNK_SIZE \(or chunk_size=\) to at "
+                       r"least 4160$"):
         config.fit_to_load(config.resolve(chunk_size=4096), [[0]] * 65)
 
 

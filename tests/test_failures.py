@@ -406,43 +406,46 @@ ARG_CASES = [
     ("comm-null", "TypeError",
      r"needs an intra-communicator \(got MPI\.COMM_NULL\); " + COMM_FIX),
     ("sleep-differs", "ValueError",
-     r"different sleep values .*: set XHC_SLEEP \(or sleep=\) alike"),
+     r"^xhc tunable sleep: ranks were given different values \(rank 0: "
+     r".*\); set XHC_SLEEP \(or sleep=\) alike on every rank$"),
     ("windows-differs", "ValueError",
-     r"different windows values .*: set XHC_WINDOWS \(or windows=\) alike"),
+     r"windows: ranks were given different values .*; set XHC_WINDOWS "
+     r"\(or windows=\) alike"),
     ("copy-differs", "ValueError",
-     r"different copy values \(rank 0: 'auto', rank 1: 'cico'\): set "
-     r"XHC_COPY"),
+     r"copy: ranks were given different values \(rank 0: 'auto', "
+     r"rank 1: 'cico'\); set XHC_COPY"),
     ("debug-differs", "ValueError",
-     r"different debug values \(rank 0: 'off', rank \d: 'on'\): set "
-     r"XHC_DEBUG \(or debug=\) alike"),
+     r"debug: ranks were given different values \(rank 0: 'off', "
+     r"rank \d: 'on'\); set XHC_DEBUG \(or debug=\) alike"),
     ("chunk-differs", "ValueError",
-     r"different chunk_size values .*: set XHC_CHUNK_SIZE"),
+     r"chunk_size: ranks were given different values .*; set "
+     r"XHC_CHUNK_SIZE"),
     ("hierarchy-differs", "ValueError",
-     r"different hierarchy values \(rank 0: 'virtual:2', rank 1: 'node'\): "
-     r"set XHC_HIERARCHY"),
+     r"hierarchy: ranks were given different values \(rank 0: "
+     r"'virtual:2', rank 1: 'node'\); set XHC_HIERARCHY"),
     ("hierarchy-reads-differ", "ValueError",
-     r"different hierarchy values \(rank 0: 'flat', rank 1: "
-     r"'numa,package'\): set XHC_HIERARCHY"),  # as xhc names them
-    ("windows-one", "ValueError", r"windows must be auto or 2 to 64"),
+     r"hierarchy: ranks were given different values \(rank 0: 'flat', "
+     r"rank 1: 'numa,package'\); set XHC_HIERARCHY"),  # as xhc names them
+    ("windows-one", "ValueError", r"windows: must be auto or 2 to 64"),
     ("split-nodes-differs", "ValueError",
-     r"different split_nodes values .*: set XHC_SPLIT_NODES \(or "
-     r"split_nodes=\) alike"),
+     r"split_nodes: ranks were given different values .*; set "
+     r"XHC_SPLIT_NODES \(or split_nodes=\) alike"),
     ("split-nodes-zero", "ValueError",
-     r"split_nodes must be 1 \(a node is a node\) or more"),
+     r"split_nodes: must be 1 \(a node is a node\) or more, not 0"),
     ("tunable-bad-on-one-rank", "ValueError",
-     r"^(rank {last}: )?xhc tunable chunk_size \(XHC_CHUNK_SIZE\): bad size "
-     r"'abc': use a number with an optional K, M or G suffix"),
+     r"^(rank {last}: )?xhc tunable chunk_size: bad size 'abc': use a "
+     r"number with an optional K, M or G suffix"),
     ("keyword-unknown-on-one-rank", "TypeError",
      r"^(rank {last}: )?xhc\.Comm got unknown keyword\(s\) \['hierachy'\]; "
      r"the tunables are hierarchy, topology, cico_max, "),
     ("spin-too-large-on-one-rank", "ValueError",
-     r"^(rank 0: )?spin must be at most 4294967295; set XHC_SPIN \(or "
-     r"spin=\) lower$"),
+     r"^(rank 0: )?xhc tunable spin: must be at most 4294967295, not "
+     r"\d+; set XHC_SPIN \(or spin=\) lower$"),
     ("hierarchy-bad-on-one-rank", "ValueError",
      r"^(rank {last}: )?unknown hierarchy level 'l9'; accepted: "),
     ("spin-infinite-on-one-rank", "ValueError",
-     r"^(rank {last}: )?xhc tunable spin \(XHC_SPIN\): inf is not a whole "
-     r"number; set it to 0 or more$"),
+     r"^(rank {last}: )?xhc tunable spin: inf is not a whole number; set "
+     r"XHC_SPIN \(or spin=\) to 0 or more$"),
     ("topology-not-a-path-on-one-rank", "TypeError",
      r"^(rank {last}: )?topology must be the path of an hwloc XML file or a "
      r"synthetic description such as 'pack:2 core:4 pu:1', not int$"),

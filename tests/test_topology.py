@@ -377,7 +377,8 @@ def test_ranks_with_different_topologies_all_refuse(mine, others):
     any of them takes the path of its own source; a rank without one
     is named as on this machine."""
     with pytest.raises(ValueError,
-                       match="different topology values.*XHC_TOPOLOGY") as e:
+                       match="^xhc tunable topology: ranks were given "
+                       "different values .*; set XHC_TOPOLOGY") as e:
         topology.gather_localities(NodeComm(1, None, others=others), mine)
     assert ("'this machine'" in str(e.value)) == (None in (mine, *others))
     assert "None" not in str(e.value)
@@ -834,12 +835,12 @@ print("rank", MPI.COMM_WORLD.rank, "exit", main(["info"]), flush=True)
 
 
 @pytest.mark.parametrize("var, value, said, split", [
-    ("XHC_SPIN", "x", r"XHC_SPIN\): 'x' is not a whole number", "1"),
-    ("XHC_CHUNK_SIZE", "64K", "different chunk_size values", "1"),
-    ("XHC_SPLIT_NODES", "2", "different split_nodes values", "1"),
-    ("XHC_HIERARCHY", "flat", "different hierarchy values", "1"),
+    ("XHC_SPIN", "x", r"tunable spin: 'x' is not a whole number", "1"),
+    ("XHC_CHUNK_SIZE", "64K", "chunk_size: ranks were given different", "1"),
+    ("XHC_SPLIT_NODES", "2", "split_nodes: ranks were given different", "1"),
+    ("XHC_HIERARCHY", "flat", "hierarchy: ranks were given different", "1"),
     # Ranks 0 and 1 make one node, rank 2 another, which must hear of it.
-    ("XHC_CHUNK_SIZE", "64K", "different chunk_size values", "2")])
+    ("XHC_CHUNK_SIZE", "64K", "chunk_size: ranks were given different", "2")])
 def test_info_refuses_settings_xhc_comm_refuses(tmp_path, var, value, said,
                                                 split):
     """info, given a setting on one rank that xhc.Comm would refuse (bad

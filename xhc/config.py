@@ -135,11 +135,16 @@ def resolve(**given):
         try:
             out[key] = default if value is None else _PARSERS[key](value)
         except (TypeError, ValueError, OverflowError) as e:
-            fix = f"; set it to {_MUST[key]}" if key in _MUST else ""
-            raise ValueError(f"xhc tunable {key} (XHC_{key.upper()}): "
-                             f"{e}{fix}") from None
+            raise tunable_error(key, e, "to " + _MUST[key]) from None
     _validate(out)
     return out
+
+
+def tunable_error(key, problem, how):
+    """The ValueError for tunable KEY, in the one form all of them take:
+    what is wrong (PROBLEM), then HOW to set XHC_KEY, or the keyword."""
+    return ValueError(f"xhc tunable {key}: {problem}; set "
+                      f"XHC_{key.upper()} (or {key}=) {how}")
 
 
 _COPIES = ("auto", "xpmem", "adaptive", "cma", "cico")
@@ -161,6 +166,7 @@ _RULES = [
 
 
 _MUST = {key: what for key, _, what in _RULES}
+_MUST["debug"] = "one of those"  # _switch's error lists them
 
 
 def _validate(cfg):
@@ -168,12 +174,12 @@ def _validate(cfg):
         if cfg[key] > most:
             if key in _SIZES:  # as the README gives it, too
                 most = f"{most} ({most >> 20}M)"
-            raise ValueError(f"{key} must be at most {most}; set "
-                             f"XHC_{key.upper()} (or {key}=) lower")
+            raise tunable_error(key, f"must be at most {most}, not "
+                                f"{cfg[key]}", "lower")
     for key, valid, what in _RULES:
         if not valid(cfg[key]):
-            raise ValueError(f"{key} must be {what}; set XHC_{key.upper()} "
-                             f"(or {key}=) to such a value")
+            raise tunable_error(key, f"must be {what}, not {cfg[key]!r}",
+                                "to such a value")
 
 
 # Bcast staging depth when ranks outnumber CPUs: windows per rank, at most
@@ -219,11 +225,11 @@ def check_alike(key, values):
     other = next((r for r, value in enumerate(values)
                   if str(value) != str(values[0])), None)
     if other is not None:
-        raise ValueError(f"xhc: ranks were given different {key} values "
-                         f"(rank {rank_name(0)}: {_shown(values[0])!r}, "
-                         f"rank {rank_name(other)}: "
-                         f"{_shown(values[other])!r}): set "
-                         f"XHC_{key.upper()} (or {key}=) alike on every rank")
+        raise tunable_error(key, "ranks were given different values "
+                            f"(rank {rank_name(0)}: {_shown(values[0])!r}, "
+                            f"rank {rank_name(other)}: "
+                            f"{_shown(values[other])!r})",
+                            "alike on every rank")
 
 
 def _shown(value):
@@ -270,10 +276,10 @@ def fit_to_load(cfg, cpu_sets, chosen=(), node_load=(0, 0)):
     """
     nranks, ncpu = len(cpu_sets), len(set().union(*map(set, cpu_sets)))
     if cfg["chunk_size"] < 64 * nranks:
-        raise ValueError(
-            f"chunk_size {cfg['chunk_size']} is too small for {nranks} "
-            f"ranks: a window holds 64 bytes per rank; set XHC_CHUNK_SIZE "
-            f"(or chunk_size=) to at least {64 * nranks}")
+        raise tunable_error(
+            "chunk_size", f"{cfg['chunk_size']} is too small for {nranks} "
+            "ranks (a window holds 64 bytes per rank)",
+            f"to at least {64 * nranks}")
     processes, cpus = node_load
     crowded = nranks > ncpu or 0 < cpus < processes
     if crowded and "spin" not in chosen:
