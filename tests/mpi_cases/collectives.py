@@ -99,18 +99,24 @@ _POOL = []
 
 
 def rand64(seed, count):
-    """COUNT pseudo-random uint64 that depend on SEED: a window of a fixed
-    random pool, at an offset chosen by SEED, XORed with SEED (one pass,
-    where mix() takes eight; large cases need all ranks' inputs)."""
+    """COUNT pseudo-random uint64 that depend on SEED: windows of a fixed
+    random pool, each at an offset chosen by SEED and its place, XORed
+    with that choice (one pass, where mix() takes eight; large cases need
+    all ranks' inputs, and 8 ranks share 2 cores)."""
     if count < 4096:
         return mix(seed, count)
     if not _POOL:
         _POOL.append(mix(0x5EED, 1 << 20))
     pool = _POOL[0]
-    if count > len(pool) // 2:
-        return mix(seed, count)
-    off = (seed >> 7) % (len(pool) - count + 1)
-    return pool[off:off + count] ^ np.uint64(seed & MASK64)
+    tile = len(pool) // 2
+    out = np.empty(count, np.uint64)
+    for start in range(0, count, tile):
+        n = min(tile, count - start)
+        key = (seed + start // tile * 0x9E3779B97F4A7C15) & MASK64
+        off = (key >> 7) % (len(pool) - n + 1)
+        np.bitwise_xor(pool[off:off + n], np.uint64(key),
+                       out=out[start:start + n])
+    return out
 
 
 def pattern(seed, nbytes):
