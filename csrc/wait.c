@@ -13,10 +13,12 @@
  *    wakes the flag's sleepers if its count is not 0 (xhc_publish).  A
  *    sleeping rank, unlike a yielding one, leaves its core to the ranks
  *    that still work.
- * 4. While yielding or sleeping, read the clock every few polls.  Every
- *    millisecond, let the front end drive its MPI library's progress
- *    (progress_hook): a peer may be blocked in a send to me, or an RMA on
- *    my window, before it can enter this collective.  Once
+ * 4. While yielding, read the clock every few polls; while sleeping,
+ *    after every sleep.  Every millisecond, let the front end drive its
+ *    MPI library's progress (progress_hook): a peer may be blocked in a
+ *    send to me, or an RMA on my window, before it can enter this
+ *    collective.  It raises no flag to wake me, so with a hook no sleep
+ *    lasts longer than that millisecond.  Once
  *    the peer's process is gone, or it has closed its context (freed its
  *    communicator, or is exiting), give up with an error that names it.
  *    Past CFG.timeout, give up too, unless some live rank has not yet
@@ -69,11 +71,13 @@
 #include "xhc_internal.h"
 
 #define XHC_YIELDS_PER_CHECK 64
-#define XHC_SLEEPS_PER_CHECK 4
 #define XHC_SLEEP_NS 20000000 /* a sleep's bound: liveness checks go on */
 #define XHC_PROGRESS_EVERY 1e-3 /* seconds between progress hook calls:
                                    rare enough that taking Python's GIL
                                    for them costs other threads little */
+#define XHC_PROGRESS_NS 1000000 /* ... and, with a hook, a sleep's bound:
+                                   a peer blocked in MPI on this rank
+                                   raises no flag to wake it */
 
 static double xhc_now(void)
 {
@@ -116,18 +120,17 @@ void xhc_wake(xhc_ctx_t *ctx, xhc_flag_t *flag)
 }
 
 /* Sleep until FLAG (PEER's) changes, unless it has reached WANT, or until
- * a bound passes. */
+ * BOUND passes. */
 static void xhc_sleep(xhc_ctx_t *ctx, xhc_flag_t *flag, uint64_t want,
-                     int peer, int exact)
+                     int peer, int exact, const struct timespec *bound)
 {
-    static const struct timespec bound = {0, XHC_SLEEP_NS};
     _Atomic uint32_t *sleepers = &xhc_ctl(ctx, peer)->wake.sleepers;
     /* Orders my count before my re-read of FLAG (see xhc_wake). */
     atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
     uint64_t v = atomic_load_explicit(flag, memory_order_seq_cst);
     if (!xhc_value_reached(v, want, exact))
         syscall(SYS_futex, xhc_futex_word(flag), FUTEX_WAIT, (uint32_t)v,
-                &bound, NULL, 0);
+                bound, NULL, 0);
     /* Relaxed: a writer that still counts me makes one futex wake more. */
     atomic_fetch_sub_explicit(sleepers, 1, memory_order_relaxed);
 }
@@ -276,16 +279,19 @@ static int xhc_wait_polling(xhc_ctx_t *ctx, xhc_flag_t *flag,
     if (ctx->block_hook)
         ctx->block_hook(ctx->block_arg);
     uint32_t sleep = ctx->cfg.sleep;
+    const struct timespec nap = {
+        0, ctx->progress_hook ? XHC_PROGRESS_NS : XHC_SLEEP_NS};
     int was_late = 0; /* someone was, at the last deadline */
     for (unsigned polls = 1;; polls++) {
         int asleep = sleep && polls > sleep;
         if (asleep)
-            xhc_sleep(ctx, flag, want, peer, exact);
+            xhc_sleep(ctx, flag, want, peer, exact, &nap);
         else
             sched_yield();
         if (xhc_reached(flag, want, exact))
             return 0;
-        if (polls % (asleep ? XHC_SLEEPS_PER_CHECK : XHC_YIELDS_PER_CHECK))
+        /* A sleep is long next to the clock read: check after each. */
+        if (!asleep && polls % XHC_YIELDS_PER_CHECK)
             continue;
         now = xhc_now();
         if (ctx->progress_hook && now >= progress_at) {

@@ -1162,6 +1162,42 @@ def test_a_pidfd_closed_by_someone_else_is_no_false_alarm():
             os.waitpid(pid, 0)
 
 
+def test_a_sleeping_rank_still_drives_progress_every_millisecond():
+    """Rank 0, with sleep set, sleeps in a Barrier that rank 1 enters
+    only after LATE seconds (as one blocked in an MPI send to rank 0
+    would, which raises no flag to wake it): its progress hook runs about
+    every millisecond all the same.  A sleep of 20 ms, and a hook call
+    only every fourth, made an MPI call that needed it 20-60x slower."""
+    late = 0.3
+    cfg = make_config(sleep=1, spin=1)
+    calls = []
+
+    @ffi.callback("void(void *)")
+    def hook(arg):
+        calls.append(time.monotonic())
+
+    with Segment(2, cfg) as seg:
+        ctxs = _pair(seg, cfg, [os.getpid()] * 2)
+        try:
+            lib.xhc_ctx_set_progress_hook(ctxs[0], hook, ffi.NULL)
+            got = []
+            waiter = threading.Thread(
+                target=lambda: got.append(lib.xhc_barrier(ctxs[0])))
+            t0 = time.monotonic()
+            waiter.start()  # cffi releases the GIL while it waits
+            time.sleep(late)
+            assert lib.xhc_barrier(ctxs[1]) == 0
+            waiter.join(20)
+            took = time.monotonic() - t0
+            assert got == [0]
+            # Ten times the hook's millisecond, to leave room for a loaded
+            # machine; the 80 ms of old gave a tenth of this.
+            assert len(calls) >= took / 0.01, (len(calls), took)
+        finally:
+            lib.xhc_ctx_close(ctxs[0])
+            lib.xhc_ctx_close(ctxs[1])
+
+
 def test_a_late_peer_is_waited_for_past_the_timeout():
     """Rank 1 (a child process) opens, then reaches the Barrier 4.5
     timeouts late, as a rank that reads its input while the others wait
