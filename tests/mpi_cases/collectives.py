@@ -3641,6 +3641,17 @@ def freed_comm_errors_as_mpi(v, comm):
            f"xhc {classes['xhc']}, mpi4py {classes['mpi4py']}")
     v.case("... and an XhcError, which pickles whole",
            kind if kind else None if whole else "not whole")
+    # free() (not Free()) leaves the wrapped communicator to its owner:
+    # what passes through to it goes on working.
+    c = xhc.Comm(comm)
+    c.free()
+    everyone = np.zeros(comm.size)
+    c.Allgather(np.array([comm.rank + 1.0]), everyone)
+    req = c.Ibcast(a, root=0)
+    req.Wait()
+    v.case("after free(), a call that passes through goes on",
+           None if np.array_equal(everyone, np.arange(1.0, comm.size + 1))
+           else f"got {everyone}")
 
 
 def read_only_errors_as_mpi4py(v, xcomm, comm):
