@@ -928,14 +928,16 @@ def test_small_reductions_that_disagree_on_op_or_dtype_fail(disagreeing,
     it with a Barrier: the ranks that read its part, and rank 1 reading
     theirs, fail at once, naming the difference (a Barrier's used to be
     a MPITruncateError); a Reduce's non-roots, which read nothing,
-    return; the ranks that wait on one that failed raise that it gave
-    up."""
+    return, unless one waits on the root to finish an earlier call (the
+    slot ring, under load); the ranks that wait on one that failed raise
+    that it gave up."""
     rep = disagreeing.by_rank(f"SMALL-DISAGREE-{case}-{n}")
     assert sorted(rep) == [0, 1, 2], disagreeing.output()
     failed = [r for r, kv in rep.items() if kv["exc"] != "None"]
     assert 0 in failed, rep  # the root, or a reader of rank 1's part
     if case.startswith("reduce"):
-        assert failed == [0], rep
+        assert "op or datatype" in rep[0]["msg"], rep[0]
+        assert all(GAVE_UP in rep[r]["msg"] for r in failed if r), rep
     for r in failed:
         assert rep[r]["exc"] == "XhcError", rep[r]
         assert "with another root, op or datatype" in rep[r]["msg"] or \

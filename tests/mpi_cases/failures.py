@@ -1202,10 +1202,10 @@ def stalled_inside_a_large_call(kind, late):
     c = xhc.Comm(W, timeout=late / 2.5, copy="cico", chunk_size=4096,
                  windows=2)
     a, b = np.full(8 << 20, RANK + 1.0), np.zeros(8 << 20)
-    if RANK == 0:
+    W.Barrier()
+    if RANK == 0:  # after the Barrier: a stop in MPI's would time nothing out
         subprocess.Popen(["sh", "-c", f"sleep 0.3; kill -STOP {os.getpid()}; "
                           f"sleep {late}; kill -CONT {os.getpid()}"])
-    W.Barrier()
 
     def until_one_fails():
         for calls in range(1, 101):  # 5 s or more, the stop 0.3 s in
