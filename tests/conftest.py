@@ -19,3 +19,16 @@ def cc():
     if found is None:
         pytest.fail("no C compiler: install gcc (apt-get install gcc)")
     return found
+
+
+def pytest_sessionstart(session):
+    """Stop at once, naming the fix, if the xhc the tests import has no
+    compiled core (a clone that was not built shadows an installed xhc
+    when pytest runs from its top): else every test module fails to
+    import, with ModuleNotFoundError: No module named 'xhc._xhc'."""
+    import xhc
+    try:
+        xhc._built("_xhc")
+        xhc._built("_hot")
+    except ImportError as e:
+        pytest.exit(str(e), returncode=pytest.ExitCode.USAGE_ERROR)

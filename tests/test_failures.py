@@ -1627,6 +1627,14 @@ def test_an_unbuilt_source_tree_names_the_fix(tmp_path):
     assert run("-m", "xhc", "--help").returncode == 0
     proc = run("-m", "xhc", "info", "--ranks", "3", "--hierarchy", "flat")
     assert proc.returncode == 0 and "{0-2}" in proc.stdout, proc.stderr
+    # pytest run from such a tree stops before collecting, naming the fix.
+    (tmp_path / "tests").mkdir()
+    shutil.copy(os.path.join(HERE, "conftest.py"), tmp_path / "tests")
+    (tmp_path / "tests" / "test_core.py").write_text(
+        "from xhc._xhc import lib\n\n\ndef test_core():\n    assert lib\n")
+    proc = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests")
+    assert proc.returncode == 4, proc.stdout + proc.stderr  # usage error
+    assert "xhc's C core is not built in" in proc.stdout, proc.stdout
 
 
 # An xhc.Comm (and its shared arrays) still alive when the interpreter
