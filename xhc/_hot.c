@@ -860,9 +860,8 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
             PyTuple_GET_ITEM(plan, PyTuple_GET_SIZE(plan) - 1));
         /* The plan keeps the call and its buffers alive; our reference
          * holds it in case the GIL is released, whatever another thread
-         * does. */
-        if (call)
-            rc = hot_invoke(h, h->run, call, h->barrier, h->ctx);
+         * does.  A plan's call is never 0: only an error gives none. */
+        rc = call ? hot_invoke(h, h->run, call, h->barrier, h->ctx) : -1;
         Py_DECREF(plan);
         views_release(&hv);
         if (!call)
