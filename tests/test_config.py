@@ -304,6 +304,13 @@ def test_a_crowded_node_crowds_each_communicator_on_it():
     cfg = config.resolve()
     assert config.fit_to_load(cfg, [[0], [1]], (), (64, 64)) == (False, 2)
     assert config.fit_to_load(cfg, [[0], [1]], (), (0, 0)) == (False, 2)
+    # A communicator of one rank there waits for no one: none of the
+    # crowded extras, whose staging took 16 MiB of /dev/shm for nothing.
+    cfg, alone = config.resolve(), config.resolve()
+    assert config.fit_to_load(cfg, [[0]], (), (4, 2)) == (False, 1)
+    config.fit_to_load(alone, [[0]])
+    assert cfg == alone and cfg["bcast_rounds"] == cfg["rs_window"] == 0
+    assert cfg["windows"] == 2 and cfg["spin"] == config.DEFAULTS["spin"]
 
 
 def test_what_was_cut_is_named_as_the_user_knows_it():

@@ -281,7 +281,8 @@ def fit_to_load(cfg, cpu_sets, chosen=(), node_load=(0, 0)):
             "ranks (a window holds 64 bytes per rank)",
             f"to at least {64 * nranks}")
     processes, cpus = node_load
-    crowded = nranks > ncpu or 0 < cpus < processes
+    # A rank alone waits for no one: the extras would only take memory.
+    crowded = nranks > 1 and (nranks > ncpu or 0 < cpus < processes)
     if crowded and "spin" not in chosen:
         cfg["spin"] = min(cfg["spin"], 16)
     cfg["bcast_rounds"] = _CROWDED_ROUNDS if crowded else 0
