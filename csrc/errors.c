@@ -44,8 +44,9 @@ const char *xhc_strerror(int code)
                "error says why";
     case XHC_ERR_ADDRESS_SPACE:
         return "no address space left in this process to map a peer's "
-               "array from xhc.shared_arrays() (a ulimit -v?): raise the "
-               "limit, or make such arrays outside shared_arrays()";
+               "array from xhc.shared_arrays() (a ulimit -v, or as many "
+               "mappings as the kernel's vm.max_map_count allows?): raise "
+               "the limit, or make such arrays outside shared_arrays()";
     default: return code < 0 ? strerror(-code) : "unknown error";
     }
 }

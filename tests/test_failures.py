@@ -450,14 +450,16 @@ ARG_CASES = [
      r"^(rank {last}: )?topology must be the path of an hwloc XML file or a "
      r"synthetic description such as 'pack:2 core:4 pu:1', not int$"),
     ("empty-too-large", "XhcError",
-     r"allocating shared memory: No space left on device \(/dev/shm has "
-     r"not that much free: .*mount it larger"),
+     r"^allocating \d+ B of shared memory for {n} ranks \(/dev/shm has \d+ "
+     r"B free\): No space left on device \(/dev/shm has not that much "
+     r"free: .*mount it larger"),
     ("empty-negative", "ValueError",
      r"^Comm\.empty: negative dimension in shape \(4, -1\); give every "
      r"dimension 0 or more$"),
     ("empty-one-too-many", "ValueError",
-     r"^Comm\.empty: this xhc\.Comm holds 64 arrays, as many as one "
-     r"communicator can; allocate fewer, larger arrays, or wrap the "
+     r"^Comm\.empty: this xhc\.Comm holds 64 arrays \(those dropped too: "
+     r"their memory stays until free\(\)\), as many as one communicator "
+     r"can; allocate fewer, larger arrays and reuse them, or wrap the "
      r"communicator again \(xhc\.Comm\(comm\)\) for more$"),
     ("empty-object", "TypeError",
      r"object holds Python objects, .*; use a numeric dtype$"),

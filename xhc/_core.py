@@ -543,7 +543,11 @@ def _map_everywhere(comm, total):
         rc = 0 if comm.rank or any(opened) \
             else lib.xhc_shm_reserve(fd, total)
         _all_or_none(opened)
-        check(comm.bcast(rc, root=0), "allocating shared memory")
+        rc = comm.bcast(rc, root=0)
+        free = shm_free() if rc == -errno.ENOSPC else None
+        check(rc, "allocating shared memory" if free is None else
+              f"allocating {total} B of shared memory for {comm.size} ranks "
+              f"(/dev/shm has {free} B free)")
         mm, failed = _map_file(fd, total)
         try:
             _all_or_none(comm.allgather(failed))

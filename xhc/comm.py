@@ -268,9 +268,11 @@ class Comm(HotComm):
         fit = config.fit_segment(cfg, n, frees, node_ranks,
                                  lambda c: _core.segment_size(n, c), chosen)
         if fit["free"] is not None and fit["bytes"] > fit["free"]:
+            need, free = _mib(fit["bytes"]), _mib(fit["free"])
+            if need == free:  # less than a tenth of a MiB apart
+                need, free = f"{fit['bytes']} B", f"{fit['free']} B"
             raise _core.error(-errno.ENOSPC, f"sizing the shared segment "
-                              f"({_mib(fit['bytes'])} for {n} ranks, "
-                              f"{_mib(fit['free'])} free)")
+                              f"({need} for {n} ranks, {free} free)")
         said = _space_warning(fit, cfg)
         if not said:  # alike on every rank: all fit the same numbers
             return
@@ -1016,10 +1018,11 @@ class Comm(HotComm):
         self._usable()  # raises if freed
         if len(self._keep) >= lib.XHC_MAX_REGIONS:  # alike on every rank
             raise ValueError(
-                f"Comm.empty: this xhc.Comm holds {len(self._keep)} arrays, "
-                "as many as one communicator can; allocate fewer, larger "
-                "arrays, or wrap the communicator again (xhc.Comm(comm)) "
-                "for more")
+                f"Comm.empty: this xhc.Comm holds {len(self._keep)} arrays "
+                "(those dropped too: their memory stays until free()), as "
+                "many as one communicator can; allocate fewer, larger "
+                "arrays and reuse them, or wrap the communicator again "
+                "(xhc.Comm(comm)) for more")
         arr, keep = _core.shared_array(self._comm, self._ctx, shape, dtype)
         self._keep.append(keep)
         return arr
