@@ -76,6 +76,10 @@ _AS_TOLD = {
     lib.XHC_ERR_COPY: "a single-copy read of the buffer of {} failed",
     lib.XHC_ERR_LEADER: "{} failed in an earlier step of this collective "
                         "over several nodes: its own error says why",
+    lib.XHC_ERR_ADDRESS_SPACE: "the rank that gave up first had no address "
+                               "space left to map an array of {} from "
+                               "xhc.shared_arrays() (a ulimit -v, or "
+                               "vm.max_map_count?)",
 }
 
 

@@ -1986,27 +1986,42 @@ def address_space_left(short, nbytes):
 
 def arena_no_address_space(comm, v):
     """A reader that cannot map even the pages of the root's arena array
-    raises naming the address space and the way out, and the
-    communicator then works: the same Bcast, with room again, arrives."""
+    raises naming the address space and the way out; in an Allreduce,
+    the ranks that wait on it hear that it ran short, and whose array it
+    could not map.  The communicator then works: the same calls, with
+    room again, arrive."""
     n, rank = comm.size, comm.rank
     xcomm = xhc.Comm(comm)
     a = arena_empty(2 << 20)  # 16 MiB
     a[:] = 5 if rank == 0 else 0
-    error = None
-    with address_space_left(rank == n - 1, 8 << 20):
-        try:
-            xcomm.Bcast(a, root=0)
-        except xhc.XhcError as exc:
-            error = str(exc)
+    errors = []
+    for call in (lambda: xcomm.Bcast(a, root=0),
+                 lambda: xcomm.Allreduce(MPI.IN_PLACE, a)):
+        with address_space_left(rank == n - 1, 8 << 20):
+            try:
+                call()
+                errors.append(None)
+            except xhc.XhcError as exc:
+                errors.append(str(exc))
+        xcomm.Barrier()
     v.check("arena, no address space: the reader's error",
-            rank != n - 1 or (error and "no address space left" in error
-                              and "outside shared_arrays()" in error),
-            error)
-    xcomm.Barrier()
+            rank != n - 1 or (errors[0] and "no address space left" in
+                              errors[0] and "outside shared_arrays()" in
+                              errors[0]), errors[0])
+    told = "the rank that gave up first had no address space left to map " \
+        "an array of rank "
+    v.check("arena, no address space: as told to a peer",
+            n == 1 or (errors[1] and ("no address space left in this "
+                                      "process" if rank == n - 1 else told)
+                       in errors[1]), errors[1])
     a[:] = 6 if rank == 0 else 0
     xcomm.Bcast(a, root=0)
     v.case("arena, no address space: the next Bcast",
            None if (a == 6).all() else "wrong data")
+    a[:] = rank + 1
+    xcomm.Allreduce(MPI.IN_PLACE, a)
+    v.case("arena, no address space: the next Allreduce",
+           None if (a == n * (n + 1) // 2).all() else "wrong data")
     xcomm.free()
 
 
