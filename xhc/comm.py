@@ -703,7 +703,7 @@ class Comm(HotComm):
     @leaving
     def Bcast_init(self, buf, root=0, info=None):
         """A persistent Bcast of BUF from ROOT."""
-        mine = buf if _same_rank(root, self._comm.rank) else None
+        mine = buf if _same_rank(root, self._rank) else None
         flags = self._shared_flag("Bcast_init", mine)
         with self._agreed():
             extra = _info(info)
@@ -735,7 +735,7 @@ class Comm(HotComm):
         """A persistent Reduce of SENDBUF into ROOT's RECVBUF."""
         flags = self._shared_flag("Reduce_init",
                                   None if in_place(sendbuf) else sendbuf,
-                                  recvbuf if _same_rank(root, self._comm.rank)
+                                  recvbuf if _same_rank(root, self._rank)
                                   else None)
         with self._agreed():
             extra = _info(info)
@@ -761,7 +761,7 @@ class Comm(HotComm):
         the slots (see config.fit_to_load)."""
         # Comm.empty is collective: no rank or every rank has such memory;
         # an arena any rank may have, where the ranks may map each other's.
-        if not self._usable() or self._crowded or self._comm.size == 1 \
+        if not self._usable() or self._crowded or self._size == 1 \
                 or not (self._keep or self.xhc_info.get("arena")):
             return 0
         v = ffi.new("int32_t[1]",

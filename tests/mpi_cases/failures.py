@@ -401,6 +401,8 @@ def suite_args(xc):
     freed.free()
     with xhc.Comm(W) as closed:
         closed.Barrier()
+    freed_dup = xhc.Comm(W).Dup()  # whose free() frees its communicator
+    freed_dup.free()
     every_other = MPI.DOUBLE.Create_vector(2, 1, 2).Commit()  # extent 24 B
 
     cases = [
@@ -497,6 +499,11 @@ def suite_args(xc):
         ("freed-dup", lambda c: freed.Dup()),
         ("freed-clone", lambda c: freed.Clone()),
         ("freed-with-barrier", lambda c: closed.Barrier()),
+        ("freed-dup-bcast-init", lambda c: freed_dup.Bcast_init(f8(4))),
+        ("freed-dup-reduce-init",
+         lambda c: freed_dup.Reduce_init(f8(4), f8(4), root=0)),
+        ("freed-dup-allreduce-init",
+         lambda c: freed_dup.Allreduce_init(f8(4), f8(4))),
         ("intercomm", lambda c: intercomm_case()),
         ("not-a-comm", lambda c: xhc.Comm(None)),
         ("comm-null", lambda c: xhc.Comm(W.Split(MPI.UNDEFINED))),
