@@ -447,8 +447,8 @@ ARG_CASES = [
      r"^(rank {last}: )?topology must be the path of an hwloc XML file or a "
      r"synthetic description such as 'pack:2 core:4 pu:1', not int$"),
     ("empty-too-large", "XhcError",
-     r"^allocating \d+ B of shared memory for {n} ranks \(/dev/shm has \d+ "
-     r"B free\): No space left on device \(/dev/shm has not that much "
+     r"^allocating [0-9.]+ MiB of shared memory for {n} ranks \([0-9.]+ MiB "
+     r"free there\): No space left on device \(/dev/shm has not that much "
      r"free: .*mount it larger"),
     ("empty-negative", "ValueError",
      r"^Comm\.empty: negative dimension in shape \(4, -1\); give every "

@@ -550,8 +550,8 @@ def _map_everywhere(comm, total):
         rc = comm.bcast(rc, root=0)
         free = shm_free() if rc == -errno.ENOSPC else None
         check(rc, "allocating shared memory" if free is None else
-              f"allocating {total} B of shared memory for {comm.size} ranks "
-              f"(/dev/shm has {free} B free)")
+              f"allocating {total / (1 << 20):.1f} MiB of shared memory for "
+              f"{comm.size} ranks ({free / (1 << 20):.1f} MiB free there)")
         mm, failed = _map_file(fd, total)
         try:
             _all_or_none(comm.allgather(failed))

@@ -798,7 +798,7 @@ def special_values(v, xcomm, comm, sz, quick, reduce_root=None):
     Open MPI keeps whichever operand `<` picks, so a NaN on one rank is
     kept or dropped by where it sits."""
     n, rank = comm.size, comm.rank
-    case = 0
+    case = ran = 0
     for dt in FLOAT_DTYPES:
         counts = sz.small_counts(dt.itemsize)[1::2] + \
             sz.large_counts(dt.itemsize, n)
@@ -807,10 +807,12 @@ def special_values(v, xcomm, comm, sz, quick, reduce_root=None):
                 case += 1
                 if quick and (j + k) % 2:
                     continue
+                ran += 1  # the roots take turns over the cases run
                 ins = [special_inputs(dt, op, count, seed_of(30, case, r))
                        for r in range(n)]
                 in_place = (case % 3 == 0)
-                root = None if reduce_root is None else (reduce_root + j) % n
+                root = None if reduce_root is None else \
+                    (reduce_root + ran) % n
                 got = ins[rank].copy() if in_place else np.zeros(count, dt)
                 send = MPI.IN_PLACE if in_place else ins[rank]
                 if root is None:
