@@ -108,11 +108,21 @@ def test_hierarchy_specs_are_checked_and_none_keeps_the_default():
     specs = config.hierarchies({"bcast": None, "allreduce": "node"})
     assert specs["bcast"] == config.HIERARCHY_DEFAULTS["bcast"]
     assert specs["allreduce"] == "node"
-    with pytest.raises(ValueError, match=r"unknown hierarchy level 'l9'"):
+    with pytest.raises(ValueError, match=r"^xhc tunable hierarchy: unknown "
+                       r"hierarchy level 'l9'; accepted: .*; set "
+                       r"XHC_HIERARCHY \(or hierarchy=\) to levels such as "
+                       r"'numa,socket', or flat$"):
         config.hierarchies({"reduce": "l3,l9"})
-    with pytest.raises(ValueError, match=r"K in virtual:K must be an "
-                       r"integer >= 1"):
+    with pytest.raises(ValueError, match=r"^xhc tunable hierarchy: bad level "
+                       r"'virtual:x': K in virtual:K must be an integer >= 1"):
         config.hierarchies("virtual:x")
+    with pytest.raises(ValueError, match=r"^xhc tunable hierarchy: no such "
+                       r"operations as \['gather'\]; set XHC_HIERARCHY \(or "
+                       r"hierarchy=\) per operation of \['allreduce', "):
+        config.hierarchies({"gather": "numa"})
+    with pytest.raises(TypeError, match=r"^xhc tunable hierarchy: a "
+                       r"hierarchy spec is a comma string .*not int; set "):
+        config.hierarchies({"bcast": 5})
 
 
 @pytest.mark.parametrize("given, kind, message", [
@@ -133,8 +143,9 @@ def test_keywords_are_checked_as_the_variables(given, kind, message):
 
 
 def test_hierarchy_of_the_wrong_type_and_flat():
-    with pytest.raises(TypeError, match=r"hierarchy must be a spec such as "
-                       r"'numa,socket'.*not int"):
+    with pytest.raises(TypeError, match=r"^xhc tunable hierarchy: must be a "
+                       r"spec such as 'numa,socket'.*not int; set "
+                       r"XHC_HIERARCHY \(or hierarchy=\) to such a value$"):
         config.hierarchies(5)
     from xhc.hierarchy import parse_levels
     assert parse_levels("flat") == [] == parse_levels("")

@@ -439,13 +439,15 @@ ARG_CASES = [
      r"^(rank 0: )?xhc tunable spin: must be at most 4294967295, not "
      r"\d+; set XHC_SPIN \(or spin=\) lower$"),
     ("hierarchy-bad-on-one-rank", "ValueError",
-     r"^(rank {last}: )?unknown hierarchy level 'l9'; accepted: "),
+     r"^(rank {last}: )?xhc tunable hierarchy: unknown hierarchy level "
+     r"'l9'; accepted: .*; set XHC_HIERARCHY"),
     ("spin-infinite-on-one-rank", "ValueError",
      r"^(rank {last}: )?xhc tunable spin: inf is not a whole number; set "
      r"XHC_SPIN \(or spin=\) to 0 or more$"),
     ("topology-not-a-path-on-one-rank", "TypeError",
-     r"^(rank {last}: )?topology must be the path of an hwloc XML file or a "
-     r"synthetic description such as 'pack:2 core:4 pu:1', not int$"),
+     r"^(rank {last}: )?xhc tunable topology: must be the path of an hwloc "
+     r"XML file or a synthetic description such as 'pack:2 core:4 pu:1', "
+     r"not int; set XHC_TOPOLOGY \(or topology=\) to such a value$"),
     ("empty-too-large", "XhcError",
      r"^allocating [0-9.]+ MiB of shared memory for {n} ranks \([0-9.]+ MiB "
      r"free there\): No space left on device \(/dev/shm has not that much "

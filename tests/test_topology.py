@@ -981,8 +981,9 @@ def test_a_missing_topology_file_is_named(tmp_path):
         gc.collect()
     assert not [w for w in caught if w.category is ResourceWarning], \
         [str(w.message) for w in caught]
-    with pytest.raises(TypeError, match=r"topology must be the path of an "
-                       r"hwloc XML file or a synthetic description"):
+    with pytest.raises(TypeError, match=r"^xhc tunable topology: must be the "
+                       r"path of an hwloc XML file or a synthetic "
+                       r"description"):
         local_locality(5)
 
 

@@ -140,11 +140,12 @@ def resolve(**given):
     return out
 
 
-def tunable_error(key, problem, how):
-    """The ValueError for tunable KEY, in the one form all of them take:
-    what is wrong (PROBLEM), then HOW to set XHC_KEY, or the keyword."""
-    return ValueError(f"xhc tunable {key}: {problem}; set "
-                      f"XHC_{key.upper()} (or {key}=) {how}")
+def tunable_error(key, problem, how, kind=ValueError):
+    """The error (of KIND) for tunable KEY, in the one form all of them
+    take: what is wrong (PROBLEM), then HOW to set XHC_KEY, or the
+    keyword."""
+    return kind(f"xhc tunable {key}: {problem}; set XHC_{key.upper()} "
+                f"(or {key}=) {how}")
 
 
 _COPIES = ("auto", "xpmem", "adaptive", "cma", "cico")
@@ -397,17 +398,23 @@ def hierarchies(hierarchy=None):
     elif isinstance(hierarchy, dict):
         unknown = set(hierarchy) - set(HIERARCHY_DEFAULTS)
         if unknown:
-            raise ValueError(f"hierarchy for unknown operations {unknown}: "
-                             f"use {sorted(HIERARCHY_DEFAULTS)}")
+            raise tunable_error("hierarchy", "no such operations as "
+                                f"{sorted(unknown)}", "per operation of "
+                                f"{sorted(HIERARCHY_DEFAULTS)}")
         specs = {**HIERARCHY_DEFAULTS,
                  **{op: spec for op, spec in hierarchy.items()
                     if spec is not None}}
     elif isinstance(hierarchy, (str, list, tuple)):
         specs = {op: hierarchy for op in HIERARCHY_DEFAULTS}
     else:
-        raise TypeError("hierarchy must be a spec such as 'numa,socket' "
-                        "(or a list of levels), or a dict of them per "
-                        f"operation, not {type(hierarchy).__name__}")
+        raise tunable_error(
+            "hierarchy", "must be a spec such as 'numa,socket' (or a list "
+            "of levels), or a dict of them per operation, not "
+            f"{type(hierarchy).__name__}", "to such a value", TypeError)
     for spec in specs.values():
-        parse_levels(spec)
+        try:
+            parse_levels(spec)
+        except (TypeError, ValueError) as e:
+            raise tunable_error("hierarchy", e, "to levels such as "
+                                "'numa,socket', or flat", type(e)) from None
     return specs

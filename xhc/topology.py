@@ -32,7 +32,7 @@ import subprocess
 import sys
 import warnings
 
-from .config import check_alike
+from .config import check_alike, tunable_error
 from .errors import XhcError, agree, error_text
 from .hierarchy import placeless, reads_topology
 
@@ -101,9 +101,10 @@ def source_of(topology):
     if not topology:
         return None
     if not isinstance(topology, (str, os.PathLike)):
-        raise TypeError(f"topology must be the path of an hwloc XML file or "
-                        f"a synthetic description such as 'pack:2 core:4 pu:1', "
-                        f"not {type(topology).__name__}")
+        raise tunable_error(
+            "topology", "must be the path of an hwloc XML file or a "
+            "synthetic description such as 'pack:2 core:4 pu:1', not "
+            f"{type(topology).__name__}", "to such a value", TypeError)
     topology = os.fspath(topology)
     topology = topology.strip() if isinstance(topology, str) else topology
     if not topology:
