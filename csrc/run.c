@@ -6,6 +6,8 @@
 
 int xhc_run(const xhc_call_t *c)
 {
+    if (c->flags & ~XHC_CALL_SHARED) /* the core's own flags are not its */
+        return XHC_ERR_ARG;
     switch (c->kind) {
     case XHC_BARRIER:
         return xhc_barrier(c->ctx);

@@ -10,6 +10,20 @@
  * they return: 1 or 0, a size, a rank (-1: none), or an error code that
  * some call failed with (0: none).
  *
+ * The rules every collective here keeps (the front end keeps them for
+ * its users):
+ * 1. Collective calls (marked so below, and every xhc_barrier, bcast,
+ *    allreduce, reduce, run and agree) are entered by every rank of the
+ *    context, in the same order, with the same root, dtype, op and size;
+ *    the core detects most differences (XHC_ERR_DISAGREE, _MISMATCH).
+ * 2. Every rank passes the same xhc_config_t and the same hierarchy
+ *    tables; neither is checked against the peers'.
+ * 3. A context is used by one thread at a time.
+ * 4. Messages go up to 2^40 bytes; a Bcast counts bytes, a reduction
+ *    elements of its dtype.
+ * The core reads no environment and prints nothing; it needs
+ * _GNU_SOURCE to build and -lrt -ldl -lpthread to link (xhc/_build.py).
+ *
  * The region between the cffi markers is read verbatim by xhc/_build.py as
  * the cdef, so it must stay plain C declarations.
  */
@@ -18,6 +32,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* cffi:begin */
 typedef struct xhc_ctx xhc_ctx_t;
@@ -30,7 +48,8 @@ typedef struct xhc_ctx xhc_ctx_t;
 #define XHC_ERR_ARG       -5005 /* an argument is out of range */
 #define XHC_ERR_HIERARCHY -5006 /* no hierarchy set, or a malformed one */
 #define XHC_ERR_COPY      -5007 /* single-copy read of a peer failed */
-#define XHC_ERR_FREED     -5008 /* the context was closed */
+#define XHC_ERR_FREED     -5008 /* no context (NULL), as a front end
+                                   passes for one it closed */
 #define XHC_ERR_PEER_LEFT -5009 /* a peer gave up on this operation after
                                    an error of its own */
 #define XHC_ERR_MISMATCH  -5010 /* this rank's buffer and a peer's differ
@@ -94,6 +113,11 @@ enum xhc_path {
     XHC_NPATHS
 };
 
+/* Every rank's the same.  xhc_ctx_open refuses (XHC_ERR_ARG) a cico_max
+ * under XHC_INLINE_MAX, a chunk_size under 4096 or under 64 bytes a
+ * rank, sizes not whole 64-byte lines, an rs_window under chunk_size
+ * (but 0), fewer than 2 windows, a timeout not above 0, and a copy of
+ * XHC_COPY_XPMEM (xhc_ctx_set_xpmem sets it). */
 typedef struct xhc_config {
     uint64_t cico_max;   /* largest message moved through the segment */
     uint64_t reduce_cico_max; /* 0, or the largest Reduce moved through
@@ -114,6 +138,8 @@ typedef struct xhc_config {
     int32_t copy;        /* an xhc_copy: the large-message mechanism */
 } xhc_config_t;
 
+/* The bytes of a segment for NRANKS ranks with CFG: what xhc_shm_create
+ * and xhc_ctx_open take as SIZE. */
 size_t xhc_segment_size(int nranks, const xhc_config_t *cfg);
 /* Create NAME with SIZE bytes, -ENOSPC if /dev/shm has not that much
  * free; its pages are reserved by the ranks' xhc_ctx_open, each those it
@@ -131,9 +157,13 @@ int xhc_shm_reserve(int fd, size_t size);
  * against the open-files limit; one made without a file keeps none. */
 int xhc_shm_map_over(void *addr, size_t size, int fd);
 
-/* Every rank must have returned from xhc_ctx_open before any rank calls a
- * collective: until a rank opens, its flags do not yet hold seq_start.
- * Rank 0 opens first: it writes the header the others check. */
+/* Open rank RANK's context on the segment NAME of SIZE
+ * bytes: XHC_ERR_ARG unless SIZE is xhc_segment_size(NRANKS, CFG) and
+ * CFG in range, XHC_ERR_SEGMENT if rank 0 opened it for another
+ * layout.  Every rank must have returned from xhc_ctx_open
+ * before any rank calls a collective: until a rank opens, its flags do
+ * not yet hold seq_start.  Rank 0 opens first: it writes the header the
+ * others check.  Then set a hierarchy for every kind. */
 int xhc_ctx_open(xhc_ctx_t **out, const char *name, size_t size,
                  int rank, int nranks, const xhc_config_t *cfg);
 /* The same, on the segment's open file FD (which stays open): every rank
@@ -149,9 +179,22 @@ int xhc_ctx_open_fd(xhc_ctx_t **out, int fd, size_t size, int rank,
  * peers may already be running collectives.  A NULL context does
  * nothing. */
 void xhc_ctx_map_windows(xhc_ctx_t *ctx);
+/* The hierarchy of collective KIND (an xhc_kind): GROUPS is NLEVELS x
+ * nranks ints, level by level from the bottom, each rank's group number
+ * at that level; ranks that share a group share one at every level
+ * above, and the top level is one group of every rank (else
+ * XHC_ERR_HIERARCHY).  A group's leader is the root if it holds it, else
+ * its lowest rank.  NLEVELS is 1 to XHC_MAX_LEVELS.  Every rank passes
+ * the same table (not checked: other tables give wrong results).  The
+ * core copies GROUPS. */
 int xhc_ctx_set_hierarchy(xhc_ctx_t *ctx, int kind, int nlevels,
                           const int *groups);
+/* Every rank's process id (nranks of them; 0: unknown), which CMA reads
+ * by and a wait checks is alive.  Without it, a peer that exits is found
+ * only by the timeout, and CMA cannot work. */
 int xhc_ctx_set_pids(xhc_ctx_t *ctx, const int64_t *pids);
+/* Set this rank's large-message mechanism (an xhc_copy; XPMEM only after
+ * xhc_ctx_set_xpmem), as every rank must alike, between collectives. */
 int xhc_ctx_set_copy(xhc_ctx_t *ctx, int copy);
 /* Called (with ARG) when a wait stops spinning and starts yielding the
  * CPU, at most a few times per collective: a front end that holds a
@@ -163,14 +206,27 @@ int xhc_ctx_set_block_hook(xhc_ctx_t *ctx, void (*hook)(void *), void *arg);
  * enters the collective completes (MPI's progress rule). */
 int xhc_ctx_set_progress_hook(xhc_ctx_t *ctx, void (*hook)(void *),
                               void *arg);
+/* Register [BASE, BASE+SIZE) as node-shared memory that the collectives
+ * read in place: a buffer inside it is described to peers as (region,
+ * offset), which each peer resolves against its own mapping of the same
+ * memory.  So every rank registers the same memory (mapped anywhere) in
+ * the same order; private memory given as a region gives wrong results.
+ * At most XHC_MAX_REGIONS; a region stays registered until close. */
 int xhc_ctx_add_region(xhc_ctx_t *ctx, void *base, size_t size);
+/* Where peers find this rank's probe word, which xhc_cma_probe reads.
+ * It lets any process of the same user ptrace this one
+ * (PR_SET_PTRACER_ANY), as CMA needs where Yama's ptrace_scope is 1. */
 uintptr_t xhc_ctx_probe_address(xhc_ctx_t *ctx);
+/* 0 if this rank reads PEER's probe word at ADDRESS (PEER's
+ * xhc_ctx_probe_address) by CMA; else an error code.  Needs the pids. */
 int xhc_cma_probe(xhc_ctx_t *ctx, int peer, uintptr_t address);
 /* XPMEM, collectively: every rank makes its segment, the front end
  * allgathers the segment ids (and probe addresses), every rank sets them
  * all, which switches its copy mode to XHC_COPY_XPMEM. */
 int xhc_ctx_xpmem_make(xhc_ctx_t *ctx, int64_t *segid, uintptr_t *probe);
 int xhc_ctx_set_xpmem(xhc_ctx_t *ctx, const int64_t *segids);
+/* 0 if this rank reads PEER's probe word at ADDRESS (from PEER's
+ * xhc_ctx_xpmem_make) through XPMEM; else an error code. */
 int xhc_xpmem_probe(xhc_ctx_t *ctx, int peer, uintptr_t address);
 /* This rank gave up on the collective it began last, after an error of
  * its own: peers that wait on it there fail at once (XHC_ERR_PEER_LEFT),
@@ -211,6 +267,9 @@ int xhc_ctx_completed(xhc_ctx_t *ctx);
 /* 1 if this rank refused a call (withdrew) since its last collective
  * began, even one it gave up; else 0. */
 int xhc_ctx_refused(xhc_ctx_t *ctx);
+/* Free the context; peers that wait on this rank later fail
+ * (XHC_ERR_PEER_CLOSED).  Not collective; unlinking the segment's name
+ * is the caller's (xhc_shm_unlink).  A NULL context does nothing. */
 void xhc_ctx_close(xhc_ctx_t *ctx);
 
 /* One collective described once, run many times: the front end keeps a
@@ -237,8 +296,16 @@ typedef struct xhc_call {
  * not outnumber cores. */
 #define XHC_CALL_SHARED 1
 
+/* Collective: run CALL's collective, as the four calls below do; other
+ * flag bits than XHC_CALL_* are refused (XHC_ERR_ARG). */
 int xhc_run(const xhc_call_t *call);
 
+/* The collectives.  On return this rank's part is complete: its buffers
+ * may be reused, and a receive buffer holds the result.  A reduction
+ * whose SBUF is RBUF runs in place; buffers that overlap otherwise give
+ * undefined results.  A Reduce's non-root ranks may pass RBUF NULL.
+ * The result of a reduction over floats folds in the order the
+ * hierarchy gives, the same on every rank. */
 int xhc_barrier(xhc_ctx_t *ctx);
 int xhc_bcast(xhc_ctx_t *ctx, void *buf, size_t nbytes, int root);
 int xhc_allreduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
@@ -264,20 +331,31 @@ int xhc_failed_cause(const xhc_ctx_t *ctx, int *rank);
  * known), and in *RANK the rank that error names: what keeps it from a
  * later collective that times out waiting on it. */
 int xhc_peer_gave_up(xhc_ctx_t *ctx, int peer, int *rank);
+/* The calls that took PATH (an xhc_path) on this rank; 0 for no path. */
 uint64_t xhc_stat(const xhc_ctx_t *ctx, int path);
+/* The sequence number of this rank's last collective. */
 uint64_t xhc_seq(const xhc_ctx_t *ctx);
+/* The bytes of an element of DTYPE (0: no such dtype). */
 size_t xhc_dtype_size(int dtype);
+/* 1 if OP is defined on DTYPE (the bitwise ops on integers only), else
+ * 0. */
 int xhc_op_valid(int dtype, int op);
 /* inout[i] = in[i] op inout[i] for COUNT elements, with the collectives'
  * kernels (as an MPI user-defined op computes); XHC_ERR_ARG if OP is not
  * defined on DTYPE. */
 int xhc_fold_into(void *inout, const void *in, size_t count, int dtype,
                   int op);
+/* 0 if XPMEM works here; -ENOENT: no libxpmem; -ENODEV: libxpmem, but
+ * no working /dev/xpmem. */
 int xhc_xpmem_check(void);
+/* 0 if this process can read its own memory by process_vm_readv (no
+ * seccomp filter forbids it), else an error code. */
 int xhc_cma_selftest(void);
 /* "x86-64-v4", "x86-64-v3" or "x86-64": the reduction kernels chosen for
  * this CPU; NULL if they were built once, without dispatch. */
 const char *xhc_kernel_isa(void);
+/* A message for CODE: strerror's for -errno; for the core's own codes,
+ * one in the terms of the Python front end (xhc.Comm), its user. */
 const char *xhc_strerror(int code);
 
 /* This process's arena (arena.c): memory its peers map and read in
@@ -303,7 +381,13 @@ int xhc_arena_owns(const void *p, size_t nbytes);
  * arena buffers described as such; else they are private memory, read
  * as any other. */
 int xhc_arena_probe(int64_t pid);
+/* USABLE: every rank may map every peer's arena (xhc_arena_probe), as
+ * every rank must be told alike. */
 int xhc_ctx_set_arena(xhc_ctx_t *ctx, int usable);
 /* cffi:end */
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
