@@ -1025,6 +1025,9 @@ SMALL_DISAGREE = [
         a.view("u8") if RANK == 1 else a, b.view("u8") if RANK == 1 else b)),
     ("barrier-allreduce", lambda c, a, b: c.Barrier() if RANK == 1
      else c.Allreduce(a, b)),
+    # The uint8 BOR that a Barrier is built as, but for its size.
+    ("barrier-bor", lambda c, a, b: c.Barrier() if RANK == 1
+     else c.Allreduce(a.view("u1"), b.view("u1"), MPI.BOR)),
 ]
 
 
