@@ -946,8 +946,9 @@ def suite_allreduce(xcomm, comm, v, sz, args):
 
 def one_array_twice(v, xcomm, comm, sz):
     """The same array as send and receive buffer is taken as IN_PLACE, in
-    Allreduce and at a Reduce root, blocking and persistent, small and
-    above cico_max: the sums numpy gives."""
+    Allreduce and at a Reduce root (every root: over several nodes, one
+    alone on its node too), blocking and persistent, small and above
+    cico_max: the sums numpy gives."""
     n, rank = comm.size, comm.rank
     for count in (5, sz.cico // 8 + 3):
         def mine():
@@ -970,6 +971,15 @@ def one_array_twice(v, xcomm, comm, sz):
             a = mine()
             xcomm.Reduce(a, a if rank == root else None, root=root)
             v.check(f"Reduce(a, a, root={root}) of {count}",
+                    rank != root or np.array_equal(a, want),
+                    first_diff(a, want))
+            a = mine()
+            req = xcomm.Reduce_init(a, a if rank == root else None,
+                                    root=root)
+            req.Start()
+            req.Wait()
+            req.Free()
+            v.check(f"Reduce_init(a, a, root={root}) of {count}",
                     rank != root or np.array_equal(a, want),
                     first_diff(a, want))
 
@@ -1527,6 +1537,18 @@ def duplicates(v, comm):
         v.case("Free() of a duplicate", None if xd == MPI.COMM_NULL
                else "not freed")
     cart.Free()
+    # xhc.Comm keeps a copy of a hierarchy dict its caller changes later.
+    levels = {"bcast": "virtual:2"}
+    with xhc.Comm(comm, hierarchy=levels) as xc:
+        levels["bcast"] = "no such level"
+        try:
+            with xc.Dup() as xd:
+                got = xd.xhc_info["levels"]["bcast"] == \
+                    xc.xhc_info["levels"]["bcast"] or "other levels"
+        except ValueError as e:
+            got = str(e)
+        v.case("Dup() keeps the hierarchy, though its dict changed",
+               None if got is True else got)
 
 
 def suite_subcomm(xcomm, comm, v, sz, args):
@@ -3548,6 +3570,21 @@ def some_waits(v, comm, reqs, name):
            raises(TypeError, wait_some, mixed, "x"))
     v.case(f"{name}: a request that is None raises TypeError",
            raises(TypeError, wait_some, [reqs[2], None]))
+    # Beside a pending request of mpi4py's, a started one of xhc's is
+    # complete: MPI is only tested, not waited on (it would block).
+    buf = np.zeros(1)
+    pending = comm.irecv(source=comm.rank, tag=11) if lower else \
+        comm.Irecv(buf, source=comm.rank, tag=11)
+    reqs[0].Start()
+    got = wait_some([pending, reqs[0]])
+    v.case(f"{name}: xhc's beside a pending request of mpi4py's",
+           None if (got[0] if lower else got) == [1] else f"got {got}")
+    if lower:
+        comm.send(1, dest=comm.rank, tag=11)
+        pending.wait()
+    else:
+        comm.Send(np.ones(1), dest=comm.rank, tag=11)
+        pending.Wait()
 
 
 def status_peeks(v, comm, reqs, name):
@@ -4095,6 +4132,16 @@ def staged_derived(xcomm, comm, v):
         xcomm.Allreduce([dins[rank], pair], [pout, pair], op=MPI.MAX)
         v.check("Allreduce MAX over a pair type",
                 np.array_equal(pout, dins[-1]), f"got {pout}")
+        # A displacement counts in extents (24 bytes here), not in the
+        # type's size (16): as mpi4py's own Bcast places it.
+        three = MPI.DOUBLE.Create_vector(2, 1, 2).Commit()
+        got, want = (np.arange(40.0) if rank == 0 else np.full(40, -1.0)
+                     for _ in range(2))
+        xcomm.Bcast([got, (3, 2), three], root=0)
+        comm.Bcast([want, (3, 2), three], root=0)
+        three.Free()
+        v.check("Bcast [buf, (count, displ), vector] as mpi4py's",
+                np.array_equal(got, want), f"got {got[:16]}")
         try:
             xcomm.Bcast([bytearray(12), MPI.DOUBLE])
             err = "no ValueError"
