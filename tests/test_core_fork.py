@@ -424,6 +424,8 @@ def test_collectives_check_their_arguments():
             assert lib.xhc_bcast(ctx, p, 0, 1) == 0
             assert lib.xhc_allreduce(ctx, p, p, 0, lib.XHC_FLOAT64,
                                      lib.XHC_SUM) == 0
+            assert lib.xhc_reduce(ctx, p, null, 0, lib.XHC_FLOAT64,
+                                  lib.XHC_SUM, 0) == 0  # a root's too
             assert lib.xhc_failed_rank(ctx) == -1
         finally:
             lib.xhc_ctx_close(ctx)
@@ -1198,13 +1200,17 @@ def test_a_sleeping_rank_still_drives_progress_every_millisecond():
             lib.xhc_ctx_close(ctxs[1])
 
 
-def test_a_late_peer_is_waited_for_past_the_timeout():
+@pytest.mark.parametrize("seq_start", [0, (1 << 64) - 100],
+                         ids=["from-0", "far-below-the-wrap"])
+def test_a_late_peer_is_waited_for_past_the_timeout(seq_start):
     """Rank 1 (a child process) opens, then reaches the Barrier 4.5
     timeouts late, as a rank that reads its input while the others wait
     does: rank 0 waits for it, as MPI would, and both succeed.  The pidfd
-    rank 0's wait opened on rank 1 is closed when the wait ends."""
+    rank 0's wait opened on rank 1 is closed when the wait ends.  Numbers
+    that start more than 64 below 2**64 must not read rank 1's record of
+    no operation given up (0) as one given up 64 or more before."""
     timeout, late = 0.3, 1.35
-    cfg = make_config(timeout=timeout)
+    cfg = make_config(timeout=timeout, seq_start=seq_start)
     with Segment(2, cfg) as seg:
         # Rank 0 opens first, as xhc.Comm orders it: its open writes the
         # header that rank 1's checks.

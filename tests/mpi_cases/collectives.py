@@ -1817,6 +1817,7 @@ def suite_arena(xcomm, comm, v, sz, args):
     arena_mixed_ranks(xcomm, comm, v, sz)
     arena_reused_blocks(xcomm, comm, v, sz)
     arena_read_in_place(comm, v, sz)
+    arena_window_edges(xcomm, comm, v)
     arena_unmapped(comm, v, sz)
     arena_little_address_space(comm, v)
 
@@ -1943,6 +1944,55 @@ def arena_read_in_place(comm, v, sz):
         v.check(f"cma, {where} buffers: moved by CMA {moved}", ok,
                 f"{moved}")
     xc.free()
+
+
+def arena_base(arr):
+    """The start of this process's arena, which holds ARR: the lowest
+    address xhc_arena_owns, found by halving (it owns every address of
+    the arena's mapping, and none below)."""
+    from xhc._xhc import ffi, lib
+
+    def owns(page):
+        return lib.xhc_arena_owns(ffi.cast("void *", page * 4096), 1)
+
+    hi = arr.__array_interface__["data"][0] // 4096
+    lo = hi - lib.xhc_arena_size() // 4096  # below the start
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if owns(mid) else (mid, hi)
+    return hi * 4096
+
+
+def arena_window_edges(xcomm, comm, v):
+    """Peers map an arena in aligned windows of 64 MiB: arrays of 1 MiB
+    that end at a window's end, or 1 or 100 bytes past it (their last
+    page in the next window), arrive whole, in a Bcast from every root
+    and an Allreduce."""
+    n, rank = comm.size, comm.rank
+    if n == 1:
+        return
+    window, count = 64 << 20, 1 << 20
+    with xhc.shared_arrays():
+        big = np.empty(window + 2 * count + 4096, np.uint8)
+    start = big.__array_interface__["data"][0] - arena_base(big)
+    edge = -(-(start + count) // window) * window - start  # index in BIG
+    for past in (0, 1, 100):
+        part = big[edge + past - count:edge + past]
+        for root in range(n):
+            part[:] = pattern(seed_of(190, past, root, rank), count)
+            want = pattern(seed_of(190, past, root, root), count)
+            xcomm.Bcast(part, root=root)
+            v.case(f"arena window edge +{past}: Bcast from {root}",
+                   None if np.array_equal(part, want)
+                   else first_diff(part, want))
+        part[:] = (np.arange(count) + rank) % 7
+        got = np.empty(count, np.uint8)
+        xcomm.Allreduce(part, got)
+        want = (sum((np.arange(count) + r) % 7 for r in range(n)) % 256
+                ).astype(np.uint8)
+        v.case(f"arena window edge +{past}: Allreduce",
+               None if np.array_equal(got, want) else first_diff(got, want))
+    del big
 
 
 def arena_little_address_space(comm, v):
