@@ -99,10 +99,17 @@ def test_osu_over_two_nodes(tmp_path):
 # into every rank's receive buffer, as an Allreduce.
 BROKEN = """
 import sys
+import numpy as np
 import xhc
 from bench import osu
 if sys.argv[2] == "everywhere":
     xhc.Comm.Reduce = lambda self, s, r, op, root=0: self.Allreduce(s, r, op)
+elif sys.argv[2] == "clobber":
+    right = getattr(xhc.Comm, sys.argv[1])
+    def clobber(self, s, *args, **kwargs):
+        right(self, s, *args, **kwargs)
+        np.asarray(s)[...] = 0
+    setattr(xhc.Comm, sys.argv[1], clobber)
 else:
     setattr(xhc.Comm, sys.argv[1], lambda self, *args, **kwargs: None)
 sys.exit(osu.main(sys.argv[3:]))
@@ -112,12 +119,13 @@ sys.exit(osu.main(sys.argv[3:]))
 @pytest.mark.parametrize("op, method, how", [
     ("barrier", "Barrier", "nothing"), ("allreduce", "Allreduce", "nothing"),
     ("bcast", "Bcast", "nothing"), ("reduce", "Reduce", "nothing"),
-    ("reduce", "Reduce", "everywhere")])
+    ("reduce", "Reduce", "everywhere"), ("allreduce", "Allreduce", "clobber")])
 def test_osu_validation_catches_a_broken_call(op, method, how, tmp_path):
     """-c fails a run whose xhc call is broken: a Barrier that does not
     wait for the last rank, an Allreduce or Reduce that leaves the receive
     buffer as it was, a Bcast that sends nothing, a Reduce that writes
-    the non-roots' receive buffers too."""
+    the non-roots' receive buffers too, an Allreduce that gives the right
+    result but zeroes its send buffer."""
     script = tmp_path / "broken.py"
     script.write_text(BROKEN)
     sizes = [] if op == "barrier" else ["-m", "8:64"]

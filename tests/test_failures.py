@@ -661,6 +661,7 @@ DEBUG_CASES = [
     ("bcast-count", "Bcast",
      "buffer: rank 0 has '32 bytes', rank 2 has '40 bytes'"),
     ("bcast-root", "Bcast", "root: rank 0 has 0, rank 2 has 1"),
+    ("bcast-root-middle", "Bcast", "root: rank 0 has 0, rank 1 has 1"),
     ("reduce-root", "Reduce", "root: rank 0 has 0, rank 2 has 1"),
     ("reduce-op", "Reduce", "op: rank 0 has 'SUM', rank 2 has 'MIN'"),
     ("reduce-count", "Reduce",
@@ -699,8 +700,9 @@ def check_debug_case(request, how, case, exc, pattern):
 @pytest.mark.parametrize("case,op,detail", DEBUG_CASES,
                          ids=[c[0] for c in DEBUG_CASES])
 def test_debug_names_the_disagreement(request, how, case, op, detail):
-    """Rank 2 differs from ranks 0 and 1: with debug=True (keyword) or
-    XHC_DEBUG=1 (env) every rank raises XhcError naming the difference."""
+    """Rank 2 differs from ranks 0 and 1 (rank 1 from 0 and 2 in the
+    -middle case): with debug=True (keyword) or XHC_DEBUG=1 (env) every
+    rank raises XhcError naming the difference."""
     check_debug_case(request, how, case, "XhcError",
                      rf"^XHC_DEBUG: ranks disagree on {op}: .*"
                      + re.escape(detail))

@@ -194,12 +194,13 @@ def _np_fold(op, arrays):
     return acc.astype(dt)
 
 
-def retype(a, dtype):
-    """Set A's dtype in place, as a user still may: numpy 2.5 deprecates
-    it, but a plan made for the old dtype must notice all the same."""
+def reassign(a, name, value):
+    """Set A's dtype or strides (NAME) in place, as a user still may:
+    numpy 2 deprecates it, but a plan made for the old layout must notice
+    all the same."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        a.dtype = dtype
+        setattr(a, name, value)
 
 
 def digest(buf):
@@ -2978,6 +2979,7 @@ def suite_calls(xcomm, comm, v, sz, args):
             signal_while_waiting(xcomm, comm, v, road, does)
     reentrant_calls(xcomm, comm, v)
     oversized_plans(xcomm, comm, v)
+    plans_let_go_at_free(comm, v)
     plain_calls(xcomm, comm, v)
     v.flush()
 
@@ -3252,6 +3254,22 @@ def oversized_plans(xcomm, comm, v):
                    f"right: {ok}, kept: {kept}")
     finally:
         xhc.comm._CACHE_BYTES = budget
+
+
+def plans_let_go_at_free(comm, v):
+    """free() drops the plans an xhc.Comm kept, and the arrays they
+    hold, though the object itself lives on."""
+    xc = xhc.Comm(comm)
+    a, b = owned(Planned, 1 << 10), owned(Planned, 1 << 10)
+    xc.Allreduce(a, b)
+    xc.Bcast(a, 0)
+    alive = [weakref.ref(a), weakref.ref(b)]
+    xc.free()
+    del a, b
+    gc.collect()
+    v.case("free() lets go of the arrays its plans kept",
+           None if not any(r() is not None for r in alive) else
+           f"alive: {[r() is not None for r in alive]}")
 
 
 def progress_while_waiting(v, xcomm, comm):
@@ -4570,7 +4588,7 @@ def changed_after_plan(xcomm, comm, v):
         a = owned(cls, 4)
         xcomm.Allreduce(MPI.IN_PLACE, a)
         xcomm.Allreduce(MPI.IN_PLACE, a)
-        retype(a, np.float32)              # the same 32 bytes, 8 float32
+        reassign(a, "dtype", np.float32)  # the same 32 bytes, 8 float32
         a[:] = rank + 1
         xcomm.Allreduce(MPI.IN_PLACE, a)
         v.check(f"{road}: Allreduce after dtype reassigned",
@@ -4599,14 +4617,25 @@ def changed_after_plan(xcomm, comm, v):
 
 def changed_in_place(xcomm, comm, v, cls, road):
     """What changes an array keeps its memory through: a dtype of the
-    same size (a sum of int64 as float64 bits is wrong), read-only (the
-    call must raise, on every rank, as mpi4py's), and a shrink at the
-    same address (the call must move the new size, not the plan's)."""
+    same size (a sum of int64 as float64 bits is wrong), strides (every
+    other element, at the same address), read-only (the call must raise,
+    on every rank, as mpi4py's), and a shrink at the same address (the
+    call must move the new size, not the plan's)."""
     n, rank = comm.size, comm.rank
+    whole = owned(cls, 16)
+    whole[:] = np.arange(16.0) + 10 * rank
+    part, r = whole[:8], owned(cls, 8)
+    xcomm.Allreduce(part, r)
+    xcomm.Allreduce(part, r)
+    reassign(part, "strides", (16,))       # now whole[::2]
+    xcomm.Allreduce(part, r)
+    want = sum(np.arange(0.0, 16, 2) + 10 * q for q in range(n))
+    v.check(f"{road}: Allreduce after strides set in place",
+            np.array_equal(r, want), f"got {r}")
     a = owned(cls, 4)
     xcomm.Allreduce(MPI.IN_PLACE, a)
     xcomm.Allreduce(MPI.IN_PLACE, a)
-    retype(a, np.int64)                    # the same 32 bytes, 4 int64
+    reassign(a, "dtype", np.int64)        # the same 32 bytes, 4 int64
     a[:] = (rank + 1 << 52) + 1
     xcomm.Allreduce(MPI.IN_PLACE, a)
     v.check(f"{road}: Allreduce after a dtype of the same size",
@@ -5074,8 +5103,8 @@ def kept_runs(xcomm, comm, v):
     v.check("spanning: one kept call for the same arrays, made once",
             (len(xcomm._allreduce_plans), len(made)) == (1, 1),
             f"{len(xcomm._allreduce_plans)} kept, made {len(made)} times")
-    retype(a, np.int64)  # the same memory, read as integers
-    retype(b, np.int64)
+    reassign(a, "dtype", np.int64)  # the same memory, read as integers
+    reassign(b, "dtype", np.int64)
     a[:] = 3 << 52  # as float64, a normal number: its sum differs
     xcomm.Allreduce(a, b)
     v.case("spanning: Allreduce after the arrays' dtype changed in place",

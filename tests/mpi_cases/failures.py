@@ -150,6 +150,11 @@ def f8(n, value=0.0):
     return np.full(n, value, np.float64)
 
 
+class Kept(np.ndarray):
+    """An ndarray subclass, whose calls xhc.Comm plans and keeps (exact
+    ndarrays go straight to the core)."""
+
+
 def readonly(a):
     a.flags.writeable = False
     return a
@@ -396,8 +401,9 @@ def suite_args(xc):
     ro = readonly(f8(4))
     pair = f8(50002)  # send and receive buffers two elements apart
     freed = xhc.Comm(W)
-    freed.Allreduce(f8(4, 1.0), f8(4))     # leave plans behind, then free
-    freed.Bcast(f8(4))
+    # Leave plans behind (a subclass's calls are planned), then free.
+    freed.Allreduce(f8(4, 1.0).view(Kept), f8(4).view(Kept))
+    freed.Bcast(f8(4).view(Kept))
     freed.free()
     with xhc.Comm(W) as closed:
         closed.Barrier()
@@ -691,6 +697,9 @@ def debug_cases():
          lambda c: c.Allreduce("str" if odd else f8(4), f8(4))),
         ("debug-bcast-count", lambda c: c.Bcast(f8(n), root=0)),
         ("debug-bcast-root", lambda c: c.Bcast(f8(4), root=1 if odd else 0)),
+        # A rank in the middle differs: the comparison reads every rank.
+        ("debug-bcast-root-middle",
+         lambda c: c.Bcast(f8(4), root=1 if RANK == 1 else 0)),
         ("debug-reduce-root",
          lambda c: c.Reduce(f8(4), f8(4), root=1 if odd else 0)),
         ("debug-reduce-op",
