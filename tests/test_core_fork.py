@@ -1487,6 +1487,16 @@ def _large_calls(ctx):
             for k in ("BCAST", "ALLREDUCE", "REDUCE")]
 
 
+def _shared_slot_max(cfg):
+    """The largest Bcast, Allreduce and Reduce of buffers in shared memory
+    (XHC_CALL_SHARED) that go through the slots: 16 KiB, 8 KiB and 16 KiB
+    less a byte, but no more than CFG's slots hold."""
+    bcast = min(cfg.cico_max, lib.XHC_ROUND_MIN) if cfg.bcast_rounds \
+        else cfg.cico_max
+    up = max(cfg.cico_max, cfg.reduce_cico_max)
+    return min(16383, bcast), min(8191, cfg.cico_max), min(16383, up)
+
+
 def shared_calls(ctx, rank, n, iters, cfg, board):
     """Calls whose ranks agreed that their buffers are in node shared
     memory (XHC_CALL_SHARED), with every buffer in the board, which every
@@ -1494,8 +1504,8 @@ def shared_calls(ctx, rank, n, iters, cfg, board):
     Bcast, Allreduce (also in place) and Reduce to each root read them
     where they lie, from sizes below cico_max, on every level of the
     hierarchy.  Each result against its closed form, and each call must
-    have taken the large path exactly from its kind's threshold (Bcast and
-    Reduce 16 KiB, Allreduce 8 KiB)."""
+    have taken the large path exactly above its kind's threshold
+    (_shared_slot_max)."""
     _check(lib.xhc_ctx_add_region(ctx, ffi.from_buffer(board), len(board)),
            "region")
     words = np.frombuffer(board, np.int64)
@@ -1531,8 +1541,9 @@ def shared_calls(ctx, rank, n, iters, cfg, board):
                       "reduce " + what)
         _check(lib.xhc_barrier(ctx), "barrier")  # areas are rewritten next
         after = _large_calls(ctx)
-        want = [count * 8 >= 16384, 2 * (count * 8 >= 8192),
-                count * 8 >= 16384]
+        bcast, allreduce, reduce = _shared_slot_max(cfg)
+        want = [count * 8 > bcast, 2 * (count * 8 > allreduce),
+                count * 8 > reduce]
         if [a - b for a, b in zip(after, before)] != want:
             raise AssertionError(f"{what}: large paths {before} -> {after}, "
                                  f"want {want} more")
@@ -1832,6 +1843,8 @@ SHARED_SIZES = {"cico_max": 64 << 10, "chunk_size": 128 << 10}
     # Calls of buffers in node shared memory: from 16 KiB on the path that
     # reads them in place, though cico_max would stage them up to 64 KiB.
     pytest.param("shared-calls", 2, SHARED_SIZES, id="shared-calls-n2"),
+    # Slots of 1 KiB: the large path from there.
+    pytest.param("shared-calls", 2, {}, id="shared-calls-small-slots-n2"),
     pytest.param("shared-calls", 4, {**SHARED_SIZES, "hierarchy": "pairs"},
                  id="shared-calls-pairs-n4"),
     pytest.param("shared-calls", 6, {**SHARED_SIZES, "hierarchy": "three",
