@@ -200,10 +200,16 @@ def test_fit_to_load_keeps_what_the_user_chose(monkeypatch):
     assert (cfg["windows"], cfg["spin"], cfg["sleep"]) == (3, 700, 5)
     # A chosen cico_max applies to Reduce too: no larger crowded slots.
     assert (cfg["cico_max"], cfg["reduce_cico_max"]) == (4096, 0)
-    # A chosen chunk_size is the reduce-scatter's window too.
-    cfg = config.resolve(chunk_size=64 << 10)
-    config.fit_to_load(cfg, [[0, 1]] * 8, config.chosen(chunk_size=1))
-    assert (cfg["chunk_size"], cfg["rs_window"]) == (64 << 10, 0)
+    # A chosen chunk_size is the reduce-scatter's window too; a chosen
+    # cico_max alone leaves it the crowded window.
+    monkeypatch.delenv("XHC_CICO_MAX")
+    for key in ("chunk_size", "cico_max"):
+        cfg = config.resolve(**{key: 64 << 10})
+        config.fit_to_load(cfg, [[0, 1]] * 8, config.chosen(**{key: 1}))
+        want = 0 if key == "chunk_size" else \
+            config.crowded_rs_window(8, cfg["chunk_size"])
+        assert cfg[key] == 64 << 10 and cfg["rs_window"] == want, key
+        assert want or key == "chunk_size"  # the crowded window is one
 
 
 def test_fit_to_load_needs_a_line_per_rank_in_a_window():

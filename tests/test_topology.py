@@ -102,6 +102,8 @@ def test_xml_topology():
     for core, loc in enumerate(locs):
         assert (loc["core"], loc["l3"], loc["numa"], loc["package"]) == (
             (core,), (core // 2,), (core // 4,), (core // 4,))
+    # Ranks past the 8 cores (of 16 PUs) wrap round the cores.
+    assert placed(XML, 16)[8:] == locs
     # package repeats numa here, so it is dropped.
     assert build(locs, DEFAULTS["allreduce"]) == [
         ("l3", by(8, lambda c: c // 2)), ("numa", by(8, lambda c: c // 4)),

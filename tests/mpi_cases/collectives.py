@@ -2295,6 +2295,26 @@ def suite_fallback(world, comm, v, sz, args):
         fallback_cases(xcomm, comm, v)
         equal_op_cases(xcomm, comm, v)
         fallback_layout_cases(xcomm, comm, v)
+    fallback_warning_as_error(comm, v)
+
+
+def fallback_warning_as_error(comm, v):
+    """A filter that makes xhc's fallback warning an error raises it
+    before the call every time, though the warning is said once; every
+    rank alike, so none enters MPI alone."""
+    nothing = MPI.Op.Create(lambda a, b, t: None, commute=True)
+    got = []
+    with xhc.Comm(comm) as xc, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            try:
+                xc.Allreduce(np.ones(4), np.zeros(4), op=nothing)
+                got.append("ran")
+            except RuntimeWarning:
+                got.append("raised")
+    nothing.Free()
+    v.case("a fallback warning made an error raises every time",
+           None if got == ["raised", "raised"] else f"got {got}")
 
 
 def fallback_layout_cases(xcomm, comm, v):
@@ -4725,10 +4745,12 @@ class FailsAfter:
     """A communicator whose method NAME runs, then raises: a leaders'
     step that fails (as MPI's own error would) once it has taken part.
     LEAVES: a node's xhc.Comm gives up the collective first, as after a
-    failure of the core (where its leader may have completed it)."""
+    failure of the core (where its leader may have completed it).  ERROR:
+    what it raises, if not a RuntimeError."""
 
-    def __init__(self, real, name, leaves=False):
+    def __init__(self, real, name, leaves=False, error=None):
         self.real, self.name, self.leaves = real, name, leaves
+        self.error = error
 
     def __getattr__(self, attr):
         fn = getattr(self.real, attr)
@@ -4739,7 +4761,7 @@ class FailsAfter:
             fn(*args, **kwargs)
             if self.leaves:
                 self.real._on_ctx(lib.xhc_ctx_leave)
-            raise RuntimeError(f"leaders' {attr} failed")
+            raise self.error or RuntimeError(f"leaders' {attr} failed")
         return failing
 
 
@@ -4820,9 +4842,40 @@ def leader_fails_between_nodes(xcomm, comm, v, parts):
         want[0] = lib.XHC_ERR_LEADER
     v.case("spanning: two leader failures in a row", None if got == want
            else f"got {got}, want {want}")
+    if root != 0 and parts[root] == parts[0]:
+        root_step_raises_as_its_leader_fails(xcomm, comm, v, root)
     out = calls["Allreduce"][0](np.full(3, rank + 1.0), np.zeros(3))
     v.case("spanning: the Allreduce after them meets",
            None if (out == n * (n + 1) / 2).all() else f"got {out}")
+
+
+def root_step_raises_as_its_leader_fails(xcomm, comm, v, root):
+    """A Reduce whose ROOT, not its node's leader, raises from its node's
+    step as that completes, while its leader, rank 0, fails among the
+    leaders: the failure rank 0 sends the root is never taken, and must
+    not be taken for the next Reduce's result."""
+    rank, n = comm.rank, comm.size
+    nodes = xcomm._nodes
+    inner, leaders = nodes.inner, nodes.leaders
+    if rank == root:
+        nodes.inner = FailsAfter(inner, "Reduce", error=xhc.XhcError(
+            "the root's step failed", lib.XHC_ERR_PEER_LEFT))
+    if rank == 0:
+        nodes.leaders = FailsAfter(leaders, "Reduce")
+    try:
+        xcomm.Reduce(np.ones(3), np.zeros(3) if rank == root else None,
+                     root=root)
+    except Exception:  # noqa: BLE001 -- what follows is the case
+        pass
+    finally:
+        nodes.inner, nodes.leaders = inner, leaders
+    xcomm._forget_plans()
+    got = np.zeros(3)
+    xcomm.Reduce(np.full(3, rank + 1.0), got if rank == root else None,
+                 root=root)
+    v.case("spanning: a Reduce after its root's step raised and its "
+           "leader failed", None if rank != root or
+           (got == n * (n + 1) / 2).all() else f"got {got}")
 
 
 def leaders_fail_on_their_nodes(xcomm, comm, v, parts):
