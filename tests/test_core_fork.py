@@ -529,7 +529,8 @@ def test_ranks_that_refused_the_same_calls_wait_for_each_other():
                     lib.xhc_ctx_withdraw(ctx1)
                 rc0 = []
                 waiter = threading.Thread(
-                    target=lambda: rc0.append(lib.xhc_barrier(ctx0)))
+                    target=lambda: rc0.append(lib.xhc_barrier(ctx0)),
+                    daemon=True)
                 waiter.start()  # cffi releases the GIL while it waits
                 time.sleep(1.5)
                 if want == 0:
@@ -557,7 +558,7 @@ def test_a_rank_waiting_on_a_late_peer_gives_up_once_another_has():
         lib.xhc_ctx_withdraw(ctxs[1])
         rc0 = []
         waiter = threading.Thread(
-            target=lambda: rc0.append(lib.xhc_barrier(ctxs[0])))
+            target=lambda: rc0.append(lib.xhc_barrier(ctxs[0])), daemon=True)
         t0 = time.monotonic()
         waiter.start()  # cffi releases the GIL while it waits
         assert lib.xhc_barrier(ctxs[2]) == lib.XHC_ERR_TIMEOUT
@@ -656,7 +657,8 @@ def _pair_call(ctxs, op, values):
     """OP on both ranks at once, rank 1 in a thread: [(rc, result)] * 2."""
     out = {}
     t = threading.Thread(
-        target=lambda: out.__setitem__(1, _run_op(ctxs[1], op, 1, values[1])))
+        target=lambda: out.__setitem__(1, _run_op(ctxs[1], op, 1, values[1])),
+        daemon=True)
     t.start()  # cffi releases the GIL while it waits
     out[0] = _run_op(ctxs[0], op, 0, values[0])
     t.join(20)
@@ -751,7 +753,7 @@ def _all_at_once(calls):
     {rank: what it returned}; none may hang."""
     out = {}
     threads = [threading.Thread(
-        target=lambda r=r, f=f: out.__setitem__(r, f()))
+        target=lambda r=r, f=f: out.__setitem__(r, f()), daemon=True)
         for r, f in calls.items()]
     for t in threads:
         t.start()  # cffi releases the GIL while it waits
@@ -1008,7 +1010,8 @@ def test_a_reader_held_in_a_bcast_counts_its_rounds_as_its_root(forfeits):
         try:
             lib.xhc_ctx_set_block_hook(ctxs[1], hook, ffi.NULL)
             got = []
-            reader = threading.Thread(target=lambda: got.append(bcast(1, 0)))
+            reader = threading.Thread(
+                target=lambda: got.append(bcast(1, 0)), daemon=True)
             reader.start()  # cffi releases the GIL while it waits
             assert held.wait(20)
             assert [bcast(0, 9), bcast(0, 10)] == [(0, [9]), (0, [10])]
@@ -1059,6 +1062,7 @@ def test_a_call_that_fails_before_it_begins_gives_up_nothing():
             lib.xhc_ctx_close(ctxs[0])
             lib.xhc_ctx_close(ctxs[1])
 
+
 def _have_pidfds():
     try:
         os.close(os.pidfd_open(os.getpid()))
@@ -1086,7 +1090,7 @@ def test_a_dead_peer_fails_fast_and_is_named(reaped):
         ctx0, ctx1 = _pair(seg, cfg, [os.getpid(), pid])
         rc = []
         waiter = threading.Thread(
-            target=lambda: rc.append(lib.xhc_barrier(ctx0)))
+            target=lambda: rc.append(lib.xhc_barrier(ctx0)), daemon=True)
         try:
             t0 = time.monotonic()
             waiter.start()  # cffi releases the GIL while it waits
@@ -1137,7 +1141,7 @@ def test_a_pidfd_closed_by_someone_else_is_no_false_alarm():
             ctx0, ctx1 = _pair(seg, cfg, [os.getpid(), pid])
             rc = []
             waiter = threading.Thread(
-                target=lambda: rc.append(lib.xhc_barrier(ctx0)))
+                target=lambda: rc.append(lib.xhc_barrier(ctx0)), daemon=True)
             waiter.start()
             deadline = time.monotonic() + 10
             while not _pidfds() and time.monotonic() < deadline:
@@ -1164,6 +1168,44 @@ def test_a_pidfd_closed_by_someone_else_is_no_false_alarm():
             os.waitpid(pid, 0)
 
 
+def test_a_dead_peer_is_seen_in_a_later_slow_wait():
+    """Rank 0 waits on rank 1, late to one Barrier (the wait opens a
+    pidfd on it, and closes it at the end); then rank 1's process dies,
+    and rank 0's next Barrier fails at once with XHC_ERR_PEER_GONE.  A
+    pidfd number kept after the first wait closed it was polled as a
+    live peer's for ever: a dead peer counted as late, waited for."""
+    cfg = make_config(timeout=5.0)
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    try:
+        with Segment(2, cfg) as seg:
+            ctx0, ctx1 = _pair(seg, cfg, [os.getpid(), pid])
+            for late in (True, False):
+                rc = []
+                waiter = threading.Thread(
+                    target=lambda: rc.append(lib.xhc_barrier(ctx0)),
+                    daemon=True)
+                waiter.start()
+                if late:  # rank 1 comes, late
+                    time.sleep(0.3)
+                    assert lib.xhc_barrier(ctx1) == 0
+                else:  # rank 1's process dies instead
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    pid = None
+                waiter.join(15)
+                want = 0 if late else lib.XHC_ERR_PEER_GONE
+                assert rc == [want], (late, rc)
+            lib.xhc_ctx_close(ctx0)
+            lib.xhc_ctx_close(ctx1)
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
 def test_a_sleeping_rank_still_drives_progress_every_millisecond():
     """Rank 0, with sleep set, sleeps in a Barrier that rank 1 enters
     only after LATE seconds (as one blocked in an MPI send to rank 0
@@ -1184,7 +1226,8 @@ def test_a_sleeping_rank_still_drives_progress_every_millisecond():
             lib.xhc_ctx_set_progress_hook(ctxs[0], hook, ffi.NULL)
             got = []
             waiter = threading.Thread(
-                target=lambda: got.append(lib.xhc_barrier(ctxs[0])))
+                target=lambda: got.append(lib.xhc_barrier(ctxs[0])),
+                daemon=True)
             t0 = time.monotonic()
             waiter.start()  # cffi releases the GIL while it waits
             time.sleep(late)
