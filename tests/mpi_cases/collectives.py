@@ -3353,7 +3353,9 @@ class Alarm(Exception):
 
 def signal_while_waiting(xcomm, comm, v, road, does):
     """A Python signal handler (SIGALRM) fires on rank 0 while it waits in
-    an Allreduce for the last rank, 0.15 s late.  As under MPI, whose
+    an Allreduce for the last rank, 0.15 s late (counted from rank 0's
+    word that it is about to enter: a loaded node may run rank 0 later
+    than the last rank's sleep).  As under MPI, whose
     blocking calls run no Python, it runs once the call has returned: what
     it raises comes out of the call, complete; an Allreduce it makes (DOES)
     follows the call, and matches the others' next one.  Run inside the
@@ -3381,8 +3383,10 @@ def signal_while_waiting(xcomm, comm, v, road, does):
     comm.Barrier()
     if rank == 0:
         old = signal.signal(signal.SIGALRM, handler)
+        word = comm.Isend(np.zeros(1), dest=n - 1, tag=77)
         signal.setitimer(signal.ITIMER_REAL, 0.03)
     elif rank == n - 1:
+        comm.Recv(np.zeros(1), source=0, tag=77)
         time.sleep(0.15)
     raised = False
     try:
@@ -3394,6 +3398,7 @@ def signal_while_waiting(xcomm, comm, v, road, does):
         if rank == 0:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
+            word.Wait()
     if rank != 0 and does != "raises":
         xcomm.Allreduce(extra_send, extra)
     want = n * (n + 1) / 2
