@@ -6,7 +6,7 @@
 
 int xhc_run(const xhc_call_t *c)
 {
-    if (c->flags & ~XHC_CALL_SHARED) /* the core's own flags are not its */
+    if (c->flags & ~XHC_CALL_SHARED) /* other bits are the core's own */
         return XHC_ERR_ARG;
     switch (c->kind) {
     case XHC_BARRIER:
