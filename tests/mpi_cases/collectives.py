@@ -4483,6 +4483,28 @@ def bottom_forms(xcomm, comm, v):
     v.check("Allreduce IN_PLACE [MPI.BOTTOM, 1, hindexed]",
             np.all(mine == want), f"got {mine}, want {want}")
     t.Free()
+    # Two elements: the second lies one extent (6 doubles) on.  A Bcast
+    # against mpi4py's own on a copy (Open MPI reduces no derived type),
+    # then an IN_PLACE Allreduce of the same elements.
+    xhc_side, mpi_side = (np.arange(16.0) + 100 * rank for _ in range(2))
+    picks = [1, 2, 5, 6, 7, 8, 11, 12] if bottom else list(range(8, 16))
+    types, specs = [], []
+    for arr in (xhc_side, mpi_side):
+        types.append(MPI.DOUBLE.Create_hindexed([2, 2], [
+            MPI.Get_address(arr[1:]), MPI.Get_address(arr[5:])]).Commit())
+        specs.append([MPI.BOTTOM, 2, types[-1]] if bottom else arr[8:16])
+    xcomm.Bcast(specs[0], root=0)
+    comm.Bcast(specs[1], root=0)
+    v.check("Bcast [MPI.BOTTOM, 2, hindexed] as mpi4py's",
+            np.array_equal(xhc_side, mpi_side),
+            f"got {xhc_side}, mpi4py {mpi_side}")
+    xcomm.Allreduce(MPI.IN_PLACE, specs[0], op=MPI.SUM)
+    want = mpi_side.copy()
+    want[picks] *= n
+    v.check("Allreduce IN_PLACE [MPI.BOTTOM, 2, hindexed]",
+            np.array_equal(xhc_side, want), f"got {xhc_side}, want {want}")
+    for t in types:
+        t.Free()
 
 
 def exports_released(xcomm, comm, v):
