@@ -1123,6 +1123,28 @@ def _link(fd):
         return None
 
 
+class _Sleeper:
+    """A forked process that only sleeps, as a live peer's does: kill()
+    ends and reaps it, once; leaving the block does, if nothing did."""
+
+    def __enter__(self):
+        self.pid = os.fork()
+        if self.pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        self.alive = True
+        return self
+
+    def kill(self):
+        if self.alive:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            self.alive = False
+
+    def __exit__(self, *exc):
+        self.kill()
+
+
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfds")
 def test_a_pidfd_closed_by_someone_else_is_no_false_alarm():
     """Other code closes the core's pidfd on a live peer, and a file of
@@ -1131,41 +1153,30 @@ def test_a_pidfd_closed_by_someone_else_is_no_false_alarm():
     peer's real exit still ends the wait, and closing the context leaves
     the file open."""
     cfg = make_config(timeout=20.0)
-    pid = os.fork()
-    if pid == 0:
-        time.sleep(60)
-        os._exit(0)
-    reaped = []
-    try:
-        with Segment(2, cfg) as seg:
-            ctx0, ctx1 = _pair(seg, cfg, [os.getpid(), pid])
-            rc = []
-            waiter = threading.Thread(
-                target=lambda: rc.append(lib.xhc_barrier(ctx0)), daemon=True)
-            waiter.start()
-            deadline = time.monotonic() + 10
-            while not _pidfds() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            (fd,) = _pidfds()
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, fd)  # closes the pidfd: the number is the file's
-            os.close(null)
-            try:
-                time.sleep(0.5)
-                assert waiter.is_alive() and rc == [], rc
-                os.kill(pid, signal.SIGKILL)
-                reaped.append(os.waitpid(pid, 0))
-                waiter.join(10)
-                assert rc == [lib.XHC_ERR_PEER_GONE], rc
-                lib.xhc_ctx_close(ctx0)
-                lib.xhc_ctx_close(ctx1)
-                assert _link(fd) == os.devnull  # still the file's
-            finally:
-                os.close(fd)
-    finally:
-        if not reaped:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+    with _Sleeper() as peer, Segment(2, cfg) as seg:
+        ctx0, ctx1 = _pair(seg, cfg, [os.getpid(), peer.pid])
+        rc = []
+        waiter = threading.Thread(
+            target=lambda: rc.append(lib.xhc_barrier(ctx0)), daemon=True)
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not _pidfds() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (fd,) = _pidfds()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, fd)  # closes the pidfd: the number is the file's
+        os.close(null)
+        try:
+            time.sleep(0.5)
+            assert waiter.is_alive() and rc == [], rc
+            peer.kill()
+            waiter.join(10)
+            assert rc == [lib.XHC_ERR_PEER_GONE], rc
+            lib.xhc_ctx_close(ctx0)
+            lib.xhc_ctx_close(ctx1)
+            assert _link(fd) == os.devnull  # still the file's
+        finally:
+            os.close(fd)
 
 
 def test_a_dead_peer_is_seen_in_a_later_slow_wait():
@@ -1175,35 +1186,23 @@ def test_a_dead_peer_is_seen_in_a_later_slow_wait():
     pidfd number kept after the first wait closed it was polled as a
     live peer's for ever: a dead peer counted as late, waited for."""
     cfg = make_config(timeout=5.0)
-    pid = os.fork()
-    if pid == 0:
-        time.sleep(60)
-        os._exit(0)
-    try:
-        with Segment(2, cfg) as seg:
-            ctx0, ctx1 = _pair(seg, cfg, [os.getpid(), pid])
-            for late in (True, False):
-                rc = []
-                waiter = threading.Thread(
-                    target=lambda: rc.append(lib.xhc_barrier(ctx0)),
-                    daemon=True)
-                waiter.start()
-                if late:  # rank 1 comes, late
-                    time.sleep(0.3)
-                    assert lib.xhc_barrier(ctx1) == 0
-                else:  # rank 1's process dies instead
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    pid = None
-                waiter.join(15)
-                want = 0 if late else lib.XHC_ERR_PEER_GONE
-                assert rc == [want], (late, rc)
-            lib.xhc_ctx_close(ctx0)
-            lib.xhc_ctx_close(ctx1)
-    finally:
-        if pid:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+    with _Sleeper() as peer, Segment(2, cfg) as seg:
+        ctx0, ctx1 = _pair(seg, cfg, [os.getpid(), peer.pid])
+        for late in (True, False):
+            rc = []
+            waiter = threading.Thread(
+                target=lambda: rc.append(lib.xhc_barrier(ctx0)), daemon=True)
+            waiter.start()
+            if late:  # rank 1 comes, late
+                time.sleep(0.3)
+                assert lib.xhc_barrier(ctx1) == 0
+            else:  # rank 1's process dies instead
+                peer.kill()
+            waiter.join(15)
+            want = 0 if late else lib.XHC_ERR_PEER_GONE
+            assert rc == [want], (late, rc)
+        lib.xhc_ctx_close(ctx0)
+        lib.xhc_ctx_close(ctx1)
 
 
 def test_a_sleeping_rank_still_drives_progress_every_millisecond():
