@@ -198,3 +198,34 @@ def test_barrier_check_catches_a_missing_barrier():
     assert "AssertionError: [suite barrier, 3 ranks] Barrier orders " \
         "shared-memory writes" in out, out
     assert "suite barrier:" not in result.stdout
+
+
+
+def assert_every_rank_passed(result, name, n):
+    """Each of N ranks reported its cases passed, on N ranks."""
+    got = re.findall(rf"^{name}: rank (\d+): (\d+) cases passed on (\d+) "
+                     r"ranks$", result.stdout, re.MULTILINE)
+    assert sorted(int(rank) for rank, _, _ in got) == list(range(n)), \
+        result.stdout
+    assert all(int(cases) > 0 and int(size) == n for _, cases, size in got)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_communicator_from_a_session_alone(n):
+    """A program that makes its communicator from an MPI session and never
+    starts the World model (no COMM_SELF to probe): every collective
+    matches mpi4py's, and a rank waiting for a late one drives MPI's
+    progress through the communicator it waits on (it crashed in
+    COMM_SELF's Iprobe before)."""
+    result = run_mpi(n, ["tests/mpi_cases/sessions.py"], env=BASE_ENV)
+    assert_every_rank_passed(result, "sessions", n)
+
+
+@pytest.mark.parametrize("parents,children", [(2, 2)])
+def test_the_ranks_of_two_launches_merged(parents, children):
+    """PARENTS ranks spawn CHILDREN, and both wrap the merged
+    communicator: one segment across two launches, every result as
+    mpi4py's; the intercommunicator itself is refused, naming Merge()."""
+    result = run_mpi(parents, ["tests/mpi_cases/spawned.py", str(children)],
+                     env=BASE_ENV)
+    assert_every_rank_passed(result, "spawned", parents + children)

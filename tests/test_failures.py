@@ -397,7 +397,8 @@ ARG_CASES = [
           ("dup-reduce-init", "Reduce_init"),
           ("dup-allreduce-init", "Allreduce_init")]),
     ("intercomm", "TypeError",
-     r"needs an intra-communicator \(got Intercomm\); " + COMM_FIX),
+     r"needs an intra-communicator \(got Intercomm\); wrap the one its "
+     r"Merge\(\) gives$"),
     ("not-a-comm", "TypeError",
      r"needs an intra-communicator \(got NoneType\); " + COMM_FIX),
     ("comm-null", "TypeError",

@@ -603,19 +603,20 @@ static void hot_block(void *arg)
  * or call a collective in the middle of this one. */
 static PyObject *hot_finalized_fn, *hot_probe_fn;
 
-/* The core's progress hook (xhc_ctx_set_progress_hook).  The wait has let
- * go of the GIL (here or in cffi), so take it.  It cannot raise: what
- * the probe raises is dropped (the next call sees its MPI error, if
+/* The core's progress hook (xhc_ctx_set_progress_hook).  ARG, if not
+ * NULL, is the context's own probe (a compiled callable its xhc.Comm
+ * keeps alive), which takes the place of set_progress's.  The wait has
+ * let go of the GIL (here or in cffi), so take it.  It cannot raise:
+ * what the probe raises is dropped (the next call sees its MPI error, if
  * there is one). */
 static void hot_progress(void *arg)
 {
-    (void)arg;
-    if (!hot_probe_fn)  /* set once, when xhc.comm is imported */
+    PyObject *probe = arg ? (PyObject *)arg : hot_probe_fn;
+    if (!probe)  /* set once, when xhc.comm is imported */
         return;
     PyGILState_STATE held = PyGILState_Ensure();
     PyObject *done = PyObject_CallNoArgs(hot_finalized_fn);
-    PyObject *r = done == Py_False ? PyObject_CallNoArgs(hot_probe_fn)
-                                   : NULL;
+    PyObject *r = done == Py_False ? PyObject_CallNoArgs(probe) : NULL;
     Py_XDECREF(done);
     Py_XDECREF(r);
     PyErr_Clear();

@@ -58,6 +58,8 @@ _PROGRESS_HOOK = ffi.cast("void (*)(void *)", progress_hook)
 # poll every transport when nothing matches): a peer's send to this rank,
 # or an RMA on its window, that the peer waits on before it enters then
 # completes, as MPI's progress rule promises.  Unless MPI is finalized.
+# (A program that makes its communicators from an MPI session alone has
+# no COMM_SELF: its waits probe the communicator they are on, _probe.)
 set_progress(MPI.Is_finalized, MPI.COMM_SELF.Iprobe)
 bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
 
@@ -166,10 +168,12 @@ class Comm(HotComm):
                 or comm.Is_inter():
             got = "MPI.COMM_NULL" if isinstance(comm, MPI.Comm) and \
                 comm == MPI.COMM_NULL else type(comm).__name__
+            fix = "wrap the one its Merge() gives" \
+                if isinstance(comm, MPI.Intercomm) else \
+                "wrap a communicator such as MPI.COMM_WORLD or one from " \
+                "Split(), on the ranks that have one"
             raise TypeError(f"xhc.Comm needs an intra-communicator (got "
-                            f"{got}); wrap a communicator such as "
-                            "MPI.COMM_WORLD or one from Split(), on the "
-                            "ranks that have one")
+                            f"{got}); {fix}")
         self._mpi_handle = stored_handle(comm)
         # Kept, for free() may come after comm.Free() or MPI.Finalize().
         self._rank, self._size = comm.rank, comm.size
@@ -220,7 +224,8 @@ class Comm(HotComm):
 
     def _setup(self):
         comm, cfg = self._comm, self._cfg
-        index = topology.node_index(MPI.COMM_WORLD.rank)
+        index = topology.node_index(MPI.COMM_WORLD.rank
+                                    if MPI.Is_initialized() else comm.rank)
         localities = topology.localities_for(comm, self._topology, index,
                                              self._asked.values())
         self._fit_to_load(cfg)
@@ -1071,11 +1076,22 @@ class Comm(HotComm):
         Barrier, kept calls and calls of plain arrays."""
         if ctx:
             lib.xhc_ctx_set_block_hook(ctx, _BLOCK_HOOK, ffi.NULL)
-            lib.xhc_ctx_set_progress_hook(ctx, _PROGRESS_HOOK, ffi.NULL)
+            lib.xhc_ctx_set_progress_hook(ctx, _PROGRESS_HOOK, self._probe())
         self._hot_bind(address(ctx), address(RUN_FN), address(_barrier_fn),
                        self._bcast_plans, self._allreduce_plans,
                        self._reduce_plans, MPI.SUM, self._rank, self._size,
                        *((across.Barrier, across.plain) if across else ()))
+
+    def _probe(self):
+        """What this context's waits probe to drive MPI's progress: NULL
+        for set_progress's (COMM_SELF), where MPI's World model is up;
+        else (communicators from a session alone) the wrapped
+        communicator, whose Iprobe this object keeps, and the hook gets
+        the address of (CPython's id)."""
+        if MPI.Is_initialized():
+            return ffi.NULL
+        self._own_probe = self._comm.Iprobe
+        return ffi.cast("void *", id(self._own_probe))
 
     def free(self):
         """Release the shared memory; the wrapped communicator stays, but
