@@ -7,8 +7,9 @@
  *    ring entry SEQ % XHC_RING only once every rank has acknowledged
  *    operation SEQ - XHC_RING, so nobody still reads what it overwrites.
  * 3. At the end of each operation a rank stores its ack (and when it
- *    gives up on one: it reads no more of it); large operations, whose
- *    peers read user buffers, also wait for everyone's ack.
+ *    gives up on one: it reads no more of it); an operation whose peers
+ *    read a user buffer in place also waits for those readers' acks (a
+ *    reduction's: everyone's; a Bcast parent's: its children's).
  * 4. Large operations move in rounds, counted across operations alike on
  *    every rank, through W staging windows (XHC_RS_WINDOWS for
  *    reduce-scatter, cfg.windows for Bcast, each its own): a rank rewrites
@@ -65,8 +66,8 @@ static int xhc_header_check(xhc_ctx_t *ctx)
         hdr->sleep = ctx->cfg.sleep;
         return 0;
     }
-    /* Rank 0 wrote the header before the front end's barrier that
-     * precedes any other rank's open. */
+    /* Rank 0 wrote the header before the front end's broadcast of its
+     * open's result, which precedes any other rank's open. */
     if (hdr->magic != XHC_MAGIC || hdr->nranks != (uint64_t)ctx->nranks
         || hdr->cico_max != ctx->cfg.cico_max
         || hdr->up_max != xhc_up_max(&ctx->cfg)

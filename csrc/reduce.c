@@ -14,12 +14,13 @@
  * 2. Large messages use Allreduce's reduce-scatter with only the root
  *    taking the other ranks' parts, so every rank does 1/P of the work;
  *    from a smaller size with XHC_CALL_SHARED (see allreduce.c).
- * 3. Except when reduce_cico_max is set and the buffers would be staged:
- *    then a large message goes as step 1 in pieces of reduce_cico_max
- *    bytes, one operation each, and the ring lets non-roots run
- *    XHC_RING pieces ahead of the root.  On 4 ranks sharing 2 cores,
- *    2-8 MiB took 0.55-0.85 of the reduce-scatter's time, and 0.3-0.5 in
- *    launches where the reduce-scatter ran 3x slower than usual.
+ * 3. Except when reduce_cico_max is set, the copy is cico and the call is
+ *    not XHC_CALL_SHARED: then a large message goes as step 1 in pieces
+ *    of reduce_cico_max bytes, one operation each, and the ring lets
+ *    non-roots run XHC_RING pieces ahead of the root.  On 4 ranks
+ *    sharing 2 cores, 2-8 MiB took 0.55-0.85 of the reduce-scatter's
+ *    time, and 0.3-0.5 in launches where the reduce-scatter ran 3x
+ *    slower than usual.
  */
 #include "xhc_internal.h"
 

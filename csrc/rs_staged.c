@@ -196,8 +196,8 @@ uint64_t xhc_rs_windows(const xhc_ctx_t *ctx, const struct xhc_red *r)
     return (r->count + window - 1) / window;
 }
 
-/* Operation SEQ, once the ranks have met (IN_PLACE: some rank's buffer
- * is in a shared region). */
+/* Operation SEQ, once the ranks have met (M: what they agreed, whether
+ * some rank's buffer is read in place and whether to stream). */
 int xhc_rs_staged(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf, void *rbuf,
                   const struct xhc_red *r, int root,
                   const struct xhc_meeting *m)

@@ -192,7 +192,7 @@ static void xhc_populate(unsigned char *p, size_t len)
 /* Map the segment FD of SIZE bytes for RANK of NRANKS (step 2): reserve
  * the parts RANK writes, then fault in the control block and its slots,
  * which every call touches; mapping all of it here made creating an
- * xhc.Comm (and each Dup) take 45 ms at 4 ranks on 2 cores. */
+ * xhc.Comm (and each Dup) take 56 ms at 4 ranks on 2 cores. */
 int xhc_shm_map_rank(int fd, size_t size, int rank, int nranks,
                      const xhc_config_t *cfg, unsigned char **out)
 {

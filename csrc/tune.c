@@ -238,7 +238,7 @@ static void xhc_tune_pick_store(struct xhc_pick *pick,
 
 /* How a call of KIND moving NBYTES goes, if this rank DECIDES it; in any
  * mode but XHC_COPY_ADAPT, or for a rank that only follows, the mode's
- * own answer, untimed.  A decider that stages also chooses its stores
+ * own copy, untimed.  A decider that stages also chooses its stores
  * (step 7); a reduction's waits for every rank, so its own time counts
  * theirs, but a Bcast parent's learns later (xhc_tune_defer). */
 void xhc_tune_pick(xhc_ctx_t *ctx, int kind, size_t nbytes, int decides,

@@ -101,7 +101,7 @@ enum xhc_copy { XHC_COPY_CICO, XHC_COPY_CMA, XHC_COPY_XPMEM,
 /* Which path each call took; xhc_stat() reads the counters.  Each *_CMA
  * counter counts the large calls in which this rank's data moved by CMA;
  * each *_STREAM counter, those in which it staged with streaming stores
- * (tune.c 7.), and XHC_PATH_BCAST_STREAM also those through the slots. */
+ * (tune.c 7.), counting the calls that wrote a slot with them too. */
 enum xhc_path {
     XHC_PATH_BARRIER,
     XHC_PATH_BCAST_INLINE, XHC_PATH_BCAST_CICO, XHC_PATH_BCAST_LARGE,
@@ -337,8 +337,8 @@ uint64_t xhc_stat(const xhc_ctx_t *ctx, int path);
 uint64_t xhc_seq(const xhc_ctx_t *ctx);
 /* The bytes of an element of DTYPE (0: no such dtype). */
 size_t xhc_dtype_size(int dtype);
-/* 1 if OP is defined on DTYPE (the bitwise ops on integers only), else
- * 0. */
+/* 1 if OP is defined on DTYPE (the logical and bitwise ops on integers
+ * only), else 0. */
 int xhc_op_valid(int dtype, int op);
 /* inout[i] = in[i] op inout[i] for COUNT elements, with the collectives'
  * kernels (as an MPI user-defined op computes); XHC_ERR_ARG if OP is not

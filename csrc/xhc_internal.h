@@ -248,8 +248,8 @@ struct xhc_xpmem {
 };
 
 /* What one size class of one operation has learnt (tune.c): index 0
- * staging, 1 reading by CMA; of a staging Bcast's stores (tune.c 7.),
- * 0 plain, 1 streaming. */
+ * staging, 1 reading by CMA; of a stager's stores, in windows or slots
+ * (tune.c 7.), 0 plain, 1 streaming. */
 #define XHC_TUNE_CLASSES 64
 #define XHC_TUNE_KEEP 4
 #define XHC_TUNE_SAMPLE 8 /* slot calls: one of the cheaper way timed in */
@@ -321,7 +321,8 @@ struct xhc_ctx {
     struct xhc_att *arena_att; /* nranks x XHC_ARENA_SPANS: windows of
                                   peers' arenas mapped here (arena.c) */
     uint64_t arena_clock;
-    unsigned char *scratch; /* private: 3 chunks for reductions */
+    unsigned char *scratch; /* private: 3 x the largest of a chunk, an up
+                               slot and a staged part, for reductions */
     const void **srcs;      /* private: nranks + 1 fold sources */
     struct xhc_src *peer_send, *peer_recv; /* private: peers' buffers, as
                                               they were at this op's start */

@@ -184,13 +184,13 @@ def _validate(cfg):
 
 
 # Bcast staging depth when ranks outnumber CPUs: windows per rank, at most
-# 32 and within 64 MiB for the node.
+# 32 and within 64 MiB for the communicator's ranks.
 _CROWDED_WINDOWS, _CROWDED_STAGING = 32, 64 << 20
 # ... and the rounds a large Bcast is cut into, so that ranks sharing the
 # root's core copy out early ones while it stages later ones.
 _CROWDED_ROUNDS = 16
 # ... and the largest Reduce whose non-roots publish through up slots and
-# go: at most 1 MiB, and at most 4 MiB over the node's ranks (the core
+# go: at most 1 MiB, and at most 4 MiB over the communicator's ranks (the core
 # keeps 4 up slots a rank: 16 MiB).  On 3 and 4 ranks a 1 MiB Reduce took
 # 0.35-0.7 of the reduce-scatter's time, whose every round waits for
 # ranks that are not running.
@@ -199,8 +199,8 @@ _CROWDED_REDUCE, _CROWDED_REDUCE_NODE = 1 << 20, 4 << 20
 # Reduce, if larger than chunk_size: each window is three waits on every
 # rank, which on 8 ranks sharing 2 cores took an 8 MiB Allreduce from
 # 1.2-1.3 of MPI's time with 256 KiB windows to 0.6-0.7 with 1 MiB ones.
-# At most 1 MiB, and at most 16 MiB over the node's ranks (the core keeps
-# two windows a rank: 32 MiB).
+# At most 1 MiB, and at most 16 MiB over the communicator's ranks (the
+# core keeps two windows a rank: 32 MiB).
 _CROWDED_RS_WINDOW, _CROWDED_RS_NODE = 1 << 20, 16 << 20
 
 
@@ -304,8 +304,8 @@ def fit_to_load(cfg, cpu_sets, chosen=(), node_load=(0, 0)):
 # those made at once on other ranks, and Comm.empty arrays find room too
 # (Docker gives containers 64 MiB).  While it is over, fit_to_space
 # halves the unchosen tunables stage by stage: the crowded extras first,
-# then chunk_size and cico_max by turns, first to sizes that still
-# pipeline and copy well, then to the least that works.
+# then chunk_size and then cico_max to sizes that still pipeline and
+# copy well, then each to the least that works.
 _SHM_SHARE = 2
 
 
