@@ -59,7 +59,8 @@ _PROGRESS_HOOK = ffi.cast("void (*)(void *)", progress_hook)
 # or an RMA on its window, that the peer waits on before it enters then
 # completes, as MPI's progress rule promises.  Unless MPI is finalized.
 # (A program that makes its communicators from an MPI session alone has
-# no COMM_SELF: its waits probe the communicator they are on, _probe.)
+# no COMM_SELF: its waits probe a duplicate of the one they are on,
+# _probe.)
 set_progress(MPI.Is_finalized, MPI.COMM_SELF.Iprobe)
 bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
 
@@ -160,6 +161,7 @@ class Comm(HotComm):
         self._keywords = dict(tunables, topology=topology, hierarchy=(
             dict(hierarchy) if isinstance(hierarchy, dict) else hierarchy))
         self._owns_comm = False  # made by Dup(): free() frees the comm too
+        self._probe_comm = None  # see _probe
         self.xhc_info = {}
         if isinstance(comm, Comm):
             raise TypeError("xhc.Comm needs an intra-communicator (got an "
@@ -1085,12 +1087,15 @@ class Comm(HotComm):
     def _probe(self):
         """What this context's waits probe to drive MPI's progress: NULL
         for set_progress's (COMM_SELF), where MPI's World model is up;
-        else (communicators from a session alone) the wrapped
-        communicator, whose Iprobe this object keeps, and the hook gets
-        the address of (CPython's id)."""
+        else (communicators from a session alone) a duplicate of the
+        wrapped communicator, which the caller may free first, with
+        errors returned: its Iprobe, which this object keeps, and the
+        hook gets the address of (CPython's id).  Collective."""
         if MPI.Is_initialized():
             return ffi.NULL
-        self._own_probe = self._comm.Iprobe
+        self._probe_comm = self._comm.Dup()
+        self._probe_comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self._own_probe = self._probe_comm.Iprobe
         return ffi.cast("void *", id(self._own_probe))
 
     def free(self):
@@ -1113,6 +1118,10 @@ class Comm(HotComm):
         if ctx:
             self._final_paths = _path_counts(ctx)
             lib.xhc_ctx_close(ctx)
+        probe, self._probe_comm = self._probe_comm, None
+        if probe is not None:
+            with contextlib.suppress(MPI.Exception):  # a finalized session
+                probe.Free()
         self._keep.clear()
         if self._nodes is not None:  # kept: a call under way may hold it
             self._nodes.free()
