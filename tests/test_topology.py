@@ -415,8 +415,9 @@ class Told(Gathering):
 def test_rank_0_places_every_rank_on_a_topology_source(monkeypatch):
     """With a topology source rank 0 asks hwloc about every core, once
     (every rank asked, a process per level each), and each rank places
-    itself by its index; a source hwloc cannot read is raised on every
-    rank, instead of leaving the others waiting."""
+    itself by its index (by its rank where indexes collide); a source
+    hwloc cannot read is raised on every rank, instead of leaving the
+    others waiting."""
     source = "pack:2 numa:3 core:2 pu:1"  # asked of hwloc nowhere else
     real_popen, runs = subprocess.Popen, []
 
@@ -432,20 +433,24 @@ def test_rank_0_places_every_rank_on_a_topology_source(monkeypatch):
         monkeypatch.setattr(topology, "_HEARD_TABLES", {})
         runs.clear()
     forget()
-    root = Told(0, [[source], [False], [want[1]]])
+    root = Told(0, [[source], [False], [1]])
     assert topology.gather_localities(root, source, index=0) == want[:2]
     assert len(runs) == 1 + len(topology._QUERIED)  # the count, the levels
     forget()
-    peer = Told(1, [[source], [False], [want[0]]], sent=root.sent)
+    peer = Told(1, [[source], [False], [0]], sent=root.sent)
     assert topology.gather_localities(peer, source, index=7) == \
         [want[0], want[2]]
     assert runs == []  # it heard the table rank 0 sent
     # A later communicator (a Split) whose rank 0 is this process, where
     # every rank heard the table: no rank asks hwloc again.
-    again = Told(0, [[source], [True], [want[0]]])
+    again = Told(0, [[source], [True], [0]])
     assert topology.gather_localities(again, source, index=7) == \
         [want[2], want[0]]
     assert runs == []
+    # Ranks of two launches (Spawn, then Merge()), each its launch's local
+    # rank 0 (the launchers' numbers collide): placed by their ranks.
+    merged = Told(1, [[source], [True], [0]])
+    assert topology.gather_localities(merged, source, index=0) == want[:2]
     bad = "pack:2 nonsense:3"
     root = Told(0, [[bad], [False]])
     with pytest.raises(XhcError, match=r"^hwloc cannot read topology "):

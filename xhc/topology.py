@@ -406,7 +406,8 @@ def gather_localities(comm, topology=None, index=0, asked=()):
     hierarchy groups by (ASKED: level names) warns.  With a topology
     source rank 0 asks hwloc about its every core, once, and each rank
     is placed by its INDEX (node_index: its rank on its node, as the
-    launcher placed it)."""
+    launcher placed it); where two ranks have the same (ranks of several
+    launches, as Spawn's and Merge()'s), by its rank in COMM."""
     source = source_of(topology)
     check_alike("topology", [this or "this machine" for this in
                              comm.allgather(source)])
@@ -418,7 +419,10 @@ def gather_localities(comm, topology=None, index=0, asked=()):
     table = _HEARD_TABLES[source] if all(known) else \
         _told_by_rank_0(comm, lambda: _core_table(source))
     _HEARD_TABLES[source] = table
-    return comm.allgather(dict(table[int(index) % len(table)]))
+    indexes = comm.allgather(int(index))
+    if len(set(indexes)) < len(indexes):
+        indexes = range(len(indexes))
+    return [dict(table[i % len(table)]) for i in indexes]
 
 
 def localities_for(comm, topology, index, hierarchies):

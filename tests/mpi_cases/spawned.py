@@ -3,7 +3,8 @@
 CHILDREN more (argv[1]) running this file, and both sides wrap the
 intra-communicator that Merge() makes of the intercommunicator (which
 xhc.Comm refuses, naming Merge()).  Every result is checked against
-mpi4py's own collective on the merged communicator.  Each rank prints
+mpi4py's own collective on the merged communicator, and the ranks are
+placed on a topology source by their rank.  Each rank prints
 "spawned: rank R: N cases passed on M ranks" (R, M: in the merged one).
 """
 import sys
@@ -37,6 +38,13 @@ def main():
     with xhc.Comm(comm) as xc:
         cases = sized_cases(xc, comm, late=n - 1)
         cases += progress_case(xc, comm)
+    # Both launches number their ranks on the node from 0: a topology
+    # source places the merged ranks by their rank instead, two a package.
+    with xhc.Comm(comm, topology="pack:2 core:2 pu:1") as xc:
+        packages = [list(range(i, min(i + 2, n))) for i in range(0, n, 2)]
+        check(comm, "the merged ranks placed on a topology",
+              xc.xhc_info["levels"]["allreduce"][0] == ("package", packages))
+        cases += 1
     comm.Free()
     inter.Disconnect()
     print(f"spawned: rank {rank}: {cases} cases passed on {n} ranks",
