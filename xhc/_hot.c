@@ -595,32 +595,68 @@ static void hot_block(void *arg)
 }
 
 /* What drives the MPI library's progress (set_progress), called by the
- * core's progress hook, with the GIL, while a wait yields or sleeps: a
- * test that MPI is still up, and a call that makes it progress.  Both
- * are compiled (mpi4py's), not Python functions: Python runs pending
- * signal handlers only between bytecodes, so none runs inside a wait.
- * One there could raise an exception that the hook would have to drop,
- * or call a collective in the middle of this one. */
-static PyObject *hot_finalized_fn, *hot_probe_fn;
+ * core's progress hooks, with the GIL, while a wait yields or sleeps:
+ * tests of MPI's World model (MPI.Is_initialized, MPI.Is_finalized),
+ * MPI.Comm.Iprobe, and COMM_SELF's Iprobe.  All are compiled (mpi4py's),
+ * not Python functions: Python runs pending signal handlers only between
+ * bytecodes, so none runs inside a wait.  One there could raise an
+ * exception that the hook would have to drop, or call a collective in
+ * the middle of this one. */
+static PyObject *hot_initialized_fn, *hot_finalized_fn, *hot_comm_probe_fn,
+    *hot_self_probe_fn;
 
-/* The core's progress hook (xhc_ctx_set_progress_hook).  ARG, if not
- * NULL, is the context's own probe (a compiled callable its xhc.Comm
- * keeps alive), which takes the place of set_progress's.  The wait has
- * let go of the GIL (here or in cffi), so take it.  It cannot raise:
- * what the probe raises is dropped (the next call sees its MPI error, if
- * there is one). */
+#if PY_VERSION_HEX >= 0x030D0000
+#define hot_finalizing() Py_IsFinalizing()
+#else
+#define hot_finalizing() _Py_IsFinalizing()
+#endif
+
+/* Is MPI's World model up (initialized, not finalized)? */
+static int hot_world_up(void)
+{
+    PyObject *init = PyObject_CallNoArgs(hot_initialized_fn);
+    PyObject *done = init == Py_True ? PyObject_CallNoArgs(hot_finalized_fn)
+                                     : NULL;
+    int up = done == Py_False;
+    Py_XDECREF(init);
+    Py_XDECREF(done);
+    return up;
+}
+
+/* Probe COMM (an mpi4py communicator its xhc.Comm keeps): one of its
+ * peers may wait on this rank (MPICH's Iprobe on COMM_SELF does not move
+ * other communicators' messages).  If COMM was freed, COMM_SELF instead
+ * where WORLD (the World model is up), else nothing. */
+static void hot_probe(PyObject *comm, int world)
+{
+    PyObject *r = NULL;
+    if (!hot_comm_probe_fn || hot_finalizing()) /* set at xhc.comm's import;
+                                                   a daemon thread's wait */
+        return;
+    /* The wait has let go of the GIL (here or in cffi), so take it. */
+    PyGILState_STATE held = PyGILState_Ensure();
+    if (world && !hot_world_up())
+        ;  /* MPI.Finalize() ended COMM */
+    else if (PyObject_IsTrue(comm) == 1)  /* not MPI.COMM_NULL */
+        r = PyObject_CallOneArg(hot_comm_probe_fn, comm);
+    else if (world)
+        r = PyObject_CallNoArgs(hot_self_probe_fn);
+    Py_XDECREF(r);
+    PyErr_Clear();  /* the next call sees its MPI error, if there is one */
+    PyGILState_Release(held);
+}
+
+/* The core's progress hook (xhc_ctx_set_progress_hook) for a context on
+ * ARG, a communicator that may be the World model's. */
 static void hot_progress(void *arg)
 {
-    PyObject *probe = arg ? (PyObject *)arg : hot_probe_fn;
-    if (!probe)  /* set once, when xhc.comm is imported */
-        return;
-    PyGILState_STATE held = PyGILState_Ensure();
-    PyObject *done = PyObject_CallNoArgs(hot_finalized_fn);
-    PyObject *r = done == Py_False ? PyObject_CallNoArgs(probe) : NULL;
-    Py_XDECREF(done);
-    Py_XDECREF(r);
-    PyErr_Clear();
-    PyGILState_Release(held);
+    hot_probe(arg, 1);
+}
+
+/* ... on ARG, a session's communicator, which MPI.Finalize() leaves. */
+static void hot_session_progress(void *arg)
+{
+    hot_probe(arg, 0);
 }
 
 /* Is FN a Python function, or a method of one: bytecode, which would
@@ -632,23 +668,28 @@ static int is_python_code(PyObject *fn)
     return PyFunction_Check(fn);
 }
 
-/* set_progress(finalized, probe): see hot_progress. */
+/* set_progress(initialized, finalized, comm_probe, self_probe): see
+ * hot_probe. */
 static PyObject *set_progress(PyObject *mod, PyObject *args)
 {
     (void)mod;
-    PyObject *finalized, *probe;
-    if (!PyArg_ParseTuple(args, "OO:set_progress", &finalized, &probe))
+    PyObject *fn[4];
+    PyObject **kept[4] = { &hot_initialized_fn, &hot_finalized_fn,
+                           &hot_comm_probe_fn, &hot_self_probe_fn };
+    if (!PyArg_ParseTuple(args, "OOOO:set_progress", &fn[0], &fn[1], &fn[2],
+                          &fn[3]))
         return NULL;
-    if (is_python_code(finalized) || is_python_code(probe)
-        || !PyCallable_Check(finalized) || !PyCallable_Check(probe)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "set_progress(finalized, probe): compiled callables");
-        return NULL;
+    for (int i = 0; i < 4; i++)
+        if (is_python_code(fn[i]) || !PyCallable_Check(fn[i])) {
+            PyErr_SetString(PyExc_TypeError, "set_progress(initialized, "
+                            "finalized, comm_probe, self_probe): compiled "
+                            "callables");
+            return NULL;
+        }
+    for (int i = 0; i < 4; i++) {
+        Py_INCREF(fn[i]);
+        Py_XSETREF(*kept[i], fn[i]);
     }
-    Py_INCREF(finalized);
-    Py_XSETREF(hot_finalized_fn, finalized);
-    Py_INCREF(probe);
-    Py_XSETREF(hot_probe_fn, probe);
     Py_RETURN_NONE;
 }
 
@@ -1432,7 +1473,8 @@ static int hot_exec(PyObject *m)
     PyTypeObject *comm_type = hot_add_type(m, "HotComm", &hot_spec);
     return !comm_type || hot_request_add(m, comm_type)
            || add_hook(m, "block_hook", hot_block)
-           || add_hook(m, "progress_hook", hot_progress);
+           || add_hook(m, "progress_hook", hot_progress)
+           || add_hook(m, "session_progress_hook", hot_session_progress);
 }
 
 static PyModuleDef_Slot hot_module_slots[] = {

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from . import _core, config, debug, hierarchy, nodes, objects, topology
 from ._hot import (HotComm, bind_plain, block_hook, kept_holds,
-                   progress_hook, set_progress)
+                   progress_hook, session_progress_hook, set_progress)
 from ._xhc import ffi, lib
 from .arena import in_arena
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, blank_like,
@@ -50,18 +50,19 @@ _barrier = lib.xhc_barrier
 _agree = lib.xhc_agree
 _barrier_fn = ffi.addressof(lib, "xhc_barrier")
 _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
-_PROGRESS_HOOK = ffi.cast("void (*)(void *)", progress_hook)
+_PROGRESS_HOOKS = {world: ffi.cast("void (*)(void *)", hook) for world, hook
+                   in ((True, progress_hook), (False, session_progress_hook))}
 
 
 # While this rank waits in an xhc collective, the core drives the MPI
-# library's progress, as any MPI call does (Open MPI's and MPICH's Iprobe
-# poll every transport when nothing matches): a peer's send to this rank,
-# or an RMA on its window, that the peer waits on before it enters then
-# completes, as MPI's progress rule promises.  Unless MPI is finalized.
-# (A program that makes its communicators from an MPI session alone has
-# no COMM_SELF: its waits probe a duplicate of the one they are on,
-# _probe.)
-set_progress(MPI.Is_finalized, MPI.COMM_SELF.Iprobe)
+# library's progress, as any MPI call does, with an Iprobe on the
+# communicator it waits on (Open MPI's and MPICH's poll every transport
+# when nothing matches; MPICH's on COMM_SELF moves no other
+# communicator's messages): a peer's send to this rank, or an RMA on its
+# window, that the peer waits on before it enters then completes, as
+# MPI's progress rule promises.  Unless MPI.Finalize() ended it (_bind).
+set_progress(MPI.Is_initialized, MPI.Is_finalized, MPI.Comm.Iprobe,
+             MPI.COMM_SELF.Iprobe)
 bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
 
 
@@ -161,7 +162,6 @@ class Comm(HotComm):
         self._keywords = dict(tunables, topology=topology, hierarchy=(
             dict(hierarchy) if isinstance(hierarchy, dict) else hierarchy))
         self._owns_comm = False  # made by Dup(): free() frees the comm too
-        self._probe_comm = None  # see _probe
         self.xhc_info = {}
         if isinstance(comm, Comm):
             raise TypeError("xhc.Comm needs an intra-communicator (got an "
@@ -226,8 +226,9 @@ class Comm(HotComm):
 
     def _setup(self):
         comm, cfg = self._comm, self._cfg
-        index = topology.node_index(MPI.COMM_WORLD.rank
-                                    if MPI.Is_initialized() else comm.rank)
+        world = MPI.Is_initialized() and not MPI.Is_finalized()
+        index = topology.node_index(MPI.COMM_WORLD.rank if world
+                                    else comm.rank)
         localities = topology.localities_for(comm, self._topology, index,
                                              self._asked.values())
         self._fit_to_load(cfg)
@@ -1078,25 +1079,16 @@ class Comm(HotComm):
         Barrier, kept calls and calls of plain arrays."""
         if ctx:
             lib.xhc_ctx_set_block_hook(ctx, _BLOCK_HOOK, ffi.NULL)
-            lib.xhc_ctx_set_progress_hook(ctx, _PROGRESS_HOOK, self._probe())
+            # Where MPI's World model is not up, the communicator is a
+            # session's, which MPI.Finalize() does not end.  (The hook
+            # gets its address, CPython's id: this object keeps it.)
+            world = MPI.Is_initialized() and not MPI.Is_finalized()
+            lib.xhc_ctx_set_progress_hook(ctx, _PROGRESS_HOOKS[world],
+                                          ffi.cast("void *", id(self._comm)))
         self._hot_bind(address(ctx), address(RUN_FN), address(_barrier_fn),
                        self._bcast_plans, self._allreduce_plans,
                        self._reduce_plans, MPI.SUM, self._rank, self._size,
                        *((across.Barrier, across.plain) if across else ()))
-
-    def _probe(self):
-        """What this context's waits probe to drive MPI's progress: NULL
-        for set_progress's (COMM_SELF), where MPI's World model is up;
-        else (communicators from a session alone) a duplicate of the
-        wrapped communicator, which the caller may free first, with
-        errors returned: its Iprobe, which this object keeps, and the
-        hook gets the address of (CPython's id).  Collective."""
-        if MPI.Is_initialized():
-            return ffi.NULL
-        self._probe_comm = self._comm.Dup()
-        self._probe_comm.Set_errhandler(MPI.ERRORS_RETURN)
-        self._own_probe = self._probe_comm.Iprobe
-        return ffi.cast("void *", id(self._own_probe))
 
     def free(self):
         """Release the shared memory; the wrapped communicator stays, but
@@ -1118,10 +1110,6 @@ class Comm(HotComm):
         if ctx:
             self._final_paths = _path_counts(ctx)
             lib.xhc_ctx_close(ctx)
-        probe, self._probe_comm = self._probe_comm, None
-        if probe is not None:
-            with contextlib.suppress(MPI.Exception):  # a finalized session
-                probe.Free()
         self._keep.clear()
         if self._nodes is not None:  # kept: a call under way may hold it
             self._nodes.free()

@@ -91,7 +91,9 @@ def between_nodes(op, op_code, dtype_code):
     xhc's kernels for float MIN and MAX, where MPI keeps whichever operand
     `<` picks (it may drop a NaN), so that they are IEEE 754's minimum
     and maximum, as on the nodes; and for every op on float16, which
-    crosses as bits."""
+    crosses as bits.  MPI is told it does not commute, so that every
+    rank folds the nodes' parts in their order, and takes the same NaN's
+    bits: MPICH may fold a commutative op's operands in either order."""
     key = (op_code, dtype_code)
     if key not in _OWN:
         return op
@@ -102,7 +104,7 @@ def between_nodes(op, op_code, dtype_code):
             inout = ffi.from_buffer(inoutbuf, require_writable=True)
             lib.xhc_fold_into(inout, ffi.from_buffer(inbuf),
                               len(inout) // size, dtype_code, op_code)
-        _OWN[key] = MPI.Op.Create(fold, commute=True)
+        _OWN[key] = MPI.Op.Create(fold, commute=False)
     return _OWN[key]
 
 

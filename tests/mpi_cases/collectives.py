@@ -4766,6 +4766,19 @@ def suite_spanning(xcomm, comm, v, sz, args):
     differences_across_nodes(xcomm, comm, v)
     differences_on_a_node(comm, v, parts)
     differences_between_nodes(comm, v, parts)
+    leaders_fold_in_rank_order(v)
+
+
+def leaders_fold_in_rank_order(v):
+    """The ops xhc gives the leaders (float MIN and MAX, every op on
+    float16) are not commutative to MPI: an MPI may fold a commutative
+    op's operands in either order on each rank (MPICH does), and ranks
+    would take different NaNs' bits."""
+    from xhc import nodes
+    for op, dtype in list(nodes._OWN):
+        made = nodes.between_nodes(MPI.OP_NULL, op, dtype)
+        v.case(f"spanning: the leaders' op {op} on dtype {dtype} keeps "
+               "rank order", "commutative" if made.Is_commutative() else None)
 
 
 class FailsAfter:

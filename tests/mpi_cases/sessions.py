@@ -4,8 +4,8 @@ program that never starts MPI's World model: no COMM_WORLD, no
 COMM_SELF.  Every result is checked against mpi4py's own collective on
 the same communicator; a rank comes late to some calls, so that the
 waiting ranks drive MPI's progress (a 2 MiB Send into a waiting
-receiver needs it), also after the wrapped communicator's Free().
-Each rank prints
+receiver needs it), also while the World model is started and after it
+is finalized.  Each rank prints
 "sessions: rank R: N cases passed on M ranks".
 """
 import time
@@ -24,8 +24,8 @@ from against_mpi import check, progress_case, sized_cases  # noqa: E402
 
 def freed_first(group, comm):
     """An xhc.Comm whose wrapped communicator was freed: its ranks still
-    wait for a late one, probing a communicator of xhc's own, and sum
-    as mpi4py does on COMM."""
+    wait for a late one (their waits probe it no more: MPI would abort)
+    and sum as mpi4py does on COMM."""
     other = MPI.Intracomm.Create_from_group(group, "org.xhc.tests.freed")
     with xhc.Comm(other) as xc:
         other.Free()
@@ -52,6 +52,10 @@ def main():
         cases += progress_case(xc, comm)
         with xc.Dup() as dup:   # a duplicate probes its own communicator
             cases += sized_cases(dup, comm, late=0)
+        MPI.Init()  # the World model, begun and ended under the xhc.Comm
+        cases += progress_case(xc, comm)
+        MPI.Finalize()
+        cases += progress_case(xc, comm)
     cases += freed_first(group, comm)
     group.Free()
     comm.Free()
