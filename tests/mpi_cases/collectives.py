@@ -3748,11 +3748,14 @@ def request_errors_as_mpi(v, xcomm, comm):
     """What MPI refuses of a persistent request (MPI.ERR_REQUEST) raises
     on xhc's an XhcError that is also the MPI.Exception mpi4py's own
     requests raise, of the same class; and Startall with an active
-    request in its list starts none, as Open MPI's."""
+    request in its list starts none, as Open MPI's.  (MPICH frees an
+    active request, then fails in its own ways: there xhc's classes are
+    checked alone.)"""
     a, b = np.ones(2), np.zeros(2)
     classes, xhc_kinds = {}, []
-    for who, c, startall in (("mpi4py", comm, MPI.Prequest.Startall),
-                             ("xhc", xcomm, xhc.Request.Startall)):
+    truths = (("mpi4py", comm, MPI.Prequest.Startall),) \
+        if MPI.get_vendor()[0] == "Open MPI" else ()
+    for who, c, startall in (*truths, ("xhc", xcomm, xhc.Request.Startall)):
         req, other = c.Allreduce_init(a, b), c.Allreduce_init(a, b)
         req.Start()
         calls = [(req.Start,), (req.Free,), (req.Cancel,),
@@ -3768,7 +3771,7 @@ def request_errors_as_mpi(v, xcomm, comm):
         got += [mpi_class_of(req.Start), mpi_class_of(req.Free)]
         classes[who] = got
     v.case("what MPI refuses of a request raises mpi4py's MPI.Exception",
-           None if classes["xhc"] == classes["mpi4py"] and
+           None if classes["xhc"] == classes.get("mpi4py", classes["xhc"]) and
            MPI.ERR_REQUEST in classes["xhc"] else
            f"xhc {classes['xhc']}, mpi4py {classes['mpi4py']}")
     v.case("... and an XhcError", xhc_kinds[0])
