@@ -191,6 +191,24 @@ def test_fit_to_load(nranks, ncpu, chunk, windows, spin, reduce_max,
     assert cfg["rs_window"] == rs_window
 
 
+@pytest.mark.parametrize("cpu_sets,crowded", [
+    ([[0], [0], [0, 1, 2, 3]], True),         # two bound to one CPU
+    ([[0], [0], [1], [2, 3]], True),
+    ([[0, 1], [0, 1], [0, 1], [2, 3]], True),  # three on two CPUs
+    ([[0], [1], [0, 1, 2, 3]], False),        # a CPU each, and one more
+    ([[0, 1], [0, 1], [2], [3]], False),
+    ([[0], [1], [2], [3]], False),
+])
+def test_ranks_confined_to_fewer_cpus_than_they_are_crowd_the_node(
+        cpu_sets, crowded):
+    """Ranks with CPUs enough between them, some of which may run only on
+    fewer CPUs than they are (as Open MPI binds an oversubscribed
+    --cpu-set): crowded, or those spin as if each had a core."""
+    cfg = config.resolve()
+    assert config.fit_to_load(cfg, cpu_sets)[0] is crowded
+    assert cfg["spin"] == (16 if crowded else config.DEFAULTS["spin"])
+
+
 def test_fit_to_load_keeps_what_the_user_chose(monkeypatch):
     monkeypatch.setenv("XHC_CICO_MAX", "4K")
     chosen = config.chosen(windows=3, spin=700, sleep=5)

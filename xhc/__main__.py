@@ -178,15 +178,19 @@ def _waiting_text(w):
               % (w["reduce_cico_max"] >> 10) if w["reduce_cico_max"] else "")
     scatter = ("; reduce-scatter windows of %d KiB" % (w["rs_window"] >> 10)
                if w["rs_window"] else "")
-    return ("waiting: %s on %d CPUs%s: spin %d polls, then yield; "
+    return ("waiting: %s on %s%s: spin %d polls, then yield; "
             "sleep %s; Bcast staging %d windows per rank%s%s%s"
-            % (_ranks(w["ranks"]), w["cpus"],
+            % (_ranks(w["ranks"]), _count(w["cpus"], "CPU"),
                " (crowded)" if w["crowded"] else "",
                w["spin"], sleep, w["bcast_windows"], rounds, reduce, scatter))
 
 
 def _ranks(n):
-    return "1 rank" if n == 1 else "%d ranks" % n
+    return _count(n, "rank")
+
+
+def _count(n, noun):
+    return "%d %s%s" % (n, noun, "" if n == 1 else "s")
 
 
 def _offline(args):

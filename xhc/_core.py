@@ -295,9 +295,10 @@ _ADAPT_WHY = ("pipelined copy-in-copy-out or CMA (process_vm_readv), "
               "call by call: each message size takes the one that has "
               "been faster here, and tries the other now and then")
 _XPMEM_WHY = "peers' buffers are attached and read in place: one copy"
-_CROWDED_WHY = ("ranks outnumber CPUs (this communicator's, or the job's "
-                "on the node), and a rank whose buffer is read by CMA "
-                "waits in the call for readers that may not be running")
+_CROWDED_WHY = ("ranks outnumber CPUs (this communicator's, some of its "
+                "ranks' own, or the job's on the node), and a rank whose "
+                "buffer is read by CMA waits in the call for readers that "
+                "may not be running")
 _XPMEM_FIX = ("unset XHC_COPY, or install and load XPMEM (the xpmem "
               "kernel module and libxpmem)")
 

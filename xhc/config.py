@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Tunables: keyword argument, else XHC_* environment variable, else default."""
+import collections
 import difflib
 import os
 import re
@@ -259,13 +260,24 @@ def node_load(node_sizes, node_cpus, size):
     return max(*node_sizes, size), max(known, default=0)
 
 
+def confined(cpu_sets):
+    """Whether some ranks may run on fewer CPUs than they are: those
+    whose CPU_SETS lie within one rank's (two bound to one CPU, beside
+    others that may run on every CPU), which the count of all the ranks
+    against all their CPUs does not see."""
+    sets = collections.Counter(map(frozenset, cpu_sets))
+    return any(sum(n for inner, n in sets.items() if inner <= outer)
+               > len(outer) for outer in sets)
+
+
 def fit_to_load(cfg, cpu_sets, chosen=(), node_load=(0, 0)):
     """Settle CFG for ranks with the CPU affinities CPU_SETS (one per
     rank), on a node that runs NODE_LOAD[0] processes of the job on
     NODE_LOAD[1] CPUs (0: unknown); return (crowded, number of CPUs the
     ranks may run on).
 
-    When ranks outnumber those CPUs, or the job's processes the node's
+    When ranks outnumber those CPUs (or some ranks the CPUs they are
+    confined to), or the job's processes the node's
     (as for a communicator of some of an oversubscribed node's ranks,
     whose CPUs the others share), a waiting rank yields almost at once,
     Bcast stages deeper, in smaller rounds, and larger Reduces let
@@ -283,7 +295,8 @@ def fit_to_load(cfg, cpu_sets, chosen=(), node_load=(0, 0)):
             f"to at least {64 * nranks}")
     processes, cpus = node_load
     # A rank alone waits for no one: the extras would only take memory.
-    crowded = nranks > 1 and (nranks > ncpu or 0 < cpus < processes)
+    crowded = nranks > 1 and (nranks > ncpu or 0 < cpus < processes
+                              or confined(cpu_sets))
     if crowded and "spin" not in chosen:
         cfg["spin"] = min(cfg["spin"], 16)
     cfg["bcast_rounds"] = _CROWDED_ROUNDS if crowded else 0
