@@ -215,10 +215,10 @@ def test_a_communicator_from_a_session_alone(n):
     """A program that makes its communicator from an MPI session and never
     starts the World model (no COMM_SELF to probe): every collective
     matches mpi4py's, and a rank waiting for a late one drives MPI's
-    progress through the communicator it waits on (it crashed in
-    COMM_SELF's Iprobe before), also while the World model is started
-    and once it is finalized; nothing aborts once the caller has freed
-    the communicator."""
+    progress through xhc's duplicate of the communicator it waits on (it
+    crashed in COMM_SELF's Iprobe before), also while the World model is
+    started and once it is finalized, and once the caller has freed the
+    communicator."""
     result = run_mpi(n, ["tests/mpi_cases/sessions.py"], env=BASE_ENV)
     assert_every_rank_passed(result, "sessions", n)
 

@@ -595,15 +595,15 @@ static void hot_block(void *arg)
 }
 
 /* What drives the MPI library's progress (set_progress), called by the
- * core's progress hooks, with the GIL, while a wait yields or sleeps:
+ * core's progress hook, with the GIL, while a wait yields or sleeps:
  * tests of MPI's World model (MPI.Is_initialized, MPI.Is_finalized),
- * MPI.Comm.Iprobe, and COMM_SELF's Iprobe.  All are compiled (mpi4py's),
- * not Python functions: Python runs pending signal handlers only between
- * bytecodes, so none runs inside a wait.  One there could raise an
- * exception that the hook would have to drop, or call a collective in
- * the middle of this one. */
-static PyObject *hot_initialized_fn, *hot_finalized_fn, *hot_comm_probe_fn,
-    *hot_self_probe_fn;
+ * MPI.Comm.Iprobe, and MPI.COMM_WORLD, which no caller can free.  The
+ * functions are compiled (mpi4py's), not Python functions: Python runs
+ * pending signal handlers only between bytecodes, so none runs inside a
+ * wait.  One there could raise an exception that the hook would have to
+ * drop, or call a collective in the middle of this one. */
+static PyObject *hot_initialized_fn, *hot_finalized_fn, *hot_probe_fn,
+    *hot_world_comm;
 
 #if PY_VERSION_HEX >= 0x030D0000
 #define hot_finalizing() Py_IsFinalizing()
@@ -623,40 +623,25 @@ static int hot_world_up(void)
     return up;
 }
 
-/* Probe COMM (an mpi4py communicator its xhc.Comm keeps): one of its
- * peers may wait on this rank (MPICH's Iprobe on COMM_SELF does not move
- * other communicators' messages).  If COMM was freed, COMM_SELF instead
- * where WORLD (the World model is up), else nothing. */
-static void hot_probe(PyObject *comm, int world)
-{
-    PyObject *r = NULL;
-    if (!hot_comm_probe_fn || hot_finalizing()) /* set at xhc.comm's import;
-                                                   a daemon thread's wait */
-        return;
-    /* The wait has let go of the GIL (here or in cffi), so take it. */
-    PyGILState_STATE held = PyGILState_Ensure();
-    if (world && !hot_world_up())
-        ;  /* MPI.Finalize() ended COMM */
-    else if (PyObject_IsTrue(comm) == 1)  /* not MPI.COMM_NULL */
-        r = PyObject_CallOneArg(hot_comm_probe_fn, comm);
-    else if (world)
-        r = PyObject_CallNoArgs(hot_self_probe_fn);
-    Py_XDECREF(r);
-    PyErr_Clear();  /* the next call sees its MPI error, if there is one */
-    PyGILState_Release(held);
-}
-
-/* The core's progress hook (xhc_ctx_set_progress_hook) for a context on
- * ARG, a communicator that may be the World model's. */
+/* The core's progress hook (xhc_ctx_set_progress_hook): an Iprobe on
+ * ARG, if not NULL, a session's communicator that the context's xhc.Comm
+ * keeps for it; else on COMM_WORLD while the World model is up.  (MPICH's
+ * Iprobe on COMM_SELF moves no other communicator's messages.)  The wait
+ * has let go of the GIL (here or in cffi), so take it, unless the
+ * interpreter is ending (a daemon thread's wait).  It cannot raise: what
+ * the probe raises is dropped (the next call sees its MPI error, if
+ * there is one). */
 static void hot_progress(void *arg)
 {
-    hot_probe(arg, 1);
-}
-
-/* ... on ARG, a session's communicator, which MPI.Finalize() leaves. */
-static void hot_session_progress(void *arg)
-{
-    hot_probe(arg, 0);
+    PyObject *comm = arg, *r = NULL;
+    if (!hot_probe_fn || hot_finalizing())  /* set at xhc.comm's import */
+        return;
+    PyGILState_STATE held = PyGILState_Ensure();
+    if (comm || hot_world_up())
+        r = PyObject_CallOneArg(hot_probe_fn, comm ? comm : hot_world_comm);
+    Py_XDECREF(r);
+    PyErr_Clear();
+    PyGILState_Release(held);
 }
 
 /* Is FN a Python function, or a method of one: bytecode, which would
@@ -668,22 +653,21 @@ static int is_python_code(PyObject *fn)
     return PyFunction_Check(fn);
 }
 
-/* set_progress(initialized, finalized, comm_probe, self_probe): see
- * hot_probe. */
+/* set_progress(initialized, finalized, probe, world): see hot_progress. */
 static PyObject *set_progress(PyObject *mod, PyObject *args)
 {
     (void)mod;
     PyObject *fn[4];
     PyObject **kept[4] = { &hot_initialized_fn, &hot_finalized_fn,
-                           &hot_comm_probe_fn, &hot_self_probe_fn };
+                           &hot_probe_fn, &hot_world_comm };
     if (!PyArg_ParseTuple(args, "OOOO:set_progress", &fn[0], &fn[1], &fn[2],
                           &fn[3]))
         return NULL;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 3; i++)
         if (is_python_code(fn[i]) || !PyCallable_Check(fn[i])) {
             PyErr_SetString(PyExc_TypeError, "set_progress(initialized, "
-                            "finalized, comm_probe, self_probe): compiled "
-                            "callables");
+                            "finalized, probe, world): compiled callables, "
+                            "and a communicator");
             return NULL;
         }
     for (int i = 0; i < 4; i++) {
@@ -1473,8 +1457,7 @@ static int hot_exec(PyObject *m)
     PyTypeObject *comm_type = hot_add_type(m, "HotComm", &hot_spec);
     return !comm_type || hot_request_add(m, comm_type)
            || add_hook(m, "block_hook", hot_block)
-           || add_hook(m, "progress_hook", hot_progress)
-           || add_hook(m, "session_progress_hook", hot_session_progress);
+           || add_hook(m, "progress_hook", hot_progress);
 }
 
 static PyModuleDef_Slot hot_module_slots[] = {

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from . import _core, config, debug, hierarchy, nodes, objects, topology
 from ._hot import (HotComm, bind_plain, block_hook, kept_holds,
-                   progress_hook, session_progress_hook, set_progress)
+                   progress_hook, set_progress)
 from ._xhc import ffi, lib
 from .arena import in_arena
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, blank_like,
@@ -50,19 +50,19 @@ _barrier = lib.xhc_barrier
 _agree = lib.xhc_agree
 _barrier_fn = ffi.addressof(lib, "xhc_barrier")
 _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
-_PROGRESS_HOOKS = {world: ffi.cast("void (*)(void *)", hook) for world, hook
-                   in ((True, progress_hook), (False, session_progress_hook))}
+_PROGRESS_HOOK = ffi.cast("void (*)(void *)", progress_hook)
 
 
 # While this rank waits in an xhc collective, the core drives the MPI
-# library's progress, as any MPI call does, with an Iprobe on the
-# communicator it waits on (Open MPI's and MPICH's poll every transport
-# when nothing matches; MPICH's on COMM_SELF moves no other
+# library's progress, as any MPI call does, with an Iprobe on COMM_WORLD,
+# which no caller can free, or in a program of sessions on a duplicate of
+# the communicator (_session_probe; Open MPI's and MPICH's poll every
+# transport when nothing matches; MPICH's on COMM_SELF moves no other
 # communicator's messages): a peer's send to this rank, or an RMA on its
 # window, that the peer waits on before it enters then completes, as
-# MPI's progress rule promises.  Unless MPI.Finalize() ended it (_bind).
+# MPI's progress rule promises.  Unless MPI.Finalize() ended COMM_WORLD.
 set_progress(MPI.Is_initialized, MPI.Is_finalized, MPI.Comm.Iprobe,
-             MPI.COMM_SELF.Iprobe)
+             MPI.COMM_WORLD)
 bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
 
 
@@ -162,6 +162,7 @@ class Comm(HotComm):
         self._keywords = dict(tunables, topology=topology, hierarchy=(
             dict(hierarchy) if isinstance(hierarchy, dict) else hierarchy))
         self._owns_comm = False  # made by Dup(): free() frees the comm too
+        self._probe_comm = None  # see _session_probe
         self.xhc_info = {}
         if isinstance(comm, Comm):
             raise TypeError("xhc.Comm needs an intra-communicator (got an "
@@ -171,7 +172,7 @@ class Comm(HotComm):
             got = "MPI.COMM_NULL" if isinstance(comm, MPI.Comm) and \
                 comm == MPI.COMM_NULL else type(comm).__name__
             fix = "wrap the one its Merge() gives" \
-                if isinstance(comm, MPI.Intercomm) else \
+                if got == "Intercomm" else \
                 "wrap a communicator such as MPI.COMM_WORLD or one from " \
                 "Split(), on the ranks that have one"
             raise TypeError(f"xhc.Comm needs an intra-communicator (got "
@@ -1079,16 +1080,24 @@ class Comm(HotComm):
         Barrier, kept calls and calls of plain arrays."""
         if ctx:
             lib.xhc_ctx_set_block_hook(ctx, _BLOCK_HOOK, ffi.NULL)
-            # Where MPI's World model is not up, the communicator is a
-            # session's, which MPI.Finalize() does not end.  (The hook
-            # gets its address, CPython's id: this object keeps it.)
-            world = MPI.Is_initialized() and not MPI.Is_finalized()
-            lib.xhc_ctx_set_progress_hook(ctx, _PROGRESS_HOOKS[world],
-                                          ffi.cast("void *", id(self._comm)))
+            lib.xhc_ctx_set_progress_hook(ctx, _PROGRESS_HOOK,
+                                          self._session_probe())
         self._hot_bind(address(ctx), address(RUN_FN), address(_barrier_fn),
                        self._bcast_plans, self._allreduce_plans,
                        self._reduce_plans, MPI.SUM, self._rank, self._size,
                        *((across.Barrier, across.plain) if across else ()))
+
+    def _session_probe(self):
+        """NULL where MPI's World model is up: waits probe COMM_WORLD.
+        Else the communicator is a session's, which MPI.Finalize() does
+        not end: a duplicate of it, which the caller cannot free before
+        free() does (their Iprobe on a freed one would crash), for waits
+        to probe (its address, CPython's id: this object keeps it).
+        Collective."""
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            return ffi.NULL
+        self._probe_comm = self._comm.Dup()
+        return ffi.cast("void *", id(self._probe_comm))
 
     def free(self):
         """Release the shared memory; the wrapped communicator stays, but
@@ -1110,6 +1119,9 @@ class Comm(HotComm):
         if ctx:
             self._final_paths = _path_counts(ctx)
             lib.xhc_ctx_close(ctx)
+        probe, self._probe_comm = self._probe_comm, None
+        if probe is not None:  # once no wait can probe it
+            probe.Free()
         self._keep.clear()
         if self._nodes is not None:  # kept: a call under way may hold it
             self._nodes.free()

@@ -86,14 +86,19 @@ def _wire(arr):
     return [arr, _WIRE[arr.dtype]]
 
 
+_ORDERED_ALIKE = MPI.get_vendor()[0] == "Open MPI"
+
+
 def between_nodes(op, op_code, dtype_code):
     """The MPI op the leaders reduce with: OP, but an op that folds with
     xhc's kernels for float MIN and MAX, where MPI keeps whichever operand
     `<` picks (it may drop a NaN), so that they are IEEE 754's minimum
     and maximum, as on the nodes; and for every op on float16, which
-    crosses as bits.  MPI is told it does not commute, so that every
-    rank folds the nodes' parts in their order, and takes the same NaN's
-    bits: MPICH may fold a commutative op's operands in either order."""
+    crosses as bits.  Other MPIs than Open MPI are told it does not
+    commute, so that every rank folds the nodes' parts in their order and
+    takes the same NaN's bits: MPICH folds a commutative op's operands in
+    either order.  Open MPI folds them alike on every rank, and so keeps
+    its faster algorithms for commutative ops (2-3x at 4 MiB)."""
     key = (op_code, dtype_code)
     if key not in _OWN:
         return op
@@ -104,7 +109,7 @@ def between_nodes(op, op_code, dtype_code):
             inout = ffi.from_buffer(inoutbuf, require_writable=True)
             lib.xhc_fold_into(inout, ffi.from_buffer(inbuf),
                               len(inout) // size, dtype_code, op_code)
-        _OWN[key] = MPI.Op.Create(fold, commute=False)
+        _OWN[key] = MPI.Op.Create(fold, commute=_ORDERED_ALIKE)
     return _OWN[key]
 
 

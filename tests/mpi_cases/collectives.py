@@ -3328,6 +3328,18 @@ def progress_while_waiting(v, xcomm, comm):
     v.case("a Get from a window completes while its target waits",
            None if rank != last or (got == 1.0).all() else f"got {got[:3]}")
     win.Free()
+    # The wrapped communicator freed through another handle of it: the
+    # waits probe COMM_WORLD, never a freed communicator (that crashed).
+    dup = comm.Dup()
+    with xhc.Comm(dup) as xd:
+        MPI.Intracomm(dup).Free()
+        if rank == last:
+            time.sleep(0.05)
+        got = np.zeros(4)
+        xd.Allreduce(np.full(4, rank + 1.0), got)
+        v.case("a wait on an xhc.Comm whose communicator another handle "
+               "freed", None if (got == n * (n + 1) / 2).all() else
+               f"got {got}")
 
 
 def signalled_buffers(road):
@@ -3773,7 +3785,7 @@ def request_errors_as_mpi(v, xcomm, comm):
     v.case("what MPI refuses of a request raises mpi4py's MPI.Exception",
            None if classes["xhc"] == classes.get("mpi4py", classes["xhc"]) and
            MPI.ERR_REQUEST in classes["xhc"] else
-           f"xhc {classes['xhc']}, mpi4py {classes['mpi4py']}")
+           f"xhc {classes['xhc']}, mpi4py {classes.get('mpi4py')}")
     v.case("... and an XhcError", xhc_kinds[0])
     try:
         req.Start()
@@ -4774,14 +4786,17 @@ def suite_spanning(xcomm, comm, v, sz, args):
 
 def leaders_fold_in_rank_order(v):
     """The ops xhc gives the leaders (float MIN and MAX, every op on
-    float16) are not commutative to MPI: an MPI may fold a commutative
-    op's operands in either order on each rank (MPICH does), and ranks
-    would take different NaNs' bits."""
+    float16) are not commutative to MPIs other than Open MPI: they may
+    fold a commutative op's operands in either order on each rank (MPICH
+    does), and ranks would take different NaNs' bits.  Open MPI's keep
+    its algorithms for commutative ops (2-3x faster at 4 MiB)."""
     from xhc import nodes
+    open_mpi = MPI.get_vendor()[0] == "Open MPI"
     for op, dtype in list(nodes._OWN):
         made = nodes.between_nodes(MPI.OP_NULL, op, dtype)
-        v.case(f"spanning: the leaders' op {op} on dtype {dtype} keeps "
-               "rank order", "commutative" if made.Is_commutative() else None)
+        v.case(f"spanning: the leaders' op {op} on dtype {dtype} commutes "
+               "under Open MPI alone", None if made.Is_commutative()
+               == open_mpi else f"commutative: {made.Is_commutative()}")
 
 
 class FailsAfter:

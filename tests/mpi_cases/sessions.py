@@ -24,8 +24,8 @@ from against_mpi import check, progress_case, sized_cases  # noqa: E402
 
 def freed_first(group, comm):
     """An xhc.Comm whose wrapped communicator was freed: its ranks still
-    wait for a late one (their waits probe it no more: MPI would abort)
-    and sum as mpi4py does on COMM."""
+    wait for a late one (their waits probe xhc's own duplicate of it) and
+    sum as mpi4py does on COMM."""
     other = MPI.Intracomm.Create_from_group(group, "org.xhc.tests.freed")
     with xhc.Comm(other) as xc:
         other.Free()
