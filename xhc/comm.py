@@ -66,6 +66,11 @@ set_progress(MPI.Is_initialized, MPI.Is_finalized, MPI.Comm.Iprobe,
 bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
 
 
+def _world_up():
+    """Is MPI's World model initialized, and not finalized?"""
+    return MPI.Is_initialized() and not MPI.Is_finalized()
+
+
 def _tell_every_node(comm, problem):
     """Raise on every rank of COMM, which spans several nodes, if a step
     that each node ran alone raised PROBLEM on any rank.  The rank whose
@@ -227,8 +232,7 @@ class Comm(HotComm):
 
     def _setup(self):
         comm, cfg = self._comm, self._cfg
-        world = MPI.Is_initialized() and not MPI.Is_finalized()
-        index = topology.node_index(MPI.COMM_WORLD.rank if world
+        index = topology.node_index(MPI.COMM_WORLD.rank if _world_up()
                                     else comm.rank)
         localities = topology.localities_for(comm, self._topology, index,
                                              self._asked.values())
@@ -1094,7 +1098,7 @@ class Comm(HotComm):
         free() does (their Iprobe on a freed one would crash), for waits
         to probe (its address, CPython's id: this object keeps it).
         Collective."""
-        if MPI.Is_initialized() and not MPI.Is_finalized():
+        if _world_up():
             return ffi.NULL
         self._probe_comm = self._comm.Dup()
         return ffi.cast("void *", id(self._probe_comm))
