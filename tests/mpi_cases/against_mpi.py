@@ -44,19 +44,28 @@ def sized_cases(xc, comm, late):
     return cases
 
 
-def progress_case(xc, comm):
+def sent_while_waiting(comm, wait, tag=5):
     """The last rank's blocking Send of 2 MiB to rank 0, whose receive is
-    posted, completes while rank 0 waits in the Barrier that the last
-    rank enters only afterwards: rank 0's wait must make MPI progress."""
+    posted, before it calls WAIT (an xhc collective), which rank 0 calls
+    at once: it completes only if rank 0's wait makes MPI progress (a
+    rendezvous-sized message).  (What rank 0 got, what was sent); got is
+    None on the other ranks."""
     rank, last = comm.rank, comm.size - 1
-    data = np.arange(1 << 18, dtype=np.float64)
-    got = np.zeros_like(data)
-    req = comm.Irecv(got, source=last, tag=5) if rank == 0 else None
+    sent = np.arange(1 << 18, dtype=np.float64) + 1
+    got = np.zeros_like(sent)
+    req = comm.Irecv(got, source=last, tag=tag) if rank == 0 else None
     if rank == last:
-        comm.Send(data + 1, dest=0, tag=5)
-    xc.Barrier()
-    if req is not None:
-        req.Wait()
+        comm.Send(sent, dest=0, tag=tag)
+    wait()
+    if req is None:
+        return None, sent
+    req.Wait()
+    return got, sent
+
+
+def progress_case(xc, comm):
+    """sent_while_waiting, rank 0 waiting in a Barrier."""
+    got, sent = sent_while_waiting(comm, xc.Barrier)
     check(comm, "a Send completes while its receiver waits",
-          rank != 0 or np.array_equal(got, data + 1))
+          got is None or np.array_equal(got, sent))
     return 1

@@ -38,6 +38,7 @@ import weakref
 
 import numpy as np
 from mpi4py import MPI
+from against_mpi import sent_while_waiting
 from host import expected_copy
 from object_cases import suite_objects
 from xhc._xhc import lib
@@ -56,6 +57,7 @@ ARITH = ["SUM", "PROD", "MIN", "MAX"]
 BITLOGIC = ["LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"]
 OPS = ARITH + BITLOGIC
 INLINE = int(lib.XHC_INLINE_MAX)
+OPEN_MPI = MPI.get_vendor()[0] == "Open MPI"  # others: mpi4py's own differ
 ROUND_MIN = int(lib.XHC_ROUND_MIN)  # Bcast's slot limit on a crowded node
 SLOT_TIMED = int(lib.XHC_SLOT_TIMED)  # Bcast slots choose stores from here
 # A fraction-valued float variant of SUM: compared with a tolerance.
@@ -3302,21 +3304,12 @@ def progress_while_waiting(v, xcomm, comm):
     if n < 2:
         return
     last = n - 1
-    data = np.arange(1 << 18, dtype=np.float64)   # 2 MiB
-    for name in ("Barrier", "Allreduce"):
-        got = np.zeros_like(data)
-        req = comm.Irecv(got, source=last, tag=7) if rank == 0 else None
-        if rank == last:
-            comm.Send(data + 1, dest=0, tag=7)
-        if name == "Barrier":
-            xcomm.Barrier()
-        else:
-            xcomm.Allreduce(MPI.IN_PLACE, np.ones(4))
-        if req is not None:
-            req.Wait()
+    for name, wait in (("Barrier", xcomm.Barrier), ("Allreduce", lambda:
+                       xcomm.Allreduce(MPI.IN_PLACE, np.ones(4)))):
+        got, sent = sent_while_waiting(comm, wait, tag=7)
         v.case(f"a Send completes while its receiver waits in {name}",
-               None if rank != 0 or np.array_equal(got, data + 1)
-               else first_diff(got, data + 1))
+               None if got is None or np.array_equal(got, sent)
+               else first_diff(got, sent))
     mem = np.full(1 << 17, rank + 1.0)
     win = MPI.Win.Create(mem, comm=comm)
     got = np.zeros_like(mem)
@@ -3766,7 +3759,7 @@ def request_errors_as_mpi(v, xcomm, comm):
     a, b = np.ones(2), np.zeros(2)
     classes, xhc_kinds = {}, []
     truths = (("mpi4py", comm, MPI.Prequest.Startall),) \
-        if MPI.get_vendor()[0] == "Open MPI" else ()
+        if OPEN_MPI else ()
     for who, c, startall in (*truths, ("xhc", xcomm, xhc.Request.Startall)):
         req, other = c.Allreduce_init(a, b), c.Allreduce_init(a, b)
         req.Start()
@@ -4791,12 +4784,11 @@ def leaders_fold_in_rank_order(v):
     does), and ranks would take different NaNs' bits.  Open MPI's keep
     its algorithms for commutative ops (2-3x faster at 4 MiB)."""
     from xhc import nodes
-    open_mpi = MPI.get_vendor()[0] == "Open MPI"
     for op, dtype in list(nodes._OWN):
         made = nodes.between_nodes(MPI.OP_NULL, op, dtype)
         v.case(f"spanning: the leaders' op {op} on dtype {dtype} commutes "
                "under Open MPI alone", None if made.Is_commutative()
-               == open_mpi else f"commutative: {made.Is_commutative()}")
+               == OPEN_MPI else f"commutative: {made.Is_commutative()}")
 
 
 class FailsAfter:
