@@ -571,9 +571,10 @@ def _packed(spec, address, count, displ, own, writable, raw=None):
     except ValueError:
         own.Free()
         raise
+    _free_dead_types()
     element, alias = _element_type(own)
     packed = np.empty(own.Pack_size(count, MPI.COMM_SELF), np.uint8)
-    weakref.finalize(packed, _free_type, own)
+    weakref.finalize(packed, _dead_types.append, own)
     arr = packed[:own.Get_size() * count].view(
         np.uint8 if element is None else element)
     # From the buffer's start plus DISPL extents, COUNT extents: Pack and
@@ -589,9 +590,18 @@ def _packed(spec, address, count, displ, own, writable, raw=None):
     return Buffer(spec, arr, code, writable, load, store, alias)
 
 
-def _free_type(dt):
-    if not MPI.Is_finalized():
-        dt.Free()
+# The datatypes of staging copies that died, freed by the next call that
+# stages through MPI's packed form.  A copy dies where its last
+# reference goes, which may be a thread that the MPI thread level bars
+# from MPI calls (a worker dropping a request, a collection there).
+_dead_types = []
+
+
+def _free_dead_types():
+    while _dead_types:
+        dt = _dead_types.pop()
+        if not MPI.Is_finalized():
+            dt.Free()
 
 
 def _of_object(obj):

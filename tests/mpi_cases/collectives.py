@@ -4084,6 +4084,7 @@ def suite_staged(world, comm, v, sz, args):
         exports_released(xcomm, comm, v)
         staged_exports_held(xcomm, comm, v)
         staged_steps_run_no_python(v)
+        staged_types_freed_by_callers(xcomm, comm, v)
         byte_orders(xcomm, comm, v)
         v.check("staged: no fallback", xcomm.stats["fallback"] == 0,
                 f"stats: {xcomm.stats}")
@@ -4618,6 +4619,30 @@ def staged_steps_run_no_python(v):
     ran = [f"{name}: {n}" for (name, _), n in zip(steps, runs) if n]
     v.case("staged: copies in and back run no garbage collection",
            None if not ran else f"collections in {', '.join(ran)}")
+
+
+def staged_types_freed_by_callers(xcomm, comm, v):
+    """A staging copy's datatype is freed by the next staged call, not in
+    the thread where the copy died: the MPI thread level may bar that
+    thread from MPI calls (a worker, under MPI_THREAD_FUNNELED)."""
+    import threading
+    from xhc.buffers import resolve
+    vector = MPI.DOUBLE.Create_vector(3, 1, 2).Commit()
+    held = [resolve([np.zeros(6), 1, vector])]
+    own = held[0].load.func.__self__  # the copy's own datatype
+    worker = threading.Thread(target=held.clear)
+    worker.start()
+    worker.join()
+    err = "freed in the thread that dropped its copy" \
+        if own == MPI.DATATYPE_NULL else None
+    a = np.arange(6.0) if comm.rank == 0 else np.zeros(6)
+    xcomm.Bcast([a, 1, vector], root=0)
+    vector.Free()
+    if err is None and own != MPI.DATATYPE_NULL:
+        err = "not freed by the next staged call"
+    v.case("staged: a dead copy's datatype is freed by the caller", err)
+    v.check("staged: the Bcast after", np.array_equal(
+        a[::2], [0.0, 2.0, 4.0]), f"got {a}")
 
 
 class Planned(np.ndarray):
