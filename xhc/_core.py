@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from . import exchange
 from ._xhc import ffi, lib
 from .errors import XhcError, agree, rank_name
 
@@ -200,7 +201,7 @@ def _alive(pid):
 
 def collective_check(comm, rc, what):
     """Raise on every rank if any rank's RC is an error."""
-    codes = comm.allgather(rc)
+    codes = exchange.allgather(comm, rc)
     bad = [(r, c) for r, c in enumerate(codes) if c]
     if bad:
         rank, code = bad[0]
@@ -232,7 +233,7 @@ def open_context(comm, cfg):
             collective_check(comm, min(fd, 0), "opening the shared segment")
         rc = lib.xhc_ctx_open_fd(out, fd, size, 0, comm.size, cfg) \
             if comm.rank == 0 else 0
-        if comm.bcast(rc, root=0) == 0 and comm.rank != 0:
+        if exchange.bcast(comm, rc, root=0) == 0 and comm.rank != 0:
             rc = lib.xhc_ctx_open_fd(out, fd, size, comm.rank, comm.size, cfg)
         collective_check(comm, rc, "opening the shared segment")
     except BaseException:
@@ -262,7 +263,8 @@ def _shared_file(comm, size):
             name = new_name()
             rc = lib.xhc_shm_create(name.encode(), size)
             created = rc == 0
-        name, rc = comm.bcast((name, rc if comm.rank == 0 else 0), root=0)
+        name, rc = exchange.bcast(
+            comm, (name, rc if comm.rank == 0 else 0), root=0)
         yield (lib.xhc_shm_open(name.encode()) if rc == 0 else rc), rc
     finally:
         if created:
@@ -320,7 +322,8 @@ def _xpmem_probe(comm, ctx, got):
     collective_check(comm, rc, "setting up XPMEM")
     peer = (comm.rank + 1) % comm.size
     rc = lib.xhc_xpmem_probe(ctx, peer, got[peer][2]) if comm.size > 1 else 0
-    bad = [(r, code) for r, code in enumerate(comm.allgather(rc)) if code]
+    bad = [(r, code) for r, code in enumerate(exchange.allgather(comm, rc))
+           if code]
     if not bad:
         return None
     rank, code = bad[0]
@@ -334,7 +337,7 @@ def _setup_xpmem(comm, ctx):
     why not (the core then stays in copy-in-copy-out mode)."""
     segid, probe = ffi.new("int64_t *"), ffi.new("uintptr_t *")
     rc = lib.xhc_ctx_xpmem_make(ctx, segid, probe)
-    got = comm.allgather((rc, segid[0], int(probe[0])))
+    got = exchange.allgather(comm, (rc, segid[0], int(probe[0])))
     bad = [(r, code) for r, (code, _, _) in enumerate(got) if code]
     if bad:
         why = f"rank {rank_name(bad[0][0])}: {xpmem_status_text(bad[0][1])}"
@@ -348,11 +351,11 @@ def _setup_xpmem(comm, ctx):
 
 def _cma_works(comm, ctx):
     """Collective: can every rank read its neighbour with CMA?"""
-    addrs = comm.allgather(int(lib.xhc_ctx_probe_address(ctx)))
+    addrs = exchange.allgather(comm, int(lib.xhc_ctx_probe_address(ctx)))
     comm.Barrier()
     peer = (comm.rank + 1) % comm.size
     rc = lib.xhc_cma_probe(ctx, peer, addrs[peer]) if comm.size > 1 else 0
-    return all(code == 0 for code in comm.allgather(rc))
+    return all(code == 0 for code in exchange.allgather(comm, rc))
 
 
 def _setup_cma(comm, ctx, mode):
@@ -379,7 +382,7 @@ def choose_copy(comm, ctx, wanted, crowded=False):
     reader is done, and a reader that is not running keeps it there.
     "adaptive", "cma" and "cico" are taken as asked, or refused.
     """
-    pids = comm.allgather(os.getpid())
+    pids = exchange.allgather(comm, os.getpid())
     check(lib.xhc_ctx_set_pids(ctx, ffi.new("int64_t[]", pids)), "pids")
     if wanted in ("cma", "adaptive"):
         return (*_setup_cma(comm, ctx, wanted), pids)
@@ -407,7 +410,8 @@ def arena_refusals(comm, pids):
     codes = [(peer, lib.xhc_arena_probe(pid)) for peer, pid in enumerate(pids)
              if peer != comm.rank]
     mine = [(comm.rank, peer, code) for peer, code in codes if code]
-    return [refusal for part in comm.allgather(mine) for refusal in part]
+    return [refusal for part in exchange.allgather(comm, mine)
+            for refusal in part]
 
 
 def setup_arena(comm, ctx, pids):
@@ -425,8 +429,8 @@ def arena_status(comm):
     rank's arena reserves (each makes its arena now if it had none), 0 if
     none has one.  NOTE: why they are not usable, or which rank has no
     arena, whose arrays stay private, and why; else None."""
-    pids = comm.allgather(os.getpid())
-    sizes = comm.allgather(int(lib.xhc_arena_size()))
+    pids = exchange.allgather(comm, os.getpid())
+    sizes = exchange.allgather(comm, int(lib.xhc_arena_size()))
     refusals = arena_refusals(comm, pids)
     if refusals:
         rank, peer, code = refusals[0]
@@ -543,19 +547,20 @@ def _map_everywhere(comm, total):
     try:
         with _shared_file(comm, 0) as (fd, rc):
             check(rc, "allocating shared memory")
-            opened = comm.allgather(
-                None if fd >= 0 else f"opening shared memory: {strerror(fd)}")
+            opened = exchange.allgather(comm, None if fd >= 0 else
+                                        "opening shared memory: "
+                                        f"{strerror(fd)}")
         rc = 0 if comm.rank or any(opened) \
             else lib.xhc_shm_reserve(fd, total)
         _all_or_none(opened)
-        rc = comm.bcast(rc, root=0)
+        rc = exchange.bcast(comm, rc, root=0)
         free = shm_free() if rc == -errno.ENOSPC else None
         check(rc, "allocating shared memory" if free is None else
               f"allocating {total / (1 << 20):.1f} MiB of shared memory for "
               f"{comm.size} ranks ({free / (1 << 20):.1f} MiB free there)")
         mm, failed = _map_file(fd, total)
         try:
-            _all_or_none(comm.allgather(failed))
+            _all_or_none(exchange.allgather(comm, failed))
         except XhcError:
             if mm is not None:
                 mm.close()

@@ -13,7 +13,8 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from . import _core, config, debug, hierarchy, nodes, objects, topology
+from . import (_core, config, debug, exchange, hierarchy, nodes, objects,
+               topology)
 from ._hot import (HotComm, bind_plain, block_hook, kept_holds,
                    progress_hook, set_progress)
 from ._xhc import ffi, lib
@@ -267,7 +268,7 @@ class Comm(HotComm):
                 self._chosen & _LAYOUT, _core.shm_free(),
                 topology.node_size(self._comm.size), topology.node_cpus())
         cpus, layout, frees, node_sizes, node_cpus = zip(
-            *self._comm.allgather(mine))
+            *exchange.allgather(self._comm, mine))
         chosen = (self._chosen - _LAYOUT).union(*layout)
         load = config.node_load(node_sizes, node_cpus, self._comm.size)
         self._crowded, _ = config.fit_to_load(cfg, cpus, chosen, load)

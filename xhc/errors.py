@@ -3,6 +3,8 @@
 import contextlib
 import contextvars
 
+from . import exchange
+
 # While a node's xhc.Comm is made inside one over several nodes: each of
 # its ranks' number in the whole communicator, by which errors name them.
 _WHOLE_RANKS = contextvars.ContextVar("xhc_whole_ranks", default=None)
@@ -89,7 +91,7 @@ def agree(comm, value, problem=None):
     an XhcError).  A rank that raised alone would leave the others
     waiting for ever in their next step."""
     mine = (None, value, None) if problem is None else _as_sent(problem)
-    everyone = comm.allgather(mine)
+    everyone = exchange.allgather(comm, mine)
     if problem is not None:
         raise problem
     for rank, (kind, detail, error_class) in enumerate(everyone):

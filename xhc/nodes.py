@@ -41,6 +41,7 @@ import functools
 import numpy as np
 from mpi4py import MPI
 
+from . import exchange
 from ._core import strerror
 from ._xhc import ffi, lib
 from .buffers import numpy_dtype
@@ -143,9 +144,10 @@ class Nodes:
         self.leaders = comm.Split(0 if self.leads else MPI.UNDEFINED,
                                   key=comm.rank)
         # My node's number: its leader's rank among the leaders.
-        self.index = node.bcast(self.leaders.rank if self.leads else None)
+        self.index = exchange.bcast(
+            node, self.leaders.rank if self.leads else None)
         # Per rank of COMM: (its node's number, its rank on that node).
-        self.where = comm.allgather((self.index, node.rank))
+        self.where = exchange.allgather(comm, (self.index, node.rank))
         self.count = len({index for index, _ in self.where})
 
     def node_ranks(self):

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import warnings
 
+from . import exchange
 from .config import check_alike, tunable_error
 from .errors import XhcError, agree, error_text
 from .hierarchy import placeless, reads_topology
@@ -410,16 +411,16 @@ def gather_localities(comm, topology=None, index=0, asked=()):
     launches, as Spawn's and Merge()'s), by its rank in COMM."""
     source = source_of(topology)
     check_alike("topology", [this or "this machine" for this in
-                             comm.allgather(source)])
+                             exchange.allgather(comm, source)])
     if source is None:
         return _machine_localities(comm, asked)
     # Every rank keeps the table it heard: a later communicator (a Split)
     # whose rank 0 is another process asks hwloc again only if one lacks it.
-    known = comm.allgather(source in _HEARD_TABLES)
+    known = exchange.allgather(comm, source in _HEARD_TABLES)
     table = _HEARD_TABLES[source] if all(known) else \
         _told_by_rank_0(comm, lambda: _core_table(source))
     _HEARD_TABLES[source] = table
-    indexes = comm.allgather(int(index))
+    indexes = exchange.allgather(comm, int(index))
     if len(set(indexes)) < len(indexes):
         indexes = range(len(indexes))
     return [dict(table[i % len(table)]) for i in indexes]
@@ -445,7 +446,7 @@ def _told_by_rank_0(comm, ask):
         except Exception as e:  # noqa: BLE001 - every rank must hear of it
             failure = e
             answer = error_text(e)
-    answer = comm.bcast(answer, root=0)
+    answer = exchange.bcast(comm, answer, root=0)
     if isinstance(answer, str):
         raise XhcError(answer) from failure
     return answer
@@ -453,7 +454,7 @@ def _told_by_rank_0(comm, ask):
 
 def _machine_localities(comm, asked):
     """gather_localities on this machine: rank 0 asks, everyone hears."""
-    pairs = comm.gather(_binding_masks(), root=0)
+    pairs = exchange.gather(comm, _binding_masks(), root=0)
 
     def ask():
         masks = [mask for pair in pairs for mask in pair if mask]
