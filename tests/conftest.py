@@ -32,3 +32,18 @@ def pytest_sessionstart(session):
         xhc._built("_hot")
     except ImportError as e:
         pytest.exit(str(e), returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+@pytest.fixture
+def objects_by_fakes(monkeypatch):
+    """xhc.exchange's calls handed to the communicator's own object
+    collectives: the in-process tests' stand-ins for a communicator
+    (NodeComm, ThreadComm, ...) exchange objects, not buffers.  What
+    xhc.exchange does over MPI, every multi-rank run tests."""
+    from xhc import exchange
+    monkeypatch.setattr(exchange, "allgather",
+                        lambda comm, obj: comm.allgather(obj))
+    monkeypatch.setattr(exchange, "gather",
+                        lambda comm, obj, root=0: comm.gather(obj, root))
+    monkeypatch.setattr(exchange, "bcast",
+                        lambda comm, obj, root=0: comm.bcast(obj, root))

@@ -1277,7 +1277,8 @@ class _InterruptedComm:
 
 
 @pytest.mark.parametrize("make", ["segment", "array"])
-def test_an_interrupt_while_ranks_open_a_new_file_leaves_none(make):
+def test_an_interrupt_while_ranks_open_a_new_file_leaves_none(
+        make, objects_by_fakes):
     """In-process, no MPI: rank 0, interrupted as it waits for the ranks
     to open the file it created (a segment, or a Comm.empty array's),
     unlinks it: nothing is left in /dev/shm."""

@@ -19,6 +19,9 @@ from xhc.errors import XhcError
 from xhc.hierarchy import DEFAULTS, build
 from xhc.topology import describe, find_hwloc_calc, local_locality, ncores
 
+# Its stand-ins for a communicator (NodeComm, Told, ...) exchange objects.
+pytestmark = pytest.mark.usefixtures("objects_by_fakes")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYN = "pack:2 numa:2 l3:2 core:4 pu:1"
 # Generated once with: lstopo -i "pack:2 numa:1 l3:2 core:2 pu:2" --of xml

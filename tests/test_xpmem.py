@@ -83,6 +83,24 @@ class ThreadComm:
     def bcast(self, obj, root=0):
         return self.allgather(obj)[root]
 
+    # The buffer collectives xhc.exchange makes its exchanges of.
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.size
+
+    def Allgather(self, sendbuf, recvbuf):
+        recvbuf[:] = np.concatenate(self.allgather(np.array(sendbuf)))
+
+    def Allgatherv(self, sendbuf, recv):
+        self.Allgather(sendbuf, recv[0])
+
+    def Bcast(self, buf, root=0):
+        sent = self.allgather(np.array(buf))[root]
+        if self.rank != root:  # the root's may be read-only
+            buf[...] = sent
+
     def Barrier(self):
         self.group.barrier.wait()
 

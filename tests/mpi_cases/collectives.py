@@ -1554,6 +1554,50 @@ def duplicates(v, comm):
                None if got is True else got)
 
 
+def exchanges_as_mpi4py(v, comm):
+    """xhc.exchange, which making an xhc.Comm exchanges its objects by,
+    gives what mpi4py's object collectives give, for objects whose
+    pickles differ in length from rank to rank (none to 1 MiB), from and
+    to every root."""
+    from xhc import exchange
+    rank = comm.rank
+    mine = [None, ("rank", rank), "x" * (rank * 5000),
+            np.full(rank * 65536, rank, np.float64), ValueError(rank)]
+    for obj in mine:
+        name = type(obj).__name__
+        got, want = exchange.allgather(comm, obj), comm.allgather(obj)
+        v.check(f"exchange.allgather of a {name}", same_objects(got, want),
+                f"got {got!r:.80}")
+        for root in range(comm.size):
+            got = exchange.gather(comm, obj, root)
+            want = comm.gather(obj, root)
+            v.check(f"exchange.gather of a {name} to {root}",
+                    same_objects(got, want), f"got {got!r:.80}")
+            got = exchange.bcast(comm, obj, root)
+            want = comm.bcast(obj, root)
+            v.check(f"exchange.bcast of a {name} from {root}",
+                    same_objects([got], [want]), f"got {got!r:.80}")
+
+
+def same_objects(got, want):
+    """Are GOT and WANT (lists, or None) alike element by element: arrays
+    by value, exceptions by type and arguments, the rest by ==?"""
+    if got is None or want is None:
+        return got is want
+    if len(got) != len(want):
+        return False
+    for a, b in zip(got, want):
+        if isinstance(b, np.ndarray):
+            if not np.array_equal(a, b):
+                return False
+        elif isinstance(b, BaseException):
+            if type(a) is not type(b) or a.args != b.args:
+                return False
+        elif a != b:
+            return False
+    return True
+
+
 def suite_subcomm(xcomm, comm, v, sz, args):
     n, rank = comm.size, comm.rank
     # Attribute passthrough.
@@ -1578,6 +1622,7 @@ def suite_subcomm(xcomm, comm, v, sz, args):
     v.case("xhc.Comm of a non-communicator raises TypeError", err)
     comparisons(v, xcomm, comm)
     mpi4py_methods(v, xcomm, comm)
+    exchanges_as_mpi4py(v, comm)
     topology_passthrough(v, comm)
     duplicates(v, comm)
 
