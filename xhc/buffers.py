@@ -258,6 +258,29 @@ def for_mpi4py(obj, written=False):
     return _copy_of(arr, arr.dtype.newbyteorder("="))
 
 
+def as_elements(b):
+    """Buffer B's memory as (a flat array of its elements, their MPI
+    datatype), as a reduction that falls back hands it to mpi4py: the
+    datatype its specification names, where that is a predefined one
+    (MPI.INTEGER stays itself), else its elements' own.  None where its
+    elements are not of one predefined type (MAXLOC's pairs, a datatype
+    that mixes types) or MPI has no datatype for them."""
+    if b.dtype == NOT_REDUCIBLE:
+        return None
+    element = b.arr.dtype
+    if b.alias is not None and b.alias.retyped:  # complex, bool
+        element = next(dt for dt, a in _ALIASES.items() if a is b.alias)
+    named = [t for t in b.obj[1:] if isinstance(t, MPI.Datatype)] \
+        if isinstance(b.obj, (list, tuple)) else []
+    if named and named[0].is_predefined:
+        return b.arr.reshape(-1).view(element), named[0]
+    try:
+        return b.arr.reshape(-1).view(element), \
+            MPI.Datatype.fromcode(element.char)
+    except (KeyError, ValueError):
+        return None
+
+
 def _array_of(obj):
     """OBJ as an ndarray on its memory, or OBJ itself where it is one
     contiguous buffer; None where mpi4py will say what is wrong."""

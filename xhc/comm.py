@@ -19,9 +19,9 @@ from ._hot import (HotComm, bind_plain, block_hook, kept_holds,
                    progress_hook, set_progress)
 from ._xhc import ffi, lib
 from .arena import in_arena
-from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, blank_like,
-                      for_mpi4py, in_place, numpy_dtype, plain_tables,
-                      predefined, resolve, stages, start_of)
+from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, as_elements,
+                      blank_like, for_mpi4py, in_place, numpy_dtype,
+                      plain_tables, predefined, resolve, stages, start_of)
 from .entry import SETTLED, claiming, drop_locals, leaving, settled
 from .errors import ReadOnlyError, XhcError, agree, heard, naming_ranks, \
     rank_name
@@ -382,6 +382,9 @@ class Comm(HotComm):
         refuses, passed as IN_PLACE, as xhc's own path takes it."""
         if name not in _ROOT_ARG:  # a Barrier, or objects
             return args, (), ()
+        alike = self._in_one_form(name, args)
+        if alike is not None:
+            return alike
         at = _ROOT_ARG[name]
         root = at is None or _same_rank(args[at], self._comm.rank)
         args, loads, stores = list(args), [], []
@@ -394,6 +397,39 @@ class Comm(HotComm):
         if start is not None and start == start_of(args[1]):
             args[0] = MPI.IN_PLACE
         return args, loads, stores
+
+    def _in_one_form(self, name, args):
+        """_for_mpi4py's answer for reduction NAME in one form on every
+        rank: the receive buffer (a Reduce root's) in place, loaded with
+        the send buffer first, each as its contiguous elements and their
+        MPI datatype (as_elements).  A rank that handed MPI a form of its
+        own (IN_PLACE where others pass a send buffer, which MPI wants
+        from all ranks or none; one spec passed twice; an unaligned
+        array; a derived datatype) could fail there alone, or make MPI
+        fail, while its peers wait.  None where a buffer's elements are
+        of no one predefined type: mpi4py takes those as they are."""
+        at = _ROOT_ARG[name]
+        receives = at is None or _same_rank(args[at], self._comm.rank)
+        inplace = in_place(args[0])
+        r = _resolved(args[1], name, "recvbuf") if receives else None
+        s = r if inplace else _resolved(args[0], name, "sendbuf")
+        sent, got = as_elements(s), r and as_elements(r)
+        if sent is None or (receives and (got is None or
+                                          got[0].nbytes != sent[0].nbytes)):
+            return None
+        loads = [s.load] if s.load is not None else []
+        if not receives:
+            return [[sent[0], sent[0].size, sent[1]], None, *args[2:]], \
+                loads, ()
+        if not r.writable:
+            raise ReadOnlyError(f"{name}: the receive buffer is read-only; "
+                                "pass a writable array")
+        if s is not r:  # a compiled copy, as staged copies are made
+            loads.append(functools.partial(operator.setitem, got[0],
+                                           Ellipsis, sent[0]))
+        stores = [r.store] if r.store is not None else []
+        return ([MPI.IN_PLACE, [got[0], got[0].size, got[1]], *args[2:]],
+                loads, stores)
 
     # -- over several nodes (xhc/nodes.py) ------------------------------------
     # The buffers are resolved and checked first, as for a plan, and the

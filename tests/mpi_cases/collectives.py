@@ -2342,6 +2342,7 @@ def suite_fallback(world, comm, v, sz, args):
         fallback_cases(xcomm, comm, v)
         equal_op_cases(xcomm, comm, v)
         fallback_layout_cases(xcomm, comm, v)
+        fallback_forms_cases(xcomm, comm, v)
     fallback_warning_as_error(comm, v)
 
 
@@ -2427,6 +2428,76 @@ def fallback_layout_cases(xcomm, comm, v):
                           if rank % 2 else (ins[rank], out)), op=usum)
         v.case("fallback of an Allreduce of memoryviews on some ranks",
                compare(out, total, "SUM", np.dtype("f8")))
+    usum.Free()
+
+
+def fallback_forms_cases(xcomm, comm, v):
+    """A fallback reduction where the odd ranks pass a form of their
+    own, which xhc takes: IN_PLACE (MPI wants it from all ranks or none;
+    Open MPI's persistent Allreduce of 1 MiB then failed or hung), one
+    spec with a displacement as both buffers, unaligned arrays, a
+    derived send datatype, a Fortran name for double.  mpi4py would
+    refuse each on those ranks alone, or MPI fail, while the others wait
+    in MPI: every rank gets the sums."""
+    n, rank, count = comm.size, comm.rank, 1 << 17
+    usum = MPI.Op.Create(lambda a, b, t: np.add(
+        np.frombuffer(a, t.tocode()), np.frombuffer(b, t.tocode()),
+        out=np.frombuffer(b, t.tocode())), commute=True)
+    vector = MPI.DOUBLE.Create_vector(count, 1, 2).Commit()
+    ins = [values(np.dtype("f8"), "SUM", seed_of(171, r), count)
+           for r in range(n)]
+    total = np_fold("SUM", ins)
+
+    def unaligned():
+        return np.empty(8 * count + 1, np.uint8)[1:].view(np.float64)
+
+    def formed(form, receives):
+        """(send, recv, the received values' view) in FORM."""
+        mine = ins[rank]
+        if form == "in place" and receives:
+            recv = mine.copy()
+            return MPI.IN_PLACE, recv, recv
+        if form == "spec twice":
+            big = np.full(count + 5, -1.0)
+            big[3:-2] = mine
+            spec = [big, (count, 3), MPI.DOUBLE]
+            return spec, spec, big[3:-2]
+        recv = np.full(count, -1.0)
+        if form == "unaligned":
+            send, recv = unaligned(), unaligned()
+            send[:] = mine
+            recv[:] = -1
+            return send, recv, recv
+        if form == "derived send":
+            wide = np.zeros(2 * count)
+            wide[::2] = mine
+            return [wide, 1, vector], recv, recv
+        if form == "Fortran name":
+            return [mine, MPI.DOUBLE_PRECISION], [recv, MPI.DOUBLE], recv
+        return mine, recv, recv
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for form in ("in place", "spec twice", "unaligned", "derived send",
+                     "Fortran name"):
+            mine = form if rank % 2 else "plain"
+            for call in ("Allreduce", "Allreduce_init", "Reduce"):
+                root = n - 1
+                receives = call != "Reduce" or rank == root
+                send, recv, got = formed(mine, receives)
+                if call == "Allreduce":
+                    xcomm.Allreduce(send, recv, op=usum)
+                elif call == "Reduce":
+                    xcomm.Reduce(send, recv, op=usum, root=root)
+                else:
+                    req = xcomm.Allreduce_init(send, recv, op=usum)
+                    req.Start()
+                    req.Wait()
+                    req.Free()
+                v.case(f"fallback {call} with '{form}' on the odd ranks",
+                       compare(got, total, "SUM", np.dtype("f8"))
+                       if receives else None)
+    vector.Free()
     usum.Free()
 
 
