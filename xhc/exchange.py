@@ -8,30 +8,34 @@ MPI.pickle, and not through mpi4py's object collectives
 MPI.COMM_SELF, which a program of MPI sessions alone may not use.
 (mpi4py.MPI is imported at the first exchange: importing xhc does not
 start MPI.)"""
+import functools
+
 import numpy as np
 
 
 def allgather(comm, obj):
     """Every rank's OBJ, in COMM's rank order, on every rank."""
-    data = _pickled(obj)
-    sizes = np.empty(comm.Get_size(), np.int64)
-    comm.Allgather(np.array([data.size], np.int64), sizes)
-    gathered = np.empty(int(sizes.sum()), np.uint8)
-    comm.Allgatherv(data, [gathered, sizes.tolist()])
-    return _unpickled(gathered, sizes)
+    return _gathered(comm, obj, comm.Allgather, comm.Allgatherv, True)
 
 
 def gather(comm, obj, root=0):
     """Every rank's OBJ, in COMM's rank order, on ROOT; None elsewhere."""
+    return _gathered(comm, obj, functools.partial(comm.Gather, root=root),
+                     functools.partial(comm.Gatherv, root=root),
+                     comm.Get_rank() == root)
+
+
+def _gathered(comm, obj, sizes_by, bytes_by, receives):
+    """Every rank's OBJ where RECEIVES (else None): its pickle's length
+    gathered by SIZES_BY, then the pickles by BYTES_BY."""
     data = _pickled(obj)
-    if comm.Get_rank() != root:
-        comm.Gather(np.array([data.size], np.int64), None, root)
-        comm.Gatherv(data, None, root)
+    sizes = np.empty(comm.Get_size(), np.int64) if receives else None
+    sizes_by(np.array([data.size], np.int64), sizes)
+    if not receives:
+        bytes_by(data, None)
         return None
-    sizes = np.empty(comm.Get_size(), np.int64)
-    comm.Gather(np.array([data.size], np.int64), sizes, root)
     gathered = np.empty(int(sizes.sum()), np.uint8)
-    comm.Gatherv(data, [gathered, sizes.tolist()], root)
+    bytes_by(data, [gathered, sizes.tolist()])
     return _unpickled(gathered, sizes)
 
 
