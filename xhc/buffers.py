@@ -259,12 +259,14 @@ def for_mpi4py(obj, written=False):
 
 
 def as_elements(b):
-    """Buffer B's memory as (a flat array of its elements, their MPI
+    """Buffer B's memory as (a flat ndarray of its elements, their MPI
     datatype), as a reduction that falls back hands it to mpi4py: the
     datatype its specification names, where that is a predefined one
     (MPI.INTEGER stays itself), else its elements' own.  None where its
     elements are not of one predefined type (MAXLOC's pairs, a datatype
-    that mixes types) or MPI has no datatype for them."""
+    that mixes types), where MPI has no datatype for them, and for a
+    derived datatype of Fortran INTEGERs (MPI.INT would take ops that
+    MPI refuses on them)."""
     if b.dtype == NOT_REDUCIBLE:
         return None
     element = b.arr.dtype
@@ -272,11 +274,14 @@ def as_elements(b):
         element = next(dt for dt, a in _ALIASES.items() if a is b.alias)
     named = [t for t in b.obj[1:] if isinstance(t, MPI.Datatype)] \
         if isinstance(b.obj, (list, tuple)) else []
+    # The base class: a subclass's item assignment would run Python.
+    flat = np.asarray(b.arr).reshape(-1).view(element)
     if named and named[0].is_predefined:
-        return b.arr.reshape(-1).view(element), named[0]
+        return flat, named[0]
+    if b.alias is not None and not b.alias.retyped:
+        return None
     try:
-        return b.arr.reshape(-1).view(element), \
-            MPI.Datatype.fromcode(element.char)
+        return flat, MPI.Datatype.fromcode(element.char)
     except (KeyError, ValueError):
         return None
 

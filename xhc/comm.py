@@ -400,14 +400,16 @@ class Comm(HotComm):
 
     def _in_one_form(self, name, args):
         """_for_mpi4py's answer for reduction NAME in one form on every
-        rank: the receive buffer (a Reduce root's) in place, loaded with
-        the send buffer first, each as its contiguous elements and their
-        MPI datatype (as_elements).  A rank that handed MPI a form of its
-        own (IN_PLACE where others pass a send buffer, which MPI wants
-        from all ranks or none; one spec passed twice; an unaligned
-        array; a derived datatype) could fail there alone, or make MPI
-        fail, while its peers wait.  None where a buffer's elements are
-        of no one predefined type: mpi4py takes those as they are."""
+        rank: each buffer as its contiguous elements and their MPI
+        datatype (as_elements), and a send buffer on every rank but a
+        Reduce's root, which may pass IN_PLACE: an Allreduce in place
+        (or of one buffer passed twice) sends a copy of its receive
+        buffer.  A rank that handed MPI a form of its own (IN_PLACE
+        where others pass a send buffer, which MPI wants from all ranks
+        or none; one spec as both buffers; an unaligned array; a derived
+        datatype) could fail there alone, or make MPI fail, while its
+        peers wait.  None where a buffer's elements are of no one
+        predefined type: mpi4py takes those as they are."""
         at = _ROOT_ARG[name]
         receives = at is None or _same_rank(args[at], self._comm.rank)
         inplace = in_place(args[0])
@@ -417,19 +419,23 @@ class Comm(HotComm):
         if sent is None or (receives and (got is None or
                                           got[0].nbytes != sent[0].nbytes)):
             return None
-        loads = [s.load] if s.load is not None else []
-        if not receives:
-            return [[sent[0], sent[0].size, sent[1]], None, *args[2:]], \
-                loads, ()
-        if not r.writable:
+        if receives and not r.writable:
             raise ReadOnlyError(f"{name}: the receive buffer is read-only; "
                                 "pass a writable array")
-        if s is not r:  # a compiled copy, as staged copies are made
-            loads.append(functools.partial(operator.setitem, got[0],
+        loads = [s.load] if s.load is not None else []
+        stores = [r.store] if receives and r.store is not None else []
+        rest = [[got[0], got[0].size, got[1]] if receives else None,
+                *args[2:]]
+        if inplace and name == "Reduce":
+            return [MPI.IN_PLACE, *rest], loads, stores
+        send = sent[0]
+        if receives and np.may_share_memory(send, got[0]):
+            send = np.empty_like(send)  # a compiled copy, as staging's
+            loads.append(functools.partial(operator.setitem, send,
                                            Ellipsis, sent[0]))
-        stores = [r.store] if r.store is not None else []
-        return ([MPI.IN_PLACE, [got[0], got[0].size, got[1]], *args[2:]],
-                loads, stores)
+        # mpi4py wants one datatype for both buffers: the receive one's.
+        return [[send, send.size, got[1] if receives else sent[1]], *rest], \
+            loads, stores
 
     # -- over several nodes (xhc/nodes.py) ------------------------------------
     # The buffers are resolved and checked first, as for a plan, and the

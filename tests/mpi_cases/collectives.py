@@ -24,10 +24,12 @@ XHC_COPY and XHC_SEQ_START act through xhc itself.
 import argparse
 import contextlib
 import copy
+import functools
 import gc
 import hashlib
 import itertools
 import mmap
+import operator
 import os
 import pickle
 import signal
@@ -2438,7 +2440,7 @@ def fallback_forms_cases(xcomm, comm, v):
     spec with a displacement as both buffers, unaligned arrays, a
     derived send datatype, a Fortran name for double.  mpi4py would
     refuse each on those ranks alone, or MPI fail, while the others wait
-    in MPI: every rank gets the sums."""
+    in MPI: every rank gets the sums, of a request's every Start() too."""
     n, rank, count = comm.size, comm.rank, 1 << 17
     usum = MPI.Op.Create(lambda a, b, t: np.add(
         np.frombuffer(a, t.tocode()), np.frombuffer(b, t.tocode()),
@@ -2446,59 +2448,85 @@ def fallback_forms_cases(xcomm, comm, v):
     vector = MPI.DOUBLE.Create_vector(count, 1, 2).Commit()
     ins = [values(np.dtype("f8"), "SUM", seed_of(171, r), count)
            for r in range(n)]
-    total = np_fold("SUM", ins)
-
-    def unaligned():
-        return np.empty(8 * count + 1, np.uint8)[1:].view(np.float64)
-
-    def formed(form, receives):
-        """(send, recv, the received values' view) in FORM."""
-        mine = ins[rank]
-        if form == "in place" and receives:
-            recv = mine.copy()
-            return MPI.IN_PLACE, recv, recv
-        if form == "spec twice":
-            big = np.full(count + 5, -1.0)
-            big[3:-2] = mine
-            spec = [big, (count, 3), MPI.DOUBLE]
-            return spec, spec, big[3:-2]
-        recv = np.full(count, -1.0)
-        if form == "unaligned":
-            send, recv = unaligned(), unaligned()
-            send[:] = mine
-            recv[:] = -1
-            return send, recv, recv
-        if form == "derived send":
-            wide = np.zeros(2 * count)
-            wide[::2] = mine
-            return [wide, 1, vector], recv, recv
-        if form == "Fortran name":
-            return [mine, MPI.DOUBLE_PRECISION], [recv, MPI.DOUBLE], recv
-        return mine, recv, recv
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         for form in ("in place", "spec twice", "unaligned", "derived send",
                      "Fortran name"):
-            mine = form if rank % 2 else "plain"
-            for call in ("Allreduce", "Allreduce_init", "Reduce"):
-                root = n - 1
-                receives = call != "Reduce" or rank == root
-                send, recv, got = formed(mine, receives)
-                if call == "Allreduce":
-                    xcomm.Allreduce(send, recv, op=usum)
-                elif call == "Reduce":
-                    xcomm.Reduce(send, recv, op=usum, root=root)
-                else:
-                    req = xcomm.Allreduce_init(send, recv, op=usum)
-                    req.Start()
-                    req.Wait()
-                    req.Free()
+            for call in ("Allreduce", "Allreduce_init", "Reduce",
+                         "Reduce_init"):
+                err = fallback_in_form(xcomm, call, form if rank % 2
+                                       else "plain", ins, usum, vector)
                 v.case(f"fallback {call} with '{form}' on the odd ranks",
-                       compare(got, total, "SUM", np.dtype("f8"))
-                       if receives else None)
+                       err)
     vector.Free()
     usum.Free()
+    fortran_integers_refused(xcomm, v)
+
+
+def fallback_in_form(xcomm, call, form, ins, op, vector):
+    """CALL (blocking, or a request started twice, its data changed in
+    between) with this rank's buffers in FORM; what went wrong, or None."""
+    rank, root = xcomm.rank, xcomm.size - 1
+    receives = not call.startswith("Reduce") or rank == root
+    send, recv, got, fill = buffers_in_form(form, receives, ins[rank].size,
+                                            vector)
+    args = (send, recv, op) + ((root,) if call.startswith("Reduce") else ())
+    scales = [1.0, 2.0] if call.endswith("_init") else [1.0]
+    req = getattr(xcomm, call)(*args) if len(scales) > 1 else None
+    for scale in scales:
+        fill(ins[rank] * scale)
+        if req is None:
+            getattr(xcomm, call)(*args)
+        else:
+            req.Start()
+            req.Wait()
+    if req is not None:
+        req.Free()
+    want = np_fold("SUM", ins) * scales[-1]
+    return compare(got, want, "SUM", np.dtype("f8")) if receives else None
+
+
+def buffers_in_form(form, receives, count, vector):
+    """(send, recv, the view of recv that receives, a function that puts
+    a rank's data where FORM reads it) for COUNT doubles."""
+    recv = np.full(count, -1.0)
+    if form == "in place" and receives:
+        return MPI.IN_PLACE, recv, recv, functools.partial(
+            operator.setitem, recv, Ellipsis)
+    if form == "spec twice":
+        big = np.full(count + 5, -1.0)
+        spec = [big, (count, 3), MPI.DOUBLE]
+        return spec, spec, big[3:-2], functools.partial(
+            operator.setitem, big, slice(3, -2))
+    send = np.zeros(count)
+    if form == "unaligned":
+        send, recv = (np.empty(8 * count + 1, np.uint8)[1:].view(np.float64)
+                      for _ in range(2))
+    elif form == "derived send":
+        wide = np.zeros(2 * count)
+        return [wide, 1, vector], recv, recv, functools.partial(
+            operator.setitem, wide, slice(None, None, 2))
+    elif form == "Fortran name":
+        return [send, MPI.DOUBLE_PRECISION], [recv, MPI.DOUBLE], recv, \
+            functools.partial(operator.setitem, send, Ellipsis)
+    return send, recv, recv, functools.partial(operator.setitem, send,
+                                               Ellipsis)
+
+
+def fortran_integers_refused(xcomm, v):
+    """A derived datatype of Fortran INTEGERs with LAND, which MPI
+    refuses on them, falls back with MPI's error on every rank, as a
+    predefined MPI.INTEGER does, not as MPI.INT would reduce it."""
+    pair = MPI.INTEGER.Create_contiguous(2).Commit()
+    for what, dt, count in (("predefined", MPI.INTEGER, 2),
+                            ("derived", pair, 1)):
+        a, b = np.ones(2, np.int32), np.zeros(2, np.int32)
+        err = raises_what(xcomm.Allreduce, [a, count, dt], [b, count, dt],
+                          MPI.LAND)
+        v.case(f"fallback LAND of a {what} Fortran INTEGER type raises",
+               None if isinstance(err, MPI.Exception) and
+               err.Get_error_class() == MPI.ERR_OP else f"got {err!r}")
+    pair.Free()
 
 
 def bad_root_recv(v, xcomm, op, ins, total):
