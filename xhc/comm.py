@@ -332,7 +332,8 @@ class Comm(HotComm):
         blocking = name[:-5] if persistent else name
         if name == "Reduce":
             self._root_takes_part(*args)
-        args, loads, stores = self._for_mpi4py(blocking, args)
+        together = name == "Allreduce_init" and self._all_in_place(args[0])
+        args, loads, stores = self._for_mpi4py(blocking, args, together)
         call = functools.partial(self._mpi4py_call, getattr(self._comm, name),
                                  *args)
         if not (loads or stores):
@@ -368,21 +369,31 @@ class Comm(HotComm):
                                      else "sendbuf"), recvbuf, mine,
                            take_part)
 
+    def _all_in_place(self, sendbuf):
+        """Does every rank pass IN_PLACE to this Allreduce_init?  Asked of
+        MPI, once a request: then each passes it on, and keeps mpi4py's
+        own request (one that copies is xhc's, which mpi4py's
+        Prequest.Startall and Request.Waitall refuse)."""
+        every = np.array([1 if in_place(sendbuf) else 0], np.int32)
+        self._mpi4py_call(self._comm.Allreduce, MPI.IN_PLACE, every, MPI.MIN)
+        return bool(every[0])
+
     def _mpi4py_call(self, fn, *args):
         try:  # counted as under way: free() must not free a Dup()'s
             return self._in_core(fn, *args)
         except BaseException as exc:
             raise settled(exc)
 
-    def _for_mpi4py(self, name, args):
+    def _for_mpi4py(self, name, args, together=False):
         """(ARGS of mpi4py's NAME, loads, stores): for a reduction, each
         buffer that xhc takes and mpi4py refuses replaced by a copy
         mpi4py takes, loaded before the call and stored after it where
         the call writes it; one array passed as both buffers, which MPI
-        refuses, passed as IN_PLACE, as xhc's own path takes it."""
+        refuses, passed as IN_PLACE, as xhc's own path takes it.
+        TOGETHER: every rank passes IN_PLACE to this Allreduce."""
         if name not in _ROOT_ARG:  # a Barrier, or objects
             return args, (), ()
-        alike = self._in_one_form(name, args)
+        alike = self._in_one_form(name, args, together)
         if alike is not None:
             return alike
         at = _ROOT_ARG[name]
@@ -398,13 +409,14 @@ class Comm(HotComm):
             args[0] = MPI.IN_PLACE
         return args, loads, stores
 
-    def _in_one_form(self, name, args):
+    def _in_one_form(self, name, args, together=False):
         """_for_mpi4py's answer for reduction NAME in one form on every
         rank: each buffer as its contiguous elements and their MPI
         datatype (as_elements), and a send buffer on every rank but a
-        Reduce's root, which may pass IN_PLACE: an Allreduce in place
-        (or of one buffer passed twice) sends a copy of its receive
-        buffer.  A rank that handed MPI a form of its own (IN_PLACE
+        Reduce's root, which may pass IN_PLACE, as may the ranks of an
+        Allreduce when all of them pass it (TOGETHER, agreed for a
+        request); else an Allreduce in place (or of one buffer passed
+        twice) sends a copy of its receive buffer.  A rank that handed MPI a form of its own (IN_PLACE
         where others pass a send buffer, which MPI wants from all ranks
         or none; one spec as both buffers; an unaligned array; a derived
         datatype) could fail there alone, or make MPI fail, while its
@@ -426,7 +438,7 @@ class Comm(HotComm):
         stores = [r.store] if receives and r.store is not None else []
         rest = [[got[0], got[0].size, got[1]] if receives else None,
                 *args[2:]]
-        if inplace and name == "Reduce":
+        if inplace and (name == "Reduce" or together):
             return [MPI.IN_PLACE, *rest], loads, stores
         send = sent[0]
         if receives and np.may_share_memory(send, got[0]):

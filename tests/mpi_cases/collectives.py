@@ -2458,9 +2458,34 @@ def fallback_forms_cases(xcomm, comm, v):
                                        else "plain", ins, usum, vector)
                 v.case(f"fallback {call} with '{form}' on the odd ranks",
                        err)
+    mpi4py_requests_kept(xcomm, usum, v)
     vector.Free()
     usum.Free()
     fortran_integers_refused(xcomm, v)
+
+
+def mpi4py_requests_kept(xcomm, op, v):
+    """An Allreduce_init that falls back with IN_PLACE on every rank, or
+    with two arrays, returns mpi4py's own request, which mpi4py's
+    Prequest.Startall and Request.Waitall take."""
+    n, rank = xcomm.size, xcomm.rank
+    for form in ("in place", "two arrays"):
+        a, b = np.full(4, rank + 1.0), np.zeros(4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            req = xcomm.Allreduce_init(
+                *((MPI.IN_PLACE, a) if form == "in place" else (a, b)), op=op)
+        got = a if form == "in place" else b
+        err = None if type(req) is MPI.Prequest else f"a {type(req)}"
+        for start in range(2):
+            a[:] = (rank + 1.0) * (start + 1)
+            if err is None:
+                MPI.Prequest.Startall([req])
+                MPI.Request.Waitall([req])
+                if not np.all(got == n * (n + 1) / 2 * (start + 1)):
+                    err = f"Start #{start} gave {got}"
+        req.Free()
+        v.case(f"fallback Allreduce_init ({form}) is mpi4py's request", err)
 
 
 def fallback_in_form(xcomm, call, form, ins, op, vector):
