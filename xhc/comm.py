@@ -385,12 +385,14 @@ class Comm(HotComm):
             raise settled(exc)
 
     def _for_mpi4py(self, name, args, together=False):
-        """(ARGS of mpi4py's NAME, loads, stores): for a reduction, each
-        buffer that xhc takes and mpi4py refuses replaced by a copy
-        mpi4py takes, loaded before the call and stored after it where
-        the call writes it; one array passed as both buffers, which MPI
-        refuses, passed as IN_PLACE, as xhc's own path takes it.
-        TOGETHER: every rank passes IN_PLACE to this Allreduce."""
+        """(ARGS of mpi4py's NAME, loads, stores): for a reduction, its
+        buffers in one form on every rank (_in_one_form; TOGETHER: every
+        rank passes IN_PLACE to this Allreduce); or, for buffers of no
+        one predefined type, each that xhc takes and mpi4py refuses
+        replaced by a copy mpi4py takes, loaded before the call and
+        stored after it where the call writes it, and one array passed
+        as both buffers, which MPI refuses, passed as IN_PLACE, as xhc's
+        own path takes it."""
         if name not in _ROOT_ARG:  # a Barrier, or objects
             return args, (), ()
         alike = self._in_one_form(name, args, together)
@@ -416,12 +418,13 @@ class Comm(HotComm):
         Reduce's root, which may pass IN_PLACE, as may the ranks of an
         Allreduce when all of them pass it (TOGETHER, agreed for a
         request); else an Allreduce in place (or of one buffer passed
-        twice) sends a copy of its receive buffer.  A rank that handed MPI a form of its own (IN_PLACE
-        where others pass a send buffer, which MPI wants from all ranks
-        or none; one spec as both buffers; an unaligned array; a derived
-        datatype) could fail there alone, or make MPI fail, while its
-        peers wait.  None where a buffer's elements are of no one
-        predefined type: mpi4py takes those as they are."""
+        twice) sends a copy of its receive buffer.  A rank that handed
+        MPI a form of its own (IN_PLACE where others pass a send buffer,
+        which MPI wants from all ranks or none; one spec as both buffers;
+        an unaligned array; a derived datatype) could fail there alone,
+        or make MPI fail, while its peers wait.  None where a buffer's
+        elements are of no one predefined type: mpi4py takes those as
+        they are."""
         at = _ROOT_ARG[name]
         receives = at is None or _same_rank(args[at], self._comm.rank)
         inplace = in_place(args[0])
