@@ -843,6 +843,22 @@ ONE_RANK_REFUSES = [
     ("recv-complex", "ValueError",
      r"^Allreduce: send and receive buffers differ in dtype; use the same "
      r"dtype for both$"),
+    # Calls its peers hand to mpi4py (a user-defined op): they meet in the
+    # core first, so they time out there rather than wait in MPI.
+    ("fallback-recv-readonly", "ReadOnlyError",
+     r"^Allreduce: the receive buffer is read-only; pass a writable array$"),
+    ("fallback-recv-complex", "ValueError",
+     r"^Allreduce: send and receive buffers differ in dtype; use the same "
+     r"dtype for both$"),
+    ("fallback-reduce-in-place", "MPIValueError",
+     r"^Reduce: MPI\.IN_PLACE is only for the root \(rank 0\); pass a send "
+     r"buffer on the other ranks$"),
+    ("fallback-reduce-object", "TypeError",
+     r"^Reduce: sendbuf: object is not a buffer: " + BUFFER_FIX),
+    ("fallback-init-recv-readonly", "ReadOnlyError",
+     r"^Allreduce: the receive buffer is read-only; pass a writable array$"),
+    ("fallback-init-root-readonly", "ReadOnlyError",
+     r"^Reduce: the receive buffer is read-only; pass a writable array$"),
 ]
 
 
@@ -875,7 +891,8 @@ def test_a_rank_that_refuses_any_way_is_not_waited_for(disagreeing, case,
 
 
 @pytest.mark.parametrize("case,bad", [("bcast-readonly", 1),
-                                      ("reduce-recv-readonly", 2)])
+                                      ("reduce-recv-readonly", 2),
+                                      ("fallback-reduce-recv-readonly", 2)])
 def test_a_rank_that_took_part_then_raised_is_waited_for(disagreeing, case,
                                                          bad):
     """A rank whose own buffer is bad takes part into scratch memory, then

@@ -330,9 +330,9 @@ class Comm(HotComm):
         self._fallbacks += 1
         persistent = name.endswith("_init")
         blocking = name[:-5] if persistent else name
-        if name == "Reduce":
-            self._root_takes_part(*args)
-        together = name == "Allreduce_init" and self._all_in_place(args[0])
+        if blocking == "Reduce":
+            self._root_takes_part(name, *args[:4])
+        together = blocking in _ROOT_ARG and self._meet(name, args[0])
         args, loads, stores = self._for_mpi4py(blocking, args, together)
         call = functools.partial(self._mpi4py_call, getattr(self._comm, name),
                                  *args)
@@ -348,11 +348,14 @@ class Comm(HotComm):
         return OverMPI(run, f"{blocking} (through mpi4py)", self,
                        mpi_request, bind=(0, 0, 0, 0))
 
-    def _root_takes_part(self, sendbuf, recvbuf, op, root):
+    def _root_takes_part(self, name, sendbuf, recvbuf, op, root):
         """At a fallback Reduce's root, a receive buffer xhc's own path
-        refuses: only the root sees it, so it takes part into new memory,
-        then raises, and its peers stay in step (mpi4py would raise at
-        the root alone, and match their next Reduce with this one)."""
+        refuses: only the root sees it, so it meets its peers (_meet),
+        takes part into new memory, then raises, and they stay in step
+        (mpi4py would raise at the root alone, and match their next Reduce
+        with this one).  A Reduce_init's root raises before it meets
+        them: MPI matches a request's Start() with no blocking call, so
+        they time out in _meet as for any rank that refused the call."""
         if not _same_rank(root, self._comm.rank):
             return
         mine = in_place(sendbuf)  # then RECVBUF holds the root's part
@@ -362,19 +365,35 @@ class Comm(HotComm):
             send, load, _ = for_mpi4py(part)
             if load is not None:
                 load()
+            self._meet(name, sendbuf)
             self._mpi4py_call(self._comm.Reduce, send, blank_like(send), op,
                               root)
         # Resolved as the plan resolved it before it fell back.
         _checked_root_recv(_resolved(part, "Reduce", "recvbuf" if mine
                                      else "sendbuf"), recvbuf, mine,
-                           take_part)
+                           None if name == "Reduce_init" else take_part)
 
-    def _all_in_place(self, sendbuf):
-        """Does every rank pass IN_PLACE to this Allreduce_init?  Asked of
-        MPI, once a request: then each passes it on, and keeps mpi4py's
-        own request (one that copies is xhc's, which mpi4py's
-        Prequest.Startall and Request.Waitall refuse)."""
-        every = np.array([1 if in_place(sendbuf) else 0], np.int32)
+    def _meet(self, name, sendbuf):
+        """Before a fallback's first MPI call, its ranks meet in the core
+        (xhc_agree): a rank that raised about its own arguments has
+        withdrawn from this collective, so they time out there, as in
+        xhc's own, rather than wait in MPI for it for ever.  The meeting
+        answers whether every rank passes IN_PLACE: then each passes it
+        on (an Allreduce's copies nothing, and an Allreduce_init keeps
+        mpi4py's own request: one that copies is xhc's, which mpi4py's
+        Prequest.Startall and Request.Waitall refuse).  Over several
+        nodes, MPI answers that for an Allreduce_init, and the ranks do
+        not otherwise meet."""
+        mine = 1 if in_place(sendbuf) else 0
+        if self._nodes is None:
+            v = ffi.new("int32_t[1]", [mine])
+            rc = self._in_core(_agree, self._ctx, v)
+            if rc:
+                self._raise(rc, name)
+            return bool(v[0])
+        if name != "Allreduce_init":
+            return False
+        every = np.array([mine], np.int32)
         self._mpi4py_call(self._comm.Allreduce, MPI.IN_PLACE, every, MPI.MIN)
         return bool(every[0])
 
@@ -1361,12 +1380,15 @@ def _checked_root_recv(s, recvbuf, inplace, take_part):
     """The Reduce root's receive buffer for Buffer S (S itself if
     INPLACE), resolved and checked.  Only the root sees it, so with a bad
     one the root still takes part (TAKE_PART(), into other memory) before
-    it raises: the other ranks stay in step."""
+    it raises: the other ranks stay in step.  (TAKE_PART None: it raises
+    without, and withdraws.)"""
     try:
         r = s if inplace else _resolved(recvbuf, "Reduce", "recvbuf")
         _check_pair(s, r, "Reduce")
         return r
     except (TypeError, ValueError) as exc:
+        if take_part is None:
+            raise
         take_part()
         raise settled(exc)
 

@@ -1115,17 +1115,53 @@ ONE_RANK_REFUSES = [
 ]
 
 
+def _user_sum(inbuf, outbuf, datatype):
+    out = np.frombuffer(outbuf, datatype.tocode())
+    out += np.frombuffer(inbuf, datatype.tocode())
+
+
+# An op without a kernel: these calls go to mpi4py (falling back).
+USUM = MPI.Op.Create(_user_sum, commute=True)
+
+# Falling back, rank 1 refuses (the first call) where its peers go to
+# mpi4py (the second).
+FALLBACK_REFUSES = [
+    ("fallback-recv-readonly",
+     lambda c, a, b: c.Allreduce(a, readonly(f8(4)), USUM),
+     lambda c, a, b: c.Allreduce(a, b, USUM)),
+    ("fallback-recv-complex",
+     lambda c, a, b: c.Allreduce(a, np.zeros(4, np.complex128), USUM),
+     lambda c, a, b: c.Allreduce(a, b, USUM)),
+    ("fallback-reduce-in-place",
+     lambda c, a, b: c.Reduce(MPI.IN_PLACE, b, USUM, root=0),
+     lambda c, a, b: c.Reduce(a, b, USUM, root=0)),
+    ("fallback-reduce-object",
+     lambda c, a, b: c.Reduce(object(), None, USUM, root=0),
+     lambda c, a, b: c.Reduce(a, b, USUM, root=0)),
+    ("fallback-init-recv-readonly",
+     lambda c, a, b: c.Allreduce_init(a, readonly(f8(4)), USUM),
+     lambda c, a, b: c.Allreduce_init(a, b, USUM)),
+    ("fallback-init-root-readonly",
+     lambda c, a, b: c.Reduce_init(a, readonly(f8(4)), USUM, root=1),
+     lambda c, a, b: c.Reduce_init(a, b, USUM, root=1)),
+]
+
+
 def one_rank_refuses():
     """Each case on a new communicator (timeout 1 s): rank 1 raises, and
-    the others, whose Allreduce it will never join, must time out rather
-    than wait for it (and then take its next collective for this one).
+    the others, whose Allreduce it will never join (FALLBACK_REFUSES: the
+    call they hand to mpi4py), must time out rather than wait for it (and
+    then take its next collective for this one).
     Back after they gave up, rank 1's next Allreduce raises that they did,
     rather than fold their stale parts; then all meet again."""
-    for case, call in ONE_RANK_REFUSES:
+    def allreduce(c, a, b):
+        c.Allreduce(a, b)
+    for case, call, peers_call in [(*case, allreduce) for case in
+                                   ONE_RANK_REFUSES] + FALLBACK_REFUSES:
         c = xhc.Comm(W, timeout=1)
         a, b = np.ones(4), np.zeros(4)
-        _outcome_of("REFUSES-" + case, lambda: call(c, a, b) if RANK == 1
-                    else c.Allreduce(a, b))
+        _outcome_of("REFUSES-" + case, lambda: (
+            call if RANK == 1 else peers_call)(c, a, b))
         W.Barrier()  # the others gave up on that Allreduce: rank 1 skips it
         if RANK == 1:
             _outcome_of("REFUSES-BACK-" + case, lambda: c.Allreduce(a, b))
@@ -1142,6 +1178,8 @@ ONE_RANK_TOOK_PART = [
         readonly(f8(4)) if RANK == 1 else f8(4), root=0)),
     ("reduce-recv-readonly", 2, lambda c: c.Reduce(
         f8(4, 1.0), readonly(f8(4)) if RANK == 2 else None, root=2)),
+    ("fallback-reduce-recv-readonly", 2, lambda c: c.Reduce(
+        f8(4, 1.0), readonly(f8(4)) if RANK == 2 else None, USUM, root=2)),
 ]
 
 
