@@ -18,7 +18,8 @@ NPAT = 5                    # distinct send patterns, rotated per iteration
 FIELD_WIDTH = 20
 FLOAT_PRECISION = 2
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum,
+          "user": np.add}  # bench.osu's --op user: a SUM of its own
 DTYPES = ("float64", "float32", "float16", "int64", "int32")
 FLOAT16_RANKS = 21  # sums of the patterns (see pattern) exact in float16
 

@@ -90,7 +90,8 @@ from bench._board import ArrivalBoard  # noqa: E402
 Command = collections.namedtuple("Command", "title data case")
 Impl = collections.namedtuple("Impl", "key label comm alloc")
 Ctx = collections.namedtuple("Ctx", "comm rank nranks opts dtype mpi_op")
-MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN,
+           "user": None}  # a SUM of our own: user_sum()
 # The header records every MPI setting in the environment, not only the
 # collectives' (OMPI_MCA_op=^avx alone slows a reduction): Open MPI's, its
 # launcher's and PMIx's MCA parameters, MPICH's control variables, xhc's.
@@ -357,7 +358,8 @@ def _comparison_options(g):
     g.add_argument("--dtype", choices=_osu.DTYPES,
                    help="reduction element type (float64)")
     g.add_argument("--op", choices=MPI_OPS,
-                   help="reduction operation (sum)")
+                   help="reduction operation (sum); user: a SUM made with "
+                   "MPI.Op.Create, which xhc hands to mpi4py")
     g.add_argument("--blocks", type=_positive, default=10,
                    help="alternating blocks per size with --impl both")
     g.add_argument("--sync", choices=("mpi", "own"), default="mpi",
@@ -470,7 +472,7 @@ def _option_error(opts, nranks, rank):
     sets opts.sizes."""
     if opts.root >= nranks:
         return f"--root {opts.root}: only {nranks} ranks"
-    if opts.dtype == "float16" and opts.op == "sum" and \
+    if opts.dtype == "float16" and opts.op in ("sum", "user") and \
             nranks > _osu.FLOAT16_RANKS:
         return (f"--dtype float16 --op sum: {nranks} ranks' sums of the "
                 "patterns are not exact in float16, so no result could be "
@@ -734,6 +736,16 @@ def evictor(nbytes):
     return functools.partial(np.add, junk, 1, out=junk)
 
 
+def user_sum():
+    """A SUM made with MPI.Op.Create (once MPI is up): xhc has no kernel
+    for a user's op and hands it to mpi4py, so --op user times what that
+    fallback costs over mpi4py's own call."""
+    def add(inbuf, inoutbuf, datatype):
+        out = np.frombuffer(inoutbuf, datatype.tocode())
+        np.add(np.frombuffer(inbuf, datatype.tocode()), out, out=out)
+    return MPI.Op.Create(add, commute=True)
+
+
 # -- the run ------------------------------------------------------------------
 
 class Run:
@@ -744,7 +756,7 @@ class Run:
         self.cmd = COMMANDS[opts.command]
         dtype = np.dtype("uint8" if opts.command == "bcast" else opts.dtype)
         self.ctx = Ctx(comm, comm.rank, comm.size, opts, dtype,
-                       MPI_OPS[opts.op])
+                       MPI_OPS[opts.op] or user_sum())
         self.table = _osu.Table(table_columns(impls, opts),
                                 sized=opts.sizes[0] is not None)
         self.doc = new_doc(self, opts)

@@ -309,6 +309,19 @@ def test_osu_objects_refused(args):
     assert "--objects times bcast, allreduce and reduce" in proc.stderr
 
 
+@pytest.mark.parametrize("op", ["allreduce", "reduce"])
+def test_osu_user_op(tmp_path, op):
+    """--op user: a SUM made with MPI.Op.Create, which xhc hands to
+    mpi4py, validated on both sides; every xhc call is counted and noted
+    as a fallback."""
+    out, doc = run_osu(op, tmp_path, "--op", "user", sizes="8:1K",
+                       impl="both")
+    check_doc(doc, SIZES[:8], impl="both")
+    assert doc["options"]["op"] == "user"
+    assert doc["xhc_stats"]["fallback"] > 0
+    assert "fell back to mpi4py: the xhc column is partly MPI's" in out
+
+
 def test_osu_numpy_scalar_needs_objects():
     proc = run_mpi(2, ["-m", "bench.osu", "allreduce", "--numpy-scalar"],
                    check=False, timeout=90)
