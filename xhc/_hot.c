@@ -34,7 +34,9 @@
  *    Start() goes straight to the core.
  * 5a. Over several nodes (xhc/nodes.py) a kept plan, and a request,
  *    hold a Python callable instead, the call's steps, which run from
- *    here with nothing of Python's in between (hot_run_across).  A call of
+ *    here with nothing of Python's in between (hot_run_across); so does
+ *    the kept plan of a reduction that goes through mpi4py (a call
+ *    address of 0 marks them).  A call of
  *    plain arrays with no plan goes to Nodes.plain with the table's codes
  *    (plain_across), but the same arguments twice in a row, which go to
  *    Python to be kept.
@@ -720,8 +722,9 @@ static PyObject *raised_across(PyObject *exc, void *h)
     return PyObject_CallMethod((PyObject *)h, "_raised_across", "O", exc);
 }
 
-/* Run RUN(ARGS), a call over several nodes that H kept (xhc/nodes.py)
- * or the steps of one of plain arrays, as Comm._in_core runs it: counted
+/* Run RUN(ARGS), a call that H kept (over several nodes, xhc/nodes.py,
+ * or through mpi4py) or the steps of one of plain arrays over several
+ * nodes, as Comm._in_core runs it: counted
  * as under way.  What it raises goes through H's _raised_across first,
  * which withdraws as xhc/entry.py's leaving does. */
 PyObject *hot_run_across(HotComm *h, PyObject *run, PyObject *const *args,
@@ -875,18 +878,21 @@ static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
             }
             return hot_slow((PyObject *)h, name, args, nargsf, kwnames);
         }
-        if (h->span) {  /* a kept run over the nodes: Python, from here */
+        void *call = PyLong_AsVoidPtr(
+            PyTuple_GET_ITEM(plan, PyTuple_GET_SIZE(plan) - 1));
+        if (!call && !PyErr_Occurred()) {
+            /* A kept run (over the nodes, or through mpi4py): Python,
+             * from here (5a.). */
             PyObject *res = hot_run_across(
                 h, PyTuple_GET_ITEM(plan, KIND[kind].nargs), NULL, 0);
             Py_DECREF(plan);
             views_release(&hv);
             return res;
         }
-        void *call = PyLong_AsVoidPtr(
-            PyTuple_GET_ITEM(plan, PyTuple_GET_SIZE(plan) - 1));
         /* The plan keeps the call and its buffers alive; our reference
          * holds it in case the GIL is released, whatever another thread
-         * does.  A plan's call is never 0: only an error gives none. */
+         * does.  Its call is 0 only for a kept run; else an error gives
+         * none. */
         rc = call ? hot_invoke(h, h->run, call, h->barrier, h->ctx) : -1;
         Py_DECREF(plan);
         views_release(&hv);

@@ -323,23 +323,59 @@ class Comm(HotComm):
             run = self._across_nodes(blocking, args[:_ACROSS[blocking]])
             if run is not None:  # Start() runs it from xhc/_hot.c
                 return Request(run, blocking, self, bind=(0, 0, 0, 0, run))
-        return self._to_mpi4py(name, *args)
+        self._warn(f"{name}: {self._why}")
+        if name in _ROOT_ARG:  # a blocking reduction: kept, as a plan is
+            run = self._mpi4py_run(name, args)
+            if all(type(a) in KEEPABLE for a in args):
+                self._keep_run(name, args, run)
+            self._in_core(run)
+            return None
+        return self._request_of_mpi4py(name, args)
 
     def _to_mpi4py(self, name, *args):
+        """mpi4py's NAME(*ARGS), warned once and counted: for the calls on
+        objects that go to mpi4py's own (xhc/objects.py)."""
         self._warn(f"{name}: {self._why}")
         self._fallbacks += 1
-        persistent = name.endswith("_init")
-        blocking = name[:-5] if persistent else name
+        return self._mpi4py_call(getattr(self._comm, name), *args)
+
+    def _mpi4py_run(self, name, args):
+        """What runs blocking reduction NAME on ARGS through mpi4py, for
+        this call and (_keep_run) later ones on the same arrays: the ranks
+        meet (_meet), then each hands mpi4py its buffers in one form
+        (_for_mpi4py), IN_PLACE if every rank passes it."""
+        if name == "Reduce":
+            self._root_takes_part(name, *args)
+        fn = getattr(self._comm, name)
+        alone, together = (f and staged(functools.partial(fn, *f[0]), *f[1:])
+                           for f in self._for_mpi4py(name, args))
+        mine, agreed = in_place(args[0]), ffi.new("int32_t[1]")
+
+        def run():
+            self._fallbacks += 1
+            call = together if self._meet(name, mine, agreed) and together \
+                else alone
+            try:
+                call()
+            except BaseException as exc:
+                raise settled(exc)
+        return run
+
+    def _request_of_mpi4py(self, name, args):
+        """The request of NAME (a reduction's *_init) on ARGS: mpi4py's,
+        its buffers in one form (_for_mpi4py, IN_PLACE if every rank
+        passes it), or one of xhc's over it where this rank copies."""
+        self._fallbacks += 1
+        blocking = name[:-5]
         if blocking == "Reduce":
             self._root_takes_part(name, *args[:4])
-        together = blocking in _ROOT_ARG and self._meet(name, args[0])
-        args, loads, stores = self._for_mpi4py(blocking, args, together)
+        alone, together = self._for_mpi4py(blocking, args)
+        args, loads, stores = together if self._meet(
+            name, in_place(args[0])) and together else alone
         call = functools.partial(self._mpi4py_call, getattr(self._comm, name),
                                  *args)
         if not (loads or stores):
             return call()
-        if not persistent:
-            return staged(call, loads, stores)()
         # MPI's request, started and completed between the load and the
         # store of its copies: every rank's is MPI's, so they match.
         mpi_request = call()
@@ -365,7 +401,7 @@ class Comm(HotComm):
             send, load, _ = for_mpi4py(part)
             if load is not None:
                 load()
-            self._meet(name, sendbuf)
+            self._meet(name, mine)
             self._mpi4py_call(self._comm.Reduce, send, blank_like(send), op,
                               root)
         # Resolved as the plan resolved it before it fell back.
@@ -373,24 +409,28 @@ class Comm(HotComm):
                                      else "sendbuf"), recvbuf, mine,
                            None if name == "Reduce_init" else take_part)
 
-    def _meet(self, name, sendbuf):
+    def _meet(self, name, mine, agreed=None):
         """Before a fallback's first MPI call, its ranks meet in the core
-        (xhc_agree): a rank that raised about its own arguments has
-        withdrawn from this collective, so they time out there, as in
-        xhc's own, rather than wait in MPI for it for ever.  The meeting
-        answers whether every rank passes IN_PLACE: then each passes it
-        on (an Allreduce's copies nothing, and an Allreduce_init keeps
-        mpi4py's own request: one that copies is xhc's, which mpi4py's
-        Prequest.Startall and Request.Waitall refuse).  Over several
-        nodes, MPI answers that for an Allreduce_init, and the ranks do
-        not otherwise meet."""
-        mine = 1 if in_place(sendbuf) else 0
+        (xhc_agree; on AGREED, if given by a run, which its caller counts
+        as under way, as _in_core does): a rank that raised about its own
+        arguments has withdrawn from this collective, so they time out
+        there, as in xhc's own, rather than wait in MPI for it for ever.
+        The meeting answers whether every rank passes IN_PLACE (MINE:
+        this one does): then each passes it on (an Allreduce's copies
+        nothing, and an Allreduce_init keeps mpi4py's own request: one
+        that copies is xhc's, which mpi4py's Prequest.Startall and
+        Request.Waitall refuse).  Over several nodes, MPI answers that
+        for an Allreduce_init, and the ranks do not otherwise meet."""
         if self._nodes is None:
-            v = ffi.new("int32_t[1]", [mine])
-            rc = self._in_core(_agree, self._ctx, v)
+            if agreed is None:
+                agreed = ffi.new("int32_t[1]", [mine])
+                rc = self._in_core(_agree, self._ctx, agreed)
+            else:
+                agreed[0] = mine
+                rc = _agree(self._ctx, agreed)
             if rc:
                 self._raise(rc, name)
-            return bool(v[0])
+            return agreed[0] != 0
         if name != "Allreduce_init":
             return False
         every = np.array([mine], np.int32)
@@ -403,18 +443,17 @@ class Comm(HotComm):
         except BaseException as exc:
             raise settled(exc)
 
-    def _for_mpi4py(self, name, args, together=False):
-        """(ARGS of mpi4py's NAME, loads, stores): for a reduction, its
-        buffers in one form on every rank (_in_one_form; TOGETHER: every
-        rank passes IN_PLACE to this Allreduce); or, for buffers of no
-        one predefined type, each that xhc takes and mpi4py refuses
-        replaced by a copy mpi4py takes, loaded before the call and
-        stored after it where the call writes it, and one array passed
-        as both buffers, which MPI refuses, passed as IN_PLACE, as xhc's
-        own path takes it."""
-        if name not in _ROOT_ARG:  # a Barrier, or objects
-            return args, (), ()
-        alike = self._in_one_form(name, args, together)
+    def _for_mpi4py(self, name, args):
+        """The forms of reduction NAME's ARGS for mpi4py, (alone,
+        together), each (ARGS of mpi4py's NAME, loads, stores) or None:
+        ALONE the form for any call, TOGETHER (if it differs) for one
+        every rank of which passes IN_PLACE.  Its buffers in one form on
+        every rank (_in_one_form); or, for buffers of no one predefined
+        type, each that xhc takes and mpi4py refuses replaced by a copy
+        mpi4py takes, loaded before the call and stored after it where
+        the call writes it, and one array passed as both buffers, which
+        MPI refuses, passed as IN_PLACE, as xhc's own path takes it."""
+        alike = self._in_one_form(name, args)
         if alike is not None:
             return alike
         at = _ROOT_ARG[name]
@@ -428,22 +467,21 @@ class Comm(HotComm):
         start = start_of(args[0]) if root and not loads else None
         if start is not None and start == start_of(args[1]):
             args[0] = MPI.IN_PLACE
-        return args, loads, stores
+        return (args, loads, stores), None
 
-    def _in_one_form(self, name, args, together=False):
+    def _in_one_form(self, name, args):
         """_for_mpi4py's answer for reduction NAME in one form on every
         rank: each buffer as its contiguous elements and their MPI
         datatype (as_elements), and a send buffer on every rank but a
         Reduce's root, which may pass IN_PLACE, as may the ranks of an
-        Allreduce when all of them pass it (TOGETHER, agreed for a
-        request); else an Allreduce in place (or of one buffer passed
-        twice) sends a copy of its receive buffer.  A rank that handed
-        MPI a form of its own (IN_PLACE where others pass a send buffer,
-        which MPI wants from all ranks or none; one spec as both buffers;
-        an unaligned array; a derived datatype) could fail there alone,
-        or make MPI fail, while its peers wait.  None where a buffer's
-        elements are of no one predefined type: mpi4py takes those as
-        they are."""
+        Allreduce when all of them pass it (together); else an Allreduce
+        in place (or of one buffer passed twice) sends a copy of its
+        receive buffer.  A rank that handed MPI a form of its own
+        (IN_PLACE where others pass a send buffer, which MPI wants from
+        all ranks or none; one spec as both buffers; an unaligned array;
+        a derived datatype) could fail there alone, or make MPI fail,
+        while its peers wait.  None where a buffer's elements are of no
+        one predefined type: mpi4py takes those as they are."""
         at = _ROOT_ARG[name]
         receives = at is None or _same_rank(args[at], self._comm.rank)
         inplace = in_place(args[0])
@@ -460,16 +498,17 @@ class Comm(HotComm):
         stores = [r.store] if receives and r.store is not None else []
         rest = [[got[0], got[0].size, got[1]] if receives else None,
                 *args[2:]]
-        if inplace and (name == "Reduce" or together):
-            return [MPI.IN_PLACE, *rest], loads, stores
+        together = ([MPI.IN_PLACE, *rest], loads, stores) if inplace else None
+        if name == "Reduce" and inplace:
+            return together, None
         send = sent[0]
         if receives and np.may_share_memory(send, got[0]):
             send = np.empty_like(send)  # a compiled copy, as staging's
-            loads.append(functools.partial(operator.setitem, send,
-                                           Ellipsis, sent[0]))
+            loads = [*loads, functools.partial(operator.setitem, send,
+                                               Ellipsis, sent[0])]
         # mpi4py wants one datatype for both buffers: the receive one's.
-        return [[send, send.size, got[1] if receives else sent[1]], *rest], \
-            loads, stores
+        return ([[send, send.size, got[1] if receives else sent[1]], *rest],
+                loads, stores), together
 
     # -- over several nodes (xhc/nodes.py) ------------------------------------
     # The buffers are resolved and checked first, as for a plan, and the
@@ -512,8 +551,9 @@ class Comm(HotComm):
             copied or not kept_holds(at, args), (guard, dtypes), at, 0))
 
     def _raised_across(self, exc):
-        """A call over the nodes that xhc/_hot.c ran raised EXC: withdraw,
-        as leaving() does, unless this rank's part is settled."""
+        """A kept run (over the nodes, or through mpi4py) that xhc/_hot.c
+        ran raised EXC: withdraw, as leaving() does, unless this rank's
+        part is settled."""
         if not getattr(exc, SETTLED, False):
             self._withdraw()
         drop_locals(exc)

@@ -173,7 +173,7 @@ class Request(HotRequest):
         self._active = False
         self._call = None
         if isinstance(self._plan, MPI.Request) and not MPI.Is_finalized():
-            self._plan.Free()  # a fallback's (Comm._to_mpi4py)
+            self._plan.Free()  # a fallback's (Comm._request_of_mpi4py)
         self._plan = None
         return True
 

@@ -2345,7 +2345,54 @@ def suite_fallback(world, comm, v, sz, args):
         equal_op_cases(xcomm, comm, v)
         fallback_layout_cases(xcomm, comm, v)
         fallback_forms_cases(xcomm, comm, v)
+        kept_fallback_cases(xcomm, comm, v)
     fallback_warning_as_error(comm, v)
+
+
+def kept_fallback_cases(xcomm, comm, v):
+    """A fallback reduction called again on the same arrays runs what the
+    first call kept (from xhc/_hot.c): on every call its ranks meet, and
+    the ranks that pass IN_PLACE pass it on only when all do, here as
+    each rank changes its mind from call to call; data change every
+    call; an array resized in place is planned again; each call counts
+    as a fallback."""
+    n, rank = comm.size, comm.rank
+    usum = MPI.Op.Create(lambda a, b, t: np.add(
+        np.frombuffer(a, t.tocode()), np.frombuffer(b, t.tocode()),
+        out=np.frombuffer(b, t.tocode())), commute=True)
+    a, b, calls, bad = np.zeros(64), np.zeros(64), 0, []
+    before = xcomm.stats["fallback"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for i in range(24):
+            ins = [values(np.dtype("f8"), "SUM", seed_of(120, i, r), a.size)
+                   for r in range(n)]
+            mine = i % 4 == 3 or (i + rank) % 3 == 0
+            root = i % n
+            if i == 12:  # the same object, with new memory
+                a.resize(96, refcheck=False)
+                b.resize(96, refcheck=False)
+                ins = [values(np.dtype("f8"), "SUM", seed_of(120, i, r), 96)
+                       for r in range(n)]
+            a[:] = ins[rank]
+            if i % 2:
+                xcomm.Reduce(MPI.IN_PLACE if mine and rank == root else a,
+                             a if mine and rank == root else b, usum, root)
+                got = a if mine else b
+                want = rank != root or np.array_equal(got, np_fold("SUM", ins))
+            else:
+                xcomm.Allreduce(MPI.IN_PLACE if mine else a,
+                                a if mine else b, usum)
+                got = a if mine else b
+                want = np.array_equal(got, np_fold("SUM", ins))
+            calls += 1
+            if not want:
+                bad.append(f"call {i}: got {got[:3]}")
+    usum.Free()
+    counted = xcomm.stats["fallback"] - before
+    v.case("a kept fallback reduction, with IN_PLACE on some ranks, and "
+           "resized", "; ".join(bad) if bad else None if counted == calls
+           else f"stats['fallback'] counted {counted} of {calls} calls")
 
 
 def fallback_warning_as_error(comm, v):
