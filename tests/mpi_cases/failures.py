@@ -1150,8 +1150,9 @@ FALLBACK_REFUSES = [
 def one_rank_refuses():
     """Each case on a new communicator (timeout 1 s): rank 1 raises, and
     the others, whose Allreduce it will never join (FALLBACK_REFUSES: the
-    call they hand to mpi4py), must time out rather than wait for it (and
-    then take its next collective for this one).
+    call they hand to mpi4py, a blocking one kept by a first call), must
+    time out rather than wait for it (and then take its next collective
+    for this one).
     Back after they gave up, rank 1's next Allreduce raises that they did,
     rather than fold their stale parts; then all meet again."""
     def allreduce(c, a, b):
@@ -1160,6 +1161,8 @@ def one_rank_refuses():
                                    ONE_RANK_REFUSES] + FALLBACK_REFUSES:
         c = xhc.Comm(W, timeout=1)
         a, b = np.ones(4), np.zeros(4)
+        if peers_call is not allreduce and "init" not in case:
+            peers_call(c, a, b)  # kept: the next runs from xhc/_hot.c
         _outcome_of("REFUSES-" + case, lambda: (
             call if RANK == 1 else peers_call)(c, a, b))
         W.Barrier()  # the others gave up on that Allreduce: rank 1 skips it
