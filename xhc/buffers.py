@@ -310,6 +310,21 @@ def blank_like(obj):
                          else np.asarray(memoryview(arr)))
 
 
+def copy_like(obj):
+    """(new memory in the form of OBJ (blank_like), the load that fills
+    it with OBJ's contents): what an Allreduce that falls back sends
+    from a rank that passed IN_PLACE where its peers did not."""
+    new = blank_like(obj)
+    src, dst = (x[0] if isinstance(x, (list, tuple)) else x
+                for x in (obj, new))
+    src = _array_of(src)
+    if not isinstance(src, np.ndarray):
+        src = np.asarray(memoryview(src))
+    # Compiled, as _copy_of's load.
+    return new, functools.partial(operator.setitem, dst, Ellipsis,
+                                  src.view(np.ndarray))
+
+
 def start_of(obj):
     """Where the memory mpi4py would hand MPI for OBJ (a buffer, or a
     specification [buf, datatype] or [buf, count, datatype]) begins; None

@@ -20,8 +20,9 @@ from ._hot import (HotComm, bind_plain, block_hook, kept_holds,
 from ._xhc import ffi, lib
 from .arena import in_arena
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, as_elements,
-                      blank_like, for_mpi4py, in_place, numpy_dtype,
-                      plain_tables, predefined, resolve, stages, start_of)
+                      blank_like, copy_like, for_mpi4py, in_place,
+                      numpy_dtype, plain_tables, predefined, resolve, stages,
+                      start_of)
 from .entry import SETTLED, claiming, drop_locals, leaving, settled
 from .errors import ReadOnlyError, XhcError, agree, heard, naming_ranks, \
     rank_name
@@ -452,7 +453,9 @@ class Comm(HotComm):
         type, each that xhc takes and mpi4py refuses replaced by a copy
         mpi4py takes, loaded before the call and stored after it where
         the call writes it, and one array passed as both buffers, which
-        MPI refuses, passed as IN_PLACE, as xhc's own path takes it."""
+        MPI refuses, passed as IN_PLACE, as xhc's own path takes it;
+        but an Allreduce passes IN_PLACE only where every rank does,
+        else sends a copy of its receive buffer."""
         alike = self._in_one_form(name, args)
         if alike is not None:
             return alike
@@ -467,7 +470,11 @@ class Comm(HotComm):
         start = start_of(args[0]) if root and not loads else None
         if start is not None and start == start_of(args[1]):
             args[0] = MPI.IN_PLACE
-        return (args, loads, stores), None
+        if args[0] is not MPI.IN_PLACE or name == "Reduce":
+            return (args, loads, stores), None
+        send, load = copy_like(args[1])  # from the receive buffer loaded
+        return ([send, *args[1:]], [*loads, load], stores), \
+            (args, loads, stores)
 
     def _in_one_form(self, name, args):
         """_for_mpi4py's answer for reduction NAME in one form on every

@@ -2509,6 +2509,48 @@ def fallback_forms_cases(xcomm, comm, v):
     vector.Free()
     usum.Free()
     fortran_integers_refused(xcomm, v)
+    pairs_in_place_cases(xcomm, comm, v)
+
+
+def pairs_in_place_cases(xcomm, comm, v):
+    """MAXLOC on 1 MiB of pairs (which go to mpi4py as given), the odd
+    ranks passing IN_PLACE, or one spec as both buffers, or every rank
+    IN_PLACE: each rank passes IN_PLACE on only where all do, else sends
+    a copy (MPI wants it from all ranks or none), in a request's every
+    Start() too."""
+    n, rank, count = comm.size, comm.rank, 1 << 17
+    vals = [values(np.dtype("i4"), "SUM", seed_of(172, r), count) % 7
+            for r in range(n)]
+    stack = np.stack(vals)
+    best = stack.max(axis=0)
+    where = np.argmax(stack == best, axis=0)  # the lowest rank of a tie
+    pairs = np.empty((count, 2), np.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for form in ("in place", "spec twice", "every rank in place"):
+            for call in ("Allreduce", "Allreduce_init"):
+                mine = form == "every rank in place" or rank % 2 == 1
+                out = pairs if mine else np.empty_like(pairs)
+                send = MPI.IN_PLACE if mine and form != "spec twice" \
+                    else [pairs, MPI.TWOINT]
+                args = (send, [out, MPI.TWOINT], MPI.MAXLOC)
+                req = xcomm.Allreduce_init(*args) \
+                    if call == "Allreduce_init" else None
+                err = None
+                for start in range(2 if req else 1):
+                    pairs[:, 0], pairs[:, 1] = vals[rank] + start, rank
+                    if req:
+                        req.Start()
+                        req.Wait()
+                    else:
+                        xcomm.Allreduce(*args)
+                    if not (np.array_equal(out[:, 0], best + start) and
+                            np.array_equal(out[:, 1], where)):
+                        err = f"#{start}: got {out[:3].tolist()}"
+                if req:
+                    req.Free()
+                v.case(f"fallback MAXLOC {call}, '{form}' on the odd ranks",
+                       err)
 
 
 def mpi4py_requests_kept(xcomm, op, v):
