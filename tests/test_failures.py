@@ -942,13 +942,16 @@ def test_large_reductions_that_disagree_fail_at_once(disagreeing, case,
 @pytest.mark.parametrize("n", [4, 1024])
 @pytest.mark.parametrize("case", ["allreduce-ops", "reduce-ops",
                                   "allreduce-dtypes", "barrier-allreduce",
-                                  "barrier-bor"])
+                                  "barrier-bor", "allreduce-user-op",
+                                  "allreduce-no-kernel"])
 def test_small_reductions_that_disagree_on_op_or_dtype_fail(disagreeing,
                                                             case, n):
     """Rank 1 passes another op or dtype (of the same size) to a small
     reduction, inline (4 elements) or through the slots (1024), or meets
     it with a Barrier (even against the uint8 BOR a Barrier is built
-    as): the ranks that read its part, and rank 1 reading theirs, fail
+    as), or alone passes an op or dtype with no kernel (so that it alone
+    falls back, and meets their reduction in the core): the ranks that
+    read its part, and rank 1 reading theirs, fail
     at once, naming the difference (a Barrier's used to be a
     MPITruncateError); a Reduce's non-roots, which read nothing,
     return, unless one waits on the root to finish an earlier call (the

@@ -160,6 +160,15 @@ def readonly(a):
     return a
 
 
+def _user_sum(inbuf, outbuf, datatype):
+    out = np.frombuffer(outbuf, datatype.tocode())
+    out += np.frombuffer(inbuf, datatype.tocode())
+
+
+# An op without a kernel: these calls go to mpi4py (falling back).
+USUM = MPI.Op.Create(_user_sum, commute=True)
+
+
 def run_case(case, fn):
     """Call FN; report the exception it raised (or None) and its time."""
     t0 = time.monotonic()
@@ -1037,6 +1046,13 @@ SMALL_DISAGREE = [
     # The uint8 BOR that a Barrier is built as, but for its size.
     ("barrier-bor", lambda c, a, b: c.Barrier() if RANK == 1
      else c.Allreduce(a.view("u1"), b.view("u1"), MPI.BOR)),
+    # Rank 1 alone falls back (to mpi4py, whose ranks meet in the core
+    # first): an op, or a dtype, with no kernel.
+    ("allreduce-user-op", lambda c, a, b: c.Allreduce(
+        a, b, USUM if RANK == 1 else MPI.SUM)),
+    ("allreduce-no-kernel", lambda c, a, b: c.Allreduce(
+        a.astype(np.longdouble), b.astype(np.longdouble)) if RANK == 1
+     else c.Allreduce(a, b)),
 ]
 
 
@@ -1114,14 +1130,6 @@ ONE_RANK_REFUSES = [
      lambda c, a, b: c.Allreduce(a, np.zeros(4, np.complex128))),
 ]
 
-
-def _user_sum(inbuf, outbuf, datatype):
-    out = np.frombuffer(outbuf, datatype.tocode())
-    out += np.frombuffer(inbuf, datatype.tocode())
-
-
-# An op without a kernel: these calls go to mpi4py (falling back).
-USUM = MPI.Op.Create(_user_sum, commute=True)
 
 # Falling back, rank 1 refuses (the first call) where its peers go to
 # mpi4py (the second).
