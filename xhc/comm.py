@@ -351,10 +351,12 @@ class Comm(HotComm):
         alone, together = (f and staged(functools.partial(fn, *f[0]), *f[1:])
                            for f in self._for_mpi4py(name, args))
         mine, agreed = in_place(args[0]), ffi.new("int32_t[1]")
+        me = weakref.ref(self)  # kept in its plans: no cycle through them
 
-        def run():
-            self._fallbacks += 1
-            call = together if self._meet(name, mine, agreed) and together \
+        def run():  # called by this object's call, which holds it
+            comm = me()
+            comm._fallbacks += 1
+            call = together if comm._meet(name, mine, agreed) and together \
                 else alone
             try:
                 call()

@@ -2388,11 +2388,29 @@ def kept_fallback_cases(xcomm, comm, v):
             calls += 1
             if not want:
                 bad.append(f"call {i}: got {got[:3]}")
-    usum.Free()
     counted = xcomm.stats["fallback"] - before
     v.case("a kept fallback reduction, with IN_PLACE on some ranks, and "
            "resized", "; ".join(bad) if bad else None if counted == calls
            else f"stats['fallback'] counted {counted} of {calls} calls")
+    # What it keeps holds no reference to its xhc.Comm: one dropped
+    # without free() goes at once, not at the next garbage collection.
+    gc.disable()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            dropped = xhc.Comm(comm)
+            for _ in range(2):
+                dropped.Allreduce(a, b, usum)
+        gone = weakref.ref(dropped)
+        del dropped
+        left = gone()
+    finally:
+        gc.enable()
+    if left is not None:
+        left.free()
+    v.case("an xhc.Comm with a kept fallback goes when dropped",
+           None if left is None else "it lives on in a reference cycle")
+    usum.Free()
 
 
 def fallback_warning_as_error(comm, v):
