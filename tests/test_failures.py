@@ -1452,6 +1452,21 @@ def test_an_interrupt_between_an_object_calls_exchanges_takes_the_second(
     assert rep[0]["after"] == rep[1]["after"] == "3", rep
 
 
+@pytest.mark.parametrize("run", ["first", "kept"])
+def test_an_interrupt_while_a_fallbacks_ranks_meet_takes_the_call(args2,
+                                                                  run):
+    """Rank 1, interrupted while it waits for rank 0 in the meeting before
+    a call that goes to mpi4py (kept from a first call or not), makes the
+    MPI call all the same, then raises: both get the sum, and the next
+    call is right on both."""
+    check_completed(args2)
+    rep = args2.by_rank("FALLBACK-INTERRUPTED", run)
+    assert sorted(rep) == [0, 1], args2.output()
+    assert rep[0]["exc"] == "None" and rep[1]["exc"] == "_Alarm", rep
+    assert rep[0]["right"] == rep[1]["right"] == "True", rep
+    assert rep[0]["after"] == rep[1]["after"] == "3", rep
+
+
 def test_free_while_a_call_is_planned_stops_the_call(args2):
     """free() from one thread between another thread's planning of a call
     and its core call: the call raises instead of running on the closed

@@ -1412,6 +1412,52 @@ static PyObject *run_staged(PyObject *mod, PyObject *const *args,
     return rc;
 }
 
+/* met_then(agree, ctx, agreed, mine, alone, together): the ranks of a
+ * call that goes to mpi4py meet in the core first (Comm._meet_then):
+ * AGREE (the address of xhc_agree) on the context at CTX, with *AGREED
+ * (an int32_t's address) set to MINE (does this rank pass IN_PLACE?),
+ * run as a core call from here is, the GIL let go once the wait blocks.
+ * On an error code, return (code, None); else (0, what TOGETHER()
+ * returns where every rank passes IN_PLACE and TOGETHER is not None,
+ * else ALONE()).  In C, so that no bytecode runs between the meeting
+ * and mpi4py's call: a signal handler that fires while the ranks meet
+ * runs once the call is over, and never keeps this rank from an MPI
+ * call its peers went on to. */
+static PyObject *met_then(PyObject *mod, PyObject *const *args,
+                          Py_ssize_t nargs)
+{
+    (void)mod;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "met_then(agree, ctx, agreed, "
+                        "mine, alone, together)");
+        return NULL;
+    }
+    int (*agree)(void *, int32_t *) =
+        (int (*)(void *, int32_t *))(uintptr_t)PyLong_AsVoidPtr(args[0]);
+    void *ctx = PyLong_AsVoidPtr(args[1]);
+    int32_t *agreed = PyLong_AsVoidPtr(args[2]);
+    int mine = PyObject_IsTrue(args[3]);
+    if (!PyErr_Occurred() && (!agree || !ctx || !agreed))
+        PyErr_SetString(PyExc_ValueError, "met_then: a null address");
+    if (PyErr_Occurred() || mine < 0)
+        return NULL;
+    *agreed = mine;
+    hot_running = 1;
+    int rc = agree(ctx, agreed);
+    hot_running = 0;
+    if (hot_released) {
+        PyEval_RestoreThread(hot_released);
+        hot_released = NULL;
+    }
+    if (rc)
+        return Py_BuildValue("iO", rc, Py_None);
+    PyObject *call = *agreed && args[5] != Py_None ? args[5] : args[4];
+    PyObject *res = PyObject_CallNoArgs(call);
+    if (!res)
+        return NULL;
+    return Py_BuildValue("iN", 0, res);
+}
+
 static PyMethodDef module_methods[] = {
     {"bind_plain", bind_plain, METH_VARARGS,
      "Bind the table of plain arrays' dtypes and ops."},
@@ -1424,6 +1470,8 @@ static PyMethodDef module_methods[] = {
     {"run_staged", (PyCFunction)(void (*)(void))run_staged, METH_FASTCALL,
      "Fill the staged copies, run the call, write back: no bytecode\n"
      "between, so a signal handler runs once the result is whole."},
+    {"met_then", (PyCFunction)(void (*)(void))met_then, METH_FASTCALL,
+     "Meet in the core, then make mpi4py's call: no bytecode between."},
     {NULL, NULL, 0, NULL},
 };
 

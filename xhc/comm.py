@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from . import (_core, config, debug, exchange, hierarchy, nodes, objects,
                topology)
-from ._hot import (HotComm, bind_plain, block_hook, kept_holds,
+from ._hot import (HotComm, bind_plain, block_hook, kept_holds, met_then,
                    progress_hook, set_progress)
 from ._xhc import ffi, lib
 from .arena import in_arena
@@ -50,6 +50,7 @@ _EVERYWHERE = ("split_nodes", "debug")
 _run = lib.xhc_run
 _barrier = lib.xhc_barrier
 _agree = lib.xhc_agree
+_AGREE_AT = address(ffi.addressof(lib, "xhc_agree"))
 _barrier_fn = ffi.addressof(lib, "xhc_barrier")
 _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
 _PROGRESS_HOOK = ffi.cast("void (*)(void *)", progress_hook)
@@ -326,9 +327,9 @@ class Comm(HotComm):
                 return Request(run, blocking, self, bind=(0, 0, 0, 0, run))
         self._warn(f"{name}: {self._why}")
         if name in _ROOT_ARG:  # a blocking reduction: kept, as a plan is
-            run = self._mpi4py_run(name, args)
+            run, held = self._mpi4py_run(name, args)
             if all(type(a) in KEEPABLE for a in args):
-                self._keep_run(name, args, run)
+                self._keep_run(name, args, run, held)
             self._in_core(run)
             return None
         return self._request_of_mpi4py(name, args)
@@ -341,28 +342,29 @@ class Comm(HotComm):
         return self._mpi4py_call(getattr(self._comm, name), *args)
 
     def _mpi4py_run(self, name, args):
-        """What runs blocking reduction NAME on ARGS through mpi4py, for
-        this call and (_keep_run) later ones on the same arrays: the ranks
-        meet (_meet), then each hands mpi4py its buffers in one form
-        (_for_mpi4py), IN_PLACE if every rank passes it."""
+        """(what runs blocking reduction NAME on ARGS through mpi4py, for
+        this call and (_keep_run) later ones on the same arrays, the
+        buffers it holds): the ranks meet (_meet_then), then each hands
+        mpi4py its buffers in one form (_for_mpi4py), IN_PLACE if every
+        rank passes it."""
         if name == "Reduce":
             self._root_takes_part(name, *args)
-        fn = getattr(self._comm, name)
+        fn, forms = getattr(self._comm, name), self._for_mpi4py(name, args)
         alone, together = (f and staged(functools.partial(fn, *f[0]), *f[1:])
-                           for f in self._for_mpi4py(name, args))
+                           for f in forms)
+        held = [b[0] if isinstance(b, list) else b
+                for f in forms if f for b in f[0][:2]]
         mine, agreed = in_place(args[0]), ffi.new("int32_t[1]")
         me = weakref.ref(self)  # kept in its plans: no cycle through them
 
         def run():  # called by this object's call, which holds it
             comm = me()
             comm._fallbacks += 1
-            call = together if comm._meet(name, mine, agreed) and together \
-                else alone
-            try:
-                call()
+            try:  # what a signal handler raises as the meeting ends too
+                comm._meet_then(name, mine, alone, together, agreed, True)
             except BaseException as exc:
                 raise settled(exc)
-        return run
+        return run, held
 
     def _request_of_mpi4py(self, name, args):
         """The request of NAME (a reduction's *_init) on ARGS: mpi4py's,
@@ -372,16 +374,18 @@ class Comm(HotComm):
         blocking = name[:-5]
         if blocking == "Reduce":
             self._root_takes_part(name, *args[:4])
-        alone, together = self._for_mpi4py(blocking, args)
-        args, loads, stores = together if self._meet(
-            name, in_place(args[0])) and together else alone
-        call = functools.partial(self._mpi4py_call, getattr(self._comm, name),
-                                 *args)
+        forms, fn = self._for_mpi4py(blocking, args), getattr(self._comm, name)
+        agreed = ffi.new("int32_t[1]")
+        try:
+            mpi_request = self._meet_then(name, in_place(args[0]), *(
+                f and functools.partial(fn, *f[0]) for f in forms), agreed)
+        except BaseException as exc:
+            raise settled(exc)
+        _, loads, stores = forms[1] if agreed[0] and forms[1] else forms[0]
         if not (loads or stores):
-            return call()
+            return mpi_request
         # MPI's request, started and completed between the load and the
         # store of its copies: every rank's is MPI's, so they match.
-        mpi_request = call()
         run = staged(functools.partial(self._mpi4py_call, _start_wait,
                                        mpi_request), loads, stores)
         return OverMPI(run, f"{blocking} (through mpi4py)", self,
@@ -389,12 +393,12 @@ class Comm(HotComm):
 
     def _root_takes_part(self, name, sendbuf, recvbuf, op, root):
         """At a fallback Reduce's root, a receive buffer xhc's own path
-        refuses: only the root sees it, so it meets its peers (_meet),
+        refuses: only the root sees it, so it meets its peers (_meet_then),
         takes part into new memory, then raises, and they stay in step
         (mpi4py would raise at the root alone, and match their next Reduce
         with this one).  A Reduce_init's root raises before it meets
         them: MPI matches a request's Start() with no blocking call, so
-        they time out in _meet as for any rank that refused the call."""
+        they time out in _meet_then as for any rank that refused the call."""
         if not _same_rank(root, self._comm.rank):
             return
         mine = in_place(sendbuf)  # then RECVBUF holds the root's part
@@ -404,38 +408,48 @@ class Comm(HotComm):
             send, load, _ = for_mpi4py(part)
             if load is not None:
                 load()
-            self._meet(name, mine)
-            self._mpi4py_call(self._comm.Reduce, send, blank_like(send), op,
-                              root)
+            self._fallbacks += 1
+            try:
+                self._meet_then(name, mine, functools.partial(
+                    self._comm.Reduce, send, blank_like(send), op, root),
+                    None, ffi.new("int32_t[1]"))
+            except BaseException as exc:
+                raise settled(exc)
         # Resolved as the plan resolved it before it fell back.
         _checked_root_recv(_resolved(part, "Reduce", "recvbuf" if mine
                                      else "sendbuf"), recvbuf, mine,
                            None if name == "Reduce_init" else take_part)
 
-    def _meet(self, name, mine, agreed=None):
-        """Before a fallback's first MPI call, its ranks meet in the core
-        (xhc_agree; on AGREED, if given by a run, which its caller counts
-        as under way, as _in_core does): a rank that raised about its own
-        arguments has withdrawn from this collective, so they time out
-        there, as in xhc's own, rather than wait in MPI for it for ever.
-        The meeting answers whether every rank passes IN_PLACE (MINE:
-        this one does): then each passes it on (an Allreduce's copies
-        nothing, and an Allreduce_init keeps mpi4py's own request: one
-        that copies is xhc's, which mpi4py's Prequest.Startall and
-        Request.Waitall refuse).  Over several nodes, MPI answers that
-        for an Allreduce_init, and the ranks do not otherwise meet."""
+    def _meet_then(self, name, mine, alone, together, agreed,
+                   counted=False):
+        """ALONE(), or TOGETHER() (if not None) where every rank passes
+        IN_PLACE (MINE: this one does), once the ranks of fallback NAME
+        have met in the core (met_then, in C: no bytecode between, so no
+        signal handler keeps this rank from the call its peers went on
+        to).  A rank that raised about its own arguments has withdrawn
+        from the meeting, so they time out there, as in xhc's own
+        collectives, rather than wait in MPI for it for ever.  AGREED, an
+        int32_t[1], says then whether every rank passes IN_PLACE: an
+        Allreduce's pass it on and copy nothing, and an Allreduce_init
+        keeps mpi4py's own request (one that copies is xhc's, which
+        mpi4py's Prequest.Startall and Request.Waitall refuse).  COUNTED:
+        the caller counts the call as under way, as _in_core does.  Over
+        several nodes, MPI answers that for an Allreduce_init, and the
+        ranks do not otherwise meet."""
         if self._nodes is None:
-            if agreed is None:
-                agreed = ffi.new("int32_t[1]", [mine])
-                rc = self._in_core(_agree, self._ctx, agreed)
-            else:
-                agreed[0] = mine
-                rc = _agree(self._ctx, agreed)
+            met = (_AGREE_AT, address(self._ctx), address(agreed), mine,
+                   alone, together)
+            rc, res = met_then(*met) if counted else self._in_core(met_then,
+                                                                   *met)
             if rc:
                 self._raise(rc, name)
-            return agreed[0] != 0
-        if name != "Allreduce_init":
-            return False
+            return res
+        agreed[0] = name == "Allreduce_init" and self._all_in_place(mine)
+        return self._in_core(together if agreed[0] and together else alone)
+
+    def _all_in_place(self, mine):
+        """Does every rank pass IN_PLACE (MINE: this one does)?  Asked of
+        MPI, where the ranks do not meet in the core."""
         every = np.array([mine], np.int32)
         self._mpi4py_call(self._comm.Allreduce, MPI.IN_PLACE, every, MPI.MIN)
         return bool(every[0])
@@ -536,9 +550,10 @@ class Comm(HotComm):
             self._keep_run(name, args, run)
         return run
 
-    def _keep_run(self, name, args, run):
+    def _keep_run(self, name, args, run, held=()):
         """Keep RUN for ARGS where xhc/_hot.c looks for their plan, laid
-        out as one: (*ARGS, RUN, no call, bytes kept alive, not kept (an
+        out as one: (*ARGS, RUN, no call, bytes kept alive (of ARGS and of
+        the other buffers HELD, such as a copy RUN sends), not kept (an
         array that goes through a copy, as a plan that stages is not: the
         guard would pass it reshaped in place, which the copy no longer
         fits), (guard, dtypes), guard address, call address 0, which has
@@ -556,7 +571,7 @@ class Comm(HotComm):
                        else self._reduce_plans, id(args[0])))
         copied = any(type(a) is np.ndarray and stages(a) for a in args)
         self._remember(plans, key, (
-            *args, run, None, self._bytes_kept_alive(args),
+            *args, run, None, self._bytes_kept_alive([*args, *held]),
             copied or not kept_holds(at, args), (guard, dtypes), at, 0))
 
     def _raised_across(self, exc):

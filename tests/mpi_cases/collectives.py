@@ -2349,6 +2349,28 @@ def suite_fallback(world, comm, v, sz, args):
     fallback_warning_as_error(comm, v)
 
 
+def dropped_lives_on(comm, calls):
+    """Does an xhc.Comm of COMM that made CALLS fallback Allreduces on the
+    same arrays live on, with the garbage collector off, once dropped?"""
+    usum = MPI.Op.Create(lambda a, b, t: None, commute=True)
+    a, b = np.zeros(4), np.zeros(4)
+    gc.disable()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            dropped = xhc.Comm(comm)
+            for _ in range(calls):
+                dropped.Allreduce(a, b, usum)
+        gone = weakref.ref(dropped)
+        del dropped
+        left = gone() is not None
+    finally:
+        gc.enable()
+    gc.collect()  # as it would go in time (its free() is collective)
+    usum.Free()
+    return left
+
+
 def kept_fallback_cases(xcomm, comm, v):
     """A fallback reduction called again on the same arrays runs what the
     first call kept (from xhc/_hot.c): on every call its ranks meet, and
@@ -2392,24 +2414,36 @@ def kept_fallback_cases(xcomm, comm, v):
     v.case("a kept fallback reduction, with IN_PLACE on some ranks, and "
            "resized", "; ".join(bad) if bad else None if counted == calls
            else f"stats['fallback'] counted {counted} of {calls} calls")
+    # A rank in place where the others are not sends a copy, which the
+    # kept run holds: it counts in the plans' budget of bytes kept alive.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        before = xcomm._plan_bytes
+        big = np.zeros(1 << 16)
+        xcomm.Allreduce(MPI.IN_PLACE if rank == 0 else big.copy(), big,
+                        usum)
+        grew = xcomm._plan_bytes - before
+    v.case("a kept fallback's copy counts in the plans' budget",
+           None if grew >= big.nbytes * (2 if rank == 0 else 1)
+           else f"the plans' bytes grew by {grew}")
+    # A Reduce root whose receive buffer is bad takes part: counted.
+    before = xcomm.stats["fallback"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        refused = raises(ValueError, xcomm.Reduce, a, np.zeros(
+            a.size, np.float32) if rank == 0 else None, usum, 0) \
+            if rank == 0 else xcomm.Reduce(a, None, usum, 0)
+    counted = xcomm.stats["fallback"] - before
+    v.case("a fallback Reduce whose root refuses its buffer counts",
+           refused or (None if counted == 1 else f"counted {counted}"))
     # What it keeps holds no reference to its xhc.Comm: one dropped
-    # without free() goes at once, not at the next garbage collection.
-    gc.disable()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            dropped = xhc.Comm(comm)
-            for _ in range(2):
-                dropped.Allreduce(a, b, usum)
-        gone = weakref.ref(dropped)
-        del dropped
-        left = gone()
-    finally:
-        gc.enable()
-    if left is not None:
-        left.free()
+    # without free() goes at once, not at the next garbage collection,
+    # as one that made no call does (under XHC_DEBUG, or over several
+    # nodes, neither does).
+    left = [dropped_lives_on(comm, calls) for calls in (0, 2)]
     v.case("an xhc.Comm with a kept fallback goes when dropped",
-           None if left is None else "it lives on in a reference cycle")
+           None if left in ([False, False], [True, True])
+           else f"lives on, after 0 and 2 calls: {left}")
     usum.Free()
 
 

@@ -1561,6 +1561,8 @@ def suite_free_busy(xc):
     interrupted_start(xc, True)
     for kind in ("allreduce", "reduce", "bcast"):
         interrupted_object_call(xc, kind)
+    for kept in (False, True):
+        interrupted_fallback(xc, kept)
     return xc
 
 
@@ -1605,6 +1607,44 @@ def interrupted_object_call(xc, kind):
     after = c.allreduce(RANK + 1)
     emit("OBJECT-INTERRUPTED", kind, f"rank={RANK}", f"exc={outcome}",
          f"right={right}", f"after={after}")
+    c.free()
+
+
+def interrupted_fallback(xc, kept):
+    """A signal handler raises on rank 1 while it waits, in a call that
+    goes to mpi4py (of long doubles, which have no kernel), for rank 0 to
+    meet it in the core (0.5 s late); KEPT: a run the first call kept.
+    Rank 1 makes the MPI call all the same, then raises, as under
+    mpi4py: both get the sum, and the next call is right on both.
+    Before, rank 1 raised between the meeting and MPI's call, and rank 0
+    waited in MPI for ever.  (A handler that raises while MPI runs a
+    user-defined op written in Python makes mpi4py abort.)"""
+    c = xc.Dup()
+    a, b = (np.full(4, v, np.longdouble) for v in (RANK + 1.0, 0.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if kept:
+            c.Allreduce(a, b)
+        b[:] = 0
+        old = signal.signal(signal.SIGALRM, _raise_alarm)
+        W.Barrier()
+        try:
+            if RANK == 1:
+                signal.setitimer(signal.ITIMER_REAL, 0.1)
+            else:
+                time.sleep(0.5)
+            c.Allreduce(a, b)
+            outcome = "None"
+        except BaseException as exc:  # noqa: BLE001 -- reported
+            outcome = type(exc).__name__
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        right = b[0] == SIZE * (SIZE + 1) / 2
+        c.Allreduce(a, b)
+    emit("FALLBACK-INTERRUPTED", "kept" if kept else "first",
+         f"rank={RANK}", f"exc={outcome}", f"right={right}",
+         f"after={b[0]:g}")
     c.free()
 
 
