@@ -354,14 +354,14 @@ class Comm(HotComm):
                            for f in forms)
         held = [b[0] if isinstance(b, list) else b
                 for f in forms if f for b in f[0][:2]]
-        mine, agreed = in_place(args[0]), ffi.new("int32_t[1]")
+        met = self._met(in_place(args[0]), alone, together)
         me = weakref.ref(self)  # kept in its plans: no cycle through them
 
         def run():  # called by this object's call, which holds it
             comm = me()
             comm._fallbacks += 1
             try:  # what a signal handler raises as the meeting ends too
-                comm._meet_then(name, mine, alone, together, agreed, True)
+                comm._meet_then(name, met, True)
             except BaseException as exc:
                 raise settled(exc)
         return run, held
@@ -375,13 +375,13 @@ class Comm(HotComm):
         if blocking == "Reduce":
             self._root_takes_part(name, *args[:4])
         forms, fn = self._for_mpi4py(blocking, args), getattr(self._comm, name)
-        agreed = ffi.new("int32_t[1]")
+        met = self._met(in_place(args[0]), *(
+            f and functools.partial(fn, *f[0]) for f in forms))
         try:
-            mpi_request = self._meet_then(name, in_place(args[0]), *(
-                f and functools.partial(fn, *f[0]) for f in forms), agreed)
+            mpi_request = self._meet_then(name, met)
         except BaseException as exc:
             raise settled(exc)
-        _, loads, stores = forms[1] if agreed[0] and forms[1] else forms[0]
+        _, loads, stores = forms[1] if met[-1][0] and forms[1] else forms[0]
         if not (loads or stores):
             return mpi_request
         # MPI's request, started and completed between the load and the
@@ -410,9 +410,9 @@ class Comm(HotComm):
                 load()
             self._fallbacks += 1
             try:
-                self._meet_then(name, mine, functools.partial(
+                self._meet_then(name, self._met(mine, functools.partial(
                     self._comm.Reduce, send, blank_like(send), op, root),
-                    None, ffi.new("int32_t[1]"))
+                    None))
             except BaseException as exc:
                 raise settled(exc)
         # Resolved as the plan resolved it before it fell back.
@@ -420,30 +420,35 @@ class Comm(HotComm):
                                      else "sendbuf"), recvbuf, mine,
                            None if name == "Reduce_init" else take_part)
 
-    def _meet_then(self, name, mine, alone, together, agreed,
-                   counted=False):
+    def _met(self, mine, alone, together):
+        """What _meet_then takes: met_then's arguments, then the int32_t[1]
+        on which the ranks agree."""
+        agreed = ffi.new("int32_t[1]")
+        return (_AGREE_AT, address(self._ctx), address(agreed), mine,
+                alone, together, agreed)
+
+    def _meet_then(self, name, met, counted=False):
         """ALONE(), or TOGETHER() (if not None) where every rank passes
         IN_PLACE (MINE: this one does), once the ranks of fallback NAME
         have met in the core (met_then, in C: no bytecode between, so no
         signal handler keeps this rank from the call its peers went on
-        to).  A rank that raised about its own arguments has withdrawn
-        from the meeting, so they time out there, as in xhc's own
-        collectives, rather than wait in MPI for it for ever.  AGREED, an
-        int32_t[1], says then whether every rank passes IN_PLACE: an
-        Allreduce's pass it on and copy nothing, and an Allreduce_init
-        keeps mpi4py's own request (one that copies is xhc's, which
-        mpi4py's Prequest.Startall and Request.Waitall refuse).  COUNTED:
-        the caller counts the call as under way, as _in_core does.  Over
-        several nodes, MPI answers that for an Allreduce_init, and the
-        ranks do not otherwise meet."""
+        to); MET (_met) holds them.  A rank that raised about its own
+        arguments has withdrawn from the meeting, so they time out there,
+        as in xhc's own collectives, rather than wait in MPI for it for
+        ever.  AGREED, MET's last, says then whether every rank passes
+        IN_PLACE: an Allreduce's pass it on and copy nothing, and an
+        Allreduce_init keeps mpi4py's own request (one that copies is
+        xhc's, which mpi4py's Prequest.Startall and Request.Waitall
+        refuse).  COUNTED: the caller counts the call as under way, as
+        _in_core does.  Over several nodes, MPI answers that for an
+        Allreduce_init, and the ranks do not otherwise meet."""
         if self._nodes is None:
-            met = (_AGREE_AT, address(self._ctx), address(agreed), mine,
-                   alone, together)
-            rc, res = met_then(*met) if counted else self._in_core(met_then,
-                                                                   *met)
+            rc, res = met_then(*met[:6]) if counted else self._in_core(
+                met_then, *met[:6])
             if rc:
                 self._raise(rc, name)
             return res
+        mine, alone, together, agreed = met[3:]
         agreed[0] = name == "Allreduce_init" and self._all_in_place(mine)
         return self._in_core(together if agreed[0] and together else alone)
 
