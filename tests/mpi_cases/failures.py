@@ -1585,29 +1585,36 @@ def interrupted_object_call(xc, kind):
     c = xc.Dup()
     big = np.arange(3000) + RANK  # some 24 KB of pickle
     want = sum(np.arange(3000) + r for r in range(SIZE))
+    got = []
+    outcome = _alarmed_on_rank1(lambda: got.append(
+        c.allreduce(big) if kind == "allreduce" else
+        c.reduce(big, root=0) if kind == "reduce" else
+        c.bcast(big if RANK == 0 else None, root=0)))
+    right = got != [] and got[0] is not None and np.array_equal(
+        got[0], np.arange(3000) if kind == "bcast" else want)
+    after = c.allreduce(RANK + 1)
+    emit("OBJECT-INTERRUPTED", kind, f"rank={RANK}", f"exc={outcome}",
+         f"right={right}", f"after={after}")
+    c.free()
+
+
+def _alarmed_on_rank1(call):
+    """CALL() on every rank, where a signal handler raises _Alarm on rank
+    1 0.1 s in, and the others come 0.5 s late: what it raised there."""
     old = signal.signal(signal.SIGALRM, _raise_alarm)
     W.Barrier()
-    got = None
     try:
         if RANK == 1:
             signal.setitimer(signal.ITIMER_REAL, 0.1)
         else:
             time.sleep(0.5)
-        got = c.allreduce(big) if kind == "allreduce" else \
-            c.reduce(big, root=0) if kind == "reduce" else \
-            c.bcast(big if RANK == 0 else None, root=0)
-        outcome = "None"
+        call()
+        return "None"
     except BaseException as exc:  # noqa: BLE001 -- reported
-        outcome = type(exc).__name__
+        return type(exc).__name__
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-    right = got is not None and np.array_equal(
-        got, np.arange(3000) if kind == "bcast" else want)
-    after = c.allreduce(RANK + 1)
-    emit("OBJECT-INTERRUPTED", kind, f"rank={RANK}", f"exc={outcome}",
-         f"right={right}", f"after={after}")
-    c.free()
 
 
 def interrupted_fallback(xc, kept):
@@ -1626,20 +1633,7 @@ def interrupted_fallback(xc, kept):
         if kept:
             c.Allreduce(a, b)
         b[:] = 0
-        old = signal.signal(signal.SIGALRM, _raise_alarm)
-        W.Barrier()
-        try:
-            if RANK == 1:
-                signal.setitimer(signal.ITIMER_REAL, 0.1)
-            else:
-                time.sleep(0.5)
-            c.Allreduce(a, b)
-            outcome = "None"
-        except BaseException as exc:  # noqa: BLE001 -- reported
-            outcome = type(exc).__name__
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
+        outcome = _alarmed_on_rank1(lambda: c.Allreduce(a, b))
         right = b[0] == SIZE * (SIZE + 1) / 2
         c.Allreduce(a, b)
     emit("FALLBACK-INTERRUPTED", "kept" if kept else "first",
