@@ -313,7 +313,8 @@ def blank_like(obj):
 def copy_like(obj):
     """(new memory in the form of OBJ (blank_like), the load that fills
     it with OBJ's contents): what an Allreduce that falls back sends
-    from a rank that passed IN_PLACE where its peers did not."""
+    from a rank that passed IN_PLACE where its peers did not, or one
+    buffer as both."""
     new = blank_like(obj)
     src, dst = (x[0] if isinstance(x, (list, tuple)) else x
                 for x in (obj, new))

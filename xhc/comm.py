@@ -531,9 +531,8 @@ class Comm(HotComm):
             return together, None
         send = sent[0]
         if receives and np.may_share_memory(send, got[0]):
-            send = np.empty_like(send)  # a compiled copy, as staging's
-            loads = [*loads, functools.partial(operator.setitem, send,
-                                               Ellipsis, sent[0])]
+            send, load = copy_like(send)
+            loads = [*loads, load]
         # mpi4py wants one datatype for both buffers: the receive one's.
         return ([[send, send.size, got[1] if receives else sent[1]], *rest],
                 loads, stores), together
