@@ -360,10 +360,7 @@ class Comm(HotComm):
         def run():  # called by this object's call, which holds it
             comm = me()
             comm._fallbacks += 1
-            try:  # what a signal handler raises as the meeting ends too
-                comm._meet_then(name, met, True)
-            except BaseException as exc:
-                raise settled(exc)
+            comm._meet_then(name, met, True)
         return run, held
 
     def _request_of_mpi4py(self, name, args):
@@ -377,10 +374,7 @@ class Comm(HotComm):
         forms, fn = self._for_mpi4py(blocking, args), getattr(self._comm, name)
         met = self._met(in_place(args[0]), *(
             f and functools.partial(fn, *f[0]) for f in forms))
-        try:
-            mpi_request = self._meet_then(name, met)
-        except BaseException as exc:
-            raise settled(exc)
+        mpi_request = self._meet_then(name, met)
         _, loads, stores = forms[1] if met[-1][0] and forms[1] else forms[0]
         if not (loads or stores):
             return mpi_request
@@ -409,12 +403,8 @@ class Comm(HotComm):
             if load is not None:
                 load()
             self._fallbacks += 1
-            try:
-                self._meet_then(name, self._met(mine, functools.partial(
-                    self._comm.Reduce, send, blank_like(send), op, root),
-                    None))
-            except BaseException as exc:
-                raise settled(exc)
+            self._meet_then(name, self._met(mine, functools.partial(
+                self._comm.Reduce, send, blank_like(send), op, root), None))
         # Resolved as the plan resolved it before it fell back.
         _checked_root_recv(_resolved(part, "Reduce", "recvbuf" if mine
                                      else "sendbuf"), recvbuf, mine,
@@ -441,16 +431,23 @@ class Comm(HotComm):
         xhc's, which mpi4py's Prequest.Startall and Request.Waitall
         refuse).  COUNTED: the caller counts the call as under way, as
         _in_core does.  Over several nodes, MPI answers that for an
-        Allreduce_init, and the ranks do not otherwise meet."""
-        if self._nodes is None:
-            rc, res = met_then(*met[:6]) if counted else self._in_core(
-                met_then, *met[:6])
-            if rc:
-                self._raise(rc, name)
-            return res
-        mine, alone, together, agreed = met[3:]
-        agreed[0] = name == "Allreduce_init" and self._all_in_place(mine)
-        return self._in_core(together if agreed[0] and together else alone)
+        Allreduce_init, and the ranks do not otherwise meet.  What it
+        raises (a signal handler's, as the meeting ends, too) is settled:
+        this rank took part."""
+        try:
+            if self._nodes is None:
+                rc, res = met_then(*met[:6]) if counted else self._in_core(
+                    met_then, *met[:6])
+                if rc:
+                    self._raise(rc, name)
+                return res
+            mine, alone, together, agreed = met[3:]
+            agreed[0] = name == "Allreduce_init" and \
+                self._all_in_place(mine)
+            return self._in_core(together if agreed[0] and together
+                                 else alone)
+        except BaseException as exc:
+            raise settled(exc)
 
     def _all_in_place(self, mine):
         """Does every rank pass IN_PLACE (MINE: this one does)?  Asked of
