@@ -283,6 +283,9 @@ int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
     int rc = xhc_red_init(&r, count, dtype, op);
     if (rc || count == 0)
         return rc;
+    int topic = (flags & ~XHC_CALL_UNCOUNTED) >> XHC_CALL_TOPIC_SHIFT;
+    if (topic) /* an agreement, told apart from every other call */
+        xhc_red_mark(&r, XHC_WHAT_AGREE + topic - 1);
     if (ctx->nranks == 1) {
         if (rbuf != sbuf)
             memcpy(rbuf, sbuf, r.nbytes);
@@ -319,9 +322,14 @@ int xhc_allreduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
     return xhc_allreduce_with(ctx, sbuf, rbuf, count, dtype, op, 0);
 }
 
-int xhc_agree(xhc_ctx_t *ctx, int32_t *value)
+int xhc_agree(xhc_ctx_t *ctx, int32_t *value, int topic)
 {
+    if (!ctx)
+        return XHC_ERR_FREED;
+    if (topic < 0 || topic >= XHC_AGREE_TOPICS)
+        return XHC_ERR_ARG;
     int32_t mine = *value;
-    return xhc_allreduce_with(ctx, &mine, value, 1, XHC_INT32, XHC_MIN,
-                              XHC_CALL_UNCOUNTED);
+    return xhc_reduction(ctx, XHC_ALLREDUCE, &mine, value, 1, XHC_INT32,
+                         XHC_MIN, -1, XHC_CALL_AGREEMENT(topic),
+                         xhc_allreduce_small);
 }

@@ -459,8 +459,12 @@ struct xhc_red {
 /* A Barrier's, which is no op on any dtype: a peer in an Allreduce of
  * the same op and dtype as the Barrier's lines is in another collective. */
 #define XHC_WHAT_BARRIER (1 + XHC_NOPS * XHC_NDTYPES)
-_Static_assert(XHC_WHAT_BARRIER <= XHC_WHAT_MASK,
-               "an op and a dtype, or a Barrier, fit the size's what bits");
+/* An agreement's (xhc_agree), one for each topic: no call of the
+ * caller's, and no agreement on another topic, pairs with it. */
+#define XHC_WHAT_AGREE (XHC_WHAT_BARRIER + 1)
+_Static_assert(XHC_WHAT_AGREE + XHC_AGREE_TOPICS - 1 <= XHC_WHAT_MASK,
+               "an op and a dtype, a Barrier, or an agreement's topic fit "
+               "the size's what bits");
 /* Make WHAT the op and dtype R carries, in its lines' size too. */
 static inline void xhc_red_mark(struct xhc_red *r, int what)
 {
@@ -494,6 +498,11 @@ typedef int (*xhc_small_fn)(xhc_ctx_t *ctx, const struct xhc_view *v,
 /* A call of the library's own, left out of the path counters: above
  * the public XHC_CALL_* bits. */
 #define XHC_CALL_UNCOUNTED (1 << 30)
+/* An agreement on TOPIC (xhc_agree): the library's own, and marked as
+ * such in its lines (XHC_WHAT_AGREE). */
+#define XHC_CALL_TOPIC_SHIFT 24
+#define XHC_CALL_AGREEMENT(topic) \
+    (XHC_CALL_UNCOUNTED | ((topic) + 1) << XHC_CALL_TOPIC_SHIFT)
 int xhc_reduction(xhc_ctx_t *ctx, int kind, const void *sbuf, void *rbuf,
                   size_t count, int dtype, int op, int root, int flags,
                   xhc_small_fn small);

@@ -144,7 +144,9 @@ def test_no_wrong_data_after_ranks_pass_different_sizes(tmp_path, cc):
     place (to fold it, or to take its part of the result), and a rank
     in an int8 SUM Allreduce that meets a Bcast of the same size (it
     returned the Bcast's bytes before).  A timeout on a rank that gave up
-    an earlier operation, and has begun none since, learns why it did."""
+    an earlier operation, and has begun none since, learns why it did.
+    Agreements on different topics, or one against an int32 MIN Allreduce
+    (which it took for its own before), fail on both ranks."""
     sources = [os.path.basename(f) for f in glob.glob(CSRC + "/*.c")]
     _unit_test(tmp_path, cc, "disagree_test", sorted(sources), SANITIZE,
                ["-lrt", "-ldl", "-lpthread"])

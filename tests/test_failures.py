@@ -223,6 +223,12 @@ def threads4():
 
 
 @pytest.fixture(scope="module")
+def init_raises2():
+    # Two ranks, one per core: the *_init agree on Comm.empty buffers.
+    return Launch(2, ["init-raises"], timeout=60)
+
+
+@pytest.fixture(scope="module")
 def freed_requests2():
     return Launch(2, ["freed-requests"], env={"XHC_TIMEOUT": "10"})
 
@@ -1021,14 +1027,14 @@ def test_kept_plans_hold_at_most_their_budget():
         assert int(kv["held"]) <= 256 + 64, kv
 
 
-def test_a_rank_whose_buffer_raises_in_init_is_not_waited_for():
+def test_a_rank_whose_buffer_raises_in_init_is_not_waited_for(init_raises2):
     """Bcast_init's agreement on Comm.empty buffers (2 ranks: one per
     core, where it is made): the rank whose buffer raises when looked at
     raises its own error, and its peer times out in Start(), instead of
     both waiting for ever in the agreement.  A rank that never calls (its
     call fails in Python's binding) and then frees its xhc.Comm is named
     at once by the peer in the agreement."""
-    launch = Launch(2, ["init-raises"], timeout=60)
+    launch = init_raises2
     rep = launch.by_rank("INIT-RAISES")
     assert sorted(rep) == [0, 1], launch.output()
     assert rep[1]["exc"] == "RuntimeError", rep[1]
@@ -1046,6 +1052,29 @@ def test_a_rank_whose_buffer_raises_in_init_is_not_waited_for():
     assert re.search(r"Allreduce_init.*a peer freed its xhc\.Comm, or its "
                      r"process is exiting", rep[0]["msg"]), rep[0]
     assert "rank 1" in rep[0]["msg"], rep[0]
+
+
+@pytest.mark.parametrize("case", ["init-user-op", "int32-min"])
+def test_a_refused_call_retried_at_once_fails_on_every_rank(
+        init_raises2, case):
+    """Rank 1 refuses a call (a read-only receive buffer) and at once
+    makes another whose first step in the core (an agreement on Comm.empty
+    buffers, or an Allreduce of one int32 by MIN, as agreements fold)
+    meets its peer's agreement on the fallback to mpi4py it goes on to.
+    Both raise at once, where the steps were taken for each other (the
+    peer waited in MPI for ever; the int32 got the agreed value), and the
+    next Allreduce meets with both ranks' data."""
+    launch = init_raises2
+    rep = launch.by_rank("RETRIED-" + case)
+    assert sorted(rep) == [0, 1], launch.output()
+    for kv in rep.values():
+        assert kv["exc"] == "XhcError", kv
+        assert "a peer called another collective" in kv["msg"], kv
+        assert float(kv["t"]) < 3.0, kv
+    after = launch.by_rank("RETRIED-AFTER-" + case)
+    assert sorted(after) == [0, 1], launch.output()
+    assert all(kv["exc"] == "None" and kv["got"] == "3"
+               for kv in after.values()), after
 
 
 def test_ranks_that_pass_different_sizes_fail_at_once(disagreeing):

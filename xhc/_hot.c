@@ -1412,10 +1412,10 @@ static PyObject *run_staged(PyObject *mod, PyObject *const *args,
     return rc;
 }
 
-/* met_then(agree, ctx, agreed, mine, alone, together): the ranks of a
- * call that goes to mpi4py meet in the core first (Comm._meet_then):
- * AGREE (the address of xhc_agree) on the context at CTX, with *AGREED
- * (an int32_t's address) set to MINE (does this rank pass IN_PLACE?),
+/* met_then(agree, ctx, agreed, topic, mine, alone, together): the ranks
+ * of a call that goes to mpi4py meet in the core first (Comm._meet_then):
+ * AGREE (the address of xhc_agree) on the context at CTX and TOPIC, with
+ * *AGREED (an int32_t's address) set to MINE (does this rank pass IN_PLACE?),
  * run as a core call from here is, the GIL let go once the wait blocks.
  * On an error code, return (code, None); else (0, what TOGETHER()
  * returns where every rank passes IN_PLACE and TOGETHER is not None,
@@ -1427,23 +1427,24 @@ static PyObject *met_then(PyObject *mod, PyObject *const *args,
                           Py_ssize_t nargs)
 {
     (void)mod;
-    if (nargs != 6) {
+    if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError, "met_then(agree, ctx, agreed, "
-                        "mine, alone, together)");
+                        "topic, mine, alone, together)");
         return NULL;
     }
-    int (*agree)(void *, int32_t *) =
-        (int (*)(void *, int32_t *))(uintptr_t)PyLong_AsVoidPtr(args[0]);
+    int (*agree)(void *, int32_t *, int) =
+        (int (*)(void *, int32_t *, int))(uintptr_t)PyLong_AsVoidPtr(args[0]);
     void *ctx = PyLong_AsVoidPtr(args[1]);
     int32_t *agreed = PyLong_AsVoidPtr(args[2]);
-    int mine = PyObject_IsTrue(args[3]);
+    int topic = PyLong_AsLong(args[3]);
+    int mine = PyObject_IsTrue(args[4]);
     if (!PyErr_Occurred() && (!agree || !ctx || !agreed))
         PyErr_SetString(PyExc_ValueError, "met_then: a null address");
     if (PyErr_Occurred() || mine < 0)
         return NULL;
     *agreed = mine;
     hot_running = 1;
-    int rc = agree(ctx, agreed);
+    int rc = agree(ctx, agreed, topic);
     hot_running = 0;
     if (hot_released) {
         PyEval_RestoreThread(hot_released);
@@ -1451,7 +1452,7 @@ static PyObject *met_then(PyObject *mod, PyObject *const *args,
     }
     if (rc)
         return Py_BuildValue("iO", rc, Py_None);
-    PyObject *call = *agreed && args[5] != Py_None ? args[5] : args[4];
+    PyObject *call = *agreed && args[6] != Py_None ? args[6] : args[5];
     PyObject *res = PyObject_CallNoArgs(call);
     if (!res)
         return NULL;

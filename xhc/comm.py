@@ -51,6 +51,10 @@ _run = lib.xhc_run
 _barrier = lib.xhc_barrier
 _agree = lib.xhc_agree
 _AGREE_AT = address(ffi.addressof(lib, "xhc_agree"))
+# What the ranks agree on in the core: a rank whose agreement meets its
+# peers' on another topic (it is a call behind, having refused one) fails
+# there, with them, instead of taking their step for its own.
+_SHARED_TOPIC, _FALLBACK_TOPIC = 0, 1
 _barrier_fn = ffi.addressof(lib, "xhc_barrier")
 _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
 _PROGRESS_HOOK = ffi.cast("void (*)(void *)", progress_hook)
@@ -414,8 +418,8 @@ class Comm(HotComm):
         """What _meet_then takes: met_then's arguments, then the int32_t[1]
         on which the ranks agree."""
         agreed = ffi.new("int32_t[1]")
-        return (_AGREE_AT, address(self._ctx), address(agreed), mine,
-                alone, together, agreed)
+        return (_AGREE_AT, address(self._ctx), address(agreed),
+                _FALLBACK_TOPIC, mine, alone, together, agreed)
 
     def _meet_then(self, name, met, counted=False):
         """ALONE(), or TOGETHER() (if not None) where every rank passes
@@ -436,12 +440,12 @@ class Comm(HotComm):
         this rank took part."""
         try:
             if self._nodes is None:
-                rc, res = met_then(*met[:6]) if counted else self._in_core(
-                    met_then, *met[:6])
+                rc, res = met_then(*met[:-1]) if counted else self._in_core(
+                    met_then, *met[:-1])
                 if rc:
                     self._raise(rc, name)
                 return res
-            mine, alone, together, agreed = met[3:]
+            mine, alone, together, agreed = met[4:]
             agreed[0] = name == "Allreduce_init" and \
                 self._all_in_place(mine)
             return self._in_core(together if agreed[0] and together
@@ -921,7 +925,7 @@ class Comm(HotComm):
             return 0
         v = ffi.new("int32_t[1]",
                     [all(a is None or self._in_shared(a) for a in arrays)])
-        rc = self._in_core(_agree, self._ctx, v)
+        rc = self._in_core(_agree, self._ctx, v, _SHARED_TOPIC)
         if rc:
             self._raise(rc, what)
         return lib.XHC_CALL_SHARED if v[0] else 0

@@ -54,6 +54,11 @@
  *    Rank 0 meanwhile completes its part, times out waiting for rank 1,
  *    gives up and rewrites its buffers.  Rank 1 must fail, not return 0
  *    with the new bytes.
+ * 11. Agreements (xhc_agree): ranks on one topic agree on the least
+ *    value; ranks on different topics, or one agreeing while the other
+ *    runs an Allreduce of one int32 by MIN (as an agreement folds), must
+ *    fail, not take each other's values; a topic out of range is
+ *    refused before the call.  The Allreduce after each must be right.
  * Prints "ok" if every check holds.
  */
 #include <sched.h>
@@ -490,6 +495,36 @@ static int gave_up_staged(xhc_ctx_t *ctx, int rank, struct board *b)
     return 0;
 }
 
+/* 11.: each rank's call, a topic or -1 for a plain int32 MIN; whether
+ * they must agree. */
+static const struct {
+    int topic[2], agree;
+} agreements[] = { { { 3, 3 }, 1 }, { { 0, 1 }, 0 }, { { 0, -1 }, 0 },
+                   { { -1, 2 }, 0 } };
+
+static int topics_apart(xhc_ctx_t *ctx, int rank, struct board *b)
+{
+    if (xhc_agree(ctx, &(int32_t){ 0 }, XHC_AGREE_TOPICS) != XHC_ERR_ARG
+        || xhc_agree(ctx, &(int32_t){ 0 }, -1) != XHC_ERR_ARG)
+        fail(b, "a topic out of range was not refused", rank, 0);
+    for (size_t i = 0; i < sizeof agreements / sizeof *agreements; i++) {
+        int topic = agreements[i].topic[rank];
+        int32_t mine = 10 + rank, out = mine;
+        int rc = topic < 0 ? xhc_allreduce(ctx, &mine, &out, 1, XHC_INT32,
+                                           XHC_MIN)
+                           : xhc_agree(ctx, &out, topic);
+        if (rc)
+            xhc_ctx_leave(ctx);
+        if (agreements[i].agree ? rc || out != 10 : rc != XHC_ERR_DISAGREE)
+            fail(b, "an agreement took another call's values", rank, rc);
+        double one = 1.0, sum = 0.0;
+        rc = xhc_allreduce(ctx, &one, &sum, 1, XHC_FLOAT64, XHC_SUM);
+        if (rc || sum != 2.0)
+            fail(b, "the Allreduce after an agreement", rank, rc);
+    }
+    return 0;
+}
+
 static int ranks_open(xhc_ctx_t **ctx, int fd, size_t size, int rank, int n,
                       const xhc_config_t *cfg)
 {
@@ -591,6 +626,7 @@ int main(void)
     bad += run(2, &cfg, away_since, NULL);
     cfg.timeout = 5.0;
     bad += run(3, &cfg, root_gave_up, NULL);
+    bad += run(2, &cfg, topics_apart, NULL);
     if (bad)
         return 1;
     printf("ok\n");

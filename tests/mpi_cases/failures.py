@@ -966,7 +966,60 @@ def suite_init_raises(xc):
     W.Barrier()
     c.free()
     init_after_a_peer_gave_up()
+    retried_at_once()
     return xc
+
+
+# (case, rank 1's refused call, the call it retries with at once, its
+# peers' call), each a function of (xhc.Comm, a, b, readonly b).  Rank 1's
+# retry is a call behind: its first step in the core is an agreement
+# (Comm.empty arrays: on whether every buffer is one) where its peers
+# agree on the fallback they go on to, or an Allreduce of one int32 (MIN,
+# as agreements fold) where they do.
+RETRIED_AT_ONCE = [
+    ("init-user-op",
+     lambda c, a, b, ro: c.Allreduce_init(a, ro, USUM),
+     lambda c, a, b, ro: _run_once(c.Allreduce_init(a, b, USUM)),
+     lambda c, a, b, ro: _run_once(c.Allreduce_init(a, b, USUM))),
+    ("int32-min",
+     lambda c, a, b, ro: c.Allreduce(a, ro, USUM),
+     lambda c, a, b, ro: c.Allreduce(np.int32([5]), np.zeros(1, np.int32),
+                                     MPI.MIN),
+     lambda c, a, b, ro: c.Allreduce(a, b, USUM)),
+]
+
+
+def _run_once(request):
+    request.Start()
+    request.Wait()
+    request.Free()
+
+
+def retried_at_once():
+    """Each case on a new communicator (timeout 3 s): rank 1 refuses a
+    call and at once makes another, whose first step in the core meets
+    its peers' step of another kind.  Every rank must raise there, where
+    the two steps were once taken for each other (its peers went on into
+    MPI and waited for ever, and an int32 MIN returned their agreed
+    value); then all meet again."""
+    for case, refused, retry, peers_call in RETRIED_AT_ONCE:
+        c = xhc.Comm(W, timeout=3)
+        a, b = c.empty(4), c.empty(4)
+        a[:] = RANK + 1
+        W.Barrier()
+
+        def mine():
+            if RANK != 1:
+                return peers_call(c, a, b, readonly(f8(4)))
+            try:
+                refused(c, a, b, readonly(f8(4)))
+            except ValueError:  # the read-only buffer: retry at once
+                retry(c, a, b, None)
+        _outcome_of("RETRIED-" + case, mine)
+        W.Barrier()
+        _outcome_of("RETRIED-AFTER-" + case, lambda: c.Allreduce(a, b),
+                    lambda: f"got={b[0]:g}")
+        c.free()
 
 
 def init_after_a_peer_gave_up():
