@@ -1030,8 +1030,8 @@ def test_kept_plans_hold_at_most_their_budget():
 def test_a_rank_whose_buffer_raises_in_init_is_not_waited_for(init_raises2):
     """Bcast_init's agreement on Comm.empty buffers (2 ranks: one per
     core, where it is made): the rank whose buffer raises when looked at
-    raises its own error, and its peer times out in Start(), instead of
-    both waiting for ever in the agreement.  A rank that never calls (its
+    raises its own error before it, and its peer times out there,
+    instead of both waiting for ever in it.  A rank that never calls (its
     call fails in Python's binding) and then frees its xhc.Comm is named
     at once by the peer in the agreement."""
     launch = init_raises2
@@ -1054,16 +1054,36 @@ def test_a_rank_whose_buffer_raises_in_init_is_not_waited_for(init_raises2):
     assert "rank 1" in rep[0]["msg"], rep[0]
 
 
-@pytest.mark.parametrize("case", ["init-user-op", "int32-min"])
-def test_a_refused_call_retried_at_once_fails_on_every_rank(
-        init_raises2, case):
-    """Rank 1 refuses a call (a read-only receive buffer) and at once
-    makes another whose first step in the core (an agreement on Comm.empty
-    buffers, or an Allreduce of one int32 by MIN, as agreements fold)
-    meets its peer's agreement on the fallback to mpi4py it goes on to.
-    Both raise at once, where the steps were taken for each other (the
-    peer waited in MPI for ever; the int32 got the agreed value), and the
-    next Allreduce meets with both ranks' data."""
+@pytest.mark.parametrize("case", ["init-user-op", "init-sum"])
+def test_a_refused_init_retried_at_once_is_its_part(init_raises2, case):
+    """Rank 1 refuses an Allreduce_init (a read-only receive buffer) on
+    Comm.empty arrays, and at once makes it again with a good one: the
+    retry is its part of the call, whose Start() meets its peer's, with
+    both ranks' data.  The *_init agreed on the arrays before it judged
+    its arguments, so the retry's agreement met the peer's next step:
+    with a user op, the peer's meeting before mpi4py, where both waited
+    for ever; with SUM, its Start(), where both raised."""
+    launch = init_raises2
+    rep = launch.by_rank("RETRIED-" + case)
+    assert sorted(rep) == [0, 1], launch.output()
+    assert all(kv["exc"] == "None" and kv["got"] == "3"
+               for kv in rep.values()), rep
+    after = launch.by_rank("RETRIED-AFTER-" + case)
+    assert sorted(after) == [0, 1], launch.output()
+    assert all(kv["exc"] == "None" and kv["got"] == "3"
+               for kv in after.values()), after
+
+
+@pytest.mark.parametrize("case", ["then-init", "then-int32-min"])
+def test_a_call_behind_of_another_kind_fails_on_every_rank(init_raises2,
+                                                           case):
+    """Rank 1 refuses an Allreduce with a user op, and at once makes a
+    call whose first step in the core meets its peer's meeting before
+    mpi4py: an Allreduce_init's agreement on Comm.empty arrays, or an
+    Allreduce of one int32 by MIN (as agreements fold).  Both raise
+    there at once, where the steps were taken for each other (the peer
+    went on into MPI and waited for ever; the int32 got the agreed
+    value), and the next Allreduce meets with both ranks' data."""
     launch = init_raises2
     rep = launch.by_rank("RETRIED-" + case)
     assert sorted(rep) == [0, 1], launch.output()

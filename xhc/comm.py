@@ -862,51 +862,64 @@ class Comm(HotComm):
     @leaving
     def Bcast_init(self, buf, root=0, info=None):
         """A persistent Bcast of BUF from ROOT."""
-        mine = buf if _same_rank(root, self._rank) else None
-        flags = self._shared_flag("Bcast_init", mine)
-        with self._agreed():
-            extra = _info(info)
-            p = self._bcast_plan(buf, root, remember=False, flags=flags)
-            if p is None:
-                return self._fallback("Bcast_init", buf, root, *extra)
-            return Request(p[2], f"Bcast(root={root}, {p[3].count} B)",
-                           self, p)
+        extra = _info(info)
+        return self._init_request(
+            "Bcast_init",
+            lambda flags: self._bcast_plan(buf, root, False, flags),
+            [buf if _same_rank(root, self._rank) else None],
+            lambda: self._fallback("Bcast_init", buf, root, *extra),
+            # The plan: (buf, root, run, call, ...).
+            lambda p: Request(p[2], f"Bcast(root={root}, {p[3].count} B)",
+                              self, p))
 
     @claiming
     @leaving
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):
         """A persistent Allreduce of SENDBUF into RECVBUF."""
-        flags = self._shared_flag("Allreduce_init", recvbuf,
-                                  None if in_place(sendbuf) else sendbuf)
-        with self._agreed():
-            extra = _info(info)
-            p = self._allreduce_plan(sendbuf, recvbuf, op, flags,
-                                     remember=False)
-            if p is None:
-                return self._fallback("Allreduce_init", sendbuf, recvbuf, op,
-                                      *extra)
+        extra = _info(info)
+        return self._init_request(
+            "Allreduce_init",
+            lambda flags: self._allreduce_plan(sendbuf, recvbuf, op, flags,
+                                               remember=False),
+            [recvbuf, None if in_place(sendbuf) else sendbuf],
+            lambda: self._fallback("Allreduce_init", sendbuf, recvbuf, op,
+                                   *extra),
             # The plan: (sendbuf, recvbuf, op, run, call, send Buffer, ...).
-            return Request(p[3], f"Allreduce({p[5].nbytes} B)", self, p)
+            lambda p: Request(p[3], f"Allreduce({p[5].nbytes} B)", self, p))
 
     @claiming
     @leaving
     def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=None):
         """A persistent Reduce of SENDBUF into ROOT's RECVBUF."""
-        flags = self._shared_flag("Reduce_init",
-                                  None if in_place(sendbuf) else sendbuf,
-                                  recvbuf if _same_rank(root, self._rank)
-                                  else None)
-        with self._agreed():
-            extra = _info(info)
-            p = self._reduce_plan(sendbuf, recvbuf, op, root, flags,
-                                  remember=False)
-            if p is None:
-                return self._fallback("Reduce_init", sendbuf, recvbuf, op,
-                                      root, *extra)
+        extra = _info(info)
+        return self._init_request(
+            "Reduce_init",
+            lambda flags: self._reduce_plan(sendbuf, recvbuf, op, root, flags,
+                                            remember=False),
+            [None if in_place(sendbuf) else sendbuf,
+             recvbuf if _same_rank(root, self._rank) else None],
+            lambda: self._fallback("Reduce_init", sendbuf, recvbuf, op, root,
+                                   *extra),
             # The plan: (sendbuf, recvbuf, op, root, run, call, send
             # Buffer, ...).
-            return Request(p[4], f"Reduce(root={root}, {p[6].nbytes} B)",
-                           self, p)
+            lambda p: Request(p[4], f"Reduce(root={root}, {p[6].nbytes} B)",
+                              self, p))
+
+    def _init_request(self, name, plan, shared, fallback, request):
+        """The request of *_init NAME.  PLAN(None) judges this rank's
+        arguments before any step in the core, and refuses what it cannot
+        take, a buffer only this rank can judge too (no call runs yet to
+        take part in; MPI matches a request's Start() with no blocking
+        call): the rank's next call, a retry, is then its part of this
+        one, as for any refused call.  Then the ranks agree on the path
+        for the buffers SHARED (_shared_flag), and REQUEST(PLAN(flags))
+        is the request, or FALLBACK() where PLAN gives None."""
+        p = plan(None)
+        flags = self._shared_flag(name, *shared)
+        with self._agreed():
+            if p is None:
+                return fallback()
+            return request(plan(flags) if flags else p)
 
     def _shared_flag(self, what, *arrays):
         """Collective, from *_init: XHC_CALL_SHARED if every rank's ARRAYS
@@ -915,9 +928,9 @@ class Comm(HotComm):
         else 0.  The flag lets the core take the paths
         that read them in place from smaller sizes.  It chooses the path,
         so the ranks agree on it here, in the core (which times out, and
-        names a peer that closed), before any rank can raise about its own
-        arguments; WHAT names the call in an error.  Crowded nodes keep
-        the slots (see config.fit_to_load)."""
+        names a peer that closed, or one that refused its arguments);
+        WHAT names the call in an error.  Crowded nodes keep the slots
+        (see config.fit_to_load)."""
         # Comm.empty is collective: no rank or every rank has such memory;
         # an arena any rank may have, where the ranks may map each other's.
         if not self._usable() or self._crowded or self._size == 1 \
@@ -1025,9 +1038,11 @@ class Comm(HotComm):
         b = _resolved(buf, "Bcast", "buf")
         sink = self._comm.rank != root
         if sink and not b.writable:
-            self._take_part_then_raise(b, root, flags)
+            if flags is None:  # a request's: refused (_init_request)
+                raise ReadOnlyError(_READ_ONLY)
+            self._take_part_then_raise(b, root)
         call = core_call(self._ctx, lib.XHC_BCAST, None, b, b.nbytes,
-                         root=root, flags=flags)
+                         root=root, flags=flags or 0)
         plan = make_plan((buf, root), call, [(b, not sink, sink)],
                          [(0, buf, sink, b)], self._held_bytes(b), (b,))
         if remember and not flags and keepable(b):
@@ -1036,9 +1051,9 @@ class Comm(HotComm):
 
     def _allreduce_plan(self, sendbuf, recvbuf, op, flags=0, remember=True):
         """(sendbuf, recvbuf, op, run, call, ...): see make_plan.  A request's
-        plan (made with REMEMBER false, and FLAGS agreed in *_init) is its
-        alone: never remembered for blocking calls, so that Free() lets go
-        of its buffers."""
+        plan (made with REMEMBER false, and FLAGS agreed in *_init, or None
+        before they are: _init_request) is its alone: never remembered for
+        blocking calls, so that Free() lets go of its buffers."""
         if not self._usable():
             return None
         known = predefined(op)
@@ -1052,7 +1067,7 @@ class Comm(HotComm):
             return None
         _check_op(r, known, "Allreduce")
         call = core_call(self._ctx, lib.XHC_ALLREDUCE, s, r, r.count,
-                         r.dtype, OPS[id(known)], flags=flags)
+                         r.dtype, OPS[id(known)], flags=flags or 0)
         moves = [(r, True, True)] if s is r else [(s, True, False),
                                                   (r, False, True)]
         plan = make_plan((sendbuf, recvbuf, op), call, moves,
@@ -1077,14 +1092,16 @@ class Comm(HotComm):
         known = predefined(op)
         s = _resolved(recvbuf if mine else sendbuf, "Reduce",
                       "recvbuf" if mine else "sendbuf")
+        r = None
+        if is_root and flags is None:  # a request's: refused, falling back
+            r = _checked_root_recv(s, recvbuf, mine, None)  # or not
         if not self._reducible(known, s, "Reduce"):
             return None
         _check_op(s, known, "Reduce")
-        r = None
-        if is_root:
-            r = self._root_recv(s, recvbuf, known, root, mine, flags)
+        if is_root and r is None:
+            r = self._root_recv(s, recvbuf, known, root, mine)
         call = core_call(self._ctx, lib.XHC_REDUCE, s, r, s.count,
-                         s.dtype, OPS[id(known)], root, flags)
+                         s.dtype, OPS[id(known)], root, flags or 0)
         moves = [(s, True, s is r)] + ([(r, False, True)]
                                        if r is not None and r is not s
                                        else [])
@@ -1095,31 +1112,27 @@ class Comm(HotComm):
             self._remember(self._reduce_plans, id(sendbuf), kept(plan, 4))
         return plan
 
-    def _take_part_then_raise(self, b, root, flags=0):
-        """A Bcast into read-only B, on a rank that receives: only this rank
-        knows, so it still takes part, into scratch memory, before it
-        raises; the root (whose buffer may be read-only, as in mpi4py) and
-        the other ranks stay in step, along the path FLAGS (a request's,
-        agreed in Bcast_init) chooses."""
+    def _take_part_then_raise(self, b, root):
+        """A blocking Bcast into read-only B, on a rank that receives: only
+        this rank knows, so it still takes part, into scratch memory,
+        before it raises; the root (whose buffer may be read-only, as in
+        mpi4py) and the other ranks stay in step."""
         scratch = ffi.new("char[]", max(b.nbytes, 1))
         rc = self._in_core(_run, core_call(self._ctx, lib.XHC_BCAST, None,
-                                           scratch, b.nbytes, root=root,
-                                           flags=flags))
+                                           scratch, b.nbytes, root=root))
         if rc:  # then the ranks are out of step: say so, not the buffer
             self._raise(rc, "Bcast")
         raise settled(ReadOnlyError(_READ_ONLY))
 
-    def _root_recv(self, s, recvbuf, op, root, inplace, flags=0):
+    def _root_recv(self, s, recvbuf, op, root, inplace):
         """The root's receive buffer.  Only the root sees it, so if it is
-        bad the root still takes part in the Reduce, into scratch memory,
-        before it raises: the other ranks stay in step.  With FLAGS (a
-        request's, agreed in Reduce_init) it takes the path their
-        requests will."""
+        bad the root of a blocking Reduce still takes part, into scratch
+        memory, before it raises: the other ranks stay in step."""
         def take_part():
             scratch = ffi.new("char[]", max(s.nbytes, 1))
             rc = self._in_core(_run, core_call(
                 self._ctx, lib.XHC_REDUCE, s, scratch, s.count, s.dtype,
-                OPS[id(op)], root, flags))
+                OPS[id(op)], root))
             if rc:  # then the ranks are out of step: say so
                 self._raise(rc, "Reduce")
         return _checked_root_recv(s, recvbuf, inplace, take_part)

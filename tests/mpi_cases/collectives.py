@@ -2275,65 +2275,68 @@ def persistent_bcast_shared(xcomm, comm, v, sz, alloc):
 
 def read_only_receiver(xcomm, comm, v, shared):
     """Bcast_init from a root with a Comm.empty buffer, where the last rank
-    passes a read-only array: the ranks have agreed on the in-place path,
-    that rank takes part once, into scratch memory, along it, and raises;
-    the others' first start meets that, and the ranks stay in step."""
+    passes a read-only array: that rank refuses it before any step in the
+    core (no call runs yet to take part in), and its retry with its
+    Comm.empty buffer is its part of the call: every rank gets the root's
+    bytes, and the ranks stay in step."""
     n, rank = comm.size, comm.rank
     if n == 1:
         return
     err = None
-    buf = shared
+    want = (np.arange(shared.size) * 7 + 3).astype(np.uint8)
+    shared[:] = want if rank == 0 else 0
     if rank == n - 1:
-        buf = np.zeros(shared.size, np.uint8)
-        buf.flags.writeable = False
-    try:
-        req = xcomm.Bcast_init(buf, root=0)
-        if rank == n - 1:
+        refused = np.zeros(shared.size, np.uint8)
+        refused.flags.writeable = False
+        try:
+            xcomm.Bcast_init(refused, root=0)
             err = "no error for a read-only buffer on a receiving rank"
-        else:
-            req.Start()
-            req.Wait()
-            req.Free()
-    except ValueError:
-        if rank != n - 1:
-            err = "a rank with a good buffer raised"
+        except ValueError:
+            pass
+    req = xcomm.Bcast_init(shared, root=0)
+    req.Start()
+    req.Wait()
+    req.Free()
+    if err is None and not np.array_equal(shared, want):
+        err = "the retry did not get the root's bytes"
     out = np.empty(4)
     xcomm.Allreduce(np.full(4, rank + 1.0), out)
     if err is None and not np.all(out == n * (n + 1) / 2):
         err = f"then an Allreduce gave {out}"
-    v.case("Bcast_init, a read-only buffer on a receiving rank, then an "
-           "Allreduce", err)
+    v.case("Bcast_init, a read-only buffer on a receiving rank, retried, "
+           "then an Allreduce", err)
 
 
 def bad_root_receive_buffer(xcomm, comm, v, a, nbytes):
     """Reduce_init whose root passes a Comm.empty receive buffer of the
-    wrong dtype: the ranks have agreed on the shared path, the root takes
-    part once, into scratch memory, along it, and raises; the others'
-    first start meets that, and the communicator stays in step."""
+    wrong dtype: the root refuses it before any step in the core, and its
+    retry with a good one is its part of the call: the root gets the sum,
+    and the communicator stays in step."""
     n, rank, root = comm.size, comm.rank, comm.size - 1
-    bad = xcomm.empty(a.size, "f4") if nbytes == 16384 else None
-    if bad is None:
+    if nbytes != 16384:
         return
-    err = None
-    try:
-        req = xcomm.Reduce_init(a, bad if rank == root else None, root=root)
-        if rank == root:
-            err = "no error for a receive buffer of the wrong dtype"
-        else:
-            req.Start()
-            req.Wait()
-            req.Free()
-    except ValueError:
-        if rank != root:
-            err = "a rank with good buffers raised"
+    bad, good = xcomm.empty(a.size, "f4"), xcomm.empty(a.size)
     ins = [values(np.dtype("f8"), "SUM", seed_of(171, r), a.size)
            for r in range(n)]
     a[:] = ins[rank]
+    err = None
+    if rank == root:
+        try:
+            xcomm.Reduce_init(a, bad, root=root)
+            err = "no error for a receive buffer of the wrong dtype"
+        except ValueError:
+            pass
+    req = xcomm.Reduce_init(a, good if rank == root else None, root=root)
+    req.Start()
+    req.Wait()
+    req.Free()
+    if rank == root:
+        err = err or compare(good, np_fold("SUM", ins), "SUM", a.dtype)
     out = np.empty_like(a)
     xcomm.Allreduce(a, out)
     err = err or compare(out, np_fold("SUM", ins), "SUM", a.dtype)
     v.case(f"Reduce_init, root's shared receive buffer of the wrong dtype "
-           f"({nbytes} B), then an Allreduce", err)
+           f"({nbytes} B), retried, then an Allreduce", err)
 
 
 # -- fallback ----------------------------------------------------------------

@@ -953,10 +953,9 @@ def suite_plan_budget(xc):
 
 def suite_init_raises(xc):
     """With a Comm.empty array made, on a node with a core per rank,
-    Bcast_init first agrees on whether every buffer is one; rank 1, the
-    root, passes a buffer that raises when looked at.  It must raise, and
-    the others time out in Start(), where they used to wait for ever in
-    that agreement."""
+    Bcast_init agrees on whether every buffer is one; rank 1, the root,
+    passes a buffer that raises when looked at.  It must raise, and the
+    others time out in that agreement, where they once waited for ever."""
     c = xhc.Comm(W, timeout=1)
     c.empty(16)
     buf = np.zeros(8)
@@ -970,18 +969,27 @@ def suite_init_raises(xc):
     return xc
 
 
-# (case, rank 1's refused call, the call it retries with at once, its
-# peers' call), each a function of (xhc.Comm, a, b, readonly b).  Rank 1's
-# retry is a call behind: its first step in the core is an agreement
-# (Comm.empty arrays: on whether every buffer is one) where its peers
-# agree on the fallback they go on to, or an Allreduce of one int32 (MIN,
-# as agreements fold) where they do.
+# (case, rank 1's refused call, the call it makes at once after, its
+# peers' call), each a function of (xhc.Comm, a, b, readonly b).  A retry
+# of a refused *_init is its part of the call, as for any refused call
+# (it refuses before its agreement on Comm.empty arrays).  A call whose
+# first step in the core is of another kind than its peers' (an
+# agreement where they meet before a fallback, or an Allreduce of one
+# int32 by MIN, as agreements fold) fails there on every rank.
 RETRIED_AT_ONCE = [
     ("init-user-op",
      lambda c, a, b, ro: c.Allreduce_init(a, ro, USUM),
      lambda c, a, b, ro: _run_once(c.Allreduce_init(a, b, USUM)),
      lambda c, a, b, ro: _run_once(c.Allreduce_init(a, b, USUM))),
-    ("int32-min",
+    ("init-sum",
+     lambda c, a, b, ro: c.Allreduce_init(a, ro),
+     lambda c, a, b, ro: _run_once(c.Allreduce_init(a, b)),
+     lambda c, a, b, ro: _run_once(c.Allreduce_init(a, b))),
+    ("then-init",
+     lambda c, a, b, ro: c.Allreduce(a, ro, USUM),
+     lambda c, a, b, ro: _run_once(c.Allreduce_init(a, b)),
+     lambda c, a, b, ro: c.Allreduce(a, b, USUM)),
+    ("then-int32-min",
      lambda c, a, b, ro: c.Allreduce(a, ro, USUM),
      lambda c, a, b, ro: c.Allreduce(np.int32([5]), np.zeros(1, np.int32),
                                      MPI.MIN),
@@ -996,12 +1004,9 @@ def _run_once(request):
 
 
 def retried_at_once():
-    """Each case on a new communicator (timeout 3 s): rank 1 refuses a
-    call and at once makes another, whose first step in the core meets
-    its peers' step of another kind.  Every rank must raise there, where
-    the two steps were once taken for each other (its peers went on into
-    MPI and waited for ever, and an int32 MIN returned their agreed
-    value); then all meet again."""
+    """Each case (RETRIED_AT_ONCE) on a new communicator (timeout 3 s):
+    rank 1 refuses a call and at once makes another; then all meet
+    again."""
     for case, refused, retry, peers_call in RETRIED_AT_ONCE:
         c = xhc.Comm(W, timeout=3)
         a, b = c.empty(4), c.empty(4)
@@ -1015,7 +1020,7 @@ def retried_at_once():
                 refused(c, a, b, readonly(f8(4)))
             except ValueError:  # the read-only buffer: retry at once
                 retry(c, a, b, None)
-        _outcome_of("RETRIED-" + case, mine)
+        _outcome_of("RETRIED-" + case, mine, lambda: f"got={b[0]:g}")
         W.Barrier()
         _outcome_of("RETRIED-AFTER-" + case, lambda: c.Allreduce(a, b),
                     lambda: f"got={b[0]:g}")
