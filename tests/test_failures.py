@@ -650,8 +650,6 @@ DEBUG_CASES = [
      "sendbuf: rank 0 has '4 x float64', rank 2 has '5 x float64'"),
     ("allreduce-none-count", "Allreduce",
      "sendbuf: rank 0 has '4 x float64', rank 2 has '5 x float64'"),
-    ("allreduce-recv-count", "Allreduce",
-     "recvbuf: rank 0 has '4 x float64', rank 2 has '5 x float64'"),
     ("allreduce-dtype", "Allreduce",
      "sendbuf: rank 0 has '4 x float64', rank 2 has '4 x float32'"),
     ("allreduce-complex", "Allreduce",
@@ -661,10 +659,6 @@ DEBUG_CASES = [
     # A dtype with no kernel is named as numpy names it, not as bytes.
     ("allreduce-longdouble", "Allreduce",
      "sendbuf: rank 0 has '4 x float64', rank 2 has '4 x float128'"),
-    # What one rank cannot pass says why, as the call would have.
-    ("allreduce-not-a-buffer", "Allreduce",
-     "sendbuf: rank 0 has '4 x float64', rank 2 has 'unusable (TypeError: "
-     "str is not a buffer: pass a numpy array"),
     ("bcast-count", "Bcast",
      "buffer: rank 0 has '32 bytes', rank 2 has '40 bytes'"),
     ("bcast-root", "Bcast", "root: rank 0 has 0, rank 2 has 1"),
@@ -767,6 +761,33 @@ def test_debug_call_that_fails_on_one_rank_raises_on_every_rank(
     Dup_with_info(None), which mpi4py refuses (the others went on into
     MPI's Dup and waited there)."""
     check_debug_case(request, how, case, "TypeError", pattern)
+
+
+@pytest.mark.parametrize("how", ["keyword", "env"])
+@pytest.mark.parametrize("case,exc,pattern", [
+    ("allreduce-recv-count", "ValueError",
+     r"^(rank 2: )?Allreduce: send buffer has 4 elements, receive buffer 5; "
+     r"make them equal$"),
+    ("allreduce-not-a-buffer", "TypeError",
+     r"^(rank 2: )?Allreduce: sendbuf: str is not a buffer: pass a numpy "
+     r"array"),
+    ("allreduce-recv-readonly", "ReadOnlyError",
+     r"^(rank 2: )?Allreduce: the receive buffer is read-only; pass a "
+     r"writable array$"),
+    ("bcast-readonly-receiver", "ReadOnlyError",
+     r"^(rank 2: )?Bcast: the buffer is read-only on a receiving rank; "
+     r"pass a writable array$"),
+    ("reduce-in-place-off-root", "MPIValueError",
+     r"^(rank 2: )?Reduce: MPI\.IN_PLACE is only for the root \(rank 0\); "
+     r"pass a send buffer on the other ranks$")])
+def test_debug_raises_what_one_rank_would_refuse_on_every_rank(
+        request, how, case, exc, pattern):
+    """With XHC_DEBUG, arguments only rank 2 would refuse (a receive
+    buffer of another size than its send buffer, no buffer, a read-only
+    buffer it must write, IN_PLACE off a Reduce's root) raise its error
+    on every rank, in the comparison: rank 2 raised alone, and the others
+    timed out in the call, or waited for it in the next."""
+    check_debug_case(request, how, case, exc, pattern)
 
 
 @pytest.mark.parametrize("case", ["freed-on-one-rank", "freed-dup"])

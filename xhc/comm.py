@@ -921,6 +921,19 @@ class Comm(HotComm):
                 return fallback()
             return request(plan(flags) if flags else p)
 
+    def _judge_alone(self, name, args):
+        """Raise what collective NAME (Bcast, Allreduce or Reduce, blocking
+        or persistent) would raise about this rank's own arguments ARGS
+        (by name), with no step in the core: XHC_DEBUG's comparison."""
+        if name == "Bcast":
+            self._bcast_plan(args["buf"], args["root"], False, None)
+        elif name == "Allreduce":
+            self._allreduce_plan(args["sendbuf"], args["recvbuf"],
+                                 args["op"], None, False)
+        elif name == "Reduce":
+            self._reduce_plan(args["sendbuf"], args["recvbuf"], args["op"],
+                              args["root"], None, False)
+
     def _shared_flag(self, what, *arrays):
         """Collective, from *_init: XHC_CALL_SHARED if every rank's ARRAYS
         (None: not this rank's to pass) lie wholly in this communicator's

@@ -23,8 +23,8 @@ def _describe(buf, typed=True):
     """What of a buffer must agree across ranks: its size (and type)."""
     try:
         b = resolve(buf)
-    except (TypeError, ValueError) as exc:  # the call raises it too
-        return f"unusable ({type(exc).__name__}: {exc})"
+    except (TypeError, ValueError) as exc:  # over several nodes; else
+        return f"unusable ({type(exc).__name__}: {exc})"  # _judge_alone's
     if not typed:
         return f"{b.nbytes} bytes"
     if b.alias is not None:  # as given: a complex array, not its floats
@@ -108,7 +108,11 @@ def _own_signature(xcomm, name, sig, args, kwargs):
             TypeError(f"{name}: {exc}")
     try:
         bound.apply_defaults()
-        return _signature(xcomm, name, bound), None
+        signature = _signature(xcomm, name, bound)
+        # What this rank alone would refuse (a read-only receive buffer,
+        # IN_PLACE off a Reduce's root) raises on every rank too.
+        xcomm._judge_alone(name.replace("_init", ""), bound.arguments)
+        return signature, None
     except Exception as exc:  # noqa: BLE001
         return None, exc
 

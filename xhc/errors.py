@@ -60,6 +60,8 @@ def error_text(exc):
 
 
 _KINDS = {"TypeError": TypeError, "ValueError": ValueError,
+          "ReadOnlyError": ReadOnlyError,
+          "NotContiguousError": NotContiguousError,
           "RuntimeWarning": RuntimeWarning}  # a warning made an error
 
 

@@ -689,8 +689,7 @@ def debug_cases():
     return [
         ("debug-allreduce-count", lambda c: c.Allreduce(f8(n), f8(n))),
         ("debug-allreduce-none-count", lambda c: c.Allreduce(None, f8(n))),
-        # One rank's receive buffer, which it alone would refuse.
-        ("debug-allreduce-recv-count", lambda c: c.Allreduce(f8(4), f8(n))),
+
         ("debug-allreduce-dtype",
          lambda c: c.Allreduce(np.zeros(4, np.float32 if odd else np.float64),
                               np.zeros(4, np.float32 if odd else np.float64))),
@@ -702,8 +701,16 @@ def debug_cases():
         ("debug-allreduce-longdouble",  # float128 where it is 16 bytes
          lambda c: c.Allreduce(np.zeros(4, np.float128 if odd else "f8"),
                                np.zeros(4, np.float128 if odd else "f8"))),
+        # What one rank alone would refuse.
+        ("debug-allreduce-recv-count", lambda c: c.Allreduce(f8(4), f8(n))),
         ("debug-allreduce-not-a-buffer",
          lambda c: c.Allreduce("str" if odd else f8(4), f8(4))),
+        ("debug-allreduce-recv-readonly",
+         lambda c: c.Allreduce(f8(4), readonly(f8(4)) if odd else f8(4))),
+        ("debug-bcast-readonly-receiver",
+         lambda c: c.Bcast(readonly(f8(4)) if odd else f8(4), root=0)),
+        ("debug-reduce-in-place-off-root",
+         lambda c: c.Reduce(MPI.IN_PLACE if odd else f8(4), f8(4), root=0)),
         ("debug-bcast-count", lambda c: c.Bcast(f8(n), root=0)),
         ("debug-bcast-root", lambda c: c.Bcast(f8(4), root=1 if odd else 0)),
         # A rank in the middle differs: the comparison reads every rank.
