@@ -84,6 +84,14 @@ _AS_TOLD = {
 }
 
 
+# A timeout waiting on this rank, told to it: it did not come, or came
+# to another step than the one its peer waited on.
+_TIMED_OUT_ON_ME = ("a timeout waiting for this rank (rank {}), which "
+                    "was in another collective or in this one with other "
+                    "arguments, or came late after refusing a call "
+                    "(XHC_DEBUG=1 names a difference)")
+
+
 def _cause(read, args, name, me, lead):
     """LEAD and 'first error was that rank N ...', from READ(*ARGS,
     &rank), the core's code of a first error and the rank it is about;
@@ -95,6 +103,8 @@ def _cause(read, args, name, me, lead):
         return ""
     if who[0] < 0:
         return f"{lead}first error was: {strerror(why)}"
+    if why == lib.XHC_ERR_TIMEOUT and who[0] == me:
+        return f"{lead}first error was {_TIMED_OUT_ON_ME.format(name(me))}"
     subject = f"rank {name(who[0])}" + (" (this rank)" if who[0] == me
                                         else "")
     if why in _AS_TOLD:
