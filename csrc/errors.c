@@ -36,8 +36,9 @@ const char *xhc_strerror(int code)
                "is the cause";
     case XHC_ERR_ASKEW:
         return "a peer's staging rounds are out of step with mine, after an "
-               "earlier call to which the ranks passed different roots: "
-               "free this xhc.Comm on every rank and make another";
+               "earlier call the ranks disagreed on (different roots, or "
+               "different collectives or sizes that went undetected): free "
+               "this xhc.Comm on every rank and make another";
     case XHC_ERR_LEADER:
         return "it failed in an earlier step of this collective over "
                "several nodes, on its node or between the nodes: its own "

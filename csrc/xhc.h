@@ -61,8 +61,8 @@ typedef struct xhc_ctx xhc_ctx_t;
 #define XHC_ERR_PEER_CLOSED -5012 /* a peer freed its communicator, or is
                                      exiting: it takes part in no more */
 #define XHC_ERR_ASKEW     -5013 /* a peer's count of staging rounds is not
-                                   mine: an earlier call the ranks passed
-                                   different roots left them out of step */
+                                   mine: an earlier call the ranks disagreed
+                                   on left them out of step */
 #define XHC_ERR_LEADER    -5014 /* a rank failed in an earlier step of
                                    a collective over several nodes (the
                                    front end's steps; xhc_ctx_forfeit) */
