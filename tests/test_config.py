@@ -52,9 +52,13 @@ def _no_xhc_environment(monkeypatch):
     ("timeout", "inf", r"timeout: must be a finite number of seconds above "
                        r"0, not inf"),
     ("timeout", "0", r"timeout: must be a finite number of seconds above 0"),
-    ("timeout", "", r"^xhc tunable timeout: could not convert .*; set "
-                    r"XHC_TIMEOUT \(or timeout=\) to a finite number of "
-                    r"seconds above 0$"),
+    ("timeout", "", r"^xhc tunable timeout: '' is not a number of "
+                    r"seconds; set XHC_TIMEOUT \(or timeout=\) to a finite "
+                    r"number of seconds above 0$"),
+    ("timeout", "abc", r"^xhc tunable timeout: 'abc' is not a number of "
+                       r"seconds; set XHC_TIMEOUT"),
+    ("cico_max", "64KB!", r"^xhc tunable cico_max: bad size '64KB!': use a "
+                          r"number with an optional K, M or G suffix"),
     ("windows", "lots", r"tunable windows: 'lots' is not a whole number; "
                         r"set XHC_WINDOWS \(or windows=\) to auto or 2 to "
                         r"64$"),
@@ -77,6 +81,18 @@ def test_bad_values_name_the_variable(monkeypatch, key, value, message):
                                        ("", False), (False, False)])
 def test_debug_words(value, on):
     assert config.resolve(debug=value)["debug"] is on
+
+
+@pytest.mark.parametrize("text", ["64K", "64k", "64KB", "64kb", "64KiB",
+                                  "64kib", " 64 KiB ", "65536", "65536B"])
+def test_sizes_take_the_suffixes_the_readme_writes(text):
+    assert config.parse_size(text) == 65536
+
+
+@pytest.mark.parametrize("text", ["64iB", "64KK", "K", "-64K", "64KiBB"])
+def test_sizes_refuse_what_is_no_size(text):
+    with pytest.raises(ValueError, match=r"^bad size "):
+        config.parse_size(text)
 
 
 def test_largest_values_pass():

@@ -3,6 +3,7 @@
 import argparse
 import json
 import os
+import re
 import sys
 
 from . import config
@@ -365,9 +366,8 @@ def main(argv=None):
         return args.run(args)
     # (a Warning: one made an error; ImportError: the core is not built)
     except (XhcError, ValueError, Warning, ImportError) as exc:
-        text = str(exc)
-        if text.startswith("xhc: "):  # said once, as "xhc: error: ..."
-            text = text[len("xhc: "):]
+        # "xhc" said once, as "xhc: error: ..."
+        text = re.sub(r"^xhc:? ", "", str(exc))
         print("xhc: error: %s" % text, file=sys.stderr)
         return 1
 

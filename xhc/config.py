@@ -24,18 +24,26 @@ DEFAULTS = {
     "split_nodes": 1,         # treat each node as this many (testing)
 }
 
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_UNITS = {None: 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
 def parse_size(text):
-    """'64K' -> 65536; plain integers pass through."""
+    """'64K' (or 64KB, 64KiB) -> 65536; plain integers pass through."""
     if isinstance(text, int):
         return text
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)[bB]?\s*", str(text))
+    m = re.fullmatch(r"\s*(\d+)\s*(?:([kmg])i?)?b?\s*", str(text), re.I)
     if m is None:
         raise ValueError(f"bad size {text!r}: use a number with an optional "
-                         "K, M or G suffix, e.g. 64K")
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+                         "K, M or G suffix, e.g. 64K (or 64KiB: powers of "
+                         "two)")
+    return int(m.group(1)) * _UNITS[m.group(2) and m.group(2).lower()]
+
+
+def _seconds(text):
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{text!r} is not a number of seconds") from None
 
 
 def _whole(text):
@@ -65,7 +73,7 @@ def _switch(value):
 
 
 _PARSERS = {"cico_max": parse_size, "chunk_size": parse_size,
-            "timeout": float, "spin": _whole,
+            "timeout": _seconds, "spin": _whole,
             "copy": lambda value: str(value).strip().lower(),
             "sleep": _whole, "windows": _auto_or_int,
             "seq_start": _whole, "debug": _switch, "split_nodes": _whole}
