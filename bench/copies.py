@@ -159,6 +159,8 @@ def summary(rows, impls):
     to each (none where CMA, and so adapting, is not permitted)."""
     base = "adaptive"
     others = [k for k in impls if k != base] if base in impls else []
+    print("# median µs a call of each; then the median of the rounds' "
+          "ratios (not the ratio of the medians)")
     print("# op        size  " + "".join(f"{k:>9}" for k in impls) + "  "
           + "".join(f"{base + '/' + k:>15}" for k in others))
     for (op, size), runs in rows.items():

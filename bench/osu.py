@@ -721,6 +721,17 @@ def stalls(size, impls, stats):
     return notes
 
 
+def stall_lines(notes, most=3):
+    """The stall NOTES to print under a table: each, or beyond MOST (a
+    busy machine stalls often) one line that counts them; --json keeps
+    every one."""
+    if len(notes) <= most:
+        return notes
+    return [f"note: {len(notes)} rows had a block {STALL:g}x their median "
+            "block or more (stalls of the machine, or of those calls); the "
+            "means count them: rerun (--json lists them)"]
+
+
 def idle_barrier(comm):
     """Wait for all ranks without spinning a core (for the reference)."""
     req = comm.Ibarrier()
@@ -773,7 +784,7 @@ class Run:
         for index, size in enumerate(self.opts.sizes):
             progress.update(index, size)
             self.measure(size)
-        for note in self.notes:
+        for note in stall_lines(self.notes):
             self.table.comment(note)
         self.doc["notes"] = self.notes
         self.reference()

@@ -1035,6 +1035,16 @@ def test_stall_notes_take_more_of_short_blocks():
         noted([1, 1, 1, 1000], 4)[0]
 
 
+def test_many_stall_notes_print_as_one_line():
+    """Up to three stalled rows are noted each; more, on a busy machine,
+    in one line that counts them (the JSON keeps each)."""
+    from bench import osu
+    notes = [f"note: {n} B: one block ..." for n in (8, 16, 32, 64)]
+    assert osu.stall_lines(notes[:3]) == notes[:3]
+    (line,) = osu.stall_lines(notes)
+    assert line.startswith("note: 4 rows had a block 3x their median"), line
+
+
 def test_osu_notes_a_fallback_beside_the_table(capsys):
     """Calls any rank handed to mpi4py are summed over the ranks and
     noted on stdout, with the table whose xhc column they are in."""
