@@ -326,7 +326,8 @@ class Comm(HotComm):
                 return None
         elif self._nodes is not None:  # a *_init
             blocking = name[:-5]
-            run = self._across_nodes(blocking, args[:_ACROSS[blocking]])
+            run = self._across_nodes(blocking, args[:_ACROSS[blocking]],
+                                     persistent=True)
             if run is not None:  # Start() runs it from xhc/_hot.c
                 return Request(run, blocking, self, bind=(0, 0, 0, 0, run))
         self._warn(f"{name}: {self._why}")
@@ -587,28 +588,32 @@ class Comm(HotComm):
             self._withdraw()
         drop_locals(exc)
 
-    def _across_nodes(self, name, args):
+    def _across_nodes(self, name, args, persistent=False):
         """A callable that runs collective NAME on ARGS over the nodes
         (what a request's Start() runs, to completion, as every xhc request
-        does); None if mpi4py must reduce."""
+        does); None if mpi4py must reduce.  A buffer only this rank can
+        judge it takes part with into scratch memory, then raises, but
+        for a PERSISTENT call's, which it refuses (_init_request)."""
         if name == "Barrier":
             return self._nodes.Barrier
         root = None if name == "Allreduce" else self._root_arg(args[-1], name)
         if name == "Bcast":
-            return self._bcast_across(args[0], root)
-        return self._reduce_across(name, *args[:3], root)
+            return self._bcast_across(args[0], root, persistent)
+        return self._reduce_across(name, *args[:3], root, persistent)
 
-    def _bcast_across(self, buf, root):
+    def _bcast_across(self, buf, root, persistent):
         b = _resolved(buf, "Bcast", "buf")
         sink = self._rank != root
         if sink and not b.writable:  # takes part, as _take_part_then_raise
+            if persistent:
+                raise ReadOnlyError(_READ_ONLY)
             self._in_core(self._nodes.bcast_call(
                 np.empty(b.nbytes, np.uint8), root))
             raise settled(ReadOnlyError(_READ_ONLY))
         run = self._nodes.bcast_call(_flat(b, np.uint8), root)
         return staged(run, filled(b.load, not sink), filled(b.store, sink))
 
-    def _reduce_across(self, name, sendbuf, recvbuf, op, root):
+    def _reduce_across(self, name, sendbuf, recvbuf, op, root, persistent):
         """Allreduce (ROOT None) or Reduce, checked as _allreduce_plan and
         _reduce_plan check theirs; None if mpi4py must reduce."""
         inplace, receives = in_place(sendbuf), root in (None, self._rank)
@@ -631,19 +636,25 @@ class Comm(HotComm):
                                              inplace)
         else:
             if receives:
-                r = self._root_recv_across(s, recvbuf, ops, root, inplace, dt)
+                r = self._root_recv_across(s, recvbuf, ops, root, inplace, dt,
+                                           persistent)
             run = self._nodes.reduce_call(
                 _flat(s, dt), r and _flat(r, dt), ops, root, inplace,
                 functools.partial(np.empty, s.count, dt))
         return staged(run, filled(s.load), filled(r and r.store))
 
-    def _root_recv_across(self, s, recvbuf, ops, root, inplace, dt):
+    def _root_recv_across(self, s, recvbuf, ops, root, inplace, dt,
+                          persistent):
         """The Reduce root's receive buffer (_checked_root_recv), taking
-        part into scratch memory of dtype DT with a bad one."""
+        part into scratch memory of dtype DT with a bad one (refusing it,
+        if PERSISTENT)."""
         scratch = functools.partial(np.empty, s.count, dt)
-        return _checked_root_recv(s, recvbuf, inplace, lambda: self._in_core(
-            self._nodes.reduce_call(_flat(s, dt), scratch(), ops, root,
-                                    False, scratch)))
+
+        def take_part():
+            self._in_core(self._nodes.reduce_call(
+                _flat(s, dt), scratch(), ops, root, False, scratch))
+        return _checked_root_recv(s, recvbuf, inplace,
+                                  None if persistent else take_part)
 
     def _in_core(self, fn, *args):
         """FN(*ARGS), a core call (or MPI's on the wrapped communicator,

@@ -5102,6 +5102,9 @@ def suite_spanning(xcomm, comm, v, sz, args):
     usage_errors(v, xcomm, comm)
     one_array_twice(v, xcomm, comm, sz)
     bad_buffer_on_one_rank(xcomm, comm, v)
+    # A *_init that one rank refuses, and retries.
+    read_only_receiver(xcomm, comm, v, np.empty(16384, np.uint8))
+    bad_root_receive_buffer(xcomm, comm, v, np.empty(2048), 16384)
     longer_bcast_on_a_leader(xcomm, comm, v, parts)
     kept_runs(xcomm, comm, v)
     staged_reshaped(xcomm, comm, v)
@@ -5469,25 +5472,21 @@ def differences_between_nodes(comm, v, parts):
 def bad_buffer_on_one_rank(xcomm, comm, v):
     """A read-only Bcast receiver, and a Reduce root whose receive buffer
     has the wrong dtype, raise on their rank after taking part: the other
-    ranks, on every node, complete, and an Allreduce after it is right."""
+    ranks, on every node, complete, and an Allreduce after it is right.
+    (A *_init refuses them, and its retry is that rank's part:
+    read_only_receiver, bad_root_receive_buffer.)"""
     n, rank, last = comm.size, comm.rank, comm.size - 1
-    for what in ("Bcast", "Reduce", "Bcast_init", "Reduce_init"):
+    for what in ("Bcast", "Reduce"):
         send = np.full(4, rank + 1.0)
         buf = np.zeros(4)
         if rank == last:
-            buf = np.zeros(4, np.float32 if "Reduce" in what else float)
-            buf.flags.writeable = "Bcast" not in what
-        call = {"Bcast": lambda: xcomm.Bcast(buf, 0),
-                "Reduce": lambda: xcomm.Reduce(send, buf, root=last),
-                "Bcast_init": lambda: xcomm.Bcast_init(buf, 0),
-                "Reduce_init": lambda: xcomm.Reduce_init(send, buf,
-                                                         root=last)}[what]
+            buf = np.zeros(4, np.float32 if what == "Reduce" else float)
+            buf.flags.writeable = what != "Bcast"
         try:
-            req = call()
-            if req is not None:
-                req.Start()
-                req.Wait()
-                req.Free()
+            if what == "Bcast":
+                xcomm.Bcast(buf, 0)
+            else:
+                xcomm.Reduce(send, buf, root=last)
             err = "no error" if rank == last else None
         except ValueError:
             err = None if rank == last else "a rank with a good buffer raised"
