@@ -745,26 +745,14 @@ def test_debug_compares_a_start_with_what_peers_call(request, how, case,
 
 
 @pytest.mark.parametrize("how", ["keyword", "env"])
-@pytest.mark.parametrize("case,pattern", [
-    ("bcast-extra-arg",
+@pytest.mark.parametrize("case,exc,pattern", [
+    ("bcast-extra-arg", "TypeError",
      r"^(rank 2: )?Bcast\(buf, root=\.\.\.\): too many positional "
      r"arguments$"),
-    ("dup-bad-info", r"^(rank 2: )?info must be an MPI\.Info or None, not "
-                     r"int$"),
-    ("dup-with-info-none",
-     r"^(rank 2: )?info must be an MPI\.Info, not NoneType$")])
-def test_debug_call_that_fails_on_one_rank_raises_on_every_rank(
-        request, how, case, pattern):
-    """With XHC_DEBUG, a call that rank 2 alone cannot make fails on every
-    rank: a Bcast with an argument too many, before the comparison (the
-    others waited for ever in its allgather); a Dup(5), or a
-    Dup_with_info(None), which mpi4py refuses (the others went on into
-    MPI's Dup and waited there)."""
-    check_debug_case(request, how, case, "TypeError", pattern)
-
-
-@pytest.mark.parametrize("how", ["keyword", "env"])
-@pytest.mark.parametrize("case,exc,pattern", [
+    ("dup-bad-info", "TypeError",
+     r"^(rank 2: )?info must be an MPI\.Info or None, not int$"),
+    ("dup-with-info-none", "TypeError",
+     r"^(rank 2: )?info must be an MPI\.Info, not NoneType$"),
     ("allreduce-recv-count", "ValueError",
      r"^(rank 2: )?Allreduce: send buffer has 4 elements, receive buffer 5; "
      r"make them equal$"),
@@ -779,14 +767,22 @@ def test_debug_call_that_fails_on_one_rank_raises_on_every_rank(
      r"pass a writable array$"),
     ("reduce-in-place-off-root", "MPIValueError",
      r"^(rank 2: )?Reduce: MPI\.IN_PLACE is only for the root \(rank 0\); "
-     r"pass a send buffer on the other ranks$")])
-def test_debug_raises_what_one_rank_would_refuse_on_every_rank(
+     r"pass a send buffer on the other ranks$"),
+    ("refused-bytearray", "ValueError",
+     r"^(rank 2: )?Allreduce: send buffer has 4 elements, receive buffer 5")])
+def test_debug_call_that_fails_on_one_rank_raises_on_every_rank(
         request, how, case, exc, pattern):
-    """With XHC_DEBUG, arguments only rank 2 would refuse (a receive
-    buffer of another size than its send buffer, no buffer, a read-only
-    buffer it must write, IN_PLACE off a Reduce's root) raise its error
-    on every rank, in the comparison: rank 2 raised alone, and the others
-    timed out in the call, or waited for it in the next."""
+    """With XHC_DEBUG, a call that rank 2 alone cannot make fails on every
+    rank, with its error: a Bcast with an argument too many, before the
+    comparison (the others waited for ever in its allgather); a Dup(5),
+    or a Dup_with_info(None), which mpi4py refuses (the others went on
+    into MPI's Dup and waited there); and, judged in the comparison,
+    arguments only rank 2 would refuse (a receive buffer of another size
+    than its send buffer, no buffer, a read-only buffer it must write,
+    IN_PLACE off a Reduce's root), where rank 2 raised alone and the
+    others timed out in the call.  The error holds no export of rank 2's
+    bytearray, which it resizes in its except clause (a BufferError once
+    the comparison's frames held it)."""
     check_debug_case(request, how, case, exc, pattern)
 
 

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, in_place,
                       predefined, resolve)
-from .entry import misbound, settled
+from .entry import drop_locals, misbound, settled
 from .errors import XhcError, agree
 from .mpierrors import comm_freed
 from .requests import OverMPI, Request
@@ -147,7 +147,13 @@ def checked(xcomm, name, call):
     def wrapper(*args, **kwargs):
         # The agreement is part of the collective: claimed with it for
         # this thread, so that another thread's raises before agreeing.
-        return xcomm._claimed(name, agreed_call, args, kwargs)
+        try:
+            return xcomm._claimed(name, agreed_call, args, kwargs)
+        except BaseException as exc:
+            # Its frames would hold the caller's buffers (and agree()'s
+            # a cycle through the exception) until a garbage collection.
+            drop_locals(exc)
+            raise
 
     wrapper.__name__ = name
     wrapper.__doc__ = call.__doc__

@@ -2273,6 +2273,12 @@ def persistent_bcast_shared(xcomm, comm, v, sz, alloc):
     read_only_receiver(xcomm, comm, v, whole[:16384])
 
 
+def judged_everywhere(xcomm):
+    """Does XHC_DEBUG judge each rank's own arguments in its comparison,
+    so that what one rank refuses raises on every rank?  On one node."""
+    return bool(xcomm._cfg["debug"]) and xcomm._nodes is None
+
+
 def read_only_receiver(xcomm, comm, v, shared):
     """Bcast_init from a root with a Comm.empty buffer, where the last rank
     passes a read-only array: that rank refuses it before any step in the
@@ -2285,7 +2291,7 @@ def read_only_receiver(xcomm, comm, v, shared):
     err = None
     want = (np.arange(shared.size) * 7 + 3).astype(np.uint8)
     shared[:] = want if rank == 0 else 0
-    if rank == n - 1 or xcomm._cfg["debug"]:  # which raises on every rank
+    if rank == n - 1 or judged_everywhere(xcomm):
         refused = np.zeros(shared.size, np.uint8)
         refused.flags.writeable = False
         try:
@@ -2320,7 +2326,7 @@ def bad_root_receive_buffer(xcomm, comm, v, a, nbytes):
            for r in range(n)]
     a[:] = ins[rank]
     err = None
-    if rank == root or xcomm._cfg["debug"]:  # which raises on every rank
+    if rank == root or judged_everywhere(xcomm):
         try:
             xcomm.Reduce_init(a, bad if rank == root else None, root=root)
             err = "no error for a receive buffer of the wrong dtype"
@@ -2432,7 +2438,7 @@ def kept_fallback_cases(xcomm, comm, v):
     # A Reduce root whose receive buffer is bad takes part: counted.
     # Under XHC_DEBUG every rank raises its error instead, and none did.
     before = xcomm.stats["fallback"]
-    debug = xcomm._cfg["debug"]
+    debug = judged_everywhere(xcomm)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         refused = raises(ValueError, xcomm.Reduce, a, np.zeros(
@@ -2703,11 +2709,11 @@ def fortran_integers_refused(xcomm, v):
 
 def bad_root_recv(v, xcomm, op, ins, total):
     """A fallback Reduce whose root's receive buffer is read-only, or of
-    the wrong size: the root raises, having taken part (under XHC_DEBUG
-    every rank raises its error), and the next Reduce gets its own sums,
-    not the bad one's."""
+    the wrong size: the root raises, having taken part (under XHC_DEBUG,
+    on one node, every rank raises its error), and the next Reduce gets
+    its own sums, not the bad one's."""
     rank, root = xcomm.rank, xcomm.size - 1
-    raiser = rank == root or xcomm._cfg["debug"]
+    raiser = rank == root or judged_everywhere(xcomm)
     for what, bad in (("read-only", np.zeros(6)), ("short", np.zeros(5)),
                       ("read-only in-place", ins[rank].copy())):
         bad.flags.writeable = what == "short"
@@ -4665,7 +4671,7 @@ def whole_and_partial_specs(xcomm, comm, v, slow):
     v.check("specifications of another type, of part of a Fortran-order "
             "array, or past the end, go through Python",
             slow == ["_Allreduce", "_Bcast", "_Allreduce"][
-                :3 - xcomm._cfg["debug"]], f"{slow}")
+                :3 - judged_everywhere(xcomm)], f"{slow}")
 
 
 def spec_forms(xcomm, comm, v):

@@ -711,6 +711,7 @@ def debug_cases():
          lambda c: c.Bcast(readonly(f8(4)) if odd else f8(4), root=0)),
         ("debug-reduce-in-place-off-root",
          lambda c: c.Reduce(MPI.IN_PLACE if odd else f8(4), f8(4), root=0)),
+        ("debug-refused-bytearray", lambda c: refused_bytearray(c, odd)),
         ("debug-bcast-count", lambda c: c.Bcast(f8(n), root=0)),
         ("debug-bcast-root", lambda c: c.Bcast(f8(4), root=1 if odd else 0)),
         # A rank in the middle differs: the comparison reads every rank.
@@ -764,6 +765,18 @@ def debug_cases():
         ("debug-dup-with-info-none", lambda c: c.Dup_with_info(
             None if odd else MPI.INFO_ENV).free()),
     ]
+
+
+def refused_bytearray(c, odd):
+    """A receive buffer of 5 doubles in a bytearray on the ODD rank, whose
+    send buffer has 4: refused, and resizable in the except clause (no
+    export held), which raises BufferError if not."""
+    buf = bytearray(40)
+    try:
+        c.Allreduce(f8(4), [buf, MPI.DOUBLE] if odd else f8(4))
+    except ValueError:
+        buf.extend(b"more")
+        raise
 
 
 def start_out_of_order(c, odd):
