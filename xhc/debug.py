@@ -23,8 +23,10 @@ def _describe(buf, typed=True):
     """What of a buffer must agree across ranks: its size (and type)."""
     try:
         b = resolve(buf)
-    except (TypeError, ValueError) as exc:  # over several nodes; else
-        return f"unusable ({type(exc).__name__}: {exc})"  # _judge_alone's
+    except (TypeError, ValueError) as exc:
+        # Compared over several nodes; on one, _judge_alone raises the
+        # call's own error instead.
+        return f"unusable ({type(exc).__name__}: {exc})"
     if not typed:
         return f"{b.nbytes} bytes"
     if b.alias is not None:  # as given: a complex array, not its floats

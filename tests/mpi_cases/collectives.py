@@ -2321,7 +2321,8 @@ def bad_root_receive_buffer(xcomm, comm, v, a, nbytes):
     n, rank, root = comm.size, comm.rank, comm.size - 1
     if nbytes != 16384:
         return
-    bad, good = xcomm.empty(a.size, "f4"), xcomm.empty(a.size)
+    # (A communicator holds at most 64 Comm.empty arrays.)
+    bad, good = xcomm.empty(a.size, "f4"), np.empty(a.size)
     ins = [values(np.dtype("f8"), "SUM", seed_of(171, r), a.size)
            for r in range(n)]
     a[:] = ins[rank]
