@@ -315,12 +315,13 @@ int xhc_reduce(xhc_ctx_t *ctx, const void *sbuf, void *rbuf,
 
 /* Collective: every rank's *VALUE becomes the least of all ranks' values,
  * for a choice the ranks must make alike (whether a call may carry
- * XHC_CALL_SHARED).  TOPIC (0 to XHC_AGREE_TOPICS - 1, the caller's to
- * number) names the choice: ranks that agree on different topics, or one
- * that agrees while a peer is in a collective, fail (XHC_ERR_DISAGREE)
- * rather than take each other's steps for their own.  An Allreduce the
- * path counters leave out; it fails as a collective does (a timeout, a
- * peer gone or closed). */
+ * XHC_CALL_SHARED).  TOPIC (0 to XHC_AGREE_TOPICS - 1, else
+ * XHC_ERR_ARG; the caller's to number) names the choice: ranks that agree
+ * on different topics, or one that agrees while a peer is in a reduction
+ * through the slots, fail (XHC_ERR_DISAGREE) rather than take each
+ * other's steps for their own; against a Bcast or a large call they time
+ * out.  An Allreduce the path counters leave out; it fails as a
+ * collective does (a timeout, a peer gone or closed). */
 #define XHC_AGREE_TOPICS 16
 int xhc_agree(xhc_ctx_t *ctx, int32_t *value, int topic);
 
