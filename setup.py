@@ -42,11 +42,11 @@ class BuildExt(build_ext):
 
 
 setup(
-    cffi_modules=["xhc/_build.py:ffibuilder"],
+    cffi_modules=["csrc/build.py:ffibuilder"],
     cmdclass={"build_ext": BuildExt},
     # _hot.c fills the core's xhc_call_t: rebuild it when xhc.h changes.
     ext_modules=[Extension("xhc._hot", ["xhc/_hot.c", "xhc/_hot_objects.c",
-                                       "xhc/_hot_request.c"],
+                                        "xhc/_hot_request.c"],
                            include_dirs=["csrc"],
                            depends=["csrc/xhc.h", "xhc/_hot.h"],
                            extra_compile_args=["-O2", "-Wall", "-Wextra"])],

@@ -22,9 +22,9 @@
  * 4. Messages go up to 2^40 bytes; a Bcast counts bytes, a reduction
  *    elements of its dtype.
  * The core reads no environment and prints nothing; it needs
- * _GNU_SOURCE to build and -lrt -ldl -lpthread to link (xhc/_build.py).
+ * _GNU_SOURCE to build and -lrt -ldl -lpthread to link (csrc/build.py).
  *
- * The region between the cffi markers is read verbatim by xhc/_build.py as
+ * The region between the cffi markers is read verbatim by csrc/build.py as
  * the cdef, so it must stay plain C declarations.
  */
 #ifndef XHC_H

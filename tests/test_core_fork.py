@@ -15,6 +15,7 @@ import json
 import mmap
 import os
 import re
+import runpy
 import secrets
 import select
 import signal
@@ -26,11 +27,11 @@ import numpy as np
 import pytest
 from xhc._xhc import ffi, lib
 
-from xhc import _build
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 HEADER = os.path.join(ROOT, "csrc", "xhc.h")
+# The build script is not part of the package: load it by its path.
+cdef_of = runpy.run_path(os.path.join(ROOT, "csrc", "build.py"))["cdef_of"]
 SHM_DIR = "/dev/shm"
 
 
@@ -160,17 +161,17 @@ def test_op_valid_and_dtype_size():
 
 def test_cdef_of_reads_exactly_the_marked_region():
     text = header_text()
-    region = _build.cdef_of(text)
+    region = cdef_of(text)
     assert region == cffi_region()
     assert "#include" not in region and "#ifndef" not in region
     assert "typedef struct xhc_ctx xhc_ctx_t;" in region
     assert "xhc_strerror" in region
-    assert _build.cdef_of("int a;\n/* cffi:begin */int b;/* cffi:end */"
-                          "\nint c;") == "int b;"
-    assert _build.cdef_of("/* cffi:begin */\nx\ny\n/* cffi:end */") \
+    assert cdef_of("int a;\n/* cffi:begin */int b;/* cffi:end */"
+                   "\nint c;") == "int b;"
+    assert cdef_of("/* cffi:begin */\nx\ny\n/* cffi:end */") \
         == "\nx\ny\n"
     with pytest.raises(RuntimeError):
-        _build.cdef_of("int a; /* cffi:begin */ int b;")
+        cdef_of("int a; /* cffi:begin */ int b;")
     # Every function of the region is in the built module.
     for fn in re.findall(r"\b(xhc_\w+)\s*\(", region):
         assert hasattr(lib, fn), fn

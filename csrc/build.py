@@ -6,8 +6,7 @@ import shlex
 
 from cffi import FFI
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CSRC = os.path.join(os.path.dirname(HERE), "csrc")
+CSRC = os.path.dirname(os.path.abspath(__file__))
 SOURCES = sorted(f for f in os.listdir(CSRC) if f.endswith(".c"))
 HEADERS = sorted(f for f in os.listdir(CSRC) if f.endswith(".h"))
 
