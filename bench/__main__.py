@@ -104,11 +104,12 @@ def parse_args(argv=None):
                     help=f"any of {', '.join(SWEEPS)} (default: all)")
     ap.add_argument("--extra", default="",
                     help="more bench.osu options, as one argument: "
-                    "--extra=-f, or --extra '-f --peer sm'; each OP gets "
+                    "--extra -f, or --extra '-f --peer sm'; each OP gets "
                     "those it takes (no sizes for barrier, no --dtype for "
                     "bcast), and with several OPs a --json or --plot FILE "
                     "of its own (a.json: a-bcast.json, ...)")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(_extra_joined(sys.argv[1:] if argv is None
+                                       else argv))
     if args.ranks < 1:  # mpiexec -n 0 would take every slot it finds
         ap.error(f"-n {args.ranks}: give 1 or more ranks")
     bad = [op for op in args.ops if op not in SWEEPS]
@@ -118,16 +119,39 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    env = {**ROOT_ENV, **os.environ}
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def _extra_joined(argv):
+    """ARGV with --extra VALUE as --extra=VALUE: argparse takes a VALUE
+    such as -f for an option of its own."""
+    out, words = [], iter(argv)
+    for word in words:
+        value = next(words, None) if word == "--extra" else None
+        out.append(word if value is None else f"--extra={value}")
+    return out
+
+
+def osu_lines(args):
+    """Each OP's bench.osu command line, checked here for ARGS.ranks
+    ranks (bench.osu exits with its usage error), so that a bad --extra
+    stops before anything is launched."""
+    from bench import osu  # loads MPI without starting it
+    lines = []
     for op in args.ops:
         extra = _osu.options_for(op, args.extra.split())
         if len(args.ops) > 1:
             extra = files_per_op(extra, op)
+        line = [op, "-c", *SWEEPS[op], *extra]
+        osu.parse_args(line, nranks=args.ranks)
+        lines.append(line)
+    return lines
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    env = {**ROOT_ENV, **os.environ}
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for line in osu_lines(args):
         cmd = [mpiexec(), "-n", str(args.ranks), sys.executable, "-m",
-               "mpi4py", "-m", "bench.osu", op, "-c", *SWEEPS[op], *extra]
+               "mpi4py", "-m", "bench.osu", *line]
         rc = subprocess.call(cmd, env=env, cwd=here)
         if rc:
             return rc

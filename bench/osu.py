@@ -309,8 +309,10 @@ COMMANDS = {
 
 # -- options -----------------------------------------------------------------
 
-def parse_args(argv=None):
-    """Parse the command line (OSU's short options plus xhc's long ones)."""
+def parse_args(argv=None, nranks=None):
+    """Parse the command line (OSU's short options plus xhc's long ones);
+    NRANKS checks it for that many ranks in a process run alone, as
+    python -m bench does before it launches them."""
     # No abbreviations: python -m bench hands each command the options it
     # takes (_osu.options_for), by their full names.
     p = _mpi.Parser(prog="bench.osu", allow_abbrev=False,
@@ -321,7 +323,7 @@ def parse_args(argv=None):
     _osu_options(p.add_argument_group("OSU options"))
     _comparison_options(p.add_argument_group("comparison options"))
     opts = p.parse_args(argv)
-    _check_opts(p, opts)
+    _check_opts(p, opts, nranks)
     return opts
 
 
@@ -436,7 +438,7 @@ def _check_applies(parser, opts):
             setattr(opts, name, default)
 
 
-def _check_opts(parser, opts):
+def _check_opts(parser, opts, nranks=None):
     _check_applies(parser, opts)
     if opts.objects and (opts.command == "barrier" or opts.persistent
                          or opts.shm or opts.arena or opts.op != "sum"):
@@ -457,8 +459,8 @@ def _check_opts(parser, opts):
                      "time another MPI in a run of its own and merge the "
                      "JSON files with bench.compare")
     world = _mpi.world()
-    error = _option_error(opts, world.size if world else 1,
-                          world.rank if world else 0)
+    size, rank = (world.size, world.rank) if world else (1, 0)
+    error = _option_error(opts, nranks or size, rank)
     # Ranks may see the node and the file system differently: the first
     # error any rank finds stops them all.
     errors = world.allgather(error) if world else [error]

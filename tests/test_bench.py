@@ -1059,6 +1059,38 @@ def test_osu_notes_a_fallback_beside_the_table(capsys):
     assert run.doc["xhc_stats"] == {"fallback": 2, "eager": 6}
 
 
+def test_bench_main_takes_an_extra_that_starts_with_a_dash():
+    """--extra -f is --extra=-f (argparse took -f for an option of its
+    own), and each OP's command line gets what it takes."""
+    from bench.__main__ import osu_lines, parse_args
+    assert parse_args(["--extra", "-f", "barrier"]).extra == "-f"
+    args = parse_args(["-n", "4", "--extra", "--root 3 -f", "bcast",
+                       "barrier"])
+    assert osu_lines(args) == [["bcast", "-c", "-m", "8:4M", "--root", "3",
+                                "-f"], ["barrier", "-c", "-f"]]
+    with pytest.raises(SystemExit):
+        parse_args(["--extra"])
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--extra=--bogus", "barrier"], "unrecognized arguments: --bogus"),
+    (["-n", "3", "--extra", "--root 3", "bcast"], "--root 3: only 3 ranks")])
+def test_bench_main_refuses_a_bad_extra_before_launching(argv, text,
+                                                         monkeypatch,
+                                                         capsys):
+    """bench.osu's refusal of an --extra comes before any mpiexec, once,
+    not from every rank of a launched job."""
+    from bench import __main__ as main
+
+    def launch(cmd, **kwargs):
+        raise AssertionError(f"launched {cmd}")
+    monkeypatch.setattr(main.subprocess, "call", launch)
+    with pytest.raises(SystemExit) as exc:
+        main.main(argv)
+    assert exc.value.code == 2
+    assert text in capsys.readouterr().err
+
+
 def test_bench_main_refuses_no_ranks(capsys):
     from bench.__main__ import parse_args
     with pytest.raises(SystemExit):
