@@ -765,6 +765,9 @@ def test_debug_compares_a_start_with_what_peers_call(request, how, case,
     ("bcast-readonly-receiver", "ReadOnlyError",
      r"^(rank 2: )?Bcast: the buffer is read-only on a receiving rank; "
      r"pass a writable array$"),
+    ("bcast-strided-receiver", "NotContiguousError",
+     r"^(rank 2: )?Bcast: buf: the ndarray of a buffer specification is "
+     r"not contiguous; pass a contiguous one"),
     ("reduce-in-place-off-root", "MPIValueError",
      r"^(rank 2: )?Reduce: MPI\.IN_PLACE is only for the root \(rank 0\); "
      r"pass a send buffer on the other ranks$"),
@@ -779,8 +782,8 @@ def test_debug_call_that_fails_on_one_rank_raises_on_every_rank(
     into MPI's Dup and waited there); and, judged in the comparison,
     arguments only rank 2 would refuse (a receive buffer of another size
     than its send buffer, no buffer, a read-only buffer it must write,
-    IN_PLACE off a Reduce's root), where rank 2 raised alone and the
-    others timed out in the call.  The error holds no export of rank 2's
+    a strided one, IN_PLACE off a Reduce's root), where rank 2 raised
+    alone and the others timed out in the call.  The error holds no export of rank 2's
     bytearray, which it resizes in its except clause (a BufferError once
     the comparison's frames held it)."""
     check_debug_case(request, how, case, exc, pattern)

@@ -2313,27 +2313,36 @@ def read_only_receiver(xcomm, comm, v, shared):
            "then an Allreduce", err)
 
 
-def bad_root_receive_buffer(xcomm, comm, v, a, nbytes):
+def bad_root_receive_buffer(xcomm, comm, v, a, nbytes, op=MPI.SUM):
     """Reduce_init whose root passes a Comm.empty receive buffer of the
-    wrong dtype: the root refuses it before any step in the core, and its
-    retry with a good one is its part of the call: the root gets the sum,
-    and the communicator stays in step."""
+    wrong dtype (with OP a sum of the user's, which mpi4py runs, a
+    read-only one): the root refuses it before any step in the core or
+    in MPI, and its retry with a good one is its part of the call: the
+    root gets the sum, and the communicator stays in step."""
     n, rank, root = comm.size, comm.rank, comm.size - 1
     if nbytes != 16384:
         return
-    # (A communicator holds at most 64 Comm.empty arrays.)
-    bad, good = xcomm.empty(a.size, "f4"), np.empty(a.size)
+    if op == MPI.SUM:  # (a communicator holds at most 64 Comm.empty arrays)
+        bad, what = xcomm.empty(a.size, "f4"), "shared, of the wrong dtype"
+    else:
+        bad, what = np.zeros(a.size), "read-only, user's op"
+        bad.flags.writeable = False
+    good = np.empty(a.size)
     ins = [values(np.dtype("f8"), "SUM", seed_of(171, r), a.size)
            for r in range(n)]
     a[:] = ins[rank]
     err = None
-    if rank == root or judged_everywhere(xcomm):
-        try:
-            xcomm.Reduce_init(a, bad if rank == root else None, root=root)
-            err = "no error for a receive buffer of the wrong dtype"
-        except ValueError:
-            pass
-    req = xcomm.Reduce_init(a, good if rank == root else None, root=root)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # op fallback
+        if rank == root or judged_everywhere(xcomm):
+            try:
+                xcomm.Reduce_init(a, bad if rank == root else None, op,
+                                  root=root)
+                err = f"no error for a receive buffer {what}"
+            except ValueError:
+                pass
+        req = xcomm.Reduce_init(a, good if rank == root else None, op,
+                                root=root)
     req.Start()
     req.Wait()
     req.Free()
@@ -2342,8 +2351,8 @@ def bad_root_receive_buffer(xcomm, comm, v, a, nbytes):
     out = np.empty_like(a)
     xcomm.Allreduce(a, out)
     err = err or compare(out, np_fold("SUM", ins), "SUM", a.dtype)
-    v.case(f"Reduce_init, root's shared receive buffer of the wrong dtype "
-           f"({nbytes} B), retried, then an Allreduce", err)
+    v.case(f"Reduce_init, root's receive buffer {what} ({nbytes} B), "
+           f"retried, then an Allreduce", err)
 
 
 # -- fallback ----------------------------------------------------------------
@@ -2357,6 +2366,13 @@ def suite_fallback(world, comm, v, sz, args):
         fallback_forms_cases(xcomm, comm, v)
         kept_fallback_cases(xcomm, comm, v)
     fallback_warning_as_error(comm, v)
+    # Over several nodes too: there the root's buffer is judged only as
+    # the call falls back.
+    usum = MPI.Op.Create(lambda a, b, t: np.add(
+        np.frombuffer(a), np.frombuffer(b), out=np.frombuffer(b)), True)
+    with xhc.Comm(comm) as xcomm:
+        bad_root_receive_buffer(xcomm, comm, v, np.empty(2048), 16384, usum)
+    usum.Free()
 
 
 def dropped_lives_on(comm, calls):
