@@ -237,6 +237,12 @@ class OverMPI(Request):
     Start()s (theirs are MPI's)."""
 
 
+# mpi4py's class methods (MPI.Prequest.Startall, MPI.Request.Waitall, ...)
+# refuse these as "Cannot convert <type name> to mpi4py.MPI.Request": the
+# name says whose request it is, and so where its Startall and Waitall are.
+Request.__name__ = OverMPI.__name__ = "xhc.Request"
+
+
 def busy_error(what):
     return XhcError(f"xhc.Comm {what} while a collective runs on it in "
                     "another thread; call it once that collective has "

@@ -3823,6 +3823,12 @@ def persistent_calls(xcomm, comm, v):
                else f"got {reduced}")
     v.case("Startall with a non-request raises TypeError, starting none",
            raises(TypeError, xhc.Request.Startall, [reqs[0], 5]))
+    for name, call in (("Prequest.Startall", MPI.Prequest.Startall),
+                       ("Request.Waitall", MPI.Request.Waitall)):
+        e = raises_what(call, reqs[2:4])
+        v.case(f"mpi4py's {name} of xhc's requests names xhc.Request", None
+               if isinstance(e, TypeError) and "xhc.Request" in str(e)
+               else f"got {e!r}")
     done = [req.Get_status() for req in reqs]
     v.case("persistent requests' Get_status() is True",
            None if done == [True] * len(reqs) else f"got {done}")
