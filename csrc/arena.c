@@ -514,13 +514,21 @@ void xhc_arena_describe(const xhc_ctx_t *ctx, const void *buf,
 
 /* PEER's arena, whose memfd is its descriptor FD, opened here, if it
  * holds [0, END), and its *SIZE: the descriptor, or a negative code. */
+/* ERR, or a failed single-copy read where it is the kernel's refusal to
+ * let me into the peer (one that made itself non-dumpable, or changed
+ * its credentials, since the probe at setup), as CMA's would be. */
+static int xhc_read_refused(int err)
+{
+    return err == -EACCES || err == -EPERM ? XHC_ERR_COPY : err;
+}
+
 static int xhc_arena_open_peer(xhc_ctx_t *ctx, int peer, int fd,
                                uint64_t end, uint64_t *size)
 {
     char path[64], link[64];
     snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)ctx->pids[peer], fd);
     ssize_t n = readlink(path, link, sizeof(link) - 1);
-    int why = -errno;  /* before the liveness check, which may reset it */
+    int why = xhc_read_refused(-errno); /* before the liveness check */
     if (n < 0)
         return xhc_peer_alive(ctx, peer) ? why : XHC_ERR_PEER_GONE;
     link[n] = '\0';
@@ -530,7 +538,7 @@ static int xhc_arena_open_peer(xhc_ctx_t *ctx, int peer, int fd,
         return XHC_ERR_COPY;
     int mfd = open(path, O_RDWR | O_CLOEXEC);
     if (mfd < 0)
-        return -errno;
+        return xhc_read_refused(-errno);
     struct stat st;
     if (fstat(mfd, &st) == 0 && (uint64_t)st.st_size >= end) {
         *size = (uint64_t)st.st_size;

@@ -137,7 +137,10 @@ def error(rc, what, ctx=None, pids=None, ranks=None, me=-1):
             msg += _first_error(ctx, peer, name, me)
         msg += ")"
     if rc == lib.XHC_ERR_COPY and peer >= 0:
-        msg += f" (reading rank {name(peer)})"
+        msg += (f" (reading rank {name(peer)}; the kernel refuses that once "
+                "a process has made itself non-dumpable or changed its "
+                "credentials: do either before making the xhc.Comm, which "
+                "then stages)")
     if rc in (lib.XHC_ERR_MISMATCH, lib.XHC_ERR_DISAGREE,
               lib.XHC_ERR_ASKEW) and peer >= 0:
         msg += f" (rank {name(peer)})"
