@@ -512,8 +512,6 @@ void xhc_arena_describe(const xhc_ctx_t *ctx, const void *buf,
     src->fd = arena.fd;
 }
 
-/* PEER's arena, whose memfd is its descriptor FD, opened here, if it
- * holds [0, END), and its *SIZE: the descriptor, or a negative code. */
 /* ERR, or a failed single-copy read where it is the kernel's refusal to
  * let me into the peer (one that made itself non-dumpable, or changed
  * its credentials, since the probe at setup), as CMA's would be. */
@@ -522,6 +520,8 @@ static int xhc_read_refused(int err)
     return err == -EACCES || err == -EPERM ? XHC_ERR_COPY : err;
 }
 
+/* PEER's arena, whose memfd is its descriptor FD, opened here, if it
+ * holds [0, END), and its *SIZE: the descriptor, or a negative code. */
 static int xhc_arena_open_peer(xhc_ctx_t *ctx, int peer, int fd,
                                uint64_t end, uint64_t *size)
 {
