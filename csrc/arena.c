@@ -22,14 +22,16 @@
  *    and a block carved from free extents reads as zeros.
  * 4. The collectives describe a buffer inside the arena by its offset
  *    and the memfd's number; a peer opens the memfd through
- *    /proc/<pid>/fd (ptrace's read rule, which CMA's is stricter than),
- *    maps the aligned 64 MiB window around the buffer, and reads and
- *    writes it in place.  As XPMEM attachments (xpmem.c 4.), windows
- *    stay mapped, 16 per peer, and serve any later buffer inside them:
- *    a mapping of the memfd shows whatever the owner keeps there.  Under
- *    a ulimit -v that leaves less than an operation's windows, a reader
- *    maps each buffer's own pages instead; where address space runs out
- *    even so, the windows the operation does not use go first.
+ *    /proc/<pid>/fd (ptrace's read rule, which CMA's is stricter than;
+ *    refused, as once the owner is no longer dumpable, it fails as a
+ *    CMA read does), maps the aligned 64 MiB window around the buffer,
+ *    and reads and writes it in place.  As XPMEM attachments (xpmem.c
+ *    4.), windows stay mapped, 16 per peer, and serve any later buffer
+ *    inside them: a mapping of the memfd shows whatever the owner keeps
+ *    there.  Under a ulimit -v that leaves less than an operation's
+ *    windows, a reader maps each buffer's own pages instead; where
+ *    address space runs out even so, the windows the operation does not
+ *    use go first.
  * 5. A process forked from an owner gets the arena's pages copy-on-write
  *    (the memfd mapped privately over the shared mapping) but not the
  *    arena: its allocations go to malloc, its frees of blocks it
