@@ -23,8 +23,8 @@
  * 4. The collectives describe a buffer inside the arena by its offset
  *    and the memfd's number; a peer opens the memfd through
  *    /proc/<pid>/fd (ptrace's read rule, which CMA's is stricter than;
- *    refused, as once the owner is no longer dumpable, it fails as a
- *    CMA read does), maps the aligned 64 MiB window around the buffer,
+ *    an open that fails, as once the owner is no longer dumpable, fails
+ *    as a CMA read does), maps the aligned 64 MiB window around the buffer,
  *    and reads and writes it in place.  As XPMEM attachments (xpmem.c
  *    4.), windows stay mapped, 16 per peer, and serve any later buffer
  *    inside them: a mapping of the memfd shows whatever the owner keeps
@@ -514,12 +514,11 @@ void xhc_arena_describe(const xhc_ctx_t *ctx, const void *buf,
     src->fd = arena.fd;
 }
 
-/* ERR, or a failed single-copy read where it is the kernel's refusal to
- * let me into the peer (one that made itself non-dumpable, or changed
- * its credentials, since the probe at setup), as CMA's would be. */
-static int xhc_read_refused(int err)
+/* ERR (-errno) of a failed open of a peer's arena descriptor, as a CMA
+ * read would fail: refused, or (the descriptor gone) a failed read. */
+static int xhc_arena_open_failed(int err)
 {
-    return err == -EACCES || err == -EPERM ? XHC_ERR_COPY : err;
+    return xhc_read_failed(err, err == -ENOENT ? XHC_ERR_COPY : err);
 }
 
 /* PEER's arena, whose memfd is its descriptor FD, opened here, if it
@@ -530,7 +529,8 @@ static int xhc_arena_open_peer(xhc_ctx_t *ctx, int peer, int fd,
     char path[64], link[64];
     snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)ctx->pids[peer], fd);
     ssize_t n = readlink(path, link, sizeof(link) - 1);
-    int why = xhc_read_refused(-errno); /* before the liveness check */
+    /* Before the liveness check, which may reset errno. */
+    int why = xhc_arena_open_failed(-errno);
     if (n < 0)
         return xhc_peer_alive(ctx, peer) ? why : XHC_ERR_PEER_GONE;
     link[n] = '\0';
@@ -540,7 +540,7 @@ static int xhc_arena_open_peer(xhc_ctx_t *ctx, int peer, int fd,
         return XHC_ERR_COPY;
     int mfd = open(path, O_RDWR | O_CLOEXEC);
     if (mfd < 0)
-        return xhc_read_refused(-errno);
+        return xhc_arena_open_failed(-errno);
     struct stat st;
     if (fstat(mfd, &st) == 0 && (uint64_t)st.st_size >= end) {
         *size = (uint64_t)st.st_size;

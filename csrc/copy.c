@@ -42,6 +42,19 @@ void xhc_src_describe(const xhc_ctx_t *ctx, const void *buf, size_t nbytes,
     xhc_arena_describe(ctx, buf, nbytes, src);
 }
 
+/* What a read of a peer's memory that failed with ERR (-errno) fails
+ * with: the peer gone, the kernel's refusal (see XHC_ERR_REFUSED), or
+ * OTHER. */
+int xhc_read_failed(int err, int other)
+{
+    switch (err) {
+    case -ESRCH: return XHC_ERR_PEER_GONE;
+    case -EPERM:
+    case -EACCES: return XHC_ERR_REFUSED;
+    default: return other;
+    }
+}
+
 static int xhc_cma_read(pid_t pid, void *dst, uint64_t addr, size_t len)
 {
     while (len) {
@@ -49,8 +62,8 @@ static int xhc_cma_read(pid_t pid, void *dst, uint64_t addr, size_t len)
         struct iovec remote = { (void *)(uintptr_t)addr, len };
         ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
         if (got <= 0)
-            return got < 0 && errno == ESRCH ? XHC_ERR_PEER_GONE
-                                             : XHC_ERR_COPY;
+            return got == 0 ? XHC_ERR_COPY
+                            : xhc_read_failed(-errno, XHC_ERR_COPY);
         dst = (unsigned char *)dst + got;
         addr += (uint64_t)got;
         len -= (size_t)got;

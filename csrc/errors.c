@@ -19,6 +19,10 @@ const char *xhc_strerror(int code)
     case XHC_ERR_ARG: return "an argument is out of range";
     case XHC_ERR_HIERARCHY: return "no valid hierarchy for this operation";
     case XHC_ERR_COPY: return "single-copy read of a peer's buffer failed";
+    case XHC_ERR_REFUSED:
+        return "the kernel refused a single-copy read of a peer's memory, "
+               "as it does once a process has made itself non-dumpable or "
+               "changed its credentials";
     case XHC_ERR_FREED: return "the communicator was freed";
     case XHC_ERR_MISMATCH:
         return "this rank's buffer and a peer's differ in size (the "

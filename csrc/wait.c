@@ -262,7 +262,8 @@ static int xhc_peer_stayed(xhc_ctx_t *ctx, int peer)
 int xhc_read_stayed(xhc_ctx_t *ctx, int peer, int rc)
 {
     /* A read that failed may have met the buffer of its next call. */
-    if (rc && rc != XHC_ERR_MISMATCH && rc != XHC_ERR_COPY)
+    if (rc && rc != XHC_ERR_MISMATCH && rc != XHC_ERR_COPY
+        && rc != XHC_ERR_REFUSED)
         return rc;
     int first = peer < 0 ? 0 : peer, last = peer < 0 ? ctx->nranks - 1 : peer;
     for (int p = first; p <= last; p++)

@@ -68,6 +68,10 @@ typedef struct xhc_ctx xhc_ctx_t;
                                    front end's steps; xhc_ctx_forfeit) */
 #define XHC_ERR_ADDRESS_SPACE -5015 /* no address space left here to map
                                        a peer's arena buffer (ulimit -v) */
+#define XHC_ERR_REFUSED   -5016 /* the kernel refused a read of a peer's
+                                   memory (it made itself non-dumpable,
+                                   or changed credentials, since the
+                                   context was set up) */
 
 #define XHC_INLINE_MAX 112      /* bytes carried inside a flag's line */
 #define XHC_ROUND_MIN 16384     /* smallest Bcast round with bcast_rounds */

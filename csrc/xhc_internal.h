@@ -344,6 +344,7 @@ struct xhc_ctx {
 };
 
 void xhc_wake(xhc_ctx_t *ctx, xhc_flag_t *flag); /* wait.c */
+int xhc_read_failed(int err, int other); /* copy.c */
 int xhc_skip_abandoned(xhc_ctx_t *ctx, uint64_t seq); /* wait.c */
 /* Move on SKIPPED operations, which I will not run, and leave: those
  * and the one I was in count as given up (ctx.c). */

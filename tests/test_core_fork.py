@@ -10,6 +10,7 @@ unlinks the segment once all have it mapped, and fails the test on any
 child's non-zero exit or on a timeout (after killing the children).
 """
 import contextlib
+import ctypes
 import errno
 import json
 import mmap
@@ -116,7 +117,7 @@ def error_codes():
 
 def test_strerror_names_every_code():
     codes = error_codes()
-    assert len(codes) == 15
+    assert len(codes) == 16
     messages = {}
     for name in codes:
         msg = strerror(getattr(lib, name))
@@ -1109,6 +1110,58 @@ def test_a_dead_peer_fails_fast_and_is_named(reaped):
                 lib.xhc_ctx_close(ctx1)
     # The core's descriptors on its peers' processes closed with it.
     assert set(os.listdir("/proc/self/fd")) == fds
+
+
+def _child(run):
+    """Fork a child that runs RUN(write), WRITE sending the parent bytes,
+    then exits; return (its pid, the read end of its pipe)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            run(lambda data: os.write(w, data))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r
+
+
+def test_a_read_the_kernel_refuses_names_the_refusal():
+    """A CMA read of a process the reader may not trace (one that made
+    itself non-dumpable, read by a process of another user, or of its own
+    user but not root) fails with XHC_ERR_REFUSED, naming the peer, not
+    as any failed copy: the message says what the kernel refused."""
+    def target(write):                      # rank 1: not dumpable
+        assert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0  # SET_DUMPABLE
+        write(b"ready")
+        signal.pause()
+    tpid, tpipe = _child(target)
+    try:
+        assert os.read(tpipe, 5) == b"ready"
+        with Segment(2, make_config()) as seg:
+            ctx0, ctx1 = _pair(seg, make_config(), [os.getpid(), tpid])
+            address = lib.xhc_ctx_probe_address(ctx1)
+
+            def reader(write):              # rank 0, without root's pass
+                if os.getuid() == 0:
+                    os.setgroups([])
+                    os.setgid(65534)
+                    os.setuid(65534)
+                rc = lib.xhc_cma_probe(ctx0, 1, address)
+                write(f"{rc} {lib.xhc_failed_rank(ctx0)}".encode())
+            rpid, rpipe = _child(reader)
+            got = os.read(rpipe, 64).decode()
+            assert os.waitpid(rpid, 0)[1] == 0, got
+            lib.xhc_ctx_close(ctx0)
+            lib.xhc_ctx_close(ctx1)
+    finally:
+        os.kill(tpid, signal.SIGKILL)
+        os.waitpid(tpid, 0)
+    assert got == f"{lib.XHC_ERR_REFUSED} 1", got
+    assert "non-dumpable" in strerror(lib.XHC_ERR_REFUSED)
 
 
 def _pidfds():

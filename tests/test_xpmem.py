@@ -550,7 +550,7 @@ def test_failed_attach_names_the_peer(fake_dir):
     for rank, res in enumerate(report["results"]):
         assert res["rc"] == lib.XHC_ERR_COPY, res
         assert res["failed"] == 1 - rank, res
-        assert f"(reading rank {1 - rank}; " in res["msg"], res
+        assert res["msg"].endswith(f"(reading rank {1 - rank})"), res
     fake = report["fake"]
     assert fake["errors"] == 0 and fake["attaches"] == 0, fake
     assert fake["live_segs"] == fake["live_apids"] == 0, fake

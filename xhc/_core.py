@@ -75,6 +75,7 @@ _AS_TOLD = {
                           "op or datatype, or was a call behind after "
                           "refusing an earlier call",
     lib.XHC_ERR_COPY: "a single-copy read of the buffer of {} failed",
+    lib.XHC_ERR_REFUSED: "the kernel refused a read of the memory of {}",
     lib.XHC_ERR_LEADER: "{} failed in an earlier step of this collective "
                         "over several nodes: its own error says why",
     lib.XHC_ERR_ADDRESS_SPACE: "the rank that gave up first had no address "
@@ -137,10 +138,10 @@ def error(rc, what, ctx=None, pids=None, ranks=None, me=-1):
             msg += _first_error(ctx, peer, name, me)
         msg += ")"
     if rc == lib.XHC_ERR_COPY and peer >= 0:
-        msg += (f" (reading rank {name(peer)}; the kernel refuses that once "
-                "a process has made itself non-dumpable or changed its "
-                "credentials: do either before making the xhc.Comm, which "
-                "then stages)")
+        msg += f" (reading rank {name(peer)})"
+    if rc == lib.XHC_ERR_REFUSED and peer >= 0:
+        msg += (f" (reading rank {name(peer)}: make that change before "
+                "making the xhc.Comm, whose ranks then stage)")
     if rc in (lib.XHC_ERR_MISMATCH, lib.XHC_ERR_DISAGREE,
               lib.XHC_ERR_ASKEW) and peer >= 0:
         msg += f" (rank {name(peer)})"
