@@ -75,17 +75,7 @@ def files_per_op(words, op):
     """WORDS with the file of each --json or --plot named for OP
     (a.json: a-allreduce.json), so that the runs of several OPs do not
     write over one another's."""
-    out, rename = [], False
-    for word in words:
-        flag, eq, value = word.partition("=")
-        if rename:
-            word, rename = _named_for(word, op), False
-        elif flag in FILES and eq:
-            word = f"{flag}={_named_for(value, op)}"
-        else:
-            rename = word in FILES
-        out.append(word)
-    return out
+    return _files_as(words, lambda path: _named_for(path, op))
 
 
 def _named_for(path, op):
@@ -93,9 +83,26 @@ def _named_for(path, op):
     return f"{stem}-{op}{ext}"
 
 
+def _files_as(words, rename):
+    """WORDS with RENAME(file) for the file of each --json or --plot."""
+    out, next_is_file = [], False
+    for word in words:
+        flag, eq, value = word.partition("=")
+        if next_is_file:
+            word, next_is_file = rename(word), False
+        elif flag in FILES and eq:
+            word = f"{flag}={rename(value)}"
+        else:
+            next_is_file = word in FILES
+        out.append(word)
+    return out
+
+
 def parse_args(argv=None):
     """The options; no OP means every collective."""
-    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    # No abbreviations: --ext would take -f for an option of its own.
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                 allow_abbrev=False)
     ap.add_argument("-n", "--ranks", type=int, default=2,
                     help="ranks to run (default 2)")
     # Checked here, not with choices=: argparse (3.11) checks the empty
@@ -135,8 +142,10 @@ def osu_lines(args):
     stops before anything is launched."""
     from bench import osu  # loads MPI without starting it
     lines = []
+    # Files where the caller is, not where mpiexec runs (the repository).
+    words = _files_as(args.extra.split(), os.path.abspath)
     for op in args.ops:
-        extra = _osu.options_for(op, args.extra.split())
+        extra = _osu.options_for(op, words)
         if len(args.ops) > 1:
             extra = files_per_op(extra, op)
         line = [op, "-c", *SWEEPS[op], *extra]

@@ -1072,6 +1072,23 @@ def test_bench_main_takes_an_extra_that_starts_with_a_dash():
         parse_args(["--extra"])
 
 
+def test_bench_main_writes_files_where_it_is_called(tmp_path, monkeypatch):
+    """A relative --json or --plot names a file in the caller's folder,
+    checked there before the launch; bench.osu runs in the repository's,
+    so each command line names it by its whole path."""
+    from bench.__main__ import osu_lines, parse_args
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    args = parse_args(["--extra", "--json sub/a.json -f", "bcast", "reduce"])
+    assert osu_lines(args) == [
+        ["bcast", "-c", "-m", "8:4M", "--json",
+         str(tmp_path / "sub" / "a-bcast.json"), "-f"],
+        ["reduce", "-c", "-m", "8:4M", "--json",
+         str(tmp_path / "sub" / "a-reduce.json"), "-f"]]
+    with pytest.raises(SystemExit):  # no such folder here
+        osu_lines(parse_args(["--extra=--json=nowhere/a.json", "bcast"]))
+
+
 @pytest.mark.parametrize("argv, text", [
     (["--extra=--bogus", "barrier"], "unrecognized arguments: --bogus"),
     (["-n", "3", "--extra", "--root 3", "bcast"], "--root 3: only 3 ranks")])
