@@ -160,6 +160,17 @@ def values(dtype, op, seed, count):
     return x.astype(dtype)                    # full range: SUM overflows
 
 
+def _user_sum(inbuf, outbuf, datatype):
+    code = datatype.tocode()
+    b = np.frombuffer(outbuf, code)
+    b += np.frombuffer(inbuf, code)
+
+
+def user_sum_op():
+    """A SUM of the user's, which xhc hands to mpi4py (Free() it)."""
+    return MPI.Op.Create(_user_sum, commute=True)
+
+
 def np_fold(op, arrays):
     """Reduce ARRAYS (rank order) with OP as MPI defines it, in numpy."""
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN
@@ -2368,8 +2379,7 @@ def suite_fallback(world, comm, v, sz, args):
     fallback_warning_as_error(comm, v)
     # Over several nodes too: there the root's buffer is judged only as
     # the call falls back.
-    usum = MPI.Op.Create(lambda a, b, t: np.add(
-        np.frombuffer(a), np.frombuffer(b), out=np.frombuffer(b)), True)
+    usum = user_sum_op()
     with xhc.Comm(comm) as xcomm:
         bad_root_receive_buffer(xcomm, comm, v, np.empty(2048), 16384, usum)
     usum.Free()
@@ -2405,9 +2415,7 @@ def kept_fallback_cases(xcomm, comm, v):
     call; an array resized in place is planned again; each call counts
     as a fallback."""
     n, rank = comm.size, comm.rank
-    usum = MPI.Op.Create(lambda a, b, t: np.add(
-        np.frombuffer(a, t.tocode()), np.frombuffer(b, t.tocode()),
-        out=np.frombuffer(b, t.tocode())), commute=True)
+    usum = user_sum_op()
     a, b, calls, bad = np.zeros(64), np.zeros(64), 0, []
     before = xcomm.stats["fallback"]
     with warnings.catch_warnings():
@@ -2504,9 +2512,7 @@ def fallback_layout_cases(xcomm, comm, v):
     one: MPI matches them (under XHC_DEBUG too).  A Reduce writes nothing
     off its root: those ranks' receive buffers are read-only here."""
     n, rank = comm.size, comm.rank
-    usum = MPI.Op.Create(lambda a, b, t: np.add(
-        np.frombuffer(a, t.tocode()), np.frombuffer(b, t.tocode()),
-        out=np.frombuffer(b, t.tocode())), commute=True)
+    usum = user_sum_op()
     ins = [values(np.dtype("f8"), "SUM", seed_of(115, r), 6) for r in range(n)]
     total = np_fold("SUM", ins)
     # Per rank, by rank % 4: the send and the receive buffer's layouts.
@@ -2570,9 +2576,7 @@ def fallback_forms_cases(xcomm, comm, v):
     refuse each on those ranks alone, or MPI fail, while the others wait
     in MPI: every rank gets the sums, of a request's every Start() too."""
     n, rank, count = comm.size, comm.rank, 1 << 17
-    usum = MPI.Op.Create(lambda a, b, t: np.add(
-        np.frombuffer(a, t.tocode()), np.frombuffer(b, t.tocode()),
-        out=np.frombuffer(b, t.tocode())), commute=True)
+    usum = user_sum_op()
     vector = MPI.DOUBLE.Create_vector(count, 1, 2).Commit()
     ins = [values(np.dtype("f8"), "SUM", seed_of(171, r), count)
            for r in range(n)]
@@ -2772,13 +2776,7 @@ def equal_op_cases(xcomm, comm, v):
 
 def fallback_cases(xcomm, comm, v):
     n, rank = comm.size, comm.rank
-
-    def user_sum(inbuf, outbuf, datatype):
-        code = datatype.tocode()
-        b = np.frombuffer(outbuf, code)
-        b += np.frombuffer(inbuf, code)
-
-    usum = MPI.Op.Create(user_sum, commute=True)
+    usum = user_sum_op()
     core_keys = [k for k in xcomm.stats if k != "fallback"]
     expected_reasons = {}
 
