@@ -138,11 +138,13 @@ SPANNING_SUITES = ["bcast", "allreduce", "reduce", "barrier", "mixed",
                    "subcomm", "fallback", "spanning", "objects"]
 
 
-@pytest.mark.parametrize("n,split", [(2, 2), (3, 2), (4, 2), (6, 3)])
+@pytest.mark.parametrize("n,split", [(2, 2), (3, 3), (3, 2), (4, 2),
+                                     (6, 3)])
 def test_several_nodes(n, split):
     """xhc inside each node and MPI between them (xhc/nodes.py) give
-    what numpy and mpi4py give; nodes of one rank (n=3, and n=2, where
-    every rank is alone and takes the leaders' step only) included."""
+    what numpy and mpi4py give; nodes of one rank included (n=3, split=2;
+    and where every rank is alone, takes the leaders' step only, and
+    gets MPI's own persistent requests)."""
     run_suites(n, SPANNING_SUITES, env={"XHC_SPLIT_NODES": str(split)},
                quick=n > 4)
 

@@ -31,7 +31,7 @@ from .mpierrors import MPIRootTypeError, MPIValueError, comm_freed
 from .plans import (KEEPABLE, NBYTES, RUN_FN, STAGED, address, core_call,
                     guard_of, is_spec, keepable, kept, make_plan, staged)
 from .requests import (COMM_NULL_HANDLE, OverMPI, Request, busy_error,
-                       stored_handle)
+                       held_prequest, stored_handle)
 from .topology import source_of
 
 _CACHE_MAX = 64           # plans kept per operation
@@ -326,8 +326,11 @@ class Comm(HotComm):
                 return None
         elif self._nodes is not None:  # a *_init
             blocking = name[:-5]
-            run = self._across_nodes(blocking, args[:_ACROSS[blocking]],
-                                     persistent=True)
+            count = _ACROSS[blocking]
+            run = self._across_nodes(blocking, args[:count], persistent=True,
+                                     extra=args[count:])
+            if isinstance(run, (MPI.Request, Request)):  # Nodes.lone
+                return run
             if run is not None:  # Start() runs it from xhc/_hot.c
                 return Request(run, blocking, self, bind=(0, 0, 0, 0, run))
         self._warn(f"{name}: {self._why}")
@@ -383,12 +386,31 @@ class Comm(HotComm):
         _, loads, stores = forms[1] if met[-1][0] and forms[1] else forms[0]
         if not (loads or stores):
             return mpi_request
-        # MPI's request, started and completed between the load and the
-        # store of its copies: every rank's is MPI's, so they match.
+        return self._over_mpi(mpi_request, loads, stores,
+                              f"{blocking} (through mpi4py)")
+
+    def _over_mpi(self, mpi_request, loads, stores, what):
+        """xhc's request over MPI_REQUEST, persistent, for buffers that go
+        through copies: its Start() fills them (LOADS), starts and
+        completes MPI's request, and writes them back (STORES).  Every
+        rank's is MPI's, so they match."""
         run = staged(functools.partial(self._mpi4py_call, _start_wait,
                                        mpi_request), loads, stores)
-        return OverMPI(run, f"{blocking} (through mpi4py)", self,
-                       mpi_request, bind=(0, 0, 0, 0))
+        return OverMPI(run, what, self, mpi_request, bind=(0, 0, 0, 0))
+
+    def _lone_request(self, made, copies, what, held):
+        """A persistent request where every rank is alone on its node
+        (Nodes.lone), from MADE (as Nodes.bcast_init gives it): MPI's own
+        among the leaders, holding HELD (the buffers it points to) as
+        xhc's requests do; or, on every rank where some rank's buffers go
+        through copies (COPIES: this rank's loads and stores), xhc's over
+        it (_over_mpi), whose Start() completes it."""
+        mpi_request, fill, copying = made
+        if not copying:
+            return held_prequest(mpi_request, held)
+        loads, stores = copies
+        return self._over_mpi(mpi_request, [*loads, *filled(fill)], stores,
+                              f"{what} (through MPI between the nodes)")
 
     def _root_takes_part(self, name, sendbuf, recvbuf, op, root):
         """At a fallback Reduce's root, a receive buffer xhc's own path
@@ -588,20 +610,28 @@ class Comm(HotComm):
             self._withdraw()
         drop_locals(exc)
 
-    def _across_nodes(self, name, args, persistent=False):
+    def _across_nodes(self, name, args, persistent=False, extra=()):
         """A callable that runs collective NAME on ARGS over the nodes
         (what a request's Start() runs, to completion, as every xhc request
         does); None if mpi4py must reduce.  A buffer only this rank can
         judge it takes part with into scratch memory, then raises, but
-        for a PERSISTENT call's, which it refuses (_init_request)."""
+        for a PERSISTENT call's, which it refuses (_init_request).  Where
+        every rank is alone on its node, a PERSISTENT call's request
+        instead (_lone_request), made with EXTRA, the *_init's info."""
+        lone = self._nodes.lone and persistent
         if name == "Barrier":
-            return self._nodes.Barrier
+            return held_prequest(self._nodes.leaders.Barrier_init(*extra),
+                                 ()) if lone else self._nodes.Barrier
         root = None if name == "Allreduce" else self._root_arg(args[-1], name)
         if name == "Bcast":
-            return self._bcast_across(args[0], root, persistent)
-        return self._reduce_across(name, *args[:3], root, persistent)
+            return self._bcast_across(args[0], root, persistent,
+                                      extra if lone else None)
+        return self._reduce_across(name, *args[:3], root, persistent,
+                                   extra if lone else None)
 
-    def _bcast_across(self, buf, root, persistent):
+    def _bcast_across(self, buf, root, persistent, lone):
+        """LONE: the *_init's info (a tuple) where every rank is alone on
+        its node (_lone_request), else None.  So for _reduce_across."""
         b = _resolved(buf, "Bcast", "buf")
         sink = self._rank != root
         if sink and not b.writable:  # takes part, as _take_part_then_raise
@@ -610,10 +640,17 @@ class Comm(HotComm):
             self._in_core(self._nodes.bcast_call(
                 np.empty(b.nbytes, np.uint8), root))
             raise settled(ReadOnlyError(_READ_ONLY))
-        run = self._nodes.bcast_call(_flat(b, np.uint8), root)
-        return staged(run, filled(b.load, not sink), filled(b.store, sink))
+        flat = _flat(b, np.uint8)
+        loads, stores = filled(b.load, not sink), filled(b.store, sink)
+        if lone is not None:
+            return self._lone_request(
+                self._nodes.bcast_init(flat, root, bool(loads or stores),
+                                       *lone),
+                (loads, stores), "Bcast", (buf, flat))
+        return staged(self._nodes.bcast_call(flat, root), loads, stores)
 
-    def _reduce_across(self, name, sendbuf, recvbuf, op, root, persistent):
+    def _reduce_across(self, name, sendbuf, recvbuf, op, root, persistent,
+                       lone):
         """Allreduce (ROOT None) or Reduce, checked as _allreduce_plan and
         _reduce_plan check theirs; None if mpi4py must reduce."""
         inplace, receives = in_place(sendbuf), root in (None, self._rank)
@@ -631,17 +668,26 @@ class Comm(HotComm):
         _check_op(s, known, name)
         dt = numpy_dtype(s.dtype)
         ops = (known, nodes.between_nodes(known, OPS[id(known)], s.dtype))
+        if root is not None and receives:
+            r = self._root_recv_across(s, recvbuf, ops, root, inplace, dt,
+                                       persistent)
+        send, recv = _flat(s, dt), r and _flat(r, dt)
+        loads, stores = filled(s.load), filled(r and r.store)
+        if lone is not None:
+            mine = bool(loads or stores)  # this rank copies its buffers
+            return self._lone_request(
+                self._nodes.allreduce_init(send, recv, ops, inplace, mine,
+                                           *lone) if root is None else
+                self._nodes.reduce_init(send, recv, ops, root, inplace, mine,
+                                        *lone),
+                (loads, stores), name, (sendbuf, recvbuf, send, recv))
         if root is None:
-            run = self._nodes.allreduce_call(_flat(s, dt), _flat(r, dt), ops,
-                                             inplace)
+            run = self._nodes.allreduce_call(send, recv, ops, inplace)
         else:
-            if receives:
-                r = self._root_recv_across(s, recvbuf, ops, root, inplace, dt,
-                                           persistent)
             run = self._nodes.reduce_call(
-                _flat(s, dt), r and _flat(r, dt), ops, root, inplace,
+                send, recv, ops, root, inplace,
                 functools.partial(np.empty, s.count, dt))
-        return staged(run, filled(s.load), filled(r and r.store))
+        return staged(run, loads, stores)
 
     def _root_recv_across(self, s, recvbuf, ops, root, inplace, dt,
                           persistent):

@@ -230,17 +230,31 @@ del _name
 
 
 class OverMPI(Request):
-    """A *_init that fell back to mpi4py with buffers mpi4py takes only
-    through copies: Start() loads them, starts and completes MPI's own
-    persistent request, and stores them back.  MPI matches it with the
-    other ranks' mpi4py requests, so XHC_DEBUG does not compare its
-    Start()s (theirs are MPI's)."""
+    """A *_init whose request is MPI's own (one that fell back to mpi4py,
+    or over nodes of one rank each), with buffers that go through
+    copies: Start() loads them, starts and completes MPI's persistent
+    request, and stores them back.  MPI matches it with the other ranks'
+    MPI requests, so XHC_DEBUG does not compare its Start()s (theirs are
+    MPI's)."""
 
 
 # mpi4py's class methods (MPI.Prequest.Startall, MPI.Request.Waitall, ...)
 # refuse these as "Cannot convert <type name> to mpi4py.MPI.Request": the
 # name says whose request it is, and so where its Startall and Waitall are.
 Request.__name__ = OverMPI.__name__ = "xhc.Request"
+
+
+class HeldPrequest(MPI.Prequest):
+    """MPI's own persistent request (mpi4py's, which MPI starts and
+    completes), holding the buffers it points to, as xhc's requests do:
+    mpi4py's may not."""
+
+
+def held_prequest(request, held):
+    """REQUEST as a HeldPrequest that holds HELD."""
+    kept = HeldPrequest(request)
+    kept._held = held
+    return kept
 
 
 def busy_error(what):

@@ -3782,6 +3782,19 @@ def freed_requests_let_go(v, xcomm, comm):
                f"alive: {[r() is not None for r in alive]}")
 
 
+def mpis_own_requests(v, reqs):
+    """Where every rank is alone on its node, the requests of buffers that
+    need no copy on any rank are MPI's own, which mpi4py's Startall and
+    Waitall start and complete; the strided Reduce's is xhc's on every
+    rank."""
+    kinds = [isinstance(r, MPI.Prequest) for r in reqs]
+    v.case("nodes of one rank: MPI's own requests but the strided one's",
+           None if kinds == [True] * 4 + [False] else f"got {kinds}")
+    MPI.Prequest.Startall(reqs[:4])
+    v.case("... which mpi4py's Startall and Waitall take",
+           None if MPI.Request.Waitall(reqs[:4]) else "not complete")
+
+
 def persistent_calls(xcomm, comm, v):
     """MPI-4 persistent requests, started many times on changing data:
     bound to the core (Start in C) or, with a strided buffer, staged in
@@ -3819,6 +3832,50 @@ def persistent_calls(xcomm, comm, v):
         v.case(f"persistent Reduce of a strided array #{i}", None if
                rank != 0 or np.array_equal(reduced, np_fold("SUM", ins))
                else f"got {reduced}")
+    # Where every rank is alone on its node, the requests are MPI's own.
+    lone = n > 1 and xcomm.xhc_info.get("nodes", 1) == n
+    if lone:
+        mpis_own_requests(v, reqs)
+    else:
+        xhc_request_calls(v, xcomm, comm, reqs)
+    freed_comm_errors_as_mpi(v, comm)
+    read_only_errors_as_mpi4py(v, xcomm, comm)
+    truncation_as_mpi4py(v, xcomm, comm)
+    v.case("copy.copy of an xhc.Comm is a handle of it",
+           None if copy.copy(xcomm) is xcomm else "another object")
+    for how in (pickle.dumps, copy.deepcopy):
+        v.case(f"{how.__name__} of an xhc.Comm says to use Dup()",
+               None if "xcomm.Dup()" in str(raises_what(how, xcomm))
+               else f"got {raises_what(how, xcomm)!r}")
+    agreed_mpi_errors(v, comm)
+    calls_once_free_began(v, comm)
+    for req in reqs:
+        req.Free()
+    refused = MPI.Exception if lone else xhc.XhcError  # XhcError's are both
+    v.case("persistent request started after Free raises",
+           raises(refused, reqs[2].Start))
+    v.case("persistent request freed twice raises",
+           raises(refused, reqs[2].Free))
+    v.case("a freed request is MPI.REQUEST_NULL",
+           None if reqs[2] == MPI.REQUEST_NULL else "not equal")
+    got = (xhc.Request.Waitany(reqs), xhc.Request.Testsome(reqs))
+    v.case("freed requests count as inactive",
+           None if got == (MPI.UNDEFINED, None) else f"got {got}")
+    freed_requests_let_go(v, xcomm, comm)
+    other = xhc.Comm(comm)
+    req = other.Allreduce_init(send, recv)
+    other.free()
+    req.Free()
+    v.case("a request freed after its xhc.Comm is false",
+           None if not req else "still true")
+    v.case("... and raises when freed again", raises(refused, req.Free))
+    req.free()
+    v.case("free() of a freed request does nothing, as mpi4py's", None)
+
+
+def xhc_request_calls(v, xcomm, comm, reqs):
+    """xhc's persistent requests (REQS, of persistent_calls) in the calls
+    that start, complete, look at and refuse them, as mpi4py's."""
     v.case("Startall with a non-request raises TypeError, starting none",
            raises(TypeError, xhc.Request.Startall, [reqs[0], 5]))
     for name, call in (("Prequest.Startall", MPI.Prequest.Startall),
@@ -3864,38 +3921,6 @@ def persistent_calls(xcomm, comm, v):
         status_peeks(v, comm, reqs, name)
     active_states(v, xcomm, comm, reqs)
     request_errors_as_mpi(v, xcomm, comm)
-    freed_comm_errors_as_mpi(v, comm)
-    read_only_errors_as_mpi4py(v, xcomm, comm)
-    truncation_as_mpi4py(v, xcomm, comm)
-    v.case("copy.copy of an xhc.Comm is a handle of it",
-           None if copy.copy(xcomm) is xcomm else "another object")
-    for how in (pickle.dumps, copy.deepcopy):
-        v.case(f"{how.__name__} of an xhc.Comm says to use Dup()",
-               None if "xcomm.Dup()" in str(raises_what(how, xcomm))
-               else f"got {raises_what(how, xcomm)!r}")
-    agreed_mpi_errors(v, comm)
-    calls_once_free_began(v, comm)
-    for req in reqs:
-        req.Free()
-    v.case("persistent request started after Free raises",
-           raises(xhc.XhcError, reqs[2].Start))
-    v.case("persistent request freed twice raises",
-           raises(xhc.XhcError, reqs[2].Free))
-    v.case("a freed request is MPI.REQUEST_NULL",
-           None if reqs[2] == MPI.REQUEST_NULL else "not equal")
-    got = (xhc.Request.Waitany(reqs), xhc.Request.Testsome(reqs))
-    v.case("freed requests count as inactive",
-           None if got == (MPI.UNDEFINED, None) else f"got {got}")
-    freed_requests_let_go(v, xcomm, comm)
-    other = xhc.Comm(comm)
-    req = other.Allreduce_init(send, recv)
-    other.free()
-    req.Free()
-    v.case("a request freed after its xhc.Comm is false",
-           None if not req else "still true")
-    v.case("... and raises when freed again", raises(xhc.XhcError, req.Free))
-    req.free()
-    v.case("free() of a freed request does nothing, as mpi4py's", None)
 
 
 def mixed_waits(v, comm, reqs, wait_all, name):
@@ -4195,9 +4220,11 @@ def truncation_as_mpi4py(v, xcomm, comm):
     (mpi4py's side on 2 ranks only: on 3, Open MPI's next Bcast on the
     short rank hangs.  Over several nodes, a short rank that leads its
     node, or is alone there, gets MPI's own error, from the leaders'
-    step.)"""
-    if comm.size == 1:
-        return  # no reader
+    step; where every rank is alone on its node, xhc's Bcast is MPI's
+    own among them all, checked on 2 ranks only, as mpi4py's.)"""
+    if comm.size == 1 or comm.size > 2 and \
+            xcomm.xhc_info.get("nodes", 1) == comm.size:
+        return  # no reader; or MPI's own Bcast, which hangs after
     short = comm.rank == comm.size - 1
     mpis_own = xcomm.xhc_info.get("nodes", 1) > 1
     want = (MPI.ERR_TRUNCATE, True) if short else "none"
@@ -5150,6 +5177,150 @@ def suite_spanning(xcomm, comm, v, sz, args):
     differences_on_a_node(comm, v, parts)
     differences_between_nodes(comm, v, parts)
     leaders_fold_in_rank_order(v)
+    if xcomm.xhc_info["nodes"] == comm.size:
+        lone_requests(xcomm, comm, v)
+
+
+def lone_requests(xcomm, comm, v):
+    """Where every rank is alone on its node, a *_init gives MPI's own
+    persistent request among them (or, where some rank's buffers go
+    through copies, xhc's on every rank): requests started together are
+    under way together; every rank gets the same kind; results are
+    numpy's, NaNs and float16 included; the buffers stay held."""
+    n, rank = comm.size, comm.rank
+    cases = {  # name: (make the request, check the result after a Wait)
+        "in place everywhere": lone_allreduce(xcomm, rank, n, "f8", "SUM",
+                                              lambda r: True),
+        "in place nowhere": lone_allreduce(xcomm, rank, n, "f8", "SUM",
+                                           lambda r: False),
+        "in place on rank 0 alone": lone_allreduce(xcomm, rank, n, "f8",
+                                                   "SUM", lambda r: r == 0),
+        "float MAX with NaNs": lone_allreduce(xcomm, rank, n, "f4", "MAX",
+                                              lambda r: True),
+        "float16 SUM": lone_allreduce(xcomm, rank, n, "f2", "SUM",
+                                      lambda r: False),
+        "strided on the last rank": lone_allreduce(
+            xcomm, rank, n, "i8", "SUM", lambda r: False,
+            strided=rank == n - 1),
+        "Reduce in place at root": lone_reduce(xcomm, rank, n, n - 1),
+        "Bcast": lone_bcast(xcomm, rank, 1 % n),
+    }
+    reqs = [make() for make, _ in cases.values()]
+    barrier = xcomm.Barrier_init(info=MPI.INFO_NULL)
+    kinds = ["mpi" if isinstance(r, MPI.Prequest) else "xhc" for r in reqs]
+    everyone = comm.allgather(kinds)
+    v.case("lone: every rank gets the same kind of request",
+           None if everyone == [kinds] * n else f"got {everyone}")
+    v.case("lone: MPI's own unless some rank copies", None if kinds == [
+        "mpi", "mpi", "xhc", "mpi", "mpi", "xhc", "mpi", "mpi"] and
+        isinstance(barrier, MPI.Prequest) else f"got {kinds}")
+    gc.collect()  # the requests hold their buffers
+    for step in range(3):
+        xhc.Request.Startall(reqs + [barrier])
+        xhc.Request.Waitall(reqs + [barrier])
+        for name, (_, check) in cases.items():
+            v.case(f"lone: {name} #{step}", check())
+    mpis = [r for r in reqs if isinstance(r, MPI.Prequest)]
+    MPI.Prequest.Startall(mpis)
+    v.case("lone: mpi4py's Startall and Waitall take MPI's own",
+           None if MPI.Request.Waitall(mpis) else "not complete")
+    for req in reqs + [barrier]:
+        req.Free()
+    out = np.zeros(3)
+    req = xcomm.Allreduce_init(np.full(3, rank + 1.0), out)  # a temporary
+    gc.collect()
+    litter = [np.full(3, -1.0) for _ in range(100)]  # where it would be
+    req.Start()
+    req.Wait()
+    req.Free()
+    v.case("lone: a request holds a send buffer no one else does",
+           None if (out == n * (n + 1) / 2).all() and litter else
+           f"got {out}")
+
+
+def lone_allreduce(xcomm, rank, n, dtype, op, in_place, strided=False):
+    """(a maker of an Allreduce_init of fresh arrays of DTYPE with OP,
+    IN_PLACE(rank) on which ranks, STRIDED on this one; a check of its
+    result against numpy's, which also changes the inputs for the next
+    Start)."""
+    dt, count = np.dtype(dtype), 5
+    state = {"step": 0}
+
+    def inputs(r):
+        x = values(dt, op, seed_of(170, state["step"], r), count)
+        if op == "MAX" and r == 1:
+            x[1] = np.nan
+        return x
+
+    def load():
+        state["send"][...] = inputs(rank)
+        if in_place(rank):
+            state["recv"][...] = inputs(rank)
+
+    def make():
+        base = np.zeros(2 * count, dt)
+        send = base[::2] if strided else np.zeros(count, dt)
+        recv = np.zeros(count, dt)
+        state["send"], state["recv"] = (recv, recv) if in_place(rank) \
+            else (send, recv)
+        load()
+        return xcomm.Allreduce_init(
+            MPI.IN_PLACE if in_place(rank) else send, recv,
+            op=getattr(MPI, op))
+
+    def check():
+        want = np_fold(op, [inputs(r) for r in range(n)])
+        got = state["recv"].copy()
+        state["step"] += 1
+        load()
+        return None if np.array_equal(got, want, equal_nan=True) else \
+            f"got {got}, want {want}"
+    return make, check
+
+
+def lone_reduce(xcomm, rank, n, root):
+    """As lone_allreduce: a SUM Reduce_init, in place at ROOT."""
+    recv = np.zeros(4)
+    state = {"step": 0}
+
+    def load():
+        recv[...] = np.arange(4.0) * (rank + 1) + state["step"]
+
+    def make():
+        load()
+        return xcomm.Reduce_init(MPI.IN_PLACE if rank == root else recv,
+                                 recv if rank == root else None, root=root)
+
+    def check():
+        want = sum(np.arange(4.0) * (r + 1) + state["step"]
+                   for r in range(n))
+        ok = rank != root or np.array_equal(recv, want)
+        state["step"] += 1
+        load()
+        return None if ok else f"got {recv}, want {want}"
+    return make, check
+
+
+def lone_bcast(xcomm, rank, root):
+    """As lone_allreduce: a Bcast_init of 100 bytes from ROOT."""
+    buf = np.zeros(100, np.uint8)
+    state = {"step": 0}
+
+    def load():
+        buf[...] = pattern(seed_of(171, state["step"]), 100) \
+            if rank == root else 0
+
+    def make():
+        load()
+        return xcomm.Bcast_init(buf, root)
+
+    def check():
+        want = pattern(seed_of(171, state["step"]), 100)
+        ok = np.array_equal(buf, want)
+        state["step"] += 1
+        load()
+        return None if ok else first_diff(buf, want)
+    return make, check
 
 
 def leaders_fold_in_rank_order(v):
@@ -5760,7 +5931,10 @@ def calls_once_free_began(v, comm):
     a, b = np.ones(4), np.zeros(4)
     for _ in range(2):
         other.Allreduce(a, b)  # kept, over several nodes
-    req = other.Allreduce_init(a, b)
+    # xhc's request: one that stages where every rank is alone on its
+    # node (unstaged, it would be MPI's own).
+    lone = other.xhc_info.get("nodes", 1) == comm.size > 1
+    req = other.Allreduce_init(np.ones(8)[::2] if lone else a, b)
     # Buffers that make a rank take part before it raises: a read-only
     # Bcast receiver, a Reduce root's receive buffer of the wrong size.
     frozen = np.arange(4.0)
@@ -5801,6 +5975,9 @@ def released_requests_never_start(v, comm):
     for name, send in (("bound", np.ones(4)), ("staged", np.ones(8)[::2])):
         got = np.zeros(4)
         req = other.Allreduce_init(send, got)
+        if not isinstance(req, xhc.Request):  # MPI's own: nodes of one rank
+            req.Free()
+            continue
         req._hot_release()
         err = raises(xhc.XhcError, req.Start)
         req.Free()
@@ -5849,24 +6026,28 @@ def raised_in_kept_runs(xcomm, comm, v):
             return default  # as once freed: no step to take part in
 
     nodes.leaders = leaders = Leaders()
+    # Where every rank is alone on its node, the request is MPI's own,
+    # whose Start() takes no step of xhc's.
+    req = None if nodes.lone else xcomm.Allreduce_init(a, b)
     try:
-        req = xcomm.Allreduce_init(a, b)
         for _ in range(2):
             xcomm.Allreduce(a, b)  # kept: the second ran from C
         nodes.inner, leaders.refuse = Refusing(), nodes.alone
-        errs = [raises(ValueError, xcomm.Allreduce, a, b),
-                raises(ValueError, req.Start)]
+        errs = [raises(ValueError, xcomm.Allreduce, a, b)]
+        if req is not None:
+            errs.append(raises(ValueError, req.Start))
     finally:  # the kept calls keep the wrapper's Allreduce
         nodes.inner, nodes.leaders, leaders.refuse = *real, False
     busy = xcomm._hot_busy()
     xcomm.Allreduce(a, b)
-    req.Start()
-    req.Wait()
-    req.Free()
+    if req is not None:
+        req.Start()
+        req.Wait()
+        req.Free()
     v.case("spanning: a kept call and a Start() that raise withdraw once "
            "each, and calls go on",
            next((e for e in errs if e), None) or (
-               None if withdrawn == [True, True] and busy == 0 and
+               None if withdrawn == [True] * len(errs) and busy == 0 and
                np.all(b == n) else f"withdrawn {withdrawn}, busy {busy}, "
                f"got {b}"))
 
