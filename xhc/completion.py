@@ -180,6 +180,9 @@ def _some(requests, statuses, mpi_some, mpi_test_some, keep=False):
 
 def Waitall(requests, statuses=None):
     """MPI.Request.Waitall for a list that may hold xhc's requests."""
+    requests = list(requests)
+    if not any(isinstance(req, HotRequest) for req in requests):
+        return MPI.Request.Waitall(requests, _checked(statuses))  # at once
     return _all(requests, statuses,
                 lambda r, s: (MPI.Request.Waitall(r, s), None))[0]
 

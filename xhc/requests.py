@@ -186,6 +186,8 @@ class Request(HotRequest):
         signal handler's exception out of one Start(), whose collective
         completed, comes once the rest have started."""
         requests = list(requests)
+        if all(isinstance(req, MPI.Prequest) for req in requests):
+            return MPI.Prequest.Startall(requests)  # MPI's alone: one call
         starts = [getattr(req, "Start", None) for req in requests]
         for req, start in zip(requests, starts):
             if isinstance(req, Request) and req._before_start is None \

@@ -5224,6 +5224,12 @@ def lone_requests(xcomm, comm, v):
     MPI.Prequest.Startall(mpis)
     v.case("lone: mpi4py's Startall and Waitall take MPI's own",
            None if MPI.Request.Waitall(mpis) else "not complete")
+    statuses = []
+    xhc.Request.Startall(mpis)  # MPI's alone: handed to MPI whole
+    done = xhc.Request.Waitall(mpis, statuses)
+    v.case("lone: xhc's Startall and Waitall of MPI's own alone",
+           None if done and len(statuses) == len(mpis) else
+           f"got {done}, {len(statuses)} statuses")
     for req in reqs + [barrier]:
         req.Free()
     out = np.zeros(3)
