@@ -17,6 +17,9 @@ them without completing any (MPI 4.1's Get_status_all, _any, _some).
    (some), and an empty status.
 5. Get_status_* answer as Test* would, but leave xhc's requests active,
    and ask MPI (which may not have these calls) only about mpi4py's.
+6. Waitall and Testall hand a list of mpi4py's requests alone to MPI
+   whole, and complete one of xhc's alone at once where no status is
+   asked for: a solver waits on such a list every step.
 Statuses follow mpi4py: a list or tuple of MPI.Status, filled as far as
 it goes; a list grows to one per request (all) or per completion
 (some).
@@ -178,19 +181,35 @@ def _some(requests, statuses, mpi_some, mpi_test_some, keep=False):
             [None] * k + list(objs or [None] * len(got or ())))
 
 
+def _whole(requests, statuses, mpi_all):
+    """MPI_ALL(REQUESTS, STATUSES) for a list of mpi4py's requests alone;
+    True for one of xhc's alone with no statuses asked, which are
+    complete (1.) and made inactive here; else None, to split the list
+    (_all)."""
+    mine = sum(isinstance(req, HotRequest) for req in requests)
+    if not mine:
+        return mpi_all(requests, _checked(statuses))
+    if mine < len(requests) or statuses is not None:
+        return None
+    for req in requests:
+        req._active = False
+    return True
+
+
 def Waitall(requests, statuses=None):
     """MPI.Request.Waitall for a list that may hold xhc's requests."""
     requests = list(requests)
-    if not any(isinstance(req, HotRequest) for req in requests):
-        return MPI.Request.Waitall(requests, _checked(statuses))  # at once
-    return _all(requests, statuses,
-                lambda r, s: (MPI.Request.Waitall(r, s), None))[0]
+    done = _whole(requests, statuses, MPI.Request.Waitall)
+    return done if done is not None else _all(
+        requests, statuses, lambda r, s: (MPI.Request.Waitall(r, s), None))[0]
 
 
 def Testall(requests, statuses=None):
     """MPI.Request.Testall for a list that may hold xhc's requests."""
-    return _all(requests, statuses,
-                lambda r, s: (MPI.Request.Testall(r, s), None))[0]
+    requests = list(requests)
+    done = _whole(requests, statuses, MPI.Request.Testall)
+    return done if done is not None else _all(
+        requests, statuses, lambda r, s: (MPI.Request.Testall(r, s), None))[0]
 
 
 def waitall(requests, statuses=None):

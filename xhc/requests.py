@@ -186,27 +186,30 @@ class Request(HotRequest):
         signal handler's exception out of one Start(), whose collective
         completed, comes once the rest have started."""
         requests = list(requests)
-        if all(isinstance(req, MPI.Prequest) for req in requests):
-            return MPI.Prequest.Startall(requests)  # MPI's alone: one call
-        starts = [getattr(req, "Start", None) for req in requests]
-        for req, start in zip(requests, starts):
-            if isinstance(req, Request) and req._before_start is None \
-                    and (req._active or not req):
-                why = ("an active request; complete it first" if req else
-                       "request already freed")
-                raise MPIRequestError(f"Startall: {req._what}: {why}")
-            if isinstance(req, MPI.Request) and (
-                    start is None or req == MPI.REQUEST_NULL):
-                raise MPIRequestError("Startall: MPI.REQUEST_NULL or a "
-                                      "request that is not persistent; pass "
-                                      "persistent requests")
-            if start is None:
+        mpis = 0  # MPI's own requests
+        for req in requests:
+            if isinstance(req, Request):
+                if req._before_start is None and (req._active or
+                                                  req._call is None):
+                    why = ("request already freed" if req._call is None
+                           else "an active request; complete it first")
+                    raise MPIRequestError(f"Startall: {req._what}: {why}")
+            elif isinstance(req, MPI.Request):
+                if getattr(req, "Start", None) is None or \
+                        req == MPI.REQUEST_NULL:
+                    raise MPIRequestError(
+                        "Startall: MPI.REQUEST_NULL or a request that is not "
+                        "persistent; pass persistent requests")
+                mpis += 1
+            elif getattr(req, "Start", None) is None:
                 raise TypeError("Startall takes persistent requests, not "
                                 f"{type(req).__name__}")
+        if mpis == len(requests):
+            return MPI.Prequest.Startall(requests)  # MPI's alone: one call
         held = None
-        for req, start in zip(requests, starts):
+        for req in requests:
             try:
-                start()
+                req.Start()
             except BaseException as exc:
                 if held is not None or not getattr(req, "_interrupted",
                                                    False):

@@ -3912,6 +3912,11 @@ def xhc_request_calls(v, xcomm, comm, reqs):
            raises(AttributeError, getattr, xhc, "Bogus"))
     for name in ("Waitall", "Testall"):
         mixed_waits(v, comm, reqs, getattr(xhc.Request, name), name)
+        xhc.Request.Startall(reqs[:2])
+        done = getattr(xhc.Request, name)(reqs[:2])
+        v.case(f"{name} of xhc's alone completes them", None if done and
+               not any(r._active for r in reqs[:2]) else
+               f"got {done}, active {[r._active for r in reqs[:2]]}")
     for name in ("Waitany", "Testany", "waitany", "testany"):
         any_waits(v, comm, reqs, name)
     for name in ("Waitsome", "Testsome", "waitsome", "testsome"):
