@@ -30,8 +30,8 @@ from .hierarchy import parse_levels
 from .mpierrors import MPIRootTypeError, MPIValueError, comm_freed
 from .plans import (KEEPABLE, NBYTES, RUN_FN, STAGED, address, core_call,
                     guard_of, is_spec, keepable, kept, make_plan, staged)
-from .requests import (COMM_NULL_HANDLE, OverMPI, Request, busy_error,
-                       held_prequest, stored_handle)
+from .requests import (COMM_NULL_HANDLE, OnMPI, OverMPI, Request,
+                       busy_error, stored_handle)
 from .topology import source_of
 
 _CACHE_MAX = 64           # plans kept per operation
@@ -329,7 +329,7 @@ class Comm(HotComm):
             count = _ACROSS[blocking]
             run = self._across_nodes(blocking, args[:count], persistent=True,
                                      extra=args[count:])
-            if isinstance(run, (MPI.Request, Request)):  # Nodes.lone
+            if isinstance(run, Request):  # Nodes.lone
                 return run
             if run is not None:  # Start() runs it from xhc/_hot.c
                 return Request(run, blocking, self, bind=(0, 0, 0, 0, run))
@@ -386,31 +386,12 @@ class Comm(HotComm):
         _, loads, stores = forms[1] if met[-1][0] and forms[1] else forms[0]
         if not (loads or stores):
             return mpi_request
-        return self._over_mpi(mpi_request, loads, stores,
-                              f"{blocking} (through mpi4py)")
-
-    def _over_mpi(self, mpi_request, loads, stores, what):
-        """xhc's request over MPI_REQUEST, persistent, for buffers that go
-        through copies: its Start() fills them (LOADS), starts and
-        completes MPI's request, and writes them back (STORES).  Every
-        rank's is MPI's, so they match."""
+        # MPI's request, started and completed between the load and the
+        # store of its copies: every rank's is MPI's, so they match.
         run = staged(functools.partial(self._mpi4py_call, _start_wait,
                                        mpi_request), loads, stores)
-        return OverMPI(run, what, self, mpi_request, bind=(0, 0, 0, 0))
-
-    def _lone_request(self, made, copies, what, held):
-        """A persistent request where every rank is alone on its node
-        (Nodes.lone), from MADE (as Nodes.bcast_init gives it): MPI's own
-        among the leaders, holding HELD (the buffers it points to) as
-        xhc's requests do; or, on every rank where some rank's buffers go
-        through copies (COPIES: this rank's loads and stores), xhc's over
-        it (_over_mpi), whose Start() completes it."""
-        mpi_request, fill, copying = made
-        if not copying:
-            return held_prequest(mpi_request, held)
-        loads, stores = copies
-        return self._over_mpi(mpi_request, [*loads, *filled(fill)], stores,
-                              f"{what} (through MPI between the nodes)")
+        return OverMPI(run, f"{blocking} (through mpi4py)", self,
+                       mpi_request, bind=(0, 0, 0, 0))
 
     def _root_takes_part(self, name, sendbuf, recvbuf, op, root):
         """At a fallback Reduce's root, a receive buffer xhc's own path
@@ -617,11 +598,12 @@ class Comm(HotComm):
         judge it takes part with into scratch memory, then raises, but
         for a PERSISTENT call's, which it refuses (_init_request).  Where
         every rank is alone on its node, a PERSISTENT call's request
-        instead (_lone_request), made with EXTRA, the *_init's info."""
+        instead (OnMPI), made with EXTRA, the *_init's info."""
         lone = self._nodes.lone and persistent
         if name == "Barrier":
-            return held_prequest(self._nodes.leaders.Barrier_init(*extra),
-                                 ()) if lone else self._nodes.Barrier
+            return OnMPI(functools.partial(_barrier_init, self._nodes, extra),
+                         (), (), name, self, ()) if lone \
+                else self._nodes.Barrier
         root = None if name == "Allreduce" else self._root_arg(args[-1], name)
         if name == "Bcast":
             return self._bcast_across(args[0], root, persistent,
@@ -631,7 +613,8 @@ class Comm(HotComm):
 
     def _bcast_across(self, buf, root, persistent, lone):
         """LONE: the *_init's info (a tuple) where every rank is alone on
-        its node (_lone_request), else None.  So for _reduce_across."""
+        its node (the request is then an OnMPI), else None.  So for
+        _reduce_across."""
         b = _resolved(buf, "Bcast", "buf")
         sink = self._rank != root
         if sink and not b.writable:  # takes part, as _take_part_then_raise
@@ -643,10 +626,9 @@ class Comm(HotComm):
         flat = _flat(b, np.uint8)
         loads, stores = filled(b.load, not sink), filled(b.store, sink)
         if lone is not None:
-            return self._lone_request(
-                self._nodes.bcast_init(flat, root, bool(loads or stores),
-                                       *lone),
-                (loads, stores), "Bcast", (buf, flat))
+            return OnMPI(functools.partial(self._nodes.bcast_init, flat, root,
+                                           *lone),
+                         loads, stores, "Bcast", self, (buf, flat))
         return staged(self._nodes.bcast_call(flat, root), loads, stores)
 
     def _reduce_across(self, name, sendbuf, recvbuf, op, root, persistent,
@@ -674,13 +656,12 @@ class Comm(HotComm):
         send, recv = _flat(s, dt), r and _flat(r, dt)
         loads, stores = filled(s.load), filled(r and r.store)
         if lone is not None:
-            mine = bool(loads or stores)  # this rank copies its buffers
-            return self._lone_request(
-                self._nodes.allreduce_init(send, recv, ops, inplace, mine,
-                                           *lone) if root is None else
-                self._nodes.reduce_init(send, recv, ops, root, inplace, mine,
-                                        *lone),
-                (loads, stores), name, (sendbuf, recvbuf, send, recv))
+            make = functools.partial(
+                self._nodes.allreduce_init, send, recv, ops, inplace, *lone
+            ) if root is None else functools.partial(
+                self._nodes.reduce_init, send, recv, ops, root, inplace, *lone)
+            return OnMPI(make, loads, stores, name, self,
+                         (sendbuf, recvbuf, send, recv))
         if root is None:
             run = self._nodes.allreduce_call(send, recv, ops, inplace)
         else:
@@ -1563,6 +1544,11 @@ def _in_place_off_root(name, root):
     return MPIValueError(f"{name}: MPI.IN_PLACE is only for the root (rank "
                          f"{root}); pass a send buffer on the other ranks",
                          MPI.ERR_ARG)
+
+
+def _barrier_init(nodes, extra):
+    """The leaders' persistent Barrier (OnMPI's MAKE)."""
+    return nodes.leaders.Barrier_init(*extra), None
 
 
 def _start_wait(request):

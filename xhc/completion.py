@@ -5,7 +5,9 @@ them without completing any (MPI 4.1's Get_status_all, _any, _some).
 
 1. xhc's request completes inside Start(), so it is complete whenever it
    is active: started, and not yet completed by a Wait or a Test (MPI's
-   state of a persistent request, kept in C as HotRequest._active).
+   state of a persistent request, kept in C as HotRequest._active); but
+   an active one over MPI's (an OnMPI, _mpi) goes to MPI as mpi4py's do,
+   and completes, writing its copies back, once MPI completes that.
 2. mpi4py's requests go to MPI's own call, on the sublist of them; the
    indices MPI returns are mapped back into the whole list, and MPI
    writes their statuses into the caller's own MPI.Status objects.
@@ -18,8 +20,9 @@ them without completing any (MPI 4.1's Get_status_all, _any, _some).
 5. Get_status_* answer as Test* would, but leave xhc's requests active,
    and ask MPI (which may not have these calls) only about mpi4py's.
 6. Waitall and Testall hand a list of mpi4py's requests alone to MPI
-   whole, and complete one of xhc's alone at once where no status is
-   asked for: a solver waits on such a list every step.
+   whole, and one of xhc's alone, where no status is asked for, takes
+   one MPI call for those over MPI's (none: it completes at once): a
+   solver waits on such a list every step.
 Statuses follow mpi4py: a list or tuple of MPI.Status, filled as far as
 it goes; a list grows to one per request (all) or per completion
 (some).
@@ -72,19 +75,26 @@ def _grow(statuses, n):
 class _Split:
     """A list of requests, split in one pass (a solver may wait on one
     every step) into mpi4py's (THEIRS, their indices; THEIR_REQUESTS),
-    and xhc's (MINE, indices), of which OURS are active; with KEEP, none
-    of xhc's completes (5.)."""
+    and xhc's (MINE, indices), of which OURS are active; an active one of
+    xhc's over MPI's goes with mpi4py's (WRAPPED: by its place among
+    them).  With KEEP, none of xhc's completes (5.)."""
 
     __slots__ = ("requests", "theirs", "their_requests", "mine", "ours",
-                 "keep")
+                 "keep", "wrapped")
 
     def __init__(self, requests, keep=False):
         self.keep = keep
         self.requests = requests = list(requests)
         self.theirs, self.their_requests = [], []
         self.mine, self.ours = [], []
+        self.wrapped = {}
         for i, req in enumerate(requests):
-            if isinstance(req, HotRequest):
+            if isinstance(req, HotRequest) and req._active and \
+                    req._mpi is not None:
+                self.wrapped[len(self.theirs)] = req
+                self.theirs.append(i)
+                self.their_requests.append(req._mpi)
+            elif isinstance(req, HotRequest):
                 self.mine.append(i)
                 if req._active:
                     self.ours.append(i)
@@ -99,6 +109,13 @@ class _Split:
         """Make xhc's requests at INDICES inactive, unless KEEP."""
         for i in () if self.keep else indices:
             self.requests[i]._active = False
+
+    def settle(self, places):
+        """Complete xhc's requests over MPI's that MPI completed (at PLACES
+        among THEIR_REQUESTS), unless KEEP."""
+        for j in () if self.keep else places:
+            if j in self.wrapped:
+                self.wrapped[j]._complete()
 
 
 def _completing(call, complete_ours):
@@ -123,6 +140,7 @@ def _all(requests, statuses, mpi_all, keep=False):
 
     def complete_ours():
         split.complete(split.mine)
+        split.settle(range(len(split.theirs)))
         for i in split.mine:
             if i < filled:
                 fill_empty(statuses[i], error=True)
@@ -151,8 +169,10 @@ def _any(requests, status, mpi_any, keep=False):
         split.complete(split.ours[:1])
         return split.ours[0], True, None
     index, flag, obj = mpi_any(split.their_requests, status)
-    return (index if index == MPI.UNDEFINED else split.theirs[index],
-            flag, obj)
+    if index == MPI.UNDEFINED:
+        return index, flag, obj
+    split.settle([index])
+    return split.theirs[index], flag, obj
 
 
 def _some(requests, statuses, mpi_some, mpi_test_some, keep=False):
@@ -174,6 +194,7 @@ def _some(requests, statuses, mpi_some, mpi_test_some, keep=False):
     if split.theirs:
         got, objs = _completing(lambda: (mpi_test_some if k else mpi_some)(
             split.their_requests, rest), complete_ours)
+    split.settle(got or ())
     if got is None and not k:
         return None, None
     complete_ours()
@@ -183,16 +204,26 @@ def _some(requests, statuses, mpi_some, mpi_test_some, keep=False):
 
 def _whole(requests, statuses, mpi_all):
     """MPI_ALL(REQUESTS, STATUSES) for a list of mpi4py's requests alone;
-    True for one of xhc's alone with no statuses asked, which are
-    complete (1.) and made inactive here; else None, to split the list
-    (_all)."""
+    for one of xhc's alone with no statuses asked, MPI_ALL of those over
+    MPI's that are active, and all complete as that completes them (the
+    others are complete: 1.); else None, to split the list (_all)."""
     mine = sum(isinstance(req, HotRequest) for req in requests)
     if not mine:
         return mpi_all(requests, _checked(statuses))
     if mine < len(requests) or statuses is not None:
         return None
-    for req in requests:
-        req._active = False
+
+    def complete_all():
+        for req in requests:
+            if req._mpi is None:
+                req._active = False
+            else:
+                req._complete()
+    over = [req._mpi for req in requests
+            if req._active and req._mpi is not None]
+    if over and not _completing(lambda: mpi_all(over, None), complete_all):
+        return False
+    complete_all()
     return True
 
 

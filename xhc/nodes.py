@@ -29,8 +29,8 @@ lowest rank).
    What the steps raise withdraws nothing more: each of the node's steps
    settled its own part.
 6. Persistent requests run their steps to completion in Start(), but
-   where every rank is alone on its node: there each is MPI's own among
-   the leaders (all of the ranks), which MPI starts and completes.
+   where every rank is alone on its node: there each wraps MPI's own
+   among the leaders (all of the ranks), which MPI starts and completes.
 
 Every rank knows each rank's node and its rank there (gathered once), so
 each call needs no exchange beyond its three steps.  A rank alone on its
@@ -220,48 +220,35 @@ class Nodes:
         return functools.partial(fn, *args)
 
     # Where every rank is alone on its node (LONE), a persistent request is
-    # MPI's own among the leaders, made from the arguments of the call a
-    # rank alone takes (EXTRA: the *_init's info), so that MPI starts and
-    # completes it, and requests started together are under way together.
-    # Each gives (MPI's request, what fills the receive buffer before each
-    # Start() or None, whether some rank copies its buffers); STAGED: this
-    # rank's go through copies.
+    # MPI's own among the leaders, made (at its first Start(): see
+    # xhc/requests.py's OnMPI) from the arguments of the call a rank alone
+    # takes (EXTRA: the *_init's info), so that MPI starts and completes
+    # it, and requests started together are under way together.
 
-    def _agree(self, one, staged):
-        """(every rank's buffers are ONE, no rank's are, some rank's are
-        STAGED), agreed in MPI, so that every rank gets the same kind of
-        request, and passes IN_PLACE, as MPI wants, all or none."""
-        flags = np.array([one, not one, not staged], np.int32)
-        self.leaders.Allreduce(MPI.IN_PLACE, flags, MPI.MIN)
-        return bool(flags[0]), bool(flags[1]), not flags[2]
-
-    def bcast_init(self, buf, root, staged, *extra):
-        copying = self._agree(False, staged)[2]
+    def bcast_init(self, buf, root, *extra):
         return self.leaders.Bcast_init(*self._bcast_step(buf, root)[1],
-                                       *extra), None, copying
+                                       *extra), None
 
-    def allreduce_init(self, sendbuf, recvbuf, ops, inplace, staged,
-                       *extra):
-        """Where some ranks' buffers are one (_allreduce_step's ONE) and
-        others' not, every rank passes IN_PLACE, and those with two copy
-        the send buffer in first."""
+    def allreduce_init(self, sendbuf, recvbuf, ops, inplace, *extra):
+        """(MPI's request, what fills RECVBUF from SENDBUF before each
+        Start(), or None).  MPI wants IN_PLACE of every rank or none: the
+        ranks agree, in MPI, whether every one's buffers are one
+        (_allreduce_step's ONE), or none's; if neither, every rank passes
+        IN_PLACE, and one with two buffers copies the send buffer in."""
         one = inplace or _overlap(sendbuf, recvbuf)
-        every, none, copying = self._agree(one, staged)
-        if none:
+        every = np.array([one, not one], np.int32)
+        self.leaders.Allreduce(MPI.IN_PLACE, every, MPI.MIN)
+        if every[1]:  # no rank's are one
             return self.leaders.Allreduce_init(
-                _wire(sendbuf), _wire(recvbuf), ops[1], *extra), None, copying
-        request = self.leaders.Allreduce_init(MPI.IN_PLACE, _wire(recvbuf),
-                                              ops[1], *extra)
-        fill = None if one else functools.partial(np.copyto, recvbuf, sendbuf)
-        return request, fill, copying or not every
+                _wire(sendbuf), _wire(recvbuf), ops[1], *extra), None
+        return self.leaders.Allreduce_init(
+            MPI.IN_PLACE, _wire(recvbuf), ops[1], *extra), None if one \
+            else functools.partial(np.copyto, recvbuf, sendbuf)
 
-    def reduce_init(self, sendbuf, recvbuf, ops, root, inplace, staged,
-                    *extra):
-        copying = self._agree(False, staged)[2]
+    def reduce_init(self, sendbuf, recvbuf, ops, root, inplace, *extra):
         one = recvbuf is not None and (inplace or _overlap(sendbuf, recvbuf))
         return self.leaders.Reduce_init(*self._reduce_step(
-            sendbuf, recvbuf, ops, root, inplace, None, one)[1],
-            *extra), None, copying
+            sendbuf, recvbuf, ops, root, inplace, None, one)[1], *extra), None
 
     def plain(self, kind, dtype, op_code, one, buf, *rest):
         """A call of plain arrays (xhc/_hot.c checked them as for the core,

@@ -41,6 +41,7 @@ class Request(HotRequest):
     first runs _before_start."""
 
     _before_start = None
+    _mpi = None  # MPI's request, which MPI completes (OnMPI)
 
     def __init__(self, call, what, xcomm, plan=None, bind=None):
         self._mpi_handle = REQUEST_NULL_HANDLE  # see HotRequest
@@ -206,6 +207,8 @@ class Request(HotRequest):
                                 f"{type(req).__name__}")
         if mpis == len(requests):
             return MPI.Prequest.Startall(requests)  # MPI's alone: one call
+        if OnMPI.start_together(requests):
+            return None
         held = None
         for req in requests:
             try:
@@ -235,31 +238,125 @@ del _name
 
 
 class OverMPI(Request):
-    """A *_init whose request is MPI's own (one that fell back to mpi4py,
-    or over nodes of one rank each), with buffers that go through
-    copies: Start() loads them, starts and completes MPI's persistent
-    request, and stores them back.  MPI matches it with the other ranks'
-    MPI requests, so XHC_DEBUG does not compare its Start()s (theirs are
-    MPI's)."""
+    """A *_init that fell back to mpi4py with buffers mpi4py takes only
+    through copies: Start() loads them, starts and completes MPI's own
+    persistent request, and stores them back.  MPI matches it with the
+    other ranks' mpi4py requests, so XHC_DEBUG does not compare its
+    Start()s (theirs are MPI's)."""
+
+
+class OnMPI(Request):
+    """Where every rank is alone on its node (xhc/nodes.py, 6.): MPI's own
+    persistent request among the leaders, which MPI starts and
+    completes, so that requests started together are under way together.
+    MAKE() gives it, and what fills the receive buffer before each start
+    (or None), at the first Start(), which every rank comes to: a rank
+    that refuses its arguments at *_init leaves no peer in MPI there.
+    Start() fills the copies (LOADS, and that) and starts it; Wait(),
+    Test() or a list call completes it, then writes the copies back
+    (STORES).  It holds HELD, the buffers MPI's points to."""
+
+    def __init__(self, make, loads, stores, what, xcomm, held):
+        super().__init__(make, f"{what} (MPI between nodes of one rank)",
+                         xcomm, bind=(0, 0, 0, 0))
+        self._loads, self._stores, self._held = tuple(loads), stores, held
+
+    def Start(self):
+        """Start MPI's request (in Python: a signal handler's exception
+        leaves it active, for Wait() to complete); once made, with no copy
+        to fill or XHC_DEBUG check, straight, counted as under way."""
+        if self._active or not self._straight(self._xcomm):
+            return self._Start()
+        self._xcomm._in_core(self._mpi.Start)
+        self._active = True
+
+    def _straight(self, xcomm):
+        """Can Start() go straight to MPI's request, on XCOMM?"""
+        return type(self) is OnMPI and self._mpi is not None and \
+            not self._loads and self._before_start is None and \
+            self._xcomm is xcomm
+
+    @staticmethod
+    def start_together(requests):
+        """Start REQUESTS (checked by Startall), if each can go straight to
+        MPI's request on one xhc.Comm, in one MPI call; else False."""
+        xcomm = requests[0]._xcomm if requests else None
+        mpis = []
+        for req in requests:
+            if not isinstance(req, OnMPI) or not req._straight(xcomm):
+                return False
+            mpis.append(req._mpi)
+        if not mpis:
+            return False
+        xcomm._in_core(MPI.Prequest.Startall, mpis)
+        for req in requests:
+            req._active = True
+        return True
+
+    def _run_call(self):
+        if self._call is None or self._released:
+            raise self._gone()
+        if self._mpi is None:
+            self._mpi, fill = self._call()
+            self._loads += (fill,) if fill else ()
+        for load in self._loads:
+            load()
+        self._mpi.Start()
+        return 0
+
+    def _complete(self):
+        """MPI completed the request: inactive, with the copies written
+        back."""
+        if self._active:
+            self._active = False
+            for store in self._stores:
+                store()
+
+    def Wait(self, status=None):
+        if self._mpi is None or self._call is None:
+            return self._fill(status)
+        self._mpi.Wait(status)
+        self._complete()
+        return True
+
+    def Test(self, status=None):
+        if self._mpi is None or self._call is None:
+            return self._fill(status)
+        if not self._mpi.Test(status):
+            return False
+        self._complete()
+        return True
+
+    def test(self, status=None):
+        return self.Test(status), None
+
+    def Get_status(self, status=None):
+        if self._mpi is None or self._call is None:
+            return self._fill(status)
+        return self._mpi.Get_status(status)
+
+    get_status = Get_status
+
+    def _release(self):
+        """As Request's, once MPI's request is complete (MPI frees no
+        active collective's), then free MPI's."""
+        mpi = self._mpi
+        finalized = MPI.Is_finalized()
+        if self._active and mpi is not None and not finalized:
+            mpi.Wait()
+            self._complete()
+        if not super()._release():
+            return False
+        if mpi is not None and not finalized:
+            mpi.Free()
+        self._mpi = None
+        return True
 
 
 # mpi4py's class methods (MPI.Prequest.Startall, MPI.Request.Waitall, ...)
 # refuse these as "Cannot convert <type name> to mpi4py.MPI.Request": the
 # name says whose request it is, and so where its Startall and Waitall are.
-Request.__name__ = OverMPI.__name__ = "xhc.Request"
-
-
-class HeldPrequest(MPI.Prequest):
-    """MPI's own persistent request (mpi4py's, which MPI starts and
-    completes), holding the buffers it points to, as xhc's requests do:
-    mpi4py's may not."""
-
-
-def held_prequest(request, held):
-    """REQUEST as a HeldPrequest that holds HELD."""
-    kept = HeldPrequest(request)
-    kept._held = held
-    return kept
+Request.__name__ = OverMPI.__name__ = OnMPI.__name__ = "xhc.Request"
 
 
 def busy_error(what):

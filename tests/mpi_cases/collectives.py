@@ -3782,19 +3782,6 @@ def freed_requests_let_go(v, xcomm, comm):
                f"alive: {[r() is not None for r in alive]}")
 
 
-def mpis_own_requests(v, reqs):
-    """Where every rank is alone on its node, the requests of buffers that
-    need no copy on any rank are MPI's own, which mpi4py's Startall and
-    Waitall start and complete; the strided Reduce's is xhc's on every
-    rank."""
-    kinds = [isinstance(r, MPI.Prequest) for r in reqs]
-    v.case("nodes of one rank: MPI's own requests but the strided one's",
-           None if kinds == [True] * 4 + [False] else f"got {kinds}")
-    MPI.Prequest.Startall(reqs[:4])
-    v.case("... which mpi4py's Startall and Waitall take",
-           None if MPI.Request.Waitall(reqs[:4]) else "not complete")
-
-
 def persistent_calls(xcomm, comm, v):
     """MPI-4 persistent requests, started many times on changing data:
     bound to the core (Start in C) or, with a strided buffer, staged in
@@ -3832,11 +3819,9 @@ def persistent_calls(xcomm, comm, v):
         v.case(f"persistent Reduce of a strided array #{i}", None if
                rank != 0 or np.array_equal(reduced, np_fold("SUM", ins))
                else f"got {reduced}")
-    # Where every rank is alone on its node, the requests are MPI's own.
-    lone = n > 1 and xcomm.xhc_info.get("nodes", 1) == n
-    if lone:
-        mpis_own_requests(v, reqs)
-    else:
+    # Where every rank is alone on its node, MPI completes the requests
+    # (lone_requests checks them in the list calls).
+    if xcomm.xhc_info.get("nodes", 1) < n:
         xhc_request_calls(v, xcomm, comm, reqs)
     freed_comm_errors_as_mpi(v, comm)
     read_only_errors_as_mpi4py(v, xcomm, comm)
@@ -3851,11 +3836,10 @@ def persistent_calls(xcomm, comm, v):
     calls_once_free_began(v, comm)
     for req in reqs:
         req.Free()
-    refused = MPI.Exception if lone else xhc.XhcError  # XhcError's are both
     v.case("persistent request started after Free raises",
-           raises(refused, reqs[2].Start))
+           raises(xhc.XhcError, reqs[2].Start))
     v.case("persistent request freed twice raises",
-           raises(refused, reqs[2].Free))
+           raises(xhc.XhcError, reqs[2].Free))
     v.case("a freed request is MPI.REQUEST_NULL",
            None if reqs[2] == MPI.REQUEST_NULL else "not equal")
     got = (xhc.Request.Waitany(reqs), xhc.Request.Testsome(reqs))
@@ -3868,7 +3852,7 @@ def persistent_calls(xcomm, comm, v):
     req.Free()
     v.case("a request freed after its xhc.Comm is false",
            None if not req else "still true")
-    v.case("... and raises when freed again", raises(refused, req.Free))
+    v.case("... and raises when freed again", raises(xhc.XhcError, req.Free))
     req.free()
     v.case("free() of a freed request does nothing, as mpi4py's", None)
 
@@ -5187,11 +5171,12 @@ def suite_spanning(xcomm, comm, v, sz, args):
 
 
 def lone_requests(xcomm, comm, v):
-    """Where every rank is alone on its node, a *_init gives MPI's own
-    persistent request among them (or, where some rank's buffers go
-    through copies, xhc's on every rank): requests started together are
-    under way together; every rank gets the same kind; results are
-    numpy's, NaNs and float16 included; the buffers stay held."""
+    """Where every rank is alone on its node, a *_init's request is xhc's
+    over MPI's own among them, which MPI starts and completes: results
+    are numpy's (NaNs, float16, mixed IN_PLACE, staged buffers written
+    back at completion), through every list call that completes; the
+    buffers stay held; a free() of the xhc.Comm completes an active one,
+    which cannot start again."""
     n, rank = comm.size, comm.rank
     cases = {  # name: (make the request, check the result after a Wait)
         "in place everywhere": lone_allreduce(xcomm, rank, n, "f8", "SUM",
@@ -5208,35 +5193,66 @@ def lone_requests(xcomm, comm, v):
             xcomm, rank, n, "i8", "SUM", lambda r: False,
             strided=rank == n - 1),
         "Reduce in place at root": lone_reduce(xcomm, rank, n, n - 1),
-        "Bcast": lone_bcast(xcomm, rank, 1 % n),
+        "Bcast into a strided reader": lone_bcast(xcomm, rank, 1 % n),
     }
     reqs = [make() for make, _ in cases.values()]
-    barrier = xcomm.Barrier_init(info=MPI.INFO_NULL)
-    kinds = ["mpi" if isinstance(r, MPI.Prequest) else "xhc" for r in reqs]
-    everyone = comm.allgather(kinds)
-    v.case("lone: every rank gets the same kind of request",
-           None if everyone == [kinds] * n else f"got {everyone}")
-    v.case("lone: MPI's own unless some rank copies", None if kinds == [
-        "mpi", "mpi", "xhc", "mpi", "mpi", "xhc", "mpi", "mpi"] and
-        isinstance(barrier, MPI.Prequest) else f"got {kinds}")
+    reqs.append(xcomm.Barrier_init(info=MPI.INFO_NULL))
+    v.case("lone: the requests are xhc's", None if all(
+        isinstance(r, xhc.Request) for r in reqs) else
+        f"got {[type(r).__name__ for r in reqs]}")
+    e = raises_what(MPI.Prequest.Startall, reqs)
+    v.case("lone: mpi4py's Startall refuses them, naming xhc.Request", None
+           if isinstance(e, TypeError) and "xhc.Request" in str(e) else
+           f"got {e!r}")
     gc.collect()  # the requests hold their buffers
-    for step in range(3):
-        xhc.Request.Startall(reqs + [barrier])
-        xhc.Request.Waitall(reqs + [barrier])
+    for step, complete in enumerate(LONE_COMPLETIONS):
+        xhc.Request.Startall(reqs)
+        complete(reqs)
+        v.case(f"lone: #{step} leaves every request inactive",
+               None if not any(r._active for r in reqs) else
+               f"active: {[r._active for r in reqs]}")
         for name, (_, check) in cases.items():
             v.case(f"lone: {name} #{step}", check())
-    mpis = [r for r in reqs if isinstance(r, MPI.Prequest)]
-    MPI.Prequest.Startall(mpis)
-    v.case("lone: mpi4py's Startall and Waitall take MPI's own",
-           None if MPI.Request.Waitall(mpis) else "not complete")
-    statuses = []
-    xhc.Request.Startall(mpis)  # MPI's alone: handed to MPI whole
-    done = xhc.Request.Waitall(mpis, statuses)
-    v.case("lone: xhc's Startall and Waitall of MPI's own alone",
-           None if done and len(statuses) == len(mpis) else
-           f"got {done}, {len(statuses)} statuses")
-    for req in reqs + [barrier]:
+    for req in reqs:
         req.Free()
+    lone_held_and_freed(xcomm, comm, v)
+
+
+def _some_until_done(wait_some):
+    def complete(reqs):
+        left = len(reqs)
+        while left:
+            left -= len(wait_some(reqs) or ())
+    return complete
+
+
+def _any_until_done(wait_any):
+    def complete(reqs):
+        while wait_any(reqs) != MPI.UNDEFINED:
+            pass
+    return complete
+
+
+def _test_until_done(reqs):
+    while not xhc.Request.Testall(reqs, []):
+        pass
+
+
+# Ways to complete a list of started requests, each used on one step.
+LONE_COMPLETIONS = (
+    xhc.Request.Waitall, _test_until_done,
+    _some_until_done(xhc.Request.Waitsome),
+    _some_until_done(xhc.Request.Testsome),
+    _any_until_done(xhc.Request.Waitany),
+    lambda reqs: [r.Wait() for r in reqs],
+    lambda reqs: [_test_until_done([r]) for r in reqs],
+)
+
+
+def lone_held_and_freed(xcomm, comm, v):
+    """LONE_REQUESTS's last checks: a send buffer only the request holds,
+    and a free() of the xhc.Comm under an active request."""
+    n, rank = comm.size, comm.rank
     out = np.zeros(3)
     req = xcomm.Allreduce_init(np.full(3, rank + 1.0), out)  # a temporary
     gc.collect()
@@ -5247,6 +5263,15 @@ def lone_requests(xcomm, comm, v):
     v.case("lone: a request holds a send buffer no one else does",
            None if (out == n * (n + 1) / 2).all() and litter else
            f"got {out}")
+    other = xhc.Comm(comm)
+    out[:] = 0
+    req = other.Allreduce_init(np.full(3, rank + 1.0), out)
+    req.Start()
+    other.free()
+    v.case("lone: free() completes an active request, which cannot start "
+           "again", raises(xhc.XhcError, req.Start) or (
+               None if (out == n * (n + 1) / 2).all() else f"got {out}"))
+    req.Free()
 
 
 def lone_allreduce(xcomm, rank, n, dtype, op, in_place, strided=False):
@@ -5313,8 +5338,11 @@ def lone_reduce(xcomm, rank, n, root):
 
 
 def lone_bcast(xcomm, rank, root):
-    """As lone_allreduce: a Bcast_init of 100 bytes from ROOT."""
-    buf = np.zeros(100, np.uint8)
+    """As lone_allreduce: a Bcast_init of 100 bytes from ROOT, into every
+    other byte of 200 on the last rank (staged, written back at each
+    completion) if that is not ROOT."""
+    whole = np.zeros(200, np.uint8)
+    buf = whole[::2] if rank == xcomm.Get_size() - 1 != root else whole[:100]
     state = {"step": 0}
 
     def load():
@@ -5942,10 +5970,7 @@ def calls_once_free_began(v, comm):
     a, b = np.ones(4), np.zeros(4)
     for _ in range(2):
         other.Allreduce(a, b)  # kept, over several nodes
-    # xhc's request: one that stages where every rank is alone on its
-    # node (unstaged, it would be MPI's own).
-    lone = other.xhc_info.get("nodes", 1) == comm.size > 1
-    req = other.Allreduce_init(np.ones(8)[::2] if lone else a, b)
+    req = other.Allreduce_init(a, b)
     # Buffers that make a rank take part before it raises: a read-only
     # Bcast receiver, a Reduce root's receive buffer of the wrong size.
     frozen = np.arange(4.0)
@@ -5986,9 +6011,6 @@ def released_requests_never_start(v, comm):
     for name, send in (("bound", np.ones(4)), ("staged", np.ones(8)[::2])):
         got = np.zeros(4)
         req = other.Allreduce_init(send, got)
-        if not isinstance(req, xhc.Request):  # MPI's own: nodes of one rank
-            req.Free()
-            continue
         req._hot_release()
         err = raises(xhc.XhcError, req.Start)
         req.Free()
@@ -6037,28 +6059,24 @@ def raised_in_kept_runs(xcomm, comm, v):
             return default  # as once freed: no step to take part in
 
     nodes.leaders = leaders = Leaders()
-    # Where every rank is alone on its node, the request is MPI's own,
-    # whose Start() takes no step of xhc's.
-    req = None if nodes.lone else xcomm.Allreduce_init(a, b)
     try:
+        req = xcomm.Allreduce_init(a, b)
         for _ in range(2):
             xcomm.Allreduce(a, b)  # kept: the second ran from C
         nodes.inner, leaders.refuse = Refusing(), nodes.alone
-        errs = [raises(ValueError, xcomm.Allreduce, a, b)]
-        if req is not None:
-            errs.append(raises(ValueError, req.Start))
+        errs = [raises(ValueError, xcomm.Allreduce, a, b),
+                raises(ValueError, req.Start)]
     finally:  # the kept calls keep the wrapper's Allreduce
         nodes.inner, nodes.leaders, leaders.refuse = *real, False
     busy = xcomm._hot_busy()
     xcomm.Allreduce(a, b)
-    if req is not None:
-        req.Start()
-        req.Wait()
-        req.Free()
+    req.Start()
+    req.Wait()
+    req.Free()
     v.case("spanning: a kept call and a Start() that raise withdraw once "
            "each, and calls go on",
            next((e for e in errs if e), None) or (
-               None if withdrawn == [True] * len(errs) and busy == 0 and
+               None if withdrawn == [True, True] and busy == 0 and
                np.all(b == n) else f"withdrawn {withdrawn}, busy {busy}, "
                f"got {b}"))
 
