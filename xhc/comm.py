@@ -657,7 +657,8 @@ class Comm(HotComm):
         loads, stores = filled(s.load), filled(r and r.store)
         if lone is not None:
             make = functools.partial(
-                self._nodes.allreduce_init, send, recv, ops, inplace, *lone
+                self._nodes.allreduce_init, send, recv, ops, inplace,
+                np.zeros(3, np.int64), *lone
             ) if root is None else functools.partial(
                 self._nodes.reduce_init, send, recv, ops, root, inplace, *lone)
             return OnMPI(make, loads, stores, name, self,

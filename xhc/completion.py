@@ -80,16 +80,25 @@ class _Split:
     them).  With KEEP, none of xhc's completes (5.)."""
 
     __slots__ = ("requests", "theirs", "their_requests", "mine", "ours",
-                 "keep", "wrapped")
+                 "keep", "wrapped", "waiting")
 
     def __init__(self, requests, keep=False):
         self.keep = keep
         self.requests = requests = list(requests)
         self.theirs, self.their_requests = [], []
         self.mine, self.ours = [], []
-        self.wrapped = {}
+        self.wrapped, self.waiting = {}, []
         for i, req in enumerate(requests):
             if isinstance(req, HotRequest) and req._active and \
+                    req._mpi is not None and keep:
+                # Asked alone (MPI may not have the list calls): complete,
+                # it counts as xhc's; not yet, as WAITING.
+                if req._mpi.Get_status():
+                    self.mine.append(i)
+                    self.ours.append(i)
+                else:
+                    self.waiting.append(i)
+            elif isinstance(req, HotRequest) and req._active and \
                     req._mpi is not None:
                 self.wrapped[len(self.theirs)] = req
                 self.theirs.append(i)
@@ -117,6 +126,16 @@ class _Split:
             if j in self.wrapped:
                 self.wrapped[j]._complete()
 
+    def stale(self, count=None):
+        """The places of xhc's requests over MPI's (the first COUNT) that
+        MPI has completed but xhc not (a signal handler's exception came
+        between), once an any or some call of MPI finds none of theirs
+        active; each is completed, by its own Wait()."""
+        places = list(self.wrapped)[:count]
+        for j in places:
+            self.wrapped[j].Wait()
+        return places
+
 
 def _completing(call, complete_ours):
     """CALL(), MPI's completion call; if it raises MPI.ERR_IN_STATUS, MPI
@@ -136,6 +155,8 @@ def _all(requests, statuses, mpi_all, keep=False):
     split, statuses = _Split(requests, keep), _checked(statuses)
     n = len(split.requests)
     _grow(statuses, n)
+    if split.waiting:
+        return False, None
     filled = 0 if statuses is None else min(len(statuses), n)
 
     def complete_ours():
@@ -165,10 +186,12 @@ def _any(requests, status, mpi_any, keep=False):
     if split.ours or not split.theirs:
         fill_empty(status)
         if not split.ours:
-            return MPI.UNDEFINED, True, None
+            return MPI.UNDEFINED, not split.waiting, None
         split.complete(split.ours[:1])
         return split.ours[0], True, None
     index, flag, obj = mpi_any(split.their_requests, status)
+    if index == MPI.UNDEFINED and split.wrapped:
+        index, flag = split.stale(1)[0], True
     if index == MPI.UNDEFINED:
         return index, flag, obj
     split.settle([index])
@@ -194,9 +217,11 @@ def _some(requests, statuses, mpi_some, mpi_test_some, keep=False):
     if split.theirs:
         got, objs = _completing(lambda: (mpi_test_some if k else mpi_some)(
             split.their_requests, rest), complete_ours)
+    if got is None and split.wrapped:
+        got = split.stale()
     split.settle(got or ())
     if got is None and not k:
-        return None, None
+        return ([], []) if split.waiting else (None, None)
     complete_ours()
     return (split.ours + [split.theirs[j] for j in got or ()],
             [None] * k + list(objs or [None] * len(got or ())))

@@ -229,16 +229,22 @@ class Nodes:
         return self.leaders.Bcast_init(*self._bcast_step(buf, root)[1],
                                        *extra), None
 
-    def allreduce_init(self, sendbuf, recvbuf, ops, inplace, *extra):
+    def allreduce_init(self, sendbuf, recvbuf, ops, inplace, agreed,
+                       *extra):
         """(MPI's request, what fills RECVBUF from SENDBUF before each
         Start(), or None).  MPI wants IN_PLACE of every rank or none: the
         ranks agree, in MPI, whether every one's buffers are one
         (_allreduce_step's ONE), or none's; if neither, every rank passes
-        IN_PLACE, and one with two buffers copies the send buffer in."""
+        IN_PLACE, and one with two buffers copies the send buffer in.
+        AGREED (3 int64, the request's) keeps the sums of the answers and
+        of one per rank: a first Start() that a signal handler's exception
+        left as the agreement returned agrees no second time."""
         one = inplace or _overlap(sendbuf, recvbuf)
-        every = np.array([one, not one], np.int32)
-        self.leaders.Allreduce(MPI.IN_PLACE, every, MPI.MIN)
-        if every[1]:  # no rank's are one
+        size = self.leaders.size
+        if agreed[2] != size:
+            agreed[:] = (one, not one, 1)
+            self.leaders.Allreduce(MPI.IN_PLACE, agreed, MPI.SUM)
+        if agreed[1] == size:  # no rank's are one
             return self.leaders.Allreduce_init(
                 _wire(sendbuf), _wire(recvbuf), ops[1], *extra), None
         return self.leaders.Allreduce_init(

@@ -225,7 +225,9 @@ class Request(HotRequest):
             MPI.Request.Waitall([req for req in requests
                                  if not isinstance(req, Request)])
             for req in requests:
-                if isinstance(req, Request):
+                if isinstance(req, Request) and req._mpi is not None:
+                    req.Wait()  # over MPI's: started, for MPI to complete
+                elif isinstance(req, Request):
                     req._active = False
             raise held
 
@@ -286,8 +288,8 @@ class OnMPI(Request):
             if not isinstance(req, OnMPI) or not req._straight(xcomm):
                 return False
             mpis.append(req._mpi)
-        if not mpis:
-            return False
+        if not mpis or len(set(map(id, mpis))) < len(mpis):
+            return False  # none, or one twice: Start() refuses the second
         xcomm._in_core(MPI.Prequest.Startall, mpis)
         for req in requests:
             req._active = True
@@ -315,7 +317,13 @@ class OnMPI(Request):
     def Wait(self, status=None):
         if self._mpi is None or self._call is None:
             return self._fill(status)
-        self._mpi.Wait(status)
+        try:
+            self._mpi.Wait(status)
+        except MPI.Exception:
+            raise
+        except BaseException:  # a signal handler's, as MPI's Wait returned
+            self._complete()
+            raise
         self._complete()
         return True
 

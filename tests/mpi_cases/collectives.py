@@ -5213,6 +5213,11 @@ def lone_requests(xcomm, comm, v):
                f"active: {[r._active for r in reqs]}")
         for name, (_, check) in cases.items():
             v.case(f"lone: {name} #{step}", check())
+    v.case("lone: Startall of one request twice raises, as elsewhere",
+           raises(xhc.XhcError, xhc.Request.Startall, reqs[:1] * 2))
+    xhc.Request.Waitall(reqs[:1])
+    v.case("lone: ... having started it once",
+           cases["in place everywhere"][1]())
     for req in reqs:
         req.Free()
     lone_held_and_freed(xcomm, comm, v)
@@ -5238,6 +5243,14 @@ def _test_until_done(reqs):
         pass
 
 
+def _peek_until_done(reqs):
+    """Get_status_all (which Open MPI 5.0 lacks: each is asked alone) until
+    every request is complete, then Waitall."""
+    while not xhc.Request.Get_status_all(reqs):
+        pass
+    xhc.Request.Waitall(reqs)
+
+
 # Ways to complete a list of started requests, each used on one step.
 LONE_COMPLETIONS = (
     xhc.Request.Waitall, _test_until_done,
@@ -5246,6 +5259,7 @@ LONE_COMPLETIONS = (
     _any_until_done(xhc.Request.Waitany),
     lambda reqs: [r.Wait() for r in reqs],
     lambda reqs: [_test_until_done([r]) for r in reqs],
+    _peek_until_done,
 )
 
 
