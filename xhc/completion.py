@@ -90,19 +90,8 @@ class _Split:
         self.wrapped, self.waiting = {}, []
         for i, req in enumerate(requests):
             if isinstance(req, HotRequest) and req._active and \
-                    req._mpi is not None and keep:
-                # Asked alone (MPI may not have the list calls): complete,
-                # it counts as xhc's; not yet, as WAITING.
-                if req._mpi.Get_status():
-                    self.mine.append(i)
-                    self.ours.append(i)
-                else:
-                    self.waiting.append(i)
-            elif isinstance(req, HotRequest) and req._active and \
                     req._mpi is not None:
-                self.wrapped[len(self.theirs)] = req
-                self.theirs.append(i)
-                self.their_requests.append(req._mpi)
+                self._over_mpi(i, req)
             elif isinstance(req, HotRequest):
                 self.mine.append(i)
                 if req._active:
@@ -113,6 +102,20 @@ class _Split:
             else:
                 raise TypeError("requests must be xhc's or mpi4py's "
                                 f"requests, not {type(req).__name__}")
+
+    def _over_mpi(self, i, req):
+        """REQ, at I, active over MPI's: with mpi4py's; with KEEP, asked
+        alone (MPI may not have the list calls), as xhc's if complete,
+        else WAITING."""
+        if not self.keep:
+            self.wrapped[len(self.theirs)] = req
+            self.theirs.append(i)
+            self.their_requests.append(req._mpi)
+        elif req._mpi.Get_status():
+            self.mine.append(i)
+            self.ours.append(i)
+        else:
+            self.waiting.append(i)
 
     def complete(self, indices):
         """Make xhc's requests at INDICES inactive, unless KEEP."""

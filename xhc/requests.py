@@ -274,9 +274,8 @@ class OnMPI(Request):
 
     def _straight(self, xcomm):
         """Can Start() go straight to MPI's request, on XCOMM?"""
-        return type(self) is OnMPI and self._mpi is not None and \
-            not self._loads and self._before_start is None and \
-            self._xcomm is xcomm
+        return self._mpi is not None and not self._loads and \
+            self._before_start is None and self._xcomm is xcomm
 
     @staticmethod
     def start_together(requests):
