@@ -314,7 +314,7 @@ class OnMPI(Request):
                 store()
 
     def Wait(self, status=None):
-        if self._mpi is None or self._call is None:
+        if self._mpi is None:  # not yet made, or freed (_release)
             return self._fill(status)
         try:
             self._mpi.Wait(status)
@@ -327,7 +327,7 @@ class OnMPI(Request):
         return True
 
     def Test(self, status=None):
-        if self._mpi is None or self._call is None:
+        if self._mpi is None:  # not yet made, or freed (_release)
             return self._fill(status)
         if not self._mpi.Test(status):
             return False
@@ -338,7 +338,7 @@ class OnMPI(Request):
         return self.Test(status), None
 
     def Get_status(self, status=None):
-        if self._mpi is None or self._call is None:
+        if self._mpi is None:  # not yet made, or freed (_release)
             return self._fill(status)
         return self._mpi.Get_status(status)
 
