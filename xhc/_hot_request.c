@@ -15,6 +15,14 @@
  * 4. Its first fields are mpi4py's (MPI4PY_HEAD, then what a request's
  *    methods read), so that mpi4py's own methods called on it see
  *    MPI.REQUEST_NULL, not memory of ours.
+ * 5. Startall and Waitall (or Testall) of a list of these alone, as a
+ *    solver calls every step, take one pass here: a list that Start()
+ *    would run in C (each bound, inactive, its owner open) starts so;
+ *    one with none active over MPI's request completes at once.  Of a
+ *    list of requests over MPI's (OnMPI) that Start() takes straight to
+ *    MPI, or wait for MPI, these give MPI's requests, for one MPI call,
+ *    and complete the list after it.  Any other list goes to
+ *    xhc/requests.py and xhc/completion.py, which check it and say why.
  */
 #include "_hot.h" /* Python.h first */
 
@@ -22,6 +30,7 @@
 #include <structmember.h>
 
 static PyTypeObject *hot_comm_type;  /* HotComm, which requests bind to */
+static PyTypeObject *hot_request_type;  /* HotRequest */
 
 /* A persistent collective (xhc/requests.py's Request derives from it):
  * Start()
@@ -48,6 +57,11 @@ typedef struct {
     char active;             /* started, not yet waited for */
     char released;           /* by _hot_release: no Start() may run */
     char interrupted;        /* the last Start() completed, then raised */
+    char on_mpi;             /* MPI completes it once active (OnMPI): */
+    PyObject *mpi;           /* ... its request, once made */
+    char straight;           /* ... which Start() starts, nothing else */
+    char writes_back;        /* ... and whose completion stores copies */
+    char seen;               /* in the list being checked (5.) */
 } HotRequest;
 
 /* Start() with the owner claimed (9.), and held by the caller. */
@@ -170,6 +184,167 @@ static PyObject *req_release(HotRequest *r, PyObject *unused)
     Py_RETURN_TRUE;
 }
 
+/* R as a HotRequest, if ITEM is one, else NULL. */
+static HotRequest *as_request(PyObject *item)
+{
+    return PyObject_TypeCheck(item, hot_request_type) ? (HotRequest *)item
+                                                      : NULL;
+}
+
+/* Would Start() run R in C, to completion (start_claimed)? */
+static int starts_in_c(const HotRequest *r)
+{
+    if (!r || r->active || r->released || !r->owner)
+        return 0;
+    if (r->across && r->owner->span)
+        return 1;
+    return (r->run || r->barrier) && r->owner->ctx;
+}
+
+/* After a signal handler raised out of a Start() in a list (held), the
+ * others started: every request is complete, inactive, as the Waitall
+ * after would leave it, and the handler's exception stands. */
+static PyObject *started_then_raise(PyObject *const *items, Py_ssize_t n,
+                                    PyObject *type, PyObject *value,
+                                    PyObject *tb)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        ((HotRequest *)items[i])->active = 0;
+    PyErr_Restore(type, value, tb);
+    return NULL;
+}
+
+/* Is R active over a request of MPI's, which MPI completes?  (AFTER:
+ * one that then writes copies back.) */
+static int active_over_mpi(const HotRequest *r, int after)
+{
+    return r->active && r->on_mpi && r->mpi && r->mpi != Py_None &&
+           (!after || r->writes_back);
+}
+
+/* MPI's requests of ITEMS (N), if each is an inactive request over
+ * MPI's that Start() takes straight to MPI, all of one owner and none
+ * twice (MPI would start it twice); else NULL, with no error set. */
+static PyObject *straight_mpis(PyObject *const *items, Py_ssize_t n)
+{
+    PyObject *mpis = NULL;
+    HotRequest *first = n ? as_request(items[0]) : NULL;
+    Py_ssize_t i = 0;
+    for (; i < n; i++) {
+        HotRequest *r = as_request(items[i]);
+        if (!r || !r->on_mpi || !r->straight || !r->mpi ||
+            r->mpi == Py_None || r->active ||
+            r->seen || r->owner != first->owner)
+            break;
+        r->seen = 1;
+    }
+    if (i == n && n)
+        mpis = PyList_New(n);
+    for (Py_ssize_t j = 0; j < i; j++) {
+        HotRequest *r = (HotRequest *)items[j];
+        r->seen = 0;
+        if (mpis) {
+            Py_INCREF(r->mpi);
+            PyList_SET_ITEM(mpis, j, r->mpi);
+        }
+    }
+    PyErr_Clear();  /* a failed PyList_New: Python's path then */
+    return mpis;
+}
+
+/* _startall(requests): True once every request of a list (or tuple) of
+ * requests Start() runs in C has started; for one of requests over MPI's
+ * that Start() takes straight to MPI, MPI's requests, to start in one
+ * call (then each is active); False, with none started, for any other,
+ * which Request.Startall then checks and starts.  As there, a signal
+ * handler's exception out of one Start() (whose collective completed)
+ * comes once the rest have started; any other error stops the list
+ * where it came. */
+static PyObject *req_startall(PyObject *unused, PyObject *requests)
+{
+    (void)unused;
+    if (!PyList_CheckExact(requests) && !PyTuple_CheckExact(requests))
+        Py_RETURN_FALSE;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(requests);
+    PyObject *const *items = PySequence_Fast_ITEMS(requests);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!starts_in_c(as_request(items[i]))) {
+            PyObject *mpis = straight_mpis(items, n);
+            if (mpis)
+                return mpis;
+            Py_RETURN_FALSE;
+        }
+    }
+    /* Held as a tuple: a Start() over several nodes runs Python, which
+     * may change the list. */
+    PyObject *held = PySequence_Tuple(requests);
+    if (!held)
+        return NULL;
+    items = PySequence_Fast_ITEMS(held);
+    PyObject *type = NULL, *value = NULL, *tb = NULL, *res = Py_True;
+    for (Py_ssize_t i = 0; i < n && res; i++) {
+        HotRequest *r = (HotRequest *)items[i];
+        PyObject *got = req_start(r, NULL);
+        if (got)
+            Py_DECREF(got);
+        else if (!type && r->interrupted)
+            PyErr_Fetch(&type, &value, &tb);  /* held: start the rest */
+        else
+            res = NULL;
+    }
+    if (res && type) {
+        res = started_then_raise(items, n, type, value, tb);
+    } else if (!res) {
+        Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
+    }
+    Py_XINCREF(res);
+    Py_DECREF(held);
+    return res;
+}
+
+/* _completeall(requests, after=False): for a list (or tuple) of xhc's
+ * requests alone: with none active over MPI's, True, each complete, as
+ * Start() left it, and inactive; else MPI's requests of those active
+ * over MPI's, for one MPI call, with none touched.  AFTER (that call
+ * completed them): each complete and inactive but those active over
+ * MPI's whose copies need writing back, whose list it gives, for their
+ * _complete().  False, with none touched, for any other list, which
+ * xhc/completion.py completes. */
+static PyObject *req_completeall(PyObject *unused, PyObject *args)
+{
+    (void)unused;
+    PyObject *requests;
+    int after = 0;
+    if (!PyArg_ParseTuple(args, "O|p", &requests, &after))
+        return NULL;
+    if (!PyList_CheckExact(requests) && !PyTuple_CheckExact(requests))
+        Py_RETURN_FALSE;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(requests), over = 0;
+    PyObject *const *items = PySequence_Fast_ITEMS(requests);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        HotRequest *r = as_request(items[i]);
+        if (!r)
+            Py_RETURN_FALSE;
+        over += active_over_mpi(r, after);
+    }
+    PyObject *left = over ? PyList_New(over) : NULL;
+    if (over && !left)
+        return NULL;
+    for (Py_ssize_t i = 0, k = 0; i < n; i++) {
+        HotRequest *r = (HotRequest *)items[i];
+        if (active_over_mpi(r, after)) {
+            PyObject *item = after ? (PyObject *)r : r->mpi;
+            Py_INCREF(item);
+            PyList_SET_ITEM(left, k++, item);
+        } else if (after || !left) {
+            r->active = 0;  /* complete since its Start() */
+        }
+    }
+    if (left || after)
+        return left ? left : PyList_New(0);
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef req_methods[] = {
     {"Start", (PyCFunction)req_start, METH_NOARGS,
      "Run the collective (all ranks Start their matching requests)."},
@@ -180,6 +355,12 @@ static PyMethodDef req_methods[] = {
      "Unbind, unless a call runs on the owner (then False)."},
     {"_hot_bind", (PyCFunction)req_bind, METH_VARARGS,
      "Bind the core call (or barrier) that Start runs."},
+    {"_startall", (PyCFunction)req_startall, METH_O | METH_STATIC,
+     "Start a list of requests that Start() runs in C; else False."},
+    {"_completeall", (PyCFunction)req_completeall,
+     METH_VARARGS | METH_STATIC,
+     "Complete a list of xhc's requests, or give MPI's requests of those\n"
+     "active over MPI's; else False."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -195,6 +376,14 @@ static PyMemberDef req_members[] = {
      "Started and not yet completed by a Wait or a Test."},
     {"_released", T_BOOL, offsetof(HotRequest, released), READONLY,
      "Released by _hot_release: Start() must not run its call."},
+    {"_on_mpi", T_BOOL, offsetof(HotRequest, on_mpi), 0,
+     "MPI's request completes it once active (xhc/requests.py's OnMPI)."},
+    {"_mpi", T_OBJECT, offsetof(HotRequest, mpi), 0,
+     "That request of MPI's, once made; else None."},
+    {"_goes_straight", T_BOOL, offsetof(HotRequest, straight), 0,
+     "Start() starts MPI's request and does nothing else."},
+    {"_writes_back", T_BOOL, offsetof(HotRequest, writes_back), 0,
+     "Its completion writes copies back (OnMPI._complete)."},
     {"_interrupted", T_BOOL, offsetof(HotRequest, interrupted), READONLY,
      "The last Start() completed its collective, then a signal handler "
      "raised."},
@@ -205,6 +394,7 @@ static int req_traverse(HotRequest *r, visitproc visit, void *arg)
 {
     Py_VISIT(r->owner);
     Py_VISIT(r->across);
+    Py_VISIT(r->mpi);
     Py_VISIT(r->mpi_bufs[0]);
     Py_VISIT(r->mpi_bufs[1]);
     Py_VISIT(Py_TYPE(r));
@@ -216,6 +406,7 @@ static int req_clear(HotRequest *r)
     r->run = NULL, r->barrier = NULL;
     Py_CLEAR(r->owner);
     Py_CLEAR(r->across);
+    Py_CLEAR(r->mpi);
     Py_CLEAR(r->mpi_bufs[0]);
     Py_CLEAR(r->mpi_bufs[1]);
     return 0;
@@ -260,5 +451,6 @@ static PyType_Spec req_spec = {
 int hot_request_add(PyObject *m, PyTypeObject *comm_type)
 {
     hot_comm_type = comm_type;
-    return hot_add_type(m, "HotRequest", &req_spec) ? 0 : -1;
+    hot_request_type = hot_add_type(m, "HotRequest", &req_spec);
+    return hot_request_type ? 0 : -1;
 }

@@ -21,8 +21,9 @@ them without completing any (MPI 4.1's Get_status_all, _any, _some).
    and ask MPI (which may not have these calls) only about mpi4py's.
 6. Waitall and Testall hand a list of mpi4py's requests alone to MPI
    whole, and one of xhc's alone, where no status is asked for, takes
-   one MPI call for those over MPI's (none: it completes at once): a
-   solver waits on such a list every step.
+   one MPI call for those over MPI's (none: it completes at once, in one
+   pass in C, xhc/_hot_request.c): a solver waits on such a list every
+   step.
 Statuses follow mpi4py: a list or tuple of MPI.Status, filled as far as
 it goes; a list grows to one per request (all) or per completion
 (some).
@@ -31,6 +32,8 @@ it goes; a list grows to one per request (all) or per completion
 from mpi4py import MPI
 
 from ._hot import HotRequest
+
+_completeall = HotRequest._completeall
 
 CALLS = ("Waitall", "Testall", "Waitany", "Testany", "Waitsome", "Testsome",
          "waitall", "testall", "waitany", "testany", "waitsome", "testsome",
@@ -234,25 +237,23 @@ def _whole(requests, statuses, mpi_all):
     """MPI_ALL(REQUESTS, STATUSES) for a list of mpi4py's requests alone;
     for one of xhc's alone with no statuses asked, MPI_ALL of those over
     MPI's that are active, and all complete as that completes them (the
-    others are complete: 1.); else None, to split the list (_all)."""
-    mine = sum(isinstance(req, HotRequest) for req in requests)
-    if not mine:
-        return mpi_all(requests, _checked(statuses))
-    if mine < len(requests) or statuses is not None:
-        return None
+    others are complete: 1.), in C but for that call; else None, to
+    split the list (_all)."""
+    over = _completeall(requests) if statuses is None else False
+    if over is True:  # none over MPI's active: each complete, inactive
+        return True
+    if over is not False:  # MPI's requests of those over MPI's
 
-    def complete_all():
-        for req in requests:
-            if req._mpi is None:
-                req._active = False
-            else:
-                req._complete()
-    over = [req._mpi for req in requests
-            if req._active and req._mpi is not None]
-    if over and not _completing(lambda: mpi_all(over, None), complete_all):
-        return False
-    complete_all()
-    return True
+        def complete_all():
+            for req in _completeall(requests, True):
+                req._complete()  # copies to write back
+        if not _completing(lambda: mpi_all(over, None), complete_all):
+            return False
+        complete_all()
+        return True
+    if any(isinstance(req, HotRequest) for req in requests):
+        return None
+    return mpi_all(requests, _checked(statuses))
 
 
 def Waitall(requests, statuses=None):

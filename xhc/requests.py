@@ -12,6 +12,8 @@ from .errors import XhcError
 from .mpierrors import MPIRequestError, comm_freed
 from .plans import RUN_FN, STAGED, address
 
+_startall = HotRequest._startall
+
 
 def stored_handle(obj):
     """OBJ's MPI handle as the 8 bytes at the start of an mpi4py object of
@@ -41,7 +43,6 @@ class Request(HotRequest):
     first runs _before_start."""
 
     _before_start = None
-    _mpi = None  # MPI's request, which MPI completes (OnMPI)
 
     def __init__(self, call, what, xcomm, plan=None, bind=None):
         self._mpi_handle = REQUEST_NULL_HANDLE  # see HotRequest
@@ -185,7 +186,17 @@ class Request(HotRequest):
         MPI checks the list first.  One that XHC_DEBUG checks is left to
         its Start(), which compares first, and raises on every rank.  A
         signal handler's exception out of one Start(), whose collective
-        completed, comes once the rest have started."""
+        completed, comes once the rest have started.  A list that every
+        Start() would run in C starts there, and one that every Start()
+        takes straight to MPI's request in one MPI call
+        (xhc/_hot_request.c, 5.)."""
+        done = _startall(requests)
+        if done is not False:
+            if done is not True:  # MPI's requests, of one xhc.Comm's
+                requests[0]._xcomm._in_core(MPI.Prequest.Startall, done)
+                for req in requests:
+                    req._active = True
+            return None
         requests = list(requests)
         mpis = 0  # MPI's own requests
         for req in requests:
@@ -207,8 +218,6 @@ class Request(HotRequest):
                                 f"{type(req).__name__}")
         if mpis == len(requests):
             return MPI.Prequest.Startall(requests)  # MPI's alone: one call
-        if OnMPI.start_together(requests):
-            return None
         held = None
         for req in requests:
             try:
@@ -261,38 +270,19 @@ class OnMPI(Request):
     def __init__(self, make, loads, stores, what, xcomm, held):
         super().__init__(make, f"{what} (MPI between nodes of one rank)",
                          xcomm, bind=(0, 0, 0, 0))
+        self._on_mpi = True  # active, MPI completes it
+        self._writes_back = bool(stores)
         self._loads, self._stores, self._held = tuple(loads), stores, held
 
     def Start(self):
         """Start MPI's request (in Python: a signal handler's exception
         leaves it active, for Wait() to complete); once made, with no copy
-        to fill or XHC_DEBUG check, straight, counted as under way."""
-        if self._active or not self._straight(self._xcomm):
+        to fill or XHC_DEBUG check (_goes_straight), straight, counted as
+        under way."""
+        if self._active or not self._goes_straight:
             return self._Start()
         self._xcomm._in_core(self._mpi.Start)
         self._active = True
-
-    def _straight(self, xcomm):
-        """Can Start() go straight to MPI's request, on XCOMM?"""
-        return self._mpi is not None and not self._loads and \
-            self._before_start is None and self._xcomm is xcomm
-
-    @staticmethod
-    def start_together(requests):
-        """Start REQUESTS (checked by Startall), if each can go straight to
-        MPI's request on one xhc.Comm, in one MPI call; else False."""
-        xcomm = requests[0]._xcomm if requests else None
-        mpis = []
-        for req in requests:
-            if not isinstance(req, OnMPI) or not req._straight(xcomm):
-                return False
-            mpis.append(req._mpi)
-        if not mpis or len(set(map(id, mpis))) < len(mpis):
-            return False  # none, or one twice: Start() refuses the second
-        xcomm._in_core(MPI.Prequest.Startall, mpis)
-        for req in requests:
-            req._active = True
-        return True
 
     def _run_call(self):
         if self._call is None or self._released:
@@ -300,6 +290,8 @@ class OnMPI(Request):
         if self._mpi is None:
             self._mpi, fill = self._call()
             self._loads += (fill,) if fill else ()
+            self._goes_straight = not self._loads and \
+                self._before_start is None
         for load in self._loads:
             load()
         self._mpi.Start()
@@ -356,7 +348,7 @@ class OnMPI(Request):
             return False
         if mpi is not None and not finalized:
             mpi.Free()
-        self._mpi = None
+        self._mpi, self._goes_straight = None, False
         return True
 
 

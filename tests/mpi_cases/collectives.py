@@ -3802,9 +3802,16 @@ def persistent_calls(xcomm, comm, v):
         ins = [values(dt, "SUM", seed_of(161, i, r), 5) for r in range(n)]
         send[:] = ins[rank]
         inplace[:] = ins[rank]
-        for req in reqs[:4]:
-            req.Start()
-        ok = all(req.Wait() for req in reqs[:4])
+        if i % 3 == 0:
+            for req in reqs[:4]:
+                req.Start()
+            ok = all(req.Wait() for req in reqs[:4])
+        else:  # a list or a tuple that starts and completes in C
+            listed = reqs[:4] if i % 3 == 1 else tuple(reqs[:4])
+            xhc.Request.Startall(listed)
+            ok = xhc.Request.Waitall(listed) if i % 2 else None
+            while not ok:  # over MPI's, MPI may not have completed them
+                ok = xhc.Request.Testall(listed)
         v.case(f"persistent Bcast #{i}", None if np.array_equal(b, want_b)
                else first_diff(b, want_b))
         v.case(f"persistent Allreduce #{i}", None if ok and np.array_equal(
@@ -5218,9 +5225,41 @@ def lone_requests(xcomm, comm, v):
     xhc.Request.Waitall(reqs[:1])
     v.case("lone: ... having started it once",
            cases["in place everywhere"][1]())
+    lone_straight_lists(xcomm, v, cases, reqs)
     for req in reqs:
         req.Free()
     lone_held_and_freed(xcomm, comm, v)
+
+
+def lone_straight_lists(xcomm, v, cases, reqs):
+    """LONE_REQUESTS's lists of requests that Start() takes straight to
+    MPI's (no copy to fill), which Startall starts in one MPI call: as a
+    list or a tuple, and mixed with one of another xhc.Comm, which each
+    start alone; every result is numpy's."""
+    straight = [req for name, req in zip([*cases, "Barrier"], reqs)
+                if "strided" not in name and "rank 0 alone" not in name]
+    v.case("lone: requests with nothing to copy go straight to MPI's",
+           None if all(req._goes_straight for req in straight) else
+           f"got {[req._goes_straight for req in straight]}")
+    other = xcomm.Dup()
+    out = np.zeros(2)
+    theirs = other.Allreduce_init(np.full(2, xcomm.rank + 1.0), out)
+    n = xcomm.size
+    for step, (reqs_of, complete) in enumerate((
+            (list, xhc.Request.Waitall), (tuple, _test_until_done),
+            (lambda rs: [*rs, theirs], xhc.Request.Waitall))):
+        out[:] = 0
+        started = reqs_of(straight)
+        xhc.Request.Startall(started)
+        complete(started)
+        for name, (_, check) in cases.items():
+            if "strided" not in name and "rank 0 alone" not in name:
+                v.case(f"lone: straight {name} #{step}", check())
+        if theirs in started:
+            v.case("lone: ... with another xhc.Comm's request", None if (
+                out == n * (n + 1) / 2).all() else f"got {out}")
+    theirs.Free()
+    other.free()
 
 
 def _some_until_done(wait_some):
