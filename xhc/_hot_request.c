@@ -15,14 +15,20 @@
  * 4. Its first fields are mpi4py's (MPI4PY_HEAD, then what a request's
  *    methods read), so that mpi4py's own methods called on it see
  *    MPI.REQUEST_NULL, not memory of ours.
- * 5. Startall and Waitall (or Testall) of a list of these alone, as a
- *    solver calls every step, take one pass here: a list that Start()
- *    would run in C (each bound, inactive, its owner open) starts so;
- *    one with none active over MPI's request completes at once.  Of a
- *    list of requests over MPI's (OnMPI) that Start() takes straight to
- *    MPI, or wait for MPI, these give MPI's requests, for one MPI call,
- *    and complete the list after it.  Any other list goes to
- *    xhc/requests.py and xhc/completion.py, which check it and say why.
+ * 5. Over MPI's own request (xhc/requests.py's OnMPI, where every rank
+ *    is alone on its node), MPI completes the operation: Start() starts
+ *    MPI's here, once made with nothing to copy in (STRAIGHT), and marks
+ *    the request active with no Python in between, so that a signal
+ *    handler finds the two alike; else _Start does it in Python.
+ * 6. Startall and Waitall (or Testall) of a list of these alone, as a
+ *    solver calls every step, take one pass here over a snapshot of it:
+ *    a list every Start() of which runs in C (each bound, inactive, its
+ *    owner open, none twice) starts so; one of requests over MPI's that
+ *    go straight, of one owner, none twice, in one MPI call.  One with
+ *    none active over MPI's completes at once; else this gives MPI's
+ *    requests, for one MPI call, and completes the list after it.  Any
+ *    other list goes to xhc/requests.py and xhc/completion.py, which
+ *    check it and say why.
  */
 #include "_hot.h" /* Python.h first */
 
@@ -57,12 +63,32 @@ typedef struct {
     char active;             /* started, not yet waited for */
     char released;           /* by _hot_release: no Start() may run */
     char interrupted;        /* the last Start() completed, then raised */
-    char on_mpi;             /* MPI completes it once active (OnMPI): */
-    PyObject *mpi;           /* ... its request, once made */
+    PyObject *mpi;           /* MPI's request, which MPI completes (5.) */
     char straight;           /* ... which Start() starts, nothing else */
     char writes_back;        /* ... and whose completion stores copies */
-    char seen;               /* in the list being checked (5.) */
+    char seen;               /* in the list Startall checks (6.) */
 } HotRequest;
+
+/* Is R over a request of MPI's (5.)? */
+static int over_mpi(const HotRequest *r)
+{
+    return r->mpi && r->mpi != Py_None;
+}
+
+/* Start MPI's request of R (5.), counted as under way on its owner, held
+ * and claimed by the caller, as Comm._in_core counts Python's calls. */
+static PyObject *start_mpi(HotRequest *r)
+{
+    HotComm *h = r->owner;
+    if (h->closed)  /* freed since it was bound: _Start says so */
+        return PyObject_CallMethod((PyObject *)r, "_Start", NULL);
+    h->busy++;
+    PyObject *res = PyObject_CallMethod(r->mpi, "Start", NULL);
+    h->busy--;
+    if (res)
+        r->active = 1;
+    return res;
+}
 
 /* Start() with the owner claimed (9.), and held by the caller. */
 static PyObject *start_claimed(HotRequest *r)
@@ -71,6 +97,8 @@ static PyObject *start_claimed(HotRequest *r)
      * before the collective would run a second time. */
     if (r->active)
         return PyObject_CallMethod((PyObject *)r, "_Start", NULL);
+    if (r->straight && over_mpi(r))
+        return start_mpi(r);
     if (r->across && r->owner->span) {
         PyObject *res = hot_run_across(r->owner, r->across, NULL, 0);
         if (res)
@@ -109,13 +137,15 @@ static PyObject *start_owned(HotRequest *r)
  * KeyboardInterrupt that came in its wait) raises out of Start(), not at
  * the caller's next line, and leaves the request inactive, as the Wait()
  * that would have completed it: mpi4py's comes out of that Wait(), so a
- * loop that catches it may start the request again. */
+ * loop that catches it may start the request again.  One over MPI's
+ * (5.) stays active, for its Wait() to complete: the handler runs at
+ * the caller's next line. */
 static PyObject *req_start(HotRequest *r, PyObject *unused)
 {
     (void)unused;
     r->interrupted = 0;
     PyObject *res = start_owned(r);
-    if (res && r->active && PyErr_CheckSignals() < 0) {
+    if (res && r->active && !over_mpi(r) && PyErr_CheckSignals() < 0) {
         r->active = 0;
         r->interrupted = 1;
         Py_CLEAR(res);
@@ -191,158 +221,265 @@ static HotRequest *as_request(PyObject *item)
                                                       : NULL;
 }
 
+/* A list or tuple of requests as a tuple, which holds them while Python
+ * code runs (a collection, a Start() over several nodes) and may change
+ * the caller's list; or NULL, with no error set, for any other object. */
+static PyObject *snapshot(PyObject *requests)
+{
+    if (PyTuple_CheckExact(requests)) {
+        Py_INCREF(requests);
+        return requests;
+    }
+    return PyList_CheckExact(requests) ? PyList_AsTuple(requests) : NULL;
+}
+
 /* Would Start() run R in C, to completion (start_claimed)? */
 static int starts_in_c(const HotRequest *r)
 {
-    if (!r || r->active || r->released || !r->owner)
+    if (r->active || r->released || !r->owner || over_mpi(r))
         return 0;
     if (r->across && r->owner->span)
         return 1;
     return (r->run || r->barrier) && r->owner->ctx;
 }
 
-/* After a signal handler raised out of a Start() in a list (held), the
- * others started: every request is complete, inactive, as the Waitall
- * after would leave it, and the handler's exception stands. */
-static PyObject *started_then_raise(PyObject *const *items, Py_ssize_t n,
-                                    PyObject *type, PyObject *value,
-                                    PyObject *tb)
+/* How Startall can take a list (6.). */
+enum list_kind { BY_PYTHON, IN_C, ONE_MPI_CALL };
+
+/* Could R start in one MPI call with FIRST, the list's first: inactive,
+ * over MPI's, going straight (5.), of FIRST's open owner? */
+static int joins_one_call(const HotRequest *r, const HotRequest *first)
 {
+    return r->straight && over_mpi(r) && !r->active && r->owner &&
+           !r->owner->closed && r->owner == first->owner;
+}
+
+/* How Startall can take the N requests ITEMS: IN_C if every Start() runs
+ * in C; ONE_MPI_CALL if all join one MPI call; else BY_PYTHON, as for
+ * one twice. */
+static enum list_kind kind_of(PyObject *const *items, Py_ssize_t n)
+{
+    enum list_kind kind = IN_C;
+    Py_ssize_t i = 0;
+    for (; i < n; i++) {
+        HotRequest *r = as_request(items[i]);
+        enum list_kind k =
+            !r || r->seen ? BY_PYTHON
+            : starts_in_c(r) ? IN_C
+            : joins_one_call(r, (HotRequest *)items[0]) ? ONE_MPI_CALL
+                                                         : BY_PYTHON;
+        if (k == BY_PYTHON || (i && k != kind)) {
+            kind = BY_PYTHON;
+            break;
+        }
+        kind = k;
+        r->seen = 1;
+    }
+    while (i--)
+        ((HotRequest *)items[i])->seen = 0;
+    return kind;
+}
+
+/* Start the N requests ITEMS one by one in C.  As Request.Startall, a
+ * signal handler's exception out of one Start() (whose collective
+ * completed) comes once the rest have started, and leaves every one
+ * inactive, as the Waitall after would; any other error stops the list
+ * where it came. */
+static PyObject *start_each(PyObject *const *items, Py_ssize_t n)
+{
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        HotRequest *r = (HotRequest *)items[i];
+        PyObject *got = req_start(r, NULL);
+        if (got) {
+            Py_DECREF(got);
+        } else if (!type && r->interrupted) {
+            PyErr_Fetch(&type, &value, &tb);  /* held: start the rest */
+        } else {
+            Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
+            return NULL;
+        }
+    }
+    if (!type)
+        Py_RETURN_TRUE;
     for (Py_ssize_t i = 0; i < n; i++)
         ((HotRequest *)items[i])->active = 0;
     PyErr_Restore(type, value, tb);
     return NULL;
 }
 
-/* Is R active over a request of MPI's, which MPI completes?  (AFTER:
- * one that then writes copies back.) */
-static int active_over_mpi(const HotRequest *r, int after)
+/* OBJ, a new reference (Py_NewRef is Python 3.10's). */
+static PyObject *new_ref(PyObject *obj)
 {
-    return r->active && r->on_mpi && r->mpi && r->mpi != Py_None &&
-           (!after || r->writes_back);
+    Py_INCREF(obj);
+    return obj;
 }
 
-/* MPI's requests of ITEMS (N), if each is an inactive request over
- * MPI's that Start() takes straight to MPI, all of one owner and none
- * twice (MPI would start it twice); else NULL, with no error set. */
-static PyObject *straight_mpis(PyObject *const *items, Py_ssize_t n)
+/* MPI's request of R (None if a collection's Python took it away, for
+ * MPI's call to refuse). */
+static PyObject *mpi_of(HotRequest *r)
 {
-    PyObject *mpis = NULL;
-    HotRequest *first = n ? as_request(items[0]) : NULL;
-    Py_ssize_t i = 0;
-    for (; i < n; i++) {
-        HotRequest *r = as_request(items[i]);
-        if (!r || !r->on_mpi || !r->straight || !r->mpi ||
-            r->mpi == Py_None || r->active ||
-            r->seen || r->owner != first->owner)
-            break;
-        r->seen = 1;
-    }
-    if (i == n && n)
-        mpis = PyList_New(n);
-    for (Py_ssize_t j = 0; j < i; j++) {
-        HotRequest *r = (HotRequest *)items[j];
-        r->seen = 0;
-        if (mpis) {
-            Py_INCREF(r->mpi);
-            PyList_SET_ITEM(mpis, j, r->mpi);
-        }
-    }
-    PyErr_Clear();  /* a failed PyList_New: Python's path then */
-    return mpis;
+    return new_ref(r->mpi ? r->mpi : Py_None);
 }
 
-/* _startall(requests): True once every request of a list (or tuple) of
- * requests Start() runs in C has started; for one of requests over MPI's
- * that Start() takes straight to MPI, MPI's requests, to start in one
- * call (then each is active); False, with none started, for any other,
- * which Request.Startall then checks and starts.  As there, a signal
- * handler's exception out of one Start() (whose collective completed)
- * comes once the rest have started; any other error stops the list
- * where it came. */
+/* Start the N requests over MPI's ITEMS (ONE_MPI_CALL) in one call of
+ * MPI's Startall, counted as under way on their owner, then mark each
+ * active, with no Python in between (5.); False, starting none, if a
+ * collection's Python run as the list of MPI's requests was made
+ * changed them. */
+static PyObject *start_in_one_call(PyObject *const *items, Py_ssize_t n)
+{
+    PyObject *mpis = PyList_New(n);
+    if (!mpis)
+        return NULL;
+    if (kind_of(items, n) != ONE_MPI_CALL) {
+        Py_DECREF(mpis);
+        Py_RETURN_FALSE;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyList_SET_ITEM(mpis, i, mpi_of((HotRequest *)items[i]));
+    HotComm *h = ((HotRequest *)items[0])->owner;
+    PyObject *res = NULL;
+    Py_INCREF(h);
+    if (hot_claim(h, "Startall") == 0) {
+        h->busy++;
+        res = PyObject_CallMethod(PyList_GET_ITEM(mpis, 0), "Startall", "O",
+                                  mpis);
+        h->busy--;
+        h->calls--;
+    }
+    for (Py_ssize_t i = 0; res && i < n; i++)
+        ((HotRequest *)items[i])->active = 1;
+    Py_XDECREF(res);
+    Py_DECREF(mpis);
+    Py_DECREF(h);
+    if (!res)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
+/* _startall(requests): True once a list (or tuple) of requests that
+ * Start() runs in C, or of requests over MPI's that go straight, has
+ * started (6.); False, with none started, for any other, which
+ * Request.Startall then checks and starts. */
 static PyObject *req_startall(PyObject *unused, PyObject *requests)
 {
     (void)unused;
-    if (!PyList_CheckExact(requests) && !PyTuple_CheckExact(requests))
-        Py_RETURN_FALSE;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(requests);
-    PyObject *const *items = PySequence_Fast_ITEMS(requests);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!starts_in_c(as_request(items[i]))) {
-            PyObject *mpis = straight_mpis(items, n);
-            if (mpis)
-                return mpis;
-            Py_RETURN_FALSE;
-        }
-    }
-    /* Held as a tuple: a Start() over several nodes runs Python, which
-     * may change the list. */
-    PyObject *held = PySequence_Tuple(requests);
+    PyObject *held = snapshot(requests);
     if (!held)
-        return NULL;
-    items = PySequence_Fast_ITEMS(held);
-    PyObject *type = NULL, *value = NULL, *tb = NULL, *res = Py_True;
-    for (Py_ssize_t i = 0; i < n && res; i++) {
-        HotRequest *r = (HotRequest *)items[i];
-        PyObject *got = req_start(r, NULL);
-        if (got)
-            Py_DECREF(got);
-        else if (!type && r->interrupted)
-            PyErr_Fetch(&type, &value, &tb);  /* held: start the rest */
-        else
-            res = NULL;
-    }
-    if (res && type) {
-        res = started_then_raise(items, n, type, value, tb);
-    } else if (!res) {
-        Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
-    }
-    Py_XINCREF(res);
+        return PyErr_Occurred() ? NULL : new_ref(Py_False);
+    Py_ssize_t n = PyTuple_GET_SIZE(held);
+    PyObject *const *items = &PyTuple_GET_ITEM(held, 0);
+    enum list_kind kind = n ? kind_of(items, n) : BY_PYTHON;
+    PyObject *res = kind == IN_C ? start_each(items, n)
+                    : kind == ONE_MPI_CALL ? start_in_one_call(items, n)
+                    : new_ref(Py_False);
     Py_DECREF(held);
     return res;
 }
 
-/* _completeall(requests, after=False): for a list (or tuple) of xhc's
- * requests alone: with none active over MPI's, True, each complete, as
- * Start() left it, and inactive; else MPI's requests of those active
- * over MPI's, for one MPI call, with none touched.  AFTER (that call
- * completed them): each complete and inactive but those active over
- * MPI's whose copies need writing back, whose list it gives, for their
- * _complete().  False, with none touched, for any other list, which
- * xhc/completion.py completes. */
-static PyObject *req_completeall(PyObject *unused, PyObject *args)
+/* Is R active over a request of MPI's, which MPI completes?  (AFTER:
+ * one that then writes copies back.) */
+static int active_over_mpi(const HotRequest *r, int after)
 {
-    (void)unused;
-    PyObject *requests;
-    int after = 0;
-    if (!PyArg_ParseTuple(args, "O|p", &requests, &after))
-        return NULL;
-    if (!PyList_CheckExact(requests) && !PyTuple_CheckExact(requests))
-        Py_RETURN_FALSE;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(requests), over = 0;
-    PyObject *const *items = PySequence_Fast_ITEMS(requests);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        HotRequest *r = as_request(items[i]);
-        if (!r)
-            Py_RETURN_FALSE;
-        over += active_over_mpi(r, after);
+    return r->active && over_mpi(r) && (!after || r->writes_back);
+}
+
+/* How many of the N requests ITEMS are active over MPI's (AFTER: and
+ * write copies back)? */
+static Py_ssize_t count_over_mpi(PyObject *const *items, Py_ssize_t n,
+                                 int after)
+{
+    Py_ssize_t count = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        count += active_over_mpi((HotRequest *)items[i], after);
+    return count;
+}
+
+/* The N requests ITEMS, none active over MPI's, or (AFTER) MPI's call
+ * done, but for those counted by count_over_mpi: complete, as Start()
+ * left them, and inactive.  Those counted (AFTER), or MPI's requests of
+ * them, if any; else True. */
+static PyObject *complete_uncounted(PyObject *const *items, Py_ssize_t n,
+                                    int after)
+{
+    Py_ssize_t count = count_over_mpi(items, n, after);
+    PyObject *left = NULL;
+    /* Made before the pass: making it may run a collection's Python,
+     * which may change the requests; counted again after. */
+    while (count) {
+        if (!(left = PyList_New(count)))
+            return NULL;
+        Py_ssize_t again = count_over_mpi(items, n, after);
+        if (again == count)
+            break;
+        Py_DECREF(left);
+        left = NULL;
+        count = again;
     }
-    PyObject *left = over ? PyList_New(over) : NULL;
-    if (over && !left)
-        return NULL;
     for (Py_ssize_t i = 0, k = 0; i < n; i++) {
         HotRequest *r = (HotRequest *)items[i];
-        if (active_over_mpi(r, after)) {
-            PyObject *item = after ? (PyObject *)r : r->mpi;
-            Py_INCREF(item);
-            PyList_SET_ITEM(left, k++, item);
-        } else if (after || !left) {
+        if (active_over_mpi(r, after))
+            PyList_SET_ITEM(left, k++,
+                            after ? new_ref((PyObject *)r) : mpi_of(r));
+        else if (after || !count)
             r->active = 0;  /* complete since its Start() */
-        }
     }
     if (left || after)
         return left ? left : PyList_New(0);
     Py_RETURN_TRUE;
+}
+
+/* Are the N objects ITEMS all requests of xhc's? */
+static int all_requests(PyObject *const *items, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!as_request(items[i]))
+            return 0;
+    return 1;
+}
+
+/* _completeall(requests, after=False): for a list (or tuple) of xhc's
+ * requests alone (6.): with none active over MPI's, True (AFTER: ()),
+ * each complete, as Start() left it, and inactive; else MPI's requests
+ * of those active over MPI's, for one MPI call, with none touched.
+ * AFTER (that call completed them): each complete and inactive but
+ * those active over MPI's whose copies need writing back, whose list it
+ * gives, for their _complete().  False, with none touched, for any
+ * other list, which xhc/completion.py completes. */
+static PyObject *req_completeall(PyObject *unused, PyObject *const *args,
+                                 Py_ssize_t nargs)
+{
+    (void)unused;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "_completeall(requests, after)");
+        return NULL;
+    }
+    int after = nargs > 1 ? PyObject_IsTrue(args[1]) : 0;
+    PyObject *requests = args[0];
+    if (after < 0)
+        return NULL;
+    if (!PyList_CheckExact(requests) && !PyTuple_CheckExact(requests))
+        Py_RETURN_FALSE;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(requests);
+    PyObject *const *items = PySequence_Fast_ITEMS(requests);
+    if (!all_requests(items, n))
+        Py_RETURN_FALSE;
+    if (!count_over_mpi(items, n, after)) {  /* nothing made: no Python */
+        for (Py_ssize_t i = 0; i < n; i++)
+            ((HotRequest *)items[i])->active = 0;
+        return after ? PyTuple_New(0) : new_ref(Py_True);
+    }
+    PyObject *held = snapshot(requests);
+    if (!held)
+        return NULL;
+    n = PyTuple_GET_SIZE(held);
+    items = &PyTuple_GET_ITEM(held, 0);
+    PyObject *res = all_requests(items, n)
+                        ? complete_uncounted(items, n, after)
+                        : new_ref(Py_False);
+    Py_DECREF(held);
+    return res;
 }
 
 static PyMethodDef req_methods[] = {
@@ -356,9 +493,10 @@ static PyMethodDef req_methods[] = {
     {"_hot_bind", (PyCFunction)req_bind, METH_VARARGS,
      "Bind the core call (or barrier) that Start runs."},
     {"_startall", (PyCFunction)req_startall, METH_O | METH_STATIC,
-     "Start a list of requests that Start() runs in C; else False."},
-    {"_completeall", (PyCFunction)req_completeall,
-     METH_VARARGS | METH_STATIC,
+     "Start a list of requests that Start() runs in C, or of requests\n"
+     "over MPI's that go straight to it; else False, starting none."},
+    {"_completeall", (PyCFunction)(void (*)(void))req_completeall,
+     METH_FASTCALL | METH_STATIC,
      "Complete a list of xhc's requests, or give MPI's requests of those\n"
      "active over MPI's; else False."},
     {NULL, NULL, 0, NULL},
@@ -376,8 +514,6 @@ static PyMemberDef req_members[] = {
      "Started and not yet completed by a Wait or a Test."},
     {"_released", T_BOOL, offsetof(HotRequest, released), READONLY,
      "Released by _hot_release: Start() must not run its call."},
-    {"_on_mpi", T_BOOL, offsetof(HotRequest, on_mpi), 0,
-     "MPI's request completes it once active (xhc/requests.py's OnMPI)."},
     {"_mpi", T_OBJECT, offsetof(HotRequest, mpi), 0,
      "That request of MPI's, once made; else None."},
     {"_goes_straight", T_BOOL, offsetof(HotRequest, straight), 0,

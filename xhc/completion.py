@@ -21,9 +21,9 @@ them without completing any (MPI 4.1's Get_status_all, _any, _some).
    and ask MPI (which may not have these calls) only about mpi4py's.
 6. Waitall and Testall hand a list of mpi4py's requests alone to MPI
    whole, and one of xhc's alone, where no status is asked for, takes
-   one MPI call for those over MPI's (none: it completes at once, in one
-   pass in C, xhc/_hot_request.c): a solver waits on such a list every
-   step.
+   one MPI call for those over MPI's (none: it completes at once), the
+   rest in C (xhc/_hot_request.c, 6.): a solver waits on such a list
+   every step.
 Statuses follow mpi4py: a list or tuple of MPI.Status, filled as far as
 it goes; a list grows to one per request (all) or per completion
 (some).
@@ -235,29 +235,56 @@ def _some(requests, statuses, mpi_some, mpi_test_some, keep=False):
 
 def _whole(requests, statuses, mpi_all):
     """MPI_ALL(REQUESTS, STATUSES) for a list of mpi4py's requests alone;
-    for one of xhc's alone with no statuses asked, MPI_ALL of those over
-    MPI's that are active, and all complete as that completes them (the
-    others are complete: 1.), in C but for that call; else None, to
-    split the list (_all)."""
-    over = _completeall(requests) if statuses is None else False
-    if over is True:  # none over MPI's active: each complete, inactive
-        return True
-    if over is not False:  # MPI's requests of those over MPI's
-
-        def complete_all():
-            for req in _completeall(requests, True):
-                req._complete()  # copies to write back
-        if not _completing(lambda: mpi_all(over, None), complete_all):
-            return False
-        complete_all()
-        return True
+    else None, to split the list (_all)."""
     if any(isinstance(req, HotRequest) for req in requests):
         return None
     return mpi_all(requests, _checked(statuses))
 
 
+def _over_mpi_all(requests, over, mpi_all):
+    """For a list (or tuple) of xhc's requests alone, with no statuses
+    asked, some active over MPI's (OVER: MPI's requests of them, from
+    _completeall): MPI_ALL of those, and all complete as that completes
+    them (the others are complete: 1.), in C but for that call."""
+
+    def complete_all():
+        for req in _completeall(requests, True):
+            req._complete()  # copies to write back
+    try:
+        done = _completing(lambda: mpi_all(over, None), complete_all)
+    except MPI.Exception:
+        raise
+    except BaseException:  # a signal handler's, as MPI's call returned
+        _settle(requests, complete_all)
+        raise
+    if done:
+        complete_all()
+    return done
+
+
+def _settle(requests, complete_all):
+    """After a signal handler's exception out of MPI's call on those of
+    REQUESTS (xhc's alone) over MPI's: each that MPI has completed (its
+    Test() says so, as of one Waitall completed) completes, its copies
+    written back; if all have, the rest too (COMPLETE_ALL)."""
+    pending = False
+    for req in requests:
+        if req._active and req._mpi is not None:
+            if req._mpi.Test():
+                req._complete()
+            else:
+                pending = True
+    if not pending:
+        complete_all()
+
+
 def Waitall(requests, statuses=None):
     """MPI.Request.Waitall for a list that may hold xhc's requests."""
+    over = False if statuses is not None else _completeall(requests)
+    if over is True:  # xhc's alone, none over MPI's active: completed
+        return True
+    if over is not False:  # xhc's alone, MPI's requests of some
+        return _over_mpi_all(requests, over, MPI.Request.Waitall)
     requests = list(requests)
     done = _whole(requests, statuses, MPI.Request.Waitall)
     return done if done is not None else _all(
@@ -266,6 +293,11 @@ def Waitall(requests, statuses=None):
 
 def Testall(requests, statuses=None):
     """MPI.Request.Testall for a list that may hold xhc's requests."""
+    over = False if statuses is not None else _completeall(requests)
+    if over is True:  # xhc's alone, none over MPI's active: completed
+        return True
+    if over is not False:  # xhc's alone, MPI's requests of some
+        return _over_mpi_all(requests, over, MPI.Request.Testall)
     requests = list(requests)
     done = _whole(requests, statuses, MPI.Request.Testall)
     return done if done is not None else _all(

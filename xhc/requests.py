@@ -182,23 +182,19 @@ class Request(HotRequest):
     @staticmethod
     def Startall(requests):
         """Start every request, in order; none if one cannot start (not a
-        persistent request, or one of xhc's that is active or freed), as
-        MPI checks the list first.  One that XHC_DEBUG checks is left to
-        its Start(), which compares first, and raises on every rank.  A
-        signal handler's exception out of one Start(), whose collective
-        completed, comes once the rest have started.  A list that every
-        Start() would run in C starts there, and one that every Start()
-        takes straight to MPI's request in one MPI call
-        (xhc/_hot_request.c, 5.)."""
-        done = _startall(requests)
-        if done is not False:
-            if done is not True:  # MPI's requests, of one xhc.Comm's
-                requests[0]._xcomm._in_core(MPI.Prequest.Startall, done)
-                for req in requests:
-                    req._active = True
+        persistent request, one of xhc's that is active or freed, or one
+        of xhc's twice), as MPI checks the list first.  One that
+        XHC_DEBUG checks is left to its Start(), which compares first, and
+        raises on every rank.  A signal handler's exception out of one
+        Start(), whose collective completed, comes once the rest have
+        started.  A list that every Start() would run in C starts there,
+        and one that every Start() takes straight to MPI's request in one
+        MPI call (xhc/_hot_request.c, 6.)."""
+        if _startall(requests):
             return None
         requests = list(requests)
         mpis = 0  # MPI's own requests
+        seen = set()
         for req in requests:
             if isinstance(req, Request):
                 if req._before_start is None and (req._active or
@@ -206,6 +202,11 @@ class Request(HotRequest):
                     why = ("request already freed" if req._call is None
                            else "an active request; complete it first")
                     raise MPIRequestError(f"Startall: {req._what}: {why}")
+                if id(req) in seen:
+                    raise MPIRequestError(
+                        f"Startall: {req._what}: the request is in the list "
+                        "twice; pass each once")
+                seen.add(id(req))
             elif isinstance(req, MPI.Request):
                 if getattr(req, "Start", None) is None or \
                         req == MPI.REQUEST_NULL:
@@ -270,19 +271,13 @@ class OnMPI(Request):
     def __init__(self, make, loads, stores, what, xcomm, held):
         super().__init__(make, f"{what} (MPI between nodes of one rank)",
                          xcomm, bind=(0, 0, 0, 0))
-        self._on_mpi = True  # active, MPI completes it
         self._writes_back = bool(stores)
         self._loads, self._stores, self._held = tuple(loads), stores, held
 
-    def Start(self):
-        """Start MPI's request (in Python: a signal handler's exception
-        leaves it active, for Wait() to complete); once made, with no copy
-        to fill or XHC_DEBUG check (_goes_straight), straight, counted as
-        under way."""
-        if self._active or not self._goes_straight:
-            return self._Start()
-        self._xcomm._in_core(self._mpi.Start)
-        self._active = True
+    # Start() is HotRequest's: once MPI's request is made, with no copy to
+    # fill and no XHC_DEBUG check (_goes_straight), it starts that in C,
+    # counted as under way, and marks this one active with no Python
+    # between (xhc/_hot_request.c, 5.); else through _Start.
 
     def _run_call(self):
         if self._call is None or self._released:
@@ -294,7 +289,14 @@ class OnMPI(Request):
                 self._before_start is None
         for load in self._loads:
             load()
-        self._mpi.Start()
+        # Active first: a signal handler runs once MPI's Start() returns,
+        # and must find this one active as MPI's is, for Wait().
+        self._active = True
+        try:
+            self._mpi.Start()
+        except MPI.Exception:
+            self._active = False  # MPI's did not start
+            raise
         return 0
 
     def _complete(self):

@@ -5222,13 +5222,58 @@ def lone_requests(xcomm, comm, v):
             v.case(f"lone: {name} #{step}", check())
     v.case("lone: Startall of one request twice raises, as elsewhere",
            raises(xhc.XhcError, xhc.Request.Startall, reqs[:1] * 2))
-    xhc.Request.Waitall(reqs[:1])
-    v.case("lone: ... having started it once",
-           cases["in place everywhere"][1]())
+    v.case("lone: ... starting none", None if not reqs[0]._active
+           else "the request is active")
     lone_straight_lists(xcomm, v, cases, reqs)
+    lone_waitall_interrupted(xcomm, comm, v)
     for req in reqs:
         req.Free()
     lone_held_and_freed(xcomm, comm, v)
+
+
+def lone_waitall_interrupted(xcomm, comm, v):
+    """A signal handler that raises while Waitall waits in MPI for a late
+    root: the request comes out complete, its copies written back (a
+    strided receive buffer), and inactive, so that the loop that caught
+    it starts it again."""
+    n, rank = comm.size, comm.rank
+    big = np.zeros(10)
+    buf = big[::2]
+    req = xcomm.Bcast_init(buf, root=0)
+    state = {"entered": False}
+
+    def handler(signum, frame):
+        if not state["entered"]:  # not yet in Waitall: again
+            signal.setitimer(signal.ITIMER_REAL, 0.02)
+            return
+        raise Alarm()
+
+    old = signal.signal(signal.SIGALRM, handler)
+    caught = False
+    try:
+        for step in range(2):
+            big[:] = -1.0 if rank else step + 7.0
+            comm.Barrier()
+            if rank == 0:
+                time.sleep(0.3)
+            elif step == 0:
+                signal.setitimer(signal.ITIMER_REAL, 0.05)
+            xhc.Request.Startall([req])
+            try:
+                state["entered"] = True
+                xhc.Request.Waitall([req])
+            except Alarm:
+                caught = True
+            state["entered"] = False
+            v.case(f"lone: Waitall interrupted #{step}: complete, inactive",
+                   None if (buf == step + 7.0).all() and not req._active
+                   else f"got {buf}, active {req._active}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    v.case("lone: ... the handler raised out of it",
+           None if caught == (rank != 0) or n < 2 else f"caught {caught}")
+    req.Free()
 
 
 def lone_straight_lists(xcomm, v, cases, reqs):
