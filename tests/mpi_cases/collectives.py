@@ -3869,6 +3869,9 @@ def xhc_request_calls(v, xcomm, comm, reqs):
     that start, complete, look at and refuse them, as mpi4py's."""
     v.case("Startall with a non-request raises TypeError, starting none",
            raises(TypeError, xhc.Request.Startall, [reqs[0], 5]))
+    v.case("Startall of a request twice raises, starting none",
+           raises(xhc.XhcError, xhc.Request.Startall, reqs[2:3] * 2) or (
+               "it started" if reqs[2]._active else None))
     for name, call in (("Prequest.Startall", MPI.Prequest.Startall),
                        ("Request.Waitall", MPI.Request.Waitall)):
         e = raises_what(call, reqs[2:4])
