@@ -278,30 +278,30 @@ def _settle(requests, complete_all):
         complete_all()
 
 
-def Waitall(requests, statuses=None):
-    """MPI.Request.Waitall for a list that may hold xhc's requests."""
-    over = False if statuses is not None else _completeall(requests)
-    if over is True:  # xhc's alone, none over MPI's active: completed
-        return True
-    if over is not False:  # xhc's alone, MPI's requests of some
-        return _over_mpi_all(requests, over, MPI.Request.Waitall)
-    requests = list(requests)
-    done = _whole(requests, statuses, MPI.Request.Waitall)
-    return done if done is not None else _all(
-        requests, statuses, lambda r, s: (MPI.Request.Waitall(r, s), None))[0]
+def _complete_all_call(name):
+    """MPI.Request.NAME (Waitall or Testall) for a list that may hold
+    xhc's requests: a list of xhc's alone, with no statuses asked, goes
+    to C first (6.)."""
+    mpi_all = getattr(MPI.Request, name)
+
+    def call(requests, statuses=None):
+        over = False if statuses is not None else _completeall(requests)
+        if over is True:  # xhc's alone, none over MPI's active: completed
+            return True
+        if over is not False:  # xhc's alone, MPI's requests of some
+            return _over_mpi_all(requests, over, mpi_all)
+        requests = list(requests)
+        done = _whole(requests, statuses, mpi_all)
+        return done if done is not None else _all(
+            requests, statuses, lambda r, s: (mpi_all(r, s), None))[0]
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"MPI.Request.{name} for a list that may hold xhc's " \
+        "requests."
+    return call
 
 
-def Testall(requests, statuses=None):
-    """MPI.Request.Testall for a list that may hold xhc's requests."""
-    over = False if statuses is not None else _completeall(requests)
-    if over is True:  # xhc's alone, none over MPI's active: completed
-        return True
-    if over is not False:  # xhc's alone, MPI's requests of some
-        return _over_mpi_all(requests, over, MPI.Request.Testall)
-    requests = list(requests)
-    done = _whole(requests, statuses, MPI.Request.Testall)
-    return done if done is not None else _all(
-        requests, statuses, lambda r, s: (MPI.Request.Testall(r, s), None))[0]
+Waitall = _complete_all_call("Waitall")
+Testall = _complete_all_call("Testall")
 
 
 def waitall(requests, statuses=None):
