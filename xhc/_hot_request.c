@@ -75,18 +75,31 @@ static int over_mpi(const HotRequest *r)
     return r->mpi && r->mpi != Py_None;
 }
 
-/* Start MPI's request of R (5.), counted as under way on its owner, held
- * and claimed by the caller, as Comm._in_core counts Python's calls. */
+/* Start MPI's request of R (5.) and mark R active, with no Python in
+ * between (a signal handler runs once this returns, and finds the two
+ * alike).  MPI's is held: a collection as the call is made may run
+ * Python that drops it from R. */
+static PyObject *start_mpi_marked(HotRequest *r)
+{
+    PyObject *mpi = r->mpi;
+    Py_INCREF(mpi);
+    PyObject *res = PyObject_CallMethod(mpi, "Start", NULL);
+    Py_DECREF(mpi);
+    if (res)
+        r->active = 1;
+    return res;
+}
+
+/* start_mpi_marked, counted as under way on R's owner, held and claimed
+ * by the caller, as Comm._in_core counts Python's calls. */
 static PyObject *start_mpi(HotRequest *r)
 {
     HotComm *h = r->owner;
     if (h->closed)  /* freed since it was bound: _Start says so */
         return PyObject_CallMethod((PyObject *)r, "_Start", NULL);
     h->busy++;
-    PyObject *res = PyObject_CallMethod(r->mpi, "Start", NULL);
+    PyObject *res = start_mpi_marked(r);
     h->busy--;
-    if (res)
-        r->active = 1;
     return res;
 }
 
@@ -97,7 +110,7 @@ static PyObject *start_claimed(HotRequest *r)
      * before the collective would run a second time. */
     if (r->active)
         return PyObject_CallMethod((PyObject *)r, "_Start", NULL);
-    if (r->straight && over_mpi(r))
+    if (r->straight && over_mpi(r) && !r->released)
         return start_mpi(r);
     if (r->across && r->owner->span) {
         PyObject *res = hot_run_across(r->owner, r->across, NULL, 0);
@@ -250,7 +263,8 @@ enum list_kind { BY_PYTHON, IN_C, ONE_MPI_CALL };
  * over MPI's, going straight (5.), of FIRST's open owner? */
 static int joins_one_call(const HotRequest *r, const HotRequest *first)
 {
-    return r->straight && over_mpi(r) && !r->active && r->owner &&
+    return r->straight && over_mpi(r) && !r->active && !r->released &&
+           r->owner &&
            !r->owner->closed && r->owner == first->owner;
 }
 
@@ -315,8 +329,7 @@ static PyObject *new_ref(PyObject *obj)
     return obj;
 }
 
-/* MPI's request of R (None if a collection's Python took it away, for
- * MPI's call to refuse). */
+/* MPI's request of R, which the caller found there. */
 static PyObject *mpi_of(HotRequest *r)
 {
     return new_ref(r->mpi ? r->mpi : Py_None);
@@ -482,6 +495,18 @@ static PyObject *req_completeall(PyObject *unused, PyObject *const *args,
     return res;
 }
 
+/* _start_mpi(): MPI's request started and this one active, with no
+ * Python in between (5.), for OnMPI._run_call, counted as under way. */
+static PyObject *req_start_mpi(HotRequest *r, PyObject *unused)
+{
+    (void)unused;
+    if (!over_mpi(r)) {
+        PyErr_SetString(PyExc_RuntimeError, "_start_mpi: no MPI request");
+        return NULL;
+    }
+    return start_mpi_marked(r);
+}
+
 static PyMethodDef req_methods[] = {
     {"Start", (PyCFunction)req_start, METH_NOARGS,
      "Run the collective (all ranks Start their matching requests)."},
@@ -492,6 +517,8 @@ static PyMethodDef req_methods[] = {
      "Unbind, unless a call runs on the owner (then False)."},
     {"_hot_bind", (PyCFunction)req_bind, METH_VARARGS,
      "Bind the core call (or barrier) that Start runs."},
+    {"_start_mpi", (PyCFunction)req_start_mpi, METH_NOARGS,
+     "Start MPI's request and mark this one active, in one step."},
     {"_startall", (PyCFunction)req_startall, METH_O | METH_STATIC,
      "Start a list of requests that Start() runs in C, or of requests\n"
      "over MPI's that go straight to it; else False, starting none."},

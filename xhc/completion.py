@@ -246,6 +246,7 @@ def _over_mpi_all(requests, over, mpi_all):
     asked, some active over MPI's (OVER: MPI's requests of them, from
     _completeall): MPI_ALL of those, and all complete as that completes
     them (the others are complete: 1.), in C but for that call."""
+    requests = tuple(requests)  # as it is now, whatever a handler does
 
     def complete_all():
         for req in _completeall(requests, True):

@@ -219,15 +219,22 @@ class Request(HotRequest):
                                 f"{type(req).__name__}")
         if mpis == len(requests):
             return MPI.Prequest.Startall(requests)  # MPI's alone: one call
-        held = None
+        held, running = None, False
         for req in requests:
             try:
                 req.Start()
             except BaseException as exc:
-                if held is not None or not getattr(req, "_interrupted",
-                                                   False):
+                # A signal handler's, as this one's collective completed
+                # or (over MPI's) as MPI's request started: start the
+                # rest first.
+                over = isinstance(req, Request) and req._active and \
+                    req._mpi is not None
+                if held is not None or not (
+                        over or getattr(req, "_interrupted", False)):
                     raise
-                held = exc  # a signal handler's: start the rest first
+                held, running = exc, over
+        if running:
+            raise held  # all active, as after MPI's Startall: Waitall
         if held is not None:
             # Every request is complete, as the Waitall after would leave
             # it (see Start()): a loop that catches this starts them again.
@@ -289,14 +296,9 @@ class OnMPI(Request):
                 self._before_start is None
         for load in self._loads:
             load()
-        # Active first: a signal handler runs once MPI's Start() returns,
-        # and must find this one active as MPI's is, for Wait().
-        self._active = True
-        try:
-            self._mpi.Start()
-        except MPI.Exception:
-            self._active = False  # MPI's did not start
-            raise
+        # In one step in C: a signal handler that runs once it returns
+        # finds this one active as MPI's is, for Wait().
+        self._start_mpi()
         return 0
 
     def _complete(self):

@@ -5229,6 +5229,7 @@ def lone_requests(xcomm, comm, v):
            else "the request is active")
     lone_straight_lists(xcomm, v, cases, reqs)
     lone_waitall_interrupted(xcomm, comm, v)
+    lone_startall_interrupted(xcomm, comm, v)
     for req in reqs:
         req.Free()
     lone_held_and_freed(xcomm, comm, v)
@@ -5277,6 +5278,49 @@ def lone_waitall_interrupted(xcomm, comm, v):
     v.case("lone: ... the handler raised out of it",
            None if caught == (rank != 0) or n < 2 else f"caught {caught}")
     req.Free()
+
+
+def lone_startall_interrupted(xcomm, comm, v):
+    """An exception that comes out of the first Start() of a Startall as
+    MPI's request has started (a profile hook raises where a signal
+    handler would run, as the C call that starts it returns) on rank 0:
+    the rest start all the same, both are left active, as MPI's Startall
+    leaves them, and Waitall then gives every rank the right results."""
+    n, rank = comm.size, comm.rank
+    base = np.zeros(8)
+    first, out_first = base[::2], np.zeros(4)  # strided: Start() in Python
+    second, out_second = np.zeros(4), np.zeros(4)
+    reqs = [xcomm.Allreduce_init(first, out_first),
+            xcomm.Allreduce_init(second, out_second)]
+
+    def hook(frame, event, arg):
+        if event == "c_return" and getattr(arg, "__name__", "") == \
+                "_start_mpi":
+            sys.setprofile(None)
+            raise Alarm()
+    for step in range(2):
+        first[:], second[:] = rank + step, rank - step
+        got = None
+        if rank == 0 and step == 1:
+            sys.setprofile(hook)
+        try:
+            xhc.Request.Startall(reqs)
+        except Alarm:
+            got = [req._active for req in reqs]
+        finally:
+            sys.setprofile(None)
+        xhc.Request.Waitall(reqs)
+        want = n * (n - 1) / 2
+        v.case(f"lone: Startall interrupted #{step}: results", None if (
+            out_first == want + n * step).all() and (
+                out_second == want - n * step).all() else
+            f"got {out_first}, {out_second}")
+        if step == 1:
+            v.case("lone: ... the rest started, both left active",
+                   None if rank != 0 or got == [True, True] else
+                   f"got {got}")
+    for req in reqs:
+        req.Free()
 
 
 def lone_straight_lists(xcomm, v, cases, reqs):
