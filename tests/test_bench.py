@@ -154,6 +154,50 @@ def test_copies_side_by_side():
     assert all(float(x) > 0 for r in rows for x in r[2:]), out
 
 
+@pytest.mark.parametrize("split", [None, "2"])
+def test_buckets_side_by_side(split):
+    """bench.buckets times lists of persistent Allreduce buckets through
+    xhc's list calls, their own calls and MPI's, round by round, and says
+    whether xhc's requests go over MPI's (every rank alone on its node)."""
+    env = {"XHC_SPLIT_NODES": split} if split else None
+    proc = run_mpi(2, ["-m", "bench.buckets", "-b", "1,100", "-r", "2",
+                       "-i", "20"], timeout=120, env=env)
+    out = proc.stdout
+    kind = "over MPI (a rank a node)" if split else "its own"
+    assert f"of 1, 100 elements, 2 ranks; xhc's requests {kind}" in out, out
+    rounds = [ln for ln in out.splitlines() if ln.startswith("round ")]
+    assert len(rounds) == 2, out
+    for ln in rounds:
+        fields = dict(part.rsplit(" ", 1) for part in
+                      ln.split(": ", 1)[1].split(" | "))
+        assert set(fields) == {"xhc", "xhc-own", "mpi", "xhc/mpi"}, ln
+        assert all(float(v) > 0 for v in fields.values()), ln
+    assert "# median µs a step: xhc " in out, out
+
+
+# bench.buckets with xhc.Request.Startall starting nothing: the requests'
+# results stay as the poison left them.
+BUCKETS_BROKEN = """
+import sys
+import xhc
+from bench import buckets
+xhc.Request.Startall = staticmethod(lambda requests: None)
+sys.exit(buckets.main(sys.argv[1:]))
+"""
+
+
+def test_buckets_catches_a_wrong_result(tmp_path):
+    """Every step's results are checked: a Startall that starts nothing
+    fails the run, naming the way and the bucket."""
+    script = tmp_path / "broken.py"
+    script.write_text(BUCKETS_BROKEN)
+    proc = run_mpi(2, [str(script), "-b", "3", "-r", "1", "-i", "2"],
+                   timeout=120, check=False)
+    assert proc.returncode != 0
+    assert "xhc: bucket 0 (3 elements) wrong on rank" in \
+        proc.stderr + proc.stdout, proc.stderr + proc.stdout
+
+
 # Run bench.copies with xhc's argv[1] (Allreduce or Reduce) broken as
 # argv[2] says: "nothing" does nothing; "every other" does nothing on
 # every second call of an xhc.Comm (with -i 2, the last of 3 is right);
@@ -428,6 +472,9 @@ sys.exit(status)
      "-m does not apply to barrier: only to bcast, allreduce, reduce"),
     ("osu", ["bcast", "--op", "max"], 2,
      "--op does not apply to bcast: only to allreduce, reduce"),
+    ("buckets", ["--help"], 0, "usage: bench.buckets "),
+    ("buckets", ["-b", "4,x"], 2, "is not a comma-separated list"),
+    ("buckets", ["-b", "0"], 2, "every bucket needs 1 element or more"),
     ("copies", ["--help"], 0, "usage: bench.copies "),
     ("copies", ["--ops", "scatter"], 2, "usage: bench.copies "),
     ("copies", ["-r", "0"], 2, "-r/--rounds: 0 is not >= 1"),

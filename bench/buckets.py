@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Persistent Allreduce buckets started and completed as a list.
+
+    mpiexec -n 2 python -m mpi4py -m bench.buckets [-b 1,10,100] [-r 5]
+
+A training loop's gradient buckets, or a solver's reductions, are
+persistent requests started together and completed together every step.
+Each rank makes one Allreduce_init (float64 SUM) per bucket size on an
+xhc communicator and one on the MPI below it, then times steps of:
+``xhc`` (xhc.Request.Startall, then xhc.Request.Waitall), ``xhc-own``
+(each request's own Start(), then each Wait()) and ``mpi``
+(MPI.Prequest.Startall, then MPI.Request.Waitall).  In rounds, each
+times ITERATIONS steps of every one in turn, each after a barrier of
+MPI's, the order reversed every other round, so a machine that changes speed between rounds changes it
+for all alike.  Every step's inputs change (whole integer-valued floats,
+so any fold order gives the same bits) and every step's results are
+checked after it, untimed.  Per round, the time is the slowest rank's
+mean µs a step; the summary gives their medians and the median of the
+rounds' xhc/mpi ratios.  With XHC_SPLIT_NODES equal to the number of
+ranks, every rank is alone on its node, and xhc's requests go over MPI's.
+"""
+import sys
+
+from bench import _mpi  # before mpi4py.MPI: --help needs no MPI
+import numpy as np
+from mpi4py import MPI
+
+import xhc
+
+IMPLS = ("xhc", "xhc-own", "mpi")
+
+
+def parse_args(argv):
+    p = _mpi.Parser(prog="bench.buckets", description=__doc__.split("\n")[0])
+    p.add_argument("-b", "--buckets", default="1,10,50,100,500,1000",
+                   help="comma-separated elements of each bucket (default "
+                   "1,10,50,100,500,1000)")
+    p.add_argument("-r", "--rounds", type=_mpi.int_at_least(1), default=5,
+                   help="rounds (default 5)")
+    p.add_argument("-i", "--iterations", type=_mpi.int_at_least(1),
+                   default=1000, help="timed steps per round and way "
+                   "(default 1000)")
+    opts = p.parse_args(argv)
+    try:
+        opts.buckets = [int(b) for b in opts.buckets.split(",")]
+    except ValueError:
+        p.error(f"-b/--buckets: {opts.buckets!r} is not a comma-separated "
+                "list of integers")
+    if min(opts.buckets) < 1:
+        p.error("-b/--buckets: every bucket needs 1 element or more")
+    return opts
+
+
+class Buckets:
+    """One Allreduce_init per bucket on COMM, with its arrays."""
+
+    def __init__(self, comm, sizes):
+        self.bases = [np.arange(n, dtype=np.float64) % 1024 for n in sizes]
+        self.sends = [np.empty(n) for n in sizes]
+        self.recvs = [np.empty(n) for n in sizes]
+        self.requests = [comm.Allreduce_init(s, r)
+                         for s, r in zip(self.sends, self.recvs)]
+
+    def load(self, c, rank):
+        """Step C's inputs in; the receive buffers poisoned."""
+        for base, send, recv in zip(self.bases, self.sends, self.recvs):
+            np.add(base, c * (rank + 1), out=send)
+            recv.fill(-1.0)  # no input or result is negative
+
+    def check(self, c, world, name):
+        """Raise unless every bucket holds step C's sum."""
+        n = world.size
+        for k, (base, recv) in enumerate(zip(self.bases, self.recvs)):
+            if not np.array_equal(recv, n * base + c * (n * (n + 1) // 2)):
+                raise AssertionError(
+                    f"{name}: bucket {k} ({recv.size} elements) wrong on "
+                    f"rank {world.rank} at input {c}")
+
+    def free(self):
+        for req in self.requests:
+            req.Free()
+
+
+def step(name, requests):
+    """One step of NAME's way: start the list, complete it."""
+    if name == "xhc":
+        xhc.Request.Startall(requests)
+        xhc.Request.Waitall(requests)
+    elif name == "xhc-own":
+        for req in requests:
+            req.Start()
+        for req in requests:
+            req.Wait()
+    else:
+        MPI.Prequest.Startall(requests)
+        MPI.Request.Waitall(requests)
+
+
+def time_way(name, buckets, world, iters, seed):
+    """Mean µs a step of ITERS steps, each on new inputs, checked after
+    it, untimed; the slowest rank's."""
+    total = 0.0
+    for it in range(iters + 1):  # the first one untimed
+        c = seed + it
+        buckets.load(c, world.rank)
+        world.Barrier()  # as OSU's: every rank starts the step together
+        t0 = MPI.Wtime()
+        step(name, buckets.requests)
+        t1 = MPI.Wtime()
+        if it:
+            total += t1 - t0
+        buckets.check(c, world, name)
+    return world.allreduce(total / iters * 1e6, op=MPI.MAX)
+
+
+def main(argv=None):
+    opts = parse_args(sys.argv[1:] if argv is None else argv)
+    world = _mpi.start()
+    xcomm = xhc.Comm(world)
+    ways = {"xhc": Buckets(xcomm, opts.buckets),
+            "mpi": Buckets(world, opts.buckets)}
+    ways["xhc-own"] = ways["xhc"]
+    lone = xcomm.xhc_info.get("nodes", 1) == world.size > 1
+    if world.rank == 0:
+        print(f"# {len(opts.buckets)} Allreduce_init buckets (float64 SUM) "
+              f"of {', '.join(map(str, opts.buckets))} elements, "
+              f"{world.size} ranks; xhc's requests "
+              f"{'over MPI (a rank a node)' if lone else 'its own'}",
+              flush=True)
+    rows = []
+    for rnd in range(opts.rounds):
+        order = IMPLS if rnd % 2 == 0 else IMPLS[::-1]
+        world.Barrier()
+        us = {k: time_way(k, ways[k], world, opts.iterations,
+                          1 + rnd * (opts.iterations + 1)) for k in order}
+        rows.append(us)
+        if world.rank == 0:
+            print(f"round {rnd}: " + " | ".join(
+                f"{k} {us[k]:.2f}" for k in IMPLS)
+                + f" | xhc/mpi {us['xhc'] / us['mpi']:.2f}", flush=True)
+    if world.rank == 0:
+        med = {k: np.median([r[k] for r in rows]) for k in IMPLS}
+        ratio = np.median([r["xhc"] / r["mpi"] for r in rows])
+        print("# median µs a step: " + "  ".join(
+            f"{k} {med[k]:.2f}" for k in IMPLS)
+            + f"; median of the rounds' xhc/mpi ratios {ratio:.2f}")
+    for k in ("xhc", "mpi"):
+        ways[k].free()
+    xcomm.free()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
