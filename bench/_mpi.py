@@ -82,6 +82,16 @@ def int_at_least(low):
     return parse
 
 
+def add_rounds(parser, rounds, iterations, per):
+    """PARSER's -r/--rounds and -i/--iterations, with these defaults; PER
+    says what the timed iterations are counted per."""
+    parser.add_argument("-r", "--rounds", type=int_at_least(1),
+                        default=rounds, help=f"rounds (default {rounds})")
+    parser.add_argument("-i", "--iterations", type=int_at_least(1),
+                        default=iterations,
+                        help=f"timed {per} (default {iterations})")
+
+
 class Parser(argparse.ArgumentParser):
     """Print help and errors once (rank 0); every rank exits together."""
 

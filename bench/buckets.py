@@ -35,11 +35,7 @@ def parse_args(argv):
     p.add_argument("-b", "--buckets", default="1,10,50,100,500,1000",
                    help="comma-separated elements of each bucket (default "
                    "1,10,50,100,500,1000)")
-    p.add_argument("-r", "--rounds", type=_mpi.int_at_least(1), default=5,
-                   help="rounds (default 5)")
-    p.add_argument("-i", "--iterations", type=_mpi.int_at_least(1),
-                   default=1000, help="timed steps per round and way "
-                   "(default 1000)")
+    _mpi.add_rounds(p, 5, 1000, "steps per round and way")
     opts = p.parse_args(argv)
     try:
         opts.buckets = [int(b) for b in opts.buckets.split(",")]

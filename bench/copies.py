@@ -37,10 +37,7 @@ def parse_args(argv):
     p.add_argument("-m", "--message-size", default="1M:16M",
                    help="[MIN:]MAX bytes: MIN, 2*MIN, ... up to MAX "
                    "(default 1M:16M)")
-    p.add_argument("-r", "--rounds", type=_mpi.int_at_least(1), default=8,
-                   help="rounds (default 8)")
-    p.add_argument("-i", "--iterations", type=_mpi.int_at_least(1),
-                   default=10, help="timed calls per size and implementation")
+    _mpi.add_rounds(p, 8, 10, "calls per size and implementation")
     p.add_argument("--ops", default=",".join(OPS),
                    help="comma-separated, of " + ", ".join(OPS))
     opts = p.parse_args(argv)
