@@ -478,11 +478,10 @@ static PyObject *req_completeall(PyObject *unused, PyObject *const *args,
     PyObject *const *items = PySequence_Fast_ITEMS(requests);
     if (!all_requests(items, n))
         Py_RETURN_FALSE;
-    if (!count_over_mpi(items, n, after)) {  /* nothing made: no Python */
-        for (Py_ssize_t i = 0; i < n; i++)
-            ((HotRequest *)items[i])->active = 0;
-        return after ? PyTuple_New(0) : new_ref(Py_True);
-    }
+    /* None over MPI's: its pass makes nothing, which could run Python,
+     * before it is done, and needs no snapshot. */
+    if (!count_over_mpi(items, n, after))
+        return complete_uncounted(items, n, after);
     PyObject *held = snapshot(requests);
     if (!held)
         return NULL;
