@@ -15,6 +15,11 @@ from . import exchange
 from ._xhc import ffi, lib
 from .errors import XhcError, agree, rank_name
 
+# What the ranks agree on in the core: a rank whose agreement meets its
+# peers' on another topic (it is a call behind, having refused one) fails
+# there, with them, instead of taking their step for its own.
+SHARED_TOPIC, FALLBACK_TOPIC = 0, 1
+
 KINDS = {"barrier": lib.XHC_BARRIER, "bcast": lib.XHC_BCAST,
          "allreduce": lib.XHC_ALLREDUCE, "reduce": lib.XHC_REDUCE}
 COPY = {"cico": lib.XHC_COPY_CICO, "cma": lib.XHC_COPY_CMA,
@@ -37,6 +42,8 @@ PATHS = {
     "allreduce.stream": lib.XHC_PATH_ALLREDUCE_STREAM,
     "reduce.stream": lib.XHC_PATH_REDUCE_STREAM,
 }
+
+
 def strerror(rc):
     """The core's message for return code RC."""
     return ffi.string(lib.xhc_strerror(rc)).decode()

@@ -5,7 +5,6 @@ import errno
 import functools
 import operator
 import os
-import sys
 import threading
 import warnings
 import weakref
@@ -15,31 +14,24 @@ from mpi4py import MPI
 
 from . import (_core, config, debug, exchange, hierarchy, nodes, objects,
                topology)
-from ._hot import (HotComm, bind_plain, block_hook, kept_holds, met_then,
-                   progress_hook, set_progress)
+from ._core import SHARED_TOPIC
+from ._hot import (HotComm, bind_plain, block_hook, progress_hook,
+                   set_progress)
 from ._xhc import ffi, lib
+from .across import Across
 from .arena import in_arena
-from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, OPS, as_elements,
-                      blank_like, copy_like, for_mpi4py, in_place,
-                      numpy_dtype, plain_tables, predefined, resolve, stages,
-                      start_of)
-from .entry import SETTLED, claiming, drop_locals, leaving, settled
-from .errors import ReadOnlyError, XhcError, agree, heard, naming_ranks, \
-    rank_name
+from .buffers import in_place, plain_tables
+from .checks import same_rank
+from .entry import SETTLED, claiming, leaving, settled, user_level
+from .errors import XhcError, agree, heard, naming_ranks, rank_name
+from .fallback import Fallback
 from .hierarchy import parse_levels
-from .mpierrors import MPIRootTypeError, MPIValueError, comm_freed
-from .plans import (KEEPABLE, NBYTES, RUN_FN, STAGED, address, core_call,
-                    guard_of, is_spec, keepable, kept, make_plan, staged)
-from .requests import (COMM_NULL_HANDLE, OnMPI, OverMPI, Request,
-                       busy_error, stored_handle)
+from .mpierrors import comm_freed
+from .planner import Planner
+from .plans import RUN_FN, address
+from .requests import COMM_NULL_HANDLE, Request, busy_error, stored_handle
 from .topology import source_of
 
-_CACHE_MAX = 64           # plans kept per operation
-_CACHE_BYTES = 256 << 20  # buffer bytes the plans may keep alive
-_READ_ONLY = ("Bcast: the buffer is read-only on a receiving rank; pass a "
-              "writable array")
-# xhc/nodes.py's collectives, and how many arguments each takes.
-_ACROSS = {"Barrier": 0, "Bcast": 2, "Allreduce": 3, "Reduce": 4}
 _IN_PLACE = MPI.IN_PLACE
 # Tunables that change the ranks' protocol or the segment's layout, alike
 # on a node; of them, those alike over every node: the split that cuts
@@ -50,11 +42,6 @@ _EVERYWHERE = ("split_nodes", "debug")
 _run = lib.xhc_run
 _barrier = lib.xhc_barrier
 _agree = lib.xhc_agree
-_AGREE_AT = address(ffi.addressof(lib, "xhc_agree"))
-# What the ranks agree on in the core: a rank whose agreement meets its
-# peers' on another topic (it is a call behind, having refused one) fails
-# there, with them, instead of taking their step for its own.
-_SHARED_TOPIC, _FALLBACK_TOPIC = 0, 1
 _barrier_fn = ffi.addressof(lib, "xhc_barrier")
 _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
 _PROGRESS_HOOK = ffi.cast("void (*)(void *)", progress_hook)
@@ -129,7 +116,7 @@ def agreed_settings(comm, hierarchy, topology, tunables):
     return (*settings, lambda: check(alike))
 
 
-class Comm(HotComm):
+class Comm(Fallback, Across, Planner, HotComm):
     """Wrap an mpi4py intra-communicator; accelerate Bcast, Barrier,
     Allreduce and Reduce through node shared memory, and their forms on
     Python objects (bcast, barrier, allreduce, reduce) through those.
@@ -139,6 +126,9 @@ class Comm(HotComm):
     hierarchy, topology, cico_max, chunk_size, timeout, spin, sleep,
     windows, copy, split_nodes, debug.  Over several nodes, xhc works
     inside each and MPI between them (xhc/nodes.py).
+
+    Its parts: plans of calls (xhc/planner.py), calls over several nodes
+    (xhc/across.py), and what goes to mpi4py (xhc/fallback.py).
     """
 
     def __new__(cls, comm=None, *args, **kwargs):
@@ -299,390 +289,14 @@ class Comm(HotComm):
         problem = None
         if self._comm.rank == 0:
             try:  # a filter may make the warning an error
-                warnings.warn(said, RuntimeWarning, stacklevel=_user_level())
+                warnings.warn(said, RuntimeWarning, stacklevel=user_level())
             except Exception as exc:
                 problem = exc
         # Raise it on every rank, not only on rank 0 while the others go
         # on to make the segment and wait there for ever.
         agree(self._comm, None, problem)
 
-    # -- errors and fallback ------------------------------------------------
-
-    def _warn(self, reason):
-        if reason not in self._warned:
-            # Counted once said: a filter that makes it an error raises
-            # it, before the call, every time.
-            warnings.warn(f"xhc: {reason}; falling back to mpi4py",
-                          RuntimeWarning, stacklevel=_user_level())
-            self._warned.add(reason)
-
-    def _fallback(self, name, *args):
-        if self._state == "freed":  # by another thread, since _usable()
-            raise comm_freed(name)
-        if self._nodes is not None and name in _ACROSS:
-            run = self._kept_run(name, args)
-            if run is not None:
-                self._in_core(run)
-                return None
-        elif self._nodes is not None:  # a *_init
-            blocking = name[:-5]
-            count = _ACROSS[blocking]
-            run = self._across_nodes(blocking, args[:count], persistent=True,
-                                     extra=args[count:])
-            if isinstance(run, Request):  # Nodes.lone
-                return run
-            if run is not None:  # Start() runs it from xhc/_hot.c
-                return Request(run, blocking, self, bind=(0, 0, 0, 0, run))
-        self._warn(f"{name}: {self._why}")
-        if name in _ROOT_ARG:  # a blocking reduction: kept, as a plan is
-            run, held = self._mpi4py_run(name, args)
-            if all(type(a) in KEEPABLE for a in args):
-                self._keep_run(name, args, run, held)
-            self._in_core(run)
-            return None
-        return self._request_of_mpi4py(name, args)
-
-    def _to_mpi4py(self, name, *args):
-        """mpi4py's NAME(*ARGS), warned once and counted: for the calls on
-        objects that go to mpi4py's own (xhc/objects.py)."""
-        self._warn(f"{name}: {self._why}")
-        self._fallbacks += 1
-        return self._mpi4py_call(getattr(self._comm, name), *args)
-
-    def _mpi4py_run(self, name, args):
-        """(what runs blocking reduction NAME on ARGS through mpi4py, for
-        this call and (_keep_run) later ones on the same arrays, the
-        buffers it holds): the ranks meet (_meet_then), then each hands
-        mpi4py its buffers in one form (_for_mpi4py), IN_PLACE if every
-        rank passes it."""
-        if name == "Reduce":
-            self._root_takes_part(name, *args)
-        fn, forms = getattr(self._comm, name), self._for_mpi4py(name, args)
-        alone, together = (f and staged(functools.partial(fn, *f[0]), *f[1:])
-                           for f in forms)
-        held = [b[0] if isinstance(b, list) else b
-                for f in forms if f for b in f[0][:2]]
-        met = self._met(in_place(args[0]), alone, together)
-        me = weakref.ref(self)  # kept in its plans: no cycle through them
-
-        def run():  # called by this object's call, which holds it
-            comm = me()
-            comm._fallbacks += 1
-            comm._meet_then(name, met, True)
-        return run, held
-
-    def _request_of_mpi4py(self, name, args):
-        """The request of NAME (a reduction's *_init) on ARGS: mpi4py's,
-        its buffers in one form (_for_mpi4py, IN_PLACE if every rank
-        passes it), or one of xhc's over it where this rank copies."""
-        self._fallbacks += 1
-        blocking = name[:-5]
-        if blocking == "Reduce":
-            self._root_takes_part(name, *args[:4])
-        forms, fn = self._for_mpi4py(blocking, args), getattr(self._comm, name)
-        met = self._met(in_place(args[0]), *(
-            f and functools.partial(fn, *f[0]) for f in forms))
-        mpi_request = self._meet_then(name, met)
-        _, loads, stores = forms[1] if met[-1][0] and forms[1] else forms[0]
-        if not (loads or stores):
-            return mpi_request
-        # MPI's request, started and completed between the load and the
-        # store of its copies: every rank's is MPI's, so they match.
-        run = staged(functools.partial(self._mpi4py_call, _start_wait,
-                                       mpi_request), loads, stores)
-        return OverMPI(run, f"{blocking} (through mpi4py)", self,
-                       mpi_request, bind=(0, 0, 0, 0))
-
-    def _root_takes_part(self, name, sendbuf, recvbuf, op, root):
-        """At a fallback Reduce's root, a receive buffer xhc's own path
-        refuses: only the root sees it, so it meets its peers (_meet_then),
-        takes part into new memory, then raises, and they stay in step
-        (mpi4py would raise at the root alone, and match their next Reduce
-        with this one).  A Reduce_init's root raises before it meets
-        them: MPI matches a request's Start() with no blocking call, so
-        they time out in _meet_then as for any rank that refused the call."""
-        if not _same_rank(root, self._comm.rank):
-            return
-        mine = in_place(sendbuf)  # then RECVBUF holds the root's part
-        part = recvbuf if mine else sendbuf
-
-        def take_part():
-            send, load, _ = for_mpi4py(part)
-            if load is not None:
-                load()
-            self._fallbacks += 1
-            self._meet_then(name, self._met(mine, functools.partial(
-                self._comm.Reduce, send, blank_like(send), op, root), None))
-        # Resolved as the plan resolved it before it fell back.
-        _checked_root_recv(_resolved(part, "Reduce", "recvbuf" if mine
-                                     else "sendbuf"), recvbuf, mine,
-                           None if name == "Reduce_init" else take_part)
-
-    def _met(self, mine, alone, together):
-        """What _meet_then takes: met_then's arguments, then the int32_t[1]
-        on which the ranks agree."""
-        agreed = ffi.new("int32_t[1]")
-        return (_AGREE_AT, address(self._ctx), address(agreed),
-                _FALLBACK_TOPIC, mine, alone, together, agreed)
-
-    def _meet_then(self, name, met, counted=False):
-        """ALONE(), or TOGETHER() (if not None) where every rank passes
-        IN_PLACE (MINE: this one does), once the ranks of fallback NAME
-        have met in the core (met_then, in C: no bytecode between, so no
-        signal handler keeps this rank from the call its peers went on
-        to); MET (_met) holds them.  A rank that raised about its own
-        arguments has withdrawn from the meeting, so they time out there,
-        as in xhc's own collectives, rather than wait in MPI for it for
-        ever.  AGREED, MET's last, says then whether every rank passes
-        IN_PLACE: an Allreduce's pass it on and copy nothing, and an
-        Allreduce_init keeps mpi4py's own request (one that copies is
-        xhc's, which mpi4py's Prequest.Startall and Request.Waitall
-        refuse).  COUNTED: the caller counts the call as under way, as
-        _in_core does.  Over several nodes, MPI answers that for an
-        Allreduce_init, and the ranks do not otherwise meet.  What it
-        raises (a signal handler's, as the meeting ends, too) is settled:
-        this rank took part."""
-        try:
-            if self._nodes is None:
-                rc, res = met_then(*met[:-1]) if counted else self._in_core(
-                    met_then, *met[:-1])
-                if rc:
-                    self._raise(rc, name)
-                return res
-            mine, alone, together, agreed = met[4:]
-            agreed[0] = name == "Allreduce_init" and \
-                self._all_in_place(mine)
-            return self._in_core(together if agreed[0] and together
-                                 else alone)
-        except BaseException as exc:
-            raise settled(exc)
-
-    def _all_in_place(self, mine):
-        """Does every rank pass IN_PLACE (MINE: this one does)?  Asked of
-        MPI, where the ranks do not meet in the core."""
-        every = np.array([mine], np.int32)
-        self._mpi4py_call(self._comm.Allreduce, MPI.IN_PLACE, every, MPI.MIN)
-        return bool(every[0])
-
-    def _mpi4py_call(self, fn, *args):
-        try:  # counted as under way: free() must not free a Dup()'s
-            return self._in_core(fn, *args)
-        except BaseException as exc:
-            raise settled(exc)
-
-    def _for_mpi4py(self, name, args):
-        """The forms of reduction NAME's ARGS for mpi4py, (alone,
-        together), each (ARGS of mpi4py's NAME, loads, stores) or None:
-        ALONE the form for any call, TOGETHER (if it differs) for one
-        every rank of which passes IN_PLACE.  Its buffers in one form on
-        every rank (_in_one_form); or, for buffers of no one predefined
-        type, each that xhc takes and mpi4py refuses replaced by a copy
-        mpi4py takes, loaded before the call and stored after it where
-        the call writes it, and one array passed as both buffers, which
-        MPI refuses, passed as IN_PLACE, as xhc's own path takes it;
-        but an Allreduce passes IN_PLACE only where every rank does,
-        else sends a copy of its receive buffer."""
-        alike = self._in_one_form(name, args)
-        if alike is not None:
-            return alike
-        at = _ROOT_ARG[name]
-        root = at is None or _same_rank(args[at], self._comm.rank)
-        args, loads, stores = list(args), [], []
-        for i, written in ((0, False), (1, root)):
-            args[i], load, store = for_mpi4py(args[i], written)
-            if load is not None:
-                loads.append(load)
-                stores += [store] if written else []
-        start = start_of(args[0]) if root and not loads else None
-        if start is not None and start == start_of(args[1]):
-            args[0] = MPI.IN_PLACE
-        if args[0] is not MPI.IN_PLACE or name == "Reduce":
-            return (args, loads, stores), None
-        send, load = copy_like(args[1])  # from the receive buffer loaded
-        return ([send, *args[1:]], [*loads, load], stores), \
-            (args, loads, stores)
-
-    def _in_one_form(self, name, args):
-        """_for_mpi4py's answer for reduction NAME in one form on every
-        rank: each buffer as its contiguous elements and their MPI
-        datatype (as_elements), and a send buffer on every rank but a
-        Reduce's root, which may pass IN_PLACE, as may the ranks of an
-        Allreduce when all of them pass it (together); else an Allreduce
-        in place (or of one buffer passed twice) sends a copy of its
-        receive buffer.  A rank that handed MPI a form of its own
-        (IN_PLACE where others pass a send buffer, which MPI wants from
-        all ranks or none; one spec as both buffers; an unaligned array;
-        a derived datatype) could fail there alone, or make MPI fail,
-        while its peers wait.  None where a buffer's elements are of no
-        one predefined type: mpi4py takes those as they are."""
-        at = _ROOT_ARG[name]
-        receives = at is None or _same_rank(args[at], self._comm.rank)
-        inplace = in_place(args[0])
-        r = _resolved(args[1], name, "recvbuf") if receives else None
-        s = r if inplace else _resolved(args[0], name, "sendbuf")
-        sent, got = as_elements(s), r and as_elements(r)
-        if sent is None or (receives and (got is None or
-                                          got[0].nbytes != sent[0].nbytes)):
-            return None
-        if receives and not r.writable:
-            raise ReadOnlyError(f"{name}: the receive buffer is read-only; "
-                                "pass a writable array")
-        loads = [s.load] if s.load is not None else []
-        stores = [r.store] if receives and r.store is not None else []
-        rest = [[got[0], got[0].size, got[1]] if receives else None,
-                *args[2:]]
-        together = ([MPI.IN_PLACE, *rest], loads, stores) if inplace else None
-        if name == "Reduce" and inplace:
-            return together, None
-        send = sent[0]
-        if receives and np.may_share_memory(send, got[0]):
-            send, load = copy_like(send)
-            loads = [*loads, load]
-        # mpi4py wants one datatype for both buffers: the receive one's.
-        return ([[send, send.size, got[1] if receives else sent[1]], *rest],
-                loads, stores), together
-
-    # -- over several nodes (xhc/nodes.py) ------------------------------------
-    # The buffers are resolved and checked first, as for a plan, and the
-    # collective then runs on their contiguous memory (staged ones are
-    # loaded before and stored after), which xhc and MPI alike take.
-
-    def _kept_run(self, name, args):
-        """_across_nodes(NAME, ARGS), kept as a plan is (resolving and
-        checking the buffers costs several times what the steps do), for
-        xhc/_hot.c to run again for the same arrays while each passes a
-        plan's guard: the same memory, dtype, size, contiguity and
-        writability."""
-        run = self._across_nodes(name, args)
-        if run is not None and name != "Barrier" and all(
-                type(a) in KEEPABLE for a in args):
-            self._keep_run(name, args, run)
-        return run
-
-    def _keep_run(self, name, args, run, held=()):
-        """Keep RUN for ARGS where xhc/_hot.c looks for their plan, laid
-        out as one: (*ARGS, RUN, no call, bytes kept alive (of ARGS and of
-        the other buffers HELD, such as a copy RUN sends), not kept (an
-        array that goes through a copy, as a plan that stages is not: the
-        guard would pass it reshaped in place, which the copy no longer
-        fits), (guard, dtypes), guard address, call address 0, which has
-        _hot.c call RUN)."""
-        # The argument the call writes: a Bcast's buffer but at the root,
-        # a reduction's receive buffer.
-        written = 0 if name == "Bcast" and args[1] != self._rank else 1
-        guard, dtypes = guard_of([(i, a, i == written, None)
-                                  for i, a in enumerate(args)
-                                  if type(a) is np.ndarray])
-        at = address(guard)
-        plans, key = ((self._allreduce_plans, id(args[1]))
-                      if name == "Allreduce" else
-                      (self._bcast_plans if name == "Bcast"
-                       else self._reduce_plans, id(args[0])))
-        copied = any(type(a) is np.ndarray and stages(a) for a in args)
-        self._remember(plans, key, (
-            *args, run, None, self._bytes_kept_alive([*args, *held]),
-            copied or not kept_holds(at, args), (guard, dtypes), at, 0))
-
-    def _raised_across(self, exc):
-        """A kept run (over the nodes, or through mpi4py) that xhc/_hot.c
-        ran raised EXC: withdraw, as leaving() does, unless this rank's
-        part is settled."""
-        if not getattr(exc, SETTLED, False):
-            self._withdraw()
-        drop_locals(exc)
-
-    def _across_nodes(self, name, args, persistent=False, extra=()):
-        """A callable that runs collective NAME on ARGS over the nodes
-        (what a request's Start() runs, to completion, as every xhc request
-        does); None if mpi4py must reduce.  A buffer only this rank can
-        judge it takes part with into scratch memory, then raises, but
-        for a PERSISTENT call's, which it refuses (_init_request).  Where
-        every rank is alone on its node, a PERSISTENT call's request
-        instead (OnMPI), made with EXTRA, the *_init's info."""
-        lone = self._nodes.lone and persistent
-        if name == "Barrier":
-            return OnMPI(functools.partial(_barrier_init, self._nodes, extra),
-                         (), (), name, self, ()) if lone \
-                else self._nodes.Barrier
-        root = None if name == "Allreduce" else self._root_arg(args[-1], name)
-        if name == "Bcast":
-            return self._bcast_across(args[0], root, persistent,
-                                      extra if lone else None)
-        return self._reduce_across(name, *args[:3], root, persistent,
-                                   extra if lone else None)
-
-    def _bcast_across(self, buf, root, persistent, lone):
-        """LONE: the *_init's info (a tuple) where every rank is alone on
-        its node (the request is then an OnMPI), else None.  So for
-        _reduce_across."""
-        b = _resolved(buf, "Bcast", "buf")
-        sink = self._rank != root
-        if sink and not b.writable:  # takes part, as _take_part_then_raise
-            if persistent:
-                raise ReadOnlyError(_READ_ONLY)
-            self._in_core(self._nodes.bcast_call(
-                np.empty(b.nbytes, np.uint8), root))
-            raise settled(ReadOnlyError(_READ_ONLY))
-        flat = _flat(b, np.uint8)
-        loads, stores = filled(b.load, not sink), filled(b.store, sink)
-        if lone is not None:
-            return OnMPI(functools.partial(self._nodes.bcast_init, flat, root,
-                                           *lone),
-                         loads, stores, "Bcast", self, (buf, flat))
-        return staged(self._nodes.bcast_call(flat, root), loads, stores)
-
-    def _reduce_across(self, name, sendbuf, recvbuf, op, root, persistent,
-                       lone):
-        """Allreduce (ROOT None) or Reduce, checked as _allreduce_plan and
-        _reduce_plan check theirs; None if mpi4py must reduce."""
-        inplace, receives = in_place(sendbuf), root in (None, self._rank)
-        if inplace and not receives:
-            raise _in_place_off_root(name, root)
-        r = _resolved(recvbuf, name, "recvbuf") if root is None else None
-        s = r if inplace and r else _resolved(
-            recvbuf if inplace else sendbuf, name,
-            "recvbuf" if inplace else "sendbuf")
-        if r is not None:
-            _check_pair(s, r, name)
-        known = predefined(op)
-        if not self._reducible(known, s, name):
-            return None
-        _check_op(s, known, name)
-        dt = numpy_dtype(s.dtype)
-        ops = (known, nodes.between_nodes(known, OPS[id(known)], s.dtype))
-        if root is not None and receives:
-            r = self._root_recv_across(s, recvbuf, ops, root, inplace, dt,
-                                       persistent)
-        send, recv = _flat(s, dt), r and _flat(r, dt)
-        loads, stores = filled(s.load), filled(r and r.store)
-        if lone is not None:
-            make = functools.partial(
-                self._nodes.allreduce_init, send, recv, ops, inplace,
-                np.zeros(3, np.int64), *lone
-            ) if root is None else functools.partial(
-                self._nodes.reduce_init, send, recv, ops, root, inplace, *lone)
-            return OnMPI(make, loads, stores, name, self,
-                         (sendbuf, recvbuf, send, recv))
-        if root is None:
-            run = self._nodes.allreduce_call(send, recv, ops, inplace)
-        else:
-            run = self._nodes.reduce_call(
-                send, recv, ops, root, inplace,
-                functools.partial(np.empty, s.count, dt))
-        return staged(run, loads, stores)
-
-    def _root_recv_across(self, s, recvbuf, ops, root, inplace, dt,
-                          persistent):
-        """The Reduce root's receive buffer (_checked_root_recv), taking
-        part into scratch memory of dtype DT with a bad one (refusing it,
-        if PERSISTENT)."""
-        scratch = functools.partial(np.empty, s.count, dt)
-
-        def take_part():
-            self._in_core(self._nodes.reduce_call(
-                _flat(s, dt), scratch(), ops, root, False, scratch))
-        return _checked_root_recv(s, recvbuf, inplace,
-                                  None if persistent else take_part)
+    # -- into the core: counted, claimed, and raised in one place ----------
 
     def _in_core(self, fn, *args):
         """FN(*ARGS), a core call (or MPI's on the wrapped communicator,
@@ -905,7 +519,7 @@ class Comm(HotComm):
         return self._init_request(
             "Bcast_init",
             lambda flags: self._bcast_plan(buf, root, False, flags),
-            [buf if _same_rank(root, self._rank) else None],
+            [buf if same_rank(root, self._rank) else None],
             lambda: self._fallback("Bcast_init", buf, root, *extra),
             # The plan: (buf, root, run, call, ...).
             lambda p: Request(p[2], f"Bcast(root={root}, {p[3].count} B)",
@@ -936,7 +550,7 @@ class Comm(HotComm):
             lambda flags: self._reduce_plan(sendbuf, recvbuf, op, root, flags,
                                             remember=False),
             [None if in_place(sendbuf) else sendbuf,
-             recvbuf if _same_rank(root, self._rank) else None],
+             recvbuf if same_rank(root, self._rank) else None],
             lambda: self._fallback("Reduce_init", sendbuf, recvbuf, op, root,
                                    *extra),
             # The plan: (sendbuf, recvbuf, op, root, run, call, send
@@ -990,7 +604,7 @@ class Comm(HotComm):
             return 0
         v = ffi.new("int32_t[1]",
                     [all(a is None or self._in_shared(a) for a in arrays)])
-        rc = self._in_core(_agree, self._ctx, v, _SHARED_TOPIC)
+        rc = self._in_core(_agree, self._ctx, v, SHARED_TOPIC)
         if rc:
             self._raise(rc, what)
         return lib.XHC_CALL_SHARED if v[0] else 0
@@ -1025,200 +639,6 @@ class Comm(HotComm):
         except Exception:  # noqa: BLE001
             pass
         return False
-
-    # -- plans: argument checks, off the hot path -----------------------------
-
-    def _remember(self, plans, key, plan):
-        """Keep PLAN, within a budget of buffer bytes kept alive; a plan
-        made of staged buffers (its calls need Python), or of more bytes
-        than the whole budget, is never kept."""
-        old = plans.pop(key, None)
-        if old is not None:
-            self._plan_bytes -= old[NBYTES]
-        if plan[STAGED] or plan[NBYTES] > _CACHE_BYTES:
-            return
-        if (self._plan_bytes + plan[NBYTES] > _CACHE_BYTES
-                or len(plans) >= _CACHE_MAX):
-            self._forget_plans()
-        plans[key] = plan
-        self._plan_bytes += plan[NBYTES]
-
-    def _held_bytes(self, *bufs):
-        """Bytes a plan of BUFS (Buffers, or None) keeps alive."""
-        return self._bytes_kept_alive(None if b is None else b.obj
-                                      for b in bufs)
-
-    def _bytes_kept_alive(self, objs):
-        """Bytes that holding OBJS keeps alive: all the memory of each
-        one's base (a view of a large array keeps all of it), once each,
-        but for Comm.empty memory, kept anyway."""
-        roots = {}
-        for obj in objs:
-            root = _root_of(obj)
-            roots[id(root)] = root
-        keep = self._nodes.inner._keep if self._nodes is not None \
-            else self._keep
-        for mm, _ in keep:
-            roots.pop(id(mm), None)
-        return sum(_size_of(obj) for obj in roots.values())
-
-    def _forget_plans(self):
-        for plans in (self._bcast_plans, self._allreduce_plans,
-                      self._reduce_plans):
-            plans.clear()
-        self._plan_bytes = 0
-
-    def _root_arg(self, root, name):
-        """ROOT as an int (numpy ints too, as mpi4py takes them), or a
-        ValueError naming the valid range."""
-        try:
-            r, kind = operator.index(root), MPIValueError
-        except TypeError:  # mpi4py's TypeError too
-            r, kind = -1, MPIRootTypeError
-        if not 0 <= r < self._size:
-            raise kind(f"{name}: invalid root {root!r} for a communicator "
-                       f"of size {self._size}; pass an int from 0 to "
-                       f"{self._size - 1}", MPI.ERR_ROOT)
-        return r
-
-    def _bcast_plan(self, buf, root, remember=True, flags=0):
-        """(buf, root, run, call, buffer, ...): see make_plan; FLAGS as for
-        _allreduce_plan."""
-        if not self._usable():
-            return None
-        root = self._root_arg(root, "Bcast")
-        b = _resolved(buf, "Bcast", "buf")
-        sink = self._comm.rank != root
-        if sink and not b.writable:
-            if flags is None:  # a request's: refused (_init_request)
-                raise ReadOnlyError(_READ_ONLY)
-            self._take_part_then_raise(b, root)
-        call = core_call(self._ctx, lib.XHC_BCAST, None, b, b.nbytes,
-                         root=root, flags=flags or 0)
-        plan = make_plan((buf, root), call, [(b, not sink, sink)],
-                         [(0, buf, sink, b)], self._held_bytes(b), (b,))
-        if remember and not flags and keepable(b):
-            self._remember(self._bcast_plans, id(buf), kept(plan, 2))
-        return plan
-
-    def _allreduce_plan(self, sendbuf, recvbuf, op, flags=0, remember=True):
-        """(sendbuf, recvbuf, op, run, call, ...): see make_plan.  A request's
-        plan (made with REMEMBER false, and FLAGS agreed in *_init, or None
-        before they are: _init_request) is its alone: never remembered for
-        blocking calls, so that Free() lets go of its buffers."""
-        if not self._usable():
-            return None
-        known = predefined(op)
-        r = _resolved(recvbuf, "Allreduce", "recvbuf")
-        s = r if in_place(sendbuf) else _resolved(sendbuf, "Allreduce",
-                                                  "sendbuf")
-        # Only this rank sees its receive buffer: a mismatch raises here,
-        # before the dtype could make this rank alone fall back.
-        _check_pair(s, r, "Allreduce")
-        if not self._reducible(known, r, "Allreduce"):
-            return None
-        _check_op(r, known, "Allreduce")
-        call = core_call(self._ctx, lib.XHC_ALLREDUCE, s, r, r.count,
-                         r.dtype, OPS[id(known)], flags=flags or 0)
-        moves = [(r, True, True)] if s is r else [(s, True, False),
-                                                  (r, False, True)]
-        plan = make_plan((sendbuf, recvbuf, op), call, moves,
-                         [(0, sendbuf, False, s), (1, recvbuf, True, r)],
-                         self._held_bytes(s, r), (s, r))
-        if remember and not flags and keepable(s, r) and not is_spec(sendbuf):
-            self._remember(self._allreduce_plans, id(recvbuf),
-                           kept(plan, 3))
-        return plan
-
-    def _reduce_plan(self, sendbuf, recvbuf, op, root, flags=0,
-                     remember=True):
-        """(sendbuf, recvbuf, op, root, run, call, ...): see make_plan; FLAGS
-        and REMEMBER as for _allreduce_plan."""
-        if not self._usable():
-            return None
-        root = self._root_arg(root, "Reduce")
-        is_root = self._comm.rank == root
-        mine = in_place(sendbuf)
-        if mine and not is_root:
-            raise _in_place_off_root("Reduce", root)
-        known = predefined(op)
-        s = _resolved(recvbuf if mine else sendbuf, "Reduce",
-                      "recvbuf" if mine else "sendbuf")
-        r = None
-        if is_root and flags is None:  # a request's: refused, falling back
-            r = _checked_root_recv(s, recvbuf, mine, None)  # or not
-        if not self._reducible(known, s, "Reduce"):
-            return None
-        _check_op(s, known, "Reduce")
-        if is_root and r is None:
-            r = self._root_recv(s, recvbuf, known, root, mine)
-        call = core_call(self._ctx, lib.XHC_REDUCE, s, r, s.count,
-                         s.dtype, OPS[id(known)], root, flags or 0)
-        moves = [(s, True, s is r)] + ([(r, False, True)]
-                                       if r is not None and r is not s
-                                       else [])
-        plan = make_plan((sendbuf, recvbuf, op, root), call, moves,
-                         [(0, sendbuf, False, s), (1, recvbuf, is_root, r)],
-                         self._held_bytes(s, r), (s, r))
-        if remember and not flags and keepable(s, r) and not is_spec(sendbuf):
-            self._remember(self._reduce_plans, id(sendbuf), kept(plan, 4))
-        return plan
-
-    def _take_part_then_raise(self, b, root):
-        """A blocking Bcast into read-only B, on a rank that receives: only
-        this rank knows, so it still takes part, into scratch memory,
-        before it raises; the root (whose buffer may be read-only, as in
-        mpi4py) and the other ranks stay in step."""
-        scratch = ffi.new("char[]", max(b.nbytes, 1))
-        rc = self._in_core(_run, core_call(self._ctx, lib.XHC_BCAST, None,
-                                           scratch, b.nbytes, root=root))
-        if rc:  # then the ranks are out of step: say so, not the buffer
-            self._raise(rc, "Bcast")
-        raise settled(ReadOnlyError(_READ_ONLY))
-
-    def _root_recv(self, s, recvbuf, op, root, inplace):
-        """The root's receive buffer.  Only the root sees it, so if it is
-        bad the root of a blocking Reduce still takes part, into scratch
-        memory, before it raises: the other ranks stay in step."""
-        def take_part():
-            scratch = ffi.new("char[]", max(s.nbytes, 1))
-            rc = self._in_core(_run, core_call(
-                self._ctx, lib.XHC_REDUCE, s, scratch, s.count, s.dtype,
-                OPS[id(op)], root))
-            if rc:  # then the ranks are out of step: say so
-                self._raise(rc, "Reduce")
-        return _checked_root_recv(s, recvbuf, inplace, take_part)
-
-    def _reducible(self, op, buf, name):
-        """Can the core reduce Buffer BUF with OP in call NAME?  If not,
-        say why.  OP must be an MPI.Op, as mpi4py wants: anything else
-        raises here, before a fallback would count it."""
-        if not isinstance(op, MPI.Op):
-            raise TypeError(f"{name}: op must be an MPI.Op, such as MPI.SUM "
-                            f"(got {type(op).__name__}); pass one of MPI's "
-                            "ops, or one made with MPI.Op.Create")
-        if buf.dtype == NOT_REDUCIBLE and buf.alias is None and \
-                not is_spec(buf.obj) and buf.arr.dtype.kind in "MmSUV":
-            # mpi4py could only fail on it, with an error of its own.
-            dt = buf.arr.dtype
-            raise TypeError(f"{name}: {'structured' if dt.names else dt.name}"
-                            " data cannot be reduced: MPI has no datatype "
-                            "for it; reduce numbers made from it (such as "
-                            "a datetime64 array's .view(np.int64)), or move "
-                            "it with Bcast")
-        if id(op) not in OPS:
-            self._why = ("op without a reduction kernel (user-defined, "
-                         "MAXLOC, MINLOC, REPLACE, NO_OP or OP_NULL)")
-            return False
-        if buf.dtype == NOT_REDUCIBLE:
-            self._why = "datatype without a reduction kernel"
-            return False
-        alias = buf.alias
-        if alias is not None and op not in alias.only:
-            self._why = (f"{alias.name} data with an op other than " +
-                         ", ".join(OP_NAMES[id(o)] for o in alias.only))
-            return False
-        return True
 
     # -- shared memory, stats, lifetime ---------------------------------------
 
@@ -1469,103 +889,6 @@ def _mib(nbytes):
     return f"{nbytes / (1 << 20):.1f} MiB"
 
 
-def _user_level():
-    """warnings.warn's stacklevel, called from the caller of this, that
-    names the first frame outside xhc: the user's call, by whatever path
-    it came."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and \
-            frame.f_globals.get("__name__", "").partition(".")[0] == "xhc":
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-def _root_of(obj):
-    """What holds OBJ's memory: the end of its chain of bases, through
-    the memoryview numpy's frombuffer leaves (a Comm.empty array's ends
-    at its mapping)."""
-    while True:
-        if isinstance(obj, np.ndarray) and obj.base is not None:
-            obj = obj.base
-        elif isinstance(obj, memoryview) and obj.obj is not None:
-            obj = obj.obj
-        else:
-            return obj
-
-
-def _size_of(obj):
-    """The bytes of OBJ's memory, if it exports any."""
-    if isinstance(obj, np.ndarray):
-        return obj.nbytes
-    try:
-        with memoryview(obj) as view:
-            return view.nbytes
-    except TypeError:
-        return 0
-
-
-# For a fallback: the reductions (which take a send and a receive buffer
-# first) and where their root is (None: every rank receives).  A Bcast
-# never falls back: over several nodes xhc carries it between them.
-_ROOT_ARG = {"Allreduce": None, "Reduce": 3}
-
-
-def _checked_root_recv(s, recvbuf, inplace, take_part):
-    """The Reduce root's receive buffer for Buffer S (S itself if
-    INPLACE), resolved and checked.  Only the root sees it, so with a bad
-    one the root still takes part (TAKE_PART(), into other memory) before
-    it raises: the other ranks stay in step.  (TAKE_PART None: it raises
-    without, and withdraws.)"""
-    try:
-        r = s if inplace else _resolved(recvbuf, "Reduce", "recvbuf")
-        _check_pair(s, r, "Reduce")
-        return r
-    except (TypeError, ValueError) as exc:
-        if take_part is None:
-            raise
-        take_part()
-        raise settled(exc)
-
-
-def _resolved(obj, name, arg):
-    """resolve(OBJ), which call NAME takes as its argument ARG: what it
-    raises for a bad one names both, as "Allreduce: sendbuf: ..."."""
-    try:
-        return resolve(obj)
-    except (TypeError, ValueError) as exc:
-        prefix = f"{name}: {arg}: "
-        if isinstance(exc, MPIValueError):  # its text is its message
-            exc.message = prefix + exc.message
-        elif exc.args and isinstance(exc.args[0], str):
-            exc.args = (prefix + exc.args[0], *exc.args[1:])
-        raise
-
-
-def _in_place_off_root(name, root):
-    return MPIValueError(f"{name}: MPI.IN_PLACE is only for the root (rank "
-                         f"{root}); pass a send buffer on the other ranks",
-                         MPI.ERR_ARG)
-
-
-def _barrier_init(nodes, extra):
-    """The leaders' persistent Barrier (OnMPI's MAKE)."""
-    return nodes.leaders.Barrier_init(*extra), None
-
-
-def _start_wait(request):
-    request.Start()
-    request.Wait()
-
-
-def _same_rank(root, rank):
-    """Is ROOT (any integer-like object) RANK?  Never raises: a bad root
-    is judged later, alike on every rank."""
-    try:
-        return operator.index(root) == rank
-    except Exception:  # noqa: BLE001 - an __index__ may raise anything
-        return False
-
-
 class _Forwarded:
     """An attribute of Comm that is NAME of the wrapped communicator, read
     and set there (xcomm.name = "solver" names the communicator); on the
@@ -1623,58 +946,3 @@ def _info(info, optional=True):
 def _path_counts(ctx):
     """The core's calls per path on CTX."""
     return {k: int(lib.xhc_stat(ctx, v)) for k, v in _core.PATHS.items()}
-
-
-def _check_op(s, op, name):
-    """Raise, naming the fix, if OP is not defined on S's dtype."""
-    if not lib.xhc_op_valid(s.dtype, OPS[id(op)]):
-        raise MPIValueError(
-            f"{name}: MPI.{OP_NAMES[id(op)]} is not defined on "
-            f"{DTYPE_NAMES[s.dtype]} data (MPI defines bitwise and logical "
-            "ops on integers only)", MPI.ERR_OP)
-
-
-def filled(step, wanted=True):
-    """[STEP] if there is one and it is WANTED, else []."""
-    return [step] if step and wanted else []
-
-
-def _flat(b, dtype):
-    """Buffer B's contiguous memory as a flat array of DTYPE."""
-    return b.arr.reshape(-1).view(dtype)
-
-
-def _check_pair(s, r, name):
-    """Raise, naming the fix, if S and R cannot be reduced into R (the op
-    is _check_op's)."""
-    if not r.writable:
-        raise ReadOnlyError(f"{name}: the receive buffer is read-only; "
-                            "pass a writable array")
-    if s.dtype != r.dtype or _retyped(s) is not _retyped(r):
-        raise ValueError(f"{name}: send and receive buffers differ in dtype; "
-                         "use the same dtype for both")
-    if s.count != r.count:
-        raise ValueError(f"{name}: send buffer has {_elements(s)} elements, "
-                         f"receive buffer {_elements(r)}; make them equal")
-    if _partly_overlap(s, r):
-        raise ValueError(f"{name}: the send and receive buffers overlap, "
-                         "which MPI forbids; pass MPI.IN_PLACE as the send "
-                         "buffer, or separate arrays")
-
-
-def _retyped(b):
-    """Buffer B's Alias if it changes what B's elements are, else None."""
-    return b.alias if b.alias is not None and b.alias.retyped else None
-
-
-def _elements(b):
-    """Buffer B's elements as the caller counts them (a complex one, two
-    floats to the core)."""
-    return b.count // b.alias.lanes if b.alias else b.count
-
-
-def _partly_overlap(s, r):
-    """Do S and R share memory without starting at the same byte?  (Staged
-    buffers are private copies: they never do.)"""
-    a, b = (int(ffi.cast("uintptr_t", x.ptr)) for x in (s, r))
-    return a != b and a < b + r.nbytes and b < a + s.nbytes

@@ -5,6 +5,7 @@ not fit, and let go of the caller's buffers."""
 import functools
 import inspect
 import os
+import sys
 
 from ._xhc import lib
 from .mpierrors import named_freed
@@ -109,3 +110,14 @@ def misbound(entry, args, kwargs):
                            for p in list(sig.parameters.values())[1:])
         return TypeError(f"{entry.__name__.lstrip('_')}({params}): {exc}")
     return None
+
+
+def user_level():
+    """warnings.warn's stacklevel, called from the caller of this, that
+    names the first frame outside xhc: the user's call, by whatever path
+    it came."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and \
+            frame.f_globals.get("__name__", "").partition(".")[0] == "xhc":
+        frame, level = frame.f_back, level + 1
+    return level

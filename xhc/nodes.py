@@ -162,7 +162,7 @@ class Nodes:
                                      if index == self.index)]
 
     # Each call's steps, as (function, arguments): kept as a callable for
-    # a call's buffers (the *_call methods, for xhc/comm.py), or run at
+    # a call's buffers (the *_call methods, for xhc/across.py), or run at
     # once for a call of plain arrays (plain).  A rank alone on its node
     # takes MPI's call among the leaders, with no wrapper.
 
@@ -203,7 +203,7 @@ class Nodes:
 
     def bcast_call(self, buf, root):
         """Bcast(BUF, ROOT) as a callable, to be kept for these buffers
-        (xhc/comm.py); so are the next two."""
+        (xhc/across.py); so are the next two."""
         fn, args = self._bcast_step(buf, root)
         return functools.partial(fn, *args)
 

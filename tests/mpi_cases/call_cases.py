@@ -339,8 +339,8 @@ def oversized_plans(xcomm, comm, v):
     lowered to 64 KiB, as a 256 MiB buffer would be)."""
     import weakref
     n = comm.size
-    budget = xhc.comm._CACHE_BYTES
-    xhc.comm._CACHE_BYTES = 64 << 10
+    budget = xhc.planner._CACHE_BYTES
+    xhc.planner._CACHE_BYTES = 64 << 10
     try:
         for size in (1 << 10, 1 << 14):       # 8 KiB: kept; 128 KiB: not
             a = owned(Planned, size)
@@ -350,13 +350,13 @@ def oversized_plans(xcomm, comm, v):
             gone = weakref.ref(a)
             del a
             kept = gone() is not None
-            want_kept = size * 8 <= xhc.comm._CACHE_BYTES
+            want_kept = size * 8 <= xhc.planner._CACHE_BYTES
             v.case(f"a planned {size * 8} B buffer is "
                    f"{'kept' if want_kept else 'not kept'}",
                    None if ok and kept == want_kept else
                    f"right: {ok}, kept: {kept}")
     finally:
-        xhc.comm._CACHE_BYTES = budget
+        xhc.planner._CACHE_BYTES = budget
 
 
 def plans_let_go_at_free(comm, v):

@@ -1061,8 +1061,8 @@ def raised_in_kept_runs(xcomm, comm, v):
 
 def kept_within_budget(xcomm, comm, v):
     """Kept calls hold their arrays within the plans' byte budget."""
-    budget = xhc.comm._CACHE_BYTES
-    xhc.comm._CACHE_BYTES = 1 << 20
+    budget = xhc.planner._CACHE_BYTES
+    xhc.planner._CACHE_BYTES = 1 << 20
     try:
         alive = []
         for _ in range(6):
@@ -1075,7 +1075,7 @@ def kept_within_budget(xcomm, comm, v):
         v.case("spanning: kept calls hold at most the budget's arrays",
                None if held <= 4 else f"{held} arrays of 256 KiB alive")
     finally:
-        xhc.comm._CACHE_BYTES = budget
+        xhc.planner._CACHE_BYTES = budget
 
 
 def free_while_a_call_waits(xcomm, comm, v):
