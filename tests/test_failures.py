@@ -1492,12 +1492,14 @@ def test_an_interrupt_inside_a_counted_call_leaves_no_count(args2):
     assert all(kv["stuck"] == "None" for kv in rep.values()), rep
 
 
-@pytest.mark.parametrize("startall", [False, True])
+@pytest.mark.parametrize("startall", [False, True, "mixed"])
 def test_an_interrupt_in_start_leaves_the_request_inactive(args2, startall):
     """A signal handler that raises while rank 0 waits in Start() (of one
-    request, or the first of two in Startall) raises out of it with the
-    results complete (the second started too) and the requests inactive,
-    so a loop that catches it starts them again; rank 1 sees nothing."""
+    request, or the first of two in Startall, with mpi4py's persistent
+    send and receive too: mixed) raises out of it with the results
+    complete (the second started too, mpi4py's complete) and the
+    requests inactive, so a loop that catches it starts them again; rank
+    1 sees nothing."""
     check_completed(args2)
     rep = [kv for kv in args2.get("START-INTERRUPTED")
            if kv["all"] == str(startall)]

@@ -29,6 +29,12 @@
  *    requests, for one MPI call, and completes the list after it.  Any
  *    other list goes to xhc/requests.py and xhc/completion.py, which
  *    check it and say why.
+ * 7. So do lists that mix them with mpi4py's requests, as a halo
+ *    exchange and a reduction started together: Startall starts
+ *    mpi4py's persistent ones (none MPI.REQUEST_NULL) in one MPI call
+ *    first, so that their messages move while xhc's collectives run,
+ *    then each of xhc's in C; Waitall and Testall give mpi4py's
+ *    requests with MPI's of xhc's active over them, for one MPI call.
  */
 #include "_hot.h" /* Python.h first */
 
@@ -37,6 +43,11 @@
 
 static PyTypeObject *hot_comm_type;  /* HotComm, which requests bind to */
 static PyTypeObject *hot_request_type;  /* HotRequest */
+static PyObject *mpi_request_type;   /* MPI.Request, once _list_calls */
+static PyObject *mpi_prequest_type;  /* MPI.Prequest */
+static PyObject *mpi_startall;       /* MPI.Prequest.Startall */
+static PyObject *mpi_waitall;        /* MPI.Request.Waitall */
+static PyObject *list_failed;        /* completion._list_failed */
 
 /* A persistent collective (xhc/requests.py's Request derives from it):
  * Start()
@@ -234,6 +245,22 @@ static HotRequest *as_request(PyObject *item)
                                                       : NULL;
 }
 
+/* Is ITEM one of mpi4py's requests (7.)? */
+static int is_theirs(PyObject *item)
+{
+    return mpi_request_type && !as_request(item) &&
+           PyObject_TypeCheck(item, (PyTypeObject *)mpi_request_type);
+}
+
+/* Is ITEM one of mpi4py's persistent requests, not MPI.REQUEST_NULL
+ * (7.)?  Of Prequest itself, whose truth is its handle's, in C: no
+ * Python runs, and nothing raises. */
+static int starts_theirs(PyObject *item)
+{
+    return mpi_prequest_type && (PyObject *)Py_TYPE(item) == mpi_prequest_type
+           && PyObject_IsTrue(item) == 1;
+}
+
 /* A list or tuple of requests as a tuple, which holds them while Python
  * code runs (a collection, a Start() over several nodes) and may change
  * the caller's list; or NULL, with no error set, for any other object. */
@@ -256,54 +283,74 @@ static int starts_in_c(const HotRequest *r)
     return (r->run || r->barrier) && r->owner->ctx;
 }
 
-/* How Startall can take a list (6.). */
-enum list_kind { BY_PYTHON, IN_C, ONE_MPI_CALL };
+/* How Startall can take a list (6., 7.). */
+enum list_kind { BY_PYTHON, IN_C, ONE_MPI_CALL, WITH_THEIRS };
 
-/* Could R start in one MPI call with FIRST, the list's first: inactive,
- * over MPI's, going straight (5.), of FIRST's open owner? */
+/* Could R start in one MPI call with FIRST, the list's first (NULL if
+ * it is mpi4py's): inactive, over MPI's, going straight (5.), of FIRST's
+ * open owner? */
 static int joins_one_call(const HotRequest *r, const HotRequest *first)
 {
-    return r->straight && over_mpi(r) && !r->active && !r->released &&
-           r->owner &&
-           !r->owner->closed && r->owner == first->owner;
+    return first && r->straight && over_mpi(r) && !r->active &&
+           !r->released && r->owner && !r->owner->closed &&
+           r->owner == first->owner;
+}
+
+/* How Startall can take ITEM, the list's FIRST before it being KIND. */
+static enum list_kind item_kind(PyObject *item, const HotRequest *first,
+                                enum list_kind kind)
+{
+    HotRequest *r = as_request(item);
+    enum list_kind k =
+        !r ? (starts_theirs(item) ? WITH_THEIRS : BY_PYTHON)
+        : r->seen ? BY_PYTHON
+        : starts_in_c(r) ? IN_C
+        : joins_one_call(r, first) ? ONE_MPI_CALL : BY_PYTHON;
+    if (kind == k || kind == BY_PYTHON)  /* BY_PYTHON: none before */
+        return k;
+    /* mpi4py's mix with requests that start in C, not over MPI's */
+    int mixes = (kind == IN_C || kind == WITH_THEIRS) &&
+                (k == IN_C || k == WITH_THEIRS);
+    return mixes ? WITH_THEIRS : BY_PYTHON;
 }
 
 /* How Startall can take the N requests ITEMS: IN_C if every Start() runs
- * in C; ONE_MPI_CALL if all join one MPI call; else BY_PYTHON, as for
- * one twice. */
+ * in C; ONE_MPI_CALL if all join one MPI call; WITH_THEIRS if some are
+ * mpi4py's, the rest IN_C; else BY_PYTHON, as for one twice. */
 static enum list_kind kind_of(PyObject *const *items, Py_ssize_t n)
 {
-    enum list_kind kind = IN_C;
+    enum list_kind kind = BY_PYTHON;
+    HotRequest *first = as_request(items[0]);
     Py_ssize_t i = 0;
     for (; i < n; i++) {
-        HotRequest *r = as_request(items[i]);
-        enum list_kind k =
-            !r || r->seen ? BY_PYTHON
-            : starts_in_c(r) ? IN_C
-            : joins_one_call(r, (HotRequest *)items[0]) ? ONE_MPI_CALL
-                                                         : BY_PYTHON;
-        if (k == BY_PYTHON || (i && k != kind)) {
-            kind = BY_PYTHON;
+        kind = item_kind(items[i], first, i ? kind : BY_PYTHON);
+        if (kind == BY_PYTHON)
             break;
-        }
-        kind = k;
-        r->seen = 1;
+        HotRequest *r = as_request(items[i]);
+        if (r)
+            r->seen = 1;
     }
-    while (i--)
-        ((HotRequest *)items[i])->seen = 0;
+    while (i--) {
+        HotRequest *r = as_request(items[i]);
+        if (r)
+            r->seen = 0;
+    }
     return kind;
 }
 
-/* Start the N requests ITEMS one by one in C.  As Request.Startall, a
- * signal handler's exception out of one Start() (whose collective
- * completed) comes once the rest have started, and leaves every one
- * inactive, as the Waitall after would; any other error stops the list
- * where it came. */
-static PyObject *start_each(PyObject *const *items, Py_ssize_t n)
+/* Start xhc's of the N requests ITEMS one by one in C (mpi4py's are
+ * started already: 7.).  As Request.Startall, a signal handler's
+ * exception out of one Start() (whose collective completed) comes once
+ * the rest have started (*HELD then set), and leaves every one inactive,
+ * as the Waitall after would; any other error stops the list where it
+ * came. */
+static PyObject *start_each(PyObject *const *items, Py_ssize_t n, int *held)
 {
     PyObject *type = NULL, *value = NULL, *tb = NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        HotRequest *r = (HotRequest *)items[i];
+        HotRequest *r = as_request(items[i]);
+        if (!r)
+            continue;
         PyObject *got = req_start(r, NULL);
         if (got) {
             Py_DECREF(got);
@@ -316,8 +363,12 @@ static PyObject *start_each(PyObject *const *items, Py_ssize_t n)
     }
     if (!type)
         Py_RETURN_TRUE;
-    for (Py_ssize_t i = 0; i < n; i++)
-        ((HotRequest *)items[i])->active = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        HotRequest *r = as_request(items[i]);
+        if (r)
+            r->active = 0;
+    }
+    *held = 1;
     PyErr_Restore(type, value, tb);
     return NULL;
 }
@@ -371,10 +422,63 @@ static PyObject *start_in_one_call(PyObject *const *items, Py_ssize_t n)
     Py_RETURN_TRUE;
 }
 
+/* mpi4py's requests of the N requests ITEMS, in a new list; NULL, with
+ * no error set, if a collection's Python run as the list was made left
+ * ITEMS no longer WITH_THEIRS. */
+static PyObject *theirs_of(PyObject *const *items, Py_ssize_t n)
+{
+    Py_ssize_t count = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        count += !as_request(items[i]);
+    PyObject *theirs = PyList_New(count);
+    if (!theirs)
+        return NULL;
+    if (kind_of(items, n) != WITH_THEIRS) {
+        Py_DECREF(theirs);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0, k = 0; i < n; i++)
+        if (!as_request(items[i]))
+            PyList_SET_ITEM(theirs, k++, new_ref(items[i]));
+    return theirs;
+}
+
+/* Start the N requests ITEMS (WITH_THEIRS, 7.): mpi4py's in one call of
+ * MPI's Startall (if it raises, none of xhc's starts), then xhc's, as
+ * start_each.  A signal handler's exception held there comes once
+ * mpi4py's are completed too, as Request.Startall leaves them.  False,
+ * starting none, if a collection changed the list's kind. */
+static PyObject *start_with_theirs(PyObject *const *items, Py_ssize_t n)
+{
+    PyObject *theirs = theirs_of(items, n);
+    if (!theirs)
+        return PyErr_Occurred() ? NULL : new_ref(Py_False);
+    PyObject *res = PyObject_CallOneArg(mpi_startall, theirs);
+    int held = 0;
+    if (res) {
+        Py_DECREF(res);
+        res = start_each(items, n, &held);
+    }
+    if (held) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *done = PyObject_CallOneArg(mpi_waitall, theirs);
+        if (done) {  /* else MPI's error, which says more */
+            Py_DECREF(done);
+            PyErr_Restore(type, value, tb);
+        } else {
+            Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
+        }
+    }
+    Py_DECREF(theirs);
+    return res;
+}
+
 /* _startall(requests): True once a list (or tuple) of requests that
- * Start() runs in C, or of requests over MPI's that go straight, has
- * started (6.); False, with none started, for any other, which
- * Request.Startall then checks and starts. */
+ * Start() runs in C, or of requests over MPI's that go straight, or of
+ * the first kind mixed with mpi4py's persistent ones, has started (6.,
+ * 7.); False, with none started, for any other, which Request.Startall
+ * then checks and starts. */
 static PyObject *req_startall(PyObject *unused, PyObject *requests)
 {
     (void)unused;
@@ -384,8 +488,10 @@ static PyObject *req_startall(PyObject *unused, PyObject *requests)
     Py_ssize_t n = PyTuple_GET_SIZE(held);
     PyObject *const *items = &PyTuple_GET_ITEM(held, 0);
     enum list_kind kind = n ? kind_of(items, n) : BY_PYTHON;
-    PyObject *res = kind == IN_C ? start_each(items, n)
+    int interrupted = 0;
+    PyObject *res = kind == IN_C ? start_each(items, n, &interrupted)
                     : kind == ONE_MPI_CALL ? start_in_one_call(items, n)
+                    : kind == WITH_THEIRS ? start_with_theirs(items, n)
                     : new_ref(Py_False);
     Py_DECREF(held);
     return res;
@@ -398,21 +504,29 @@ static int active_over_mpi(const HotRequest *r, int after)
     return r->active && over_mpi(r) && (!after || r->writes_back);
 }
 
-/* How many of the N requests ITEMS are active over MPI's (AFTER: and
- * write copies back)? */
+/* Does ITEM, one of a list all_known passed, go to MPI's call: mpi4py's
+ * (but AFTER it), or xhc's active over MPI's (AFTER: and writing copies
+ * back)? */
+static int goes_to_mpi(PyObject *item, int after)
+{
+    HotRequest *r = as_request(item);
+    return r ? active_over_mpi(r, after) : !after;
+}
+
+/* How many of the N requests ITEMS go to MPI's call (goes_to_mpi)? */
 static Py_ssize_t count_over_mpi(PyObject *const *items, Py_ssize_t n,
                                  int after)
 {
     Py_ssize_t count = 0;
     for (Py_ssize_t i = 0; i < n; i++)
-        count += active_over_mpi((HotRequest *)items[i], after);
+        count += goes_to_mpi(items[i], after);
     return count;
 }
 
-/* The N requests ITEMS, none active over MPI's, or (AFTER) MPI's call
- * done, but for those counted by count_over_mpi: complete, as Start()
- * left them, and inactive.  Those counted (AFTER), or MPI's requests of
- * them, if any; else True. */
+/* The N requests ITEMS, none going to MPI's call, or (AFTER) that call
+ * done, but for those counted by count_over_mpi: xhc's complete, as
+ * Start() left them, and inactive.  Those counted (AFTER), or MPI's
+ * requests of them (mpi4py's as they are), if any; else True. */
 static PyObject *complete_uncounted(PyObject *const *items, Py_ssize_t n,
                                     int after)
 {
@@ -431,11 +545,11 @@ static PyObject *complete_uncounted(PyObject *const *items, Py_ssize_t n,
         count = again;
     }
     for (Py_ssize_t i = 0, k = 0; i < n; i++) {
-        HotRequest *r = (HotRequest *)items[i];
-        if (active_over_mpi(r, after))
-            PyList_SET_ITEM(left, k++,
-                            after ? new_ref((PyObject *)r) : mpi_of(r));
-        else if (after || !count)
+        HotRequest *r = as_request(items[i]);
+        if (goes_to_mpi(items[i], after))
+            PyList_SET_ITEM(left, k++, !r || after ? new_ref(items[i])
+                                                   : mpi_of(r));
+        else if (r && (after || !count))
             r->active = 0;  /* complete since its Start() */
     }
     if (left || after)
@@ -443,23 +557,55 @@ static PyObject *complete_uncounted(PyObject *const *items, Py_ssize_t n,
     Py_RETURN_TRUE;
 }
 
-/* Are the N objects ITEMS all requests of xhc's? */
-static int all_requests(PyObject *const *items, Py_ssize_t n)
+/* Are the N objects ITEMS requests of xhc's, one or more, and of
+ * mpi4py's (7.)? */
+static int all_known(PyObject *const *items, Py_ssize_t n)
 {
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (!as_request(items[i]))
+    Py_ssize_t mine = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (as_request(items[i]))
+            mine++;
+        else if (!is_theirs(items[i]))
             return 0;
-    return 1;
+    }
+    return mine > 0;
+}
+
+/* complete_uncounted(AFTER) of REQUESTS, a list or tuple of requests
+ * all_known passes, else OTHER; *HELD the snapshot taken where MPI's
+ * call has requests to make a list of, which may run a collection's
+ * Python, else NULL. */
+static PyObject *complete_known(PyObject *requests, int after,
+                                PyObject *other, PyObject **held)
+{
+    *held = NULL;
+    if (!PyList_CheckExact(requests) && !PyTuple_CheckExact(requests))
+        return new_ref(other);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(requests);
+    PyObject *const *items = PySequence_Fast_ITEMS(requests);
+    if (!all_known(items, n))
+        return new_ref(other);
+    /* None going to MPI's call: its pass makes nothing, which could run
+     * Python, before it is done, and needs no snapshot. */
+    if (!count_over_mpi(items, n, after))
+        return complete_uncounted(items, n, after);
+    if (!(*held = snapshot(requests)))
+        return NULL;
+    n = PyTuple_GET_SIZE(*held);
+    items = &PyTuple_GET_ITEM(*held, 0);
+    return all_known(items, n) ? complete_uncounted(items, n, after)
+                               : new_ref(other);
 }
 
 /* _completeall(requests, after=False): for a list (or tuple) of xhc's
- * requests alone (6.): with none active over MPI's, True (AFTER: ()),
- * each complete, as Start() left it, and inactive; else MPI's requests
- * of those active over MPI's, for one MPI call, with none touched.
- * AFTER (that call completed them): each complete and inactive but
- * those active over MPI's whose copies need writing back, whose list it
- * gives, for their _complete().  False, with none touched, for any
- * other list, which xhc/completion.py completes. */
+ * requests, and perhaps mpi4py's (6., 7.): with none going to MPI's call
+ * (goes_to_mpi), True (AFTER: ()), each complete, as Start() left it,
+ * and inactive; else the requests for one MPI call (mpi4py's, and MPI's
+ * of xhc's active over them), with none touched.  AFTER (that call
+ * completed them): xhc's complete and inactive but those active over
+ * MPI's whose copies need writing back, whose list it gives, for their
+ * _complete().  False, with none touched, for any other list (of
+ * mpi4py's alone too), which xhc/completion.py completes. */
 static PyObject *req_completeall(PyObject *unused, PyObject *const *args,
                                  Py_ssize_t nargs)
 {
@@ -469,29 +615,110 @@ static PyObject *req_completeall(PyObject *unused, PyObject *const *args,
         return NULL;
     }
     int after = nargs > 1 ? PyObject_IsTrue(args[1]) : 0;
-    PyObject *requests = args[0];
     if (after < 0)
         return NULL;
-    if (!PyList_CheckExact(requests) && !PyTuple_CheckExact(requests))
-        Py_RETURN_FALSE;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(requests);
-    PyObject *const *items = PySequence_Fast_ITEMS(requests);
-    if (!all_requests(items, n))
-        Py_RETURN_FALSE;
-    /* None over MPI's: its pass makes nothing, which could run Python,
-     * before it is done, and needs no snapshot. */
-    if (!count_over_mpi(items, n, after))
-        return complete_uncounted(items, n, after);
-    PyObject *held = snapshot(requests);
-    if (!held)
-        return NULL;
-    n = PyTuple_GET_SIZE(held);
-    items = &PyTuple_GET_ITEM(held, 0);
-    PyObject *res = all_requests(items, n)
-                        ? complete_uncounted(items, n, after)
-                        : new_ref(Py_False);
-    Py_DECREF(held);
+    PyObject *held;
+    PyObject *res = complete_known(args[0], after, Py_False, &held);
+    Py_XDECREF(held);
     return res;
+}
+
+/* MPI_ALL's answer DONE for the N requests ITEMS it was given the MPI
+ * requests of (complete_uncounted): if True, the list completed, with
+ * _complete() of those that write copies back; DONE, or NULL. */
+static PyObject *completed_after(PyObject *const *items, Py_ssize_t n,
+                                 PyObject *done)
+{
+    int ok = PyObject_IsTrue(done);
+    PyObject *left = ok > 0 ? complete_uncounted(items, n, 1) : NULL;
+    for (Py_ssize_t i = 0; left && i < PyList_GET_SIZE(left); i++) {
+        PyObject *res = PyObject_CallMethod(PyList_GET_ITEM(left, i),
+                                            "_complete", NULL);
+        if (!res)
+            Py_CLEAR(left);
+        Py_XDECREF(res);
+    }
+    if (ok < 0 || (ok > 0 && !left))
+        Py_CLEAR(done);
+    Py_XDECREF(left);
+    return done;
+}
+
+/* NULL, with the error MPI's call on HELD's requests raised, once
+ * completion._list_failed(HELD, error) has completed what it may (or
+ * with the error that raised). */
+static PyObject *list_call_failed(PyObject *held)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *res = PyObject_CallFunctionObjArgs(list_failed, held,
+                                                 value ? value : Py_None,
+                                                 NULL);
+    if (res) {
+        Py_DECREF(res);
+        PyErr_Restore(type, value, tb);
+    } else {
+        Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
+    }
+    return NULL;
+}
+
+/* _complete_list(requests, mpi_all): Waitall or Testall (MPI_ALL, MPI's
+ * own) of a list (or tuple) of xhc's requests, and perhaps mpi4py's, with
+ * no statuses (6., 7.), in one pass here but for MPI's one call, if
+ * any: what MPI_ALL answers, or True.  None, with none touched, for any
+ * other list, which xhc/completion.py completes. */
+static PyObject *req_complete_list(PyObject *unused, PyObject *const *args,
+                                   Py_ssize_t nargs)
+{
+    (void)unused;
+    if (nargs != 2 || !list_failed) {
+        PyErr_SetString(PyExc_TypeError, "_complete_list(requests, mpi_all)");
+        return NULL;
+    }
+    PyObject *held;
+    PyObject *res = complete_known(args[0], 0, Py_None, &held);
+    if (res && PyList_CheckExact(res)) {  /* the requests for MPI's call */
+        PyObject *over = res;
+        res = PyObject_CallOneArg(args[1], over);
+        Py_DECREF(over);
+        /* A signal handler's exception as MPI's call returned comes out
+         * of it, not out of the first _complete() after. */
+        if (res && PyErr_CheckSignals() < 0)
+            Py_CLEAR(res);
+        res = res ? completed_after(&PyTuple_GET_ITEM(held, 0),
+                                    PyTuple_GET_SIZE(held), res)
+                  : list_call_failed(held);
+    }
+    Py_XDECREF(held);
+    return res;
+}
+
+/* _list_calls(MPI.Request, MPI.Prequest, failed): the types of mpi4py's
+ * requests, which the list calls take with xhc's (7.), and FAILED, which
+ * completes what it may after MPI's call on a list raised. */
+static PyObject *req_list_calls(PyObject *unused, PyObject *args)
+{
+    (void)unused;
+    PyObject *request, *prequest, *failed;
+    if (!PyArg_ParseTuple(args, "O!O!O", &PyType_Type, &request,
+                          &PyType_Type, &prequest, &failed))
+        return NULL;
+    PyObject *startall = PyObject_GetAttrString(prequest, "Startall");
+    PyObject *waitall = PyObject_GetAttrString(request, "Waitall");
+    if (!startall || !waitall) {
+        Py_XDECREF(startall), Py_XDECREF(waitall);
+        return NULL;
+    }
+    Py_INCREF(request), Py_INCREF(prequest);
+    Py_XSETREF(mpi_request_type, request);
+    Py_XSETREF(mpi_prequest_type, prequest);
+    Py_XSETREF(mpi_startall, startall);
+    Py_XSETREF(mpi_waitall, waitall);
+    Py_INCREF(failed);
+    Py_XSETREF(list_failed, failed);
+    Py_RETURN_NONE;
 }
 
 /* _start_mpi(): MPI's request started and this one active, with no
@@ -519,12 +746,20 @@ static PyMethodDef req_methods[] = {
     {"_start_mpi", (PyCFunction)req_start_mpi, METH_NOARGS,
      "Start MPI's request and mark this one active, in one step."},
     {"_startall", (PyCFunction)req_startall, METH_O | METH_STATIC,
-     "Start a list of requests that Start() runs in C, or of requests\n"
-     "over MPI's that go straight to it; else False, starting none."},
+     "Start a list of requests that Start() runs in C (with mpi4py's\n"
+     "persistent ones, perhaps), or of requests over MPI's that go\n"
+     "straight to it; else False, starting none."},
     {"_completeall", (PyCFunction)(void (*)(void))req_completeall,
      METH_FASTCALL | METH_STATIC,
-     "Complete a list of xhc's requests, or give MPI's requests of those\n"
-     "active over MPI's; else False."},
+     "Complete a list of xhc's requests, or give the requests for MPI's\n"
+     "call (mpi4py's, MPI's of those active over MPI's); else False."},
+    {"_complete_list", (PyCFunction)(void (*)(void))req_complete_list,
+     METH_FASTCALL | METH_STATIC,
+     "Waitall or Testall, with no statuses, of a list of xhc's requests\n"
+     "(and mpi4py's), with MPI's call given; else None."},
+    {"_list_calls", (PyCFunction)req_list_calls, METH_VARARGS | METH_STATIC,
+     "Take the types of mpi4py's requests, and what completes a list\n"
+     "whose MPI call raised."},
     {NULL, NULL, 0, NULL},
 };
 

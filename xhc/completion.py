@@ -20,10 +20,10 @@ them without completing any (MPI 4.1's Get_status_all, _any, _some).
 5. Get_status_* answer as Test* would, but leave xhc's requests active,
    and ask MPI (which may not have these calls) only about mpi4py's.
 6. Waitall and Testall hand a list of mpi4py's requests alone to MPI
-   whole, and one of xhc's alone, where no status is asked for, takes
-   one MPI call for those over MPI's (none: it completes at once), the
-   rest in C (xhc/_hot_request.c, 6.): a solver waits on such a list
-   every step.
+   whole, and one of xhc's, where no status is asked for, takes one
+   MPI call for mpi4py's and those of xhc's over MPI's (none: it
+   completes at once), the rest in C (xhc/_hot_request.c, 6. and 7.):
+   a solver waits on such a list every step.
 Statuses follow mpi4py: a list or tuple of MPI.Status, filled as far as
 it goes; a list grows to one per request (all) or per completion
 (some).
@@ -34,6 +34,7 @@ from mpi4py import MPI
 from ._hot import HotRequest
 
 _completeall = HotRequest._completeall
+_complete_list = HotRequest._complete_list
 
 CALLS = ("Waitall", "Testall", "Waitany", "Testany", "Waitsome", "Testsome",
          "waitall", "testall", "waitany", "testany", "waitsome", "testsome",
@@ -241,56 +242,54 @@ def _whole(requests, statuses, mpi_all):
     return mpi_all(requests, _checked(statuses))
 
 
-def _over_mpi_all(requests, over, mpi_all):
-    """For a list (or tuple) of xhc's requests alone, with no statuses
-    asked, some active over MPI's (OVER: MPI's requests of them, from
-    _completeall): MPI_ALL of those, and all complete as that completes
-    them (the others are complete: 1.), in C but for that call."""
-    requests = tuple(requests)  # as it is now, whatever a handler does
-
-    def complete_all():
-        for req in _completeall(requests, True):
-            req._complete()  # copies to write back
-    try:
-        done = _completing(lambda: mpi_all(over, None), complete_all)
-    except MPI.Exception:
-        raise
-    except BaseException:  # a signal handler's, as MPI's call returned
-        _settle(requests, complete_all)
-        raise
-    if done:
-        complete_all()
-    return done
+def _list_failed(requests, exc):
+    """MPI's call on those of REQUESTS (xhc's, and perhaps mpi4py's, as
+    _complete_list had them) that go to MPI raised EXC: with
+    MPI.ERR_IN_STATUS, MPI completed them all, so xhc's complete too
+    (as _completing); a signal handler's, as MPI's call returned,
+    completes what MPI completed (_settle)."""
+    if not isinstance(exc, MPI.Exception):
+        _settle(requests)
+    elif exc.Get_error_class() == MPI.ERR_IN_STATUS:
+        _complete_all(requests)
 
 
-def _settle(requests, complete_all):
+def _complete_all(requests):
+    """MPI's call done on those of REQUESTS (_list_failed's) that go to
+    MPI: all complete, in C but for the copies to write back."""
+    for req in _completeall(requests, True):
+        req._complete()
+
+
+def _settle(requests):
     """After a signal handler's exception out of MPI's call on those of
-    REQUESTS (xhc's alone) over MPI's: each that MPI has completed (its
-    Test() says so, as of one Waitall completed) completes, its copies
-    written back; if all have, the rest too (COMPLETE_ALL)."""
+    REQUESTS (xhc's, and perhaps mpi4py's) that go to MPI: each of xhc's
+    over MPI's that MPI has completed (its Test() says so, as of one
+    Waitall completed) completes, its copies written back; if all have,
+    xhc's others too.  mpi4py's are MPI's to say."""
     pending = False
     for req in requests:
-        if req._active and req._mpi is not None:
+        if isinstance(req, HotRequest) and req._active and \
+                req._mpi is not None:
             if req._mpi.Test():
                 req._complete()
             else:
                 pending = True
     if not pending:
-        complete_all()
+        _complete_all(requests)
 
 
 def _complete_all_call(name):
     """MPI.Request.NAME (Waitall or Testall) for a list that may hold
-    xhc's requests: a list of xhc's alone, with no statuses asked, goes
-    to C first (6.)."""
+    xhc's requests: one of xhc's, and perhaps mpi4py's, with no statuses
+    asked, goes to C first (6.)."""
     mpi_all = getattr(MPI.Request, name)
 
     def call(requests, statuses=None):
-        over = False if statuses is not None else _completeall(requests)
-        if over is True:  # xhc's alone, none over MPI's active: completed
-            return True
-        if over is not False:  # xhc's alone, MPI's requests of some
-            return _over_mpi_all(requests, over, mpi_all)
+        if statuses is None:  # xhc's (and mpi4py's): in C, but MPI's call
+            done = _complete_list(requests, mpi_all)
+            if done is not None:
+                return done
         requests = list(requests)
         done = _whole(requests, statuses, mpi_all)
         return done if done is not None else _all(
@@ -390,6 +389,9 @@ def Get_status_some(requests, statuses=None):
     peek = lambda r, s: (MPI.Request.Get_status_some(r, s), None)  # noqa: E731
     return _some(requests, statuses, peek, peek, keep=True)[0]
 
+
+# What xhc/_hot_request.c's list calls take with xhc's requests (7.).
+HotRequest._list_calls(MPI.Request, MPI.Prequest, _list_failed)
 
 # mpi4py's lowercase forms take and return the same.
 get_status_all = Get_status_all

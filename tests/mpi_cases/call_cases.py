@@ -12,6 +12,7 @@ import weakref
 
 import numpy as np
 from mpi4py import MPI
+from xhc._hot import HotRequest
 from xhc._xhc import lib
 
 import xhc
@@ -646,6 +647,7 @@ def xhc_request_calls(v, xcomm, comm, reqs):
            "Request" in dir(xhc) else f"got {type(reqs[2])}")
     v.case("xhc.Bogus raises AttributeError",
            raises(AttributeError, getattr, xhc, "Bogus"))
+    mixed_lists(v, xcomm, comm)
     for name in ("Waitall", "Testall"):
         mixed_waits(v, comm, reqs, getattr(xhc.Request, name), name)
         xhc.Request.Startall(reqs[:2])
@@ -662,6 +664,75 @@ def xhc_request_calls(v, xcomm, comm, reqs):
         status_peeks(v, comm, reqs, name)
     active_states(v, xcomm, comm, reqs)
     request_errors_as_mpi(v, xcomm, comm)
+
+
+def ring_pair(comm, tag):
+    """[receive, send], mpi4py's persistent requests of a ring (from the
+    rank before, to the rank after), and their buffers (received, sent)."""
+    n, rank = comm.size, comm.rank
+    got, sent = np.zeros(3), np.zeros(3)
+    return [comm.Recv_init(got, source=(rank - 1) % n, tag=tag),
+            comm.Send_init(sent, dest=(rank + 1) % n, tag=tag)], got, sent
+
+
+def testall_until_done(reqs):
+    while not xhc.Request.Testall(reqs):
+        pass
+
+
+def mixed_lists(v, xcomm, comm):
+    """Lists (and tuples) of xhc's requests mixed with mpi4py's persistent
+    ones, as a halo exchange started with a reduction: Startall starts
+    them in one pass in C (mpi4py's first, in one MPI call), Waitall and
+    Testall with no statuses complete them so, in any order in the list;
+    results are numpy's and the mpi4py ring's.  Startall refuses
+    MPI.REQUEST_NULL and a request that is not persistent, starting none
+    of xhc's."""
+    n, rank = comm.size, comm.rank
+    theirs, got, sent = ring_pair(comm, 11)
+    b, send, recv, inplace = np.zeros(16), np.zeros(4), np.zeros(4), \
+        np.zeros(4)
+    mine = [xcomm.Barrier_init(), xcomm.Bcast_init(b, root=n - 1),
+            xcomm.Allreduce_init(send, recv, op=MPI.SUM),
+            xcomm.Allreduce_init(MPI.IN_PLACE, inplace, op=MPI.MAX)]
+    forms = (lambda: [theirs[0], *mine, theirs[1]],
+             lambda: (*mine, *theirs), lambda: [*theirs, mine[2]])
+    for i in range(6):
+        ins = [values(np.dtype("f8"), "SUM", seed_of(170, i, r), 4)
+               for r in range(n)]
+        send[:], inplace[:] = ins[rank], ins[rank]
+        b[:] = i + 1.0 if rank == n - 1 else 0
+        sent[:], got[:] = rank + 10.0 * i, -1
+        listed = forms[i % 3]()
+        in_c = HotRequest._startall(listed) if i < 3 else \
+            xhc.Request.Startall(listed)
+        (xhc.Request.Waitall if i % 2 else testall_until_done)(listed)
+        v.case(f"mixed list #{i}: Startall ran in C", None if i >= 3 or
+               in_c is True else f"got {in_c!r}")
+        v.case(f"mixed list #{i}: mpi4py's ring", None if np.all(
+            got == (rank - 1) % n + 10.0 * i) else f"got {got}")
+        v.case(f"mixed list #{i}: Allreduce", compare(
+            recv, np_fold("SUM", ins), "SUM", "f8"))
+        v.case(f"mixed list #{i}: Allreduce IN_PLACE MAX", None if
+               len(listed) == 3 or np.array_equal(
+                   inplace, np_fold("MAX", ins)) else f"got {inplace}")
+        v.case(f"mixed list #{i}: Bcast", None if len(listed) == 3 or
+               np.all(b == i + 1.0) else f"got {b[:2]}")
+        v.case(f"mixed list #{i}: none left active", None if not any(
+            r._active for r in mine) else [r._active for r in mine])
+    nulls = comm.Send_init(sent, dest=rank, tag=12)
+    nulls.Free()
+    pending = comm.Isend(sent, dest=rank, tag=13)
+    for what, odd in (("MPI.REQUEST_NULL", nulls),
+                      ("a request that is not persistent", pending)):
+        v.case(f"mixed Startall refuses {what}",
+               raises(xhc.XhcError, xhc.Request.Startall,
+                      [mine[2], odd, theirs[0]]) or (
+                   "it started xhc's" if mine[2]._active else None))
+    comm.Recv(np.zeros(3), source=rank, tag=13)
+    pending.Wait()
+    for req in mine + theirs:
+        req.Free()
 
 
 def mixed_waits(v, comm, reqs, wait_all, name):

@@ -1640,6 +1640,7 @@ def suite_free_busy(xc):
     interrupted_counts()
     interrupted_start(xc, False)
     interrupted_start(xc, True)
+    interrupted_start(xc, "mixed")
     for kind in ("allreduce", "reduce", "bcast"):
         interrupted_object_call(xc, kind)
     for kept in (False, True):
@@ -1731,15 +1732,23 @@ def interrupted_start(xc, startall, rounds=3):
     mpi4py's Start() and Wait() may.  The request stayed active, and the
     next Start() raised that it was.  With STARTALL, of two requests, the
     first interrupted: the second starts all the same, and both are left
-    inactive (it was left unstarted, and the rounds after paired askew)."""
+    inactive (it was left unstarted, and the rounds after paired askew).
+    STARTALL "mixed" puts a persistent send and receive of mpi4py's to
+    this rank among them, which start first and are complete after."""
     c = xc.Dup()
     sends, recvs = np.zeros((2, 4)), np.zeros((2, 4))
-    reqs = [c.Allreduce_init(sends[k], recvs[k]) for k in range(1 + startall)]
+    reqs = [c.Allreduce_init(sends[k], recvs[k])
+            for k in range(1 + bool(startall))]
+    sent, got = np.zeros(3), np.zeros(3)
+    theirs = [W.Recv_init(got, source=RANK, tag=5),
+              W.Send_init(sent, dest=RANK, tag=5)]
+    listed = [theirs[0], *reqs, theirs[1]] if startall == "mixed" else reqs
     caught, right = 0, 0
     old = signal.signal(signal.SIGALRM, _raise_alarm)
     try:
         for i in range(rounds):
             sends[:] = 10 * i + RANK + 100 * np.arange(2)[:, None]
+            sent[:], got[:] = i + 1, 0
             W.Barrier()
             if RANK == 1 and i == 0:
                 time.sleep(0.5)
@@ -1747,8 +1756,8 @@ def interrupted_start(xc, startall, rounds=3):
                 signal.setitimer(signal.ITIMER_REAL, 0.1)
             try:
                 if startall:
-                    xhc.Request.Startall(reqs)
-                    xhc.Request.Waitall(reqs)
+                    xhc.Request.Startall(listed)
+                    xhc.Request.Waitall(listed)
                 else:  # Start() itself, which runs in C
                     reqs[0].Start()
                     reqs[0].Wait()
@@ -1756,7 +1765,9 @@ def interrupted_start(xc, startall, rounds=3):
                 caught += 1
             want = SIZE * (10 * i + 100 * np.arange(2)) + SIZE * (SIZE - 1) / 2
             right += np.array_equal(recvs[:len(reqs)],
-                                    np.repeat(want[:len(reqs), None], 4, 1))
+                                    np.repeat(want[:len(reqs), None], 4, 1)) \
+                and (listed is reqs or np.all(got == i + 1) and all(
+                    MPI.Request.Get_status(r) for r in theirs))
     except Exception as exc:  # noqa: BLE001 -- reported
         emit("START-INTERRUPTED", f"all={startall}", f"rank={RANK}",
              f"error={type(exc).__name__}")
@@ -1767,7 +1778,7 @@ def interrupted_start(xc, startall, rounds=3):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-    for req in reqs:
+    for req in reqs + theirs:
         req.Free()
     c.free()
 

@@ -22,7 +22,8 @@ from basic_cases import (combos, inputs_for, one_allreduce, one_array_twice,
                          one_reduce, peer_views, usage_errors)
 from shared_cases import (arena_empty, bad_root_receive_buffer,
                           read_only_receiver, shared_memory_is_not_budgeted)
-from call_cases import Alarm, persistent_calls
+from call_cases import (Alarm, persistent_calls, ring_pair,
+                        testall_until_done)
 from staged_cases import (spec_forms, staged_derived, staged_layouts,
                           staged_reshaped)
 
@@ -120,6 +121,7 @@ def lone_requests(xcomm, comm, v):
     v.case("lone: ... starting none", None if not reqs[0]._active
            else "the request is active")
     lone_straight_lists(xcomm, v, cases, reqs)
+    lone_mixed_lists(comm, v, cases, reqs)
     lone_waitall_interrupted(xcomm, comm, v)
     lone_startall_interrupted(xcomm, comm, v)
     for req in reqs:
@@ -244,6 +246,30 @@ def lone_straight_lists(xcomm, v, cases, reqs):
                 out == n * (n + 1) / 2).all() else f"got {out}")
     theirs.Free()
     other.free()
+
+
+def lone_mixed_lists(comm, v, cases, reqs):
+    """LONE_REQUESTS's requests in lists with mpi4py's persistent ring:
+    Waitall and Testall, with no statuses, hand MPI mpi4py's and MPI's
+    requests of xhc's in one call, then write back those that copy; every
+    result is numpy's and the ring's."""
+    n, rank = comm.size, comm.rank
+    ring, got, sent = ring_pair(comm, 21)
+    for step, complete in enumerate((xhc.Request.Waitall,
+                                     testall_until_done)):
+        sent[:], got[:] = rank + 10.0 * step, -1
+        listed = [ring[0], *reqs, ring[1]]
+        xhc.Request.Startall(listed if step else tuple(listed))
+        complete(listed if step else tuple(listed))
+        v.case(f"lone: mixed #{step}: mpi4py's ring", None if np.all(
+            got == (rank - 1) % n + 10.0 * step) else f"got {got}")
+        for name, (_, check) in cases.items():
+            v.case(f"lone: mixed {name} #{step}", check())
+        v.case(f"lone: mixed #{step} leaves every request inactive",
+               None if not any(r._active for r in reqs) else
+               f"active: {[r._active for r in reqs]}")
+    for req in ring:
+        req.Free()
 
 
 def _some_until_done(wait_some):
