@@ -2,6 +2,7 @@
 """Persistent Allreduce buckets started and completed as a list.
 
     mpiexec -n 2 python -m mpi4py -m bench.buckets [-b 1,10,100] [-r 5]
+        [--ring ELEMENTS]
 
 A training loop's gradient buckets, or a solver's reductions, are
 persistent requests started together and completed together every step.
@@ -18,6 +19,10 @@ checked after it, untimed.  Per round, the time is the slowest rank's
 mean µs a step; the summary gives their medians and the median of the
 rounds' xhc/mpi ratios.  With XHC_SPLIT_NODES equal to the number of
 ranks, every rank is alone on its node, and xhc's requests go over MPI's.
+With --ring, every list also holds a halo exchange: mpi4py's persistent
+receive from the rank before and send to the rank after (Recv_init,
+Send_init of the wrapped communicator, first and last in the list), in
+all three ways alike, its data checked too.
 """
 import sys
 
@@ -35,8 +40,14 @@ def parse_args(argv):
     p.add_argument("-b", "--buckets", default="1,10,50,100,500,1000",
                    help="comma-separated elements of each bucket (default "
                    "1,10,50,100,500,1000)")
+    p.add_argument("--ring", type=int, default=0, metavar="ELEMENTS",
+                   help="put a persistent ring send and receive of "
+                   "ELEMENTS float64 (mpi4py's) in every list (default 0: "
+                   "none)")
     _mpi.add_rounds(p, 5, 1000, "steps per round and way")
     opts = p.parse_args(argv)
+    if opts.ring < 0:
+        p.error("--ring: ELEMENTS must be 0 or more")
     try:
         opts.buckets = [int(b) for b in opts.buckets.split(",")]
     except ValueError:
@@ -48,29 +59,45 @@ def parse_args(argv):
 
 
 class Buckets:
-    """One Allreduce_init per bucket on COMM, with its arrays."""
+    """One Allreduce_init per bucket on COMM, with its arrays, and, with
+    RING elements, a ring's persistent receive (first) and send (last)."""
 
-    def __init__(self, comm, sizes):
+    def __init__(self, comm, sizes, ring=0):
         self.bases = [np.arange(n, dtype=np.float64) % 1024 for n in sizes]
         self.sends = [np.empty(n) for n in sizes]
         self.recvs = [np.empty(n) for n in sizes]
         self.requests = [comm.Allreduce_init(s, r)
                          for s, r in zip(self.sends, self.recvs)]
+        self.halo = (np.empty(ring), np.empty(ring)) if ring else ()
+        if ring:
+            n, rank = comm.Get_size(), comm.Get_rank()
+            self.requests = [
+                comm.Recv_init(self.halo[0], source=(rank - 1) % n, tag=7),
+                *self.requests,
+                comm.Send_init(self.halo[1], dest=(rank + 1) % n, tag=7)]
 
     def load(self, c, rank):
         """Step C's inputs in; the receive buffers poisoned."""
         for base, send, recv in zip(self.bases, self.sends, self.recvs):
             np.add(base, c * (rank + 1), out=send)
             recv.fill(-1.0)  # no input or result is negative
+        if self.halo:
+            self.halo[0].fill(-1.0)
+            self.halo[1].fill(c * (rank + 1))
 
     def check(self, c, world, name):
-        """Raise unless every bucket holds step C's sum."""
+        """Raise unless every bucket holds step C's sum, and the ring's
+        receive what the rank before sent."""
         n = world.size
         for k, (base, recv) in enumerate(zip(self.bases, self.recvs)):
             if not np.array_equal(recv, n * base + c * (n * (n + 1) // 2)):
                 raise AssertionError(
                     f"{name}: bucket {k} ({recv.size} elements) wrong on "
                     f"rank {world.rank} at input {c}")
+        before = (world.rank - 1) % n + 1
+        if self.halo and not np.all(self.halo[0] == c * before):
+            raise AssertionError(f"{name}: the ring's receive wrong on rank "
+                                 f"{world.rank} at input {c}")
 
     def free(self):
         for req in self.requests:
@@ -113,15 +140,17 @@ def main(argv=None):
     opts = parse_args(sys.argv[1:] if argv is None else argv)
     world = _mpi.start()
     xcomm = xhc.Comm(world)
-    ways = {"xhc": Buckets(xcomm, opts.buckets),
-            "mpi": Buckets(world, opts.buckets)}
+    ways = {"xhc": Buckets(xcomm, opts.buckets, opts.ring),
+            "mpi": Buckets(world, opts.buckets, opts.ring)}
     ways["xhc-own"] = ways["xhc"]
     lone = xcomm.xhc_info.get("nodes", 1) == world.size > 1
     if world.rank == 0:
         print(f"# {len(opts.buckets)} Allreduce_init buckets (float64 SUM) "
               f"of {', '.join(map(str, opts.buckets))} elements, "
               f"{world.size} ranks; xhc's requests "
-              f"{'over MPI (a rank a node)' if lone else 'its own'}",
+              f"{'over MPI (a rank a node)' if lone else 'its own'}"
+              + (f"; with a ring of {opts.ring} float64 (mpi4py's "
+                 "persistent send and receive)" if opts.ring else ""),
               flush=True)
     rows = []
     for rnd in range(opts.rounds):

@@ -154,17 +154,21 @@ def test_copies_side_by_side():
     assert all(float(x) > 0 for r in rows for x in r[2:]), out
 
 
-@pytest.mark.parametrize("split", [None, "2"])
-def test_buckets_side_by_side(split):
-    """bench.buckets times lists of persistent Allreduce buckets through
-    xhc's list calls, their own calls and MPI's, round by round, and says
-    whether xhc's requests go over MPI's (every rank alone on its node)."""
+@pytest.mark.parametrize("split, ring", [(None, 0), ("2", 0), (None, 8),
+                                         ("2", 8)])
+def test_buckets_side_by_side(split, ring):
+    """bench.buckets times lists of persistent Allreduce buckets (with
+    mpi4py's ring send and receive, RING elements) through xhc's list
+    calls, their own calls and MPI's, round by round, and says whether
+    xhc's requests go over MPI's (every rank alone on its node)."""
     env = {"XHC_SPLIT_NODES": split} if split else None
     proc = run_mpi(2, ["-m", "bench.buckets", "-b", "1,100", "-r", "2",
-                       "-i", "20"], timeout=120, env=env)
+                       "-i", "20", "--ring", str(ring)], timeout=120,
+                   env=env)
     out = proc.stdout
     kind = "over MPI (a rank a node)" if split else "its own"
     assert f"of 1, 100 elements, 2 ranks; xhc's requests {kind}" in out, out
+    assert (f"with a ring of {ring} float64" in out) == bool(ring), out
     rounds = [ln for ln in out.splitlines() if ln.startswith("round ")]
     assert len(rounds) == 2, out
     for ln in rounds:
@@ -186,16 +190,30 @@ sys.exit(buckets.main(sys.argv[1:]))
 """
 
 
-def test_buckets_catches_a_wrong_result(tmp_path):
+# ... or starting only the ring of mpi4py's requests.
+BUCKETS_BUCKETS_ONLY = BUCKETS_BROKEN.replace(
+    "lambda requests: None", "lambda requests: [r.Start() for r in "
+    "requests if not isinstance(r, xhc.Request)]")
+# ... or starting only xhc's buckets: the ring receives nothing.
+BUCKETS_RING_SKIPPED = BUCKETS_BROKEN.replace(
+    "lambda requests: None", "lambda requests: [r.Start() for r in "
+    "requests if isinstance(r, xhc.Request)]")
+
+
+@pytest.mark.parametrize("broken, ring, said", [
+    (BUCKETS_BROKEN, 0, "xhc: bucket 0 (3 elements) wrong on rank"),
+    (BUCKETS_BUCKETS_ONLY, 4, "xhc: bucket 0 (3 elements) wrong on rank"),
+    (BUCKETS_RING_SKIPPED, 4, "xhc: the ring's receive wrong on rank")])
+def test_buckets_catches_a_wrong_result(tmp_path, broken, ring, said):
     """Every step's results are checked: a Startall that starts nothing
-    fails the run, naming the way and the bucket."""
+    (or only the ring, or only the buckets) fails the run, naming the
+    way and the bucket (or the ring)."""
     script = tmp_path / "broken.py"
-    script.write_text(BUCKETS_BROKEN)
-    proc = run_mpi(2, [str(script), "-b", "3", "-r", "1", "-i", "2"],
-                   timeout=120, check=False)
+    script.write_text(broken)
+    proc = run_mpi(2, [str(script), "-b", "3", "-r", "1", "-i", "2",
+                       "--ring", str(ring)], timeout=120, check=False)
     assert proc.returncode != 0
-    assert "xhc: bucket 0 (3 elements) wrong on rank" in \
-        proc.stderr + proc.stdout, proc.stderr + proc.stdout
+    assert said in proc.stderr + proc.stdout, proc.stderr + proc.stdout
 
 
 # Run bench.copies with xhc's argv[1] (Allreduce or Reduce) broken as
@@ -475,6 +493,7 @@ sys.exit(status)
     ("buckets", ["--help"], 0, "usage: bench.buckets "),
     ("buckets", ["-b", "4,x"], 2, "is not a comma-separated list"),
     ("buckets", ["-b", "0"], 2, "every bucket needs 1 element or more"),
+    ("buckets", ["--ring", "-1"], 2, "--ring: ELEMENTS must be 0 or more"),
     ("copies", ["--help"], 0, "usage: bench.copies "),
     ("copies", ["--ops", "scatter"], 2, "usage: bench.copies "),
     ("copies", ["-r", "0"], 2, "-r/--rounds: 0 is not >= 1"),
