@@ -30,11 +30,12 @@
  *    other list goes to xhc/requests.py and xhc/completion.py, which
  *    check it and say why.
  * 7. So do lists that mix them with mpi4py's requests, as a halo
- *    exchange and a reduction started together: Startall starts
- *    mpi4py's persistent ones (none MPI.REQUEST_NULL) in one MPI call
- *    first, so that their messages move while xhc's collectives run,
- *    then each of xhc's in C; Waitall and Testall give mpi4py's
- *    requests with MPI's of xhc's active over them, for one MPI call.
+ *    exchange and a reduction started together (or hold mpi4py's
+ *    alone): Startall starts mpi4py's persistent ones (none
+ *    MPI.REQUEST_NULL, none twice) in one MPI call first, so that their
+ *    messages move while xhc's collectives run, then each of xhc's in
+ *    C; Waitall and Testall give mpi4py's requests with MPI's of xhc's
+ *    active over them, for one MPI call.
  */
 #include "_hot.h" /* Python.h first */
 
@@ -314,9 +315,27 @@ static enum list_kind item_kind(PyObject *item, const HotRequest *first,
     return mixes ? WITH_THEIRS : BY_PYTHON;
 }
 
+/* Is one of mpi4py's requests among the N requests ITEMS twice?  (One
+ * of xhc's twice is marked seen.)  Asked of a list of few. */
+static int theirs_twice(PyObject *const *items, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (as_request(items[i]))
+            continue;
+        for (Py_ssize_t j = i + 1; j < n; j++)
+            if (items[j] == items[i])
+                return 1;
+    }
+    return 0;
+}
+
+/* Lists longer than this go to Python, which checks them in one pass. */
+#define FEW_THEIRS 64
+
 /* How Startall can take the N requests ITEMS: IN_C if every Start() runs
  * in C; ONE_MPI_CALL if all join one MPI call; WITH_THEIRS if some are
- * mpi4py's, the rest IN_C; else BY_PYTHON, as for one twice. */
+ * mpi4py's (none twice), the rest IN_C; else BY_PYTHON, as for one of
+ * xhc's twice. */
 static enum list_kind kind_of(PyObject *const *items, Py_ssize_t n)
 {
     enum list_kind kind = BY_PYTHON;
@@ -335,6 +354,8 @@ static enum list_kind kind_of(PyObject *const *items, Py_ssize_t n)
         if (r)
             r->seen = 0;
     }
+    if (kind == WITH_THEIRS && (n > FEW_THEIRS || theirs_twice(items, n)))
+        return BY_PYTHON;
     return kind;
 }
 
@@ -597,28 +618,16 @@ static PyObject *complete_known(PyObject *requests, int after,
                                : new_ref(other);
 }
 
-/* _completeall(requests, after=False): for a list (or tuple) of xhc's
- * requests, and perhaps mpi4py's (6., 7.): with none going to MPI's call
- * (goes_to_mpi), True (AFTER: ()), each complete, as Start() left it,
- * and inactive; else the requests for one MPI call (mpi4py's, and MPI's
- * of xhc's active over them), with none touched.  AFTER (that call
- * completed them): xhc's complete and inactive but those active over
- * MPI's whose copies need writing back, whose list it gives, for their
- * _complete().  False, with none touched, for any other list (of
- * mpi4py's alone too), which xhc/completion.py completes. */
-static PyObject *req_completeall(PyObject *unused, PyObject *const *args,
-                                 Py_ssize_t nargs)
+/* _complete_after(requests): MPI's call done on the requests of the list
+ * (or tuple) REQUESTS that go to it (xhc's over MPI's, and mpi4py's, 6.
+ * and 7.): xhc's complete and inactive but those over MPI's that write
+ * copies back, whose list it gives, for their _complete(); False, with
+ * none touched, for a list all_known refuses. */
+static PyObject *req_complete_after(PyObject *unused, PyObject *requests)
 {
     (void)unused;
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "_completeall(requests, after)");
-        return NULL;
-    }
-    int after = nargs > 1 ? PyObject_IsTrue(args[1]) : 0;
-    if (after < 0)
-        return NULL;
     PyObject *held;
-    PyObject *res = complete_known(args[0], after, Py_False, &held);
+    PyObject *res = complete_known(requests, 1, Py_False, &held);
     Py_XDECREF(held);
     return res;
 }
@@ -749,10 +758,9 @@ static PyMethodDef req_methods[] = {
      "Start a list of requests that Start() runs in C (with mpi4py's\n"
      "persistent ones, perhaps), or of requests over MPI's that go\n"
      "straight to it; else False, starting none."},
-    {"_completeall", (PyCFunction)(void (*)(void))req_completeall,
-     METH_FASTCALL | METH_STATIC,
-     "Complete a list of xhc's requests, or give the requests for MPI's\n"
-     "call (mpi4py's, MPI's of those active over MPI's); else False."},
+    {"_complete_after", (PyCFunction)req_complete_after, METH_O | METH_STATIC,
+     "Complete xhc's requests of a list once MPI's call completed those\n"
+     "that go to it; give those that write copies back; else False."},
     {"_complete_list", (PyCFunction)(void (*)(void))req_complete_list,
      METH_FASTCALL | METH_STATIC,
      "Waitall or Testall, with no statuses, of a list of xhc's requests\n"

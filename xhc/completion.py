@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 from ._hot import HotRequest
 
-_completeall = HotRequest._completeall
+_complete_after = HotRequest._complete_after
 _complete_list = HotRequest._complete_list
 
 CALLS = ("Waitall", "Testall", "Waitany", "Testany", "Waitsome", "Testsome",
@@ -126,12 +126,14 @@ class _Split:
         for i in () if self.keep else indices:
             self.requests[i]._active = False
 
-    def settle(self, places):
+    def settle(self, places, tested=False):
         """Complete xhc's requests over MPI's that MPI completed (at PLACES
-        among THEIR_REQUESTS), unless KEEP."""
+        among THEIR_REQUESTS; TESTED: those of them whose Test() says so),
+        unless KEEP."""
         for j in () if self.keep else places:
             if j in self.wrapped:
-                self.wrapped[j]._complete()
+                req = self.wrapped[j]
+                req.Test() if tested else req._complete()
 
     def stale(self, count=None):
         """The places of xhc's requests over MPI's (the first COUNT) that
@@ -146,8 +148,10 @@ class _Split:
 
 def _completing(call, complete_ours):
     """CALL(), MPI's completion call; if it raises MPI.ERR_IN_STATUS, MPI
-    completed what it was given, one request or more with an error in
-    its status, so xhc's complete too (COMPLETE_OURS) before it raises."""
+    completed one request or more with an error in its status (Open MPI
+    5 may leave the others pending), so xhc's complete too
+    (COMPLETE_OURS: those over MPI's as their Test() finds them) before
+    it raises."""
     try:
         return call()
     except MPI.Exception as exc:
@@ -166,15 +170,23 @@ def _all(requests, statuses, mpi_all, keep=False):
         return False, None
     filled = 0 if statuses is None else min(len(statuses), n)
 
-    def complete_ours():
+    def complete_ours(tested=False):
         split.complete(split.mine)
-        split.settle(range(len(split.theirs)))
+        split.settle(range(len(split.theirs)), tested)
         for i in split.mine:
             if i < filled:
                 fill_empty(statuses[i], error=True)
-    flag, objs = _completing(lambda: mpi_all(
-        split.their_requests, None if statuses is None else
-        [statuses[i] for i in split.theirs if i < filled]), complete_ours)
+    try:
+        flag, objs = _completing(lambda: mpi_all(
+            split.their_requests, None if statuses is None else
+            [statuses[i] for i in split.theirs if i < filled]),
+            lambda: complete_ours(tested=True))
+    except MPI.Exception:
+        raise
+    except BaseException:  # a signal handler's, as MPI's call returned
+        if not keep:  # as a list with no statuses (_complete_list)
+            _settle(split.requests)
+        raise
     if not flag:
         return False, None
     complete_ours()
@@ -244,29 +256,29 @@ def _whole(requests, statuses, mpi_all):
 
 def _list_failed(requests, exc):
     """MPI's call on those of REQUESTS (xhc's, and perhaps mpi4py's, as
-    _complete_list had them) that go to MPI raised EXC: with
-    MPI.ERR_IN_STATUS, MPI completed them all, so xhc's complete too
-    (as _completing); a signal handler's, as MPI's call returned,
-    completes what MPI completed (_settle)."""
-    if not isinstance(exc, MPI.Exception):
+    _complete_list had them) that go to MPI raised EXC: a signal
+    handler's, as MPI's call returned, or MPI.ERR_IN_STATUS, for which
+    MPI completed one request or more (Open MPI 5 leaves the others
+    pending), completes what MPI completed (_settle)."""
+    if not isinstance(exc, MPI.Exception) or \
+            exc.Get_error_class() == MPI.ERR_IN_STATUS:
         _settle(requests)
-    elif exc.Get_error_class() == MPI.ERR_IN_STATUS:
-        _complete_all(requests)
 
 
 def _complete_all(requests):
     """MPI's call done on those of REQUESTS (_list_failed's) that go to
     MPI: all complete, in C but for the copies to write back."""
-    for req in _completeall(requests, True):
+    for req in _complete_after(requests) or ():  # () for mpi4py's alone
         req._complete()
 
 
 def _settle(requests):
-    """After a signal handler's exception out of MPI's call on those of
-    REQUESTS (xhc's, and perhaps mpi4py's) that go to MPI: each of xhc's
-    over MPI's that MPI has completed (its Test() says so, as of one
-    Waitall completed) completes, its copies written back; if all have,
-    xhc's others too.  mpi4py's are MPI's to say."""
+    """After a signal handler's exception (or MPI.ERR_IN_STATUS) out of
+    MPI's call on those of REQUESTS (xhc's, and perhaps mpi4py's) that
+    go to MPI: each of xhc's over MPI's that MPI has completed (its
+    Test() says so, as of one Waitall completed) completes, its copies
+    written back; if all have, xhc's others too.  mpi4py's are MPI's to
+    say."""
     pending = False
     for req in requests:
         if isinstance(req, HotRequest) and req._active and \

@@ -182,35 +182,35 @@ class Request(HotRequest):
     @staticmethod
     def Startall(requests):
         """Start every request, in order; none if one cannot start (not a
-        persistent request, one of xhc's that is active or freed, or one
-        of xhc's twice), as MPI checks the list first.  One that
-        XHC_DEBUG checks is left to its Start(), which compares first, and
-        raises on every rank.  A signal handler's exception out of one
-        Start(), whose collective completed, comes once the rest have
-        started.  A list that every Start() would run in C starts there,
-        and one that every Start() takes straight to MPI's request in one
-        MPI call (xhc/_hot_request.c, 6.); so does the first kind mixed
-        with mpi4py's persistent requests, which start first, in one MPI
-        call (7.)."""
+        persistent request, such as a generalized one, one of xhc's that
+        is active or freed, or one twice), as MPI checks the list first.
+        One that XHC_DEBUG checks is left to its Start(), which compares
+        first, and raises on every rank.  A signal handler's exception
+        out of one Start(), whose collective completed, comes once the
+        rest have started.  A list that every Start() would run in C
+        starts there, and one that every Start() takes straight to MPI's
+        request in one MPI call (xhc/_hot_request.c, 6.); so does the
+        first kind mixed with mpi4py's persistent requests, which start
+        first, in one MPI call (7.)."""
         if _startall(requests):
             return None
         requests = list(requests)
         mpis = 0  # MPI's own requests
         seen = set()
         for req in requests:
+            if id(req) in seen:
+                raise MPIRequestError(
+                    f"Startall: {getattr(req, '_what', 'a request')}: the "
+                    "request is in the list twice; pass each once")
+            seen.add(id(req))
             if isinstance(req, Request):
                 if req._before_start is None and (req._active or
                                                   req._call is None):
                     why = ("request already freed" if req._call is None
                            else "an active request; complete it first")
                     raise MPIRequestError(f"Startall: {req._what}: {why}")
-                if id(req) in seen:
-                    raise MPIRequestError(
-                        f"Startall: {req._what}: the request is in the list "
-                        "twice; pass each once")
-                seen.add(id(req))
             elif isinstance(req, MPI.Request):
-                if getattr(req, "Start", None) is None or \
+                if not isinstance(req, MPI.Prequest) or \
                         req == MPI.REQUEST_NULL:
                     raise MPIRequestError(
                         "Startall: MPI.REQUEST_NULL or a request that is not "

@@ -723,14 +723,20 @@ def mixed_lists(v, xcomm, comm):
     nulls = comm.Send_init(sent, dest=rank, tag=12)
     nulls.Free()
     pending = comm.Isend(sent, dest=rank, tag=13)
+    general = MPI.Grequest.Start(lambda status: None, None, None)
     for what, odd in (("MPI.REQUEST_NULL", nulls),
-                      ("a request that is not persistent", pending)):
+                      ("a request that is not persistent", pending),
+                      ("a generalized request", general),
+                      ("one of mpi4py's twice", theirs[0])):
         v.case(f"mixed Startall refuses {what}",
                raises(xhc.XhcError, xhc.Request.Startall,
                       [mine[2], odd, theirs[0]]) or (
-                   "it started xhc's" if mine[2]._active else None))
+                   "it started xhc's" if mine[2]._active else None) or (
+                   None if theirs[0].Get_status() else "it started mpi4py's"))
     comm.Recv(np.zeros(3), source=rank, tag=13)
     pending.Wait()
+    general.Complete()
+    general.Wait()
     for req in mine + theirs:
         req.Free()
 

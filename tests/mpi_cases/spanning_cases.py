@@ -122,6 +122,7 @@ def lone_requests(xcomm, comm, v):
            else "the request is active")
     lone_straight_lists(xcomm, v, cases, reqs)
     lone_mixed_lists(comm, v, cases, reqs)
+    lone_error_in_status(xcomm, comm, v)
     lone_waitall_interrupted(xcomm, comm, v)
     lone_startall_interrupted(xcomm, comm, v)
     for req in reqs:
@@ -270,6 +271,44 @@ def lone_mixed_lists(comm, v, cases, reqs):
                f"active: {[r._active for r in reqs]}")
     for req in ring:
         req.Free()
+
+
+def lone_error_in_status(xcomm, comm, v):
+    """A Waitall (with no statuses, and with them) of an Allreduce over
+    MPI's and a receive of mpi4py's that a longer message truncates, on
+    rank 0, while rank 1 comes to the Allreduce late: MPI raises
+    MPI.ERR_IN_STATUS at the receive's error and (Open MPI 5) leaves the
+    Allreduce pending, which stays active, not completed with stale
+    copies, for a Wait() that gives the sum; the next round starts."""
+    n, rank = comm.size, comm.rank
+    total = np.zeros(4)
+    req = xcomm.Allreduce_init(MPI.IN_PLACE, total)
+    small = np.zeros(1)
+    recv = comm.Recv_init(small, source=1, tag=31) if rank == 0 else None
+    for step, statuses in enumerate((None, [])):
+        total[:] = rank + 1.0
+        xhc.Request.Startall([req] + ([recv] if recv else []))
+        if rank == 1:
+            comm.Send(np.full(3, 5.0), dest=0, tag=31)  # truncates
+            time.sleep(0.3)  # late to the Allreduce
+        try:
+            xhc.Request.Waitall([recv, req] if recv else [req], statuses)
+            err = None
+        except MPI.Exception as exc:
+            err = exc.Get_error_class()
+        held = req._active or req._mpi.Get_status()
+        if req._active:
+            req.Wait()
+        v.case(f"lone: ERR_IN_STATUS #{step}: raised on rank 0 alone",
+               None if (err == MPI.ERR_IN_STATUS) == (rank == 0) else
+               f"got {err}")
+        v.case(f"lone: ERR_IN_STATUS #{step}: no request completed before "
+               "MPI's", None if held else "inactive while MPI's is pending")
+        v.case(f"lone: ERR_IN_STATUS #{step}: the sum after Wait()", None
+               if np.all(total == n * (n + 1) / 2) else f"got {total}")
+    req.Free()
+    if recv:
+        recv.Free()
 
 
 def _some_until_done(wait_some):
