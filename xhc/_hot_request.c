@@ -31,11 +31,12 @@
  *    check it and say why.
  * 7. So do lists that mix them with mpi4py's requests, as a halo
  *    exchange and a reduction started together (or hold mpi4py's
- *    alone): Startall starts mpi4py's persistent ones (none
- *    MPI.REQUEST_NULL, none twice) in one MPI call first, so that their
- *    messages move while xhc's collectives run, then each of xhc's in
- *    C; Waitall and Testall give mpi4py's requests with MPI's of xhc's
- *    active over them, for one MPI call.
+ *    alone): Startall starts them in order from here, xhc's in C and
+ *    mpi4py's persistent ones (none MPI.REQUEST_NULL, none twice) by
+ *    their own Start(), so that receives the list puts first are posted
+ *    before xhc's collectives run, and sends it puts after them go once
+ *    those are done; Waitall and Testall give mpi4py's requests with
+ *    MPI's of xhc's active over them, for one MPI call.
  */
 #include "_hot.h" /* Python.h first */
 
@@ -46,8 +47,8 @@ static PyTypeObject *hot_comm_type;  /* HotComm, which requests bind to */
 static PyTypeObject *hot_request_type;  /* HotRequest */
 static PyObject *mpi_request_type;   /* MPI.Request, once _list_calls */
 static PyObject *mpi_prequest_type;  /* MPI.Prequest */
-static PyObject *mpi_startall;       /* MPI.Prequest.Startall */
 static PyObject *mpi_waitall;        /* MPI.Request.Waitall */
+static PyObject *start_name;         /* "Start" */
 static PyObject *list_failed;        /* completion._list_failed */
 
 /* A persistent collective (xhc/requests.py's Request derives from it):
@@ -80,6 +81,13 @@ typedef struct {
     char writes_back;        /* ... and whose completion stores copies */
     char seen;               /* in the list Startall checks (6.) */
 } HotRequest;
+
+/* OBJ, a new reference (Py_NewRef is Python 3.10's). */
+static PyObject *new_ref(PyObject *obj)
+{
+    Py_INCREF(obj);
+    return obj;
+}
 
 /* Is R over a request of MPI's (5.)? */
 static int over_mpi(const HotRequest *r)
@@ -359,46 +367,58 @@ static enum list_kind kind_of(PyObject *const *items, Py_ssize_t n)
     return kind;
 }
 
-/* Start xhc's of the N requests ITEMS one by one in C (mpi4py's are
- * started already: 7.).  As Request.Startall, a signal handler's
- * exception out of one Start() (whose collective completed) comes once
- * the rest have started (*HELD then set), and leaves every one inactive,
- * as the Waitall after would; any other error stops the list where it
- * came. */
-static PyObject *start_each(PyObject *const *items, Py_ssize_t n, int *held)
+/* Start R (Start(), in C).  A signal handler's exception out of it,
+ * whose collective completed, is held in HELD (type, value, traceback),
+ * the list's first, so that the rest start; -1 on any other error. */
+static int start_holding(HotRequest *r, PyObject *held[3])
 {
-    PyObject *type = NULL, *value = NULL, *tb = NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        HotRequest *r = as_request(items[i]);
-        if (!r)
-            continue;
-        PyObject *got = req_start(r, NULL);
-        if (got) {
-            Py_DECREF(got);
-        } else if (!type && r->interrupted) {
-            PyErr_Fetch(&type, &value, &tb);  /* held: start the rest */
-        } else {
-            Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
-            return NULL;
-        }
+    PyObject *got = req_start(r, NULL);
+    if (got) {
+        Py_DECREF(got);
+        return 0;
     }
-    if (!type)
-        Py_RETURN_TRUE;
+    if (held[0] || !r->interrupted)
+        return -1;
+    PyErr_Fetch(&held[0], &held[1], &held[2]);
+    return 0;
+}
+
+/* NULL: HELD's exception raised (HELD then empty), xhc's of the N
+ * requests ITEMS left inactive, as the Waitall after would leave them
+ * (Request.Startall). */
+static PyObject *raise_held(PyObject *const *items, Py_ssize_t n,
+                            PyObject *held[3])
+{
     for (Py_ssize_t i = 0; i < n; i++) {
         HotRequest *r = as_request(items[i]);
         if (r)
             r->active = 0;
     }
-    *held = 1;
-    PyErr_Restore(type, value, tb);
+    PyErr_Restore(held[0], held[1], held[2]);
+    held[0] = held[1] = held[2] = NULL;
     return NULL;
 }
 
-/* OBJ, a new reference (Py_NewRef is Python 3.10's). */
-static PyObject *new_ref(PyObject *obj)
+/* Let go of HELD (an error since says more). */
+static void drop_held(PyObject *held[3])
 {
-    Py_INCREF(obj);
-    return obj;
+    Py_XDECREF(held[0]), Py_XDECREF(held[1]), Py_XDECREF(held[2]);
+}
+
+/* Start the N requests ITEMS (IN_C) one by one in C.  As
+ * Request.Startall, a signal handler's exception out of one Start()
+ * comes once the rest have started (start_holding); any other error
+ * stops the list where it came. */
+static PyObject *start_each(PyObject *const *items, Py_ssize_t n)
+{
+    PyObject *held[3] = {NULL, NULL, NULL};
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (start_holding((HotRequest *)items[i], held) < 0) {
+            drop_held(held);
+            return NULL;
+        }
+    }
+    return held[0] ? raise_held(items, n, held) : new_ref(Py_True);
 }
 
 /* MPI's request of R, which the caller found there. */
@@ -443,55 +463,55 @@ static PyObject *start_in_one_call(PyObject *const *items, Py_ssize_t n)
     Py_RETURN_TRUE;
 }
 
-/* mpi4py's requests of the N requests ITEMS, in a new list; NULL, with
- * no error set, if a collection's Python run as the list was made left
- * ITEMS no longer WITH_THEIRS. */
+/* mpi4py's requests of the N requests ITEMS, in a new list. */
 static PyObject *theirs_of(PyObject *const *items, Py_ssize_t n)
 {
     Py_ssize_t count = 0;
     for (Py_ssize_t i = 0; i < n; i++)
         count += !as_request(items[i]);
     PyObject *theirs = PyList_New(count);
-    if (!theirs)
-        return NULL;
-    if (kind_of(items, n) != WITH_THEIRS) {
-        Py_DECREF(theirs);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0, k = 0; i < n; i++)
+    for (Py_ssize_t i = 0, k = 0; theirs && i < n; i++)
         if (!as_request(items[i]))
             PyList_SET_ITEM(theirs, k++, new_ref(items[i]));
     return theirs;
 }
 
-/* Start the N requests ITEMS (WITH_THEIRS, 7.): mpi4py's in one call of
- * MPI's Startall (if it raises, none of xhc's starts), then xhc's, as
- * start_each.  A signal handler's exception held there comes once
- * mpi4py's are completed too, as Request.Startall leaves them.  False,
- * starting none, if a collection changed the list's kind. */
-static PyObject *start_with_theirs(PyObject *const *items, Py_ssize_t n)
+/* NULL: HELD's exception raised once MPI has completed mpi4py's of the
+ * N requests ITEMS, and xhc's are inactive (raise_held), as
+ * Request.Startall leaves them; or MPI's error, which says more. */
+static PyObject *complete_theirs_then_raise(PyObject *const *items,
+                                            Py_ssize_t n, PyObject *held[3])
 {
     PyObject *theirs = theirs_of(items, n);
-    if (!theirs)
-        return PyErr_Occurred() ? NULL : new_ref(Py_False);
-    PyObject *res = PyObject_CallOneArg(mpi_startall, theirs);
-    int held = 0;
-    if (res) {
-        Py_DECREF(res);
-        res = start_each(items, n, &held);
+    PyObject *done = theirs ? PyObject_CallOneArg(mpi_waitall, theirs)
+                            : NULL;
+    Py_XDECREF(theirs);
+    if (!done)
+        return NULL;
+    Py_DECREF(done);
+    return raise_held(items, n, held);
+}
+
+/* Start the N requests ITEMS (WITH_THEIRS, 7.) in order, each in C: xhc's
+ * as start_each, mpi4py's by their own Start() (MPI's Startall of one
+ * costs more).  A signal handler's exception held comes once the rest
+ * have started and mpi4py's are completed too; any other error stops
+ * the list where it came. */
+static PyObject *start_with_theirs(PyObject *const *items, Py_ssize_t n)
+{
+    PyObject *held[3] = {NULL, NULL, NULL};
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
+        HotRequest *r = as_request(items[i]);
+        PyObject *res = r ? NULL
+                          : PyObject_CallMethodNoArgs(items[i], start_name);
+        rc = r ? start_holding(r, held) : res ? 0 : -1;
+        Py_XDECREF(res);
     }
-    if (held) {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyObject *done = PyObject_CallOneArg(mpi_waitall, theirs);
-        if (done) {  /* else MPI's error, which says more */
-            Py_DECREF(done);
-            PyErr_Restore(type, value, tb);
-        } else {
-            Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
-        }
-    }
-    Py_DECREF(theirs);
+    PyObject *res = rc < 0    ? NULL
+                    : held[0] ? complete_theirs_then_raise(items, n, held)
+                              : new_ref(Py_True);
+    drop_held(held);  /* an error stopped the list, or MPI's Waitall */
     return res;
 }
 
@@ -509,8 +529,7 @@ static PyObject *req_startall(PyObject *unused, PyObject *requests)
     Py_ssize_t n = PyTuple_GET_SIZE(held);
     PyObject *const *items = &PyTuple_GET_ITEM(held, 0);
     enum list_kind kind = n ? kind_of(items, n) : BY_PYTHON;
-    int interrupted = 0;
-    PyObject *res = kind == IN_C ? start_each(items, n, &interrupted)
+    PyObject *res = kind == IN_C ? start_each(items, n)
                     : kind == ONE_MPI_CALL ? start_in_one_call(items, n)
                     : kind == WITH_THEIRS ? start_with_theirs(items, n)
                     : new_ref(Py_False);
@@ -714,16 +733,14 @@ static PyObject *req_list_calls(PyObject *unused, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!O!O", &PyType_Type, &request,
                           &PyType_Type, &prequest, &failed))
         return NULL;
-    PyObject *startall = PyObject_GetAttrString(prequest, "Startall");
-    PyObject *waitall = PyObject_GetAttrString(request, "Waitall");
-    if (!startall || !waitall) {
-        Py_XDECREF(startall), Py_XDECREF(waitall);
+    if (!start_name && !(start_name = PyUnicode_InternFromString("Start")))
         return NULL;
-    }
+    PyObject *waitall = PyObject_GetAttrString(request, "Waitall");
+    if (!waitall)
+        return NULL;
     Py_INCREF(request), Py_INCREF(prequest);
     Py_XSETREF(mpi_request_type, request);
     Py_XSETREF(mpi_prequest_type, prequest);
-    Py_XSETREF(mpi_startall, startall);
     Py_XSETREF(mpi_waitall, waitall);
     Py_INCREF(failed);
     Py_XSETREF(list_failed, failed);

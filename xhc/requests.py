@@ -190,8 +190,7 @@ class Request(HotRequest):
         rest have started.  A list that every Start() would run in C
         starts there, and one that every Start() takes straight to MPI's
         request in one MPI call (xhc/_hot_request.c, 6.); so does the
-        first kind mixed with mpi4py's persistent requests, which start
-        first, in one MPI call (7.)."""
+        first kind mixed with mpi4py's persistent requests (7.)."""
         if _startall(requests):
             return None
         requests = list(requests)
