@@ -30,13 +30,13 @@
  *    other list goes to xhc/requests.py and xhc/completion.py, which
  *    check it and say why.
  * 7. So do lists that mix them with mpi4py's requests, as a halo
- *    exchange and a reduction started together (or hold mpi4py's
- *    alone): Startall starts them in order from here, xhc's in C and
- *    mpi4py's persistent ones (none MPI.REQUEST_NULL, none twice) by
- *    their own Start(), so that receives the list puts first are posted
- *    before xhc's collectives run, and sends it puts after them go once
- *    those are done; Waitall and Testall give mpi4py's requests with
- *    MPI's of xhc's active over them, for one MPI call.
+ *    exchange and a reduction started together: Startall starts a list
+ *    of up to FEW_THEIRS in order from here, xhc's in C and mpi4py's
+ *    persistent ones (none MPI.REQUEST_NULL, none twice) by their own
+ *    Start(), so that receives the list puts first are posted before
+ *    xhc's collectives run, and sends it puts after them go once those
+ *    are done; Waitall and Testall give mpi4py's requests with MPI's of
+ *    xhc's active over them, for one MPI call.
  */
 #include "_hot.h" /* Python.h first */
 
@@ -323,18 +323,22 @@ static enum list_kind item_kind(PyObject *item, const HotRequest *first,
     return mixes ? WITH_THEIRS : BY_PYTHON;
 }
 
-/* Is one of mpi4py's requests among the N requests ITEMS twice?  (One
- * of xhc's twice is marked seen.)  Asked of a list of few. */
-static int theirs_twice(PyObject *const *items, Py_ssize_t n)
+/* Do the N requests ITEMS mix (one of xhc's or more), with none of
+ * mpi4py's twice (one of xhc's twice is marked seen)?  Asked of a list
+ * of few; one of mpi4py's alone goes to MPI's Startall whole. */
+static int mixes_once(PyObject *const *items, Py_ssize_t n)
 {
+    int mine = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (as_request(items[i]))
+        if (as_request(items[i])) {
+            mine = 1;
             continue;
+        }
         for (Py_ssize_t j = i + 1; j < n; j++)
             if (items[j] == items[i])
-                return 1;
+                return 0;
     }
-    return 0;
+    return mine;
 }
 
 /* Lists longer than this go to Python, which checks them in one pass. */
@@ -342,8 +346,8 @@ static int theirs_twice(PyObject *const *items, Py_ssize_t n)
 
 /* How Startall can take the N requests ITEMS: IN_C if every Start() runs
  * in C; ONE_MPI_CALL if all join one MPI call; WITH_THEIRS if some are
- * mpi4py's (none twice), the rest IN_C; else BY_PYTHON, as for one of
- * xhc's twice. */
+ * mpi4py's (none twice), the rest (one or more) IN_C, FEW_THEIRS in
+ * all at most; else BY_PYTHON, as for one of xhc's twice. */
 static enum list_kind kind_of(PyObject *const *items, Py_ssize_t n)
 {
     enum list_kind kind = BY_PYTHON;
@@ -362,14 +366,15 @@ static enum list_kind kind_of(PyObject *const *items, Py_ssize_t n)
         if (r)
             r->seen = 0;
     }
-    if (kind == WITH_THEIRS && (n > FEW_THEIRS || theirs_twice(items, n)))
+    if (kind == WITH_THEIRS && (n > FEW_THEIRS || !mixes_once(items, n)))
         return BY_PYTHON;
     return kind;
 }
 
 /* Start R (Start(), in C).  A signal handler's exception out of it,
  * whose collective completed, is held in HELD (type, value, traceback),
- * the list's first, so that the rest start; -1 on any other error. */
+ * so that the rest start: the list's first (a second one is dropped, as
+ * Request.Startall drops it); -1 on any other error. */
 static int start_holding(HotRequest *r, PyObject *held[3])
 {
     PyObject *got = req_start(r, NULL);
@@ -377,15 +382,21 @@ static int start_holding(HotRequest *r, PyObject *held[3])
         Py_DECREF(got);
         return 0;
     }
-    if (held[0] || !r->interrupted)
+    if (!r->interrupted)
         return -1;
+    if (held[0]) {
+        PyErr_Clear();
+        return 0;
+    }
     PyErr_Fetch(&held[0], &held[1], &held[2]);
+    PyErr_NormalizeException(&held[0], &held[1], &held[2]);
     return 0;
 }
 
 /* NULL: HELD's exception raised (HELD then empty), xhc's of the N
  * requests ITEMS left inactive, as the Waitall after would leave them
- * (Request.Startall). */
+ * (Request.Startall).  With an error set already (MPI's, completing
+ * mpi4py's), that one, HELD's its context. */
 static PyObject *raise_held(PyObject *const *items, Py_ssize_t n,
                             PyObject *held[3])
 {
@@ -394,7 +405,17 @@ static PyObject *raise_held(PyObject *const *items, Py_ssize_t n,
         if (r)
             r->active = 0;
     }
-    PyErr_Restore(held[0], held[1], held[2]);
+    if (PyErr_Occurred()) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (held[1])
+            PyException_SetContext(value, new_ref(held[1]));
+        PyErr_Restore(type, value, tb);
+        Py_XDECREF(held[0]), Py_XDECREF(held[1]), Py_XDECREF(held[2]);
+    } else {
+        PyErr_Restore(held[0], held[1], held[2]);
+    }
     held[0] = held[1] = held[2] = NULL;
     return NULL;
 }
@@ -478,7 +499,7 @@ static PyObject *theirs_of(PyObject *const *items, Py_ssize_t n)
 
 /* NULL: HELD's exception raised once MPI has completed mpi4py's of the
  * N requests ITEMS, and xhc's are inactive (raise_held), as
- * Request.Startall leaves them; or MPI's error, which says more. */
+ * Request.Startall leaves them; or MPI's error, HELD's its context. */
 static PyObject *complete_theirs_then_raise(PyObject *const *items,
                                             Py_ssize_t n, PyObject *held[3])
 {
@@ -486,9 +507,7 @@ static PyObject *complete_theirs_then_raise(PyObject *const *items,
     PyObject *done = theirs ? PyObject_CallOneArg(mpi_waitall, theirs)
                             : NULL;
     Py_XDECREF(theirs);
-    if (!done)
-        return NULL;
-    Py_DECREF(done);
+    Py_XDECREF(done);
     return raise_held(items, n, held);
 }
 
@@ -511,7 +530,7 @@ static PyObject *start_with_theirs(PyObject *const *items, Py_ssize_t n)
     PyObject *res = rc < 0    ? NULL
                     : held[0] ? complete_theirs_then_raise(items, n, held)
                               : new_ref(Py_True);
-    drop_held(held);  /* an error stopped the list, or MPI's Waitall */
+    drop_held(held);  /* an error stopped the list */
     return res;
 }
 
@@ -635,20 +654,6 @@ static PyObject *complete_known(PyObject *requests, int after,
     items = &PyTuple_GET_ITEM(*held, 0);
     return all_known(items, n) ? complete_uncounted(items, n, after)
                                : new_ref(other);
-}
-
-/* _complete_after(requests): MPI's call done on the requests of the list
- * (or tuple) REQUESTS that go to it (xhc's over MPI's, and mpi4py's, 6.
- * and 7.): xhc's complete and inactive but those over MPI's that write
- * copies back, whose list it gives, for their _complete(); False, with
- * none touched, for a list all_known refuses. */
-static PyObject *req_complete_after(PyObject *unused, PyObject *requests)
-{
-    (void)unused;
-    PyObject *held;
-    PyObject *res = complete_known(requests, 1, Py_False, &held);
-    Py_XDECREF(held);
-    return res;
 }
 
 /* MPI_ALL's answer DONE for the N requests ITEMS it was given the MPI
@@ -775,9 +780,6 @@ static PyMethodDef req_methods[] = {
      "Start a list of requests that Start() runs in C (with mpi4py's\n"
      "persistent ones, perhaps), or of requests over MPI's that go\n"
      "straight to it; else False, starting none."},
-    {"_complete_after", (PyCFunction)req_complete_after, METH_O | METH_STATIC,
-     "Complete xhc's requests of a list once MPI's call completed those\n"
-     "that go to it; give those that write copies back; else False."},
     {"_complete_list", (PyCFunction)(void (*)(void))req_complete_list,
      METH_FASTCALL | METH_STATIC,
      "Waitall or Testall, with no statuses, of a list of xhc's requests\n"

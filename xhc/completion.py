@@ -33,7 +33,6 @@ from mpi4py import MPI
 
 from ._hot import HotRequest
 
-_complete_after = HotRequest._complete_after
 _complete_list = HotRequest._complete_list
 
 CALLS = ("Waitall", "Testall", "Waitany", "Testany", "Waitsome", "Testsome",
@@ -265,30 +264,19 @@ def _list_failed(requests, exc):
         _settle(requests)
 
 
-def _complete_all(requests):
-    """MPI's call done on those of REQUESTS (_list_failed's) that go to
-    MPI: all complete, in C but for the copies to write back."""
-    for req in _complete_after(requests) or ():  # () for mpi4py's alone
-        req._complete()
-
-
 def _settle(requests):
     """After a signal handler's exception (or MPI.ERR_IN_STATUS) out of
     MPI's call on those of REQUESTS (xhc's, and perhaps mpi4py's) that
     go to MPI: each of xhc's over MPI's that MPI has completed (its
     Test() says so, as of one Waitall completed) completes, its copies
-    written back; if all have, xhc's others too.  mpi4py's are MPI's to
-    say."""
-    pending = False
+    written back; the others stay active, for a Wait().  xhc's others
+    complete (1.); mpi4py's are MPI's to say."""
     for req in requests:
-        if isinstance(req, HotRequest) and req._active and \
-                req._mpi is not None:
-            if req._mpi.Test():
-                req._complete()
+        if isinstance(req, HotRequest) and req._active:
+            if req._mpi is not None:
+                req.Test()
             else:
-                pending = True
-    if not pending:
-        _complete_all(requests)
+                req._active = False
 
 
 def _complete_all_call(name):

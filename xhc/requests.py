@@ -227,13 +227,13 @@ class Request(HotRequest):
             except BaseException as exc:
                 # A signal handler's, as this one's collective completed
                 # or (over MPI's) as MPI's request started: start the
-                # rest first.
+                # rest first (a second such is dropped: the first says).
                 over = isinstance(req, Request) and req._active and \
                     req._mpi is not None
-                if held is not None or not (
-                        over or getattr(req, "_interrupted", False)):
+                if not (over or getattr(req, "_interrupted", False)):
                     raise
-                held, running = exc, over
+                held = exc if held is None else held
+                running = running or over
         if running:
             raise held  # all active, as after MPI's Startall: Waitall
         if held is not None:

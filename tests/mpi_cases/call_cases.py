@@ -737,8 +737,27 @@ def mixed_lists(v, xcomm, comm):
     pending.Wait()
     general.Complete()
     general.Wait()
+    if OPEN_MPI:  # MPICH's Startall frees an active request
+        theirs_alone_whole(v, comm)
     for req in mine + theirs:
         req.Free()
+
+
+def theirs_alone_whole(v, comm):
+    """A list of mpi4py's requests alone goes to MPI's Startall whole:
+    with an active one last, it raises and starts none, as MPI's."""
+    rank = comm.rank
+    recv = comm.Recv_init(np.zeros(3), source=rank, tag=14)
+    send = comm.Send_init(np.ones(3), dest=rank, tag=14)
+    recv.Start()
+    v.case("Startall of mpi4py's alone, one active, raises MPI's error",
+           raises(MPI.Exception, xhc.Request.Startall, [send, recv]))
+    v.case("... starting none of them", None if not recv.Get_status()
+           else "the send before it started")
+    send.Start()
+    MPI.Request.Waitall([recv, send])
+    recv.Free()
+    send.Free()
 
 
 def mixed_waits(v, comm, reqs, wait_all, name):

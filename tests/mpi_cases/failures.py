@@ -1641,6 +1641,8 @@ def suite_free_busy(xc):
     interrupted_start(xc, False)
     interrupted_start(xc, True)
     interrupted_start(xc, "mixed")
+    for path in ("C", "Python"):
+        interrupted_twice(xc, path)
     for kind in ("allreduce", "reduce", "bcast"):
         interrupted_object_call(xc, kind)
     for kept in (False, True):
@@ -1654,6 +1656,70 @@ class _Alarm(Exception):
 
 def _raise_alarm(signum, frame):
     raise _Alarm
+
+
+def interrupted_twice(xc, path):
+    """Two signal handler exceptions in one Startall on rank 0, of a list
+    of mpi4py's receive and send around three Allreduce requests, two of
+    which rank 1 comes to late (PATH: the list as it is, which C starts,
+    or an iterator, which Python starts): the first is raised, the
+    second dropped, and every request starts all the same, so the next
+    step's results are right.  The second stopped the list: rank 0 left
+    the last Allreduce unstarted, and the next step paired its first
+    with its peer's last."""
+    c = xc.Dup()
+    sends, recvs = np.zeros((3, 2)), np.zeros((3, 2))
+    reqs = [c.Allreduce_init(sends[k], recvs[k]) for k in range(3)]
+    got = np.zeros(3)
+    ring = [W.Recv_init(got, source=RANK, tag=6),
+            W.Send_init(np.ones(3), dest=RANK, tag=6)]
+    listed = [ring[0], *reqs, ring[1]]
+    raised, inside, caught, right = [0], [False], 0, 0
+
+    def handler(signum, frame):  # raises twice, in Startall alone
+        raised[0] += 1
+        if raised[0] == 2:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        if inside[0]:
+            raise _Alarm
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        for step in range(2):
+            sends[:] = 100 * step + 10 * np.arange(3)[:, None] + RANK
+            W.Barrier()
+            try:
+                if RANK == 1 and step == 0:  # late to the first two
+                    ring[0].Start()
+                    for req, late in zip(reqs, (0.3, 0.3, 0)):
+                        time.sleep(late)
+                        req.Start()
+                    ring[1].Start()
+                else:
+                    if RANK == 0 and step == 0:
+                        signal.setitimer(signal.ITIMER_REAL, 0.1, 0.3)
+                    inside[0] = True
+                    xhc.Request.Startall(listed if path == "C"
+                                         else iter(listed))
+            except _Alarm:
+                caught += 1
+            inside[0] = False
+            xhc.Request.Waitall(listed)
+            want = SIZE * (100 * step + 10 * np.arange(3)) + \
+                SIZE * (SIZE - 1) / 2
+            right += np.array_equal(recvs, np.repeat(want[:, None], 2, 1))
+    except Exception as exc:  # noqa: BLE001 -- reported
+        emit("START-TWICE", f"path={path}", f"rank={RANK}",
+             f"error={type(exc).__name__}")
+    else:
+        emit("START-TWICE", f"path={path}", f"rank={RANK}",
+             f"caught={caught}", f"right={right}",
+             f"alarms={raised[0]}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    for req in reqs + ring:
+        req.Free()
+    c.free()
 
 
 def interrupted_object_call(xc, kind):
@@ -1733,8 +1799,8 @@ def interrupted_start(xc, startall, rounds=3):
     next Start() raised that it was.  With STARTALL, of two requests, the
     first interrupted: the second starts all the same, and both are left
     inactive (it was left unstarted, and the rounds after paired askew).
-    STARTALL "mixed" puts a persistent send and receive of mpi4py's to
-    this rank among them, which start first and are complete after."""
+    STARTALL "mixed" puts a persistent receive (first) and send (last)
+    of mpi4py's to this rank around them, which are complete after."""
     c = xc.Dup()
     sends, recvs = np.zeros((2, 4)), np.zeros((2, 4))
     reqs = [c.Allreduce_init(sends[k], recvs[k])
