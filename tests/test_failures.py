@@ -1514,14 +1514,17 @@ def test_an_interrupt_in_start_leaves_the_request_inactive(args2, startall):
 @pytest.mark.parametrize("path", ["C", "Python"])
 def test_a_second_interrupt_in_startall_starts_the_rest_too(args2, path):
     """Two signal handler exceptions in one Startall on rank 0 (of a
-    list that C starts, or Python): the first comes out, once every
-    request has started, and the next step's results are right."""
+    list that C starts, or Python): the first comes out, the second its
+    context, once every request has started, and the next step's
+    results are right."""
     check_completed(args2)
     rep = [kv for kv in args2.get("START-TWICE") if kv["path"] == path]
     assert sorted(int(kv["rank"]) for kv in rep) == [0, 1], args2.output()
     for kv in rep:
         assert kv.get("right") == "2", rep
         assert kv["caught"] == ("1" if kv["rank"] == "0" else "0"), rep
+        assert kv["context"] == ("_Alarm" if kv["rank"] == "0"
+                                 else "None"), rep
 
 
 @pytest.mark.parametrize("kind", ["allreduce", "reduce", "bcast"])

@@ -371,10 +371,38 @@ static enum list_kind kind_of(PyObject *const *items, Py_ssize_t n)
     return kind;
 }
 
+/* The error set, fetched into GOT (type, value with its traceback). */
+static void fetch_whole(PyObject *got[3])
+{
+    PyErr_Fetch(&got[0], &got[1], &got[2]);
+    PyErr_NormalizeException(&got[0], &got[1], &got[2]);
+    if (got[2])
+        PyException_SetTraceback(got[1], got[2]);
+}
+
+/* Of HELD and a second signal handler's exception NEXT, keep one in
+ * HELD, the other its context (if it has none): the first, unless NEXT
+ * alone is no Exception (a KeyboardInterrupt), as Request.Startall. */
+static void hold_one(PyObject *held[3], PyObject *next[3])
+{
+    if (!PyErr_GivenExceptionMatches(next[0], PyExc_Exception) &&
+        PyErr_GivenExceptionMatches(held[0], PyExc_Exception)) {
+        for (int i = 0; i < 3; i++) {
+            PyObject *t = held[i];
+            held[i] = next[i], next[i] = t;
+        }
+    }
+    PyObject *context = PyException_GetContext(held[1]);
+    if (!context)
+        PyException_SetContext(held[1], new_ref(next[1]));
+    Py_XDECREF(context);
+    Py_XDECREF(next[0]), Py_XDECREF(next[1]), Py_XDECREF(next[2]);
+}
+
 /* Start R (Start(), in C).  A signal handler's exception out of it,
  * whose collective completed, is held in HELD (type, value, traceback),
- * so that the rest start: the list's first (a second one is dropped, as
- * Request.Startall drops it); -1 on any other error. */
+ * so that the rest start (hold_one, for a second); -1 on any other
+ * error. */
 static int start_holding(HotRequest *r, PyObject *held[3])
 {
     PyObject *got = req_start(r, NULL);
@@ -384,12 +412,13 @@ static int start_holding(HotRequest *r, PyObject *held[3])
     }
     if (!r->interrupted)
         return -1;
-    if (held[0]) {
-        PyErr_Clear();
+    if (!held[0]) {
+        fetch_whole(held);
         return 0;
     }
-    PyErr_Fetch(&held[0], &held[1], &held[2]);
-    PyErr_NormalizeException(&held[0], &held[1], &held[2]);
+    PyObject *next[3];
+    fetch_whole(next);
+    hold_one(held, next);
     return 0;
 }
 

@@ -227,26 +227,32 @@ class Request(HotRequest):
             except BaseException as exc:
                 # A signal handler's, as this one's collective completed
                 # or (over MPI's) as MPI's request started: start the
-                # rest first (a second such is dropped: the first says).
+                # rest first (_held_one, for a second).
                 over = isinstance(req, Request) and req._active and \
                     req._mpi is not None
                 if not (over or getattr(req, "_interrupted", False)):
                     raise
-                held = exc if held is None else held
+                held = _held_one(held, exc)
                 running = running or over
         if running:
-            raise held  # all active, as after MPI's Startall: Waitall
+            raise held  # over MPI's active, as after MPI's Startall
         if held is not None:
             # Every request is complete, as the Waitall after would leave
             # it (see Start()): a loop that catches this starts them again.
             # mpi4py's are completed so, as their peers started them too.
-            MPI.Request.Waitall([req for req in requests
-                                 if not isinstance(req, Request)])
+            try:
+                MPI.Request.Waitall([req for req in requests
+                                     if not isinstance(req, Request)])
+            except BaseException as err:  # MPI's says more, HELD its context
+                err.__context__ = err.__context__ or held
+                raise
+            finally:
+                for req in requests:
+                    if isinstance(req, Request) and req._mpi is None:
+                        req._active = False
             for req in requests:
                 if isinstance(req, Request) and req._mpi is not None:
                     req.Wait()  # over MPI's: started, for MPI to complete
-                elif isinstance(req, Request):
-                    req._active = False
             raise held
 
 
@@ -361,6 +367,20 @@ class OnMPI(Request):
 # refuse these as "Cannot convert <type name> to mpi4py.MPI.Request": the
 # name says whose request it is, and so where its Startall and Waitall are.
 Request.__name__ = OverMPI.__name__ = OnMPI.__name__ = "xhc.Request"
+
+
+def _held_one(held, exc):
+    """Of HELD (or None) and a second signal handler's exception EXC out
+    of Startall's Start()s, the one to raise, the other its context (if it
+    has none): the first, unless EXC alone is no Exception (a
+    KeyboardInterrupt), as xhc/_hot_request.c's hold_one."""
+    if held is None:
+        return exc
+    if not isinstance(exc, Exception) and isinstance(held, Exception):
+        held, exc = exc, held
+    if held.__context__ is None:
+        held.__context__ = exc
+    return held
 
 
 def busy_error(what):

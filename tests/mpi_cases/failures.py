@@ -1663,8 +1663,8 @@ def interrupted_twice(xc, path):
     of mpi4py's receive and send around three Allreduce requests, two of
     which rank 1 comes to late (PATH: the list as it is, which C starts,
     or an iterator, which Python starts): the first is raised, the
-    second dropped, and every request starts all the same, so the next
-    step's results are right.  The second stopped the list: rank 0 left
+    second its context, and every request starts all the same, so the
+    next step's results are right.  The second stopped the list: rank 0 left
     the last Allreduce unstarted, and the next step paired its first
     with its peer's last."""
     c = xc.Dup()
@@ -1674,7 +1674,7 @@ def interrupted_twice(xc, path):
     ring = [W.Recv_init(got, source=RANK, tag=6),
             W.Send_init(np.ones(3), dest=RANK, tag=6)]
     listed = [ring[0], *reqs, ring[1]]
-    raised, inside, caught, right = [0], [False], 0, 0
+    raised, inside, caught, right, context = [0], [False], 0, 0, None
 
     def handler(signum, frame):  # raises twice, in Startall alone
         raised[0] += 1
@@ -1700,8 +1700,9 @@ def interrupted_twice(xc, path):
                     inside[0] = True
                     xhc.Request.Startall(listed if path == "C"
                                          else iter(listed))
-            except _Alarm:
+            except _Alarm as exc:
                 caught += 1
+                context = type(exc.__context__).__name__
             inside[0] = False
             xhc.Request.Waitall(listed)
             want = SIZE * (100 * step + 10 * np.arange(3)) + \
@@ -1713,7 +1714,7 @@ def interrupted_twice(xc, path):
     else:
         emit("START-TWICE", f"path={path}", f"rank={RANK}",
              f"caught={caught}", f"right={right}",
-             f"alarms={raised[0]}")
+             f"alarms={raised[0]}", f"context={context}")
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
