@@ -1658,6 +1658,28 @@ def _raise_alarm(signum, frame):
     raise _Alarm
 
 
+def _emit_outcome(tag, names, run):
+    """emit(TAG, *NAMES, and the fields RUN() gives, or the error it
+    raised)."""
+    try:
+        fields = run()
+    except Exception as exc:  # noqa: BLE001 -- reported
+        fields = (f"error={type(exc).__name__}",)
+    emit(tag, *names, *fields)
+
+
+@contextlib.contextmanager
+def _on_sigalrm(handler):
+    """HANDLER on SIGALRM within; after, the timer stopped and the handler
+    before back."""
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def interrupted_twice(xc, path):
     """Two signal handler exceptions in one Startall on rank 0, of a list
     of mpi4py's receive and send around three Allreduce requests, two of
@@ -1674,7 +1696,7 @@ def interrupted_twice(xc, path):
     ring = [W.Recv_init(got, source=RANK, tag=6),
             W.Send_init(np.ones(3), dest=RANK, tag=6)]
     listed = [ring[0], *reqs, ring[1]]
-    raised, inside, caught, right, context = [0], [False], 0, 0, None
+    raised, inside = [0], [False]
 
     def handler(signum, frame):  # raises twice, in Startall alone
         raised[0] += 1
@@ -1682,8 +1704,9 @@ def interrupted_twice(xc, path):
             signal.setitimer(signal.ITIMER_REAL, 0)
         if inside[0]:
             raise _Alarm
-    old = signal.signal(signal.SIGALRM, handler)
-    try:
+
+    def steps():
+        caught, right, context = 0, 0, None
         for step in range(2):
             sends[:] = 100 * step + 10 * np.arange(3)[:, None] + RANK
             W.Barrier()
@@ -1708,16 +1731,10 @@ def interrupted_twice(xc, path):
             want = SIZE * (100 * step + 10 * np.arange(3)) + \
                 SIZE * (SIZE - 1) / 2
             right += np.array_equal(recvs, np.repeat(want[:, None], 2, 1))
-    except Exception as exc:  # noqa: BLE001 -- reported
-        emit("START-TWICE", f"path={path}", f"rank={RANK}",
-             f"error={type(exc).__name__}")
-    else:
-        emit("START-TWICE", f"path={path}", f"rank={RANK}",
-             f"caught={caught}", f"right={right}",
-             f"alarms={raised[0]}", f"context={context}")
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        return (f"caught={caught}", f"right={right}",
+                f"alarms={raised[0]}", f"context={context}")
+    with _on_sigalrm(handler):
+        _emit_outcome("START-TWICE", (f"path={path}", f"rank={RANK}"), steps)
     for req in reqs + ring:
         req.Free()
     c.free()
@@ -1750,20 +1767,17 @@ def interrupted_object_call(xc, kind):
 def _alarmed_on_rank1(call):
     """CALL() on every rank, where a signal handler raises _Alarm on rank
     1 0.1 s in, and the others come 0.5 s late: what it raised there."""
-    old = signal.signal(signal.SIGALRM, _raise_alarm)
     W.Barrier()
     try:
-        if RANK == 1:
-            signal.setitimer(signal.ITIMER_REAL, 0.1)
-        else:
-            time.sleep(0.5)
-        call()
+        with _on_sigalrm(_raise_alarm):
+            if RANK == 1:
+                signal.setitimer(signal.ITIMER_REAL, 0.1)
+            else:
+                time.sleep(0.5)
+            call()
         return "None"
     except BaseException as exc:  # noqa: BLE001 -- reported
         return type(exc).__name__
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def interrupted_fallback(xc, kept):
@@ -1810,9 +1824,9 @@ def interrupted_start(xc, startall, rounds=3):
     theirs = [W.Recv_init(got, source=RANK, tag=5),
               W.Send_init(sent, dest=RANK, tag=5)]
     listed = [theirs[0], *reqs, theirs[1]] if startall == "mixed" else reqs
-    caught, right = 0, 0
-    old = signal.signal(signal.SIGALRM, _raise_alarm)
-    try:
+
+    def rounds_run():
+        caught, right = 0, 0
         for i in range(rounds):
             sends[:] = 10 * i + RANK + 100 * np.arange(2)[:, None]
             sent[:], got[:] = i + 1, 0
@@ -1830,21 +1844,17 @@ def interrupted_start(xc, startall, rounds=3):
                     reqs[0].Wait()
             except _Alarm:
                 caught += 1
-            want = SIZE * (10 * i + 100 * np.arange(2)) + SIZE * (SIZE - 1) / 2
+            want = SIZE * (10 * i + 100 * np.arange(2)) + \
+                SIZE * (SIZE - 1) / 2
             right += np.array_equal(recvs[:len(reqs)],
                                     np.repeat(want[:len(reqs), None], 4, 1)) \
                 and (listed is reqs or np.all(got == i + 1) and all(
                     MPI.Request.Get_status(r) for r in theirs))
-    except Exception as exc:  # noqa: BLE001 -- reported
-        emit("START-INTERRUPTED", f"all={startall}", f"rank={RANK}",
-             f"error={type(exc).__name__}")
-    else:
-        emit("START-INTERRUPTED", f"all={startall}", f"rank={RANK}",
-             f"caught={caught}", f"right={right}",
-             f"active={any(req._active for req in reqs)}")
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        return (f"caught={caught}", f"right={right}",
+                f"active={any(req._active for req in reqs)}")
+    with _on_sigalrm(_raise_alarm):
+        _emit_outcome("START-INTERRUPTED",
+                      (f"all={startall}", f"rank={RANK}"), rounds_run)
     for req in reqs + theirs:
         req.Free()
     c.free()
