@@ -31,12 +31,13 @@
  *    check it and say why.
  * 7. So do lists that mix them with mpi4py's requests, as a halo
  *    exchange and a reduction started together: Startall starts a list
- *    of up to FEW_THEIRS in order from here, xhc's in C and mpi4py's
- *    persistent ones (none MPI.REQUEST_NULL, none twice) by their own
- *    Start(), so that receives the list puts first are posted before
- *    xhc's collectives run, and sends it puts after them go once those
- *    are done; Waitall and Testall give mpi4py's requests with MPI's of
- *    xhc's active over them, for one MPI call.
+ *    of up to FEW_THEIRS in order from here, xhc's in C (those whose
+ *    Start() runs in C, or those over MPI's that go straight: not both)
+ *    and mpi4py's persistent ones (none MPI.REQUEST_NULL, none twice)
+ *    by their own Start(), so that receives the list puts first are
+ *    posted before xhc's collectives run, and sends it puts after them
+ *    go once those are done; Waitall and Testall give mpi4py's requests
+ *    with MPI's of xhc's active over them, for one MPI call.
  */
 #include "_hot.h" /* Python.h first */
 
@@ -295,32 +296,31 @@ static int starts_in_c(const HotRequest *r)
 /* How Startall can take a list (6., 7.). */
 enum list_kind { BY_PYTHON, IN_C, ONE_MPI_CALL, WITH_THEIRS };
 
-/* Could R start in one MPI call with FIRST, the list's first (NULL if
- * it is mpi4py's): inactive, over MPI's, going straight (5.), of FIRST's
- * open owner? */
-static int joins_one_call(const HotRequest *r, const HotRequest *first)
+/* Would Start() take R straight to MPI's request (5.), from C: inactive,
+ * over MPI's, going straight, of an open owner? */
+static int goes_straight(const HotRequest *r)
 {
-    return first && r->straight && over_mpi(r) && !r->active &&
-           !r->released && r->owner && !r->owner->closed &&
-           r->owner == first->owner;
+    return r->straight && over_mpi(r) && !r->active && !r->released &&
+           r->owner && !r->owner->closed;
 }
 
-/* How Startall can take ITEM, the list's FIRST before it being KIND. */
-static enum list_kind item_kind(PyObject *item, const HotRequest *first,
-                                enum list_kind kind)
+/* What an item brings to its list's kind (kind_of); 0: it goes to
+ * Python. */
+enum item_flag { STARTS_IN_C = 1, STRAIGHT = 2, THEIRS = 4, OTHER_OWNER = 8 };
+
+/* ITEM's flags, in a list whose first is FIRST (NULL if mpi4py's). */
+static int item_flags(PyObject *item, const HotRequest *first)
 {
     HotRequest *r = as_request(item);
-    enum list_kind k =
-        !r ? (starts_theirs(item) ? WITH_THEIRS : BY_PYTHON)
-        : r->seen ? BY_PYTHON
-        : starts_in_c(r) ? IN_C
-        : joins_one_call(r, first) ? ONE_MPI_CALL : BY_PYTHON;
-    if (kind == k || kind == BY_PYTHON)  /* BY_PYTHON: none before */
-        return k;
-    /* mpi4py's mix with requests that start in C, not over MPI's */
-    int mixes = (kind == IN_C || kind == WITH_THEIRS) &&
-                (k == IN_C || k == WITH_THEIRS);
-    return mixes ? WITH_THEIRS : BY_PYTHON;
+    if (!r)
+        return starts_theirs(item) ? THEIRS : 0;
+    if (r->seen)
+        return 0;
+    if (starts_in_c(r))
+        return STARTS_IN_C;
+    if (!goes_straight(r))
+        return 0;
+    return STRAIGHT | (first && r->owner == first->owner ? 0 : OTHER_OWNER);
 }
 
 /* Do the N requests ITEMS mix (one of xhc's or more), with none of
@@ -345,18 +345,24 @@ static int mixes_once(PyObject *const *items, Py_ssize_t n)
 #define FEW_THEIRS 64
 
 /* How Startall can take the N requests ITEMS: IN_C if every Start() runs
- * in C; ONE_MPI_CALL if all join one MPI call; WITH_THEIRS if some are
- * mpi4py's (none twice), the rest (one or more) IN_C, FEW_THEIRS in
- * all at most; else BY_PYTHON, as for one of xhc's twice. */
+ * in C; ONE_MPI_CALL if all go straight to MPI's, of one owner;
+ * WITH_THEIRS if some are mpi4py's (none twice), the rest (one or more)
+ * all of the first kind or all of the second, FEW_THEIRS in all at
+ * most; else BY_PYTHON, as for one of xhc's twice.  (A signal handler's
+ * exception held among the first kind leaves xhc's inactive, which
+ * those over MPI's must not be.) */
 static enum list_kind kind_of(PyObject *const *items, Py_ssize_t n)
 {
-    enum list_kind kind = BY_PYTHON;
-    HotRequest *first = as_request(items[0]);
+    const HotRequest *first = as_request(items[0]);
+    int flags = 0;
     Py_ssize_t i = 0;
     for (; i < n; i++) {
-        kind = item_kind(items[i], first, i ? kind : BY_PYTHON);
-        if (kind == BY_PYTHON)
+        int f = item_flags(items[i], first);
+        if (!f) {
+            flags = 0;
             break;
+        }
+        flags |= f;
         HotRequest *r = as_request(items[i]);
         if (r)
             r->seen = 1;
@@ -366,9 +372,13 @@ static enum list_kind kind_of(PyObject *const *items, Py_ssize_t n)
         if (r)
             r->seen = 0;
     }
-    if (kind == WITH_THEIRS && (n > FEW_THEIRS || !mixes_once(items, n)))
-        return BY_PYTHON;
-    return kind;
+    if (flags == STARTS_IN_C)
+        return IN_C;
+    if (flags == STRAIGHT)
+        return ONE_MPI_CALL;
+    int mixes = (flags & THEIRS) && !(flags & STARTS_IN_C && flags & STRAIGHT);
+    return mixes && n <= FEW_THEIRS && mixes_once(items, n) ? WITH_THEIRS
+                                                            : BY_PYTHON;
 }
 
 /* The error set, fetched into GOT (type, value with its traceback). */

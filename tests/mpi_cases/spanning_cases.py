@@ -11,6 +11,7 @@ import weakref
 
 import numpy as np
 from mpi4py import MPI
+from xhc._hot import HotRequest
 from xhc._xhc import lib
 
 import xhc
@@ -218,13 +219,20 @@ def lone_startall_interrupted(xcomm, comm, v):
         req.Free()
 
 
+def _copies(name):
+    """Does LONE_REQUESTS's case NAME copy on some rank (a strided
+    buffer, or IN_PLACE on one rank alone): its Start() does not go
+    straight to MPI's there."""
+    return "strided" in name or "rank 0 alone" in name
+
+
 def lone_straight_lists(xcomm, v, cases, reqs):
     """LONE_REQUESTS's lists of requests that Start() takes straight to
     MPI's (no copy to fill), which Startall starts in one MPI call: as a
     list or a tuple, and mixed with one of another xhc.Comm, which each
     start alone; every result is numpy's."""
     straight = [req for name, req in zip([*cases, "Barrier"], reqs)
-                if "strided" not in name and "rank 0 alone" not in name]
+                if not _copies(name)]
     v.case("lone: requests with nothing to copy go straight to MPI's",
            None if all(req._goes_straight for req in straight) else
            f"got {[req._goes_straight for req in straight]}")
@@ -240,7 +248,7 @@ def lone_straight_lists(xcomm, v, cases, reqs):
         xhc.Request.Startall(started)
         complete(started)
         for name, (_, check) in cases.items():
-            if "strided" not in name and "rank 0 alone" not in name:
+            if not _copies(name):
                 v.case(f"lone: straight {name} #{step}", check())
         if theirs in started:
             v.case("lone: ... with another xhc.Comm's request", None if (
@@ -256,16 +264,24 @@ def lone_mixed_lists(comm, v, cases, reqs):
     result is numpy's and the ring's."""
     n, rank = comm.size, comm.rank
     ring, got, sent = ring_pair(comm, 21)
+    straight = [req for name, req in zip([*cases, "Barrier"], reqs)
+                if not _copies(name)]  # alike on every rank
     for step, complete in enumerate((xhc.Request.Waitall,
-                                     testall_until_done)):
+                                     testall_until_done, testall_until_done)):
         sent[:], got[:] = rank + 10.0 * step, -1
-        listed = [ring[0], *reqs, ring[1]]
-        xhc.Request.Startall(listed if step else tuple(listed))
+        listed = [ring[0], *(straight if step == 2 else reqs), ring[1]]
+        if step == 2:  # over MPI's, going straight: started in C
+            in_c = HotRequest._startall(listed)
+            v.case("lone: mixed with requests that go straight: Startall "
+                   "ran in C", None if in_c is True else f"got {in_c!r}")
+        else:
+            xhc.Request.Startall(listed if step else tuple(listed))
         complete(listed if step else tuple(listed))
         v.case(f"lone: mixed #{step}: mpi4py's ring", None if np.all(
             got == (rank - 1) % n + 10.0 * step) else f"got {got}")
         for name, (_, check) in cases.items():
-            v.case(f"lone: mixed {name} #{step}", check())
+            if step < 2 or not _copies(name):
+                v.case(f"lone: mixed {name} #{step}", check())
         v.case(f"lone: mixed #{step} leaves every request inactive",
                None if not any(r._active for r in reqs) else
                f"active: {[r._active for r in reqs]}")
