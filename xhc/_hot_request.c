@@ -575,9 +575,9 @@ static PyObject *start_with_theirs(PyObject *const *items, Py_ssize_t n)
 
 /* _startall(requests): True once a list (or tuple) of requests that
  * Start() runs in C, or of requests over MPI's that go straight, or of
- * the first kind mixed with mpi4py's persistent ones, has started (6.,
- * 7.); False, with none started, for any other, which Request.Startall
- * then checks and starts. */
+ * either kind (not both) mixed with mpi4py's persistent ones, has
+ * started (6., 7.); False, with none started, for any other, which
+ * Request.Startall then checks and starts. */
 static PyObject *req_startall(PyObject *unused, PyObject *requests)
 {
     (void)unused;

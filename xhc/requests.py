@@ -189,8 +189,11 @@ class Request(HotRequest):
         out of one Start(), whose collective completed, comes once the
         rest have started.  A list that every Start() would run in C
         starts there, and one that every Start() takes straight to MPI's
-        request in one MPI call (xhc/_hot_request.c, 6.); so does the
-        first kind mixed with mpi4py's persistent requests (7.)."""
+        request in one MPI call (xhc/_hot_request.c, 6.); so does either
+        kind (not both) mixed with mpi4py's persistent requests (7.).
+        A signal handler's exception that comes between the Start()s
+        here stops the list (C's pass runs no handler until it is
+        done)."""
         if _startall(requests):
             return None
         requests = list(requests)

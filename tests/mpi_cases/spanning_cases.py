@@ -123,6 +123,7 @@ def lone_requests(xcomm, comm, v):
            else "the request is active")
     lone_straight_lists(xcomm, v, cases, reqs)
     lone_mixed_lists(comm, v, cases, reqs)
+    lone_mixed_owners(xcomm, comm, v)
     lone_error_in_status(xcomm, comm, v)
     lone_waitall_interrupted(xcomm, comm, v)
     lone_startall_interrupted(xcomm, comm, v)
@@ -287,6 +288,43 @@ def lone_mixed_lists(comm, v, cases, reqs):
                f"active: {[r._active for r in reqs]}")
     for req in ring:
         req.Free()
+
+
+def lone_mixed_owners(xcomm, comm, v):
+    """Startall of mpi4py's ring (first) with requests over MPI's of two
+    xhc.Comms runs in C; with one of an xhc.Comm of this rank alone too
+    (whose Start() runs in C, not over MPI's), it goes to Python, which
+    starts them all the same: every result right, none left active."""
+    n, rank = comm.size, comm.rank
+    ring, got, sent = ring_pair(comm, 22)
+    other, alone = xcomm.Dup(), xhc.Comm(MPI.COMM_SELF)
+    outs = np.zeros((3, 2))
+    mine = [xcomm.Allreduce_init(np.full(2, rank + 1.0), outs[0]),
+            other.Allreduce_init(np.full(2, rank + 2.0), outs[1]),
+            alone.Allreduce_init(np.full(2, 7.0), outs[2])]
+    for req in mine[:2]:  # made at the first Start(): then they go straight
+        req.Start()
+        req.Wait()
+    for step, (listed, in_c) in enumerate((
+            ([ring[0], *mine[:2], ring[1]], True),
+            ([ring[0], *mine, ring[1]], False))):
+        sent[:], got[:], outs[:] = rank + 10.0 * step, -1, 0
+        took = HotRequest._startall(listed)
+        v.case(f"lone: owners #{step}: Startall in C {in_c}", None if took
+               is in_c and (in_c or not any(r._active for r in mine))
+               else f"got {took!r}, active {[r._active for r in mine]}")
+        if not in_c:
+            xhc.Request.Startall(listed)
+        xhc.Request.Waitall(listed)
+        want = [n * (n + 1) / 2, n * (n + 3) / 2, 7.0 if step else 0.0]
+        v.case(f"lone: owners #{step}: results", None if np.array_equal(
+            outs, np.repeat(np.array(want)[:, None], 2, 1)) and np.all(
+                got == (rank - 1) % n + 10.0 * step) and not any(
+                    r._active for r in mine) else f"got {outs}, {got}")
+    for req in mine + ring:
+        req.Free()
+    other.free()
+    alone.free()
 
 
 def lone_error_in_status(xcomm, comm, v):
