@@ -432,6 +432,12 @@ static int start_holding(HotRequest *r, PyObject *held[3])
     return 0;
 }
 
+/* Let go of HELD (an error since says more). */
+static void drop_held(PyObject *held[3])
+{
+    Py_XDECREF(held[0]), Py_XDECREF(held[1]), Py_XDECREF(held[2]);
+}
+
 /* NULL: HELD's exception raised (HELD then empty), xhc's of the N
  * requests ITEMS left inactive, as the Waitall after would leave them
  * (Request.Startall).  With an error set already (MPI's, completing
@@ -451,18 +457,12 @@ static PyObject *raise_held(PyObject *const *items, Py_ssize_t n,
         if (held[1])
             PyException_SetContext(value, new_ref(held[1]));
         PyErr_Restore(type, value, tb);
-        Py_XDECREF(held[0]), Py_XDECREF(held[1]), Py_XDECREF(held[2]);
+        drop_held(held);
     } else {
         PyErr_Restore(held[0], held[1], held[2]);
     }
     held[0] = held[1] = held[2] = NULL;
     return NULL;
-}
-
-/* Let go of HELD (an error since says more). */
-static void drop_held(PyObject *held[3])
-{
-    Py_XDECREF(held[0]), Py_XDECREF(held[1]), Py_XDECREF(held[2]);
 }
 
 /* Start the N requests ITEMS (IN_C) one by one in C.  As
@@ -669,30 +669,30 @@ static int all_known(PyObject *const *items, Py_ssize_t n)
     return mine > 0;
 }
 
-/* complete_uncounted(AFTER) of REQUESTS, a list or tuple of requests
- * all_known passes, else OTHER; *HELD the snapshot taken where MPI's
- * call has requests to make a list of, which may run a collection's
- * Python, else NULL. */
-static PyObject *complete_known(PyObject *requests, int after,
-                                PyObject *other, PyObject **held)
+/* complete_uncounted of REQUESTS, a list or tuple of requests all_known
+ * passes (True, or the requests for MPI's call), else None; *HELD the
+ * snapshot taken where MPI's call has requests to make a list of, which
+ * may run a collection's Python, else NULL. */
+static PyObject *complete_known(PyObject *requests, PyObject **held)
 {
     *held = NULL;
     if (!PyList_CheckExact(requests) && !PyTuple_CheckExact(requests))
-        return new_ref(other);
+        Py_RETURN_NONE;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(requests);
     PyObject *const *items = PySequence_Fast_ITEMS(requests);
     if (!all_known(items, n))
-        return new_ref(other);
+        Py_RETURN_NONE;
     /* None going to MPI's call: its pass makes nothing, which could run
      * Python, before it is done, and needs no snapshot. */
-    if (!count_over_mpi(items, n, after))
-        return complete_uncounted(items, n, after);
+    if (!count_over_mpi(items, n, 0))
+        return complete_uncounted(items, n, 0);
     if (!(*held = snapshot(requests)))
         return NULL;
     n = PyTuple_GET_SIZE(*held);
     items = &PyTuple_GET_ITEM(*held, 0);
-    return all_known(items, n) ? complete_uncounted(items, n, after)
-                               : new_ref(other);
+    if (!all_known(items, n))
+        Py_RETURN_NONE;
+    return complete_uncounted(items, n, 0);
 }
 
 /* MPI_ALL's answer DONE for the N requests ITEMS it was given the MPI
@@ -750,7 +750,7 @@ static PyObject *req_complete_list(PyObject *unused, PyObject *const *args,
         return NULL;
     }
     PyObject *held;
-    PyObject *res = complete_known(args[0], 0, Py_None, &held);
+    PyObject *res = complete_known(args[0], &held);
     if (res && PyList_CheckExact(res)) {  /* the requests for MPI's call */
         PyObject *over = res;
         res = PyObject_CallOneArg(args[1], over);
