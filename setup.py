@@ -44,8 +44,12 @@ class BuildExt(build_ext):
 setup(
     cffi_modules=["csrc/build.py:ffibuilder"],
     cmdclass={"build_ext": BuildExt},
-    # _hot.c fills the core's xhc_call_t: rebuild it when xhc.h changes.
-    ext_modules=[Extension("xhc._hot", ["xhc/_hot.c", "xhc/_hot_objects.c",
+    # xhc._hot fills the core's xhc_call_t: rebuild it when xhc.h changes.
+    ext_modules=[Extension("xhc._hot", ["xhc/_hot.c", "xhc/_hot_plan.c",
+                                        "xhc/_hot_plain.c",
+                                        "xhc/_hot_across.c",
+                                        "xhc/_hot_wait.c",
+                                        "xhc/_hot_objects.c",
                                         "xhc/_hot_request.c"],
                            include_dirs=["csrc"],
                            depends=["csrc/xhc.h", "xhc/_hot.h"],

@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* _hot.h: what xhc/_hot.c shares with xhc/_hot_objects.c and
- * xhc/_hot_request.c. */
+/* _hot.h: what the files of xhc._hot share: _hot.c (the module, HotComm
+ * and its calls), _hot_plan.c (plans and guards), _hot_plain.c (plain
+ * arrays), _hot_across.c (over several nodes), _hot_wait.c (the GIL and
+ * MPI's progress in a wait), _hot_objects.c (calls on objects) and
+ * _hot_request.c (persistent requests). */
 #ifndef XHC_HOT_H
 #define XHC_HOT_H
 
@@ -11,6 +14,7 @@
 
 typedef int (*xhc_run_fn)(const void *call);
 typedef int (*xhc_barrier_fn)(void *ctx);
+typedef int (*xhc_agree_fn)(void *ctx, int32_t *agreed, int topic);
 
 /* The collectives HotComm runs: first those on buffers, which have plans,
  * then those on objects (xhc/_hot_objects.c). */
@@ -53,27 +57,44 @@ typedef struct {
                                 a bcast's one */
 } HotComm;
 
+/* The leading fields of numpy's PyArrayObject_fields, whose layout numpy
+ * keeps stable (numpy/ndarraytypes.h); only read. */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} ndarray_head;
+
+/* The elements of numpy array A. */
+static inline Py_ssize_t hot_array_elements(const ndarray_head *a)
+{
+    Py_ssize_t n = 1;
+    for (int d = 0; d < a->nd; d++)
+        n *= a->dimensions[d];
+    return n;
+}
+
+/* The buffers a guard took from buffer objects (not ndarrays) for one
+ * call, held until it returns. */
+typedef struct {
+    Py_buffer view[4];
+    int n;
+} held_views;
+
+/* xhc/_hot.c: */
 /* The Python method NAME of SELF, called with these arguments. */
 PyObject *hot_slow(PyObject *self, const char *name, PyObject *const *args,
                    size_t nargsf, PyObject *kwnames);
-/* The core's call for ARGV (KIND's arguments) if its buffers are plain
- * arrays; 0 if not. */
-int hot_plain_call(const HotComm *h, int kind, PyObject *const *argv,
-                   xhc_call_t *c);
-/* ROOT (an exact int) if it is a rank of H's communicator, else -1. */
-int hot_plain_root(const HotComm *h, PyObject *root);
 /* Claim H's collectives for this thread (xhc/_hot.c, 9.): 0, or -1 with
  * the error for NAME set if another thread's collective runs on H. */
 int hot_claim(HotComm *h, const char *name);
-/* Run RUN(ARGS), steps over several nodes, counted as under way on H;
- * None, or NULL with what it raised (after H's _raised_across). */
-PyObject *hot_run_across(HotComm *h, PyObject *run, PyObject *const *args,
-                         size_t nargs);
 /* Hold OBJ in *SLOT, or nothing if OBJ is None. */
 void hot_hold_or_clear(PyObject **slot, PyObject *obj);
-/* Run CALL with RUN (or BARRIER on CTX), counted as under way on H. */
-int hot_invoke(HotComm *h, xhc_run_fn run, void *call,
-               xhc_barrier_fn barrier, void *ctx);
 /* With an exception set: ASIDE(the exception, ARG), then the exception
  * stands again, unless ASIDE raised, whose error then stands.  NULL. */
 typedef PyObject *(*hot_aside_fn)(PyObject *exc, void *arg);
@@ -81,6 +102,56 @@ PyObject *hot_raised(hot_aside_fn aside, void *arg);
 /* Raise error RC of twin NAME, called with ARGV, through Comm._failed. */
 PyObject *hot_failed(HotComm *h, const char *name, int rc, PyObject **argv,
                      int nargv);
+/* The type of SPEC, added to module M as NAME, which keeps it; NULL
+ * with an error set if it cannot be. */
+PyTypeObject *hot_add_type(PyObject *m, const char *name, PyType_Spec *spec);
+
+/* xhc/_hot_plan.c: the plan for ARGV (KIND's arguments, the root's at
+ * ROOT_AT or none if -1) that fits them exactly, a new reference, with
+ * the buffers its guard took held in HV; or NULL, with an error or not. */
+PyObject *hot_plan_for(HotComm *h, int kind, int root_at,
+                       PyObject *const *argv, held_views *hv);
+/* Release what HV holds. */
+void hot_views_release(held_views *hv);
+PyObject *kept_holds(PyObject *mod, PyObject *args);
+
+/* xhc/_hot_plain.c: the core's call for ARGV (KIND's arguments) if its
+ * buffers are plain arrays; 0 if not. */
+int hot_plain_call(const HotComm *h, int kind, PyObject *const *argv,
+                   xhc_call_t *c);
+/* ROOT (an exact int) if it is a rank of H's communicator, else -1. */
+int hot_plain_root(const HotComm *h, PyObject *root);
+/* The value of ROOT, an exact int; -1 if it does not fit. */
+Py_ssize_t hot_root_value(PyObject *root);
+/* Is OBJ an exact numpy array (0 before bind_plain)? */
+int hot_is_ndarray(PyObject *obj);
+/* The plain array the buffer specification OBJ names, a new reference;
+ * NULL, with no error, for any other object. */
+PyObject *hot_spec_array(PyObject *obj);
+PyObject *bind_plain(PyObject *module, PyObject *args);
+
+/* xhc/_hot_across.c: a call of plain arrays over several nodes with no
+ * plan, KIND's NARGS arguments ARGV, run by H's steps: None, or NULL
+ * with an error; NULL with none for a call that goes to Python. */
+PyObject *hot_plain_across(HotComm *h, int kind, int nargs, PyObject **argv);
+/* Drop the arguments of H's last such call. */
+void hot_forget_last_plain(HotComm *h);
+/* Run RUN(ARGS), steps over several nodes, counted as under way on H;
+ * None, or NULL with what it raised (after H's _raised_across). */
+PyObject *hot_run_across(HotComm *h, PyObject *run, PyObject *const *args,
+                         size_t nargs);
+
+/* xhc/_hot_wait.c: run CALL with RUN (or BARRIER on CTX), counted as
+ * under way on H, the GIL let go once the core blocks. */
+int hot_invoke(HotComm *h, xhc_run_fn run, void *call,
+               xhc_barrier_fn barrier, void *ctx);
+/* AGREE(CTX, AGREED, TOPIC) likewise, counted on no HotComm. */
+int hot_agree(xhc_agree_fn agree, void *ctx, int32_t *agreed, int topic);
+/* The core's block and progress hooks; set_progress binds the second's
+ * MPI calls. */
+void hot_block(void *arg);
+void hot_progress(void *arg);
+PyObject *set_progress(PyObject *mod, PyObject *args);
 
 /* xhc/_hot_objects.c: the lowercase call of KIND with ARGV, whose
  * Python TWIN ("_allreduce", "_reduce", "_bcast") takes any call it does
@@ -93,9 +164,6 @@ PyObject *bind_objects(PyObject *module, PyObject *args);
 int hot_objects_traverse(HotComm *h, visitproc visit, void *arg);
 void hot_objects_clear(HotComm *h);
 
-/* The type of SPEC, added to module M as NAME, which keeps it; NULL
- * with an error set if it cannot be. */
-PyTypeObject *hot_add_type(PyObject *m, const char *name, PyType_Spec *spec);
 /* xhc/_hot_request.c: add HotRequest to module M; COMM_TYPE is HotComm,
  * the type of the xhc.Comm a request binds to. */
 int hot_request_add(PyObject *m, PyTypeObject *comm_type);

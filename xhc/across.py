@@ -40,7 +40,7 @@ class Across:
         return run
 
     def _keep_run(self, name, args, run, held=()):
-        """Keep RUN for ARGS where xhc/_hot.c looks for their plan, laid
+        """Keep RUN for ARGS where xhc/_hot_plan.c looks for their plan, laid
         out as one: (*ARGS, RUN, no call, bytes kept alive (of ARGS and of
         the other buffers HELD, such as a copy RUN sends), not kept (an
         array that goes through a copy, as a plan that stages is not: the

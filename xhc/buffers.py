@@ -72,7 +72,7 @@ DTYPE_NAMES[NOT_REDUCIBLE] = "bytes"
 
 
 def plain_tables():
-    """What xhc/_hot.c needs to pass plain arrays straight to the core
+    """What xhc/_hot_plain.c needs to pass plain arrays straight to the core
     (its bind_plain): for numpy's numeric and bool dtypes, (dtype, code
     (NOT_REDUCIBLE: Bcast only), itemsize, the core's elements per
     element, the bits of the op codes that reduce it), as Buffer takes

@@ -257,8 +257,8 @@ class Nodes:
             sendbuf, recvbuf, ops, root, inplace, None, one)[1], *extra), None
 
     def plain(self, kind, dtype, op_code, one, buf, *rest):
-        """A call of plain arrays (xhc/_hot.c checked them as for the core,
-        and gives the kind, the core's dtype and op codes, and whether
+        """A call of plain arrays (xhc/_hot_plain.c checked them as for the
+        core, and gives the kind, the core's dtype and op codes, and whether
         the (root's) send and receive arrays are one): its steps, with no
         plan.  KIND 0: Bcast(BUF, root); 1: Allreduce(BUF, recvbuf, op);
         2: Reduce(BUF, recvbuf, op, root).  Each array goes flat, as the

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """A call's plan: the core call made for its buffers, how they are staged,
-and the guard xhc/_hot.c checks before it runs the plan again for the
+and the guard xhc/_hot_plan.c checks before it runs the plan again for the
 same arguments."""
 import array
 import functools
@@ -28,8 +28,8 @@ def _pointer(b):
     return ffi.NULL if b is None else getattr(b, "ptr", b)
 
 
-# Where a plan keeps what _remember and xhc/_hot.c read, from its end: the
-# call's address, the guard's address, the guard, whether it stages, and
+# Where a plan keeps what _remember and xhc/_hot_plan.c read, from its end:
+# the call's address, the guard's address, the guard, whether it stages, and
 # the bytes of the buffers it keeps alive.
 NBYTES, STAGED = -5, -4
 
@@ -62,9 +62,9 @@ _C_CONTIGUOUS, _F_CONTIGUOUS, _WRITEABLE = 0x1, 0x2, 0x400
 
 
 def guard_of(guarded):
-    """What xhc/_hot.c checks before it runs a plan: each ndarray still has
-    the data _pointer, dtype object, size and contiguity it had (and is
-    writable if it is written); each other buffer object used in place
+    """What xhc/_hot_plan.c checks before it runs a plan: each ndarray still
+    has the data _pointer, dtype object, size and contiguity it had (and
+    is writable if it is written); each other buffer object used in place
     still exports the same memory and length (writable if written).  As
     an array of words: [n, then per buffer: argument index, data, dtype
     (0: a buffer object), size (bytes, for a buffer object), flags it
@@ -93,7 +93,7 @@ def address(cdata):
 
 def keepable(*bufs):
     """May a plan of BUFS (Buffers, or None) be kept for later calls?
-    Only if xhc/_hot.c can check each before reusing it: an ndarray (its
+    Only if xhc/_hot_plan.c can check each before reusing it: an ndarray (its
     memory, dtype, size and flags) or a built-in buffer object used in
     place (its memory and length), not a specification, a DLPack-only
     array or another exporter."""
@@ -107,7 +107,7 @@ def is_spec(arg):
     return isinstance(arg, (list, tuple))
 
 
-# Buffer objects whose plans xhc/_hot.c guards by memory and length:
+# Buffer objects whose plans xhc/_hot_plan.c guards by memory and length:
 # built-in exporters, whose buffers keep their format and whose export
 # runs no Python code.  Others go through Python on every call.
 _GUARDED_TYPES = (bytearray, bytes, array.array, mmap.mmap, memoryview)
@@ -115,7 +115,7 @@ _GUARDED_TYPES = (bytearray, bytes, array.array, mmap.mmap, memoryview)
 
 def guarded_buffer(arg, b):
     """Is ARG, resolved as B, a built-in buffer object that the core uses
-    in place (so xhc/_hot.c guards it by its memory)?"""
+    in place (so xhc/_hot_plan.c guards it by its memory)?"""
     return b is not None and b.obj is arg and b.load is None \
         and type(arg) in _GUARDED_TYPES
 
@@ -124,7 +124,7 @@ def kept(plan, nargs):
     """PLAN (for NARGS arguments) as remembered for later calls: without
     the Buffers of buffer objects other than ndarrays, whose exports
     would stop those being resized or closed.  Per call, as mpi4py does,
-    xhc/_hot.c takes a buffer from each, checks it is the same memory,
+    xhc/_hot_plan.c takes a buffer from each, checks it is the same memory,
     and lets go when the call returns."""
     first, last = nargs + 2, len(plan) - 5
     held = tuple(b if b is None or isinstance(b.obj, np.ndarray) else None
