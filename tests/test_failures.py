@@ -1433,7 +1433,7 @@ def test_gil_released_while_waiting(args2, op, path):
     """Rank 0 waits ~0.3 s for rank 1 inside OP while a Python thread of
     rank 0 counts: the count must advance as if nothing held the GIL.
     PATH: the first call on new buffers (through Python and cffi), or a
-    call that matches a plan (through xhc/_hot.c and its block hook)."""
+    call that matches a plan (through xhc/_hot*.c and the block hook)."""
     rate = args2.get("GIL-RATE")
     assert rate, args2.output()
     per_s = float(rate[0]["per_s"])

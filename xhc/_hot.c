@@ -681,13 +681,13 @@ static PyObject *met_then(PyObject *mod, PyObject *const *args,
 }
 
 static PyMethodDef module_methods[] = {
-    {"bind_plain", bind_plain, METH_VARARGS,
+    {"bind_plain", hot_bind_plain, METH_VARARGS,
      "Bind the table of plain arrays' dtypes and ops."},
-    {"set_progress", set_progress, METH_VARARGS,
+    {"set_progress", hot_set_progress, METH_VARARGS,
      "Set what progress_hook calls: MPI's state, and its progress."},
-    {"bind_objects", bind_objects, METH_VARARGS,
+    {"bind_objects", hot_bind_objects, METH_VARARGS,
      "Bind the slots' layout and tags, and the ops folded in C."},
-    {"kept_holds", kept_holds, METH_VARARGS,
+    {"kept_holds", hot_kept_holds, METH_VARARGS,
      "Do the arrays a guard names still have what they had?"},
     {"run_staged", (PyCFunction)(void (*)(void))run_staged, METH_FASTCALL,
      "Fill the staged copies, run the call, write back: no bytecode\n"

@@ -113,7 +113,9 @@ PyObject *hot_plan_for(HotComm *h, int kind, int root_at,
                        PyObject *const *argv, held_views *hv);
 /* Release what HV holds. */
 void hot_views_release(held_views *hv);
-PyObject *kept_holds(PyObject *mod, PyObject *args);
+/* The module's kept_holds(guard, args): does each array GUARD names
+ * among ARGS still have what it had? */
+PyObject *hot_kept_holds(PyObject *mod, PyObject *args);
 
 /* xhc/_hot_plain.c: the core's call for ARGV (KIND's arguments) if its
  * buffers are plain arrays; 0 if not. */
@@ -125,10 +127,13 @@ int hot_plain_root(const HotComm *h, PyObject *root);
 Py_ssize_t hot_root_value(PyObject *root);
 /* Is OBJ an exact numpy array (0 before bind_plain)? */
 int hot_is_ndarray(PyObject *obj);
-/* The plain array the buffer specification OBJ names, a new reference;
- * NULL, with no error, for any other object. */
+/* The plain array the buffer specification OBJ names, or a view of the
+ * window it names, a new reference; NULL, with no error, for any other
+ * object. */
 PyObject *hot_spec_array(PyObject *obj);
-PyObject *bind_plain(PyObject *module, PyObject *args);
+/* The module's bind_plain(ndarray, in_place, dtypes, ops): the table
+ * of plain arrays. */
+PyObject *hot_bind_plain(PyObject *module, PyObject *args);
 
 /* xhc/_hot_across.c: a call of plain arrays over several nodes with no
  * plan, KIND's NARGS arguments ARGV, run by H's steps: None, or NULL
@@ -147,11 +152,11 @@ int hot_invoke(HotComm *h, xhc_run_fn run, void *call,
                xhc_barrier_fn barrier, void *ctx);
 /* AGREE(CTX, AGREED, TOPIC) likewise, counted on no HotComm. */
 int hot_agree(xhc_agree_fn agree, void *ctx, int32_t *agreed, int topic);
-/* The core's block and progress hooks; set_progress binds the second's
- * MPI calls. */
+/* The core's block and progress hooks; the module's set_progress binds
+ * the second's MPI calls. */
 void hot_block(void *arg);
 void hot_progress(void *arg);
-PyObject *set_progress(PyObject *mod, PyObject *args);
+PyObject *hot_set_progress(PyObject *mod, PyObject *args);
 
 /* xhc/_hot_objects.c: the lowercase call of KIND with ARGV, whose
  * Python TWIN ("_allreduce", "_reduce", "_bcast") takes any call it does
@@ -160,7 +165,9 @@ PyObject *hot_objects_call(HotComm *h, int kind, const char *twin,
                            PyObject **argv, PyObject *const *args,
                            size_t nargsf, PyObject *kwnames);
 PyObject *hot_objects_bind(HotComm *h, PyObject *args);
-PyObject *bind_objects(PyObject *module, PyObject *args);
+/* The module's bind_objects: the slots' layout and tags, and the ops
+ * folded in C. */
+PyObject *hot_bind_objects(PyObject *module, PyObject *args);
 int hot_objects_traverse(HotComm *h, visitproc visit, void *arg);
 void hot_objects_clear(HotComm *h);
 

@@ -105,9 +105,10 @@ static int plain_again(HotComm *h, int kind, int n, PyObject **argv,
     return 0;
 }
 
-/* A call of plain arrays over several nodes with no plan (2., 3.): what
- * Nodes.plain returns, or NULL with an error; or NULL with none for a
- * call that goes to Python: not plain, or the last one again. */
+/* A call of plain arrays over several nodes with no plan (2., 3.): None
+ * once its steps ran, or NULL with what they raised; or NULL with no
+ * error for a call that goes to Python: not plain, or the last one
+ * again. */
 PyObject *hot_plain_across(HotComm *h, int kind, int nargs, PyObject **argv)
 {
     xhc_call_t direct;

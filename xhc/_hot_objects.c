@@ -455,7 +455,7 @@ static int bind_numbers(PyObject *types, PyObject *tags)
 /* bind_objects(slot, bor, (sum, prod, max, min), types, tags): the
  * slots' size (objects.py), the exchange's op, the ops folded here, and
  * the numbers' types and tags in the order of K_*. */
-PyObject *bind_objects(PyObject *module, PyObject *args)
+PyObject *hot_bind_objects(PyObject *module, PyObject *args)
 {
     Py_ssize_t slot;
     PyObject *bor, *ops, *types, *tags;

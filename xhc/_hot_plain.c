@@ -21,7 +21,7 @@
 
 #include <string.h>
 
-/* What makes an array plain (see 3.), bound by xhc/comm.py from its own
+/* What makes an array plain (see 2.), bound by xhc/comm.py from its own
  * tables (bind_plain), which holds strong references to the objects. */
 #define PLAIN_DTYPES 24
 #define PLAIN_OPS 16
@@ -112,7 +112,7 @@ static int spec_index(PyObject *item, Py_ssize_t *out)
 
 /* The COUNT and DISPL a specification of N ITEMS gives, with its type
  * TYPE (NULL for [A, COUNT], which has A's own); COUNT -1 if it gives
- * none.  0 if it takes a form or values xhc/_hot.c leaves to Python. */
+ * none.  0 if it takes a form or values this file leaves to Python. */
 static int spec_window(PyObject **item, Py_ssize_t n, PyObject **type,
                        Py_ssize_t *count, Py_ssize_t *displ)
 {
@@ -301,7 +301,7 @@ static int plain_bcast(const HotComm *h, PyObject *const *argv,
     return 1;
 }
 
-/* The core's call for ARGV if its buffers are plain (see 3.), in C. */
+/* The core's call for ARGV if its buffers are plain (see 2.), in C. */
 int hot_plain_call(const HotComm *h, int kind, PyObject *const *argv,
                    xhc_call_t *c)
 {
@@ -398,12 +398,12 @@ static void table_refs(struct plain_table *t, int take)
     }
 }
 
-/* bind_plain(ndarray, in_place, dtypes, ops): the table of 3.; DTYPES
+/* bind_plain(ndarray, in_place, dtypes, ops): the table of 1.; DTYPES
  * is a tuple of (dtype, code, itemsize, lanes, the bits of the op codes
  * that reduce it, the tuple of MPI datatypes and typecodes that name it),
  * OPS of (op, code).  A new binding (a reloaded
  * xhc.comm) replaces the old one. */
-PyObject *bind_plain(PyObject *module, PyObject *args)
+PyObject *hot_bind_plain(PyObject *module, PyObject *args)
 {
     PyObject *ndarray, *in_place, *dtypes, *ops;
     (void)module;

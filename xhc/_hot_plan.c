@@ -3,8 +3,9 @@
  *
  * 1. xhc/plans.py keeps a plan per keying buffer in a dict of its
  *    HotComm, by id() of that buffer: Allreduce's receive buffer, else
- *    the first argument.  A plan is a tuple: the arguments it was made
- *    for, then the address of its guard, then that of its xhc_call.
+ *    the first argument.  A plan is a tuple (xhc/plans.py lays it out):
+ *    the arguments it was made for first, the address of its guard
+ *    second to last, that of its xhc_call last.
  * 2. A plan fits a call made with the same objects (identity of buffers
  *    and op; a root equal in value).
  * 3. Its guard then says what each buffer had when planned: a numpy
@@ -130,7 +131,7 @@ PyObject *hot_plan_for(HotComm *h, int kind, int root_at,
  * a guard of arrays alone, made by guard_of in xhc/plans.py) names among
  * the tuple ARGS still have what it had?  For the calls that a
  * communicator over several nodes keeps in Python (_kept_run there). */
-PyObject *kept_holds(PyObject *mod, PyObject *args)
+PyObject *hot_kept_holds(PyObject *mod, PyObject *args)
 {
     (void)mod;
     PyObject *addr, *argv;

@@ -10,9 +10,10 @@
  *    run; it is taken back when the core returns.  Calls through cffi
  *    let it go themselves.
  * 3. While a wait yields or sleeps, the core's progress hook
- *    (hot_progress) takes the GIL and makes one MPI call, an Iprobe, so
- *    that a peer's MPI operation this rank owes progress moves, as any
- *    MPI call would move it.  It calls compiled functions alone, so no
+ *    (hot_progress) takes the GIL and makes one MPI call, an Iprobe
+ *    (after asking mpi4py whether MPI's World model is up, where it
+ *    probes COMM_WORLD), so that a peer's MPI operation this rank owes
+ *    progress moves, as any MPI call would move it.  It calls compiled functions alone, so no
  *    signal handler runs inside a wait.
  */
 #include "_hot.h" /* Python.h first */
@@ -91,7 +92,7 @@ static int is_python_code(PyObject *fn)
 }
 
 /* set_progress(initialized, finalized, probe, world): see hot_progress. */
-PyObject *set_progress(PyObject *mod, PyObject *args)
+PyObject *hot_set_progress(PyObject *mod, PyObject *args)
 {
     (void)mod;
     PyObject *fn[4];

@@ -64,9 +64,9 @@ class Across:
             copied or not kept_holds(at, args), (guard, dtypes), at, 0))
 
     def _raised_across(self, exc):
-        """A kept run (over the nodes, or through mpi4py) that xhc/_hot.c
-        ran raised EXC: withdraw, as leaving() does, unless this rank's
-        part is settled."""
+        """A kept run (over the nodes, or through mpi4py) that
+        xhc/_hot_across.c ran raised EXC: withdraw, as leaving() does,
+        unless this rank's part is settled."""
         if not getattr(exc, SETTLED, False):
             self._withdraw()
         drop_locals(exc)

@@ -258,11 +258,12 @@ class Nodes:
 
     def plain(self, kind, dtype, op_code, one, buf, *rest):
         """A call of plain arrays (xhc/_hot_plain.c checked them as for the
-        core, and gives the kind, the core's dtype and op codes, and whether
-        the (root's) send and receive arrays are one): its steps, with no
-        plan.  KIND 0: Bcast(BUF, root); 1: Allreduce(BUF, recvbuf, op);
-        2: Reduce(BUF, recvbuf, op, root).  Each array goes flat, as the
-        core's type (complex as its floats)."""
+        core; xhc/_hot_across.c gives the kind, the core's dtype and op
+        codes, and whether the (root's) send and receive arrays are one):
+        its steps, with no plan.  KIND 0: Bcast(BUF, root); 1:
+        Allreduce(BUF, recvbuf, op); 2: Reduce(BUF, recvbuf, op, root).
+        Each array goes flat, as the core's type (complex as its
+        floats)."""
         if kind == 0:
             fn, args = self._bcast_step(buf.reshape(-1).view(np.uint8),
                                         rest[0])

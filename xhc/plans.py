@@ -28,7 +28,7 @@ def _pointer(b):
     return ffi.NULL if b is None else getattr(b, "ptr", b)
 
 
-# Where a plan keeps what _remember and xhc/_hot_plan.c read, from its end:
+# Where a plan keeps what _remember and xhc/_hot*.c read, from its end:
 # the call's address, the guard's address, the guard, whether it stages, and
 # the bytes of the buffers it keeps alive.
 NBYTES, STAGED = -5, -4

@@ -977,13 +977,13 @@ def kept_runs(xcomm, comm, v):
 
 
 def plain_calls_across(xcomm, comm, v):
-    """Calls of fresh plain arrays over several nodes go from xhc/_hot.c
-    straight to the steps (Nodes.plain), with no plan: every dtype and op
-    the core reduces, aliased dtypes too, Allreduce (IN_PLACE too),
-    Reduce at every root, and Bcast from every root of an array shaped
-    unlike its peers'; against numpy and mpi4py.  None is kept or goes to
-    mpi4py; a large array is not held once its call returns, a small one
-    only until the next such call."""
+    """Calls of fresh plain arrays over several nodes go from
+    xhc/_hot_across.c straight to the steps (Nodes.plain), with no plan:
+    every dtype and op the core reduces, aliased dtypes too, Allreduce
+    (IN_PLACE too), Reduce at every root, and Bcast from every root of an
+    array shaped unlike its peers'; against numpy and mpi4py.  None is
+    kept or goes to mpi4py; a large array is not held once its call
+    returns, a small one only until the next such call."""
     n, rank = comm.size, comm.rank
     xcomm._forget_plans()
     fallbacks = xcomm.stats["fallback"]
