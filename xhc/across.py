@@ -12,8 +12,8 @@ from . import nodes
 from ._hot import kept_holds
 from .buffers import OPS, in_place, numpy_dtype, predefined, stages
 from .checks import READ_ONLY, check_op, check_pair, checked_root_recv, \
-    filled, flat_of, in_place_off_root, resolved
-from .entry import SETTLED, drop_locals, settled
+    filled, flat_of, in_place_off_root, resolved, took_part
+from .entry import SETTLED, drop_locals
 from .errors import ReadOnlyError
 from .plans import KEEPABLE, address, guard_of, staged
 from .requests import OnMPI
@@ -102,7 +102,7 @@ class Across:
                 raise ReadOnlyError(READ_ONLY)
             self._in_core(self._nodes.bcast_call(
                 np.empty(b.nbytes, np.uint8), root))
-            raise settled(ReadOnlyError(READ_ONLY))
+            raise took_part(ReadOnlyError(READ_ONLY))
         flat = flat_of(b, np.uint8)
         loads, stores = filled(b.load, not sink), filled(b.store, sink)
         if lone is not None:

@@ -14,6 +14,28 @@ from .mpierrors import MPIValueError
 
 READ_ONLY = ("Bcast: the buffer is read-only on a receiving rank; pass a "
              "writable array")
+# What a rank adds that took part with scratch memory before it raised.
+TOOK_PART = (" (this rank took part with scratch memory, so the call "
+             "completed on every rank: do not repeat it)")
+
+
+def reworded(exc, change):
+    """EXC, its text changed by CHANGE (a function of a str): an
+    MPIValueError's message, else its first argument if that is a str."""
+    if isinstance(exc, MPIValueError):  # its text is its message
+        exc.message = change(exc.message)
+    elif exc.args and isinstance(exc.args[0], str):
+        exc.args = (change(exc.args[0]), *exc.args[1:])
+    return exc
+
+
+def took_part(exc):
+    """EXC, of a buffer only this rank can judge, raised once this rank
+    took part with scratch memory in its place (so its peers' call
+    completes), saying so: repeating the call, as after a refused one,
+    would be one collective more than its peers make.  Settled: nothing
+    to withdraw from."""
+    return settled(reworded(exc, lambda text: text + TOOK_PART))
 
 
 def resolved(obj, name, arg):
@@ -22,12 +44,7 @@ def resolved(obj, name, arg):
     try:
         return resolve(obj)
     except (TypeError, ValueError) as exc:
-        prefix = f"{name}: {arg}: "
-        if isinstance(exc, MPIValueError):  # its text is its message
-            exc.message = prefix + exc.message
-        elif exc.args and isinstance(exc.args[0], str):
-            exc.args = (prefix + exc.args[0], *exc.args[1:])
-        raise
+        raise reworded(exc, lambda text: f"{name}: {arg}: {text}")
 
 
 def checked_root_recv(s, recvbuf, inplace, take_part):
@@ -44,7 +61,7 @@ def checked_root_recv(s, recvbuf, inplace, take_part):
         if take_part is None:
             raise
         take_part()
-        raise settled(exc)
+        raise took_part(exc)
 
 
 def in_place_off_root(name, root):

@@ -10,8 +10,7 @@ from mpi4py import MPI
 from ._xhc import ffi, lib
 from .buffers import NOT_REDUCIBLE, OP_NAMES, OPS, in_place, predefined
 from .checks import READ_ONLY, check_op, check_pair, checked_root_recv, \
-    in_place_off_root, resolved
-from .entry import settled
+    in_place_off_root, resolved, took_part
 from .errors import ReadOnlyError
 from .mpierrors import MPIRootTypeError, MPIValueError
 from .plans import NBYTES, STAGED, core_call, is_spec, keepable, kept, \
@@ -196,7 +195,7 @@ class Planner:
                                            scratch, b.nbytes, root=root))
         if rc:  # then the ranks are out of step: say so, not the buffer
             self._raise(rc, "Bcast")
-        raise settled(ReadOnlyError(READ_ONLY))
+        raise took_part(ReadOnlyError(READ_ONLY))
 
     def _root_recv(self, s, recvbuf, op, root, inplace):
         """The root's receive buffer.  Only the root sees it, so if it is
