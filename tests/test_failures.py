@@ -303,6 +303,19 @@ ARG_CASES = [
      r"^Reduce: op must be an MPI\.Op, such as MPI\.SUM \(got str\)"),
     ("allreduce-band-float64", "MPIValueError", r"BAND .*float64" + INT_ONLY),
     ("allreduce-lxor-float32", "MPIValueError", r"LXOR .*float32" + INT_ONLY),
+    # Ops MPI defines on none of these: refused, naming what it defines.
+    ("allreduce-max-complex128", "MPIValueError",
+     r"^Allreduce: MPI\.MAX is not defined on complex data \(MPI defines "
+     r"SUM and PROD on it\); reduce floats made from it, such as "
+     r"np\.abs\(a\) or a\.real$"),
+    ("allreduce-sum-bool", "MPIValueError",
+     r"^Allreduce: MPI\.SUM is not defined on bool data \(MPI defines "
+     r"LAND, LOR and LXOR on it\); reduce integers made from it, such as "
+     r"a\.astype\(np\.int32\)$"),
+    ("allreduce-land-fortran-integer", "MPIValueError",
+     r"^Allreduce: MPI\.LAND is not defined on Fortran INTEGER data \(MPI "
+     r"defines SUM, PROD, MIN, MAX, BAND, BOR and BXOR on it\); pass a C "
+     r"integer datatype, such as MPI\.INT, for the logical ops$"),
     ("bcast-spec-strided", "NotContiguousError",
      r"^Bcast: buf: the ndarray of a buffer specification is not "
      r"contiguous; pass a contiguous one$"),
@@ -387,6 +400,8 @@ ARG_CASES = [
      r"object is not a buffer: " + BUFFER_FIX),
     # Every rank, not only the root, should say which op and which data.
     ("reduce-band-float64", "MPIValueError", r"BAND .*float64" + INT_ONLY),
+    ("reduce-prod-bool", "MPIValueError",
+     r"^Reduce: MPI\.PROD is not defined on bool data"),
     ("reduce-root-size", "MPIValueError",
      r"Reduce: invalid root {n} for a communicator of size {n}; "
      r"pass an int from 0 to {last}$"),
@@ -525,7 +540,7 @@ def test_refusals_that_mpi_makes_raise_what_mpi4py_raises(request, n):
     launch = request.getfixturevalue(f"args{n}")
     twins = {kv["_pos"][0]: kv for kv in launch.get("TWIN")
              if int(kv["rank"]) == 0}
-    assert len(twins) == 11, launch.output()
+    assert len(twins) == 15, launch.output()
     for case, twin in twins.items():
         assert twin["exc"] == "Exception" and twin["mpi"] != "None", \
             f"{case}: mpi4py raised {twin['exc']} (class {twin['mpi']})"

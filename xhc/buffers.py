@@ -39,24 +39,35 @@ NOT_REDUCIBLE = -1  # bytes that Bcast moves but no kernel reduces
 
 class Alias:
     """How the core reduces a dtype it has no kernel of its own for: as
-    LANES elements of dtype CODE each, with the ops ONLY, which MPI
-    defines on it (NAME names it in messages).  RETYPED: the elements are
-    not what CODE's kernel takes them for (complex, bool), so a buffer
-    of this alias pairs with no other; else the alias limits ops alone."""
-    __slots__ = ("name", "code", "lanes", "only", "retyped")
+    LANES elements of dtype CODE each, with the ops ONLY (NAME names it
+    in messages).  MPI defines the ops DEFINED on it (ONLY, if not
+    given): the others are refused, naming FIX; those of DEFINED beyond
+    ONLY go to mpi4py.  RETYPED: the elements are not what CODE's kernel
+    takes them for (complex, bool), so a buffer of this alias pairs with
+    no other; else the alias limits ops alone."""
+    __slots__ = ("name", "code", "lanes", "only", "defined", "fix",
+                 "retyped")
 
-    def __init__(self, name, code, lanes, only, retyped=True):
+    def __init__(self, name, code, lanes, only, fix, defined=None,
+                 retyped=True):
         self.name, self.code, self.lanes, self.only = name, code, lanes, only
+        self.defined, self.fix = defined or only, fix
         self.retyped = retyped
 
 
-# Complex numbers sum as the pairs of floats they are; bools, which MPI
-# reduces with the logical ops alone, as bytes of 0 or 1.
+_COMPLEX_FIX = "reduce floats made from it, such as np.abs(a) or a.real"
+# Complex numbers sum as the pairs of floats they are (MPI's PROD of them
+# is mpi4py's); bools, which MPI reduces with the logical ops alone, as
+# bytes of 0 or 1.
 _ALIASES = {
-    np.dtype("=c8"): Alias("complex", lib.XHC_FLOAT32, 2, (MPI.SUM,)),
-    np.dtype("=c16"): Alias("complex", lib.XHC_FLOAT64, 2, (MPI.SUM,)),
+    np.dtype("=c8"): Alias("complex", lib.XHC_FLOAT32, 2, (MPI.SUM,),
+                           _COMPLEX_FIX, (MPI.SUM, MPI.PROD)),
+    np.dtype("=c16"): Alias("complex", lib.XHC_FLOAT64, 2, (MPI.SUM,),
+                            _COMPLEX_FIX, (MPI.SUM, MPI.PROD)),
     np.dtype("?"): Alias("bool", lib.XHC_UINT8, 1,
-                         (MPI.LAND, MPI.LOR, MPI.LXOR)),
+                         (MPI.LAND, MPI.LOR, MPI.LXOR),
+                         "reduce integers made from it, such as "
+                         "a.astype(np.int32)"),
 }
 # Fortran's INTEGER types, which MPI reduces with the arithmetic and
 # bitwise ops but not the logical ones (those are for C integers): by
@@ -64,7 +75,9 @@ _ALIASES = {
 _FORTRAN_INTEGER = {
     code: Alias("Fortran INTEGER", code, 1, tuple(
         getattr(MPI, name) for name in ("SUM", "PROD", "MIN", "MAX", "BAND",
-                                        "BOR", "BXOR")), retyped=False)
+                                        "BOR", "BXOR")),
+        "pass a C integer datatype, such as MPI.INT, for the logical ops",
+        retyped=False)
     for code in (lib.XHC_INT8, lib.XHC_INT16, lib.XHC_INT32, lib.XHC_INT64)}
 DTYPE_NAMES = {code: f"{'int' if k == 'i' else 'uint' if k == 'u' else 'float'}"
                f"{8 * size}" for (k, size), code in _DTYPES.items()}

@@ -139,6 +139,8 @@ def mpi_class(exc):
 # communicates), for the class mpi4py raises.
 MPI_REFUSES = ("bcast-root-size", "bcast-root-negative",
                "allreduce-band-float64", "allreduce-lxor-float32",
+               "allreduce-max-complex128", "allreduce-sum-bool",
+               "allreduce-land-fortran-integer", "reduce-prod-bool",
                "reduce-band-float64", "reduce-root-size",
                "reduce-root-negative", "bcast-in-place", "bcast-in-place-spec",
                "bcast-init-in-place-spec", "reduce-in-place-off-root")

@@ -12,6 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 import xhc
+from xhc.mpierrors import MPIValueError
 from case_kit import (compare, first_diff, np_fold, pattern, raises,
                       raises_what, seed_of, user_sum_op, values)
 from shared_cases import bad_root_receive_buffer, judged_everywhere
@@ -551,7 +552,10 @@ def fallback_cases(xcomm, comm, v):
             else f"got {lout}")
 
         # 3b. Complex data with an op other than SUM: PROD is MPI's to
-        # compute, MIN MPI's to refuse.
+        # compute.  MIN, which MPI defines on no complex type, BAND of
+        # bools (the logical ops alone) and LAND of Fortran's INTEGER
+        # are xhc's to refuse, with the error class of mpi4py's, and no
+        # fallback.
         cins = [values(np.dtype("c16"), "PROD", seed_of(114, r), 5)
                 for r in range(n)]
         cout = np.zeros(5, np.complex128)
@@ -563,18 +567,28 @@ def fallback_cases(xcomm, comm, v):
         run("Allreduce: complex data with an op other than SUM", ar_complex,
             lambda rep: None if np.array_equal(cout, np_fold("PROD", cins))
             else f"got {cout}")
-        run("Allreduce: complex data with an op other than SUM",
-            lambda rep: ar_complex(rep, op=MPI.MIN),
-            lambda rep: "MPI's MIN of complex numbers succeeded",
-            plain=lambda rep: ar_complex(rep, comm, MPI.MIN))
-        bout = np.zeros(5, bool)
+        bout, fout = np.zeros(5, bool), np.zeros(4, np.int32)
 
-        def ar_bool(rep, c=xcomm):
+        def ar_bool(c):
             c.Allreduce(np.ones(5, bool), bout, op=MPI.BAND)
 
-        run("Allreduce: bool data with an op other than LAND, LOR, LXOR",
-            ar_bool, lambda rep: "MPI's BAND of bools succeeded",
-            plain=lambda rep: ar_bool(rep, comm))
+        def ar_integer_land(c):  # Fortran's INTEGER: no logical ops
+            c.Allreduce([np.ones(4, np.int32), MPI.INTEGER],
+                        [fout, MPI.INTEGER], op=MPI.LAND)
+
+        for what, call in (("MIN of complex", lambda c: ar_complex(
+                0, c, MPI.MIN)), ("BAND of bools", ar_bool),
+                ("LAND of Fortran INTEGERs", ar_integer_land)):
+            before = xcomm.stats["fallback"]
+            got, want = raises_what(call, xcomm), raises_what(call, comm)
+            v.case(f"{what}, which MPI does not define, refused as mpi4py "
+                   "refuses it, with no fallback",
+                   "stats['fallback'] moved" if xcomm.stats["fallback"]
+                   != before else None if
+                   isinstance(got, MPIValueError) and
+                   isinstance(want, MPI.Exception) and
+                   got.Get_error_class() == want.Get_error_class() ==
+                   MPI.ERR_OP else f"xhc raised {got!r}, mpi4py {want!r}")
         # 4. Datatypes that MPI reduces with some ops only, though their
         # typecodes are integers': MPI.BYTE (bitwise), Fortran's LOGICAL
         # (logical).  mpi4py gives MPI's answer, or its error.
@@ -599,16 +613,6 @@ def fallback_cases(xcomm, comm, v):
         run("Allreduce: datatype without a reduction kernel", ar_logical_sum,
             lambda rep: "MPI's SUM of LOGICAL succeeded",
             plain=lambda rep: ar_logical_sum(rep, comm))
-        # Fortran's INTEGER: MPI's logical ops refuse it.
-        fout = np.zeros(4, np.int32)
-
-        def ar_integer_land(rep, c=xcomm):
-            c.Allreduce([np.ones(4, np.int32), MPI.INTEGER],
-                        [fout, MPI.INTEGER], op=MPI.LAND)
-
-        run("Allreduce: Fortran INTEGER data with an op other than",
-            ar_integer_land, lambda rep: "MPI's LAND of INTEGER succeeded",
-            plain=lambda rep: ar_integer_land(rep, comm))
         # ... but they move in place, through the core.
         want = pattern(seed_of(113), 16)
         got = want.copy() if rank == n - 1 else np.zeros(16, np.uint8)
