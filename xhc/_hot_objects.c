@@ -23,13 +23,18 @@
  * 4. Any other call (another object or op, a root that is not a rank, no
  *    slots bound, as under XHC_DEBUG, whose checks are Python's, a freed
  *    communicator or one over several nodes) is the Python twin's, whole.
- * 5. bcast: a root whose object is a number writes the slot head here and
- *    runs the core's Bcast of the one slot, as objects.py does, and
- *    returns the number itself; any other root's call is the twin's.
- *    Every other rank runs the same Bcast here, whatever the root sends,
- *    and makes the number the head names, or hands the slot to
- *    Objects.received, which reads the rest (a pickle, inline or in a
- *    second Bcast, or a root's failure to pickle).
+ * 5. bcast, as objects.py runs it: a root whose object is a number
+ *    writes the slot head here, runs the core's Bcast of the one slot
+ *    and returns the number itself.  Any other object is pickled here
+ *    by mpi4py's MPI.pickle (bound): inline after the head if it fits
+ *    the slot, else in a second Bcast of exactly its bytes; the root
+ *    returns the object the pickle loads, a new one, as mpi4py's root
+ *    does.  An object that does not pickle is the twin's, which pickles
+ *    it again to say why on every rank.  Every other rank runs the same
+ *    Bcast here, whatever the root sends, and makes the number the head
+ *    names, or loads the pickle (after a second Bcast, if it follows),
+ *    or hands the slot to Objects.received, which raises the root's
+ *    failure to pickle.  No bytecode runs between the two Bcasts.
  */
 #include "_hot.h" /* Python.h first */
 
@@ -73,6 +78,8 @@ static struct {
     PyTypeObject *type[NNUMBERS];   /* and type; NULL: not read here */
     PyObject *bor;                  /* the exchange's op */
     PyObject *op[NFOLDS];           /* the ops folded here */
+    PyObject *pickle;               /* MPI.pickle, whose dumps and loads */
+    PyObject *dumps, *loads;        /* ... (interned names) a bcast calls */
 } objs;
 
 /* OP's index among the ops folded here, or -1. */
@@ -345,20 +352,126 @@ static PyObject *reduce_call(HotComm *h, int kind, const char *twin,
     return res;
 }
 
-/* The object a bcast's slot ONE (of OBJECTS, from ROOT_ARG) stands for. */
-static PyObject *received(HotComm *h, PyObject *objects,
-                          const unsigned char *one, PyObject *root_arg)
+/* The object the pickle of LEN bytes at DATA loads, by MPI.pickle. */
+static PyObject *unpickled(const unsigned char *data, Py_ssize_t len)
 {
+    PyObject *b = PyBytes_FromStringAndSize((const char *)data, len);
+    PyObject *res = b ? PyObject_CallMethodOneArg(objs.pickle, objs.loads, b)
+                      : NULL;
+    Py_XDECREF(b);
+    return res;
+}
+
+/* OBJ's pickle by MPI.pickle, as bytes; if it does not pickle, NULL with
+ * no error: the twin pickles it again and says what went wrong. */
+static PyObject *pickled(PyObject *obj)
+{
+    PyObject *res = PyObject_CallMethodOneArg(objs.pickle, objs.dumps, obj);
+    if (res && !PyBytes_CheckExact(res))  /* a user's dumps: any buffer */
+        Py_SETREF(res, PyBytes_FromObject(res));
+    PyErr_Clear();
+    return res;
+}
+
+/* The bytes of a bcast's slot after its head, in call C (of the slot). */
+static Py_ssize_t slot_room(const xhc_call_t *c)
+{
+    return (Py_ssize_t)(c->count - sizeof(struct slot_head));
+}
+
+/* The second Bcast of a bcast (objects.py 2.), C's call on LEN bytes at
+ * BUF instead of the slot: the error code of H's core. */
+static int second_bcast(HotComm *h, const xhc_call_t *c, void *buf,
+                        Py_ssize_t len)
+{
+    xhc_call_t next = *c;
+    next.rbuf = buf;
+    next.count = (size_t)len;
+    return hot_invoke(h, h->run, &next, h->barrier, h->ctx);
+}
+
+/* The pickle of a bcast whose slot's head S, in call C, announced a
+ * pickle too long for the slot: received by a second Bcast, as bytes;
+ * NULL with the error set (*RC the core's error code, if it failed).
+ * Without the memory for it, this rank cannot take part: the root
+ * times out waiting for it, as in objects.py. */
+static PyObject *long_pickle(HotComm *h, const xhc_call_t *c,
+                             const struct slot_head *s, int *rc)
+{
+    PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)s->tag);
+    if (!data)
+        return NULL;
+    *rc = second_bcast(h, c, PyBytes_AS_STRING(data), (Py_ssize_t)s->tag);
+    if (*rc)
+        Py_CLEAR(data);
+    return data;
+}
+
+/* The object a bcast's slot, received by call C of the one slot,
+ * stands for; HELD: the slot, the root, the object, H's Objects. */
+static PyObject *received(HotComm *h, const xhc_call_t *c, PyObject **held)
+{
+    PyObject *root_arg = held[1], *objects = held[3];
     struct slot_head s;
+    const unsigned char *one = c->rbuf;
     memcpy(&s, one, sizeof s);
     for (int n = 0; n < NNUMBERS; n++)
         if (objs.type[n] && s.tag == objs.tag[n])
             return number_object(n, &s);
+    if (objs.pickle && s.tag > 0 && s.tag <= slot_room(c))  /* inline */
+        return unpickled(one + sizeof s, (Py_ssize_t)s.tag);
+    if (objs.pickle && s.tag > 0) {
+        int rc = 0;
+        PyObject *data = long_pickle(h, c, &s, &rc);
+        if (!data)
+            return rc ? hot_failed(h, "_Bcast", rc, held, 2) : NULL;
+        PyObject *res = PyObject_CallMethodOneArg(objs.pickle, objs.loads,
+                                                  data);
+        Py_DECREF(data);
+        return res;
+    }
     if (first_done(objects) < 0)
         return NULL;
     PyObject *res = PyObject_CallMethod(objects, "received", "OO",
                                         (PyObject *)h, root_arg);
     return after_first(h, objects, "bcast", root_arg, res);
+}
+
+/* Write the root's slot for OBJ into C's buffer: its head, and after it
+ * the pickle *DATA (a new reference; NULL for a number) if it fits.  0,
+ * with nothing written, if the twin must take the call. */
+static int root_slot(PyObject *obj, const xhc_call_t *c, PyObject **data)
+{
+    struct slot_head s = {0, 0.0, 0};
+    *data = NULL;
+    if (!head_of(obj, &s)) {
+        if (!objs.pickle || !(*data = pickled(obj)))
+            return 0;
+        s.tag = PyBytes_GET_SIZE(*data);
+        if (s.tag <= slot_room(c))
+            memcpy((unsigned char *)c->rbuf + sizeof s,
+                   PyBytes_AS_STRING(*data), (size_t)s.tag);
+    }
+    memcpy(c->rbuf, &s, sizeof s);
+    return 1;
+}
+
+/* The root's bcast once its slot went: a pickle too long for the slot
+ * follows (DATA, its bytes, only read); then the new object DATA loads,
+ * as mpi4py's root returns, or OBJ itself, a number. */
+static PyObject *root_result(HotComm *h, const xhc_call_t *c, PyObject *obj,
+                             PyObject *data, PyObject **held)
+{
+    if (!data) {
+        Py_INCREF(obj);  /* a number: immutable, returned as it is */
+        return obj;
+    }
+    int rc = PyBytes_GET_SIZE(data) > slot_room(c)
+             ? second_bcast(h, c, PyBytes_AS_STRING(data),
+                            PyBytes_GET_SIZE(data))
+             : 0;
+    return rc ? hot_failed(h, "_Bcast", rc, held, 2)
+              : PyObject_CallMethodOneArg(objs.pickle, objs.loads, data);
 }
 
 /* bcast with ARGV (object, root): see 5. */
@@ -369,25 +482,20 @@ static PyObject *bcast_call(HotComm *h, const char *twin, PyObject **argv,
     int root = hot_plain_root(h, argv[1]);
     PyObject *held[4] = {h->slots[2], argv[1], argv[0], h->objects};
     xhc_call_t c;
-    struct slot_head mine;
-    if (!objects_bound(h) || root < 0
-        || (root == h->rank && !head_of(argv[0], &mine))
-        || !hot_plain_call(h, BCAST, held, &c)
-        || c.count < sizeof mine)
+    if (!objects_bound(h) || root < 0 || !hot_plain_call(h, BCAST, held, &c)
+        || c.count < sizeof(struct slot_head))
         return hot_slow((PyObject *)h, twin, args, nargsf, kwnames);
-    if (root == h->rank)
-        memcpy(c.rbuf, &mine, sizeof mine);
-    hold(held, 4, 1);
-    int rc = hot_invoke(h, h->run, &c, h->barrier, h->ctx);
-    PyObject *res;
-    if (rc)
-        res = hot_failed(h, "_Bcast", rc, held, 2);
-    else if (root != h->rank)
-        res = received(h, held[3], c.rbuf, argv[1]);
-    else {
-        res = argv[0];  /* a number: immutable, returned as it is */
-        Py_INCREF(res);
+    hold(held, 4, 1);  /* pickling runs Python code */
+    PyObject *data = NULL, *res;
+    if (root == h->rank && !root_slot(argv[0], &c, &data)) {
+        res = hot_slow((PyObject *)h, twin, args, nargsf, kwnames);
+    } else {
+        int rc = hot_invoke(h, h->run, &c, h->barrier, h->ctx);
+        res = rc ? hot_failed(h, "_Bcast", rc, held, 2)
+              : root != h->rank ? received(h, &c, held)
+              : root_result(h, &c, argv[0], data, held);
     }
+    Py_XDECREF(data);
     hold(held, 4, 0);
     return res;
 }
@@ -452,16 +560,21 @@ static int bind_numbers(PyObject *types, PyObject *tags)
     return 0;
 }
 
-/* bind_objects(slot, bor, (sum, prod, max, min), types, tags): the
- * slots' size (objects.py), the exchange's op, the ops folded here, and
- * the numbers' types and tags in the order of K_*. */
+/* bind_objects(slot, bor, (sum, prod, max, min), types, tags, pickle):
+ * the slots' size (objects.py), the exchange's op, the ops folded here,
+ * the numbers' types and tags in the order of K_*, and MPI.pickle. */
 PyObject *hot_bind_objects(PyObject *module, PyObject *args)
 {
     Py_ssize_t slot;
-    PyObject *bor, *ops, *types, *tags;
+    PyObject *bor, *ops, *types, *tags, *pickle;
     (void)module;
-    if (!PyArg_ParseTuple(args, "nOO!O!O!", &slot, &bor, &PyTuple_Type, &ops,
-                          &PyTuple_Type, &types, &PyTuple_Type, &tags))
+    if (!PyArg_ParseTuple(args, "nOO!O!O!O", &slot, &bor, &PyTuple_Type,
+                          &ops, &PyTuple_Type, &types, &PyTuple_Type, &tags,
+                          &pickle))
+        return NULL;
+    if ((!objs.dumps && !(objs.dumps = PyUnicode_InternFromString("dumps")))
+        || (!objs.loads
+            && !(objs.loads = PyUnicode_InternFromString("loads"))))
         return NULL;
     objs.slot = 0;  /* unbound until all is taken */
     if (slot < (Py_ssize_t)sizeof(struct slot_head)
@@ -474,6 +587,8 @@ PyObject *hot_bind_objects(PyObject *module, PyObject *args)
     }
     Py_INCREF(bor);
     Py_XSETREF(objs.bor, bor);
+    Py_INCREF(pickle);
+    Py_XSETREF(objs.pickle, pickle);
     for (int k = 0; k < NFOLDS; k++) {
         Py_INCREF(PyTuple_GET_ITEM(ops, k));
         Py_XSETREF(objs.op[k], PyTuple_GET_ITEM(ops, k));

@@ -32,9 +32,9 @@ run on xhc's collectives of bytes.
    (unfinished): no peer waits for it there, or meets its next call.
 Every result is a new object, as mpi4py's (the root's of a bcast too),
 except the numbers: immutable values, which the root's bcast returns as
-they are.  xhc/_hot_objects.c runs 2. for a root's number and for every
-reader, and 3. and 4. for numbers, in C; it hands the rest to received
-and finish here.
+they are.  xhc/_hot_objects.c runs 2. for a root's number or a pickle
+that fits the slot, and for every reader of such a slot, and 3. and 4.
+for numbers, in C; it hands the rest to received and finish here.
 """
 import contextlib
 import struct
@@ -66,9 +66,10 @@ _HEADER = struct.Struct("<qdq")
 _INT64 = range(-1 << 63, 1 << 63)
 _MPI4PY = object()     # _objects' answer: let mpi4py reduce
 # xhc/_hot_objects.c writes numbers' slots, runs the exchange and folds
-# with these ops itself.
+# with these ops itself, and a bcast's pickles that fit its slot, by
+# mpi4py's MPI.pickle, as _pickled.
 bind_objects(SLOT, MPI.BOR, (MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN),
-             *zip(*((kind, tag) for tag, kind, _ in _NUMBERS)))
+             *zip(*((kind, tag) for tag, kind, _ in _NUMBERS)), MPI.pickle)
 
 
 def _pickled(obj):

@@ -187,9 +187,9 @@ def _results(xcomm, comm, v, name, objs, op, exact):
 
 def routes(xcomm, comm, v):
     """Numbers with the ops folded in C (xhc/_hot_objects.c), and numbers
-    a bcast sends, take no Python method; keywords are mpi4py's; anything
-    else reaches the Python twins, mixed kinds Objects.finish, and a
-    pickle a bcast sends Objects.received."""
+    and pickles a bcast sends (inline, or in a second Bcast), take no
+    Python method; keywords are mpi4py's; anything else reaches the
+    Python twins, and mixed kinds Objects.finish."""
     seen = []
     twins = {n: getattr(xhc.Comm, n) for n in ("_allreduce", "_reduce",
                                                 "_bcast")}
@@ -253,13 +253,17 @@ def _routes_of_bcast(xcomm, comm, v, seen):
     want = [n for root in (size - 1, 0, 0) if spans
             for n in ["_bcast"] + (["received"] if rank != root else [])]
     v.check("bcast numbers in C", seen == want, f"went through {seen}")
-    del seen[:]
-    got = xcomm.bcast({"rank": rank}, root=0)
-    v.case("bcast a pickle", _same(got, {"rank": 0}))
-    want = (["_bcast"] if rank == 0 or spans else []) + (
-        ["received"] if rank != 0 else [])
-    v.check("bcast a pickle: root and reader in Python", seen == want,
-            f"went through {seen}")
+    longer = list(range(rank, rank + 999))
+    for what, obj in (("a pickle", {"rank": rank}),
+                      ("a pickle longer than the slot", longer)):
+        del seen[:]
+        got = xcomm.bcast(obj, root=0)
+        v.case(f"bcast {what}", _same(got, {"rank": 0} if isinstance(
+            obj, dict) else list(range(999))))
+        want = ["_bcast"] + (["received"] if rank != 0 else []) if spans \
+            else []
+        v.check(f"bcast {what}: root and reader in C", seen == want,
+                f"went through {seen}")
 
 
 class _SurrogateError:
