@@ -364,6 +364,21 @@ def test_a_crowded_node_crowds_each_communicator_on_it():
     assert cfg["windows"] == 2 and cfg["spin"] == config.DEFAULTS["spin"]
 
 
+@pytest.mark.parametrize("cpu_sets, load, why", [
+    ([[0], [1], [0]], (3, 2), "more ranks than CPUs"),
+    ([[0], [1]], (4, 2), "the job runs 4 processes on the node's 2 CPUs"),
+    ([[0], [0], [0, 1, 2]], (3, 3),
+     "some ranks are bound to fewer CPUs than share them"),
+])
+def test_info_says_what_crowds_the_ranks(cpu_sets, load, why):
+    """python -m xhc info names, for crowded ranks, the reason
+    fit_to_load found: ranks on one node cut in two (split_nodes) may
+    have a CPU each and still be crowded by the job."""
+    from xhc.__main__ import _crowded_by
+    crowded, ncpu = config.fit_to_load(config.resolve(), cpu_sets, (), load)
+    assert crowded and _crowded_by(cpu_sets, ncpu, load) == why
+
+
 def test_what_was_cut_is_named_as_the_user_knows_it():
     """A cut crowded extra is named for what it is, with the size it now
     has (back at its tunable's, when cut to none) and what sets it."""

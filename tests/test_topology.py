@@ -720,6 +720,8 @@ def test_info_reports_waiting_for_the_load(n, env):
     w = doc["waiting"]
     assert w["ranks"] == n and 1 <= w["cpus"] <= os.cpu_count()
     assert w["crowded"] == (n > w["cpus"])
+    assert w["crowded_by"] == ("more ranks than CPUs" if w["crowded"]
+                               else None)
     # Crowded ranks stage large private buffers rather than read by CMA.
     moves = doc["transport"]
     assert moves["name"] == expected_copy(w["crowded"]), moves
@@ -787,6 +789,8 @@ def test_info_places_ranks_as_comm_does(tmp_path, split):
             got["hierarchies"]["allreduce"]] == levels
     w = got["waiting"]
     assert w["crowded"] and cfg["split_nodes"] == int(split), (w, cfg)
+    assert w["crowded_by"] == "more ranks than CPUs" or \
+        w["crowded_by"].startswith("the job runs 5 processes on "), w
     assert [w["spin"], w["bcast_windows"], w["bcast_rounds"],
             w["reduce_cico_max"], w["rs_window"]] == [
         cfg["spin"], cfg["windows"], cfg["bcast_rounds"],

@@ -127,6 +127,8 @@ def _waiting(cfg, cpu_sets, frees, load):
     crowded, ncpu = config.fit_to_load(cfg, cpu_sets, config.chosen(), load)
     segment = _segment(cfg, len(cpu_sets), frees, load[0])
     return segment, {"ranks": len(cpu_sets), "cpus": ncpu, "crowded": crowded,
+            "crowded_by": _crowded_by(cpu_sets, ncpu, load) if crowded
+            else None,
             "spin": cfg["spin"], "sleep": cfg["sleep"],
             "bcast_windows": cfg["windows"],
             "bcast_rounds": cfg["bcast_rounds"],
@@ -182,12 +184,24 @@ def _waiting_text(w):
     return ("waiting: %s on %s%s: spin %d polls, then yield; "
             "sleep %s; Bcast staging %d windows per rank%s%s%s"
             % (_ranks(w["ranks"]), _count(w["cpus"], "CPU"),
-               " (crowded)" if w["crowded"] else "",
+               f" (crowded: {w['crowded_by']})" if w["crowded"] else "",
                w["spin"], sleep, w["bcast_windows"], rounds, reduce, scatter))
 
 
 def _ranks(n):
     return _count(n, "rank")
+
+
+def _crowded_by(cpu_sets, ncpu, load):
+    """Why ranks with CPU_SETS on NCPU CPUs count as crowded, in words,
+    as config.fit_to_load judges it (LOAD: config.node_load's)."""
+    processes, cpus = load
+    if len(cpu_sets) > ncpu:
+        return "more ranks than CPUs"
+    if 0 < cpus < processes:
+        return (f"the job runs {processes} processes on the node's "
+                f"{_count(cpus, 'CPU')}")
+    return "some ranks are bound to fewer CPUs than share them"
 
 
 def _count(n, noun):
