@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* _hot_objects.c: allreduce, reduce and bcast of Python numbers, in C.
+/* _hot_objects.c: allreduce and reduce of Python numbers, and bcast of any
+ * object, in C.
  *
  * 1. xhc/objects.py exchanges objects in slots, one per rank: a tag, a
  *    float and an int, then a pickle.  A call whose object is a number
@@ -29,12 +30,15 @@
  *    by mpi4py's MPI.pickle (bound): inline after the head if it fits
  *    the slot, else in a second Bcast of exactly its bytes; the root
  *    returns the object the pickle loads, a new one, as mpi4py's root
- *    does.  An object that does not pickle is the twin's, which pickles
- *    it again to say why on every rank.  Every other rank runs the same
- *    Bcast here, whatever the root sends, and makes the number the head
- *    names, or loads the pickle (after a second Bcast, if it follows),
- *    or hands the slot to Objects.received, which raises the root's
- *    failure to pickle.  No bytecode runs between the two Bcasts.
+ *    does.  If pickling raises an Exception, Objects.bcast_failed sends
+ *    its text, as objects.py does, and the root raises it; anything
+ *    else (a KeyboardInterrupt) the root raises taking no part,
+ *    withdrawn.  Every other rank runs the same Bcast here, whatever the
+ *    root sends, and makes the number the head names, or loads the
+ *    pickle (after a second Bcast, if it follows), or hands the slot to
+ *    Objects.received, which raises the root's failure to pickle.  No
+ *    bytecode runs between the two Bcasts, nor between making the
+ *    core's call and running it.
  */
 #include "_hot.h" /* Python.h first */
 
@@ -352,25 +356,39 @@ static PyObject *reduce_call(HotComm *h, int kind, const char *twin,
     return res;
 }
 
-/* The object the pickle of LEN bytes at DATA loads, by MPI.pickle. */
-static PyObject *unpickled(const unsigned char *data, Py_ssize_t len)
-{
-    PyObject *b = PyBytes_FromStringAndSize((const char *)data, len);
-    PyObject *res = b ? PyObject_CallMethodOneArg(objs.pickle, objs.loads, b)
-                      : NULL;
-    Py_XDECREF(b);
-    return res;
-}
-
-/* OBJ's pickle by MPI.pickle, as bytes; if it does not pickle, NULL with
- * no error: the twin pickles it again and says what went wrong. */
+/* OBJ's pickle by MPI.pickle, as bytes (a user's dumps may return any
+ * buffer, taken as objects.py takes it); NULL with what it raised. */
 static PyObject *pickled(PyObject *obj)
 {
     PyObject *res = PyObject_CallMethodOneArg(objs.pickle, objs.dumps, obj);
-    if (res && !PyBytes_CheckExact(res))  /* a user's dumps: any buffer */
-        Py_SETREF(res, PyBytes_FromObject(res));
-    PyErr_Clear();
+    if (res && !PyBytes_CheckExact(res)) {
+        PyObject *view = PyMemoryView_FromObject(res);
+        Py_SETREF(res, view ? PyObject_CallMethod(view, "tobytes", NULL)
+                            : NULL);
+        Py_XDECREF(view);
+    }
     return res;
+}
+
+/* What a bcast holds while it runs: ours while a wait may release the
+ * GIL, or Python code runs, whatever others rebind. */
+struct bcast {
+    HotComm *h;
+    PyObject *held[4];  /* the slot, the root, the object, H's Objects */
+};
+
+/* A root whose object raised EXC as it pickled (see 5.): an Exception
+ * goes to every rank, as objects.py's _pickled has it
+ * (Objects.bcast_failed); anything else (a KeyboardInterrupt) this rank
+ * raises taking no part, withdrawn, as a call that raises before its
+ * collective is (xhc/entry.py).  For hot_raised: EXC then stands. */
+static PyObject *unpicklable(PyObject *exc, void *arg)
+{
+    struct bcast *b = arg;
+    if (PyErr_GivenExceptionMatches(exc, PyExc_Exception))
+        return PyObject_CallMethod(b->held[3], "bcast_failed", "OOO",
+                                   (PyObject *)b->h, b->held[1], exc);
+    return PyObject_CallMethod((PyObject *)b->h, "_withdraw", NULL);
 }
 
 /* The bytes of a bcast's slot after its head, in call C (of the slot). */
@@ -379,124 +397,132 @@ static Py_ssize_t slot_room(const xhc_call_t *c)
     return (Py_ssize_t)(c->count - sizeof(struct slot_head));
 }
 
-/* The second Bcast of a bcast (objects.py 2.), C's call on LEN bytes at
- * BUF instead of the slot: the error code of H's core. */
-static int second_bcast(HotComm *h, const xhc_call_t *c, void *buf,
-                        Py_ssize_t len)
+/* The second Bcast of a bcast (objects.py 2.): C's call on the bytes of
+ * DATA instead of the slot; None, or NULL with its error, named as the
+ * twin's would be, with DATA's size. */
+static PyObject *second_bcast(struct bcast *b, const xhc_call_t *c,
+                              PyObject *data)
 {
     xhc_call_t next = *c;
-    next.rbuf = buf;
-    next.count = (size_t)len;
-    return hot_invoke(h, h->run, &next, h->barrier, h->ctx);
+    next.rbuf = PyBytes_AS_STRING(data);
+    next.count = (size_t)PyBytes_GET_SIZE(data);
+    int rc = hot_invoke(b->h, b->h->run, &next, b->h->barrier, b->h->ctx);
+    if (rc == 0)
+        Py_RETURN_NONE;
+    PyObject *argv[2] = {PyMemoryView_FromObject(data), b->held[1]};
+    PyObject *res = argv[0] ? hot_failed(b->h, "_Bcast", rc, argv, 2) : NULL;
+    Py_XDECREF(argv[0]);
+    return res;
 }
 
-/* The pickle of a bcast whose slot's head S, in call C, announced a
- * pickle too long for the slot: received by a second Bcast, as bytes;
- * NULL with the error set (*RC the core's error code, if it failed).
- * Without the memory for it, this rank cannot take part: the root
- * times out waiting for it, as in objects.py. */
-static PyObject *long_pickle(HotComm *h, const xhc_call_t *c,
-                             const struct slot_head *s, int *rc)
+/* The object DATA (a pickle, as bytes) loads, by MPI.pickle. */
+static PyObject *loaded(PyObject *data)
 {
-    PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)s->tag);
+    return PyObject_CallMethodOneArg(objs.pickle, objs.loads, data);
+}
+
+/* The object the pickle of LEN bytes at AT loads. */
+static PyObject *unpickled(const unsigned char *at, Py_ssize_t len)
+{
+    PyObject *data = PyBytes_FromStringAndSize((const char *)at, len);
+    PyObject *res = data ? loaded(data) : NULL;
+    Py_XDECREF(data);
+    return res;
+}
+
+/* The object of a pickle too long for the slot, LEN bytes, which a
+ * second Bcast brings.  Without the memory for it this rank cannot take
+ * part: the root times out waiting for it, as in objects.py. */
+static PyObject *long_pickle(struct bcast *b, const xhc_call_t *c,
+                             Py_ssize_t len)
+{
+    PyObject *data = PyBytes_FromStringAndSize(NULL, len);
     if (!data)
-        return NULL;
-    *rc = second_bcast(h, c, PyBytes_AS_STRING(data), (Py_ssize_t)s->tag);
-    if (*rc)
-        Py_CLEAR(data);
-    return data;
+        return PyErr_Format(PyExc_MemoryError, "bcast: no memory for the "
+                            "root's pickle of %zd bytes", len);
+    PyObject *done = second_bcast(b, c, data);
+    PyObject *res = done ? loaded(data) : NULL;
+    Py_XDECREF(done);
+    Py_DECREF(data);
+    return res;
 }
 
 /* The object a bcast's slot, received by call C of the one slot,
- * stands for; HELD: the slot, the root, the object, H's Objects. */
-static PyObject *received(HotComm *h, const xhc_call_t *c, PyObject **held)
+ * stands for. */
+static PyObject *received(struct bcast *b, const xhc_call_t *c)
 {
-    PyObject *root_arg = held[1], *objects = held[3];
     struct slot_head s;
     const unsigned char *one = c->rbuf;
     memcpy(&s, one, sizeof s);
     for (int n = 0; n < NNUMBERS; n++)
         if (objs.type[n] && s.tag == objs.tag[n])
             return number_object(n, &s);
-    if (objs.pickle && s.tag > 0 && s.tag <= slot_room(c))  /* inline */
+    if (s.tag > 0 && s.tag <= slot_room(c))  /* a pickle, inline */
         return unpickled(one + sizeof s, (Py_ssize_t)s.tag);
-    if (objs.pickle && s.tag > 0) {
-        int rc = 0;
-        PyObject *data = long_pickle(h, c, &s, &rc);
-        if (!data)
-            return rc ? hot_failed(h, "_Bcast", rc, held, 2) : NULL;
-        PyObject *res = PyObject_CallMethodOneArg(objs.pickle, objs.loads,
-                                                  data);
-        Py_DECREF(data);
-        return res;
-    }
-    if (first_done(objects) < 0)
+    if (s.tag > 0)
+        return long_pickle(b, c, (Py_ssize_t)s.tag);
+    PyObject *objects = b->held[3], *root_arg = b->held[1];
+    if (first_done(objects) < 0)  /* a root's failure to pickle */
         return NULL;
     PyObject *res = PyObject_CallMethod(objects, "received", "OO",
-                                        (PyObject *)h, root_arg);
-    return after_first(h, objects, "bcast", root_arg, res);
+                                        (PyObject *)b->h, root_arg);
+    return after_first(b->h, objects, "bcast", root_arg, res);
 }
 
-/* Write the root's slot for OBJ into C's buffer: its head, and after it
- * the pickle *DATA (a new reference; NULL for a number) if it fits.  0,
- * with nothing written, if the twin must take the call. */
-static int root_slot(PyObject *obj, const xhc_call_t *c, PyObject **data)
+/* The root's bcast, its slot's head S and its pickle DATA (NULL for a
+ * number) ready, by call C of the one slot: the pickle goes inline, or
+ * in a second Bcast with no bytecode in between; then the new object
+ * DATA loads, as mpi4py's root returns, or the number itself. */
+static PyObject *root_bcast(struct bcast *b, const xhc_call_t *c,
+                            struct slot_head *s, PyObject *data)
 {
-    struct slot_head s = {0, 0.0, 0};
-    *data = NULL;
-    if (!head_of(obj, &s)) {
-        if (!objs.pickle || !(*data = pickled(obj)))
-            return 0;
-        s.tag = PyBytes_GET_SIZE(*data);
-        if (s.tag <= slot_room(c))
-            memcpy((unsigned char *)c->rbuf + sizeof s,
-                   PyBytes_AS_STRING(*data), (size_t)s.tag);
-    }
-    memcpy(c->rbuf, &s, sizeof s);
-    return 1;
-}
-
-/* The root's bcast once its slot went: a pickle too long for the slot
- * follows (DATA, its bytes, only read); then the new object DATA loads,
- * as mpi4py's root returns, or OBJ itself, a number. */
-static PyObject *root_result(HotComm *h, const xhc_call_t *c, PyObject *obj,
-                             PyObject *data, PyObject **held)
-{
+    int inline_pickle = data && PyBytes_GET_SIZE(data) <= slot_room(c);
+    if (data)
+        s->tag = PyBytes_GET_SIZE(data);
+    if (inline_pickle)
+        memcpy((unsigned char *)c->rbuf + sizeof *s, PyBytes_AS_STRING(data),
+               (size_t)s->tag);
+    memcpy(c->rbuf, s, sizeof *s);
+    int rc = hot_invoke(b->h, b->h->run, (void *)c, b->h->barrier,
+                        b->h->ctx);
+    if (rc)
+        return hot_failed(b->h, "_Bcast", rc, b->held, 2);
     if (!data) {
-        Py_INCREF(obj);  /* a number: immutable, returned as it is */
-        return obj;
+        Py_INCREF(b->held[2]);  /* a number: immutable, returned as it is */
+        return b->held[2];
     }
-    int rc = PyBytes_GET_SIZE(data) > slot_room(c)
-             ? second_bcast(h, c, PyBytes_AS_STRING(data),
-                            PyBytes_GET_SIZE(data))
-             : 0;
-    return rc ? hot_failed(h, "_Bcast", rc, held, 2)
-              : PyObject_CallMethodOneArg(objs.pickle, objs.loads, data);
+    PyObject *done = inline_pickle ? Py_None : second_bcast(b, c, data);
+    return done ? loaded(data) : NULL;
 }
 
-/* bcast with ARGV (object, root): see 5. */
+/* bcast with ARGV (object, root): see 5.  Pickling runs Python code,
+ * which may free H or let another thread do it: the call is made after
+ * it, from what is bound then. */
 static PyObject *bcast_call(HotComm *h, const char *twin, PyObject **argv,
                             PyObject *const *args, size_t nargsf,
                             PyObject *kwnames)
 {
     int root = hot_plain_root(h, argv[1]);
-    PyObject *held[4] = {h->slots[2], argv[1], argv[0], h->objects};
-    xhc_call_t c;
-    if (!objects_bound(h) || root < 0 || !hot_plain_call(h, BCAST, held, &c)
-        || c.count < sizeof(struct slot_head))
+    if (!objects_bound(h) || root < 0)
         return hot_slow((PyObject *)h, twin, args, nargsf, kwnames);
-    hold(held, 4, 1);  /* pickling runs Python code */
+    struct bcast b = {h, {h->slots[2], argv[1], argv[0], h->objects}};
+    struct slot_head s = {0, 0.0, 0};
     PyObject *data = NULL, *res;
-    if (root == h->rank && !root_slot(argv[0], &c, &data)) {
+    xhc_call_t c;
+    hold(b.held, 4, 1);
+    if (root == h->rank && !head_of(argv[0], &s) && !(data = pickled(argv[0])))
+        res = hot_raised(unpicklable, &b);
+    else if (!objects_bound(h) || !hot_plain_call(h, BCAST, b.held, &c)
+             || c.count < sizeof s)  /* freed meanwhile: the twin says so */
         res = hot_slow((PyObject *)h, twin, args, nargsf, kwnames);
-    } else {
+    else if (root == h->rank)
+        res = root_bcast(&b, &c, &s, data);
+    else {
         int rc = hot_invoke(h, h->run, &c, h->barrier, h->ctx);
-        res = rc ? hot_failed(h, "_Bcast", rc, held, 2)
-              : root != h->rank ? received(h, &c, held)
-              : root_result(h, &c, argv[0], data, held);
+        res = rc ? hot_failed(h, "_Bcast", rc, b.held, 2) : received(&b, &c);
     }
     Py_XDECREF(data);
-    hold(held, 4, 0);
+    hold(b.held, 4, 0);
     return res;
 }
 

@@ -32,9 +32,11 @@ run on xhc's collectives of bytes.
    (unfinished): no peer waits for it there, or meets its next call.
 Every result is a new object, as mpi4py's (the root's of a bcast too),
 except the numbers: immutable values, which the root's bcast returns as
-they are.  xhc/_hot_objects.c runs 2. for a root's number or a pickle
-that fits the slot, and for every reader of such a slot, and 3. and 4.
-for numbers, in C; it hands the rest to received and finish here.
+they are.  Once a communicator's slots are bound (after its first call
+on objects, unless XHC_DEBUG checks them), xhc/_hot_objects.c runs 2.
+in C, but for a root's failure to pickle (bcast_failed), which received
+raises on the others, and 3. and 4. for numbers; it hands the rest to
+finish here.
 """
 import contextlib
 import struct
@@ -65,11 +67,14 @@ _IN_FLOAT = {tag for tag, _, in_float in _NUMBERS if in_float}
 _HEADER = struct.Struct("<qdq")
 _INT64 = range(-1 << 63, 1 << 63)
 _MPI4PY = object()     # _objects' answer: let mpi4py reduce
+# mpi4py's pickler, as mpi4py's own calls take it at its import: set one
+# with MPI.pickle.__init__(dumps, loads); a new MPI.pickle changes
+# neither mpi4py's calls nor these.
+_PICKLE = MPI.pickle
 # xhc/_hot_objects.c writes numbers' slots, runs the exchange and folds
-# with these ops itself, and a bcast's pickles that fit its slot, by
-# mpi4py's MPI.pickle, as _pickled.
+# with these ops itself, and pickles and unpickles a bcast's objects.
 bind_objects(SLOT, MPI.BOR, (MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN),
-             *zip(*((kind, tag) for tag, kind, _ in _NUMBERS)), MPI.pickle)
+             *zip(*((kind, tag) for tag, kind, _ in _NUMBERS)), _PICKLE)
 
 
 def _pickled(obj):
@@ -78,7 +83,7 @@ def _pickled(obj):
     text, the text, which every rank must still hear of, and the error.
     Nothing it raises may keep this rank from taking part."""
     try:
-        data = MPI.pickle.dumps(obj)
+        data = _PICKLE.dumps(obj)
         if type(data) is not bytes:  # a user's dumps may return anything
             data = memoryview(data).tobytes()
     except Exception as exc:
@@ -177,7 +182,16 @@ class Objects:
             self._first_done(x, before)
             self.unfinished(x, "bcast", root, data)
             raise
-        return obj if data is None else MPI.pickle.loads(data)
+        return obj if data is None else _PICKLE.loads(data)
+
+    def bcast_failed(self, x, root, exc):
+        """Tell every rank that ROOT's object (this rank's) raised EXC, an
+        Exception, as xhc/_hot_objects.c pickled it: its text in the
+        slot, as when _pickled fails here; the caller raises EXC."""
+        reason = _reason(exc)
+        _HEADER.pack_into(self._views[1], 0, FAILED, 0.0, len(reason))
+        self._views[1][_HEAD:_HEAD + len(reason)] = reason
+        x.Bcast(self._one, root)
 
     def _first_done(self, x, before):
         """Did X's core run the first exchange, the operation after
@@ -229,10 +243,10 @@ class Objects:
             data = np.empty(tag, np.uint8)
             self._stage = 2
             x.Bcast(data, root)
-            return MPI.pickle.loads(data)
+            return _PICKLE.loads(data)
         if tag < 0:
             return _number(tag, f, i)
-        return MPI.pickle.loads(self._views[1][_HEAD:_HEAD + tag])
+        return _PICKLE.loads(self._views[1][_HEAD:_HEAD + tag])
 
     def reduce(self, x, name, obj, op, root):
         """The fold of every rank's OBJ by OP on ROOT (None: on every
@@ -296,7 +310,7 @@ class Objects:
             if total else None
         if not folds:
             return None
-        recv, loads = self._views[2], MPI.pickle.loads
+        recv, loads = self._views[2], _PICKLE.loads
         objs = []
         for r, tag in enumerate(tags):
             if tag < 0:

@@ -236,11 +236,13 @@ class Planner:
             return False
         alias = buf.alias
         if alias is not None and op not in alias.defined:
-            *most, last = (OP_NAMES[id(o)] for o in alias.defined)
+            names = [OP_NAMES[id(o)] for o in alias.defined]
+            listed = " and ".join([", ".join(names[:-1]), names[-1]]
+                                  if len(names) > 1 else names)
             raise MPIValueError(
                 f"{name}: MPI.{OP_NAMES[id(op)]} is not defined on "
-                f"{alias.name} data (MPI defines {', '.join(most)} and "
-                f"{last} on it); {alias.fix}", MPI.ERR_OP)
+                f"{alias.name} data (MPI defines {listed} on it); "
+                f"{alias.fix}", MPI.ERR_OP)
         if alias is not None and op not in alias.only:
             self._why = (f"{alias.name} data with an op other than " +
                          ", ".join(OP_NAMES[id(o)] for o in alias.only))

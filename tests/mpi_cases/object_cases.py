@@ -349,6 +349,65 @@ def failures(xcomm, comm, v):
                f"{name}: invalid root {size}")
     v.case("after the failures", _same(xcomm.bcast(rank + 1, root=bad),
                                        bad + 1))
+    pickled_once(xcomm, comm, v)
+    if xcomm._nodes is None:  # C pickles on one node alone; over several
+        freed_while_pickling(comm, v)  # a rank refusing stalls MPI's peers
+
+
+class _Counted:
+    """An object whose pickling raises, counting its attempts."""
+    tries = 0
+
+    def __reduce__(self):
+        _Counted.tries += 1
+        raise ValueError("not this one")
+
+
+def pickled_once(xcomm, comm, v):
+    """A bcast root's object that fails to pickle is pickled once, as
+    mpi4py pickles it (its __reduce__ may have side effects), and every
+    rank hears of the failure; the next call works."""
+    rank, bad = comm.rank, comm.size - 1
+    _Counted.tries = 0
+    try:
+        xcomm.bcast(_Counted() if rank == bad else None, root=bad)
+        err = "no error"
+    except xhc.XhcError as exc:
+        err = None if rank != bad and "could not pickle" in str(exc) \
+            else f"raised {exc!r}"
+    except ValueError:
+        err = None if rank == bad and _Counted.tries == 1 else \
+            f"pickled {_Counted.tries} times"
+    v.case("bcast: an object that fails to pickle is pickled once", err)
+    v.case("bcast: the next call works", _same(
+        xcomm.bcast({"n": rank}, root=bad), {"n": bad}))
+
+
+class _Freeing:
+    """An object whose pickling frees the xhc.Comm that bcasts it."""
+
+    def __init__(self, xcomm):
+        self.xcomm = xcomm
+
+    def __reduce__(self):
+        self.xcomm.free()
+        return (int, (1,))
+
+
+def freed_while_pickling(comm, v):
+    """A root whose pickling (in C, on one node) frees its xhc.Comm
+    raises that it is freed, and runs nothing on the segment that free()
+    unmapped; the other ranks raise that it left."""
+    other = xhc.Comm(comm)
+    other.bcast(0)  # binds the slots: the next bcast pickles in C
+    try:
+        other.bcast(_Freeing(other) if comm.rank == 0 else None, root=0)
+        err = "no error"
+    except (MPI.Exception, xhc.XhcError) as exc:
+        err = None if "already freed" in str(exc) and comm.rank == 0 or (
+            comm.rank != 0 and isinstance(exc, xhc.XhcError)) else repr(exc)
+    v.case("bcast: freed while the root pickles, nothing runs on it", err)
+    other.free()
 
 
 def long_and_custom(xcomm, comm, v):
