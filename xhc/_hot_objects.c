@@ -491,8 +491,13 @@ static PyObject *root_bcast(struct bcast *b, const xhc_call_t *c,
         Py_INCREF(b->held[2]);  /* a number: immutable, returned as it is */
         return b->held[2];
     }
-    PyObject *done = inline_pickle ? Py_None : second_bcast(b, c, data);
-    return done ? loaded(data) : NULL;
+    if (!inline_pickle) {
+        PyObject *done = second_bcast(b, c, data);
+        if (!done)
+            return NULL;
+        Py_DECREF(done);
+    }
+    return loaded(data);
 }
 
 /* bcast with ARGV (object, root): see 5.  Pickling runs Python code,

@@ -21,8 +21,10 @@ run on xhc's collectives of bytes.
    op(lower ranks' result, next rank's object), as MPI orders a reduction
    and mpi4py applies an op to objects.  A fold that raises raises on
    every such rank; no peer is left waiting.
-5. A rank that cannot pickle its object still takes part, with a tag that
-   makes every rank raise, so no peer waits for it.
+5. A rank that cannot pickle its object (an Exception) still takes part,
+   with a tag that makes every rank raise, so no peer waits for it.  One
+   interrupted while it pickles (a KeyboardInterrupt) takes no part: it
+   withdraws, as a refused call does (xhc/entry.py).
 6. When the long pickles come to more than LIMIT bytes, every rank (all
    know the tags) calls mpi4py's own reduction instead: each rank would
    receive every object, where mpi4py's tree passes fewer along.
@@ -162,6 +164,16 @@ class Objects:
             view[offset + _HEAD:offset + _HEAD + len(data)] = data
         return tag, data, exc
 
+    def _put_or_withdraw(self, x, *args):
+        """_put(*ARGS), for a call by xhc.Comm X: what escapes _pickled
+        (no Exception: a KeyboardInterrupt) leaves this rank out of the
+        call, withdrawn from it, as xhc/_hot_objects.c has it."""
+        try:
+            return self._put(*args)
+        except BaseException:
+            x._withdraw()
+            raise
+
     def bcast(self, x, obj, root):
         """ROOT's OBJ by xhc.Comm X, a new one on every rank (but for
         numbers)."""
@@ -171,7 +183,8 @@ class Objects:
             if self._rank != root:
                 x.Bcast(one, root)
                 return self.received(x, root)
-            tag, data, exc = self._put(self._views[1], 0, obj, ONE_CAP)
+            tag, data, exc = self._put_or_withdraw(x, self._views[1], 0,
+                                                   obj, ONE_CAP)
             x.Bcast(one, root)
             if exc is not None:
                 raise exc
@@ -256,7 +269,8 @@ class Objects:
             x._withdraw()  # takes no part
             raise TypeError(f"{name}: op must be an MPI.Op or a callable, "
                             f"not {type(op).__name__}")
-        tag, data, exc = self._put(self._views[0], self._mine, obj)
+        tag, data, exc = self._put_or_withdraw(x, self._views[0],
+                                               self._mine, obj)
         self._stage, before = 0, x._on_ctx(lib.xhc_seq)
         try:
             x.Allreduce(self._send, self._recv, MPI.BOR)
