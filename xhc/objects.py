@@ -79,6 +79,14 @@ bind_objects(SLOT, MPI.BOR, (MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN),
              *zip(*((kind, tag) for tag, kind, _ in _NUMBERS)), _PICKLE)
 
 
+def _write(view, offset, tag, i, data, cap):
+    """Pack a slot at OFFSET of VIEW: the head (TAG, no float, I), and
+    DATA after it if it is at most CAP bytes."""
+    _HEADER.pack_into(view, offset, tag, 0.0, i)
+    if len(data) <= cap:
+        view[offset + _HEAD:offset + _HEAD + len(data)] = data
+
+
 def _pickled(obj):
     """(tag, int, pickle, exception) for OBJ: its pickle's length, 0 and
     its pickle; or if it does not pickle FAILED, the length of the error's
@@ -159,9 +167,7 @@ class Objects:
                     obj.view(np.uint32) if tag == _F32 else obj))
             return tag, None, None
         tag, i, data, exc = _pickled(obj)
-        _HEADER.pack_into(view, offset, tag, 0.0, i)
-        if len(data) <= cap:
-            view[offset + _HEAD:offset + _HEAD + len(data)] = data
+        _write(view, offset, tag, i, data, cap)
         return tag, data, exc
 
     def _put_or_withdraw(self, x, *args):
@@ -202,8 +208,7 @@ class Objects:
         Exception, as xhc/_hot_objects.c pickled it: its text in the
         slot, as when _pickled fails here; the caller raises EXC."""
         reason = _reason(exc)
-        _HEADER.pack_into(self._views[1], 0, FAILED, 0.0, len(reason))
-        self._views[1][_HEAD:_HEAD + len(reason)] = reason
+        _write(self._views[1], 0, FAILED, len(reason), reason, ONE_CAP)
         x.Bcast(self._one, root)
 
     def _first_done(self, x, before):
