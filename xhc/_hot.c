@@ -171,6 +171,39 @@ int hot_claim(HotComm *h, const char *name)
     return 0;
 }
 
+/* Does the context chain of exception EXC reach TARGET? */
+static int reaches(PyObject *exc, PyObject *target)
+{
+    for (int depth = 0; exc && depth < 1000; depth++) {  /* no cycle */
+        if (exc == target)
+            return 1;
+        PyObject *next = PyException_GetContext(exc);
+        Py_XDECREF(next);  /* EXC keeps it */
+        exc = next;
+    }
+    return 0;
+}
+
+/* FIRST (stolen) as the context of the error now set, as Python chains
+ * an exception raised while another is handled, unless that error has
+ * one already or the chain would loop. */
+static void chain_after(PyObject *first)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *had = value ? PyException_GetContext(value) : NULL;
+    if (value && !had && !reaches(first, value)) {
+        if (tb)
+            PyException_SetTraceback(value, tb);
+        PyException_SetContext(value, first);  /* steals FIRST */
+    } else {
+        Py_XDECREF(first);
+    }
+    Py_XDECREF(had);
+    PyErr_Restore(type, value, tb);
+}
+
 PyObject *hot_raised(hot_aside_fn aside, void *arg)
 {
     PyObject *type, *value, *tb;
@@ -179,8 +212,9 @@ PyObject *hot_raised(hot_aside_fn aside, void *arg)
     if (tb)
         PyException_SetTraceback(value, tb);
     PyObject *done = aside(value, arg);
-    if (!done) {  /* its own error stands instead */
-        Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
+    if (!done) {  /* its own error stands instead, after the first */
+        Py_XDECREF(type), Py_XDECREF(tb);
+        chain_after(value);
         return NULL;
     }
     Py_DECREF(done);

@@ -96,7 +96,8 @@ int hot_claim(HotComm *h, const char *name);
 /* Hold OBJ in *SLOT, or nothing if OBJ is None. */
 void hot_hold_or_clear(PyObject **slot, PyObject *obj);
 /* With an exception set: ASIDE(the exception, ARG), then the exception
- * stands again, unless ASIDE raised, whose error then stands.  NULL. */
+ * stands again, unless ASIDE raised, whose error then stands, with the
+ * first as its context.  NULL. */
 typedef PyObject *(*hot_aside_fn)(PyObject *exc, void *arg);
 PyObject *hot_raised(hot_aside_fn aside, void *arg);
 /* Raise error RC of twin NAME, called with ARGV, through Comm._failed. */

@@ -394,20 +394,34 @@ class _Freeing:
         return (int, (1,))
 
 
+class _FreeingThenFailing(_Freeing):
+    """... which then fails to pickle."""
+
+    def __reduce__(self):
+        self.xcomm.free()
+        raise ValueError("freed, then failed")
+
+
 def freed_while_pickling(comm, v):
     """A root whose pickling (in C, on one node) frees its xhc.Comm
     raises that it is freed, and runs nothing on the segment that free()
-    unmapped; the other ranks raise that it left."""
-    other = xhc.Comm(comm)
-    other.bcast(0)  # binds the slots: the next bcast pickles in C
-    try:
-        other.bcast(_Freeing(other) if comm.rank == 0 else None, root=0)
-        err = "no error"
-    except (MPI.Exception, xhc.XhcError) as exc:
-        err = None if "already freed" in str(exc) and comm.rank == 0 or (
-            comm.rank != 0 and isinstance(exc, xhc.XhcError)) else repr(exc)
-    v.case("bcast: freed while the root pickles, nothing runs on it", err)
-    other.free()
+    unmapped; the other ranks raise that it left.  If the pickling then
+    fails too, the root's error has that failure as its context."""
+    for kind in (_Freeing, _FreeingThenFailing):
+        other = xhc.Comm(comm)
+        other.bcast(0)  # binds the slots: the next bcast pickles in C
+        try:
+            other.bcast(kind(other) if comm.rank == 0 else None, root=0)
+            err = "no error"
+        except (MPI.Exception, xhc.XhcError) as exc:
+            first = exc.__context__
+            chained = kind is _Freeing or isinstance(first, ValueError)
+            err = None if comm.rank != 0 and isinstance(exc, xhc.XhcError) \
+                else repr(exc) if "already freed" not in str(exc) \
+                else None if chained else f"its context is {first!r}"
+        v.case(f"bcast: freed while the root pickles ({kind.__name__}), "
+               "nothing runs on it", err)
+        other.free()
 
 
 def long_and_custom(xcomm, comm, v):
