@@ -398,21 +398,24 @@ static Py_ssize_t slot_room(const xhc_call_t *c)
 }
 
 /* The second Bcast of a bcast (objects.py 2.): C's call on the bytes of
- * DATA instead of the slot; None, or NULL with its error, named as the
- * twin's would be, with DATA's size. */
-static PyObject *second_bcast(struct bcast *b, const xhc_call_t *c,
-                              PyObject *data)
+ * DATA instead of the slot; 0, or -1 with its error, named as the twin's
+ * would be, with DATA's size. */
+static int second_bcast(struct bcast *b, const xhc_call_t *c,
+                        PyObject *data)
 {
     xhc_call_t next = *c;
     next.rbuf = PyBytes_AS_STRING(data);
     next.count = (size_t)PyBytes_GET_SIZE(data);
     int rc = hot_invoke(b->h, b->h->run, &next, b->h->barrier, b->h->ctx);
     if (rc == 0)
-        Py_RETURN_NONE;
+        return 0;
     PyObject *argv[2] = {PyMemoryView_FromObject(data), b->held[1]};
-    PyObject *res = argv[0] ? hot_failed(b->h, "_Bcast", rc, argv, 2) : NULL;
+    if (argv[0])  /* Comm._failed raises */
+        Py_XDECREF(hot_failed(b->h, "_Bcast", rc, argv, 2));
     Py_XDECREF(argv[0]);
-    return res;
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "bcast: its second Bcast failed");
+    return -1;
 }
 
 /* The object DATA (a pickle, as bytes) loads, by MPI.pickle. */
@@ -440,9 +443,7 @@ static PyObject *long_pickle(struct bcast *b, const xhc_call_t *c,
     if (!data)
         return PyErr_Format(PyExc_MemoryError, "bcast: no memory for the "
                             "root's pickle of %zd bytes", len);
-    PyObject *done = second_bcast(b, c, data);
-    PyObject *res = done ? loaded(data) : NULL;
-    Py_XDECREF(done);
+    PyObject *res = second_bcast(b, c, data) == 0 ? loaded(data) : NULL;
     Py_DECREF(data);
     return res;
 }
@@ -491,12 +492,8 @@ static PyObject *root_bcast(struct bcast *b, const xhc_call_t *c,
         Py_INCREF(b->held[2]);  /* a number: immutable, returned as it is */
         return b->held[2];
     }
-    if (!inline_pickle) {
-        PyObject *done = second_bcast(b, c, data);
-        if (!done)
-            return NULL;
-        Py_DECREF(done);
-    }
+    if (!inline_pickle && second_bcast(b, c, data) < 0)
+        return NULL;
     return loaded(data);
 }
 
