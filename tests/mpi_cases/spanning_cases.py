@@ -38,6 +38,7 @@ def suite_spanning(xcomm, comm, v, sz, args):
     collective), a bad buffer on one rank, node-shared arrays, and the
     counts of the node's paths."""
     parts = node_parts(comm)
+    fallbacks = xcomm.stats["fallback"]  # an earlier suite's are its own
     v.check("spanning: several nodes", len(set(parts)) > 1,
             f"XHC_SPLIT_NODES={os.environ.get('XHC_SPLIT_NODES')} with "
             f"{comm.size} ranks makes one node")
@@ -60,7 +61,7 @@ def suite_spanning(xcomm, comm, v, sz, args):
     node_shared_arrays(xcomm, comm, v, parts)
     node_arena_arrays(xcomm, comm, v)
     shared_memory_is_not_budgeted(xcomm, v)
-    v.check("spanning: no fallback", xcomm.stats["fallback"] == 0,
+    v.check("spanning: no fallback", xcomm.stats["fallback"] == fallbacks,
             f"stats: {xcomm.stats}")
     leader_fails_between_nodes(xcomm, comm, v, parts)
     leaders_fail_on_their_nodes(xcomm, comm, v, parts)
