@@ -908,6 +908,10 @@ ONE_RANK_REFUSES = [
      r"^Allreduce: the receive buffer is read-only; pass a writable array$"),
     ("fallback-init-root-readonly", "ReadOnlyError",
      r"^Reduce: the receive buffer is read-only; pass a writable array$"),
+    # Interrupted as it pickles its object (a KeyboardInterrupt), in C.
+    ("object-bcast-interrupted", "Interrupted", r"^while pickling$"),
+    ("object-allreduce-interrupted", "Interrupted", r"^while pickling$"),
+    ("object-reduce-interrupted", "Interrupted", r"^while pickling$"),
 ]
 
 

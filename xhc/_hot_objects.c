@@ -1,29 +1,35 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* _hot_objects.c: allreduce and reduce of Python numbers, and bcast of any
- * object, in C.
+/* _hot_objects.c: bcast, allreduce and reduce of Python objects, in C.
  *
  * 1. xhc/objects.py exchanges objects in slots, one per rank: a tag, a
- *    float and an int, then a pickle.  A call whose object is a number
- *    that travels raw (Python's float, bool and int of 64 bits; numpy's
- *    float64, float32, int64, int32 and bool_), and whose op is one
- *    folded here (SUM, PROD, MAX, MIN), writes its slot here as
- *    objects.py would and runs the same exchange: the core's Allreduce
- *    with BOR of the arrays of slots, as a call on plain arrays.
- * 2. When every rank's slot holds a number of one kind, not a bool, the
- *    fold is done here, in rank order, as Python folds with mpi4py's
- *    ops: a + b, a * b, and for MAX b only if b > a (for MIN b < a), so
- *    that NaNs and signed zeros come out the same; float32 in float32,
- *    from and to the bits its slot carries (a signalling NaN stays one).
- *    A result that Python or numpy treats apart (an int beyond its
- *    width; a numpy float that is not finite or underflowed, which
- *    numpy may warn of or raise for) is left to 3.
- * 3. Any other exchange (numbers of mixed kinds, a pickle, a rank whose
- *    object did not pickle) is finished by Objects.finish in Python,
- *    from the same slots.  Every rank reads the same tags, so all take
- *    the same road after the exchange, whichever road each came by.
- * 4. Any other call (another object or op, a root that is not a rank, no
- *    slots bound, as under XHC_DEBUG, whose checks are Python's, a freed
- *    communicator or one over several nodes) is the Python twin's, whole.
+ *    float and an int, then a pickle.  allreduce and reduce write this
+ *    rank's slot here as objects.py would: a number that travels raw
+ *    (Python's float, bool and int of 64 bits; numpy's float64,
+ *    float32, int64, int32 and bool_) in the head, anything else as the
+ *    pickle MPI.pickle (bound) makes, after the head; then they run the
+ *    same exchange: the core's Allreduce with BOR of the arrays of
+ *    slots, as a call on plain arrays.
+ * 2. When every rank's slot holds a number of one kind, not a bool, and
+ *    the op is one folded here (SUM, PROD, MAX, MIN), the fold is done
+ *    here, in rank order, as Python folds with mpi4py's ops: a + b,
+ *    a * b, and for MAX b only if b > a (for MIN b < a), so that NaNs
+ *    and signed zeros come out the same; float32 in float32, from and to
+ *    the bits its slot carries (a signalling NaN stays one).  A result
+ *    that Python or numpy treats apart (an int beyond its width; a numpy
+ *    float that is not finite or underflowed, which numpy may warn of or
+ *    raise for) is left to 3.
+ * 3. Otherwise, when every slot holds its whole object (a number, or a
+ *    pickle that fits), each rank that gets the result makes every
+ *    rank's object, then folds them in rank order by calling the op, as
+ *    objects.py does.  Any other exchange (a pickle too long for its
+ *    slot, a rank whose object did not pickle) is finished by
+ *    Objects.finish in Python, from the same slots.  Every rank reads
+ *    the same tags, so all take the same road after the exchange,
+ *    whichever road each came by.
+ * 4. A call that cannot run here (an op that is not callable, a root
+ *    that is not a rank, no slots bound, as under XHC_DEBUG, whose
+ *    checks are Python's, a freed communicator or one over several
+ *    nodes) is the Python twin's, whole.
  * 5. bcast, as objects.py runs it: a root whose object is a number
  *    writes the slot head here, runs the core's Bcast of the one slot
  *    and returns the number itself.  Any other object is pickled here
@@ -39,6 +45,13 @@
  *    Objects.received, which raises the root's failure to pickle.  No
  *    bytecode runs between the two Bcasts, nor between making the
  *    core's call and running it.
+ * 6. A rank of an allreduce or a reduce pickles as a bcast's root does,
+ *    before the core's call is made; one whose pickle is too long for
+ *    its slot hands it to Objects.reduce_pickled, which runs both
+ *    exchanges in Python; one whose object raises an Exception as it
+ *    pickles has Objects.reduce_failed send the text, as objects.py
+ *    does, and raises it; anything else it raises taking no part,
+ *    withdrawn.
  */
 #include "_hot.h" /* Python.h first */
 
@@ -100,6 +113,16 @@ static int number_of(PyObject *obj)
 {
     for (int n = 0; n < NNUMBERS; n++)
         if (Py_TYPE(obj) == objs.type[n])
+            return n;
+    return -1;
+}
+
+/* The kind of number a slot's TAG names, or -1: a pickle's length, a
+ * failure to pickle, or a kind bind_numbers left unbound. */
+static int kind_of_tag(int64_t tag)
+{
+    for (int n = 0; n < NNUMBERS; n++)
+        if (objs.type[n] && objs.tag[n] == tag)
             return n;
     return -1;
 }
@@ -234,11 +257,9 @@ static PyObject *fold_slots(const unsigned char *all, int nranks, int k)
 {
     struct slot_head acc, s;
     memcpy(&acc, all, sizeof acc);
-    int n = 0;  /* a kind that bind_numbers left unbound folds in Python */
-    while (n < NNUMBERS && !(objs.type[n] && objs.tag[n] == acc.tag))
-        n++;
-    if (n == NNUMBERS || n == K_BOOL || n == K_NPBOOL)
-        return NULL;  /* bools fold to ints or bools: Python's */
+    int n = kind_of_tag(acc.tag);
+    if (n < 0 || n == K_BOOL || n == K_NPBOOL)
+        return NULL;  /* bools fold to ints or bools: by the op's call */
     feclearexcept(FE_UNDERFLOW);
     for (int r = 1; r < nranks; r++) {
         memcpy(&s, all + (Py_ssize_t)r * objs.slot, sizeof s);
@@ -252,12 +273,133 @@ static PyObject *fold_slots(const unsigned char *all, int nranks, int k)
     return number_object(n, &acc);
 }
 
-/* RES of OBJECTS' finish or received, called once the first exchange
- * of the call NAME to ROOT_ARG completed (first_done: stage 1).  If it
- * raised before the second exchange began (a signal handler's exception
- * at its first line, say), Objects.unfinished takes part in the second
- * all the same, so that no peer waits for this rank there; then the
- * exception stands. */
+/* Take (TAKE) or drop references to the N objects a call holds: ours
+ * while a wait may release the GIL, or Python code runs, whatever others
+ * rebind. */
+static void hold(PyObject **held, int n, int take)
+{
+    for (int i = 0; i < n; i++) {
+        if (take)
+            Py_INCREF(held[i]);
+        else
+            Py_DECREF(held[i]);
+    }
+}
+
+/* Can H run calls on objects here at all? */
+static int objects_bound(const HotComm *h)
+{
+    return SLOTS_NATIVE && h->ctx && h->objects && objs.slot;
+}
+
+/* -- pickles ------------------------------------------------------------ */
+
+/* OBJ's pickle by MPI.pickle, as bytes (a user's dumps may return any
+ * buffer, taken as objects.py takes it); NULL with what it raised. */
+static PyObject *pickled(PyObject *obj)
+{
+    PyObject *res = PyObject_CallMethodOneArg(objs.pickle, objs.dumps, obj);
+    if (res && !PyBytes_CheckExact(res)) {
+        PyObject *view = PyMemoryView_FromObject(res);
+        Py_SETREF(res, view ? PyObject_CallMethod(view, "tobytes", NULL)
+                            : NULL);
+        Py_XDECREF(view);
+    }
+    return res;
+}
+
+/* The object DATA (a pickle, as bytes) loads, by MPI.pickle. */
+static PyObject *loaded(PyObject *data)
+{
+    return PyObject_CallMethodOneArg(objs.pickle, objs.loads, data);
+}
+
+/* The object the pickle of LEN bytes at AT loads. */
+static PyObject *unpickled(const unsigned char *at, Py_ssize_t len)
+{
+    PyObject *data = PyBytes_FromStringAndSize((const char *)at, len);
+    PyObject *res = data ? loaded(data) : NULL;
+    Py_XDECREF(data);
+    return res;
+}
+
+/* A call whose object raised as it pickled (see 5. and 6.). */
+struct pickling {
+    HotComm *h;
+    PyObject *objects, *root_arg;  /* H's Objects, the call's root */
+    int kind;                      /* OBJ_BCAST, or a reduction */
+};
+
+/* For hot_raised, after pickling raised EXC: an Exception goes to every
+ * rank, as objects.py's _pickled has it (Objects.bcast_failed,
+ * reduce_failed); anything else (a KeyboardInterrupt) this rank raises
+ * taking no part, withdrawn, as a call that raises before its collective
+ * does (xhc/entry.py).  EXC then stands. */
+static PyObject *unpicklable(PyObject *exc, void *arg)
+{
+    struct pickling *p = arg;
+    if (!PyErr_GivenExceptionMatches(exc, PyExc_Exception))
+        return PyObject_CallMethod((PyObject *)p->h, "_withdraw", NULL);
+    if (p->kind == OBJ_BCAST)
+        return PyObject_CallMethod(p->objects, "bcast_failed", "OOO",
+                                   (PyObject *)p->h, p->root_arg, exc);
+    return PyObject_CallMethod(p->objects, "reduce_failed", "OO",
+                               (PyObject *)p->h, exc);
+}
+
+/* OBJ's slot head in *S if it is a number, else its pickle in *DATA (a
+ * new reference): 0.  -1 with what pickling raised, once unpicklable
+ * has told the others (P). */
+static int number_or_pickle(struct pickling *p, PyObject *obj,
+                            struct slot_head *s, PyObject **data)
+{
+    if (head_of(obj, s) || (*data = pickled(obj)))
+        return 0;
+    hot_raised(unpicklable, p);
+    return -1;
+}
+
+/* Write a slot at AT: head S, or for a pickle DATA its length, and the
+ * pickle after the head if it fits in ROOM bytes. */
+static void write_slot(unsigned char *at, struct slot_head *s,
+                       PyObject *data, Py_ssize_t room)
+{
+    if (data) {
+        Py_ssize_t len = PyBytes_GET_SIZE(data);
+        *s = (struct slot_head){len, 0.0, 0};
+        if (len <= room)
+            memcpy(at + sizeof *s, PyBytes_AS_STRING(data), (size_t)len);
+    }
+    memcpy(at, s, sizeof *s);
+}
+
+/* Does the slot at AT hold all that makes its object: a number of a
+ * kind made here, or a pickle of at most ROOM bytes? */
+static int slot_whole(const unsigned char *at, Py_ssize_t room)
+{
+    struct slot_head s;
+    memcpy(&s, at, sizeof s);
+    return kind_of_tag(s.tag) >= 0 || (s.tag >= 0 && s.tag <= room);
+}
+
+/* The object of the slot at AT, which slot_whole holds. */
+static PyObject *slot_object(const unsigned char *at)
+{
+    struct slot_head s;
+    memcpy(&s, at, sizeof s);
+    int n = kind_of_tag(s.tag);
+    return n >= 0 ? number_object(n, &s)
+                  : unpickled(at + sizeof s, (Py_ssize_t)s.tag);
+}
+
+/* -- allreduce and reduce ----------------------------------------------- */
+
+/* A call's RES of OBJECTS' finish or received, called once the first
+ * exchange of the call NAME to ROOT_ARG completed (first_done: stage 1).
+ * If it raised before the second exchange began (a signal handler's
+ * exception at its first line, say), Objects.unfinished takes part in
+ * the second all the same, so that no peer waits for this rank there;
+ * then the exception stands. */
 struct unfinished {
     HotComm *h;
     PyObject *objects, *root_arg;
@@ -288,87 +430,128 @@ static PyObject *after_first(HotComm *h, PyObject *objects, const char *name,
     return res ? res : hot_raised(unfinished, &u);
 }
 
-/* After the exchange into ALL: the result on this rank, which folds by K
- * if it is ROOT, of the call NAME with ARGV (object, op) and ROOT_ARG
- * (None for allreduce). */
-static PyObject *finish(HotComm *h, const char *name, PyObject **argv,
-                        PyObject *root_arg, int k, int root,
-                        const unsigned char *all)
+/* An allreduce or a reduce under way, and what it holds while it runs. */
+struct reduce {
+    HotComm *h;
+    const char *name;    /* allreduce or reduce */
+    PyObject **argv;     /* the object, the op */
+    PyObject *root_arg;  /* None for allreduce */
+    int root;            /* the rank that folds; every rank's own for
+                            allreduce */
+    int k;               /* the op's fold here, or -1 */
+    PyObject *held[4];   /* the arrays of slots, BOR, H's Objects */
+};
+
+/* The fold by OP, a callable, of the objects of the NRANKS slots at ALL
+ * (each slot_whole), as objects.py folds them: every object made first,
+ * then op(lower ranks' result, next rank's object). */
+static PyObject *fold_objects(const unsigned char *all, int nranks,
+                              PyObject *op)
 {
-    PyObject *res = fold_slots(all, h->size, k);
-    if (!res && !PyErr_Occurred()) {
-        if (first_done(h->objects) < 0)
-            return NULL;
-        res = PyObject_CallMethod(h->objects, "finish", "OsOOO",
-                                  (PyObject *)h, name, argv[0], argv[1],
-                                  root_arg);
-        return after_first(h, h->objects, name, root_arg, res);
+    PyObject *each = PyTuple_New(nranks);
+    for (int r = 0; each && r < nranks; r++) {
+        PyObject *o = slot_object(all + (Py_ssize_t)r * objs.slot);
+        if (!o)
+            Py_CLEAR(each);
+        else
+            PyTuple_SET_ITEM(each, r, o);
     }
-    if (res && root != h->rank) {
+    if (!each)
+        return NULL;
+    PyObject *acc = PyTuple_GET_ITEM(each, 0);
+    Py_INCREF(acc);
+    for (int r = 1; acc && r < nranks; r++) {
+        PyObject *pair[2] = {acc, PyTuple_GET_ITEM(each, r)};
+        Py_SETREF(acc, PyObject_Vectorcall(op, pair, 2, NULL));
+    }
+    Py_DECREF(each);
+    return acc;
+}
+
+/* Do the NRANKS slots at ALL hold all that makes their objects? */
+static int slots_whole(const unsigned char *all, int nranks)
+{
+    Py_ssize_t room = objs.slot - (Py_ssize_t)sizeof(struct slot_head);
+    for (int r = 0; r < nranks; r++)
+        if (!slot_whole(all + (Py_ssize_t)r * objs.slot, room))
+            return 0;
+    return 1;
+}
+
+/* R's result from the slots exchanged into ALL (see 2. and 3.). */
+static PyObject *finish(struct reduce *r, const unsigned char *all)
+{
+    HotComm *h = r->h;
+    PyObject *res = r->k >= 0 ? fold_slots(all, h->size, r->k) : NULL;
+    if (!res && !PyErr_Occurred()) {
+        PyObject *objects = r->held[3];
+        if (slots_whole(all, h->size))
+            return r->root != h->rank
+                       ? (Py_INCREF(Py_None), Py_None)
+                       : fold_objects(all, h->size, r->argv[1]);
+        if (first_done(objects) < 0)
+            return NULL;
+        res = PyObject_CallMethod(objects, "finish", "OsOOO", (PyObject *)h,
+                                  r->name, r->argv[0], r->argv[1],
+                                  r->root_arg);
+        return after_first(h, objects, r->name, r->root_arg, res);
+    }
+    if (res && r->root != h->rank) {
         Py_DECREF(res);
         Py_RETURN_NONE;
     }
     return res;
 }
 
-/* Take (TAKE) or drop references to the N objects a call holds: ours
- * while a wait may release the GIL, or Python code runs, whatever others
- * rebind. */
-static void hold(PyObject **held, int n, int take)
+/* R's exchange, by call C of the arrays of slots, this rank's holding
+ * the head MINE or the pickle DATA; then its result. */
+static PyObject *exchange(struct reduce *r, xhc_call_t *c,
+                          struct slot_head *mine, PyObject *data)
 {
-    for (int i = 0; i < n; i++) {
-        if (take)
-            Py_INCREF(held[i]);
-        else
-            Py_DECREF(held[i]);
-    }
+    HotComm *h = r->h;
+    write_slot((unsigned char *)c->sbuf + (Py_ssize_t)h->rank * objs.slot,
+               mine, data, objs.slot - (Py_ssize_t)sizeof *mine);
+    int rc = hot_invoke(h, h->run, c, h->barrier, h->ctx);
+    return rc ? hot_failed(h, "_Allreduce", rc, r->held, 3)
+              : finish(r, c->rbuf);
 }
 
-/* Can H run calls on objects here at all? */
-static int objects_bound(const HotComm *h)
-{
-    return SLOTS_NATIVE && h->ctx && h->objects && objs.slot;
-}
-
-/* allreduce or reduce (KIND) with ARGV: see 1.-3. */
+/* allreduce or reduce (KIND) with ARGV: see 1.-3. and 6.  Pickling runs
+ * Python code, which may free H: the call is made after it, from what
+ * is bound then. */
 static PyObject *reduce_call(HotComm *h, int kind, const char *twin,
                              PyObject **argv, PyObject *const *args,
                              size_t nargsf, PyObject *kwnames)
 {
     PyObject *root_arg = kind == OBJ_REDUCE ? argv[2] : Py_None;
     int root = kind == OBJ_REDUCE ? hot_plain_root(h, root_arg) : h->rank;
-    int k = fold_of(argv[1]);
-    PyObject *held[4] = {h->slots[0], h->slots[1], objs.bor, h->objects};
-    xhc_call_t c;
-    struct slot_head mine;
-    if (!objects_bound(h) || root < 0 || k < 0
-        || !hot_plain_call(h, ALLREDUCE, held, &c)
-        || c.count != (size_t)h->size * (size_t)objs.slot
-        || !head_of(argv[0], &mine))
+    if (!objects_bound(h) || root < 0 || !PyCallable_Check(argv[1]))
         return hot_slow((PyObject *)h, twin, args, nargsf, kwnames);
-    memcpy((unsigned char *)c.sbuf + h->rank * objs.slot, &mine, sizeof mine);
-    hold(held, 4, 1);
-    int rc = hot_invoke(h, h->run, &c, h->barrier, h->ctx);
-    PyObject *res = rc ? hot_failed(h, "_Allreduce", rc, held, 3)
-                       : finish(h, twin + 1, argv, root_arg, k, root,
-                                c.rbuf);
-    hold(held, 4, 0);
+    struct reduce r = {h, twin + 1, argv, root_arg, root, fold_of(argv[1]),
+                       {h->slots[0], h->slots[1], objs.bor, h->objects}};
+    struct pickling p = {h, h->objects, root_arg, kind};
+    struct slot_head mine = {0, 0.0, 0};
+    PyObject *data = NULL, *res;
+    xhc_call_t c;
+    hold(r.held, 4, 1);
+    if (number_or_pickle(&p, argv[0], &mine, &data) < 0)
+        res = NULL;
+    else if (!objects_bound(h) || !hot_plain_call(h, ALLREDUCE, r.held, &c)
+             || c.count != (size_t)h->size * (size_t)objs.slot)
+        res = hot_slow((PyObject *)h, twin, args, nargsf, kwnames);
+    else if (data && PyBytes_GET_SIZE(data) + (Py_ssize_t)sizeof mine
+                         > objs.slot)  /* the second exchange's: Python's */
+        res = PyObject_CallMethod(r.held[3], "reduce_pickled", "OsOOOO",
+                                  (PyObject *)h, r.name, argv[0], argv[1],
+                                  root_arg, data);
+    else
+        res = exchange(&r, &c, &mine, data);
+    Py_XDECREF(data);
+    hold(r.held, 4, 0);
     return res;
 }
 
-/* OBJ's pickle by MPI.pickle, as bytes (a user's dumps may return any
- * buffer, taken as objects.py takes it); NULL with what it raised. */
-static PyObject *pickled(PyObject *obj)
-{
-    PyObject *res = PyObject_CallMethodOneArg(objs.pickle, objs.dumps, obj);
-    if (res && !PyBytes_CheckExact(res)) {
-        PyObject *view = PyMemoryView_FromObject(res);
-        Py_SETREF(res, view ? PyObject_CallMethod(view, "tobytes", NULL)
-                            : NULL);
-        Py_XDECREF(view);
-    }
-    return res;
-}
+/* -- bcast -------------------------------------------------------------- */
 
 /* What a bcast holds while it runs: ours while a wait may release the
  * GIL, or Python code runs, whatever others rebind. */
@@ -376,20 +559,6 @@ struct bcast {
     HotComm *h;
     PyObject *held[4];  /* the slot, the root, the object, H's Objects */
 };
-
-/* A root whose object raised EXC as it pickled (see 5.): an Exception
- * goes to every rank, as objects.py's _pickled has it
- * (Objects.bcast_failed); anything else (a KeyboardInterrupt) this rank
- * raises taking no part, withdrawn, as a call that raises before its
- * collective is (xhc/entry.py).  For hot_raised: EXC then stands. */
-static PyObject *unpicklable(PyObject *exc, void *arg)
-{
-    struct bcast *b = arg;
-    if (PyErr_GivenExceptionMatches(exc, PyExc_Exception))
-        return PyObject_CallMethod(b->held[3], "bcast_failed", "OOO",
-                                   (PyObject *)b->h, b->held[1], exc);
-    return PyObject_CallMethod((PyObject *)b->h, "_withdraw", NULL);
-}
 
 /* The bytes of a bcast's slot after its head, in call C (of the slot). */
 static Py_ssize_t slot_room(const xhc_call_t *c)
@@ -418,21 +587,6 @@ static int second_bcast(struct bcast *b, const xhc_call_t *c,
     return -1;
 }
 
-/* The object DATA (a pickle, as bytes) loads, by MPI.pickle. */
-static PyObject *loaded(PyObject *data)
-{
-    return PyObject_CallMethodOneArg(objs.pickle, objs.loads, data);
-}
-
-/* The object the pickle of LEN bytes at AT loads. */
-static PyObject *unpickled(const unsigned char *at, Py_ssize_t len)
-{
-    PyObject *data = PyBytes_FromStringAndSize((const char *)at, len);
-    PyObject *res = data ? loaded(data) : NULL;
-    Py_XDECREF(data);
-    return res;
-}
-
 /* The object of a pickle too long for the slot, LEN bytes, which a
  * second Bcast brings.  Without the memory for it this rank cannot take
  * part: the root times out waiting for it, as in objects.py. */
@@ -455,11 +609,8 @@ static PyObject *received(struct bcast *b, const xhc_call_t *c)
     struct slot_head s;
     const unsigned char *one = c->rbuf;
     memcpy(&s, one, sizeof s);
-    for (int n = 0; n < NNUMBERS; n++)
-        if (objs.type[n] && s.tag == objs.tag[n])
-            return number_object(n, &s);
-    if (s.tag > 0 && s.tag <= slot_room(c))  /* a pickle, inline */
-        return unpickled(one + sizeof s, (Py_ssize_t)s.tag);
+    if (slot_whole(one, slot_room(c)))  /* a number, or a pickle inline */
+        return slot_object(one);
     if (s.tag > 0)
         return long_pickle(b, c, (Py_ssize_t)s.tag);
     PyObject *objects = b->held[3], *root_arg = b->held[1];
@@ -470,20 +621,14 @@ static PyObject *received(struct bcast *b, const xhc_call_t *c)
     return after_first(b->h, objects, "bcast", root_arg, res);
 }
 
-/* The root's bcast, its slot's head S and its pickle DATA (NULL for a
- * number) ready, by call C of the one slot: the pickle goes inline, or
- * in a second Bcast with no bytecode in between; then the new object
- * DATA loads, as mpi4py's root returns, or the number itself. */
+/* The root's bcast, its slot's head S or its pickle DATA ready, by call
+ * C of the one slot: the pickle goes inline, or in a second Bcast with
+ * no bytecode in between; then the new object DATA loads, as mpi4py's
+ * root returns, or the number itself. */
 static PyObject *root_bcast(struct bcast *b, const xhc_call_t *c,
                             struct slot_head *s, PyObject *data)
 {
-    int inline_pickle = data && PyBytes_GET_SIZE(data) <= slot_room(c);
-    if (data)
-        s->tag = PyBytes_GET_SIZE(data);
-    if (inline_pickle)
-        memcpy((unsigned char *)c->rbuf + sizeof *s, PyBytes_AS_STRING(data),
-               (size_t)s->tag);
-    memcpy(c->rbuf, s, sizeof *s);
+    write_slot(c->rbuf, s, data, slot_room(c));
     int rc = hot_invoke(b->h, b->h->run, (void *)c, b->h->barrier,
                         b->h->ctx);
     if (rc)
@@ -492,7 +637,7 @@ static PyObject *root_bcast(struct bcast *b, const xhc_call_t *c,
         Py_INCREF(b->held[2]);  /* a number: immutable, returned as it is */
         return b->held[2];
     }
-    if (!inline_pickle && second_bcast(b, c, data) < 0)
+    if (s->tag > slot_room(c) && second_bcast(b, c, data) < 0)
         return NULL;
     return loaded(data);
 }
@@ -508,12 +653,13 @@ static PyObject *bcast_call(HotComm *h, const char *twin, PyObject **argv,
     if (!objects_bound(h) || root < 0)
         return hot_slow((PyObject *)h, twin, args, nargsf, kwnames);
     struct bcast b = {h, {h->slots[2], argv[1], argv[0], h->objects}};
+    struct pickling p = {h, h->objects, argv[1], OBJ_BCAST};
     struct slot_head s = {0, 0.0, 0};
     PyObject *data = NULL, *res;
     xhc_call_t c;
     hold(b.held, 4, 1);
-    if (root == h->rank && !head_of(argv[0], &s) && !(data = pickled(argv[0])))
-        res = hot_raised(unpicklable, &b);
+    if (root == h->rank && number_or_pickle(&p, argv[0], &s, &data) < 0)
+        res = NULL;
     else if (!objects_bound(h) || !hot_plain_call(h, BCAST, b.held, &c)
              || c.count < sizeof s)  /* freed meanwhile: the twin says so */
         res = hot_slow((PyObject *)h, twin, args, nargsf, kwnames);

@@ -35,10 +35,11 @@ run on xhc's collectives of bytes.
 Every result is a new object, as mpi4py's (the root's of a bcast too),
 except the numbers: immutable values, which the root's bcast returns as
 they are.  Once a communicator's slots are bound (after its first call
-on objects, unless XHC_DEBUG checks them), xhc/_hot_objects.c runs 2.
-in C, but for a root's failure to pickle (bcast_failed), which received
-raises on the others, and 3. and 4. for numbers; it hands the rest to
-finish here.
+on objects, unless XHC_DEBUG checks them), xhc/_hot_objects.c runs 2.,
+3. and 4. in C, pickles included, and hands back here what it does not:
+an object that fails to pickle (bcast_failed, reduce_failed; received
+and finish raise it on the others), a reduction's pickle too long for
+its slot (reduce_pickled), and any exchange that carried one (finish).
 """
 import contextlib
 import struct
@@ -97,9 +98,14 @@ def _pickled(obj):
         if type(data) is not bytes:  # a user's dumps may return anything
             data = memoryview(data).tobytes()
     except Exception as exc:
-        reason = _reason(exc)
-        return FAILED, len(reason), reason, exc
+        return _unpicklable(exc)
     return len(data), 0, data, None
+
+
+def _unpicklable(exc):
+    """_pickled's answer for an object whose pickling raised EXC."""
+    reason = _reason(exc)
+    return FAILED, len(reason), reason, exc
 
 
 def _reason(exc):
@@ -207,8 +213,7 @@ class Objects:
         """Tell every rank that ROOT's object (this rank's) raised EXC, an
         Exception, as xhc/_hot_objects.c pickled it: its text in the
         slot, as when _pickled fails here; the caller raises EXC."""
-        reason = _reason(exc)
-        _write(self._views[1], 0, FAILED, len(reason), reason, ONE_CAP)
+        _write(self._views[1], 0, *_unpicklable(exc)[:3], ONE_CAP)
         x.Bcast(self._one, root)
 
     def _first_done(self, x, before):
@@ -274,8 +279,27 @@ class Objects:
             x._withdraw()  # takes no part
             raise TypeError(f"{name}: op must be an MPI.Op or a callable, "
                             f"not {type(op).__name__}")
-        tag, data, exc = self._put_or_withdraw(x, self._views[0],
-                                               self._mine, obj)
+        _, data, exc = self._put_or_withdraw(x, self._views[0], self._mine,
+                                             obj)
+        return self._exchange(x, name, obj, op, root, data, exc)
+
+    def reduce_pickled(self, x, name, obj, op, root, data):
+        """reduce, of OBJ that xhc/_hot_objects.c pickled to DATA, too
+        long for its slot."""
+        _write(self._views[0], self._mine, len(data), 0, data, CAP)
+        return self._exchange(x, name, obj, op, root, data, None)
+
+    def reduce_failed(self, x, exc):
+        """Tell every rank that this rank's object raised EXC, an
+        Exception, as xhc/_hot_objects.c pickled it for an allreduce or a
+        reduce: its text in the slot, as when _pickled fails here, in the
+        first exchange, the only one; the caller raises EXC."""
+        _write(self._views[0], self._mine, *_unpicklable(exc)[:3], CAP)
+        x.Allreduce(self._send, self._recv, MPI.BOR)
+
+    def _exchange(self, x, name, obj, op, root, data, exc):
+        """reduce's exchanges, this rank's slot written: OBJ's pickle
+        DATA, or the EXC it raised if it did not pickle."""
         self._stage, before = 0, x._on_ctx(lib.xhc_seq)
         try:
             x.Allreduce(self._send, self._recv, MPI.BOR)

@@ -286,8 +286,29 @@ ONE_RANK_REFUSES = [
 ]
 
 
+class Interrupted(Exception):
+    """A KeyboardInterrupt, as _interrupted reports it."""
+
+
+class _Interrupting:
+    """An object whose pickling is interrupted."""
+
+    def __reduce__(self):
+        raise KeyboardInterrupt("while pickling")
+
+
+def _interrupted(call):
+    """CALL, whose KeyboardInterrupt is raised as an Interrupted, which
+    _outcome_of reports."""
+    try:
+        call()
+    except KeyboardInterrupt as exc:
+        raise Interrupted(str(exc)) from exc
+
+
 # Falling back, rank 1 refuses (the first call) where its peers go to
-# mpi4py (the second).
+# mpi4py (the second); or rank 1 is interrupted as it pickles its object
+# (in C: the peers' call, made first by every rank, binds the slots).
 FALLBACK_REFUSES = [
     ("fallback-recv-readonly",
      lambda c, a, b: c.Allreduce(a, readonly(f8(4)), USUM),
@@ -307,6 +328,15 @@ FALLBACK_REFUSES = [
     ("fallback-init-root-readonly",
      lambda c, a, b: c.Reduce_init(a, readonly(f8(4)), USUM, root=1),
      lambda c, a, b: c.Reduce_init(a, b, USUM, root=1)),
+    ("object-bcast-interrupted",
+     lambda c, a, b: _interrupted(lambda: c.bcast(_Interrupting(), root=1)),
+     lambda c, a, b: c.bcast(None, root=1)),
+    ("object-allreduce-interrupted",
+     lambda c, a, b: _interrupted(lambda: c.allreduce(_Interrupting())),
+     lambda c, a, b: c.allreduce(1.0)),
+    ("object-reduce-interrupted",
+     lambda c, a, b: _interrupted(lambda: c.reduce(_Interrupting())),
+     lambda c, a, b: c.reduce([RANK])),
 ]
 
 

@@ -112,6 +112,9 @@ def _cases(rank, size):
         # Pickles that fill a slot, or a bcast's, to the last byte.
         ("pickles of a slot's length",
          [_pickled_to(objects.CAP, r) for r in range(size)], MPI.SUM, True),
+        ("pickles a byte longer than a slot",
+         [_pickled_to(objects.CAP + 1, r) for r in range(size)], MPI.SUM,
+         True),
         ("pickles of a bcast's slot's length",
          [_pickled_to(objects.ONE_CAP, r) for r in range(size)], MPI.SUM,
          True),
@@ -232,12 +235,26 @@ def _routes_of_reductions(xcomm, comm, v, seen):
     v.check("numbers fold in C", seen == (want if spans else []),
             f"went through {seen}")
     del seen[:]
-    xcomm.allreduce([rank]), xcomm.allreduce(1.5, op=MPI.LAND)
-    xcomm.allreduce(np.float64(rank) if rank % 2 else float(rank))
-    want = ["_allreduce", "finish"] * (3 if spans else 2)
-    if size > 1 and not spans:
-        want.append("finish")  # mixed kinds
-    v.check("the rest in Python", seen == want, f"went through {seen}")
+    mixed = [np.float64(r) if r % 2 else float(r) for r in range(size)]
+    got = [xcomm.allreduce([rank]), xcomm.allreduce(1.5, op=MPI.LAND),
+           xcomm.allreduce(mixed[rank]),
+           xcomm.reduce({rank: 1}, _merge, root=size - 1)]
+    want = [list(range(size)), _fold([1.5] * size, MPI.LAND),
+            _fold(mixed, MPI.SUM),
+            dict.fromkeys(range(size), 1) if rank == size - 1 else None]
+    v.case("pickles, other ops, mixed kinds",
+           next(filter(None, map(_same, got, want)), None))
+    want = ["_allreduce", "finish"] * 3 + ["_reduce", "finish"]
+    v.check("pickles that fit their slots, other ops, mixed kinds fold "
+            "in C", seen == (want if spans else []), f"went through {seen}")
+    del seen[:]
+    got = xcomm.allreduce("x" * objects.CAP + str(rank))
+    v.case("a pickle longer than its slot",
+           _same(got, "".join("x" * objects.CAP + str(r)
+                              for r in range(size))))
+    want = ["_allreduce", "finish"] if spans else ["finish"]
+    v.check("a pickle longer than its slot: pickled in C, exchanged in "
+            "Python", seen == want, f"went through {seen}")
 
 
 def _routes_of_bcast(xcomm, comm, v, seen):
@@ -364,23 +381,29 @@ class _Counted:
 
 
 def pickled_once(xcomm, comm, v):
-    """A bcast root's object that fails to pickle is pickled once, as
-    mpi4py pickles it (its __reduce__ may have side effects), and every
-    rank hears of the failure; the next call works."""
+    """An object that fails to pickle (a bcast root's, any rank's of a
+    reduction) is pickled once, as mpi4py pickles it (its __reduce__ may
+    have side effects), and every rank hears of the failure; the next
+    call works."""
     rank, bad = comm.rank, comm.size - 1
-    _Counted.tries = 0
-    try:
-        xcomm.bcast(_Counted() if rank == bad else None, root=bad)
-        err = "no error"
-    except xhc.XhcError as exc:
-        err = None if rank != bad and "could not pickle" in str(exc) \
-            else f"raised {exc!r}"
-    except ValueError:
-        err = None if rank == bad and _Counted.tries == 1 else \
-            f"pickled {_Counted.tries} times"
-    v.case("bcast: an object that fails to pickle is pickled once", err)
-    v.case("bcast: the next call works", _same(
-        xcomm.bcast({"n": rank}, root=bad), {"n": bad}))
+    for name, call in (
+            ("bcast", lambda o: xcomm.bcast(o, root=bad)),
+            ("allreduce", lambda o: xcomm.allreduce(o)),
+            ("reduce", lambda o: xcomm.reduce(o, _merge, root=0))):
+        _Counted.tries = 0
+        try:
+            call(_Counted() if rank == bad else {})
+            err = "no error"
+        except xhc.XhcError as exc:
+            err = None if rank != bad and "could not pickle" in str(exc) \
+                else f"raised {exc!r}"
+        except ValueError:
+            err = None if rank == bad and _Counted.tries == 1 else \
+                f"pickled {_Counted.tries} times"
+        v.case(f"{name}: an object that fails to pickle is pickled once",
+               err)
+        v.case(f"{name}: the next call works", _same(
+            xcomm.bcast({"n": rank}, root=bad), {"n": bad}))
 
 
 class _Freeing:
@@ -403,15 +426,19 @@ class _FreeingThenFailing(_Freeing):
 
 
 def freed_while_pickling(comm, v):
-    """A root whose pickling (in C, on one node) frees its xhc.Comm
-    raises that it is freed, and runs nothing on the segment that free()
+    """Rank 0, whose pickling (in C, on one node) of a bcast's object
+    (it is the root) or an allreduce's frees its xhc.Comm, raises that it
+    is freed, and runs nothing on the segment that free()
     unmapped; the other ranks raise that it left.  If the pickling then
     fails too, the root's error has that failure as its context."""
-    for kind in (_Freeing, _FreeingThenFailing):
+    for kind, name in itertools.product((_Freeing, _FreeingThenFailing),
+                                        ("bcast", "allreduce")):
         other = xhc.Comm(comm)
-        other.bcast(0)  # binds the slots: the next bcast pickles in C
+        other.bcast(0)  # binds the slots: the next call pickles in C
         try:
-            other.bcast(kind(other) if comm.rank == 0 else None, root=0)
+            mine = kind(other) if comm.rank == 0 else 1
+            other.bcast(mine, root=0) if name == "bcast" \
+                else other.allreduce(mine)
             err = "no error"
         except (MPI.Exception, xhc.XhcError) as exc:
             first = exc.__context__
@@ -419,7 +446,7 @@ def freed_while_pickling(comm, v):
             err = None if comm.rank != 0 and isinstance(exc, xhc.XhcError) \
                 else repr(exc) if "already freed" not in str(exc) \
                 else None if chained else f"its context is {first!r}"
-        v.case(f"bcast: freed while the root pickles ({kind.__name__}), "
+        v.case(f"{name}: freed while rank 0 pickles ({kind.__name__}), "
                "nothing runs on it", err)
         other.free()
 
