@@ -908,10 +908,15 @@ ONE_RANK_REFUSES = [
      r"^Allreduce: the receive buffer is read-only; pass a writable array$"),
     ("fallback-init-root-readonly", "ReadOnlyError",
      r"^Reduce: the receive buffer is read-only; pass a writable array$"),
-    # Interrupted as it pickles its object (a KeyboardInterrupt), in C.
+    # Interrupted as it pickles its object (a KeyboardInterrupt), in C, or
+    # as it puts into words why its object did not pickle.
     ("object-bcast-interrupted", "Interrupted", r"^while pickling$"),
     ("object-allreduce-interrupted", "Interrupted", r"^while pickling$"),
     ("object-reduce-interrupted", "Interrupted", r"^while pickling$"),
+    ("object-bcast-interrupted-saying-why", "Interrupted",
+     r"^while saying why$"),
+    ("object-allreduce-interrupted-saying-why", "Interrupted",
+     r"^while saying why$"),
 ]
 
 

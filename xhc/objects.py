@@ -108,6 +108,12 @@ def _unpicklable(exc):
     return FAILED, len(reason), reason, exc
 
 
+def _write_failed(view, offset, exc, cap):
+    """Pack a slot at OFFSET of VIEW that says its object's pickling
+    raised EXC."""
+    _write(view, offset, *_unpicklable(exc)[:3], cap)
+
+
 def _reason(exc):
     """EXC's text, as at most CAP bytes of UTF-8, whatever it holds."""
     try:
@@ -176,12 +182,14 @@ class Objects:
         _write(view, offset, tag, i, data, cap)
         return tag, data, exc
 
-    def _put_or_withdraw(self, x, *args):
-        """_put(*ARGS), for a call by xhc.Comm X: what escapes _pickled
-        (no Exception: a KeyboardInterrupt) leaves this rank out of the
+    @staticmethod
+    def _or_withdraw(x, write, *args):
+        """WRITE(*ARGS), which writes this rank's slot for a call by
+        xhc.Comm X: what escapes it (no Exception, which _pickled and
+        _reason catch: a KeyboardInterrupt) leaves this rank out of the
         call, withdrawn from it, as xhc/_hot_objects.c has it."""
         try:
-            return self._put(*args)
+            return write(*args)
         except BaseException:
             x._withdraw()
             raise
@@ -195,8 +203,8 @@ class Objects:
             if self._rank != root:
                 x.Bcast(one, root)
                 return self.received(x, root)
-            tag, data, exc = self._put_or_withdraw(x, self._views[1], 0,
-                                                   obj, ONE_CAP)
+            tag, data, exc = self._or_withdraw(x, self._put, self._views[1],
+                                               0, obj, ONE_CAP)
             x.Bcast(one, root)
             if exc is not None:
                 raise exc
@@ -213,7 +221,7 @@ class Objects:
         """Tell every rank that ROOT's object (this rank's) raised EXC, an
         Exception, as xhc/_hot_objects.c pickled it: its text in the
         slot, as when _pickled fails here; the caller raises EXC."""
-        _write(self._views[1], 0, *_unpicklable(exc)[:3], ONE_CAP)
+        self._or_withdraw(x, _write_failed, self._views[1], 0, exc, ONE_CAP)
         x.Bcast(self._one, root)
 
     def _first_done(self, x, before):
@@ -279,8 +287,8 @@ class Objects:
             x._withdraw()  # takes no part
             raise TypeError(f"{name}: op must be an MPI.Op or a callable, "
                             f"not {type(op).__name__}")
-        _, data, exc = self._put_or_withdraw(x, self._views[0], self._mine,
-                                             obj)
+        _, data, exc = self._or_withdraw(x, self._put, self._views[0],
+                                         self._mine, obj)
         return self._exchange(x, name, obj, op, root, data, exc)
 
     def reduce_pickled(self, x, name, obj, op, root, data):
@@ -294,7 +302,8 @@ class Objects:
         Exception, as xhc/_hot_objects.c pickled it for an allreduce or a
         reduce: its text in the slot, as when _pickled fails here, in the
         first exchange, the only one; the caller raises EXC."""
-        _write(self._views[0], self._mine, *_unpicklable(exc)[:3], CAP)
+        self._or_withdraw(x, _write_failed, self._views[0], self._mine, exc,
+                          CAP)
         x.Allreduce(self._send, self._recv, MPI.BOR)
 
     def _exchange(self, x, name, obj, op, root, data, exc):

@@ -297,6 +297,20 @@ class _Interrupting:
         raise KeyboardInterrupt("while pickling")
 
 
+class _Unsayable(ValueError):
+    """An error interrupted as it is put into words."""
+
+    def __str__(self):
+        raise KeyboardInterrupt("while saying why")
+
+
+class _FailingUnsayably:
+    """An object whose pickling raises an _Unsayable."""
+
+    def __reduce__(self):
+        raise _Unsayable
+
+
 def _interrupted(call):
     """CALL, whose KeyboardInterrupt is raised as an Interrupted, which
     _outcome_of reports."""
@@ -337,6 +351,12 @@ FALLBACK_REFUSES = [
     ("object-reduce-interrupted",
      lambda c, a, b: _interrupted(lambda: c.reduce(_Interrupting())),
      lambda c, a, b: c.reduce([RANK])),
+    ("object-bcast-interrupted-saying-why", lambda c, a, b: _interrupted(
+        lambda: c.bcast(_FailingUnsayably(), root=1)),
+     lambda c, a, b: c.bcast(None, root=1)),
+    ("object-allreduce-interrupted-saying-why", lambda c, a, b: _interrupted(
+        lambda: c.allreduce(_FailingUnsayably())),
+     lambda c, a, b: c.allreduce(1.0)),
 ]
 
 
