@@ -3,7 +3,7 @@
 
     mpiexec -n N python -m mpi4py tests/mpi_cases/failures.py SUITE[,SUITE]
 
-This script only reports; tests/test_failures.py judges.  Every line it
+This script only reports; tests/test_failures_*.py judge.  Every line it
 means for the test starts with ``XHC-TEST``:
 
     XHC-TEST SEGMENT <name>                 a shared-memory name xhc made
