@@ -8,6 +8,7 @@ collective, with the environment a root user on a small machine needs
 import argparse
 import importlib.metadata
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -110,8 +111,9 @@ def parse_args(argv=None):
     ap.add_argument("ops", nargs="*", metavar="OP",
                     help=f"any of {', '.join(SWEEPS)} (default: all)")
     ap.add_argument("--extra", default="",
-                    help="more bench.osu options, as one argument: "
-                    "--extra -f, or --extra '-f --peer sm'; each OP gets "
+                    help="more bench.osu options, as one argument split "
+                    "as a shell would: --extra -f, or --extra '-f --peer "
+                    "sm'; each OP gets "
                     "those it takes (no sizes for barrier, no --dtype for "
                     "bcast), and with several OPs a --json or --plot FILE "
                     "of its own (a.json: a-bcast.json, ...)")
@@ -143,7 +145,7 @@ def osu_lines(args):
     from bench import osu  # loads MPI without starting it
     lines = []
     # Files where the caller is, not where mpiexec runs (the repository).
-    words = _files_as(args.extra.split(), os.path.abspath)
+    words = _files_as(shlex.split(args.extra), os.path.abspath)
     for op in args.ops:
         extra = _osu.options_for(op, words)
         if len(args.ops) > 1:

@@ -21,7 +21,13 @@ UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum,
           "user": np.add}  # bench.osu's --op user: a SUM of its own
 DTYPES = ("float64", "float32", "float16", "int64", "int32")
-FLOAT16_RANKS = 21  # sums of the patterns (see pattern) exact in float16
+# The patterns' fractions in the wider floats: 2**-30 and 2**-6, which the
+# narrower float cannot hold next to values up to 182 (see pattern).
+FRACTION_BITS = {"float64": 30, "float32": 6}
+# The most ranks whose sums of the patterns are exact in each float: in
+# float16 within 2048, in float32 within 2**18 in 64ths, in float64 within
+# 2**23 in units of 2**-30.
+EXACT_RANKS = {"float16": 21, "float32": 2048, "float64": 65536}
 
 
 # Options of bench.osu that apply only to some commands: name -> (flags,
@@ -122,7 +128,7 @@ def split_blocks(iters, nblocks):
 
 def pattern(rank, k, count, dtype, nranks=1):
     """Return pattern K of RANK (of NRANKS): small non-negative integers,
-    exact in floats.
+    exact in floats, and in float64 and float32 a fraction too.
 
     Values are ``(7*j + 13*rank + 29*k) % 61`` for index j, so they differ
     between ranks, indices and the NPAT rotating patterns, lifted by 122 on
@@ -132,15 +138,24 @@ def pattern(rank, k, count, dtype, nranks=1):
     MAX and MIN see every rank's data in any message of NRANKS elements
     or more (and over the patterns, in a one-element message with up to
     NPAT ranks).  The values stay within 0..182: a sum over ranks is
-    exact in every supported dtype (in float16 over up to
-    FLOAT16_RANKS ranks, whose sums stay within 2048).
+    exact in every supported dtype (over up to EXACT_RANKS ranks in the
+    floats: in float16 21, whose sums stay within 2048).
+
+    In float64 and float32 each value also has a fraction, ``(3*j +
+    5*rank + 11*k) % 8`` times 2**-FRACTION_BITS, whose sums stay exact
+    there but not in the next narrower float: a result that went through
+    float32 (float16, for float32) somewhere on its way fails -c.
     """
     j = np.arange(count, dtype=np.int64)
     top = (j + k) % nranks
     lift = np.where(top == rank, 122, 61)
     if nranks > 1:
         lift[(top + 1) % nranks == rank] = 0
-    return ((7 * j + 13 * rank + 29 * k) % 61 + lift).astype(dtype)
+    out = ((7 * j + 13 * rank + 29 * k) % 61 + lift).astype(dtype)
+    bits = FRACTION_BITS.get(np.dtype(dtype).name)
+    if bits:
+        out += ((3 * j + 5 * rank + 11 * k) % 8) * 2.0 ** -bits
+    return out
 
 
 def poison(dtype):
@@ -229,15 +244,25 @@ class Progress:
         self.name, self.total, self.delay = name, total, delay
         self.enabled = enabled
         self.next = time.monotonic() + delay
+        self.where = ""
 
     def update(self, index, size):
         """Announce that size number INDEX (0-based) of the sweep starts."""
+        self.where = f"{size} B ({index + 1}/{self.total})"
+        self.say(self.where)
+
+    def tick(self, done, blocks):
+        """Announce that DONE of the size's BLOCKS timed blocks are done:
+        a large size alone may take longer than DELAY."""
+        self.say(f"{self.where}, block {done}/{blocks}")
+
+    def say(self, what):
+        """Print WHAT, if DELAY has passed since the last line."""
         now = time.monotonic()
         if not self.enabled or now < self.next:
             return
         self.next = now + self.delay
-        print(f"[osu] {self.name} {size} B ({index + 1}/{self.total})",
-              file=sys.stderr, flush=True)
+        print(f"[osu] {self.name} {what}", file=sys.stderr, flush=True)
 
 
 # -- single-core memory reference ---------------------------------------------

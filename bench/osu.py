@@ -474,12 +474,13 @@ def _option_error(opts, nranks, rank):
     sets opts.sizes."""
     if opts.root >= nranks:
         return f"--root {opts.root}: only {nranks} ranks"
-    if opts.dtype == "float16" and opts.op in ("sum", "user") and \
-            nranks > _osu.FLOAT16_RANKS:
-        return (f"--dtype float16 --op sum: {nranks} ranks' sums of the "
-                "patterns are not exact in float16, so no result could be "
-                f"checked; run at most {_osu.FLOAT16_RANKS} ranks, or use "
-                "float32")
+    exact = _osu.EXACT_RANKS.get(opts.dtype, nranks)
+    if opts.op in ("sum", "user") and nranks > exact:
+        wider = {"float16": ", or use float32", "float32": ", or use float64"}
+        return (f"--dtype {opts.dtype} --op sum: {nranks} ranks' sums of the "
+                f"patterns are not exact in {opts.dtype}, so no result could "
+                f"be checked; run at most {exact} ranks"
+                f"{wider.get(opts.dtype, '')}")
     try:
         opts.sizes = _sizes(opts)
         _check_memory(opts, nranks)
@@ -670,17 +671,21 @@ def run_loop(case, n, validate):
     return total
 
 
-def time_cases(cases, iters, warmup, opts):
-    """Warm up, then time CASES interleaved in ABBA blocks."""
+def time_cases(cases, iters, warmup, opts, progress=None):
+    """Warm up, then time CASES interleaved in ABBA blocks, telling
+    PROGRESS (an _osu.Progress) after each block."""
     for case in cases:
         run_loop(case, warmup, opts.validate)
-    for b, n in enumerate(_osu.split_blocks(iters, opts.blocks)):
+    blocks = _osu.split_blocks(iters, opts.blocks)
+    for b, n in enumerate(blocks):
         for case in cases if b % 2 == 0 else cases[::-1]:
             spent = run_loop(case, n, opts.validate)
             case.total += spent
             case.blocks.append(spent / n)
             if opts.validate:
                 case.errors += case.audit()
+        if progress:
+            progress.tick(b + 1, len(blocks))
 
 
 def reduce_stats(comm, case, iters):
@@ -723,15 +728,16 @@ def stalls(size, impls, stats):
     return notes
 
 
-def stall_lines(notes, most=3):
-    """The stall NOTES to print under a table: each, or beyond MOST (a
-    busy machine stalls often) one line that counts them; --json keeps
-    every one."""
+def stall_lines(notes, rows, most=3):
+    """The stall NOTES (one per column of a row) to print under a table:
+    each, or beyond MOST (a busy machine stalls often) one line that
+    counts them and the ROWS they are in; --json keeps every one."""
     if len(notes) <= most:
         return notes
-    return [f"note: {len(notes)} rows had a block {STALL:g}x their median "
-            "block or more (stalls of the machine, or of those calls); the "
-            "means count them: rerun (--json lists them)"]
+    return [f"note: {len(notes)} columns in {rows} rows had a block "
+            f"{STALL:g}x their median block or more (stalls of the "
+            "machine, or of those calls); the means count them: rerun "
+            "(--json lists them)"]
 
 
 def idle_barrier(comm):
@@ -774,19 +780,22 @@ class Run:
                                 sized=opts.sizes[0] is not None)
         self.doc = new_doc(self, opts)
         self.evict = evictor(opts.cold)
-        self.notes = []  # stalled rows, printed after the table
+        self.notes = []  # stalled columns of rows, printed after the table
+        self.stalled_rows = 0
+        self.progress = None
 
     def sweep(self):
         """Measure every size, printing one row each; then the reference."""
         if self.comm.rank == 0:
             self.table.header(header_lines(self))
-        progress = _osu.Progress(self.opts.command, len(self.opts.sizes),
-                                 enabled=self.opts.progress
-                                 and self.comm.rank == 0)
+        self.progress = _osu.Progress(self.opts.command,
+                                      len(self.opts.sizes),
+                                      enabled=self.opts.progress
+                                      and self.comm.rank == 0)
         for index, size in enumerate(self.opts.sizes):
-            progress.update(index, size)
+            self.progress.update(index, size)
             self.measure(size)
-        for note in stall_lines(self.notes):
+        for note in stall_lines(self.notes, self.stalled_rows):
             self.table.comment(note)
         self.doc["notes"] = self.notes
         self.reference()
@@ -802,7 +811,7 @@ class Run:
         for case, im in zip(cases, self.impls):
             case.sync = im.comm.Barrier if own else self.comm.Barrier
             case.evict = self.evict
-        time_cases(cases, iters, warmup, self.opts)
+        time_cases(cases, iters, warmup, self.opts, self.progress)
         for case in cases:
             case.close()
         stats = [reduce_stats(self.comm, c, iters) for c in cases]
@@ -826,7 +835,9 @@ class Run:
         self.doc["results"].append(entry)
         verdict = "Fail" if any(any(b) for b in bad) else "Pass"
         self.table.row(size, row_values(stats, entry, self.opts, verdict))
-        self.notes += stalls(size, self.impls, stats)
+        found = stalls(size, self.impls, stats)
+        self.notes += found
+        self.stalled_rows += bool(found)
 
     def reference(self):
         """Time memcpy/add on rank 0 alone while the others wait idle."""
@@ -834,6 +845,8 @@ class Run:
             return
         if self.comm.rank == 0:
             for size in _osu.reference_sizes(self.opts.sizes):
+                self.progress.say(f"reference: memcpy and np.add of {size} "
+                                  "B")
                 reps = max(5, _osu.loop_counts(size, self.opts.iterations,
                                                self.opts.warmup)[0])
                 self.doc["reference"].append(

@@ -587,12 +587,14 @@ def test_osu_sizes_refused_up_front(command, spec, dtype, match):
         osu._check_memory(opts, 2)
 
 
-def test_osu_float16_sums_limited_to_exact_rank_counts():
-    """The patterns' float16 sums are exact up to FLOAT16_RANKS ranks, so
-    that every result can be checked; beyond that the sweep is refused
-    up front, naming what to do.  The patterns' sums at that rank count
-    stay within 2048, where float16 holds every integer; one more rank's
-    do not."""
+def test_osu_float_sums_limited_to_exact_rank_counts():
+    """The patterns' sums are exact in each float up to EXACT_RANKS
+    ranks, so that every result can be checked; beyond that the sweep is
+    refused up front, naming what to do.  In float16 the sums at that
+    rank count stay within 2048, where float16 holds every integer; one
+    more rank's do not.  In float32 and float64 the largest sum that
+    many ranks can make (each at most 60 and its lift, 122, and 7 of the
+    fraction's units) fits the float's mantissa in those units."""
     import types
     import numpy as np
     from bench import _osu, osu
@@ -604,16 +606,49 @@ def test_osu_float16_sums_limited_to_exact_rank_counts():
                                      json=None, plot=None, peer=None, cold=0)
         return osu._option_error(opts, nranks, 1)
 
-    top = _osu.FLOAT16_RANKS
+    top = _osu.EXACT_RANKS["float16"]
     assert refused(top) is None
     assert refused(top, "float32") is None and refused(top + 1, op="max") \
         is None and refused(top + 1, "float32") is None
     assert f"run at most {top} ranks, or use float32" in refused(top + 1)
+    top32, top64 = _osu.EXACT_RANKS["float32"], _osu.EXACT_RANKS["float64"]
+    assert refused(top32, "float32") is None
+    assert f"run at most {top32} ranks, or use float64" in refused(
+        top32 + 1, "float32")
+    assert refused(top64 + 1, "float64").endswith(f"at most {top64} ranks")
+    assert refused(top64 + 1, "int64") is None
     for n, exact in ((top, True), (top + 1, False)):
         # Every index of the patterns' period, every pattern.
-        most = max(sum(_osu.pattern(r, k, 61 * n, np.float64, n)
-                       for r in range(n)).max() for k in range(_osu.NPAT))
+        most = max(sum(_osu.pattern(r, k, 61 * n, np.float16, n)
+                       .astype(np.int64) for r in range(n)).max()
+                   for k in range(_osu.NPAT))
         assert (most <= 2048) == exact, (n, most)
+    for dtype, mantissa in (("float32", 24), ("float64", 53)):
+        unit = 2.0 ** -_osu.FRACTION_BITS[dtype]
+        n = _osu.EXACT_RANKS[dtype]
+        most = (60 + 122) + 60 + (60 + 61) * (n - 2) + n * 7 * unit
+        assert most / unit <= 2 ** mantissa, dtype
+
+
+@pytest.mark.parametrize("dtype,narrower", [("float64", "float32"),
+                                            ("float32", "float16")])
+def test_validation_catches_a_result_rounded_narrower(dtype, narrower):
+    """The patterns' fractions sum exactly in DTYPE, in any order, and a
+    sum rounded through the narrower float fails -c: a reduction kernel
+    of the wrong width, which small integers alone would pass, is
+    caught."""
+    import numpy as np
+    from bench import _osu
+    n, count = 13, 4096
+    parts = [_osu.pattern(r, 3, count, dtype, n) for r in range(n)]
+    truth = _osu.expected("sum", n, 3, count, dtype)
+    unit = 2.0 ** -_osu.FRACTION_BITS[dtype]
+    exact = sum((p / unit).astype(np.int64) for p in parts)
+    assert np.array_equal(truth / unit, exact)
+    backwards = functools.reduce(np.add, parts[::-1])
+    assert _osu.count_errors(backwards, truth) == 0
+    rounded = truth.astype(narrower).astype(dtype)
+    assert _osu.count_errors(rounded, truth) > count // 2
 
 
 def test_osu_cold_buffer_counted_in_the_memory_check():
@@ -1101,14 +1136,41 @@ def test_stall_notes_take_more_of_short_blocks():
         noted([1, 1, 1, 1000], 4)[0]
 
 
+def test_progress_lines_inside_a_size(capsys, monkeypatch):
+    """A sweep's progress line comes at most every DELAY seconds: when a
+    size starts, after a block inside one, and while the reference is
+    timed; none before the first DELAY, none when disabled."""
+    import itertools
+    from bench import _osu
+    clock = itertools.count(0.0, 3.0)  # each look at the clock: 3 s on
+    monkeypatch.setattr(_osu.time, "monotonic", lambda: next(clock))
+    p = _osu.Progress("allreduce", 2, delay=5.0)  # made at 0 s
+    p.update(0, 8)                          # 3 s: too soon
+    p.update(1, 16 << 20)                   # 6 s
+    p.tick(1, 10)                           # 9 s: too soon
+    p.tick(2, 10)                           # 12 s
+    p.say("reference: memcpy and np.add of 8 B")  # 15 s: too soon
+    p.say("reference: memcpy and np.add of 16777216 B")  # 18 s
+    quiet = _osu.Progress("allreduce", 2, delay=5.0, enabled=False)
+    for _ in range(4):
+        quiet.update(0, 8)
+    assert capsys.readouterr().err.splitlines() == [
+        "[osu] allreduce 16777216 B (2/2)",
+        "[osu] allreduce 16777216 B (2/2), block 2/10",
+        "[osu] allreduce reference: memcpy and np.add of 16777216 B"]
+
+
 def test_many_stall_notes_print_as_one_line():
-    """Up to three stalled rows are noted each; more, on a busy machine,
-    in one line that counts them (the JSON keeps each)."""
+    """Up to three stalled columns are noted each; more, on a busy
+    machine, in one line that counts them and their rows (the JSON keeps
+    each)."""
     from bench import osu
-    notes = [f"note: {n} B: one block ..." for n in (8, 16, 32, 64)]
-    assert osu.stall_lines(notes[:3]) == notes[:3]
-    (line,) = osu.stall_lines(notes)
-    assert line.startswith("note: 4 rows had a block 3x their median"), line
+    notes = [f"note: {n} B: one block of {im} ..." for n in (8, 16, 32)
+             for im in ("xhc", "MPI")][:5]
+    assert osu.stall_lines(notes[:3], 2) == notes[:3]
+    (line,) = osu.stall_lines(notes, 3)
+    assert line.startswith("note: 5 columns in 3 rows had a block 3x their "
+                           "median"), line
 
 
 def test_osu_notes_a_fallback_beside_the_table(capsys):
@@ -1153,6 +1215,10 @@ def test_bench_main_writes_files_where_it_is_called(tmp_path, monkeypatch):
          str(tmp_path / "sub" / "a-reduce.json"), "-f"]]
     with pytest.raises(SystemExit):  # no such folder here
         osu_lines(parse_args(["--extra=--json=nowhere/a.json", "bcast"]))
+    # A name with a space, quoted as a shell would take it.
+    args = parse_args(["--extra", "--json 'my runs.json'", "bcast"])
+    assert osu_lines(args) == [["bcast", "-c", "-m", "8:4M", "--json",
+                                str(tmp_path / "my runs.json")]]
 
 
 @pytest.mark.parametrize("argv, text", [
