@@ -92,18 +92,30 @@ struct xhc_att *xhc_att_slot(struct xhc_att *set, int n, uint64_t lo,
     return victim;
 }
 
+/* Does [OFFSET, OFFSET+LEN) lie within SIZE bytes?  With no overflow,
+ * whatever a peer's description holds. */
+static int span_fits(uint64_t offset, uint64_t len, uint64_t size)
+{
+    return len <= size && offset <= size - len;
+}
+
 /* [OFFSET, OFFSET+LEN) of a buffer in a shared region or an arena, read
  * in place; NULL if SRC is in neither.  A span past the buffer's end
- * (ranks that disagree on a size) or a region I do not know (ranks that
- * registered different regions) sets *RC instead of reading another
- * rank's data, as does an arena I cannot map. */
+ * (ranks that disagree on a size), a buffer past its region's end or a
+ * region I do not know (ranks that registered different regions; a
+ * description read as a peer that gave up rewrote it) sets *RC instead
+ * of reading another rank's data or past a mapping, as does an arena I
+ * cannot map. */
 unsigned char *xhc_region_span(xhc_ctx_t *ctx, const struct xhc_src *src,
                                size_t offset, size_t len, int *rc)
 {
     if (!xhc_in_region(src))
         return NULL;
     if (src->region > ctx->nregions || src->region < XHC_REGION_ARENA
-        || offset + len > src->nbytes) {
+        || !span_fits(offset, len, src->nbytes)
+        || (src->region != XHC_REGION_ARENA
+            && !span_fits(src->offset, src->nbytes,
+                          ctx->regions[src->region - 1].size))) {
         *rc = XHC_ERR_MISMATCH;
         return NULL;
     }

@@ -146,7 +146,9 @@ def test_no_wrong_data_after_ranks_pass_different_sizes(tmp_path, cc):
     returned the Bcast's bytes before).  A timeout on a rank that gave up
     an earlier operation, and has begun none since, learns why it did.
     Agreements on different topics, or one against an int32 MIN Allreduce
-    (which it took for its own before), fail on both ranks."""
+    (which it took for its own before), fail on both ranks.  A reader of
+    a buffer that lies past what it registered of the region fails (it
+    read past its span before)."""
     sources = [os.path.basename(f) for f in glob.glob(CSRC + "/*.c")]
     _unit_test(tmp_path, cc, "disagree_test", sorted(sources), SANITIZE,
                ["-lrt", "-ldl", "-lpthread"])

@@ -59,6 +59,11 @@
  *    runs an Allreduce of one int32 by MIN (as an agreement folds), must
  *    fail, not take each other's values; a topic out of range is
  *    refused before the call.  The Allreduce after each must be right.
+ * 12. Rank 1 registers the region that rank 0 Bcasts from with half its
+ *    length, and rank 0's buffer lies in the other half: rank 1 must
+ *    fail with XHC_ERR_MISMATCH, not read past the span it registered
+ *    (as a description half rewritten by a peer that gave up could
+ *    have it read past a mapping).
  * Prints "ok" if every check holds.
  */
 #include <sched.h>
@@ -413,6 +418,26 @@ static int gave_up_reduction(xhc_ctx_t *ctx, int rank, struct board *b)
     return 0;
 }
 
+/* 12.: rank 0's buffer, the region's last quarter, past what rank 1
+ * registers of it; rank 1's own, private. */
+static int past_the_region(xhc_ctx_t *ctx, int rank, struct board *b)
+{
+    size_t bytes = 4 * GIVEN_UP * sizeof(double), n = bytes / 4;
+    xhc_ctx_add_region(ctx, region, rank ? bytes / 2 : bytes);
+    unsigned char *mine = rank ? calloc(1, n)
+                               : (unsigned char *)region + bytes - n;
+    memset(mine, rank ? 0 : 7, n);
+    int rc = xhc_bcast(ctx, mine, n, 0);
+    if (rc)
+        xhc_ctx_leave(ctx);
+    if (rank == 1 && rc != XHC_ERR_MISMATCH)
+        fail(b, "a Bcast from past the registered region did not fail",
+             rank, rc);
+    if (rank == 1)
+        free(mine);
+    return 0;
+}
+
 /* 8.: run with PAIRED set. */
 static int paired;
 
@@ -620,6 +645,7 @@ int main(void)
     reducing = 0;
     relays = before_take;
     bad += region == MAP_FAILED || run(2, &cfg, gave_up_staged, NULL);
+    bad += region == MAP_FAILED || run(2, &cfg, past_the_region, NULL);
     region = NULL;
     cfg.copy = XHC_COPY_CMA;
     bad += run(2, &cfg, gave_up_reduction, NULL);
