@@ -142,7 +142,7 @@ def osu_lines(args):
     """Each OP's bench.osu command line, checked here for ARGS.ranks
     ranks (bench.osu exits with its usage error), so that a bad --extra
     stops before anything is launched."""
-    from bench import osu  # loads MPI without starting it
+    from bench import _options  # loads MPI without starting it
     lines = []
     # Files where the caller is, not where mpiexec runs (the repository).
     words = _files_as(shlex.split(args.extra), os.path.abspath)
@@ -151,7 +151,7 @@ def osu_lines(args):
         if len(args.ops) > 1:
             extra = files_per_op(extra, op)
         line = [op, "-c", *SWEEPS[op], *extra]
-        osu.parse_args(line, nranks=args.ranks)
+        _options.parse_args(line, nranks=args.ranks)
         lines.append(line)
     return lines
 

@@ -268,14 +268,14 @@ import sys
 import time
 import xhc
 from mpi4py import MPI
-from bench import osu
+from bench import _cases, osu
 n = {"barriers": 0, "late": 0}
 barrier, sleep = xhc.Comm.Barrier, time.sleep
 def counted_barrier(self):
     n["barriers"] += 1
     barrier(self)
 def counted_sleep(seconds):
-    n["late"] += seconds == osu.LATE_ARRIVAL
+    n["late"] += seconds == _cases.LATE_ARRIVAL
     sleep(seconds)
 xhc.Comm.Barrier, time.sleep = counted_barrier, counted_sleep
 rc = osu.main(sys.argv[1:])
@@ -460,7 +460,7 @@ def test_osu_peer_times_coll_sm_in_the_same_run(tmp_path):
 @pytest.mark.parametrize("text", ["", "sm tuned", "sm;x", "SM"])
 def test_osu_peer_rejects_a_bad_name(text):
     import argparse
-    from bench.osu import _peer_name
+    from bench._options import _peer_name
     with pytest.raises(argparse.ArgumentTypeError,
                        match="give an Open MPI coll component"):
         _peer_name(text)
@@ -542,14 +542,15 @@ def test_osu_peer_refuses_another_mpi(monkeypatch):
     """--peer relies on an Open MPI info key: elsewhere it names the
     two-run way instead of measuring the plain MPI twice."""
     import types
-    from bench import osu
+    from bench import _options
 
     class Refused(Exception):
         pass
 
     def error(message):
         raise Refused(message)
-    monkeypatch.setattr(osu.MPI, "get_vendor", lambda: ("MPICH", (4, 2, 0)))
+    monkeypatch.setattr(_options.MPI, "get_vendor",
+                        lambda: ("MPICH", (4, 2, 0)))
     opts = types.SimpleNamespace(peer="sm", shm=False, arena=False,
                                  impl="both",
                                  objects=False, numpy_scalar=False,
@@ -557,7 +558,7 @@ def test_osu_peer_refuses_another_mpi(monkeypatch):
                                  root=None, dtype=None, op=None)
     with pytest.raises(Refused, match="--peer needs Open MPI, not MPICH.*"
                        "bench.compare"):
-        osu._check_opts(types.SimpleNamespace(error=error), opts)
+        _options._check_opts(types.SimpleNamespace(error=error), opts)
 
 
 @pytest.mark.parametrize("command, spec, dtype, match", [
@@ -579,12 +580,12 @@ def test_osu_sizes_refused_up_front(command, spec, dtype, match):
     """Sizes that would mislabel a row, or not fit the node, are refused
     before anything runs, with what to do instead."""
     import types
-    from bench import osu
+    from bench import _options
     opts = types.SimpleNamespace(command=command, message_size=spec,
                                  dtype=dtype, json=None, cold=0)
     with pytest.raises(ValueError, match=match):
-        opts.sizes = osu._sizes(opts)
-        osu._check_memory(opts, 2)
+        opts.sizes = _options._sizes(opts)
+        _options._check_memory(opts, 2)
 
 
 def test_osu_float_sums_limited_to_exact_rank_counts():
@@ -597,14 +598,14 @@ def test_osu_float_sums_limited_to_exact_rank_counts():
     fraction's units) fits the float's mantissa in those units."""
     import types
     import numpy as np
-    from bench import _osu, osu
+    from bench import _options, _osu
 
     def refused(nranks, dtype="float16", op="sum"):
         least = np.dtype(dtype).itemsize
         opts = types.SimpleNamespace(command="allreduce", root=0, op=op,
                                      dtype=dtype, message_size=f"{least}:64",
                                      json=None, plot=None, peer=None, cold=0)
-        return osu._option_error(opts, nranks, 1)
+        return _options._option_error(opts, nranks, 1)
 
     top = _osu.EXACT_RANKS["float16"]
     assert refused(top) is None
@@ -655,38 +656,38 @@ def test_osu_cold_buffer_counted_in_the_memory_check():
     """--cold's private buffer, one a rank, counts toward what the node
     must hold."""
     import types
-    from bench import osu
+    from bench import _options
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     opts = types.SimpleNamespace(command="allreduce", message_size="8:64K",
                                  dtype="float64", json=None, cold=64 << 20)
-    opts.sizes = osu._sizes(opts)
-    osu._check_memory(opts, 2)
+    opts.sizes = _options._sizes(opts)
+    _options._check_memory(opts, 2)
     opts.cold = have // 2
     with pytest.raises(ValueError, match=r"^-m 8:64K --cold \d+: 2 ranks "
                        r"would hold about .* GiB \(buffers and patterns of "
                        r"65536-byte messages and a \d+-byte --cold buffer on "
                        r"each\), more than this node's .*: lower the largest "
                        r"size or --cold$"):
-        osu._check_memory(opts, 2)
+        _options._check_memory(opts, 2)
     opts.command, opts.message_size, opts.sizes = "barrier", None, [None]
     opts.cold = have
     with pytest.raises(ValueError, match=r"^--cold \d+: 2 ranks would hold "
                        r"about .* GiB \(a \d+-byte --cold buffer on each\), "
                        r"more than this node's .*: lower --cold$"):
-        osu._check_memory(opts, 2)
+        _options._check_memory(opts, 2)
 
 
 @pytest.mark.parametrize("flag", ["--json", "--plot"])
 def test_osu_output_files_checked_up_front(tmp_path, flag):
     """A file that cannot be written (no such folder, or a folder itself)
     is refused before the sweep, not after it."""
-    from bench import osu
-    osu._check_writable(flag, str(tmp_path / "ok.json"))
-    osu._check_writable(flag, None)
+    from bench import _options
+    _options._check_writable(flag, str(tmp_path / "ok.json"))
+    _options._check_writable(flag, None)
     for bad in (tmp_path / "missing" / "x.json", tmp_path):
         with pytest.raises(ValueError, match=f"^{flag} .*: cannot write "
                            "there; give a file in a writable folder$"):
-            osu._check_writable(flag, str(bad))
+            _options._check_writable(flag, str(bad))
 
 
 def test_one_option_list_goes_to_every_command():
@@ -705,12 +706,12 @@ def test_one_option_list_goes_to_every_command():
 
 
 def test_osu_peer_component_is_one_open_mpi_has():
-    from bench import osu
-    osu._check_peer("sm")
-    osu._check_peer("^han,tuned")
+    from bench import _options
+    _options._check_peer("sm")
+    _options._check_peer("^han,tuned")
     with pytest.raises(ValueError, match=r"^--peer sm,smm: this Open MPI "
                        r"has no coll component 'smm'; it has .*\bsm\b"):
-        osu._check_peer("sm,smm")
+        _options._check_peer("sm,smm")
 
 
 @pytest.mark.parametrize("command, option", [
@@ -723,7 +724,7 @@ def test_osu_refuses_an_option_its_command_ignores(command, option):
     """An option the command would ignore (a barrier has no message, a
     Bcast no op) is refused, naming the commands it applies to."""
     import types
-    from bench import osu
+    from bench import _options
 
     class Refused(Exception):
         pass
@@ -737,20 +738,20 @@ def test_osu_refuses_an_option_its_command_ignores(command, option):
             True if flag in ("--shm", "--arena") else option[1])
     with pytest.raises(Refused, match=rf"^{flag} does not apply to "
                        rf"{command}: only to "):
-        osu._check_applies(types.SimpleNamespace(error=error), ns)
+        _options._check_applies(types.SimpleNamespace(error=error), ns)
 
 
 @pytest.mark.parametrize("text, nbytes", [("0", 0), ("0K", 0), ("64K", 65536),
                                           ("2M", 2 << 20)])
 def test_osu_cold_sizes(text, nbytes):
-    from bench.osu import _cold_size
+    from bench._options import _cold_size
     assert _cold_size(text) == nbytes
 
 
 @pytest.mark.parametrize("text", ["lots", "1", "63K", "-4M"])
 def test_osu_cold_rejects_a_bad_size(text):
     import argparse
-    from bench.osu import _cold_size
+    from bench._options import _cold_size
     with pytest.raises(argparse.ArgumentTypeError,
                        match="give 0 or a byte count of at least 64K"):
         _cold_size(text)
