@@ -157,6 +157,7 @@ class Objects:
         self._send = np.zeros(size * SLOT, np.uint8)  # zero but my slot
         self._recv = np.zeros(size * SLOT, np.uint8)
         self._one = np.zeros(_HEAD + ONE_CAP, np.uint8)  # a bcast's slot
+        self._long = (np.zeros(0, np.uint8),) * 2  # see _scratch
         self._views = (memoryview(self._send), memoryview(self._one),
                        memoryview(self._recv))
         self._all = struct.Struct("<" + f"qdq{CAP}x" * size)
@@ -376,13 +377,12 @@ class Objects:
     def _long_pickles(self, x, data, long, root, folds, total):
         """The second exchange: LONG gives each rank's pickle length (0 for
         those that fit their slots), laid end to end in rank order.  Every
-        rank's (a view; None for those 0) if this rank FOLDS; DATA is this
+        rank's (bytes; None for those 0) if this rank FOLDS; DATA is this
         rank's."""
-        send = np.zeros(total, np.uint8)
+        send, recv = self._scratch(total, folds)
         start = sum(long[:self._rank])
         if long[self._rank]:
             send[start:start + len(data)] = np.frombuffer(data, np.uint8)
-        recv = np.empty(total, np.uint8) if folds else None
         self._stage = 2
         if root is None:
             x.Allreduce(send, recv, MPI.BOR)
@@ -391,7 +391,21 @@ class Objects:
         if not folds:
             return None
         pickles, start = [], 0
-        for length in long:
-            pickles.append(recv[start:start + length] if length else None)
+        for length in long:  # copies: the arrays serve the next call too
+            pickles.append(recv[start:start + length].tobytes() if length
+                           else None)
             start += length
         return pickles
+
+    def _scratch(self, total, folds):
+        """The second exchange's arrays of TOTAL bytes (at most LIMIT): to
+        send, all zero, and to receive if this rank FOLDS (else None).
+        Kept from call to call and grown as needed: new ones of 128 KiB
+        or more each call came from the kernel as zeroed pages, a page
+        fault each, which took longer than the exchange."""
+        if self._long[0].size < total:
+            size = min(max(total, 2 * self._long[0].size), LIMIT)
+            self._long = (np.zeros(size, np.uint8), np.empty(size, np.uint8))
+        send, recv = self._long[0][:total], self._long[1][:total]
+        send.fill(0)
+        return send, recv if folds else None

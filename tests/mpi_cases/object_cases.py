@@ -467,6 +467,14 @@ def long_and_custom(xcomm, comm, v):
     v.check("objects above LIMIT: warned, counted as a fallback",
             xcomm.stats["fallback"] == before + 1 and any(
                 "more than 1 MiB" in s for s in said), f"warnings {said}")
+    # The second exchange's arrays are kept from call to call: a shorter
+    # exchange after a longer one carries nothing of it.
+    for n in (3000, 700, 2000):
+        mine = bytes([65 + rank]) * (n + 100 * rank)
+        got = xcomm.allreduce(mine)
+        v.case(f"long pickles of {n} B and more, after longer ones",
+               _same(got, b"".join(bytes([65 + r]) * (n + 100 * r)
+                                   for r in range(size))))
     calls = []
 
     def counting_dumps(obj, *args):
