@@ -304,7 +304,8 @@ class Run:
         self.progress = None
 
     def sweep(self):
-        """Measure every size, printing one row each; then the reference."""
+        """Measure every size, printing one row each, then the notes on
+        them (finish adds the reference)."""
         if self.comm.rank == 0:
             self.table.header(header_lines(self))
         self.progress = _osu.Progress(self.opts.command,
@@ -317,7 +318,6 @@ class Run:
         for note in stall_lines(self.notes, self.stalled_rows):
             self.table.comment(note)
         self.doc["notes"] = self.notes
-        self.reference()
 
     def measure(self, size):
         """Time all implementations at SIZE; print and record the row."""
@@ -525,21 +525,24 @@ def _load():
 
 
 def finish(run, xcomm, error=None):
-    """Write the JSON and plot on rank 0 (also after a validation error).
-    Collective: xhc's path counts are summed over the ranks, and a call
-    that any rank handed to mpi4py is reported, as the xhc column would
-    then be partly MPI's."""
+    """Note the calls any rank handed to mpi4py under the table (the xhc
+    column is then partly MPI's), time the reference after a whole
+    sweep, and write the JSON and plot on rank 0 (also after a
+    validation error).  Collective: xhc's path counts are summed over
+    the ranks."""
     every = run.comm.gather(dict(xcomm.stats) if xcomm is not None
                             else None, root=0)
-    if run.comm.rank != 0:
-        return
-    if xcomm is not None:
+    if run.comm.rank == 0 and xcomm is not None:
         stats = {k: sum(s[k] for s in every) for k in every[0]}
         run.doc["xhc_stats"] = stats
         if stats.get("fallback"):  # beside the table it weighs on
             print(f"# note: {stats['fallback']} xhc calls (summed over "
                   "the ranks) fell back to mpi4py: the xhc column is partly "
                   "MPI's", flush=True)
+    if not error:
+        run.reference()
+    if run.comm.rank != 0:
+        return
     if error:
         run.doc["error"] = error
     if run.opts.json:

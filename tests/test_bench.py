@@ -1181,10 +1181,11 @@ def test_osu_notes_a_fallback_beside_the_table(capsys):
     from bench import osu
     comm = types.SimpleNamespace(rank=0, gather=lambda x, root: [x, x])
     run = types.SimpleNamespace(comm=comm, doc={}, opts=types.SimpleNamespace(
-        json=None, plot=None))
+        json=None, plot=None), reference=lambda: print("# reference"))
     osu.finish(run, types.SimpleNamespace(stats={"fallback": 1, "eager": 3}))
     assert capsys.readouterr().out == "# note: 2 xhc calls (summed over " \
-        "the ranks) fell back to mpi4py: the xhc column is partly MPI's\n"
+        "the ranks) fell back to mpi4py: the xhc column is partly MPI's\n" \
+        "# reference\n"  # under the table, before the reference
     assert run.doc["xhc_stats"] == {"fallback": 2, "eager": 6}
 
 
