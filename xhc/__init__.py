@@ -13,7 +13,8 @@ if _find_spec("mpi4py") is None:  # pragma: no cover
 
 if _TYPE_CHECKING:  # pragma: no cover
     from .arena import arena_bytes, shared_arrays
-    from .comm import Comm, Request
+    from .comm import Comm
+    from .requests import Request
 
 __version__ = "0.1.0"
 __all__ = ["Comm", "Request", "XhcError", "__version__", "arena_bytes",
@@ -58,7 +59,8 @@ def __getattr__(name):
         if "cannot load MPI library" not in str(e):
             raise
         raise ImportError(f"{_NEEDS}: {e}") from e
-    globals().update((lazy, getattr(comm, lazy)) for lazy in _LAZY)
+    requests = _built("requests")  # comm imported it
+    globals().update(Comm=comm.Comm, Request=requests.Request)
     return globals()[name]
 
 

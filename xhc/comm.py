@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """xhc.Comm: an mpi4py intra-communicator with shared-memory collectives."""
-import contextlib
 import errno
 import functools
 import operator
@@ -14,22 +13,20 @@ from mpi4py import MPI
 
 from . import (_core, config, debug, exchange, hierarchy, nodes, objects,
                topology)
-from ._core import SHARED_TOPIC
 from ._hot import (HotComm, bind_plain, block_hook, progress_hook,
                    set_progress)
 from ._xhc import ffi, lib
 from .across import Across
-from .arena import in_arena
-from .buffers import in_place, plain_tables
-from .checks import same_rank
-from .entry import SETTLED, claiming, leaving, settled, user_level
+from .buffers import plain_tables
+from .entry import claiming, leaving, settled, user_level
 from .errors import XhcError, agree, heard, naming_ranks, rank_name
 from .fallback import Fallback
 from .hierarchy import parse_levels
 from .mpierrors import comm_freed
+from .persistent import Persistent, info_args
 from .planner import Planner
 from .plans import RUN_FN, address
-from .requests import COMM_NULL_HANDLE, Request, busy_error, stored_handle
+from .requests import COMM_NULL_HANDLE, busy_error, stored_handle
 from .topology import source_of
 
 _IN_PLACE = MPI.IN_PLACE
@@ -41,7 +38,6 @@ _ALIKE = ("split_nodes", "sleep", "windows", "copy", "debug", "cico_max",
 _EVERYWHERE = ("split_nodes", "debug")
 _run = lib.xhc_run
 _barrier = lib.xhc_barrier
-_agree = lib.xhc_agree
 _barrier_fn = ffi.addressof(lib, "xhc_barrier")
 _BLOCK_HOOK = ffi.cast("void (*)(void *)", block_hook)
 _PROGRESS_HOOK = ffi.cast("void (*)(void *)", progress_hook)
@@ -116,7 +112,7 @@ def agreed_settings(comm, hierarchy, topology, tunables):
     return (*settings, lambda: check(alike))
 
 
-class Comm(Fallback, Across, Planner, HotComm):
+class Comm(Fallback, Across, Planner, Persistent, HotComm):
     """Wrap an mpi4py intra-communicator; accelerate Bcast, Barrier,
     Allreduce and Reduce through node shared memory, and their forms on
     Python objects (bcast, barrier, allreduce, reduce) through those.
@@ -127,8 +123,9 @@ class Comm(Fallback, Across, Planner, HotComm):
     windows, copy, split_nodes, debug.  Over several nodes, xhc works
     inside each and MPI between them (xhc/nodes.py).
 
-    Its parts: plans of calls (xhc/planner.py), calls over several nodes
-    (xhc/across.py), and what goes to mpi4py (xhc/fallback.py).
+    Its parts: plans of calls (xhc/planner.py), persistent collectives
+    (xhc/persistent.py), calls over several nodes (xhc/across.py), and
+    what goes to mpi4py (xhc/fallback.py).
     """
 
     def __new__(cls, comm=None, *args, **kwargs):
@@ -498,82 +495,6 @@ class Comm(Fallback, Across, Planner, HotComm):
             self._hot_objects(o, o._send, o._recv, o._one)
         return o
 
-    # -- persistent collectives (MPI-4 style) ---------------------------------
-    # All argument work happens in *_init; Start() is the C call alone.
-
-    @claiming
-    @leaving
-    def Barrier_init(self, info=None):
-        """A persistent Barrier."""
-        extra = _info(info)
-        if not self._usable():
-            return self._fallback("Barrier_init", *extra)
-        return Request(functools.partial(_barrier, self._ctx), "Barrier", self,
-                       bind=(0, 0, address(_barrier_fn), address(self._ctx)))
-
-    @claiming
-    @leaving
-    def Bcast_init(self, buf, root=0, info=None):
-        """A persistent Bcast of BUF from ROOT."""
-        extra = _info(info)
-        return self._init_request(
-            "Bcast_init",
-            lambda flags: self._bcast_plan(buf, root, False, flags),
-            [buf if same_rank(root, self._rank) else None],
-            lambda: self._fallback("Bcast_init", buf, root, *extra),
-            # The plan: (buf, root, run, call, ...).
-            lambda p: Request(p[2], f"Bcast(root={root}, {p[3].count} B)",
-                              self, p))
-
-    @claiming
-    @leaving
-    def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):
-        """A persistent Allreduce of SENDBUF into RECVBUF."""
-        extra = _info(info)
-        return self._init_request(
-            "Allreduce_init",
-            lambda flags: self._allreduce_plan(sendbuf, recvbuf, op, flags,
-                                               remember=False),
-            [recvbuf, None if in_place(sendbuf) else sendbuf],
-            lambda: self._fallback("Allreduce_init", sendbuf, recvbuf, op,
-                                   *extra),
-            # The plan: (sendbuf, recvbuf, op, run, call, send Buffer, ...).
-            lambda p: Request(p[3], f"Allreduce({p[5].nbytes} B)", self, p))
-
-    @claiming
-    @leaving
-    def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=None):
-        """A persistent Reduce of SENDBUF into ROOT's RECVBUF."""
-        extra = _info(info)
-        return self._init_request(
-            "Reduce_init",
-            lambda flags: self._reduce_plan(sendbuf, recvbuf, op, root, flags,
-                                            remember=False),
-            [None if in_place(sendbuf) else sendbuf,
-             recvbuf if same_rank(root, self._rank) else None],
-            lambda: self._fallback("Reduce_init", sendbuf, recvbuf, op, root,
-                                   *extra),
-            # The plan: (sendbuf, recvbuf, op, root, run, call, send
-            # Buffer, ...).
-            lambda p: Request(p[4], f"Reduce(root={root}, {p[6].nbytes} B)",
-                              self, p))
-
-    def _init_request(self, name, plan, shared, fallback, request):
-        """The request of *_init NAME.  PLAN(None) judges this rank's
-        arguments before any step in the core, and refuses what it cannot
-        take, a buffer only this rank can judge too (no call runs yet to
-        take part in; MPI matches a request's Start() with no blocking
-        call): the rank's next call, a retry, is then its part of this
-        one, as for any refused call.  Then the ranks agree on the path
-        for the buffers SHARED (_shared_flag), and REQUEST(PLAN(flags))
-        is the request, or FALLBACK() where PLAN gives None."""
-        p = plan(None)
-        flags = self._shared_flag(name, *shared)
-        with self._agreed():
-            if p is None:
-                return fallback()
-            return request(plan(flags) if flags else p)
-
     def _judge_alone(self, name, args):
         """Raise what collective NAME (Bcast, Allreduce or Reduce, blocking
         or persistent) would raise about this rank's own arguments ARGS
@@ -586,59 +507,6 @@ class Comm(Fallback, Across, Planner, HotComm):
         elif name == "Reduce":
             self._reduce_plan(args["sendbuf"], args["recvbuf"], args["op"],
                               args["root"], None, False)
-
-    def _shared_flag(self, what, *arrays):
-        """Collective, from *_init: XHC_CALL_SHARED if every rank's ARRAYS
-        (None: not this rank's to pass) lie wholly in this communicator's
-        Comm.empty memory or in their process's arena (shared_arrays),
-        else 0.  The flag lets the core take the paths
-        that read them in place from smaller sizes.  It chooses the path,
-        so the ranks agree on it here, in the core (which times out, and
-        names a peer that closed, or one that refused its arguments);
-        WHAT names the call in an error.  Crowded nodes keep the slots
-        (see config.fit_to_load)."""
-        # Comm.empty is collective: no rank or every rank has such memory;
-        # an arena any rank may have, where the ranks may map each other's.
-        if not self._usable() or self._crowded or self._size == 1 \
-                or not (self._keep or self.xhc_info.get("arena")):
-            return 0
-        v = ffi.new("int32_t[1]",
-                    [all(a is None or self._in_shared(a) for a in arrays)])
-        rc = self._in_core(_agree, self._ctx, v, SHARED_TOPIC)
-        if rc:
-            self._raise(rc, what)
-        return lib.XHC_CALL_SHARED if v[0] else 0
-
-    @contextlib.contextmanager
-    def _agreed(self):
-        """The rest of a *_init, after _shared_flag: whatever it raises
-        before this rank took part, it withdraws from the collective its
-        peers go on to, as leaving() has it (which takes the agreement, a
-        core collective of its own, for this rank's part)."""
-        try:
-            yield
-        except BaseException as exc:
-            if not getattr(exc, SETTLED, False):
-                self._withdraw()
-            raise settled(exc)
-
-    def _in_shared(self, arr):
-        """Is ARR a C-contiguous ndarray wholly inside one of our Comm.empty
-        regions, or in this process's arena (peers may map it)?  Never
-        raises: bad arguments are judged later."""
-        try:  # a subclass's properties run user code, which may raise
-            if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
-                return False
-            if self.xhc_info.get("arena") and in_arena(arr):
-                return True
-            lo = arr.__array_interface__["data"][0]
-            for mm, base in self._keep:
-                start = address(base)
-                if start <= lo and lo + arr.nbytes <= start + len(mm):
-                    return True
-        except Exception:  # noqa: BLE001
-            pass
-        return False
 
     # -- shared memory, stats, lifetime ---------------------------------------
 
@@ -806,7 +674,7 @@ class Comm(Fallback, Across, Planner, HotComm):
     def Dup(self, info=None):
         """MPI's Dup() of the wrapped communicator, wrapped as this object
         is, with its keywords; its free() frees the duplicate."""
-        return self._duplicate(self._comm.Dup, *_info(info))
+        return self._duplicate(self._comm.Dup, *info_args(info))
 
     @claiming
     def Clone(self):
@@ -817,7 +685,7 @@ class Comm(Fallback, Across, Planner, HotComm):
     def Dup_with_info(self, info):
         """Dup() with INFO, as MPI's Dup_with_info()."""
         return self._duplicate(self._comm.Dup_with_info,
-                               *_info(info, optional=False))
+                               *info_args(info, optional=False))
 
     def _duplicate(self, dup, *args):
         self._usable()  # raises if freed, as every collective does
@@ -930,17 +798,6 @@ def _with_topology(comm_type):
     cls = type("Comm", (Comm,), {"__doc__": Comm.__doc__,
                                  "__module__": Comm.__module__})
     return _add_passthrough(cls, comm_type)
-
-
-def _info(info, optional=True):
-    """INFO as the arguments to pass MPI: none for None, unless not
-    OPTIONAL (Dup_with_info's, which mpi4py requires)."""
-    if info is None and optional:
-        return ()
-    if not isinstance(info, MPI.Info):
-        raise TypeError(f"info must be an MPI.Info{' or None' * optional}, "
-                        f"not {type(info).__name__}")
-    return (info,)
 
 
 def _path_counts(ctx):

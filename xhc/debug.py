@@ -12,6 +12,7 @@ from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, in_place,
 from .entry import drop_locals, misbound, settled
 from .errors import XhcError, agree
 from .mpierrors import comm_freed
+from .persistent import info_args
 from .requests import OverMPI, Request
 
 _SIGNATURES = {}
@@ -45,9 +46,10 @@ def _signature(comm, name, bound):
         sig["root"] = _root_name(args["root"])
     if "op" in args:
         sig["op"] = _op_name(args["op"])
-    if "info" in args:  # not compared (hints may differ), but a bad one
-        from .comm import _info  # raises on every rank; it imports this
-        _info(args["info"], optional=name != "Dup_with_info")
+    # info is not compared (hints may differ), but a bad one raises on
+    # every rank.
+    if "info" in args:
+        info_args(args["info"], optional=name != "Dup_with_info")
     name = name.replace("_init", "")
     if name == "Bcast":
         sig["buffer"] = _describe(args["buf"], typed=False)

@@ -421,7 +421,7 @@ def made_while_freed(make):
     not return a request bound to the closed context."""
     def case(_):
         c = xhc.Comm(MPI.COMM_SELF)
-        target = xhc.comm.Request.__init__.__code__
+        target = xhc.requests.Request.__init__.__code__
 
         def hold(frame, event, arg):
             if event == "call" and frame.f_code is target:
