@@ -96,7 +96,7 @@ static struct {
     PyObject *bor;                  /* the exchange's op */
     PyObject *op[NFOLDS];           /* the ops folded here */
     PyObject *pickle;               /* MPI.pickle, whose dumps and loads */
-    PyObject *dumps, *loads;        /* ... (interned names) a bcast calls */
+    PyObject *dumps, *loads;        /* ... (interned names) the calls use */
 } objs;
 
 /* OP's index among the ops folded here, or -1. */
@@ -468,6 +468,22 @@ static PyObject *fold_objects(const unsigned char *all, int nranks,
     return acc;
 }
 
+/* fold_objects of a copy of the NRANKS slots at ALL, this rank's own:
+ * unpickling and the op run Python code, which may make a call on this
+ * communicator that rewrites ALL (a __setstate__ that runs allreduce). */
+static PyObject *fold_copy(const unsigned char *all, int nranks,
+                           PyObject *op)
+{
+    size_t bytes = (size_t)nranks * (size_t)objs.slot;
+    unsigned char *own = PyMem_Malloc(bytes);
+    if (!own)
+        return PyErr_NoMemory();
+    memcpy(own, all, bytes);
+    PyObject *res = fold_objects(own, nranks, op);
+    PyMem_Free(own);
+    return res;
+}
+
 /* Do the NRANKS slots at ALL hold all that makes their objects? */
 static int slots_whole(const unsigned char *all, int nranks)
 {
@@ -488,7 +504,7 @@ static PyObject *finish(struct reduce *r, const unsigned char *all)
         if (slots_whole(all, h->size))
             return r->root != h->rank
                        ? (Py_INCREF(Py_None), Py_None)
-                       : fold_objects(all, h->size, r->argv[1]);
+                       : fold_copy(all, h->size, r->argv[1]);
         if (first_done(objects) < 0)
             return NULL;
         res = PyObject_CallMethod(objects, "finish", "OsOOO", (PyObject *)h,

@@ -74,8 +74,8 @@ _MPI4PY = object()     # _objects' answer: let mpi4py reduce
 # with MPI.pickle.__init__(dumps, loads); a new MPI.pickle changes
 # neither mpi4py's calls nor these.
 _PICKLE = MPI.pickle
-# xhc/_hot_objects.c writes numbers' slots, runs the exchange and folds
-# with these ops itself, and pickles and unpickles a bcast's objects.
+# xhc/_hot_objects.c writes the slots, runs the exchanges, pickles and
+# unpickles with this pickler, and folds numbers with these ops itself.
 bind_objects(SLOT, MPI.BOR, (MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN),
              *zip(*((kind, tag) for tag, kind, _ in _NUMBERS)), _PICKLE)
 
@@ -158,8 +158,7 @@ class Objects:
         self._recv = np.zeros(size * SLOT, np.uint8)
         self._one = np.zeros(_HEAD + ONE_CAP, np.uint8)  # a bcast's slot
         self._long = (np.zeros(0, np.uint8),) * 2  # see _scratch
-        self._views = (memoryview(self._send), memoryview(self._one),
-                       memoryview(self._recv))
+        self._views = (memoryview(self._send), memoryview(self._one))
         self._all = struct.Struct("<" + f"qdq{CAP}x" * size)
 
     def slots(self):
@@ -323,8 +322,8 @@ class Objects:
 
     def finish(self, x, name, obj, op, root, data=None):
         """reduce's result from the slots exchanged, OBJ's pickle DATA if
-        it did not fit its slot (xhc/_hot_objects.c calls this for the
-        exchanges it does not fold itself)."""
+        it did not fit its slot (xhc/_hot_objects.c calls this for an
+        exchange that carried a long pickle or a failure to pickle)."""
         fields = self._all.unpack_from(self._recv)
         tags = fields[0::3]
         folds = root is None or root == self._rank
@@ -363,7 +362,8 @@ class Objects:
             if total else None
         if not folds:
             return None
-        recv, loads = self._views[2], _PICKLE.loads
+        # A copy: a loads may run a call on X that rewrites the slots.
+        recv, loads = memoryview(self._recv.tobytes()), _PICKLE.loads
         objs = []
         for r, tag in enumerate(tags):
             if tag < 0:

@@ -189,10 +189,12 @@ def _results(xcomm, comm, v, name, objs, op, exact):
 
 
 def routes(xcomm, comm, v):
-    """Numbers with the ops folded in C (xhc/_hot_objects.c), and numbers
-    and pickles a bcast sends (inline, or in a second Bcast), take no
-    Python method; keywords are mpi4py's; anything else reaches the
-    Python twins, and mixed kinds Objects.finish."""
+    """On one node, once the slots are bound, every call runs in C
+    (xhc/_hot_objects.c) and takes no Python method: numbers and pickles
+    that fit their slots with any op, mixed kinds, a bcast's pickles
+    (inline, or in a second Bcast); a reduction's long pickle goes
+    through Objects.finish alone.  Keywords are mpi4py's.  Over several
+    nodes every call reaches the Python twins."""
     seen = []
     twins = {n: getattr(xhc.Comm, n) for n in ("_allreduce", "_reduce",
                                                 "_bcast")}
@@ -367,8 +369,49 @@ def failures(xcomm, comm, v):
     v.case("after the failures", _same(xcomm.bcast(rank + 1, root=bad),
                                        bad + 1))
     pickled_once(xcomm, comm, v)
+    reentrant_unpickling(xcomm, comm, v)
     if xcomm._nodes is None:  # C pickles on one node alone; over several
         freed_while_pickling(comm, v)  # a rank refusing stalls MPI's peers
+
+
+class _Reentrant:
+    """An object whose unpickling runs an allreduce on the xhc.Comm that
+    carries it: every rank unpickles every rank's, so the inner calls
+    meet, and they rewrite the slots the outer call reads."""
+    xcomm = None
+
+    def __init__(self, name):
+        self.name = name
+
+    def __reduce__(self):
+        return (_reentrant, (self.name,))
+
+
+def _first(a, b):
+    return a
+
+
+def _reentrant(name):
+    _Reentrant.xcomm.allreduce("x" * objects.CAP * 2, op=_first)  # long
+    _Reentrant.xcomm.allreduce(7, op=_first)  # a number's slot, last
+    return _Reentrant(name)
+
+
+def reentrant_unpickling(xcomm, comm, v):
+    """An object whose unpickling makes calls on the same xhc.Comm (a
+    long pickle's, which writes the slots and both exchanges' arrays,
+    then a number's) leaves the outer call's objects as they were
+    sent."""
+    _Reentrant.xcomm = xcomm
+    try:
+        got = xcomm.allreduce(_Reentrant(f"A{comm.rank}"), op=_pair)
+    finally:
+        _Reentrant.xcomm = None
+    names = [getattr(o, "name", o)
+             for o in (got if isinstance(got, list) else [got])]
+    want = [f"A{r}" for r in range(comm.size)]
+    v.case("unpickling that calls allreduce on the same xhc.Comm",
+           None if names == want else f"got {names}, want {want}")
 
 
 class _Counted:
