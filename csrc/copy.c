@@ -130,8 +130,12 @@ unsigned char *xhc_region_span(xhc_ctx_t *ctx, const struct xhc_src *src,
 int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
                   size_t offset, void *dst, size_t len, const void **direct)
 {
+    /* A Bcast child reads its parent's description in the parent's line,
+     * which a parent that gave up rewrites: check and use one copy. */
+    const struct xhc_src own = *src;
+    src = &own;
     int rc = 0;
-    if (offset + len > src->nbytes)
+    if (!span_fits(offset, len, src->nbytes))
         return xhc_fail(ctx, peer, XHC_ERR_MISMATCH);
     const unsigned char *p = xhc_region_span(ctx, src, offset, len, &rc);
     if (rc)

@@ -455,8 +455,10 @@ class Comm(Fallback, Across, Planner, Persistent, HotComm):
         self.Barrier()
 
     # bcast, allreduce and reduce are HotComm's (xhc/_hot_objects.c),
-    # which runs those on numbers (with the ops it folds); the rest come
-    # here, to twins named (for their errors' sake) as the public methods.
+    # which runs them once the slots are bound; the first call, those
+    # under XHC_DEBUG or over several nodes, and those it refuses (an op
+    # that is not callable, a bad root) come here, to twins named (for
+    # their errors' sake) as the public methods.
 
     def bcast(self, obj, root=0):
         """ROOT's picklable OBJ, as a new object on every rank (but for
