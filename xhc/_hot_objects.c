@@ -444,18 +444,25 @@ struct reduce {
 
 /* The fold by OP, a callable, of the objects of the NRANKS slots at ALL
  * (each slot_whole), as objects.py folds them: every object made first,
- * then op(lower ranks' result, next rank's object). */
+ * from a copy of the slots (unpickling runs Python code, which may make
+ * a call on this communicator that rewrites ALL: a __setstate__ that
+ * runs allreduce), then op(lower ranks' result, next rank's object). */
 static PyObject *fold_objects(const unsigned char *all, int nranks,
                               PyObject *op)
 {
-    PyObject *each = PyTuple_New(nranks);
+    size_t bytes = (size_t)nranks * (size_t)objs.slot;
+    unsigned char *own = PyMem_Malloc(bytes);
+    PyObject *each = own ? PyTuple_New(nranks) : PyErr_NoMemory();
+    if (own)
+        memcpy(own, all, bytes);
     for (int r = 0; each && r < nranks; r++) {
-        PyObject *o = slot_object(all + (Py_ssize_t)r * objs.slot);
+        PyObject *o = slot_object(own + (Py_ssize_t)r * objs.slot);
         if (!o)
             Py_CLEAR(each);
         else
             PyTuple_SET_ITEM(each, r, o);
     }
+    PyMem_Free(own);
     if (!each)
         return NULL;
     PyObject *acc = PyTuple_GET_ITEM(each, 0);
@@ -466,22 +473,6 @@ static PyObject *fold_objects(const unsigned char *all, int nranks,
     }
     Py_DECREF(each);
     return acc;
-}
-
-/* fold_objects of a copy of the NRANKS slots at ALL, this rank's own:
- * unpickling and the op run Python code, which may make a call on this
- * communicator that rewrites ALL (a __setstate__ that runs allreduce). */
-static PyObject *fold_copy(const unsigned char *all, int nranks,
-                           PyObject *op)
-{
-    size_t bytes = (size_t)nranks * (size_t)objs.slot;
-    unsigned char *own = PyMem_Malloc(bytes);
-    if (!own)
-        return PyErr_NoMemory();
-    memcpy(own, all, bytes);
-    PyObject *res = fold_objects(own, nranks, op);
-    PyMem_Free(own);
-    return res;
 }
 
 /* Do the NRANKS slots at ALL hold all that makes their objects? */
@@ -504,7 +495,7 @@ static PyObject *finish(struct reduce *r, const unsigned char *all)
         if (slots_whole(all, h->size))
             return r->root != h->rank
                        ? (Py_INCREF(Py_None), Py_None)
-                       : fold_copy(all, h->size, r->argv[1]);
+                       : fold_objects(all, h->size, r->argv[1]);
         if (first_done(objects) < 0)
             return NULL;
         res = PyObject_CallMethod(objects, "finish", "OsOOO", (PyObject *)h,
