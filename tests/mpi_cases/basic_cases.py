@@ -15,7 +15,7 @@ from case_kit import (address, ALIASED, ARITH, BITLOGIC, compare, digest,
                       DTYPES, first_diff, FLOAT_DTYPES, INLINE, INT_DTYPES,
                       mpi_op, node_parts, NOISE, np_fold, OPS, ops_for,
                       pattern, POISON, raises, rand64, raw, same_bits, seed_of,
-                      values)
+                      share, values)
 
 
 # -- Bcast --------------------------------------------------------------------
@@ -134,17 +134,22 @@ def suite_bcast(xcomm, comm, v, sz, args):
 
 # -- Allreduce / Reduce -------------------------------------------------------
 
-def inputs_for(dtype, op, count, case, n):
-    return [values(dtype, op, seed_of(case, r, dtype.num), count)
+def inputs_for(dtype, op, count, case, n, part=slice(None)):
+    return [values(dtype, op, seed_of(case, r, dtype.num), count, part)
             for r in range(n)]
+
+
+def input_of(dtype, op, count, case, rank):
+    return values(dtype, op, seed_of(case, rank, dtype.num), count)
 
 
 def one_allreduce(v, xcomm, comm, dtype, op, count, case, in_place,
                   use_mpi=True, repeat=False):
     n, rank = comm.size, comm.rank
-    ins = inputs_for(dtype, op, count, case, n)
-    want = np_fold(op, ins)
-    send = ins[rank].copy()
+    mine = share(comm, count)
+    want = np_fold(op, inputs_for(dtype, op, count, case, n, mine))
+    own = input_of(dtype, op, count, case, rank)
+    send = own.copy()
     desc = (f"Allreduce {dtype.name} {op} count {count} "
             f"({count * dtype.itemsize} B){' IN_PLACE' if in_place else ''}")
     if in_place:
@@ -154,14 +159,14 @@ def one_allreduce(v, xcomm, comm, dtype, op, count, case, in_place,
         recv = np.full(count, 0x5A, dtype) if dtype.kind != "f" else \
             np.full(count, np.nan, dtype)
         xcomm.Allreduce(send, recv, op=mpi_op(op))
-    err = compare(recv, want, op, dtype)
+    err = compare(recv[mine], want, op, dtype)
     if err:
-        err = "vs numpy: " + err
-    elif not in_place and not same_bits(send, ins[rank]):
+        err = f"vs numpy, from element {mine.start}: " + err
+    elif not in_place and not same_bits(send, own):
         err = "the send buffer was modified"
     if use_mpi:
         ref = np.empty(count, dtype)
-        comm.Allreduce(ins[rank], ref, op=mpi_op(op))
+        comm.Allreduce(own, ref, op=mpi_op(op))
         if err is None and op != NOISE and not same_bits(recv, ref):
             err = "vs mpi4py: " + first_diff(recv, ref)
         if err is None and op == NOISE:
@@ -169,7 +174,7 @@ def one_allreduce(v, xcomm, comm, dtype, op, count, case, in_place,
             err = e and "vs mpi4py: " + e
     if repeat and err is None:
         again = np.full_like(raw(recv), POISON).view(dtype)
-        xcomm.Allreduce(ins[rank], again, op=mpi_op(op))
+        xcomm.Allreduce(own, again, op=mpi_op(op))
         if not same_bits(again, recv):
             err = "not deterministic: a repeat gave other bits"
     v.case(desc, err, digest(recv))
@@ -178,9 +183,10 @@ def one_allreduce(v, xcomm, comm, dtype, op, count, case, in_place,
 def one_reduce(v, xcomm, comm, dtype, op, count, case, root, in_place,
                nonroot_buf, use_mpi=True):
     n, rank = comm.size, comm.rank
-    ins = inputs_for(dtype, op, count, case, n)
-    want = np_fold(op, ins) if rank == root else None
-    send = ins[rank].copy()
+    want = np_fold(op, inputs_for(dtype, op, count, case, n)) \
+        if rank == root else None
+    own = input_of(dtype, op, count, case, rank)
+    send = own.copy()
     desc = (f"Reduce {dtype.name} {op} count {count} "
             f"({count * dtype.itemsize} B) root {root}"
             f"{' IN_PLACE' if in_place else ''}"
@@ -206,11 +212,11 @@ def one_reduce(v, xcomm, comm, dtype, op, count, case, root, in_place,
     elif guard is not None and not same_bits(recv, guard):
         err = "a non-root's receive buffer was written"
     if err is None and not (rank == root and in_place) \
-            and not same_bits(send, ins[rank]):
+            and not same_bits(send, own):
         err = "the send buffer was modified"
     if use_mpi:
         ref = np.empty(count, dtype) if rank == root else None
-        comm.Reduce(ins[rank], ref, op=mpi_op(op), root=root)
+        comm.Reduce(own, ref, op=mpi_op(op), root=root)
         if err is None and rank == root:
             e = compare(recv, ref, op, dtype)
             err = e and "vs mpi4py: " + e
@@ -346,8 +352,9 @@ def overflow_cases(v, xcomm, comm):
 
 # -- NaN, infinities, signed zeros, subnormals --------------------------------
 
-def special_inputs(dtype, op, count, seed):
-    """One rank's inputs for OP, drawn from values where IEEE rules show:
+def special_inputs(dtype, op, count, seed, part=slice(None)):
+    """One rank's inputs for OP (PART of them: see rand64), drawn from
+    values where IEEE rules show:
     NaN (one element in 64 on each rank), infinities, signed zeros, the
     least subnormal.  Each pool keeps OP exact and independent of the
     order of the fold, so the truth needs no order: SUM adds only
@@ -359,7 +366,7 @@ def special_inputs(dtype, op, count, seed):
             "PROD": [inf, -inf, 0.0, -0.0, 1.0, -1.0, 2.0, -2.0],
             "MIN": [inf, -inf, 0.0, -0.0, t, -t, 1.0, -1.0, 3.0],
             "MAX": [inf, -inf, 0.0, -0.0, t, -t, 1.0, -1.0, 3.0]}[op]
-    x = rand64(seed, count)  # shifts and a uint16 modulo: uint64's is slow
+    x = rand64(seed, count, part)  # shifts, a uint16 modulo: uint64's is slow
     pick = (x >> np.uint64(48)).astype(np.uint16) % np.uint16(len(pool))
     vals = np.array(pool, dtype)[pick]
     vals[(x & np.uint64(63)) == 0] = nan
@@ -401,10 +408,10 @@ def special_error(got, want):
 def special_values(v, xcomm, comm, sz, quick, reduce_root=None):
     """Allreduce (or Reduce to REDUCE_ROOT) of special values, every float
     dtype and op at sizes on every path (QUICK: every other size, each op
-    its own half): against ieee_truth, and for SUM
-    and PROD against mpi4py too.  MIN and MAX are not compared with MPI:
-    Open MPI keeps whichever operand `<` picks, so a NaN on one rank is
-    kept or dropped by where it sits."""
+    its own half): against ieee_truth (an Allreduce rank its share()),
+    and for SUM and PROD against mpi4py too.  MIN and MAX are not
+    compared with MPI: Open MPI keeps whichever operand `<` picks, so a
+    NaN on one rank is kept or dropped by where it sits."""
     n, rank = comm.size, comm.rank
     case = ran = 0
     for dt in FLOAT_DTYPES:
@@ -416,31 +423,35 @@ def special_values(v, xcomm, comm, sz, quick, reduce_root=None):
                 if quick and (j + k) % 2:
                     continue
                 ran += 1  # the roots take turns over the cases run
-                ins = [special_inputs(dt, op, count, seed_of(30, case, r))
-                       for r in range(n)]
+                own = special_inputs(dt, op, count, seed_of(30, case, rank))
                 in_place = (case % 3 == 0)
                 root = None if reduce_root is None else \
                     (reduce_root + ran) % n
-                got = ins[rank].copy() if in_place else np.zeros(count, dt)
-                send = MPI.IN_PLACE if in_place else ins[rank]
+                got = own.copy() if in_place else np.zeros(count, dt)
+                send = MPI.IN_PLACE if in_place else own
                 if root is None:
                     xcomm.Allreduce(send, got, op=mpi_op(op))
                     ref = np.empty(count, dt)
-                    comm.Allreduce(ins[rank], ref, op=mpi_op(op))
+                    comm.Allreduce(own, ref, op=mpi_op(op))
+                    mine = share(comm, count)
                 else:
                     if rank != root:
-                        send, got = ins[rank], None
+                        send, got = own, None
                     xcomm.Reduce(send, got, op=mpi_op(op), root=root)
                     ref = np.empty(count, dt) if rank == root else None
-                    comm.Reduce(ins[rank], ref, op=mpi_op(op), root=root)
+                    comm.Reduce(own, ref, op=mpi_op(op), root=root)
+                    mine = slice(0, count)
                 desc = (f"{'Allreduce' if root is None else 'Reduce'} "
                         f"special {dt.name} {op} count {count}"
                         f"{'' if root is None else f' root {root}'}"
                         f"{' IN_PLACE' if in_place else ''}")
                 err = None
                 if got is not None:
-                    err = special_error(got, ieee_truth(op, ins))
-                    err = err and "vs IEEE 754: " + err
+                    ins = [special_inputs(dt, op, count, seed_of(30, case, r),
+                                          mine) for r in range(n)]
+                    err = special_error(got[mine], ieee_truth(op, ins))
+                    err = err and \
+                        f"vs IEEE 754, from element {mine.start}: " + err
                     if err is None and op in ("SUM", "PROD"):
                         e = special_error(got, ref)
                         err = e and "vs mpi4py: " + e
@@ -866,11 +877,11 @@ def suite_mixed(xcomm, comm, v, sz, args):
                    f"{' zero-copy' if zero_copy else ''}", err)
             continue
         count = nbytes // dt.itemsize
-        ins = inputs_for(dt, op, count, case, n)
-        send = ins[rank].copy()
+        own = input_of(dt, op, count, case, rank)
+        send = own.copy()
         if zero_copy:
             send = shared_in[:count]
-            send[:] = ins[rank]
+            send[:] = own
         desc = (f"op {i}: {kind} {dt.name} {op} count {count} root {root}"
                 f"{' IN_PLACE' if in_place else ''}"
                 f"{' zero-copy' if zero_copy else ''}")
@@ -881,7 +892,9 @@ def suite_mixed(xcomm, comm, v, sz, args):
             else:
                 recv = shared[:count] if zero_copy else np.empty(count, dt)
                 xcomm.Allreduce(send, recv, op=mpi_op(op))
-            err = compare(recv, np_fold(op, ins), op, dt)
+            mine = share(comm, count)
+            err = compare(recv[mine], np_fold(op, inputs_for(
+                dt, op, count, case, n, mine)), op, dt)
             v.case(desc, err, digest(recv))
             continue
         if rank == root:
@@ -891,10 +904,11 @@ def suite_mixed(xcomm, comm, v, sz, args):
             else:
                 recv = shared[:count] if zero_copy else np.empty(count, dt)
                 xcomm.Reduce(send, recv, op=mpi_op(op), root=root)
-            err = compare(recv, np_fold(op, ins), op, dt)
+            err = compare(recv, np_fold(op, inputs_for(dt, op, count, case,
+                                                       n)), op, dt)
         else:
             xcomm.Reduce(send, None, op=mpi_op(op), root=root)
-            err = None if same_bits(send, ins[rank]) else \
+            err = None if same_bits(send, own) else \
                 "the send buffer was modified"
         v.case(desc, err)
 

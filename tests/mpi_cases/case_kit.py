@@ -68,25 +68,37 @@ def mix(seed, count):
 _POOL = []
 
 
-def rand64(seed, count):
+def rand64(seed, count, part=slice(None)):
     """COUNT pseudo-random uint64 that depend on SEED: windows of a fixed
     random pool, each at an offset chosen by SEED and its place, XORed
     with that choice (one pass, where mix() takes eight; large cases need
-    all ranks' inputs, and 8 ranks share 2 cores)."""
+    all ranks' inputs, and 8 ranks share 2 cores).  Only PART of them is
+    made (a slice of the COUNT: what a rank checks, see share())."""
+    lo, hi, _ = part.indices(count)
     if count < 4096:
-        return mix(seed, count)
+        return mix(seed, count)[lo:hi]
     if not _POOL:
         _POOL.append(mix(0x5EED, 1 << 20))
     pool = _POOL[0]
     tile = len(pool) // 2
-    out = np.empty(count, np.uint64)
-    for start in range(0, count, tile):
+    out = np.empty(max(hi - lo, 0), np.uint64)
+    for start in range(lo - lo % tile, hi, tile):
         n = min(tile, count - start)
         key = (seed + start // tile * 0x9E3779B97F4A7C15) & MASK64
         off = (key >> 7) % (len(pool) - n + 1)
-        np.bitwise_xor(pool[off:off + n], np.uint64(key),
-                       out=out[start:start + n])
+        a, b = max(lo, start) - start, min(hi, start + n) - start
+        np.bitwise_xor(pool[off + a:off + b], np.uint64(key),
+                       out=out[start + a - lo:start + b - lo])
     return out
+
+
+def share(comm, count):
+    """The slice of a COUNT-element Allreduce result this rank checks
+    against numpy.  Every rank gets the same result (the cases' digests
+    agree), so the ranks check it all between them, each folding 1/size
+    of everyone's inputs rather than all of them: 8 ranks share 2 cores."""
+    return slice(count * comm.rank // comm.size,
+                 count * (comm.rank + 1) // comm.size)
 
 
 def pattern(seed, nbytes):
@@ -94,15 +106,16 @@ def pattern(seed, nbytes):
     return rand64(seed, (nbytes + 7) // 8).view(np.uint8)[:nbytes].copy()
 
 
-def values(dtype, op, seed, count):
-    """Inputs of one rank for a reduction of OP over DTYPE."""
+def values(dtype, op, seed, count, part=slice(None)):
+    """Inputs of one rank for a reduction of OP over DTYPE (PART of them:
+    see rand64)."""
     if dtype.kind == "b":
-        return values(np.dtype("u1"), op, seed, count) % 3 == 0
+        return values(np.dtype("u1"), op, seed, count, part) % 3 == 0
     if dtype.kind == "c":  # a float of each part
-        part = np.dtype(f"f{dtype.itemsize // 2}")
-        return (values(part, op, seed, count).astype(dtype) + 1j *
-                values(part, op, seed ^ 0x5A5A, count)).astype(dtype)
-    x = rand64(seed, count)
+        half = np.dtype(f"f{dtype.itemsize // 2}")
+        return (values(half, op, seed, count, part).astype(dtype) + 1j *
+                values(half, op, seed ^ 0x5A5A, count, part)).astype(dtype)
+    x = rand64(seed, count, part)
     if dtype.kind == "f":
         if op == NOISE:
             return ((x >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
