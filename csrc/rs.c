@@ -232,7 +232,9 @@ static int xhc_meet(xhc_ctx_t *ctx, uint64_t seq, const void *sbuf,
                       || (result_read && pb->recv.nbytes
                           && !xhc_in_region(&pb->recv));
     }
-    return 0;
+    /* A peer that gave up as I copied its line may have begun to rewrite
+     * it: what I copied is its own only if it is still here. */
+    return xhc_read_stayed(ctx, -1, 0);
 }
 
 /* How step 3 moves the folded slices, for ROOT (< 0: every rank), from
