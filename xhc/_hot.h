@@ -2,8 +2,9 @@
 /* _hot.h: what the files of xhc._hot share: _hot.c (the module, HotComm
  * and its calls), _hot_plan.c (plans and guards), _hot_plain.c (plain
  * arrays), _hot_across.c (over several nodes), _hot_wait.c (the GIL and
- * MPI's progress in a wait), _hot_objects.c (calls on objects) and
- * _hot_request.c (persistent requests). */
+ * MPI's progress in a wait), _hot_objects.c (calls on objects),
+ * _hot_request.c (persistent requests) and _hot_lists.c (lists of
+ * them). */
 #ifndef XHC_HOT_H
 #define XHC_HOT_H
 
@@ -172,8 +173,61 @@ PyObject *hot_bind_objects(PyObject *module, PyObject *args);
 int hot_objects_traverse(HotComm *h, visitproc visit, void *arg);
 void hot_objects_clear(HotComm *h);
 
-/* xhc/_hot_request.c: add HotRequest to module M; COMM_TYPE is HotComm,
- * the type of the xhc.Comm a request binds to. */
+/* xhc/_hot_request.c: */
+/* A persistent collective (xhc/requests.py's Request derives from it):
+ * Start()
+ * runs the bound call in C, as a planned call does; Wait() has nothing to
+ * wait for, since Start() completes the operation.  An unbound request
+ * (freed, or staging its buffers in Python) starts through its Python
+ * method _Start.  ACTIVE is MPI's state of a persistent request: set by
+ * a Start, cleared by the Wait or Test that completes it, so that
+ * Waitany and Waitsome pick each start once. */
+typedef struct {
+    PyObject_HEAD
+    MPI4PY_HEAD
+    /* None each: mpi4py's request goes on with a weakref list, then the
+     * buffer its Wait() replaces without a check for NULL.  After an MPI
+     * handle of 8 bytes (Open MPI's) that buffer is the second; after one
+     * of 4 (MPICH's), the first. */
+    PyObject *mpi_bufs[2];
+    xhc_run_fn run;          /* with CALL; or NULL and: */
+    xhc_barrier_fn barrier;  /* with CTX; both NULL: unbound */
+    void *call;
+    void *ctx;
+    HotComm *owner;          /* counts the call as under way; with CALL */
+    PyObject *across;        /* or, over several nodes, what Start runs */
+    char active;             /* started, not yet waited for */
+    char released;           /* by _hot_release: no Start() may run */
+    char interrupted;        /* the last Start() completed, then raised */
+    PyObject *mpi;           /* MPI's request, which MPI completes
+                                (xhc/_hot_request.c, 5.) */
+    char straight;           /* ... which Start() starts, nothing else */
+    char writes_back;        /* ... and whose completion stores copies */
+    char seen;               /* in the list Startall checks
+                                (xhc/_hot_lists.c, 1.) */
+} HotRequest;
+
+/* Is R over a request of MPI's (xhc/_hot_request.c, 5.)? */
+static inline int hot_over_mpi(const HotRequest *r)
+{
+    return r->mpi && r->mpi != Py_None;
+}
+
+/* Add HotRequest to module M; COMM_TYPE is HotComm, the type of the
+ * xhc.Comm a request binds to. */
 int hot_request_add(PyObject *m, PyTypeObject *comm_type);
+/* R as a HotRequest, if ITEM is one, else NULL. */
+HotRequest *hot_as_request(PyObject *item);
+/* R's Start(): None, or NULL with an error (R->interrupted: a signal
+ * handler's, raised once the collective completed). */
+PyObject *hot_request_start(HotRequest *r);
+
+/* xhc/_hot_lists.c: HotRequest's static methods _startall(requests),
+ * _complete_list(requests, mpi_all) and _list_calls(MPI.Request,
+ * MPI.Prequest, failed). */
+PyObject *hot_startall(PyObject *unused, PyObject *requests);
+PyObject *hot_complete_list(PyObject *unused, PyObject *const *args,
+                            Py_ssize_t nargs);
+PyObject *hot_list_calls(PyObject *unused, PyObject *args);
 
 #endif

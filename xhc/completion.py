@@ -22,7 +22,7 @@ them without completing any (MPI 4.1's Get_status_all, _any, _some).
 6. Waitall and Testall hand a list of mpi4py's requests alone to MPI
    whole, and one of xhc's, where no status is asked for, takes one
    MPI call for mpi4py's and those of xhc's over MPI's (none: it
-   completes at once), the rest in C (xhc/_hot_request.c, 6. and 7.):
+   completes at once), the rest in C (xhc/_hot_lists.c, 1. and 2.):
    a solver waits on such a list every step.
 Statuses follow mpi4py: a list or tuple of MPI.Status, filled as far as
 it goes; a list grows to one per request (all) or per completion
@@ -390,7 +390,7 @@ def Get_status_some(requests, statuses=None):
     return _some(requests, statuses, peek, peek, keep=True)[0]
 
 
-# What xhc/_hot_request.c's list calls take with xhc's requests (7.).
+# What xhc/_hot_lists.c's list calls take with xhc's requests (2.).
 HotRequest._list_calls(MPI.Request, MPI.Prequest, _list_failed)
 
 # mpi4py's lowercase forms take and return the same.

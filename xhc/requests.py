@@ -189,8 +189,8 @@ class Request(HotRequest):
         out of one Start(), whose collective completed, comes once the
         rest have started.  A list that every Start() would run in C
         starts there, and one that every Start() takes straight to MPI's
-        request in one MPI call (xhc/_hot_request.c, 6.); so does either
-        kind (not both) mixed with mpi4py's persistent requests (7.).
+        request in one MPI call (xhc/_hot_lists.c, 1.); so does either
+        kind (not both) mixed with mpi4py's persistent requests (2.).
         A signal handler's exception that comes between the Start()s
         here stops the list (C's pass runs no handler until it is
         done)."""
@@ -376,7 +376,7 @@ def _held_one(held, exc):
     """Of HELD (or None) and a second signal handler's exception EXC out
     of Startall's Start()s, the one to raise, the other its context (if it
     has none): the first, unless EXC alone is no Exception (a
-    KeyboardInterrupt), as xhc/_hot_request.c's hold_one."""
+    KeyboardInterrupt), as xhc/_hot_lists.c's hold_one."""
     if held is None:
         return exc
     if not isinstance(exc, Exception) and isinstance(held, Exception):
