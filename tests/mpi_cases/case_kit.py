@@ -238,6 +238,18 @@ def raises_what(call, *args):
     return None
 
 
+def mpi_class_of(call, *args):
+    """The MPI error class of the MPI.Exception CALL(*ARGS) raises; else
+    'none', or the name of what it raised."""
+    try:
+        call(*args)
+    except MPI.Exception as e:
+        return e.Get_error_class()
+    except Exception as e:  # noqa: BLE001 -- the case reports it
+        return type(e).__name__
+    return "none"
+
+
 def raises(kind, call, *args, **kwargs):
     """None if CALL(*ARGS, **KWARGS) raises KIND, else what it did."""
     try:

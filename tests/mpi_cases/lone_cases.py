@@ -14,7 +14,8 @@ from xhc._hot import HotRequest
 import xhc
 from case_kit import (first_diff, np_fold, pattern, raises, raises_what,
                       seed_of, values)
-from call_cases import Alarm, ring_pair, testall_until_done
+from call_cases import Alarm
+from request_cases import ring_pair, testall_until_done
 
 
 def lone_requests(xcomm, comm, v):

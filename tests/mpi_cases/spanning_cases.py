@@ -21,8 +21,8 @@ from basic_cases import (combos, inputs_for, one_allreduce, one_array_twice,
                          one_reduce, peer_views, usage_errors)
 from shared_cases import (arena_empty, bad_root_receive_buffer,
                           read_only_receiver, shared_memory_is_not_budgeted)
-from call_cases import persistent_calls
 from lone_cases import lone_requests
+from request_cases import persistent_calls
 from staged_cases import (spec_forms, staged_derived, staged_layouts,
                           staged_reshaped)
 
