@@ -55,6 +55,13 @@ def objects_by_fakes(monkeypatch):
                         lambda comm, obj, root=0: comm.bcast(obj, root))
 
 
+@pytest.fixture
+def no_topology_env(monkeypatch):
+    """The caller's XHC_TOPOLOGY and XHC_HIERARCHY kept out of a test."""
+    monkeypatch.delenv("XHC_TOPOLOGY", raising=False)
+    monkeypatch.delenv("XHC_HIERARCHY", raising=False)
+
+
 # -- launches of tests/mpi_cases/failures.py ----------------------------------
 # Shared by the test_failures_* files that read them: each runs once.
 

@@ -2,6 +2,7 @@
 """Hierarchy construction from hand-made localities (no MPI, no hwloc)."""
 import pytest
 
+from levels_kit import by
 from xhc._xhc import lib
 from xhc.hierarchy import (DEFAULTS, MAX_LEVELS, build, group_table,
                            parse_levels)
@@ -15,14 +16,6 @@ def locs(n, **levels):
         loc.update({name: (fn(rank),) for name, fn in levels.items()})
         out.append(loc)
     return out
-
-
-def by(n, fn):
-    """Expected partition of range(N) by key FN, built independently of xhc."""
-    groups = {}
-    for rank in range(n):
-        groups.setdefault(fn(rank), []).append(rank)
-    return sorted(groups.values())
 
 
 def check_shape(levels, n):
