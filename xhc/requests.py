@@ -197,66 +197,9 @@ class Request(HotRequest):
         if _startall(requests):
             return None
         requests = list(requests)
-        mpis = 0  # MPI's own requests
-        seen = set()
-        for req in requests:
-            if id(req) in seen:
-                raise MPIRequestError(
-                    f"Startall: {getattr(req, '_what', 'a request')}: the "
-                    "request is in the list twice; pass each once")
-            seen.add(id(req))
-            if isinstance(req, Request):
-                if req._before_start is None and (req._active or
-                                                  req._call is None):
-                    why = ("request already freed" if req._call is None
-                           else "an active request; complete it first")
-                    raise MPIRequestError(f"Startall: {req._what}: {why}")
-            elif isinstance(req, MPI.Request):
-                if not isinstance(req, MPI.Prequest) or \
-                        req == MPI.REQUEST_NULL:
-                    raise MPIRequestError(
-                        "Startall: MPI.REQUEST_NULL or a request that is not "
-                        "persistent; pass persistent requests")
-                mpis += 1
-            elif getattr(req, "Start", None) is None:
-                raise TypeError("Startall takes persistent requests, not "
-                                f"{type(req).__name__}")
-        if mpis == len(requests):
+        if _startable(requests) == len(requests):
             return MPI.Prequest.Startall(requests)  # MPI's alone: one call
-        held, running = None, False
-        for req in requests:
-            try:
-                req.Start()
-            except BaseException as exc:
-                # A signal handler's, as this one's collective completed
-                # or (over MPI's) as MPI's request started: start the
-                # rest first (_held_one, for a second).
-                over = isinstance(req, Request) and req._active and \
-                    req._mpi is not None
-                if not (over or getattr(req, "_interrupted", False)):
-                    raise
-                held = _held_one(held, exc)
-                running = running or over
-        if running:
-            raise held  # over MPI's active, as after MPI's Startall
-        if held is not None:
-            # Every request is complete, as the Waitall after would leave
-            # it (see Start()): a loop that catches this starts them again.
-            # mpi4py's are completed so, as their peers started them too.
-            try:
-                MPI.Request.Waitall([req for req in requests
-                                     if not isinstance(req, Request)])
-            except BaseException as err:  # MPI's says more, HELD its context
-                err.__context__ = err.__context__ or held
-                raise
-            finally:
-                for req in requests:
-                    if isinstance(req, Request) and req._mpi is None:
-                        req._active = False
-            for req in requests:
-                if isinstance(req, Request) and req._mpi is not None:
-                    req.Wait()  # over MPI's: started, for MPI to complete
-            raise held
+        _start_in_order(requests)
 
 
 # Waitall, Waitany, ..., testsome: over lists that may mix xhc's requests
@@ -370,6 +313,80 @@ class OnMPI(Request):
 # refuse these as "Cannot convert <type name> to mpi4py.MPI.Request": the
 # name says whose request it is, and so where its Startall and Waitall are.
 Request.__name__ = OverMPI.__name__ = OnMPI.__name__ = "xhc.Request"
+
+
+def _startable(requests):
+    """How many of REQUESTS (a list) are MPI's own, once every one is
+    found able to start (Request.Startall); else MPI's error (TypeError
+    for what is no request)."""
+    mpis = 0
+    seen = set()
+    for req in requests:
+        if id(req) in seen:
+            raise MPIRequestError(
+                f"Startall: {getattr(req, '_what', 'a request')}: the "
+                "request is in the list twice; pass each once")
+        seen.add(id(req))
+        if isinstance(req, Request):
+            if req._before_start is None and (req._active or
+                                              req._call is None):
+                why = ("request already freed" if req._call is None
+                       else "an active request; complete it first")
+                raise MPIRequestError(f"Startall: {req._what}: {why}")
+        elif isinstance(req, MPI.Request):
+            if not isinstance(req, MPI.Prequest) or \
+                    req == MPI.REQUEST_NULL:
+                raise MPIRequestError(
+                    "Startall: MPI.REQUEST_NULL or a request that is not "
+                    "persistent; pass persistent requests")
+            mpis += 1
+        elif getattr(req, "Start", None) is None:
+            raise TypeError("Startall takes persistent requests, not "
+                            f"{type(req).__name__}")
+    return mpis
+
+
+def _start_in_order(requests):
+    """Start REQUESTS (a list Startall checked) one by one.  A signal
+    handler's exception out of one, as its collective completed or (over
+    MPI's) as MPI's request started, comes once the rest have started
+    (_held_one, for a second)."""
+    held, running = None, False
+    for req in requests:
+        try:
+            req.Start()
+        except BaseException as exc:
+            over = isinstance(req, Request) and req._active and \
+                req._mpi is not None
+            if not (over or getattr(req, "_interrupted", False)):
+                raise
+            held = _held_one(held, exc)
+            running = running or over
+    if running:
+        raise held  # over MPI's active, as after MPI's Startall
+    if held is not None:
+        _complete_then_raise(requests, held)
+
+
+def _complete_then_raise(requests, held):
+    """Raise HELD, a signal handler's exception out of Startall, with
+    every one of REQUESTS complete, as the Waitall after would leave it
+    (see Start()): a loop that catches this starts them again.  mpi4py's
+    are completed so, as their peers started them too."""
+    try:
+        MPI.Request.Waitall([req for req in requests
+                             if not isinstance(req, Request)])
+    except BaseException as err:  # MPI's says more, HELD its context
+        err.__context__ = err.__context__ or held
+        raise
+    finally:
+        for req in requests:
+            if isinstance(req, Request) and req._mpi is None:
+                req._active = False
+    for req in requests:
+        if isinstance(req, Request) and req._mpi is not None:
+            req.Wait()  # over MPI's: started, for MPI to complete
+    raise held
 
 
 def _held_one(held, exc):
