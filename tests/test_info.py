@@ -459,3 +459,42 @@ def test_info_cuts_the_segment_as_xhc_comm_would(monkeypatch):
                           (4, 1))
     assert cli._segment_text(seg).endswith(
         "has 0.1 MiB free; too large even cut: xhc.Comm refuses it")
+
+
+def test_a_folder_named_xhc_beside_is_named(tmp_path):
+    """Run beside a folder named xhc that is not the package (a clone's
+    top), Python may take xhc for a namespace package over an installed
+    xhc (an editable install's finder comes after the folder): then
+    `python -m xhc` says which folder shadows xhc and what to do, rather
+    than fail on a name __init__ never defined.  Where Python finds the
+    installed package all the same, info runs."""
+    (tmp_path / "xhc").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def run(*args):
+        return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    where = run("-c", "import xhc; print(getattr(xhc, '__file__', None))")
+    shadowed = where.stdout.strip() == "None"
+    proc = run("-m", "xhc", "info", "--hierarchy", "")
+    if shadowed:
+        assert proc.returncode == 1, proc.stderr
+        assert f"the folder {tmp_path / 'xhc'} shadows xhc's package" \
+            in proc.stderr and "from another directory" in proc.stderr, \
+            proc.stderr
+    else:
+        assert proc.returncode == 0 and "level" in proc.stdout, proc.stderr
+
+
+def test_a_namespace_xhc_is_refused_in_process(monkeypatch, tmp_path,
+                                               capsys):
+    """The same check, whatever the install: xhc taken for a namespace
+    package whose first folder has no __init__.py."""
+    import types
+    from xhc import __main__ as cli
+    fake = types.ModuleType("xhc")
+    fake.__path__ = [str(tmp_path), os.path.join(ROOT, "xhc")]
+    monkeypatch.setitem(sys.modules, "xhc", fake)
+    assert cli.main(["info"]) == 1
+    assert f"the folder {tmp_path} shadows" in capsys.readouterr().err

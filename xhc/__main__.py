@@ -373,8 +373,27 @@ def _parser():
     return parser
 
 
+def _shadowing_folder():
+    """The folder named xhc that is not xhc's package, if Python took it
+    for xhc: run beside a clone's top (or any folder of that name), it
+    makes xhc a namespace package, whose __init__ never ran, and finds
+    this module in the installed xhc; else None."""
+    package = sys.modules[__package__]
+    if getattr(package, "__file__", None) is not None:
+        return None
+    return next((p for p in package.__path__
+                 if not os.path.isfile(os.path.join(p, "__init__.py"))),
+                None)
+
+
 def main(argv=None):
     """Entry point; returns the process exit status."""
+    folder = _shadowing_folder()
+    if folder is not None:
+        print(f"xhc: error: the folder {folder} shadows xhc's package, as "
+              "its name is xhc: run python -m xhc from another directory",
+              file=sys.stderr)
+        return 1
     args = _parser().parse_args(argv)
     try:
         return args.run(args)
