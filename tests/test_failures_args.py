@@ -122,7 +122,7 @@ ARG_CASES = [
     ("reduce-in-place-off-root", "MPIValueError",
      r"^Reduce: MPI\.IN_PLACE is only for the root \(rank \d\); pass a "
      r"send buffer on the other ranks$"),
-    ("allreduce-in-place-one-item", "TypeError",
+    ("allreduce-in-place-one-item", "BufferSpecError",
      r"^Allreduce: sendbuf: a buffer specification of 1 items; pass one of "
      r"mpi4py's forms"),
     ("allreduce-extra-arg", "TypeError",

@@ -9,7 +9,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ._xhc import ffi, lib
-from .errors import NotContiguousError, ReadOnlyError
+from .errors import (BufferSpecError, DatatypeError, NotContiguousError,
+                     ReadOnlyError)
 from .mpierrors import MPIValueError
 
 # The ops the core reduces with: (op, the core's code, name).
@@ -200,8 +201,9 @@ def _of_array(arr, obj=None):
     that lay out their buffers differently stay in the same collective."""
     obj = arr if obj is None else obj
     if arr.dtype.hasobject:
-        raise TypeError("an array of Python objects holds pointers that mean "
-                        "nothing in another process; pass plain data")
+        raise DatatypeError("an array of Python objects holds pointers that "
+                            "mean nothing in another process; pass plain "
+                            "data")
     flags = arr.flags
     code = dtype_code(arr.dtype)
     if code == NOT_REDUCIBLE and not arr.dtype.isnative:
@@ -434,18 +436,20 @@ def _parse_spec(spec):
     forms raise on this rank alone (mpi4py would too): had it fallen back
     to mpi4py, the ranks that did not would wait for it for ever."""
     if len(spec) < 2 or len(spec) > 4:
-        raise TypeError(f"a buffer specification of {len(spec)} items; "
-                        + _SPEC_FORMS)
+        raise BufferSpecError(f"a buffer specification of {len(spec)} "
+                              "items; " + _SPEC_FORMS)
     buf, *rest = spec
     if len(rest) == 1 and (rest[0] is None or not _is_type(rest[0])):
         dt, nums = None, rest  # [buf, count]
     else:
         dt, nums = rest[-1], rest[:-1]
+    if dt is not None and not _is_type(dt):
+        raise DatatypeError(f"buffer specification {_brief(spec)}: its last "
+                            f"item (a {type(dt).__name__}) is no datatype; "
+                            + _SPEC_FORMS)
     if len(nums) == 1 and isinstance(nums[0], (tuple, list)):
         nums = list(nums[0])
     try:
-        if dt is not None and not _is_type(dt):
-            raise TypeError
         count, displ = [None if x is None else operator.index(x)
                         for x in nums] + [None, 0][len(nums):]
     except (TypeError, ValueError):
@@ -536,8 +540,8 @@ def _datatype_of_code(code):
     try:
         return MPI.Datatype.fromcode(code)
     except (KeyError, ValueError):
-        raise TypeError(f"typecode {code!r} names no MPI datatype of plain "
-                        "data; pass an MPI.Datatype") from None
+        raise DatatypeError(f"typecode {code!r} names no MPI datatype of "
+                            "plain data; pass an MPI.Datatype") from None
 
 
 def _of_packed(spec, raw, count, displ, dt):

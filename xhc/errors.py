@@ -45,6 +45,21 @@ class ReadOnlyError(ValueError, BufferError):
     other bad arguments, and the BufferError mpi4py raises."""
 
 
+class DatatypeError(TypeError, KeyError):
+    """A buffer's datatype that maps to no MPI datatype of plain data (a
+    typecode, an array of Python objects, or what stands in a buffer
+    specification's datatype place): a TypeError, as xhc's other bad
+    buffer specifications, and the KeyError mpi4py raises there."""
+
+    __str__ = BaseException.__str__  # the text, not KeyError's repr of it
+
+
+class BufferSpecError(TypeError, ValueError):
+    """A buffer specification of fewer than 2 or more than 4 items: a
+    TypeError, as xhc's other bad specifications, and the ValueError
+    mpi4py raises."""
+
+
 class NotContiguousError(ValueError, BufferError):
     """A buffer that must be contiguous and is not (in a specification,
     or of a format numpy cannot read): a ValueError, as xhc's other bad

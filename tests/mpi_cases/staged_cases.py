@@ -9,7 +9,7 @@ import numpy as np
 from mpi4py import MPI
 
 import xhc
-from case_kit import address, np_fold, reassign, seed_of
+from case_kit import address, np_fold, raises_what, reassign, seed_of
 from shared_cases import judged_everywhere
 from call_cases import owned, Planned, python_calls
 
@@ -363,6 +363,7 @@ def spec_forms(xcomm, comm, v):
     wide.Free()
     in_place_specs(xcomm, comm, v)
     refused_specs(xcomm, comm, v)
+    refused_as_mpi4py(xcomm, comm, v)
     bottom_forms(xcomm, comm, v)
 
 
@@ -417,6 +418,40 @@ def refused_specs(xcomm, comm, v):
             err = None if "pass" in str(e) or "copy it" in str(e) \
                 else f"the message names no fix: {e}"
         v.case(f"Bcast of {name} refused", err)
+
+
+def refused_as_mpi4py(xcomm, comm, v):
+    """Specifications mpi4py refuses before it communicates (a typecode
+    or an item in a datatype's place that maps to no MPI datatype, an
+    array of Python objects, too few or too many items, a count that is
+    no number): xhc's error is of the class mpi4py raises (KeyError,
+    ValueError, TypeError), so that a program that catches mpi4py's
+    catches xhc's, and names the fix."""
+    src = np.arange(4.0)
+    forms = {"[buf, 'zz']": [src, "zz"],
+             "[buf, count, 'x']": [src, 2, "x"],
+             "[buf, MPI.DOUBLE, 2]": [src, MPI.DOUBLE, 2],
+             "[buf, 'd', 2]": [src, "d", 2],
+             "[buf, count, displ, 3]": [src, 2, 0, 3],
+             "[buf, (count, displ), 5]": [src, (2, 0), 5],
+             "[buf]": [src],
+             "[buf, count, displ, 'd', 1]": [src, 2, 0, "d", 1],
+             "[buf, 1.5]": [src, 1.5],
+             "an array of objects": np.array([None, 1.0], dtype=object)}
+    for name, spec in forms.items():
+        for call in ("Bcast", "Allreduce"):
+            def make(c, spec=spec, call=call):
+                if call == "Bcast":
+                    c.Bcast(spec, root=0)
+                else:
+                    c.Allreduce(spec, np.zeros(4))
+            theirs, ours = raises_what(make, comm), raises_what(make, xcomm)
+            v.case(f"{call} of {name} refused as mpi4py refuses it",
+                   f"mpi4py raised {theirs!r}" if theirs is None
+                   or isinstance(theirs, MPI.Exception) else
+                   None if isinstance(ours, type(theirs))
+                   and "pass" in str(ours) else
+                   f"xhc raised {ours!r}, mpi4py {theirs!r}")
 
 
 def bottom_forms(xcomm, comm, v):
