@@ -472,8 +472,10 @@ def test_a_folder_named_xhc_beside_is_named(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
     def run(*args):
-        return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=60)
+        with mpi_scratch() as scratch:      # a singleton MPI, if unshadowed
+            return subprocess.run([sys.executable, *args], cwd=tmp_path,
+                                  env={**env, **scratch}, capture_output=True,
+                                  text=True, timeout=60)
 
     where = run("-c", "import xhc; print(getattr(xhc, '__file__', None))")
     shadowed = where.stdout.strip() == "None"
