@@ -129,6 +129,10 @@ def test_debug_compares_a_start_with_what_peers_call(request, how, case,
     ("allreduce-not-a-buffer", "TypeError",
      r"^(rank 2: )?Allreduce: sendbuf: str is not a buffer: pass a numpy "
      r"array"),
+    ("allreduce-bad-typecode", "DatatypeError",
+     r"^(rank 2: )?Allreduce: sendbuf: typecode 'zz' names no MPI datatype"),
+    ("allreduce-five-items", "BufferSpecError",
+     r"^(rank 2: )?Allreduce: sendbuf: a buffer specification of 5 items"),
     ("allreduce-recv-readonly", "ReadOnlyError",
      r"^(rank 2: )?Allreduce: the receive buffer is read-only; pass a "
      r"writable array$"),

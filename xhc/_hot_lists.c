@@ -78,8 +78,8 @@ static int starts_in_c(const HotRequest *r)
 /* How Startall can take a list (1., 2.). */
 enum list_kind { BY_PYTHON, IN_C, ONE_MPI_CALL, WITH_THEIRS };
 
-/* Would Start() take R straight to MPI's request (xhc/_hot_request.c, 5.), from C: inactive,
- * over MPI's, going straight, of an open owner? */
+/* Would Start() take R straight to MPI's request (xhc/_hot_request.c,
+ * 5.), from C: inactive, over MPI's, going straight, of an open owner? */
 static int goes_straight(const HotRequest *r)
 {
     return r->straight && hot_over_mpi(r) && !r->active && !r->released &&
@@ -271,9 +271,9 @@ static PyObject *mpi_of(HotRequest *r)
 
 /* Start the N requests over MPI's ITEMS (ONE_MPI_CALL) in one call of
  * MPI's Startall, counted as under way on their owner, then mark each
- * active, with no Python in between (xhc/_hot_request.c, 5.); False, starting none, if a
- * collection's Python run as the list of MPI's requests was made
- * changed them. */
+ * active, with no Python in between (xhc/_hot_request.c, 5.); False,
+ * starting none, if a collection's Python run as the list of MPI's
+ * requests was made changed them. */
 static PyObject *start_in_one_call(PyObject *const *items, Py_ssize_t n)
 {
     PyObject *mpis = PyList_New(n);

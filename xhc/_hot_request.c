@@ -58,7 +58,8 @@ static PyObject *start_mpi(HotRequest *r)
     return res;
 }
 
-/* Start() with the owner claimed (9.), and held by the caller. */
+/* Start() with the owner claimed (xhc/_hot.c, 9.), and held by the
+ * caller. */
 static PyObject *start_claimed(HotRequest *r)
 {
     /* Started and not yet completed: MPI's error, which _Start raises

@@ -77,6 +77,7 @@ def error_text(exc):
 _KINDS = {"TypeError": TypeError, "ValueError": ValueError,
           "ReadOnlyError": ReadOnlyError,
           "NotContiguousError": NotContiguousError,
+          "DatatypeError": DatatypeError, "BufferSpecError": BufferSpecError,
           "RuntimeWarning": RuntimeWarning}  # a warning made an error
 
 
@@ -104,8 +105,8 @@ def agree(comm, value, problem=None):
     """Collective over COMM: every rank's VALUE, in rank order; or, if any
     rank had a PROBLEM (an exception), raise on every rank: its own where
     it happened, elsewhere the first such rank's, as "rank R: ..." (of
-    its kind if a TypeError, ValueError or one of xhc.mpierrors, or else
-    an XhcError).  A rank that raised alone would leave the others
+    its kind if one of _KINDS, a TypeError or ValueError of xhc's own, or
+    one of xhc.mpierrors; else an XhcError).  A rank that raised alone would leave the others
     waiting for ever in their next step."""
     mine = (None, value, None) if problem is None else _as_sent(problem)
     everyone = exchange.allgather(comm, mine)
