@@ -134,13 +134,13 @@ def suite_bcast(xcomm, comm, v, sz, args):
 
 # -- Allreduce / Reduce -------------------------------------------------------
 
+def input_of(dtype, op, count, case, rank, part=slice(None)):
+    """RANK's inputs (PART of them) for CASE."""
+    return values(dtype, op, seed_of(case, rank, dtype.num), count, part)
+
+
 def inputs_for(dtype, op, count, case, n, part=slice(None)):
-    return [values(dtype, op, seed_of(case, r, dtype.num), count, part)
-            for r in range(n)]
-
-
-def input_of(dtype, op, count, case, rank):
-    return values(dtype, op, seed_of(case, rank, dtype.num), count)
+    return [input_of(dtype, op, count, case, r, part) for r in range(n)]
 
 
 def one_allreduce(v, xcomm, comm, dtype, op, count, case, in_place,
