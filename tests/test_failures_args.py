@@ -83,10 +83,10 @@ ARG_CASES = [
      r"pass MPI\.IN_PLACE as the send buffer, or separate arrays$"),
     ("allreduce-overlap-large", "ValueError",
      r"buffers overlap, .*; pass MPI\.IN_PLACE"),
-    ("allreduce-null-type", "TypeError",
+    ("allreduce-null-type", "MPIDatatypeError",
      r"^Allreduce: sendbuf: datatype MPI\.DATATYPE_NULL cannot be used "
      r"\(MPI_ERR_TYPE: .*\); pass a datatype$"),
-    ("allreduce-uncommitted-type", "TypeError",
+    ("allreduce-uncommitted-type", "MPIDatatypeError",
      r"^Allreduce: sendbuf: datatype derived cannot be used "
      r"\(MPI_ERR_TYPE: .*\); commit a derived datatype \(dt\.Commit\(\)\) "
      r"before passing it$"),

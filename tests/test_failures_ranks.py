@@ -224,10 +224,10 @@ def test_ranks_that_raised_are_not_waited_for(disagreeing):
 
 # (case, what rank 1 raised, its message)
 ONE_RANK_REFUSES = [
-    ("null-type", "TypeError",
+    ("null-type", "MPIDatatypeError",
      r"^Allreduce: sendbuf: datatype MPI\.DATATYPE_NULL cannot be used "
      r"\(MPI_ERR_TYPE: .*\); pass a datatype$"),
-    ("uncommitted-type", "TypeError",
+    ("uncommitted-type", "MPIDatatypeError",
      r"cannot be used \(MPI_ERR_TYPE: .*\); commit a derived datatype "
      r"\(dt\.Commit\(\)\) before passing it$"),
     ("extra-arg", "TypeError",

@@ -11,7 +11,7 @@ from mpi4py import MPI
 from ._xhc import ffi, lib
 from .errors import (BufferSpecError, DatatypeError, NotContiguousError,
                      ReadOnlyError)
-from .mpierrors import MPIValueError
+from .mpierrors import MPIDatatypeError, MPIValueError
 
 # The ops the core reduces with: (op, the core's code, name).
 _OP_TABLE = tuple((getattr(MPI, name), getattr(lib, "XHC_" + name), name)
@@ -449,6 +449,10 @@ def _parse_spec(spec):
                             + _SPEC_FORMS)
     if len(nums) == 1 and isinstance(nums[0], (tuple, list)):
         nums = list(nums[0])
+        if len(nums) != 2:
+            raise BufferSpecError(f"buffer specification {_brief(spec)}: "
+                                  "its (count, displ) is of length "
+                                  f"{len(nums)}; " + _SPEC_FORMS)
     try:
         count, displ = [None if x is None else operator.index(x)
                         for x in nums] + [None, 0][len(nums):]
@@ -606,11 +610,12 @@ def _bounds(dt):
 
 
 def _unusable(dt, exc):
-    """The TypeError for datatype DT, which MPI refused with EXC."""
+    """The error for datatype DT, which MPI refused with EXC."""
     fix = ("pass a datatype" if dt == MPI.DATATYPE_NULL else
            "commit a derived datatype (dt.Commit()) before passing it")
-    return TypeError(f"datatype {_type_name(dt)} cannot be used "
-                     f"({exc.Get_error_string()}); {fix}")
+    return MPIDatatypeError(f"datatype {_type_name(dt)} cannot be used "
+                            f"({exc.Get_error_string()}); {fix}",
+                            exc.Get_error_class())
 
 
 def _type_name(dt):

@@ -55,9 +55,9 @@ class DatatypeError(TypeError, KeyError):
 
 
 class BufferSpecError(TypeError, ValueError):
-    """A buffer specification of fewer than 2 or more than 4 items: a
-    TypeError, as xhc's other bad specifications, and the ValueError
-    mpi4py raises."""
+    """A buffer specification of fewer than 2 or more than 4 items, or
+    whose (count, displacement) pair has other than 2: a TypeError, as
+    xhc's other bad specifications, and the ValueError mpi4py raises."""
 
 
 class NotContiguousError(ValueError, BufferError):
@@ -82,7 +82,8 @@ _KINDS = {"TypeError": TypeError, "ValueError": ValueError,
 
 
 # xhc's errors that are also MPI.Exception (xhc.mpierrors): their class too.
-_MPI_KINDS = ("MPIValueError", "MPIRootTypeError", "MPIRequestError",
+_MPI_KINDS = ("MPIValueError", "MPIRootTypeError", "MPIDatatypeError",
+              "MPIRequestError",
               "MPICommError", "MPITruncateError")
 
 

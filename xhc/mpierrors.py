@@ -55,6 +55,16 @@ class MPIRootTypeError(TypeError, MPIValueError):
         _MPIError.__init__(self, message, error_class)
 
 
+class MPIDatatypeError(TypeError, MPIValueError):
+    """A datatype MPI cannot use (MPI.DATATYPE_NULL, a derived datatype
+    never committed): the TypeError xhc raises for a bad datatype, the
+    ValueError mpi4py raises when it infers a count from it, and the
+    MPI.Exception (MPI.ERR_TYPE) MPI raises when given a count."""
+
+    def __init__(self, message, error_class):  # not TypeError's
+        _MPIError.__init__(self, message, error_class)
+
+
 class _MPIXhcError(XhcError, _MPIError):
     """An XhcError (CODE: the core's error code, or 0) that is also the
     MPI.Exception of its class's one error class, _CLASS."""

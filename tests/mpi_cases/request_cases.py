@@ -572,11 +572,12 @@ def agreed_mpi_errors(v, comm):
     a step the ranks agree on reaches the others as its kind and MPI
     error class, with the rank that had it named."""
     from xhc.errors import agree
-    from xhc.mpierrors import (MPICommError, MPIRequestError,
-                               MPIRootTypeError, MPITruncateError,
-                               MPIValueError)
+    from xhc.mpierrors import (MPICommError, MPIDatatypeError,
+                               MPIRequestError, MPIRootTypeError,
+                               MPITruncateError, MPIValueError)
     made = {MPIValueError: lambda t: MPIValueError(t, MPI.ERR_ROOT),
             MPIRootTypeError: lambda t: MPIRootTypeError(t, MPI.ERR_ROOT),
+            MPIDatatypeError: lambda t: MPIDatatypeError(t, MPI.ERR_TYPE),
             MPIRequestError: MPIRequestError, MPICommError: MPICommError,
             MPITruncateError: MPITruncateError}
     for kind, make in made.items():

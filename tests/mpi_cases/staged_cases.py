@@ -423,11 +423,14 @@ def refused_specs(xcomm, comm, v):
 def refused_as_mpi4py(xcomm, comm, v):
     """Specifications mpi4py refuses before it communicates (a typecode
     or an item in a datatype's place that maps to no MPI datatype, an
-    array of Python objects, too few or too many items, a count that is
-    no number): xhc's error is of the class mpi4py raises (KeyError,
-    ValueError, TypeError), so that a program that catches mpi4py's
-    catches xhc's, and names the fix."""
+    array of Python objects, too few or too many items, a (count, displ)
+    pair of other than two, a count that is no number, a datatype MPI
+    cannot use): xhc's error is of the class mpi4py raises (KeyError,
+    ValueError, TypeError, or MPI.Exception of the same error class), so
+    that a program that catches mpi4py's catches xhc's, and names the
+    fix."""
     src = np.arange(4.0)
+    uncommitted = MPI.DOUBLE.Create_contiguous(2)
     forms = {"[buf, 'zz']": [src, "zz"],
              "[buf, count, 'x']": [src, 2, "x"],
              "[buf, MPI.DOUBLE, 2]": [src, MPI.DOUBLE, 2],
@@ -437,6 +440,12 @@ def refused_as_mpi4py(xcomm, comm, v):
              "[buf]": [src],
              "[buf, count, displ, 'd', 1]": [src, 2, 0, "d", 1],
              "[buf, 1.5]": [src, 1.5],
+             "[buf, (2, 0, 1), MPI.DOUBLE]": [src, (2, 0, 1), MPI.DOUBLE],
+             "[buf, (2,), MPI.DOUBLE]": [src, (2,), MPI.DOUBLE],
+             "[buf, (), MPI.DOUBLE]": [src, (), MPI.DOUBLE],
+             "[buf, MPI.DATATYPE_NULL]": [src, MPI.DATATYPE_NULL],
+             "[buf, 2, MPI.DATATYPE_NULL]": [src, 2, MPI.DATATYPE_NULL],
+             "[buf, 1, uncommitted]": [src, 1, uncommitted],
              "an array of objects": np.array([None, 1.0], dtype=object)}
     for name, spec in forms.items():
         for call in ("Bcast", "Allreduce"):
@@ -447,11 +456,17 @@ def refused_as_mpi4py(xcomm, comm, v):
                     c.Allreduce(spec, np.zeros(4))
             theirs, ours = raises_what(make, comm), raises_what(make, xcomm)
             v.case(f"{call} of {name} refused as mpi4py refuses it",
-                   f"mpi4py raised {theirs!r}" if theirs is None
-                   or isinstance(theirs, MPI.Exception) else
+                   "mpi4py took it" if theirs is None else
                    None if isinstance(ours, type(theirs))
-                   and "pass" in str(ours) else
-                   f"xhc raised {ours!r}, mpi4py {theirs!r}")
+                   and "pass" in str(ours) and same_class(ours, theirs)
+                   else f"xhc raised {ours!r}, mpi4py {theirs!r}")
+    uncommitted.Free()
+
+
+def same_class(ours, theirs):
+    """Whether OURS has THEIRS's MPI error class, if THEIRS has one."""
+    return (not isinstance(theirs, MPI.Exception)
+            or ours.Get_error_class() == theirs.Get_error_class())
 
 
 def bottom_forms(xcomm, comm, v):
