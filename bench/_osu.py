@@ -192,13 +192,15 @@ class Table:
     """Print an OSU table on rank 0: '#' header, fixed widths, flush per row.
 
     COLUMNS holds (title, kind) pairs; kind is 'f' (latency, %20.2f),
-    'd' (iterations, %12d) or 's' (validation, %12s).
+    'd' (iterations, %12d) or 's' (validation, %12s), each column wider
+    where its title needs it.
     """
 
     WIDTH = {"f": FIELD_WIDTH, "d": 12, "s": 12}
 
     def __init__(self, columns, sized=True, out=None):
         self.columns = columns
+        self.widths = [max(self.WIDTH[k], len(t) + 2) for t, k in columns]
         self.sized = sized
         self.out = out or sys.stdout
 
@@ -206,7 +208,7 @@ class Table:
         """Print the '#' preamble LINES and the column titles."""
         for line in lines:
             self._write(f"# {line}")
-        cells = [f"{t:>{self.WIDTH[k]}}" for t, k in self.columns]
+        cells = [f"{t:>{w}}" for (t, _), w in zip(self.columns, self.widths)]
         if self.sized:
             self._write(f"{'# Size':<10}" + "".join(cells))
         else:
@@ -214,7 +216,8 @@ class Table:
 
     def row(self, size, values):
         """Print one row: SIZE (None for barrier) then VALUES in order."""
-        cells = [self._cell(v, k) for v, (_, k) in zip(values, self.columns)]
+        cells = [self._cell(v, k, w) for v, (_, k), w
+                 in zip(values, self.columns, self.widths)]
         head = f"{size:<10d}" if self.sized else ""
         self._write(head + "".join(cells))
 
@@ -222,8 +225,8 @@ class Table:
         """Print one '#' line."""
         self._write(f"# {line}")
 
-    def _cell(self, value, kind):
-        width = self.WIDTH[kind]
+    @staticmethod
+    def _cell(value, kind, width):
         if value is None:
             return f"{'-':>{width}}"
         if kind == "f":

@@ -173,7 +173,7 @@ def rows(docs, cols):
 def print_table(docs, paths, out=None):
     """Print the merged OSU table to OUT (stdout)."""
     cols = columns(docs)
-    titles = [(f"{name} Avg(us)", "f") for name, _, _ in cols]
+    titles = [(f"{name} Avg Latency(us)", "f") for name, _, _ in cols]
     titles += [(f"{x[0]}/{c[0]}", "f") for x, c in ratios(cols)]
     sized = docs[0]["results"][0]["size"] is not None
     merged = list(rows(docs, cols))

@@ -178,7 +178,7 @@ def test_compare_merges_runs(tmp_path, capsys):
         _osu.write_json(paths[-1], doc)
     assert compare.main(paths) == 0
     out = capsys.readouterr().out.splitlines()
-    assert "coll/sm Avg(us)" in out[5] and "xhc/coll/sm" in out[5]
+    assert "coll/sm Avg Latency(us)" in out[5] and "xhc/coll/sm" in out[5]
     assert out[-1].split() == ["16", "16.00", "16.00", "32.00", "1.00",
                                "0.50"]
 
@@ -243,7 +243,7 @@ def test_compare_marks_shared_buffers_and_unchecked_files(tmp_path,
            "without -c)\n" in out
     assert "# note: [shm] and [arena] columns use xhc's shared buffers" \
         in out
-    assert "xhc[shm] Avg(us)" in out and "xhc[shm]/xhc " in out
+    assert "xhc[shm] Avg Latency(us)" in out and "xhc[shm]/xhc " in out
     a["options"]["shm"] = False
     b["options"]["validate"] = True
     for path, doc in zip(paths, (a, b)):
@@ -255,7 +255,7 @@ def test_compare_marks_shared_buffers_and_unchecked_files(tmp_path,
                     "mpi": "private (np.empty)"}
     _osu.write_json(paths[0], a)
     assert compare.main(paths) == 0
-    assert "xhc[arena] Avg(us)" in capsys.readouterr().out
+    assert "xhc[arena] Avg Latency(us)" in capsys.readouterr().out
 
 
 def test_plot_names_missing_matplotlib(monkeypatch):
