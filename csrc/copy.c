@@ -133,6 +133,9 @@ int xhc_peer_read(xhc_ctx_t *ctx, int peer, const struct xhc_src *src,
     /* A Bcast child reads its parent's description in the parent's line,
      * which a parent that gave up rewrites: check and use one copy. */
     const struct xhc_src own = *src;
+    /* Orders nothing in memory: keeps the compiler from reading a field
+     * of the line again below in place of the copy's. */
+    atomic_signal_fence(memory_order_seq_cst);
     src = &own;
     int rc = 0;
     if (!span_fits(offset, len, src->nbytes))
