@@ -250,7 +250,7 @@ def _online(args):
         raise XhcError("xhc info describes one node, and this job spans "
                        "several: run it with the ranks of one node")
     from . import _built
-    agreed_settings = _built("comm").agreed_settings
+    agreed_settings = _built("opening").agreed_settings
     from .nodes import node_parts
     # Raised on every rank where xhc.Comm would raise, or ranks that read
     # their settings differently would wait for each other for ever.

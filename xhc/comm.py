@@ -1,41 +1,30 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """xhc.Comm: an mpi4py intra-communicator with shared-memory collectives."""
-import errno
-import functools
 import operator
-import os
 import threading
-import warnings
 import weakref
 
 import numpy as np
 from mpi4py import MPI
 
-from . import (_core, config, debug, exchange, hierarchy, nodes, objects,
-               topology)
+from . import _core, debug, nodes, objects
 from ._hot import (HotComm, bind_plain, block_hook, progress_hook,
                    set_progress)
 from ._xhc import ffi, lib
 from .across import Across
 from .buffers import plain_tables
-from .entry import claiming, leaving, settled, user_level
-from .errors import XhcError, agree, heard, naming_ranks, rank_name
+from .entry import claiming, leaving, settled
+from .errors import XhcError, naming_ranks, rank_name, tell_every_node
 from .fallback import Fallback
-from .hierarchy import parse_levels
 from .mpierrors import comm_freed
+from .opening import Opening, agreed_settings, world_up
+from .passthrough import add_passthrough, with_topology
 from .persistent import Persistent, info_args
 from .planner import Planner
 from .plans import RUN_FN, address
 from .requests import COMM_NULL_HANDLE, busy_error, stored_handle
-from .topology import source_of
 
 _IN_PLACE = MPI.IN_PLACE
-# Tunables that change the ranks' protocol or the segment's layout, alike
-# on a node; of them, those alike over every node: the split that cuts
-# the nodes, and debug, which compares calls over every node.
-_ALIKE = ("split_nodes", "sleep", "windows", "copy", "debug", "cico_max",
-          "chunk_size", "seq_start")
-_EVERYWHERE = ("split_nodes", "debug")
 _run = lib.xhc_run
 _barrier = lib.xhc_barrier
 _barrier_fn = ffi.addressof(lib, "xhc_barrier")
@@ -56,22 +45,6 @@ set_progress(MPI.Is_initialized, MPI.Is_finalized, MPI.Comm.Iprobe,
 bind_plain(np.ndarray, _IN_PLACE, *plain_tables())
 
 
-def _world_up():
-    """Is MPI's World model initialized, and not finalized?"""
-    return MPI.Is_initialized() and not MPI.Is_finalized()
-
-
-def _tell_every_node(comm, problem):
-    """Raise on every rank of COMM, which spans several nodes, if a step
-    that each node ran alone raised PROBLEM on any rank.  The rank whose
-    problem it is tells every node, naming itself by its number in COMM;
-    its node's ranks, which heard it named by its number on the node
-    (errors.agree), take that instead."""
-    agree(comm, None, None if heard(problem) else problem)
-    if problem is not None:
-        raise problem
-
-
 def _whole_ranks(part, comm):
     """Each rank of PART, a communicator of some of COMM's, as COMM's."""
     groups = part.Get_group(), comm.Get_group()
@@ -82,37 +55,7 @@ def _whole_ranks(part, comm):
             group.Free()
 
 
-def agreed_settings(comm, hierarchy, topology, tunables):
-    """The tunables (config.resolve), those given (config.chosen) and the
-    parsed hierarchy of each operation, as xhc.Comm(COMM, ...) reads them,
-    and a function that raises if the ranks differ in one that must be
-    alike on a node (_ALIKE, and the hierarchy, by which a rank chooses
-    whether to gather localities at all): call it on every rank once
-    COMM is known to be one node.  Collective: raises on every rank if
-    any rank's are bad, or if ranks differ in one that must be alike
-    over every node (_EVERYWHERE).  Ranks that chose differently would
-    wait for each other for ever."""
-    problem = settings = alike = None
-    try:
-        cfg = config.resolve(**tunables)
-        asked = {kind: parse_levels(spec) for kind, spec
-                 in config.hierarchies(hierarchy).items()}
-        source_of(topology)  # checked before any rank gathers
-        settings = (cfg, config.chosen(**tunables), asked)
-        alike = dict({key: cfg[key] for key in _ALIKE}, hierarchy=asked)
-    except (TypeError, ValueError, OverflowError, Warning) as exc:
-        # (a Warning: one that a filter made an error)
-        problem = exc
-    theirs = agree(comm, alike, problem)
-
-    def check(keys):
-        for key in keys:
-            config.check_alike(key, [each[key] for each in theirs])
-    check(_EVERYWHERE)
-    return (*settings, lambda: check(alike))
-
-
-class Comm(Fallback, Across, Planner, Persistent, HotComm):
+class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
     """Wrap an mpi4py intra-communicator; accelerate Bcast, Barrier,
     Allreduce and Reduce through node shared memory, and their forms on
     Python objects (bcast, barrier, allreduce, reduce) through those.
@@ -123,16 +66,17 @@ class Comm(Fallback, Across, Planner, Persistent, HotComm):
     windows, copy, split_nodes, debug.  Over several nodes, xhc works
     inside each and MPI between them (xhc/nodes.py).
 
-    Its parts: plans of calls (xhc/planner.py), persistent collectives
-    (xhc/persistent.py), calls over several nodes (xhc/across.py), and
-    what goes to mpi4py (xhc/fallback.py).
+    Its parts: its opening on a node (xhc/opening.py), plans of calls
+    (xhc/planner.py), persistent collectives (xhc/persistent.py), calls
+    over several nodes (xhc/across.py), what goes to mpi4py
+    (xhc/fallback.py), and what passes through (xhc/passthrough.py).
     """
 
     def __new__(cls, comm=None, *args, **kwargs):
         # A Cartesian or graph communicator keeps its topology methods: its
         # xhc.Comm is of a subclass that forwards them too.
         if cls is Comm and isinstance(comm, MPI.Topocomm):
-            cls = _with_topology(type(comm))
+            cls = with_topology(Comm, type(comm))
         return super().__new__(cls)
 
     def __init__(self, comm, *, hierarchy=None, topology=None, **tunables):
@@ -207,7 +151,7 @@ class Comm(Fallback, Across, Planner, Persistent, HotComm):
         except Exception as exc:  # raised on every rank of that node
             problem = exc
         try:  # ... and now on every rank of every node
-            _tell_every_node(self._comm, problem)
+            tell_every_node(self._comm, problem)
         except BaseException:
             if inner is not None:
                 inner.free()
@@ -223,75 +167,6 @@ class Comm(Fallback, Across, Planner, Persistent, HotComm):
                                          split_nodes=self._cfg["split_nodes"]))
         if self._cfg["debug"]:  # compared over every node, not each alone
             debug.install(self)
-
-    def _setup(self):
-        comm, cfg = self._comm, self._cfg
-        index = topology.node_index(MPI.COMM_WORLD.rank if _world_up()
-                                    else comm.rank)
-        localities = topology.localities_for(comm, self._topology, index,
-                                             self._asked.values())
-        self._fit_to_load(cfg)
-        self._levels = {kind: hierarchy.build(localities, levels)
-                        for kind, levels in self._asked.items()}
-        self._ctx = _core.open_context(comm, _core.make_config(cfg))
-        try:
-            for kind, levels in self._levels.items():
-                _core.set_hierarchy(self._ctx, kind,
-                                    hierarchy.group_table(levels))
-            copy, why, self._pids = _core.choose_copy(
-                comm, self._ctx, cfg["copy"], self._crowded)
-            arena = _core.setup_arena(comm, self._ctx, self._pids)
-        except BaseException:
-            lib.xhc_ctx_close(self._ctx)
-            self._ctx = ffi.NULL
-            raise
-        self.xhc_info = {"copy": copy, "copy_reason": why, "arena": arena,
-                         "levels": self._levels, "config": dict(cfg),
-                         "segment_bytes": _core.segment_size(comm.size, cfg)}
-
-    def _fit_to_load(self, cfg):
-        """Settle the waiting and staging tunables for the node's load
-        (config.fit_to_load) and for the room in /dev/shm
-        (_fit_to_space).  The tunables were agreed (agreed_settings), the
-        topology source when the localities were gathered.  A tunable of
-        the segment's layout that any rank chose counts as chosen on all,
-        and every rank fits the segment to the same numbers, so all
-        settle alike."""
-        mine = (sorted(os.sched_getaffinity(0)),
-                self._chosen & _LAYOUT, _core.shm_free(),
-                topology.node_size(self._comm.size), topology.node_cpus())
-        cpus, layout, frees, node_sizes, node_cpus = zip(
-            *exchange.allgather(self._comm, mine))
-        chosen = (self._chosen - _LAYOUT).union(*layout)
-        load = config.node_load(node_sizes, node_cpus, self._comm.size)
-        self._crowded, _ = config.fit_to_load(cfg, cpus, chosen, load)
-        self._fit_to_space(cfg, frees, load[0], chosen)
-
-    def _fit_to_space(self, cfg, frees, node_ranks, chosen):
-        """Cut the segment to its share of /dev/shm (config.fit_segment,
-        from every rank's FREES); raise on every rank, naming the fix, if
-        it cannot fit at all, and have rank 0 say what it cut."""
-        n = self._comm.size
-        fit = config.fit_segment(cfg, n, frees, node_ranks,
-                                 lambda c: _core.segment_size(n, c), chosen)
-        if fit["free"] is not None and fit["bytes"] > fit["free"]:
-            need, free = _mib(fit["bytes"]), _mib(fit["free"])
-            if need == free:  # less than a tenth of a MiB apart
-                need, free = f"{fit['bytes']} B", f"{fit['free']} B"
-            raise _core.error(-errno.ENOSPC, f"sizing the shared segment "
-                              f"({need} for {n} ranks, {free} free)")
-        said = _space_warning(fit, cfg)
-        if not said:  # alike on every rank: all fit the same numbers
-            return
-        problem = None
-        if self._comm.rank == 0:
-            try:  # a filter may make the warning an error
-                warnings.warn(said, RuntimeWarning, stacklevel=user_level())
-            except Exception as exc:
-                problem = exc
-        # Raise it on every rank, not only on rank 0 while the others go
-        # on to make the segment and wait there for ever.
-        agree(self._comm, None, problem)
 
     # -- into the core: counted, claimed, and raised in one place ----------
 
@@ -552,7 +427,7 @@ class Comm(Fallback, Across, Planner, Persistent, HotComm):
             arr = self._nodes.inner.empty(shape, dtype)
         except Exception as exc:  # noqa: BLE001 - every rank must hear
             problem = exc
-        _tell_every_node(self._comm, problem)
+        tell_every_node(self._comm, problem)
         return arr
 
     @claiming
@@ -599,7 +474,7 @@ class Comm(Fallback, Across, Planner, Persistent, HotComm):
         free() does (their Iprobe on a freed one would crash), for waits
         to probe (its address, CPython's id: this object keeps it).
         Collective."""
-        if _world_up():
+        if world_up():
             return ffi.NULL
         self._probe_comm = self._comm.Dup()
         return ffi.cast("void *", id(self._probe_comm))
@@ -730,76 +605,7 @@ class Comm(Fallback, Across, Planner, Persistent, HotComm):
                         "xcomm.comm, or make another with xcomm.Dup()")
 
 
-# The tunables that decide the segment's layout.
-_LAYOUT = frozenset(("cico_max", "chunk_size", "windows"))
-
-
-def _space_warning(fit, cfg):
-    """What to tell the user of the segment config.fit_segment settled
-    (FIT, with tunables CFG), or None if it took its share untouched."""
-    if fit["free"] is None or not fit["shrunk"] and \
-            fit["bytes"] <= fit["budget"]:
-        return None
-    size, free = _mib(fit["bytes"]), _mib(fit["free"])
-    lowered = ", ".join(config.cut_text(key, cfg) for key in fit["shrunk"])
-    said = (f"xhc: /dev/shm has {free} free, so this communicator's "
-            f"segment was cut to {size} ({lowered}), and large messages "
-            "may run slower" if lowered else
-            f"xhc: this communicator's segment takes {size} of the {free} "
-            "free in /dev/shm")
-    if fit["bytes"] > fit["budget"]:
-        said += (f"; that is more than its share ({_mib(fit['budget'])}), "
-                 "so the next communicator or Comm.empty may not find room")
-    return said + (": give /dev/shm more room (docker run --shm-size=1g) "
-                   "or set " + ("these tunables yourself" if lowered else
-                                "chunk_size, windows or cico_max lower"))
-
-
-def _mib(nbytes):
-    return f"{nbytes / (1 << 20):.1f} MiB"
-
-
-class _Forwarded:
-    """An attribute of Comm that is NAME of the wrapped communicator, read
-    and set there (xcomm.name = "solver" names the communicator); on the
-    class, COMM_TYPE's own (xhc.Comm.Create_keyval is MPI's)."""
-    def __init__(self, name, comm_type):
-        self.name, self.comm_type = name, comm_type
-        self.__doc__ = f"The wrapped communicator's {name}."
-
-    def __get__(self, obj, cls=None):
-        return getattr(self.comm_type if obj is None else obj._comm,
-                       self.name)
-
-    def __set__(self, obj, value):
-        setattr(obj._comm, self.name, value)
-
-    def __delete__(self, obj):
-        delattr(obj._comm, self.name)
-
-
-def _add_passthrough(cls, comm_type):
-    """Give CLS every public attribute of COMM_TYPE it does not define.
-
-    Forwarding through properties, not __getattr__, keeps Python's fast
-    method calls on the collectives (a class with __getattr__ loses them).
-    """
-    for name in dir(comm_type):
-        if not name.startswith("_") and not hasattr(cls, name):
-            setattr(cls, name, _Forwarded(name, comm_type))
-    return cls
-
-
-_add_passthrough(Comm, MPI.Intracomm)
-
-
-@functools.lru_cache(maxsize=None)
-def _with_topology(comm_type):
-    """The xhc.Comm subclass for COMM_TYPE (MPI.Cartcomm, say), which
-    also forwards that type's own methods (Get_coords, Shift, ...)."""
-    cls = type("Comm", (Comm,), {"__doc__": Comm.__doc__,
-                                 "__module__": Comm.__module__})
-    return _add_passthrough(cls, comm_type)
+add_passthrough(Comm, MPI.Intracomm)
 
 
 def _path_counts(ctx):

@@ -125,3 +125,14 @@ def agree(comm, value, problem=None):
 def heard(exc):
     """Did agree() raise EXC for another rank's problem?"""
     return getattr(exc, "xhc_heard", False)
+
+
+def tell_every_node(comm, problem):
+    """Raise on every rank of COMM, which spans several nodes, if a step
+    that each node ran alone raised PROBLEM on any rank.  The rank whose
+    problem it is tells every node, naming itself by its number in COMM;
+    its node's ranks, which heard it named by its number on the node
+    (errors.agree), take that instead."""
+    agree(comm, None, None if heard(problem) else problem)
+    if problem is not None:
+        raise problem
