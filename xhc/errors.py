@@ -107,8 +107,8 @@ def agree(comm, value, problem=None):
     rank had a PROBLEM (an exception), raise on every rank: its own where
     it happened, elsewhere the first such rank's, as "rank R: ..." (of
     its kind if one of _KINDS, a TypeError or ValueError of xhc's own, or
-    one of xhc.mpierrors; else an XhcError).  A rank that raised alone would leave the others
-    waiting for ever in their next step."""
+    one of xhc.mpierrors; else an XhcError).  A rank that raised alone
+    would leave the others waiting for ever in their next step."""
     mine = (None, value, None) if problem is None else _as_sent(problem)
     everyone = exchange.allgather(comm, mine)
     if problem is not None:
