@@ -45,7 +45,9 @@ setup(
     cffi_modules=["csrc/build.py:ffibuilder"],
     cmdclass={"build_ext": BuildExt},
     # xhc._hot fills the core's xhc_call_t: rebuild it when xhc.h changes.
-    ext_modules=[Extension("xhc._hot", ["xhc/_hot.c", "xhc/_hot_plan.c",
+    ext_modules=[Extension("xhc._hot", ["xhc/_hot.c", "xhc/_hot_errors.c",
+                                        "xhc/_hot_steps.c",
+                                        "xhc/_hot_plan.c",
                                         "xhc/_hot_plain.c",
                                         "xhc/_hot_across.c",
                                         "xhc/_hot_wait.c",

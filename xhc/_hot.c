@@ -57,7 +57,8 @@
  *    GIL let go), raises before it touches anything.
  * 10. A staged call (xhc/plans.py, staged) runs its copies in, its core
  *    call and its copies back from here (run_staged), so that no
- *    bytecode, and with it no signal handler, runs between them.
+ *    bytecode, and with it no signal handler, runs between them
+ *    (xhc/_hot_steps.c).
  * The core is reached through function pointers handed over by cffi, so
  * this module links against nothing but Python.
  */
@@ -169,75 +170,6 @@ int hot_claim(HotComm *h, const char *name)
     h->caller = me;
     h->calls++;
     return 0;
-}
-
-/* Does the context chain of exception EXC reach TARGET? */
-static int reaches(PyObject *exc, PyObject *target)
-{
-    for (int depth = 0; exc && depth < 1000; depth++) {  /* no cycle */
-        if (exc == target)
-            return 1;
-        PyObject *next = PyException_GetContext(exc);
-        Py_XDECREF(next);  /* EXC keeps it */
-        exc = next;
-    }
-    return 0;
-}
-
-/* FIRST (stolen) as the context of the error now set, as Python chains
- * an exception raised while another is handled, unless that error has
- * one already or the chain would loop. */
-static void chain_after(PyObject *first)
-{
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    PyObject *had = value ? PyException_GetContext(value) : NULL;
-    if (value && !had && !reaches(first, value)) {
-        if (tb)
-            PyException_SetTraceback(value, tb);
-        PyException_SetContext(value, first);  /* steals FIRST */
-    } else {
-        Py_XDECREF(first);
-    }
-    Py_XDECREF(had);
-    PyErr_Restore(type, value, tb);
-}
-
-PyObject *hot_raised(hot_aside_fn aside, void *arg)
-{
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb)
-        PyException_SetTraceback(value, tb);
-    PyObject *done = aside(value, arg);
-    if (!done) {  /* its own error stands instead, after the first */
-        Py_XDECREF(type), Py_XDECREF(tb);
-        chain_after(value);
-        return NULL;
-    }
-    Py_DECREF(done);
-    PyErr_Restore(type, value, tb);
-    return NULL;
-}
-
-/* Hand error RC of NAME, called with the NARGV arguments ARGV, to
- * Comm._failed, which raises. */
-PyObject *hot_failed(HotComm *h, const char *name, int rc,
-                     PyObject **argv, int nargv)
-{
-    PyObject *tuple = PyTuple_New(nargv);
-    if (!tuple)
-        return NULL;
-    for (int i = 0; i < nargv; i++) {
-        Py_INCREF(argv[i]);
-        PyTuple_SET_ITEM(tuple, i, argv[i]);
-    }
-    PyObject *res = PyObject_CallMethod((PyObject *)h, "_failed", "siO",
-                                        name, rc, tuple);
-    Py_DECREF(tuple);
-    return res;
 }
 
 static PyObject *run_or_slow(HotComm *h, int kind, PyObject **argv,
@@ -616,104 +548,6 @@ static PyType_Spec hot_spec = {
     hot_slots,
 };
 
-/* Call each of the tuple FNS with no arguments: 0, or -1 as one raised. */
-static int call_each(PyObject *fns)
-{
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fns); i++) {
-        PyObject *res = PyObject_CallNoArgs(PyTuple_GET_ITEM(fns, i));
-        if (!res)
-            return -1;
-        Py_DECREF(res);
-    }
-    return 0;
-}
-
-/* run_staged(run, loads, stores): call each of the tuple LOADS (fill the
- * staged copies a call reads), then RUN (the call, which returns its
- * error code), then, if it returned 0, each of STORES (write back the
- * staged copies it wrote); return RUN's code.  In C, so that no bytecode
- * runs between the steps: with compiled LOADS and STORES (xhc/buffers.py
- * makes them so), a signal handler that fires in the call's wait runs
- * once the staged result is whole, as after a call that needs no
- * staging.  What a store raises is marked as raised by a rank that took
- * part (settled in xhc/entry.py). */
-static PyObject *run_staged(PyObject *mod, PyObject *const *args,
-                            Py_ssize_t nargs)
-{
-    (void)mod;
-    if (nargs != 3 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "run_staged(run, loads, stores): two tuples");
-        return NULL;
-    }
-    if (call_each(args[1]) < 0)
-        return NULL;
-    PyObject *rc = PyObject_CallNoArgs(args[0]);
-    if (!rc)
-        return NULL;
-    int failed = PyObject_IsTrue(rc);
-    if (failed > 0)  /* an error code: nothing to write back */
-        return rc;
-    if (failed < 0 || call_each(args[2]) < 0) {
-        Py_DECREF(rc);
-        if (failed < 0)
-            return NULL;
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyErr_NormalizeException(&type, &value, &tb);
-        if (PyObject_SetAttrString(value, "_xhc_settled", Py_True) < 0) {
-            Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
-            return NULL;
-        }
-        if (tb)
-            PyException_SetTraceback(value, tb);
-        PyErr_Restore(type, value, tb);
-        return NULL;
-    }
-    return rc;
-}
-
-/* met_then(agree, ctx, agreed, topic, mine, alone, together): the ranks
- * of a call that goes to mpi4py meet in the core first (Comm._meet_then):
- * AGREE (the address of xhc_agree) on the context at CTX and TOPIC, with
- * *AGREED (an int32_t's address) set to MINE (does this rank pass IN_PLACE?),
- * run as a core call from here is, the GIL let go once the wait blocks.
- * On an error code, return (code, None); else (0, what TOGETHER()
- * returns where every rank passes IN_PLACE and TOGETHER is not None,
- * else ALONE()).  In C, so that no bytecode runs between the meeting
- * and mpi4py's call: a signal handler that fires while the ranks meet
- * runs once the call is over, and never keeps this rank from an MPI
- * call its peers went on to. */
-static PyObject *met_then(PyObject *mod, PyObject *const *args,
-                          Py_ssize_t nargs)
-{
-    (void)mod;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "met_then(agree, ctx, agreed, "
-                        "topic, mine, alone, together)");
-        return NULL;
-    }
-    xhc_agree_fn agree =
-        (xhc_agree_fn)(uintptr_t)PyLong_AsVoidPtr(args[0]);
-    void *ctx = PyLong_AsVoidPtr(args[1]);
-    int32_t *agreed = PyLong_AsVoidPtr(args[2]);
-    int topic = PyLong_AsLong(args[3]);
-    int mine = PyObject_IsTrue(args[4]);
-    if (!PyErr_Occurred() && (!agree || !ctx || !agreed))
-        PyErr_SetString(PyExc_ValueError, "met_then: a null address");
-    if (PyErr_Occurred() || mine < 0)
-        return NULL;
-    *agreed = mine;
-    int rc = hot_agree(agree, ctx, agreed, topic);
-    if (rc)
-        return Py_BuildValue("iO", rc, Py_None);
-    PyObject *call = *agreed && args[6] != Py_None ? args[6] : args[5];
-    PyObject *res = PyObject_CallNoArgs(call);
-    if (!res)
-        return NULL;
-    return Py_BuildValue("iN", 0, res);
-}
-
 static PyMethodDef module_methods[] = {
     {"bind_plain", hot_bind_plain, METH_VARARGS,
      "Bind the table of plain arrays' dtypes and ops."},
@@ -723,10 +557,10 @@ static PyMethodDef module_methods[] = {
      "Bind the slots' layout and tags, and the ops folded in C."},
     {"kept_holds", hot_kept_holds, METH_VARARGS,
      "Do the arrays a guard names still have what they had?"},
-    {"run_staged", (PyCFunction)(void (*)(void))run_staged, METH_FASTCALL,
+    {"run_staged", (PyCFunction)(void (*)(void))hot_run_staged, METH_FASTCALL,
      "Fill the staged copies, run the call, write back: no bytecode\n"
      "between, so a signal handler runs once the result is whole."},
-    {"met_then", (PyCFunction)(void (*)(void))met_then, METH_FASTCALL,
+    {"met_then", (PyCFunction)(void (*)(void))hot_met_then, METH_FASTCALL,
      "Meet in the core, then make mpi4py's call: no bytecode between."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* _hot.h: what the files of xhc._hot share: _hot.c (the module, HotComm
- * and its calls), _hot_plan.c (plans and guards), _hot_plain.c (plain
- * arrays), _hot_across.c (over several nodes), _hot_wait.c (the GIL and
- * MPI's progress in a wait), _hot_objects.c (calls on objects),
- * _hot_request.c (persistent requests) and _hot_lists.c (lists of
- * them). */
+ * and its calls), _hot_errors.c (errors raised), _hot_steps.c (steps
+ * with no bytecode between), _hot_plan.c (plans and guards),
+ * _hot_plain.c (plain arrays), _hot_across.c (over several nodes),
+ * _hot_wait.c (the GIL and MPI's progress in a wait), _hot_objects.c
+ * (calls on objects), _hot_request.c (persistent requests) and
+ * _hot_lists.c (lists of them). */
 #ifndef XHC_HOT_H
 #define XHC_HOT_H
 
@@ -96,6 +97,11 @@ PyObject *hot_slow(PyObject *self, const char *name, PyObject *const *args,
 int hot_claim(HotComm *h, const char *name);
 /* Hold OBJ in *SLOT, or nothing if OBJ is None. */
 void hot_hold_or_clear(PyObject **slot, PyObject *obj);
+/* The type of SPEC, added to module M as NAME, which keeps it; NULL
+ * with an error set if it cannot be. */
+PyTypeObject *hot_add_type(PyObject *m, const char *name, PyType_Spec *spec);
+
+/* xhc/_hot_errors.c: */
 /* With an exception set: ASIDE(the exception, ARG), then the exception
  * stands again, unless ASIDE raised, whose error then stands, with the
  * first as its context.  NULL. */
@@ -104,9 +110,13 @@ PyObject *hot_raised(hot_aside_fn aside, void *arg);
 /* Raise error RC of twin NAME, called with ARGV, through Comm._failed. */
 PyObject *hot_failed(HotComm *h, const char *name, int rc, PyObject **argv,
                      int nargv);
-/* The type of SPEC, added to module M as NAME, which keeps it; NULL
- * with an error set if it cannot be. */
-PyTypeObject *hot_add_type(PyObject *m, const char *name, PyType_Spec *spec);
+
+/* xhc/_hot_steps.c: the module's run_staged(run, loads, stores) and
+ * met_then(agree, ctx, agreed, topic, mine, alone, together). */
+PyObject *hot_run_staged(PyObject *mod, PyObject *const *args,
+                         Py_ssize_t nargs);
+PyObject *hot_met_then(PyObject *mod, PyObject *const *args,
+                       Py_ssize_t nargs);
 
 /* xhc/_hot_plan.c: the plan for ARGV (KIND's arguments, the root's at
  * ROOT_AT or none if -1) that fits them exactly, a new reference, with
