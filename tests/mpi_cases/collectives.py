@@ -37,8 +37,8 @@ import xhc
 from host import expected_copy
 from object_cases import suite_objects
 from case_kit import node_parts, np_fold, same_bits, Sizes, Verdicts
-from basic_cases import (suite_allreduce, suite_barrier, suite_bcast,
-                         suite_mixed, suite_reduce, suite_wrap)
+from barrier_cases import suite_barrier, suite_mixed, suite_wrap
+from basic_cases import suite_allreduce, suite_bcast, suite_reduce
 from comm_cases import suite_stats, suite_subcomm
 from copy_cases import suite_adaptive
 from shared_cases import suite_arena, suite_zerocopy

@@ -11,7 +11,8 @@ from mpi4py import MPI
 import xhc
 from case_kit import (compare, DTYPES, first_diff, INLINE, np_fold, pattern,
                       raises, raises_what, raw, seed_of, values)
-from basic_cases import combos, one_allreduce, one_reduce, quick_checks, RECORD
+from barrier_cases import quick_checks
+from basic_cases import combos, one_allreduce, one_reduce, RECORD
 
 
 def refuses_after_free(v, xc, tag):

@@ -17,8 +17,9 @@ from case_kit import (address, ALIASED, ARITH, compare, first_diff,
                       FLOAT_DTYPES, node_parts, NOISE, np_fold, OPEN_MPI,
                       pattern, raises, raises_what, raw, reassign, seed_of,
                       values)
+from barrier_cases import peer_views
 from basic_cases import (combos, inputs_for, one_allreduce, one_array_twice,
-                         one_reduce, peer_views, usage_errors)
+                         one_reduce, usage_errors)
 from shared_cases import (arena_empty, bad_root_receive_buffer,
                           read_only_receiver, shared_memory_is_not_budgeted)
 from lone_cases import lone_requests
