@@ -95,6 +95,19 @@ def set_flat(ctx, n, but=None):
             assert lib.xhc_ctx_set_hierarchy(ctx, kind, 1, groups) == 0
 
 
+def _pair(seg, cfg, pids, skip=(None, None)):
+    """Ranks 0 and 1 of 2 in this process, flat, watching PIDS; rank
+    SKIP[0] has no hierarchy for collective SKIP[1]."""
+    ctxs = []
+    for rank in (0, 1):
+        rc, ctx = open_ctx(seg, rank, 2, cfg)
+        assert rc == 0
+        set_flat(ctx, 2, skip[1] if rank == skip[0] else None)
+        assert lib.xhc_ctx_set_pids(ctx, ffi.new("int64_t[]", pids)) == 0
+        ctxs.append(ctx)
+    return ctxs
+
+
 @contextlib.contextmanager
 def _ranks(seg, n, cfg, each=lambda rank, ctx: None):
     """Ranks 0 to N-1 of SEG in this process, opened in order (EACH runs
