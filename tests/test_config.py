@@ -3,6 +3,7 @@
 import os
 import warnings
 
+import numpy as np
 import pytest
 
 from xhc import config
@@ -146,16 +147,32 @@ def test_hierarchy_specs_are_checked_and_none_keeps_the_default():
                                 r"number; set XHC_SPIN \(or spin=\)"),
     ({"sleep": -0.5}, ValueError, r"tunable sleep: -0.5 is not a whole"),
     ({"windows": 2.9}, ValueError, r"tunable windows: 2.9 is not a whole"),
-    ({"copy": 1}, ValueError, r"copy: must be auto, xpmem, adaptive, cma or "
-                              r"cico, not '1'"),
-    ({"timeout": [1]}, ValueError, r"^xhc tunable timeout: "),
+    ({"copy": "1"}, ValueError, r"copy: must be auto, xpmem, adaptive, cma "
+                                r"or cico, not '1'"),
+    # A value of the wrong type: TypeError, as Python raises.
+    ({"copy": 1}, TypeError, r"^xhc tunable copy: must be a string, not int; "
+                             r"set XHC_COPY \(or copy=\) to auto, xpmem, "),
+    ({"timeout": [1]}, TypeError, r"^xhc tunable timeout: must be a number "
+                                  r"or a string, not list; set XHC_TIMEOUT "),
+    ({"spin": [1]}, TypeError, r"^xhc tunable spin: must be a number or a "
+                               r"string, not list"),
+    ({"cico_max": b"64K"}, TypeError, r"tunable cico_max: must be a number "
+                                      r"or a string, not bytes"),
+    ({"windows": {}}, TypeError, r"tunable windows: .*not dict"),
+    ({"debug": [1]}, TypeError, r"^xhc tunable debug: must be a bool, an "
+                                r"integer or a string, not list"),
+    ({"cico_max": 65536.5}, ValueError, r"cico_max: 65536.5 is not a whole"),
 ])
 def test_keywords_are_checked_as_the_variables(given, kind, message):
     """A keyword's value is refused where the same XHC_* value would be,
-    naming the tunable, never truncated or failing inside a parser."""
+    naming the tunable, never truncated or failing inside a parser; one
+    of the wrong type raises TypeError."""
     with pytest.raises(kind, match=message):
         config.resolve(**given)
     assert config.resolve(spin=7.0)["spin"] == 7
+    assert config.resolve(cico_max=65536.0)["cico_max"] == 65536
+    assert config.resolve(spin=np.int64(9), timeout=np.float32(2))["spin"] \
+        == 9
 
 
 def test_hierarchy_of_the_wrong_type_and_flat():

@@ -2,6 +2,7 @@
 """Tunables: keyword argument, else XHC_* environment variable, else default."""
 import collections
 import difflib
+import numbers
 import os
 import re
 import warnings
@@ -28,9 +29,12 @@ _UNITS = {None: 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
 def parse_size(text):
-    """'64K' (or 64KB, 64KiB) -> 65536; plain integers pass through."""
+    """'64K' (or 64KB, 64KiB) -> 65536; plain integers pass through, and
+    floats that are whole numbers."""
     if isinstance(text, int):
         return text
+    if isinstance(text, float):
+        return _whole(text)
     m = re.fullmatch(r"\s*(\d+)\s*(?:([kmg])i?)?b?\s*", str(text), re.I)
     if m is None:
         raise ValueError(f"bad size {text!r}: use a number with an optional "
@@ -77,6 +81,14 @@ _PARSERS = {"cico_max": parse_size, "chunk_size": parse_size,
             "copy": lambda value: str(value).strip().lower(),
             "sleep": _whole, "windows": _auto_or_int,
             "seq_start": _whole, "debug": _switch, "split_nodes": _whole}
+# What a keyword's value may be besides a string, as an XHC_* variable's
+# is: the rest raise TypeError.  (A float that is no whole number is a
+# bad value of a count, as XHC_SPIN=1.5 is: ValueError.)
+_TYPES = dict({key: ((numbers.Real,), "a number or a string")
+               for key in DEFAULTS},
+              copy=((), "a string"),
+              debug=((bool, numbers.Integral), "a bool, an integer or a "
+                     "string"))
 # The largest values: beyond them a typo would reserve gigabytes of
 # /dev/shm per rank (cico_max: 8 slots a rank) or overflow the core's
 # fields, or MPI's int (split_nodes: a colour of MPI_Comm_split, which
@@ -141,12 +153,26 @@ def resolve(**given):
         value = given.get(key)
         if value is None:
             value = os.environ.get("XHC_" + key.upper())
+        if value is None:
+            out[key] = default
+            continue
+        _check_type(key, value)
         try:
-            out[key] = default if value is None else _PARSERS[key](value)
+            out[key] = _PARSERS[key](value)
         except (TypeError, ValueError, OverflowError) as e:
             raise tunable_error(key, e, "to " + _MUST[key]) from None
     _validate(out)
     return out
+
+
+def _check_type(key, value):
+    """Raise TypeError, naming tunable KEY, unless VALUE is of a type it
+    takes (_TYPES)."""
+    kinds, what = _TYPES[key]
+    if not isinstance(value, (str,) + kinds):
+        raise tunable_error(key, f"must be {what}, not "
+                            f"{type(value).__name__}", "to " + _MUST[key],
+                            TypeError)
 
 
 def tunable_error(key, problem, how, kind=ValueError):
