@@ -501,9 +501,11 @@ def test_auto_takes_xpmem_when_it_works(fake_dir, env, auto_why):
         assert res["live_segs"] == 0, res
     for res in forced["results"]:
         assert res["error"] == "XhcError", res
-        assert res["msg"].startswith(f"XHC_COPY=xpmem: XPMEM is unavailable "
+        assert res["msg"].startswith(f"xhc tunable copy: xpmem was asked "
+                                     f"for, and XPMEM is unavailable "
                                      f"({auto_why}"), res
-        assert "unset XHC_COPY, or install and load XPMEM" in res["msg"], res
+        assert "set XHC_COPY (or copy=) to auto, or install and load XPMEM" \
+            in res["msg"], res
 
 
 def test_without_libxpmem_auto_adapts_or_stages():
@@ -605,10 +607,12 @@ def test_xpmem_requested_without_xpmem_under_mpi():
                    if ln.startswith("XPMEM-CASE"))
     assert len(lines) == 2, result.stdout + result.stderr
     for rank, line in enumerate(lines):
-        assert line.startswith(f"XPMEM-CASE {rank} XHC_COPY=xpmem: XPMEM is "
-                               "unavailable (rank 0: "), line
-        assert line.endswith("unset XHC_COPY, or install and load XPMEM "
-                             "(the xpmem kernel module and libxpmem)"), line
+        assert line.startswith(f"XPMEM-CASE {rank} xhc tunable copy: xpmem "
+                               "was asked for, and XPMEM is unavailable "
+                               "(rank 0: "), line
+        assert line.endswith("set XHC_COPY (or copy=) to auto, or install and "
+                             "load XPMEM (the xpmem kernel module and "
+                             "libxpmem)"), line
     assert not xhc_entries() - before
 
 

@@ -322,8 +322,8 @@ _CROWDED_WHY = ("ranks outnumber CPUs (this communicator's, some of its "
                 "ranks' own, or the job's on the node), and a rank whose "
                 "buffer is read by CMA waits in the call for readers that "
                 "may not be running")
-_XPMEM_FIX = ("unset XHC_COPY, or install and load XPMEM (the xpmem "
-              "kernel module and libxpmem)")
+_XPMEM_FIX = ("set XHC_COPY (or copy=) to auto, or install and load "
+              "XPMEM (the xpmem kernel module and libxpmem)")
 
 
 def xpmem_status_text(status):
@@ -383,8 +383,9 @@ def _setup_cma(comm, ctx, mode):
     """Collective: switch to MODE, "cma" or "adaptive", or raise if some
     rank cannot read its neighbour with CMA."""
     if not _cma_works(comm, ctx):
-        raise XhcError(f"XHC_COPY={mode}: process_vm_readv between ranks is "
-                       "not permitted (ptrace rules); unset XHC_COPY")
+        raise XhcError(f"xhc tunable copy: {mode} was asked for, and "
+                       "process_vm_readv between ranks is not permitted "
+                       "(ptrace rules); set XHC_COPY (or copy=) to auto")
     check(lib.xhc_ctx_set_copy(ctx, COPY[mode]), f"choosing {mode} copy")
     return mode, "requested; process_vm_readv works between all ranks"
 
@@ -413,8 +414,8 @@ def choose_copy(comm, ctx, wanted, crowded=False):
     if why is None:
         return "xpmem", "XPMEM works between all ranks; " + _XPMEM_WHY, pids
     if wanted == "xpmem":
-        raise XhcError(f"XHC_COPY=xpmem: XPMEM is unavailable ({why}); "
-                       f"{_XPMEM_FIX}")
+        raise XhcError(f"xhc tunable copy: xpmem was asked for, and XPMEM "
+                       f"is unavailable ({why}); {_XPMEM_FIX}")
     if crowded:
         return "cico", f"{_CICO_WHY} (no XPMEM: {why}; {_CROWDED_WHY})", pids
     if _cma_works(comm, ctx):
