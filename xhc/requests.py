@@ -295,7 +295,8 @@ class OnMPI(Request):
 
     def _release(self):
         """As Request's, once MPI's request is complete (MPI frees no
-        active collective's), then free MPI's."""
+        active collective's), then free MPI's, and let the buffers and
+        their copies go (a bytearray may then be resized)."""
         mpi = self._mpi
         finalized = MPI.Is_finalized()
         if self._active and mpi is not None and not finalized:
@@ -306,6 +307,7 @@ class OnMPI(Request):
         if mpi is not None and not finalized:
             mpi.Free()
         self._mpi, self._goes_straight = None, False
+        self._loads, self._stores, self._held = (), (), None
         return True
 
 

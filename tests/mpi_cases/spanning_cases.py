@@ -24,8 +24,8 @@ from shared_cases import (arena_empty, bad_root_receive_buffer,
                           read_only_receiver, shared_memory_is_not_budgeted)
 from lone_cases import lone_requests
 from request_cases import persistent_calls
-from staged_cases import (spec_forms, staged_derived, staged_layouts,
-                          staged_reshaped)
+from staged_cases import (spec_forms, staged_derived, staged_exports_held,
+                          staged_layouts, staged_reshaped)
 
 
 # -- several nodes ------------------------------------------------------------
@@ -55,6 +55,7 @@ def suite_spanning(xcomm, comm, v, sz, args):
     longer_bcast_on_a_leader(xcomm, comm, v, parts)
     kept_runs(xcomm, comm, v)
     staged_reshaped(xcomm, comm, v)
+    staged_exports_held(xcomm, comm, v)
     plain_calls_across(xcomm, comm, v)
     leaders_take_named_types(xcomm, comm, v)
     node_shared_arrays(xcomm, comm, v, parts)

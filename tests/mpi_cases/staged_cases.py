@@ -555,7 +555,8 @@ def exports_released(xcomm, comm, v):
 def staged_exports_held(xcomm, comm, v):
     """A bytearray staged through a derived datatype is held, as mpi4py
     holds it, while a request that writes it lives (resized, it would be
-    written after it was freed), and let go after a blocking call."""
+    written after it was freed), let go once the request is freed, never
+    started or started, and after a blocking call."""
     rank = comm.rank
     every_other = MPI.DOUBLE.Create_vector(3, 1, 2).Commit()
     ba = bytearray(np.arange(6.0).tobytes() if rank == 0 else bytes(48))
@@ -572,6 +573,20 @@ def staged_exports_held(xcomm, comm, v):
     got = np.frombuffer(bytes(ba), np.float64)[:6:2]  # holds no export
     v.check("staged: the request's Bcast", (got == [0, 2, 4]).all(),
             f"got {got}")
+    for started in (True, False):
+        held = bytearray(48)
+        req = xcomm.Bcast_init([held, 1, every_other], root=0)
+        if started:
+            req.Start()
+            req.Wait()
+        req.Free()  # req itself lives on
+        try:
+            held.extend(b"!")
+            err = None
+        except BufferError as e:
+            err = f"bytearray.extend() raised {e}"
+        v.case(f"staged: a freed request, {'' if started else 'never '}"
+               "started, lets its bytearray go", err)
     xcomm.Bcast([ba, 1, every_other], root=0)
     try:
         ba.extend(b"!")
