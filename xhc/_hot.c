@@ -493,21 +493,32 @@ static void hot_dealloc(HotComm *h)
 }
 
 #define FAST (METH_FASTCALL | METH_KEYWORDS)
+/* The public methods' docs open with their signatures, as mpi4py's: a
+ * text signature (NAME($self, ...) then a "--" line) that inspect reads
+ * where the defaults are constants; with op=MPI.SUM, which a text
+ * signature cannot hold, as plain text that help() shows. */
 static PyMethodDef hot_methods[] = {
     {"Bcast", (PyCFunction)(void (*)(void))hot_bcast, FAST,
+     "Bcast($self, buf, root=0)\n--\n\n"
      "Broadcast BUF from ROOT, as mpi4py's Comm.Bcast."},
     {"Allreduce", (PyCFunction)(void (*)(void))hot_allreduce, FAST,
+     "Allreduce(sendbuf, recvbuf, op=MPI.SUM)\n\n"
      "Reduce SENDBUF over all ranks into RECVBUF (IN_PLACE allowed)."},
     {"Reduce", (PyCFunction)(void (*)(void))hot_reduce, FAST,
+     "Reduce(sendbuf, recvbuf, op=MPI.SUM, root=0)\n\n"
      "Reduce SENDBUF over all ranks into ROOT's RECVBUF."},
     {"Barrier", (PyCFunction)(void (*)(void))hot_barrier, FAST,
+     "Barrier($self)\n--\n\n"
      "Block until every rank has called Barrier."},
     {"allreduce", (PyCFunction)(void (*)(void))hot_obj_allreduce, FAST,
+     "allreduce(sendobj, op=MPI.SUM)\n\n"
      "Every rank's SENDOBJ folded by OP (an MPI.Op or a callable of two\n"
      "objects) in rank order, on every rank."},
     {"reduce", (PyCFunction)(void (*)(void))hot_obj_reduce, FAST,
+     "reduce(sendobj, op=MPI.SUM, root=0)\n\n"
      "allreduce's result on ROOT; None on the other ranks."},
     {"bcast", (PyCFunction)(void (*)(void))hot_obj_bcast, FAST,
+     "bcast($self, obj, root=0)\n--\n\n"
      "ROOT's picklable OBJ, as a new object on every rank (but for\n"
      "numbers)."},
     {"_hot_objects", (PyCFunction)hot_objects_bind, METH_VARARGS,

@@ -209,9 +209,11 @@ static PyObject *req_start_mpi(HotRequest *r, PyObject *unused)
 
 static PyMethodDef req_methods[] = {
     {"Start", (PyCFunction)req_start, METH_NOARGS,
+     "Start($self)\n--\n\n"
      "Run the collective (all ranks Start their matching requests)."},
     {"Wait", (PyCFunction)(void (*)(void))req_wait,
      METH_FASTCALL | METH_KEYWORDS,
+     "Wait($self, status=None)\n--\n\n"
      "Return True at once: Start() completed the operation."},
     {"_hot_release", (PyCFunction)req_release, METH_NOARGS,
      "Unbind, unless a call runs on the owner (then False)."},

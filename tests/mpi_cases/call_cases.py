@@ -4,6 +4,7 @@ plans, signals while waiting; then persistent requests, their completion
 calls, and errors as mpi4py raises them (request_cases.py)."""
 import contextlib
 import gc
+import inspect
 import signal
 import time
 import weakref
@@ -74,6 +75,7 @@ def suite_calls(xcomm, comm, v, sz, args):
     v.case("calls Bcast(buf, numpy int root)",
            None if np.array_equal(buf, want) else first_diff(buf, want))
     xcomm.Barrier()
+    signatures_as_mpi4py(xcomm, comm, v)
     persistent_calls(xcomm, comm, v)
     progress_while_waiting(v, xcomm, comm)
     for road in ("plain", "planned", "strided", "packed"):
@@ -84,6 +86,35 @@ def suite_calls(xcomm, comm, v, sz, args):
     plans_let_go_at_free(comm, v)
     plain_calls(xcomm, comm, v)
     v.flush()
+
+
+def signatures_as_mpi4py(xcomm, comm, v):
+    """The collectives name their parameters, with their defaults, as
+    mpi4py's do: inspect.signature() reads them where the defaults are
+    constants; the first line of help() shows them all."""
+    for name in ("Bcast", "Allreduce", "Reduce", "Barrier", "bcast",
+                 "allreduce", "reduce"):
+        theirs = inspect.signature(getattr(comm, name)).parameters.values()
+        words = [p.name if p.default is p.empty else
+                 f"{p.name}={'MPI.SUM' if p.default == MPI.SUM else p.default}"
+                 for p in theirs]
+        first = f"{name}({', '.join(words)})"
+        ours = getattr(xcomm, name)
+        doc = (ours.__doc__ or "").split("\n")[0]
+        try:
+            sig = str(inspect.signature(ours))
+        except ValueError:  # op=MPI.SUM: no text signature holds it
+            sig = None
+        v.case(f"calls {name}'s signature is mpi4py's",
+               None if doc == first or sig == first[len(name):] else
+               f"doc {doc!r}, signature {sig!r}; mpi4py's {first!r}")
+    req = xcomm.Bcast_init(np.zeros(1))
+    v.case("calls Request.Start's and Wait's signatures",
+           None if (str(inspect.signature(req.Start)),
+                    str(inspect.signature(req.Wait))) == ("()",
+                                                          "(status=None)")
+           else "not so")
+    req.Free()
 
 
 FLOAT_OPS = ("SUM", "PROD", "MIN", "MAX")
