@@ -42,7 +42,7 @@ class Persistent:
 
     @claiming
     @leaving
-    def Barrier_init(self, info=None):
+    def Barrier_init(self, info=MPI.INFO_NULL):
         """A persistent Barrier."""
         extra = info_args(info)
         if not self._usable():
@@ -52,7 +52,7 @@ class Persistent:
 
     @claiming
     @leaving
-    def Bcast_init(self, buf, root=0, info=None):
+    def Bcast_init(self, buf, root=0, info=MPI.INFO_NULL):
         """A persistent Bcast of BUF from ROOT."""
         extra = info_args(info)
         return self._init_request(
@@ -66,7 +66,8 @@ class Persistent:
 
     @claiming
     @leaving
-    def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):
+    def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM,
+                       info=MPI.INFO_NULL):
         """A persistent Allreduce of SENDBUF into RECVBUF."""
         extra = info_args(info)
         return self._init_request(
@@ -81,7 +82,8 @@ class Persistent:
 
     @claiming
     @leaving
-    def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=None):
+    def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0,
+                    info=MPI.INFO_NULL):
         """A persistent Reduce of SENDBUF into ROOT's RECVBUF."""
         extra = info_args(info)
         return self._init_request(

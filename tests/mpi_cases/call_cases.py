@@ -108,6 +108,13 @@ def signatures_as_mpi4py(xcomm, comm, v):
         v.case(f"calls {name}'s signature is mpi4py's",
                None if doc == first or sig == first[len(name):] else
                f"doc {doc!r}, signature {sig!r}; mpi4py's {first!r}")
+    for name in ("Barrier_init", "Bcast_init", "Allreduce_init",
+                 "Reduce_init"):
+        ours, theirs = (
+            [(p.name, p.default) for p in inspect.signature(
+                getattr(c, name)).parameters.values()] for c in (xcomm, comm))
+        v.case(f"calls {name}'s signature is mpi4py's",
+               None if ours == theirs else f"{ours} != {theirs}")
     req = xcomm.Bcast_init(np.zeros(1))
     v.case("calls Request.Start's and Wait's signatures",
            None if (str(inspect.signature(req.Start)),
