@@ -399,8 +399,9 @@ def main(argv=None):
         return args.run(args)
     # (a Warning: one made an error; ImportError: the core is not built)
     except (XhcError, ValueError, Warning, ImportError) as exc:
-        # "xhc" said once, as "xhc: error: ..."
-        text = re.sub(r"^xhc:? ", "", str(exc))
+        # "xhc" said once, as "xhc: error: ..." (after another rank's
+        # name, as "xhc: error: rank 3: tunable ...", alike on all ranks)
+        text = re.sub(r"^(rank \S+: )?xhc:? ", r"\1", str(exc))
         print("xhc: error: %s" % text, file=sys.stderr)
         return 1
 
