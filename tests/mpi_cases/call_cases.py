@@ -47,28 +47,7 @@ def suite_calls(xcomm, comm, v, sz, args):
     v.case("calls Bcast 16 MiB + 74 B, unaligned",
            None if np.array_equal(big, want) else first_diff(big, want))
     del big
-    bad = [("Bcast()", lambda: xcomm.Bcast()),
-           ("Bcast(buf, 0, 1)", lambda: xcomm.Bcast(buf, 0, 1)),
-           ("Bcast(buf, rot=0)", lambda: xcomm.Bcast(buf, rot=0)),
-           ("Allreduce(send)", lambda: xcomm.Allreduce(send)),
-           ("Reduce(send, recv, op=SUM, root=0, x=1)",
-            lambda: xcomm.Reduce(send, recv, op=MPI.SUM, root=0, x=1)),
-           ("Barrier(1)", lambda: xcomm.Barrier(1))]
-    for desc, call in bad:
-        try:
-            call()
-            err = "no TypeError"
-        except TypeError:
-            err = None
-        v.case(f"calls {desc} raises TypeError", err)
-    # A root that only compares equal to the plan's is checked by Python.
-    for bad in (float(n - 1), None, "0"):  # TypeError, as mpi4py's
-        v.case(f"calls Bcast(buf, root={bad!r}) raises TypeError",
-               raises(TypeError, xcomm.Bcast, buf, bad))
-        v.case("... and ValueError, an MPI.Exception of ERR_ROOT", None
-               if mpi_class_of(xcomm.Bcast, buf, bad) == MPI.ERR_ROOT and
-               raises(ValueError, xcomm.Bcast, buf, bad) is None else
-               "not so")
+    bad_calls_raise(xcomm, v, buf, send, recv)
     want = pattern(seed_of(154), buf.nbytes)
     buf[:] = want if rank == n - 1 else 0
     xcomm.Bcast(buf, np.int64(n - 1))           # as mpi4py takes it
@@ -122,6 +101,34 @@ def signatures_as_mpi4py(xcomm, comm, v):
                                                           "(status=None)")
            else "not so")
     req.Free()
+
+
+def bad_calls_raise(xcomm, v, buf, send, recv):
+    """Calls with the wrong arguments, or a root of the wrong type, raise
+    TypeError as mpi4py's do (a bad root: also MPI's ERR_ROOT)."""
+    n = xcomm.Get_size()
+    bad = [("Bcast()", lambda: xcomm.Bcast()),
+           ("Bcast(buf, 0, 1)", lambda: xcomm.Bcast(buf, 0, 1)),
+           ("Bcast(buf, rot=0)", lambda: xcomm.Bcast(buf, rot=0)),
+           ("Allreduce(send)", lambda: xcomm.Allreduce(send)),
+           ("Reduce(send, recv, op=SUM, root=0, x=1)",
+            lambda: xcomm.Reduce(send, recv, op=MPI.SUM, root=0, x=1)),
+           ("Barrier(1)", lambda: xcomm.Barrier(1))]
+    for desc, call in bad:
+        try:
+            call()
+            err = "no TypeError"
+        except TypeError:
+            err = None
+        v.case(f"calls {desc} raises TypeError", err)
+    # A root that only compares equal to the plan's is checked by Python.
+    for bad in (float(n - 1), None, "0"):  # TypeError, as mpi4py's
+        v.case(f"calls Bcast(buf, root={bad!r}) raises TypeError",
+               raises(TypeError, xcomm.Bcast, buf, bad))
+        v.case("... and ValueError, an MPI.Exception of ERR_ROOT", None
+               if mpi_class_of(xcomm.Bcast, buf, bad) == MPI.ERR_ROOT and
+               raises(ValueError, xcomm.Bcast, buf, bad) is None else
+               "not so")
 
 
 FLOAT_OPS = ("SUM", "PROD", "MIN", "MAX")

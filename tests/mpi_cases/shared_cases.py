@@ -6,6 +6,7 @@ import contextlib
 import gc
 import mmap
 import os
+import types
 import warnings
 
 import numpy as np
@@ -85,7 +86,7 @@ def shared_arrays_hold_no_descriptor(comm, v):
 
 def suite_zerocopy(xcomm, comm, v, sz, args, alloc=None):
     """Arrays from ALLOC (Comm.empty by default) read in place."""
-    n, rank = comm.size, comm.rank
+    n = comm.size
     if alloc is None:
         alloc = xcomm.empty
         shared_memory_is_not_budgeted(xcomm, v)
@@ -100,78 +101,20 @@ def suite_zerocopy(xcomm, comm, v, sz, args, alloc=None):
     for si, shape in enumerate(shapes):
         for dt in (np.dtype("f8"), np.dtype("i4"), np.dtype("u1")):
             count = int(np.prod(shape))
-            nbytes = count * dt.itemsize
+            c = types.SimpleNamespace(si=si, shape=shape, dt=dt, count=count,
+                                      nbytes=count * dt.itemsize)
+            c.tag = f"zero-copy {dt.name}{shape} ({c.nbytes} B)"
             a = alloc(shape, dt)
             b = alloc(shape, dt)
             v.check(f"empty{shape} {dt.name}", a.shape == shape and
                     a.dtype == dt and a.flags.c_contiguous and
                     a.flags.writeable, "wrong array from empty()")
-            tag = f"zero-copy {dt.name}{shape} ({nbytes} B)"
             # Bcast from every root (the largest size from two).
             roots = range(n) if si < len(shapes) - 1 else sorted({0, n - 1})
-            for root in roots:
-                want = pattern(seed_of(100, si, root, dt.num), nbytes)
-                raw(a)[:] = want if rank == root else want ^ np.uint8(1)
-                before = xcomm.stats
-                xcomm.Bcast(a, root=root)
-                after = xcomm.stats
-                err = None if np.array_equal(raw(a), want) else \
-                    first_diff(raw(a), want)
-                path = sz.path("bcast", nbytes, n)
-                err = err or rose_by_one(before, after, path)
-                ref = np.empty(shape, dt)
-                raw(ref)[:] = want if rank == root else 0
-                comm.Bcast(ref, root=root)
-                if err is None and not same_bits(ref, a):
-                    err = "differs from mpi4py"
-                v.case(f"{tag}: Bcast root {root}", err, digest(a))
+            zerocopy_bcasts(xcomm, comm, v, sz, a, roots, c)
             ops = ["SUM", "MAX"] if dt.kind == "f" else ["SUM", "BXOR"]
             for k, op in enumerate(ops):
-                ins = [values(dt, op, seed_of(101, si, k, r), count)
-                       .reshape(shape) for r in range(n)]
-                want = np_fold(op, ins)
-                ref = np.empty(shape, dt)
-                comm.Allreduce(ins[rank], ref, op=mpi_op(op))
-                for mode in ("shared->shared", "IN_PLACE", "shared->private",
-                             "private->shared", "shared->mixed"):
-                    a[...] = ins[rank]
-                    raw(b)[:] = POISON      # no result left from the last call
-                    before = xcomm.stats
-                    if mode == "IN_PLACE":
-                        out = a
-                        xcomm.Allreduce(MPI.IN_PLACE, a, op=mpi_op(op))
-                    elif mode == "shared->shared":
-                        out = b
-                        xcomm.Allreduce(a, b, op=mpi_op(op))
-                    elif mode == "shared->private":
-                        out = np.empty(shape, dt)
-                        xcomm.Allreduce(a, out, op=mpi_op(op))
-                    elif mode == "shared->mixed":  # odd ranks: private
-                        out = b if rank % 2 == 0 else np.empty(shape, dt)
-                        xcomm.Allreduce(a, out, op=mpi_op(op))
-                    else:
-                        out = b
-                        xcomm.Allreduce(ins[rank].copy(), b, op=mpi_op(op))
-                    after = xcomm.stats
-                    err = compare(out, want, op, dt)
-                    err = err and "vs numpy: " + err
-                    if err is None and not same_bits(out, ref):
-                        err = "vs mpi4py: " + first_diff(out, ref)
-                    path = sz.path("allreduce", nbytes, n)
-                    err = err or rose_by_one(before, after, path)
-                    v.case(f"{tag}: Allreduce {op} {mode}", err, digest(out))
-                for root in sorted({0, n - 1, (si + k) % n}):
-                    ip = (si + k + root) % 2 == 0   # IN_PLACE at the root
-                    for mode in ("shared", "private root", "mixed sends"):
-                        a[...] = ins[rank]
-                        raw(b)[:] = POISON
-                        before = xcomm.stats
-                        err = zerocopy_reduce(xcomm, a, b, ins[rank], want,
-                                              op, root, mode, ip)
-                        path = sz.path("reduce", nbytes, n)
-                        err = err or rose_by_one(before, xcomm.stats, path)
-                        v.case(f"{tag}: Reduce {op} root {root} {mode}"
-                               f"{' IN_PLACE' if ip else ''}", err)
+                zerocopy_reductions(xcomm, comm, v, sz, a, b, c, k, op)
     persistent_shared(xcomm, comm, v, sz, alloc)
     # The large-message (in-place) counters rose in this suite, on more
     # than one rank.
@@ -181,6 +124,81 @@ def suite_zerocopy(xcomm, comm, v, sz, args, alloc=None):
     ok = all(large.values()) if n > 1 else not any(large.values())
     v.check("large-message path counters", ok,
             f"copy={sz.copy}, {n} ranks: {large}")
+
+
+def zerocopy_bcasts(xcomm, comm, v, sz, a, roots, c):
+    """Bcast of shared array A from each of ROOTS, against mpi4py's; C:
+    the case (its shape, dtype, size, index SI and TAG)."""
+    rank, n = comm.rank, comm.size
+    for root in roots:
+        want = pattern(seed_of(100, c.si, root, c.dt.num), c.nbytes)
+        raw(a)[:] = want if rank == root else want ^ np.uint8(1)
+        before = xcomm.stats
+        xcomm.Bcast(a, root=root)
+        after = xcomm.stats
+        err = None if np.array_equal(raw(a), want) else \
+            first_diff(raw(a), want)
+        path = sz.path("bcast", c.nbytes, n)
+        err = err or rose_by_one(before, after, path)
+        ref = np.empty(c.shape, c.dt)
+        raw(ref)[:] = want if rank == root else 0
+        comm.Bcast(ref, root=root)
+        if err is None and not same_bits(ref, a):
+            err = "differs from mpi4py"
+        v.case(f"{c.tag}: Bcast root {root}", err, digest(a))
+
+
+def zerocopy_reductions(xcomm, comm, v, sz, a, b, c, k, op):
+    """Allreduce by OP of shared arrays A and B, private ones and mixes,
+    against numpy and mpi4py; then Reduce at three roots."""
+    n, rank = comm.size, comm.rank
+    ins = [values(c.dt, op, seed_of(101, c.si, k, r), c.count)
+           .reshape(c.shape) for r in range(n)]
+    want = np_fold(op, ins)
+    ref = np.empty(c.shape, c.dt)
+    comm.Allreduce(ins[rank], ref, op=mpi_op(op))
+    for mode in ("shared->shared", "IN_PLACE", "shared->private",
+                 "private->shared", "shared->mixed"):
+        a[...] = ins[rank]
+        raw(b)[:] = POISON      # no result left from the last call
+        before = xcomm.stats
+        out = zerocopy_allreduce(xcomm, mode, a, b, ins[rank], mpi_op(op))
+        after = xcomm.stats
+        err = compare(out, want, op, c.dt)
+        err = err and "vs numpy: " + err
+        if err is None and not same_bits(out, ref):
+            err = "vs mpi4py: " + first_diff(out, ref)
+        path = sz.path("allreduce", c.nbytes, n)
+        err = err or rose_by_one(before, after, path)
+        v.case(f"{c.tag}: Allreduce {op} {mode}", err, digest(out))
+    for root in sorted({0, n - 1, (c.si + k) % n}):
+        ip = (c.si + k + root) % 2 == 0   # IN_PLACE at the root
+        for mode in ("shared", "private root", "mixed sends"):
+            a[...] = ins[rank]
+            raw(b)[:] = POISON
+            before = xcomm.stats
+            err = zerocopy_reduce(xcomm, a, b, ins[rank], want,
+                                  op, root, mode, ip)
+            path = sz.path("reduce", c.nbytes, n)
+            err = err or rose_by_one(before, xcomm.stats, path)
+            v.case(f"{c.tag}: Reduce {op} root {root} {mode}"
+                   f"{' IN_PLACE' if ip else ''}", err)
+
+
+def zerocopy_allreduce(xcomm, mode, a, b, mine, op):
+    """Allreduce of MINE (in shared array A) by OP in MODE; the array
+    that holds the result."""
+    if mode == "IN_PLACE":
+        xcomm.Allreduce(MPI.IN_PLACE, a, op=op)
+        return a
+    if mode == "private->shared":
+        xcomm.Allreduce(mine.copy(), b, op=op)
+        return b
+    private = np.empty(a.shape, a.dtype)
+    out = {"shared->shared": b, "shared->private": private,
+           "shared->mixed": b if xcomm.Get_rank() % 2 == 0 else private}[mode]
+    xcomm.Allreduce(a, out, op=op)
+    return out
 
 
 def arena_empty(shape, dtype=float):
