@@ -102,7 +102,7 @@ def suite_barrier(xcomm, comm, v, sz, args):
 def suite_mixed(xcomm, comm, v, sz, args):
     """Back-to-back operations with no MPI call in between; verdicts are
     exchanged only every few hundred operations."""
-    n, rank = comm.size, comm.rank
+    n = comm.size
     nops = 1000 if args.quick else 3000
     rng = np.random.default_rng(seed_of(40))
     big_bytes = 3 * sz.chunk + 4 * sz.cico + 5
@@ -137,54 +137,64 @@ def suite_mixed(xcomm, comm, v, sz, args):
             xcomm.Barrier()
             continue
         if kind == "bcast":
-            want = pattern(case, nbytes)
-            if zero_copy:
-                buf = shared.view(np.uint8)[:nbytes]
-                buf[:] = want if rank == root else want ^ np.uint8(0xFF)
-            else:
-                buf = want.copy() if rank == root else want ^ np.uint8(0xFF)
-            xcomm.Bcast(buf, root=root)
-            err = None if np.array_equal(buf, want) else \
-                "vs root's data: " + first_diff(buf, want)
-            v.case(f"op {i}: Bcast {nbytes} B root {root}"
-                   f"{' zero-copy' if zero_copy else ''}", err)
-            continue
-        count = nbytes // dt.itemsize
-        own = input_of(dt, op, count, case, rank)
-        send = own.copy()
-        if zero_copy:
-            send = shared_in[:count]
-            send[:] = own
-        desc = (f"op {i}: {kind} {dt.name} {op} count {count} root {root}"
-                f"{' IN_PLACE' if in_place else ''}"
-                f"{' zero-copy' if zero_copy else ''}")
-        if kind == "allreduce":
-            if in_place:
-                recv = send
-                xcomm.Allreduce(MPI.IN_PLACE, recv, op=mpi_op(op))
-            else:
-                recv = shared[:count] if zero_copy else np.empty(count, dt)
-                xcomm.Allreduce(send, recv, op=mpi_op(op))
-            mine = share(comm, count)
-            err = compare(recv[mine], np_fold(op, inputs_for(
-                dt, op, count, case, n, mine)), op, dt)
-            v.case(desc, err, digest(recv))
-            continue
-        if rank == root:
-            if in_place:
-                recv = send
-                xcomm.Reduce(MPI.IN_PLACE, recv, op=mpi_op(op), root=root)
-            else:
-                recv = shared[:count] if zero_copy else np.empty(count, dt)
-                xcomm.Reduce(send, recv, op=mpi_op(op), root=root)
-            err = compare(recv, np_fold(op, inputs_for(dt, op, count, case,
-                                                       n)), op, dt)
+            mixed_bcast(xcomm, v, i, nbytes, root, case,
+                        shared if zero_copy else None)
         else:
-            xcomm.Reduce(send, None, op=mpi_op(op), root=root)
-            err = None if same_bits(send, own) else \
-                "the send buffer was modified"
-        v.case(desc, err)
+            mixed_reduction(xcomm, comm, v, (i, kind, root, in_place, case),
+                            (dt, op, nbytes // dt.itemsize),
+                            (shared, shared_in) if zero_copy else None)
 
+
+
+def mixed_bcast(xcomm, v, i, nbytes, root, case, shared):
+    """Op I of suite_mixed: a Bcast of NBYTES from ROOT, in SHARED (an
+    array of xcomm.empty) if given."""
+    rank = xcomm.Get_rank()
+    want = pattern(case, nbytes)
+    if shared is not None:
+        buf = shared.view(np.uint8)[:nbytes]
+        buf[:] = want if rank == root else want ^ np.uint8(0xFF)
+    else:
+        buf = want.copy() if rank == root else want ^ np.uint8(0xFF)
+    xcomm.Bcast(buf, root=root)
+    err = None if np.array_equal(buf, want) else \
+        "vs root's data: " + first_diff(buf, want)
+    v.case(f"op {i}: Bcast {nbytes} B root {root}"
+           f"{' zero-copy' if shared is not None else ''}", err)
+
+
+def mixed_reduction(xcomm, comm, v, step, data, shared):
+    """Op I of suite_mixed (STEP: I, its KIND, ROOT, IN_PLACE, CASE): an
+    Allreduce or a Reduce of DATA (DTYPE, OP, COUNT), in SHARED (two
+    arrays of xcomm.empty, for the result and the input) if given."""
+    (i, kind, root, in_place, case), (dt, op, count) = step, data
+    n, rank = comm.size, comm.rank
+    own = input_of(dt, op, count, case, rank)
+    send = own.copy()
+    if shared is not None:
+        send = shared[1][:count]
+        send[:] = own
+    desc = (f"op {i}: {kind} {dt.name} {op} count {count} root {root}"
+            f"{' IN_PLACE' if in_place else ''}"
+            f"{' zero-copy' if shared is not None else ''}")
+    if kind == "reduce" and rank != root:
+        xcomm.Reduce(send, None, op=mpi_op(op), root=root)
+        v.case(desc, None if same_bits(send, own) else
+               "the send buffer was modified")
+        return
+    recv = send if in_place else (shared[0][:count] if shared is not None
+                                  else np.empty(count, dt))
+    sendbuf = MPI.IN_PLACE if in_place else send
+    if kind == "allreduce":
+        xcomm.Allreduce(sendbuf, recv, op=mpi_op(op))
+        mine = share(comm, count)
+        err = compare(recv[mine], np_fold(op, inputs_for(
+            dt, op, count, case, n, mine)), op, dt)
+        v.case(desc, err, digest(recv))
+        return
+    xcomm.Reduce(sendbuf, recv, op=mpi_op(op), root=root)
+    v.case(desc, compare(recv, np_fold(op, inputs_for(dt, op, count, case,
+                                                      n)), op, dt))
 
 # -- sub-communicators, lifetime, passthrough ---------------------------------
 
