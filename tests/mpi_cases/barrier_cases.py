@@ -237,68 +237,18 @@ def suite_wrap(xcomm, comm, v, sz, args):
     published one reads garbage.  Then a few more checked operations.
     Every target runs (an XhcError is recorded as its verdict); the
     verdicts are checked at the end."""
-    n, rank = comm.size, comm.rank
-    K = 6
-    late = n - 1
-
-    def opened():
-        xc = xhc.Comm(comm, seq_start=(1 << 64) - K)
-        one = np.zeros(1, np.uint8)
-        for _ in range(K - 1):
-            xc.Bcast(one, root=0)
-        return xc
-
-    def number_zero(xc, t):
-        """Run target T as operation number 0; return an error or None."""
-        large = t.endswith("large")
-        nbytes = {"Bcast inline": 8, "Bcast cico": 1000}.get(
-            t, 3 * sz.chunk + 64 if large else 800)
-        if t == "Barrier":
-            mine = xc.zeros(1, np.int64)
-            views = peer_views(mine, n)
-            if rank == late:
-                time.sleep(0.1)
-                mine[0] = 42
-            xc.Barrier()
-            got = int(views[late][0])
-            return None if got == 42 else \
-                f"Barrier number 0 returned before rank {late} arrived"
-        if t.startswith("Bcast"):
-            want = pattern(seed_of(130, nbytes), nbytes)
-            buf = want.copy() if rank == late else np.zeros(nbytes, np.uint8)
-            if rank == late:
-                time.sleep(0.1)
-            xc.Bcast(buf, root=late)
-            return None if np.array_equal(buf, want) else \
-                "Bcast number 0: " + first_diff(buf, want)
-        dt = np.dtype("i8")
-        count = nbytes // 8
-        ins = [values(dt, "SUM", seed_of(131, r), count) for r in range(n)]
-        want = np_fold("SUM", ins)
-        if rank == late:
-            time.sleep(0.1)
-        if t.startswith("Allreduce"):
-            out = np.zeros(count, dt)
-            xc.Allreduce(ins[rank], out)
-        else:
-            out = np.zeros(count, dt) if rank == 0 else None
-            xc.Reduce(ins[rank], out, root=0)
-        if out is None:
-            return None
-        err = compare(out, want, "SUM", dt)
-        return err and f"{t.split()[0]} number 0: " + err
-
+    n = comm.size
     v.every = 10 ** 6       # one check at the end: every target runs
     targets = ["Barrier", "Bcast inline", "Bcast cico", "Bcast large",
                "Allreduce small", "Allreduce large", "Reduce small",
                "Reduce large"]
     for t in targets:
-        xc = opened()
+        xc = wrap_opened(comm)
         seq = int(lib.xhc_seq(xc._ctx)) if n > 1 else None
         v.check(f"wrap {t}: positioned", n == 1 or seq == (1 << 64) - 1,
                 f"sequence number {seq}")
         try:
-            err = number_zero(xc, t)
+            err = number_zero(xc, comm, sz, t)
             raised = False
         except xhc.XhcError as e:
             err, raised = f"raised XhcError: {e}", True
@@ -308,3 +258,70 @@ def suite_wrap(xcomm, comm, v, sz, args):
             quick_checks(v, xc, comm, f"wrap {t}: after 0", 140)
         xc.free()
     v.flush()
+
+
+WRAP_AHEAD = 6  # K: the operations before number 0, and it
+
+
+def wrap_opened(comm):
+    """An xhc.Comm of COMM whose next operation is number 0."""
+    xc = xhc.Comm(comm, seq_start=(1 << 64) - WRAP_AHEAD)
+    one = np.zeros(1, np.uint8)
+    for _ in range(WRAP_AHEAD - 1):
+        xc.Bcast(one, root=0)
+    return xc
+
+
+def number_zero(xc, comm, sz, t):
+    """Run target T as operation number 0, its last rank late; return an
+    error or None."""
+    late = comm.size - 1
+    large = t.endswith("large")
+    nbytes = {"Bcast inline": 8, "Bcast cico": 1000}.get(
+        t, 3 * sz.chunk + 64 if large else 800)
+    if t == "Barrier":
+        return barrier_number_zero(xc, comm, late)
+    if t.startswith("Bcast"):
+        want = pattern(seed_of(130, nbytes), nbytes)
+        mine = comm.rank == late
+        buf = want.copy() if mine else np.zeros(nbytes, np.uint8)
+        if mine:
+            time.sleep(0.1)
+        xc.Bcast(buf, root=late)
+        return None if np.array_equal(buf, want) else \
+            "Bcast number 0: " + first_diff(buf, want)
+    return reduction_number_zero(xc, comm, t, nbytes // 8, late)
+
+
+def barrier_number_zero(xc, comm, late):
+    """Barrier as operation number 0: no rank leaves before LATE came."""
+    mine = xc.zeros(1, np.int64)
+    views = peer_views(mine, comm.size)
+    if comm.rank == late:
+        time.sleep(0.1)
+        mine[0] = 42
+    xc.Barrier()
+    got = int(views[late][0])
+    return None if got == 42 else \
+        f"Barrier number 0 returned before rank {late} arrived"
+
+
+def reduction_number_zero(xc, comm, t, count, late):
+    """Allreduce or Reduce (as T names) of COUNT int64 as operation
+    number 0, against numpy."""
+    n, rank = comm.size, comm.rank
+    dt = np.dtype("i8")
+    ins = [values(dt, "SUM", seed_of(131, r), count) for r in range(n)]
+    want = np_fold("SUM", ins)
+    if rank == late:
+        time.sleep(0.1)
+    if t.startswith("Allreduce"):
+        out = np.zeros(count, dt)
+        xc.Allreduce(ins[rank], out)
+    else:
+        out = np.zeros(count, dt) if rank == 0 else None
+        xc.Reduce(ins[rank], out, root=0)
+    if out is None:
+        return None
+    err = compare(out, want, "SUM", dt)
+    return err and f"{t.split()[0]} number 0: " + err
