@@ -281,8 +281,26 @@ def same_objects(got, want):
 
 
 def suite_subcomm(xcomm, comm, v, sz, args):
+    passthrough(v, xcomm, comm)
+    try:
+        xhc.Comm("not a communicator")
+        err = "no TypeError"
+    except TypeError:
+        err = None
+    v.case("xhc.Comm of a non-communicator raises TypeError", err)
+    comparisons(v, xcomm, comm)
+    mpi4py_methods(v, xcomm, comm)
+    exchanges_as_mpi4py(v, comm)
+    topology_passthrough(v, comm)
+    duplicates(v, comm)
+    dup_and_split(v, xcomm, comm, sz)
+    lifetimes(v, xcomm, comm)
+
+
+def passthrough(v, xcomm, comm):
+    """What xhc.Comm does not define is the wrapped communicator's: read
+    and set there."""
     n, rank = comm.size, comm.rank
-    # Attribute passthrough.
     v.check("passthrough rank", xcomm.rank == rank and xcomm.Get_rank() ==
             rank, f"xcomm.rank {xcomm.rank}")
     v.check("passthrough size", xcomm.Get_size() == n and xcomm.size == n,
@@ -296,18 +314,13 @@ def suite_subcomm(xcomm, comm, v, sz, args):
     v.check("passthrough attribute set", comm.Get_name() == xcomm.name ==
             f"named through xhc {n}", f"comm is named {comm.Get_name()!r}")
     comm.Set_name(old)
-    try:
-        xhc.Comm("not a communicator")
-        err = "no TypeError"
-    except TypeError:
-        err = None
-    v.case("xhc.Comm of a non-communicator raises TypeError", err)
-    comparisons(v, xcomm, comm)
-    mpi4py_methods(v, xcomm, comm)
-    exchanges_as_mpi4py(v, comm)
-    topology_passthrough(v, comm)
-    duplicates(v, comm)
 
+
+def dup_and_split(v, xcomm, comm, sz):
+    """xhc.Comm of a Dup() and of a Split() half, alive together, their
+    calls interleaved; each freed, the other and the world's still
+    work."""
+    n, rank = comm.size, comm.rank
     dup = comm.Dup()
     half = comm.Split(rank % 2, rank)
     x1 = xhc.Comm(dup)
@@ -340,7 +353,12 @@ def suite_subcomm(xcomm, comm, v, sz, args):
     v.check("Dup usable after free", dup.allreduce(1) == n, "dup broken")
     half.Free()
     dup.Free()
-    # Context manager.
+
+
+def lifetimes(v, xcomm, comm):
+    """An xhc.Comm in a with-block, of COMM_SELF, and several at once
+    freed in creation order."""
+    n, rank = comm.size, comm.rank
     with xhc.Comm(comm) as x3:
         quick_checks(v, x3, comm, "with-block", 90)
         arr = x3.zeros(16, np.int32)
@@ -353,7 +371,6 @@ def suite_subcomm(xcomm, comm, v, sz, args):
     with xhc.Comm(MPI.COMM_SELF) as xs:
         quick_checks(v, xs, MPI.COMM_SELF, "COMM_SELF", 91 + rank,
                      world=False)
-    # Several at once, freed in creation order.
     many = [xhc.Comm(comm) for _ in range(3)]
     for k, xc in enumerate(many):
         quick_checks(v, xc, comm, f"one of three #{k}", 92 + k)
