@@ -5,6 +5,7 @@ mpi4py's), their states, and errors as mpi4py raises them."""
 import copy
 import gc
 import pickle
+import types
 import weakref
 
 import numpy as np
@@ -22,44 +23,16 @@ def persistent_calls(xcomm, comm, v):
     Python; then freed."""
     n, rank = comm.size, comm.rank
     dt = np.dtype("i8")
-    b = np.zeros(64, np.uint8)
-    send, recv, inplace, reduced = (np.zeros(5, dt) for _ in range(4))
-    strided = np.zeros(10, dt)
-    reqs = [xcomm.Barrier_init(), xcomm.Bcast_init(b, root=n - 1),
-            xcomm.Allreduce_init(send, recv, op=MPI.SUM),
-            xcomm.Allreduce_init(MPI.IN_PLACE, inplace, op=MPI.MAX),
-            xcomm.Reduce_init(strided[::2], reduced if rank == 0 else None,
+    b = types.SimpleNamespace(bcast=np.zeros(64, np.uint8))
+    b.send, b.recv, b.inplace, b.reduced = (np.zeros(5, dt) for _ in range(4))
+    b.strided = np.zeros(10, dt)
+    reqs = [xcomm.Barrier_init(), xcomm.Bcast_init(b.bcast, root=n - 1),
+            xcomm.Allreduce_init(b.send, b.recv, op=MPI.SUM),
+            xcomm.Allreduce_init(MPI.IN_PLACE, b.inplace, op=MPI.MAX),
+            xcomm.Reduce_init(b.strided[::2], b.reduced if rank == 0 else None,
                               op=MPI.SUM, root=0)]
     for i in range(6):
-        want_b = pattern(seed_of(160, i), b.nbytes)
-        b[:] = want_b if rank == n - 1 else 0
-        ins = [values(dt, "SUM", seed_of(161, i, r), 5) for r in range(n)]
-        send[:] = ins[rank]
-        inplace[:] = ins[rank]
-        if i % 3 == 0:
-            for req in reqs[:4]:
-                req.Start()
-            ok = all(req.Wait() for req in reqs[:4])
-        else:  # a list or a tuple that starts and completes in C
-            listed = reqs[:4] if i % 3 == 1 else tuple(reqs[:4])
-            xhc.Request.Startall(listed)
-            ok = xhc.Request.Waitall(listed) if i % 2 else None
-            while not ok:  # over MPI's, MPI may not have completed them
-                ok = xhc.Request.Testall(listed)
-        v.case(f"persistent Bcast #{i}", None if np.array_equal(b, want_b)
-               else first_diff(b, want_b))
-        v.case(f"persistent Allreduce #{i}", None if ok and np.array_equal(
-            recv, np_fold("SUM", ins)) else f"got {recv}")
-        v.case(f"persistent Allreduce IN_PLACE MAX #{i}", None if
-               np.array_equal(inplace, np_fold("MAX", ins)) else
-               f"got {inplace}")
-        strided[::2] = ins[rank]
-        reduced[:] = np.iinfo(dt).min  # poison: what a missed write leaves
-        reqs[4].Startall(reqs[4:])
-        reqs[4].Wait()
-        v.case(f"persistent Reduce of a strided array #{i}", None if
-               rank != 0 or np.array_equal(reduced, np_fold("SUM", ins))
-               else f"got {reduced}")
+        persistent_round(v, comm, reqs, b, i)
     # Where every rank is alone on its node, MPI completes the requests
     # (lone_requests checks them in the list calls).
     if xcomm.xhc_info.get("nodes", 1) < n:
@@ -67,14 +40,63 @@ def persistent_calls(xcomm, comm, v):
     freed_comm_errors_as_mpi(v, comm)
     read_only_errors_as_mpi4py(v, xcomm, comm)
     truncation_as_mpi4py(v, xcomm, comm)
+    copies_of_a_comm(v, xcomm)
+    agreed_mpi_errors(v, comm)
+    calls_once_free_began(v, comm)
+    freed_requests(v, xcomm, comm, reqs, b)
+
+
+def persistent_round(v, comm, reqs, b, i):
+    """Round I of persistent_calls: REQS started (one by one, or in a
+    list or tuple) on new data in B's arrays, and their results."""
+    n, rank = comm.size, comm.rank
+    dt = b.send.dtype
+    want_b = pattern(seed_of(160, i), b.bcast.nbytes)
+    b.bcast[:] = want_b if rank == n - 1 else 0
+    ins = [values(dt, "SUM", seed_of(161, i, r), 5) for r in range(n)]
+    b.send[:] = ins[rank]
+    b.inplace[:] = ins[rank]
+    if i % 3 == 0:
+        for req in reqs[:4]:
+            req.Start()
+        ok = all(req.Wait() for req in reqs[:4])
+    else:  # a list or a tuple that starts and completes in C
+        listed = reqs[:4] if i % 3 == 1 else tuple(reqs[:4])
+        xhc.Request.Startall(listed)
+        ok = xhc.Request.Waitall(listed) if i % 2 else None
+        while not ok:  # over MPI's, MPI may not have completed them
+            ok = xhc.Request.Testall(listed)
+    v.case(f"persistent Bcast #{i}", None if np.array_equal(b.bcast, want_b)
+           else first_diff(b.bcast, want_b))
+    v.case(f"persistent Allreduce #{i}", None if ok and np.array_equal(
+        b.recv, np_fold("SUM", ins)) else f"got {b.recv}")
+    v.case(f"persistent Allreduce IN_PLACE MAX #{i}", None if
+           np.array_equal(b.inplace, np_fold("MAX", ins)) else
+           f"got {b.inplace}")
+    b.strided[::2] = ins[rank]
+    b.reduced[:] = np.iinfo(dt).min  # poison: what a missed write leaves
+    reqs[4].Startall(reqs[4:])
+    reqs[4].Wait()
+    v.case(f"persistent Reduce of a strided array #{i}", None if
+           rank != 0 or np.array_equal(b.reduced, np_fold("SUM", ins))
+           else f"got {b.reduced}")
+
+
+def copies_of_a_comm(v, xcomm):
+    """copy.copy gives the xhc.Comm itself; pickling and deepcopy raise,
+    naming Dup()."""
     v.case("copy.copy of an xhc.Comm is a handle of it",
            None if copy.copy(xcomm) is xcomm else "another object")
     for how in (pickle.dumps, copy.deepcopy):
         v.case(f"{how.__name__} of an xhc.Comm says to use Dup()",
                None if "xcomm.Dup()" in str(raises_what(how, xcomm))
                else f"got {raises_what(how, xcomm)!r}")
-    agreed_mpi_errors(v, comm)
-    calls_once_free_began(v, comm)
+
+
+def freed_requests(v, xcomm, comm, reqs, b):
+    """REQS freed: they raise when started or freed again, equal
+    MPI.REQUEST_NULL and count as inactive in list calls; a request of a
+    freed xhc.Comm is false."""
     for req in reqs:
         req.Free()
     v.case("persistent request started after Free raises",
@@ -88,7 +110,7 @@ def persistent_calls(xcomm, comm, v):
            None if got == (MPI.UNDEFINED, None) else f"got {got}")
     freed_requests_let_go(v, xcomm, comm)
     other = xhc.Comm(comm)
-    req = other.Allreduce_init(send, recv)
+    req = other.Allreduce_init(b.send, b.recv)
     other.free()
     req.Free()
     v.case("a request freed after its xhc.Comm is false",
