@@ -366,3 +366,58 @@ def test_a_comm_alive_at_exit_goes_quietly(tmp_path):
     script.write_text(ALIVE_AT_EXIT)
     proc = run_mpi(3, [str(script)], timeout=90)
     assert "Exception ignored" not in proc.stderr, proc.stderr
+
+
+# Over two nodes ({0, 1} and {2, 3}): rank 3 refuses an Allreduce and
+# comes back after its node's leader, rank 2, timed out there; the other
+# node's leader waits in the leaders' step of that Allreduce.  Each rank
+# then calls three more.  Rank 3 ends the job once it has tried them all.
+OUT_OF_STEP = """
+import time
+import numpy as np
+from mpi4py import MPI
+import xhc
+c = xhc.Comm(MPI.COMM_WORLD)
+r = c.Get_rank()
+c.Barrier()
+if r == 3:
+    try:
+        c.Allreduce(np.ones(4), np.empty(4, np.float32))
+    except ValueError:
+        print("REFUSED", flush=True)
+    time.sleep(4)
+for k in (1, 2, 3):
+    d = np.zeros(4)
+    try:
+        c.Allreduce(np.full(4, 10.0 ** k), d)
+        print("GOT", r, k, d[0], flush=True)
+    except xhc.XhcError as e:
+        print("RAISED", r, k, "nodes are out of step" in str(e), flush=True)
+if r == 3:
+    MPI.COMM_WORLD.Abort(7)
+time.sleep(60)
+"""
+
+
+def test_a_node_out_of_step_raises_rather_than_pair_calls(tmp_path):
+    """A node whose leader left a leaders' step undone (xhc/nodes.py, 5a.)
+    raises on every later call: had they run, their leaders' step would
+    have paired with the other node's, which waits in the first, and
+    both nodes returned sums of two different calls as results (the
+    other node's ranks 2020 for 40).  The other node's ranks wait in
+    MPI, as after any error on one node, until the job ends."""
+    script = tmp_path / "out_of_step.py"
+    script.write_text(OUT_OF_STEP)
+    proc = run_mpi(4, [str(script)], timeout=90, check=False,
+                   env={"XHC_SPLIT_NODES": "2", "XHC_TIMEOUT": "2"})
+    lines = proc.stdout.splitlines()
+    got = [ln.split() for ln in lines if ln.startswith("GOT")]
+    assert not got, proc.stdout + proc.stderr  # no call completed
+    raised = {tuple(ln.split()[1:3]): ln.split()[3] for ln in lines
+              if ln.startswith("RAISED")}
+    # Its leader raises on each later call that the nodes are out of
+    # step; rank 3, that its leader gave these calls up.
+    assert raised == {("2", "1"): "False", ("2", "2"): "True",
+                      ("2", "3"): "True", ("3", "1"): "False",
+                      ("3", "2"): "False", ("3", "3"): "False"}, \
+        proc.stdout + proc.stderr

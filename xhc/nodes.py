@@ -28,6 +28,14 @@ lowest rank).
    before, so that one it did not take is dropped at its next Reduce.
    What the steps raise withdraws nothing more: each of the node's steps
    settled its own part.
+5a. The leaders' steps are MPI's collectives, matched in order: a leader
+   whose node's step before the leaders' failed (not refused: a refused
+   call's next is taken for it, as MPI's matching would) leaves that
+   step undone, and the other leaders may wait in it.  Had its next call
+   taken the leaders' step, that would have paired with theirs, one
+   call's data with another's.  Instead the leader is stranded: every
+   later collective of this xhc.Comm raises on it, and gives its node's
+   step up at once, so that its node's ranks raise too.
 6. Persistent requests run their steps to completion in Start(), but
    where every rank is alone on its node: there each wraps MPI's own
    among the leaders (all of the ranks), which MPI starts and completes.
@@ -49,7 +57,7 @@ from ._core import strerror
 from ._xhc import ffi, lib
 from .buffers import numpy_dtype
 from .entry import settled
-from .errors import XhcError
+from .errors import XhcError, error_text
 
 # The core's dtype codes as numpy dtypes.
 _NUMPY = tuple(numpy_dtype(code) for code in range(lib.XHC_NDTYPES))
@@ -154,6 +162,8 @@ class Nodes:
         self.count = len({index for index, _ in self.where})
         # Every rank alone on its node: the leaders are all of COMM.
         self.lone = self.count == comm.size
+        # Why this leader left a leaders' step undone (5a.), or None.
+        self.stranded = None
 
     def node_ranks(self):
         """The ranks of COMM on my node, in the node's order."""
@@ -289,11 +299,12 @@ class Nodes:
     def Barrier(self):
         if self.alone:
             return self.leaders.Barrier()
+        self._in_step("Barrier", 2)
         self._then_node(self._barrier_first)
         self.inner.Barrier()
 
     def _barrier_first(self):
-        self.inner.Barrier()
+        self._before_leaders(self.inner.Barrier)
         if self.leads:
             self.leaders.Barrier()
 
@@ -303,8 +314,9 @@ class Nodes:
     @_settling
     def Bcast(self, buf, root):
         home, local = self.where[root]
+        self._in_step("Bcast", 1)
         if self.index == home:
-            self.inner.Bcast(buf, local)
+            self._before_leaders(self.inner.Bcast, buf, local)
         if self.leads and self.index == home:
             self.leaders.Bcast(buf, home)
         elif self.leads:
@@ -320,13 +332,15 @@ class Nodes:
             return self._then_read(recvbuf, self.inner.Reduce,
                                    recvbuf if inplace else sendbuf, None, op,
                                    0)
+        self._in_step("Allreduce", 2)
         self._then_node(self._allreduce_first, sendbuf, recvbuf, op, across,
                         inplace)
         self.inner.Bcast(recvbuf, 0)
 
     def _allreduce_first(self, sendbuf, recvbuf, op, across, inplace):
-        self.inner.Reduce(MPI.IN_PLACE if inplace else sendbuf, recvbuf, op,
-                          0)
+        self._before_leaders(self.inner.Reduce,
+                             MPI.IN_PLACE if inplace else sendbuf, recvbuf,
+                             op, 0)
         self.leaders.Allreduce(MPI.IN_PLACE, _wire(recvbuf), across)
 
     @_settling
@@ -347,7 +361,10 @@ class Nodes:
         sends = gathers and not is_root
         tag = self._tag() if sends else 0
         try:
-            self.inner.Reduce(MPI.IN_PLACE if inplace else mine, part, op, 0)
+            self._in_step("Reduce", 1)
+            self._before_leaders(self.inner.Reduce,
+                                 MPI.IN_PLACE if inplace else mine, part, op,
+                                 0)
             self.leaders.Reduce(MPI.IN_PLACE if gathers else _wire(part),
                                 _wire(part) if gathers else None, across,
                                 home)
@@ -357,6 +374,32 @@ class Nodes:
             raise
         if sends:
             self.node.Send(_wire(part), dest=local, tag=tag)
+
+    def _in_step(self, name, steps):
+        """Raise, on a stranded leader (5a.), before any step of call NAME,
+        giving up the STEPS it takes on my node at once, so that my node's
+        ranks raise there too rather than time out."""
+        if self.leads and self.stranded is not None:
+            for _ in range(steps):
+                self.inner._forfeit()
+            raise XhcError(
+                f"{name}: the nodes are out of step: an earlier collective failed on "
+                "this node before its step between the nodes "
+                f"({self.stranded}), which the other nodes may wait in; "
+                "free this xhc.Comm (its calls would pair with theirs)",
+                lib.XHC_ERR_LEADER)
+
+    def _before_leaders(self, step, *args):
+        """STEP(*ARGS), my node's step before the leaders': if it raises on
+        a leader that took part (not a refused call, whose next is taken
+        for it), the leader is stranded (5a.)."""
+        try:
+            step(*args)
+        except BaseException as exc:
+            if self.leads and not self.inner._on_ctx(lib.xhc_ctx_refused,
+                                                     default=True):
+                self.stranded = self.stranded or error_text(exc)
+            raise
 
     def _then_node(self, first, *args):
         """FIRST(*ARGS), the steps before my node's last; if they raise,

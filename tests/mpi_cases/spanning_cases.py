@@ -231,45 +231,61 @@ def leaders_fail_on_their_nodes(xcomm, comm, v, parts):
     Reduce (after it ran, as an interrupt would), so none takes the
     leaders' step: its node's ranks raise at once that it failed rather
     than time out in the node's Bcast, or, a Reduce root, wait for ever
-    for the result; the next call meets on every rank.  (Not where a
-    node has one rank: it would wait in MPI for the leaders that
-    failed.)"""
+    for the result.  A leader cannot know that every other left the
+    leaders' step undone too, rather than waits in it: each is stranded
+    (xhc/nodes.py, 5a.), and the next call raises on every rank, at once,
+    rather than pair its leaders' step with an earlier call's.  On an
+    xhc.Comm of its own, which that leaves unusable.  (Not where a node
+    has one rank: it would wait in MPI for the leaders that failed.)"""
     rank, n = comm.rank, comm.size
-    leads = xcomm._nodes.leads
     if any(parts.count(p) == 1 for p in parts):
         return
     # A Reduce root that does not lead its node, if there is one.
     root = next((r for r in range(n) if r and parts[r] == parts[r - 1]), 0)
-    calls = {"Allreduce": lambda a, r: xcomm.Allreduce(a, r),
-             "Reduce": lambda a, r: xcomm.Reduce(
-                 a, r if rank == root else None, root=root)}
-    for name, call in calls.items():
-        real = xcomm._nodes.inner
-        if leads:
-            xcomm._nodes.inner = FailsAfter(real, "Reduce")
-        try:
-            call(np.full(3, rank + 1.0), np.zeros(3))
-            got = "returned"
-        except Exception as e:  # noqa: BLE001 -- the case reports it
-            got = (type(e).__name__, getattr(e, "code", None),
-                   "failed in an earlier step" in str(e))
-        finally:
-            xcomm._nodes.inner = real
-        if leads:
-            expect = ("RuntimeError", None, False)
-        elif name == "Allreduce":
-            expect = ("XhcError", lib.XHC_ERR_PEER_LEFT, True)
-        elif rank == root:
-            expect = ("XhcError", lib.XHC_ERR_LEADER, True)
-        else:
-            expect = "returned"
-        v.case(f"spanning: leaders fail in their nodes' {name} step",
-               None if got == expect else f"got {got}, want {expect}")
-        r = np.zeros(3)
-        call(np.full(3, rank + 2.0), r)
-        want = n * (n + 3) / 2 if name == "Allreduce" or rank == root else 0
-        v.case(f"spanning: the {name} after meets",
-               None if (r == want).all() else f"got {r}, want {want}")
+    for name in ("Allreduce", "Reduce"):
+        with xhc.Comm(comm) as xc:
+            leads = xc._nodes.leads
+
+            def call(a, r, xc=xc, name=name):
+                if name == "Allreduce":
+                    return xc.Allreduce(a, r)
+                return xc.Reduce(a, r if rank == root else None, root=root)
+            real = xc._nodes.inner
+            if leads:
+                xc._nodes.inner = FailsAfter(real, "Reduce")
+            got = raised_by(call, np.full(3, rank + 1.0), np.zeros(3))
+            xc._nodes.inner = real
+            # A rank that leads no node raises (or returns) alike in both.
+            if name == "Allreduce":
+                others = ("XhcError", lib.XHC_ERR_PEER_LEFT, True)
+            else:  # a non-root publishes its part and goes
+                others = ("XhcError", lib.XHC_ERR_LEADER, True) \
+                    if rank == root else "returned"
+            expect = ("RuntimeError", None, False) if leads else others
+            v.case(f"spanning: leaders fail in their nodes' {name} step",
+                   None if got == expect else f"got {got}, want {expect}")
+            exc = raises_what(call, np.full(3, rank + 2.0), np.zeros(3))
+            got = described(exc)
+            expect = ("XhcError", lib.XHC_ERR_LEADER, False) if leads \
+                else others
+            said = not leads or "the nodes are out of step" in str(exc)
+            v.case(f"spanning: the {name} after raises on every rank",
+                   None if got == expect and said else
+                   f"got {got} ({exc}), want {expect}")
+
+
+def raised_by(call, *args):
+    """described() of what CALL(*ARGS) raises."""
+    return described(raises_what(call, *args))
+
+
+def described(exc):
+    """'returned' for None, else (EXC's class name, code, whether it says
+    that a rank failed in an earlier step)."""
+    if exc is None:
+        return "returned"
+    return (type(exc).__name__, getattr(exc, "code", None),
+            "failed in an earlier step" in str(exc))
 
 
 def a_rank_fails_after_its_node_reduce(xcomm, comm, v, parts):
