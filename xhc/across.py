@@ -155,11 +155,14 @@ class Across:
                           persistent):
         """The Reduce root's receive buffer (checked_root_recv), taking
         part into scratch memory of dtype DT with a bad one (refusing it,
-        if PERSISTENT)."""
-        scratch = functools.partial(np.empty, s.count, dt)
+        if PERSISTENT).  (A partial, not a closure: see
+        Planner._root_recv.)"""
+        return checked_root_recv(s, recvbuf, inplace, None if persistent
+                                 else functools.partial(
+                                     self._across_into_scratch, s, ops,
+                                     root, dt))
 
-        def take_part():
-            self._in_core(self._nodes.reduce_call(
-                flat_of(s, dt), scratch(), ops, root, False, scratch))
-        return checked_root_recv(s, recvbuf, inplace,
-                                 None if persistent else take_part)
+    def _across_into_scratch(self, s, ops, root, dt):
+        scratch = functools.partial(np.empty, s.count, dt)
+        self._in_core(self._nodes.reduce_call(
+            flat_of(s, dt), scratch(), ops, root, False, scratch))

@@ -138,18 +138,21 @@ class Fallback:
             return
         mine = in_place(sendbuf)  # then RECVBUF holds the root's part
         part = recvbuf if mine else sendbuf
-
-        def take_part():
-            send, load, _ = for_mpi4py(part)
-            if load is not None:
-                load()
-            self._fallbacks += 1
-            self._meet_then(name, self._met(mine, functools.partial(
-                self._comm.Reduce, send, blank_like(send), op, root), None))
-        # Resolved as the plan resolved it before it fell back.
+        # Resolved as the plan resolved it before it fell back.  (A
+        # partial, not a closure: see Planner._root_recv.)
         checked_root_recv(resolved(part, "Reduce", "recvbuf" if mine
                                    else "sendbuf"), recvbuf, mine,
-                          None if name == "Reduce_init" else take_part)
+                          None if name == "Reduce_init" else
+                          functools.partial(self._fallback_into_new, name,
+                                            part, mine, op, root))
+
+    def _fallback_into_new(self, name, part, mine, op, root):
+        send, load, _ = for_mpi4py(part)
+        if load is not None:
+            load()
+        self._fallbacks += 1
+        self._meet_then(name, self._met(mine, functools.partial(
+            self._comm.Reduce, send, blank_like(send), op, root), None))
 
     def _met(self, mine, alone, together):
         """What _meet_then takes: met_then's arguments, then the int32_t[1]

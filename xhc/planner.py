@@ -2,6 +2,7 @@
 """xhc.Comm's plans (xhc/plans.py) made: a call's buffers, root and op
 checked, the core call built, and the plan kept for the next call on the
 same arrays, within a budget of the buffer bytes plans keep alive."""
+import functools
 import operator
 
 import numpy as np
@@ -200,15 +201,20 @@ class Planner:
     def _root_recv(self, s, recvbuf, op, root, inplace):
         """The root's receive buffer.  Only the root sees it, so if it is
         bad the root of a blocking Reduce still takes part, into scratch
-        memory, before it raises: the other ranks stay in step."""
-        def take_part():
-            scratch = ffi.new("char[]", max(s.nbytes, 1))
-            rc = self._in_core(_run, core_call(
-                self._ctx, lib.XHC_REDUCE, s, scratch, s.count, s.dtype,
-                OPS[id(op)], root))
-            if rc:  # then the ranks are out of step: say so
-                self._raise(rc, "Reduce")
-        return checked_root_recv(s, recvbuf, inplace, take_part)
+        memory, before it raises: the other ranks stay in step.  (A
+        partial, not a closure: a frame keeps its function, and with it a
+        closure's cells, after entry.drop_locals cleared it, and S would
+        hold the caller's buffer in the exception.)"""
+        return checked_root_recv(s, recvbuf, inplace, functools.partial(
+            self._reduce_into_scratch, s, op, root))
+
+    def _reduce_into_scratch(self, s, op, root):
+        scratch = ffi.new("char[]", max(s.nbytes, 1))
+        rc = self._in_core(_run, core_call(
+            self._ctx, lib.XHC_REDUCE, s, scratch, s.count, s.dtype,
+            OPS[id(op)], root))
+        if rc:  # then the ranks are out of step: say so
+            self._raise(rc, "Reduce")
 
     def _reducible(self, op, buf, name):
         """Can the core reduce Buffer BUF with OP in call NAME?  If not,

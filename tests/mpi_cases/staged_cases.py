@@ -29,6 +29,7 @@ def suite_staged(world, comm, v, sz, args):
         changed_after_plan(xcomm, comm, v)
         staged_reshaped(xcomm, comm, v)
         exports_released(xcomm, comm, v)
+        export_released_by_a_failed_scratch(comm, v)
         staged_exports_held(xcomm, comm, v)
         staged_steps_run_no_python(v)
         staged_types_freed_by_callers(xcomm, comm, v)
@@ -550,6 +551,31 @@ def exports_released(xcomm, comm, v):
     xcomm.Bcast(ba, root=0)
     v.check("Bcast into a bytearray that moved", ba[-4:] == b"root" and
             len(ba) == 7 + (1 << 20), f"got {bytes(ba[-4:])!r}")
+
+
+def export_released_by_a_failed_scratch(comm, v):
+    """A Reduce root whose receive buffer is bad (None) takes part into
+    scratch memory; when that call fails too (a peer folds with another
+    op), its error holds no export of the root's send buffer: a bytearray
+    can be resized in the except clause."""
+    rank, last = comm.rank, comm.size - 1
+    if comm.size < 2:
+        return
+    with xhc.Comm(comm) as xc:
+        ba = bytearray(32)
+        err = None
+        try:
+            xc.Reduce(ba, None, op=MPI.BOR if rank == last else MPI.BAND,
+                      root=last)
+            if rank == last:
+                err = "the root's Reduce raised nothing"
+        except xhc.XhcError:
+            try:
+                ba.extend(b"!")
+            except BufferError as e:
+                err = f"bytearray.extend() in the except clause raised {e}"
+        v.case("a failed Reduce into scratch lets the root's bytearray go",
+               err)
 
 
 def staged_exports_held(xcomm, comm, v):
