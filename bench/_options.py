@@ -180,7 +180,8 @@ def _option_error(opts, nranks, rank):
     """What is wrong with OPTS on NRANKS ranks, as RANK sees it, or None;
     sets opts.sizes."""
     if opts.root >= nranks:
-        return f"--root {opts.root}: only {nranks} ranks"
+        return (f"--root {opts.root}: only {nranks} ranks; give a root "
+                f"from 0 to {nranks - 1}")
     exact = _osu.EXACT_RANKS.get(opts.dtype, nranks)
     if opts.op in ("sum", "user") and nranks > exact:
         wider = {"float16": ", or use float32", "float32": ", or use float64"}

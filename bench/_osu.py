@@ -39,7 +39,9 @@ ONLY_FOR = {
     "op": (("--op",), True, ("allreduce", "reduce"), "sum"),
     "message_size": (("-m", "--message-size"), True, SIZED, None),
     "shm": (("--shm",), False, SIZED, False),
-    "arena": (("--arena",), False, SIZED, False)}
+    "arena": (("--arena",), False, SIZED, False),
+    "objects": (("--objects",), False, SIZED, False),
+    "numpy_scalar": (("--numpy-scalar",), False, SIZED, False)}
 
 
 def options_for(command, words):
@@ -94,9 +96,11 @@ def message_sizes(spec, default_min, least="", default_max=1 << 20):
         hi = parse_bytes(head)
     if lo > hi and not (sep and head):
         raise ValueError(f"-m {spec}: {hi} bytes is less than the least "
-                         f"size, {lo} ({least or 'the default minimum'})")
+                         f"size, {lo} ({least or 'the default minimum'}); "
+                         f"give a maximum of {lo} or more")
     if lo > hi:
-        raise ValueError(f"-m {spec}: minimum {lo} exceeds maximum {hi}")
+        raise ValueError(f"-m {spec}: minimum {lo} exceeds maximum {hi}; "
+                         "give MIN:MAX with MIN at most MAX")
     sizes = []
     while lo <= hi:
         sizes.append(lo)

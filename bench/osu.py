@@ -8,7 +8,8 @@ Run from the project root:
     mpiexec -n 2 python -m mpi4py bench/osu.py barrier --json barrier.json
 
 Commands: bcast, allreduce, reduce, barrier.  OSU options: ``-m [MIN:]MAX``
-(bytes, K/M suffixes; default 1:1M for bcast, 8:1M for reductions),
+(bytes, K/M suffixes; default 1:1M for bcast, one element:1M for
+reductions),
 ``-i ITER`` and ``-x WARMUP`` at every size, as in OSU (by default, OSU's
 1000 and 100 up to 8 KiB, 100 and 10 above).  ``-f`` adds
 Min/Max/Iterations, ``-c`` validates every call's result (Barrier: untimed
@@ -449,8 +450,11 @@ def header_lines(run):
     mode = "" if len(run.impls) == 1 else (
         f", interleaved in {order}{order[::-1]} blocks" if o.blocks > 1
         else f", one block each, in the order {order}")
-    bufs = (f"; buffers: xhc's {_buffers(o, 'xhc')}, MPI's private "
-            "(np.empty)") if o.shm or o.arena else ""
+    others = " and ".join(f"{im.label}'s" for im in run.impls
+                          if im.key != "xhc")
+    others = f", {others} private (np.empty)" if others else ""
+    bufs = f"; buffers: xhc's {_buffers(o, 'xhc')}{others}" \
+        if o.shm or o.arena else ""
     what = {"bcast": f"Datatype: uint8, root: {o.root}",
             "barrier": "Datatype: none"}.get(
                 o.command, f"Datatype: {o.dtype}, op: {o.op.upper()}"

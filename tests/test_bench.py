@@ -363,13 +363,18 @@ def test_osu_objects_numpy_scalar(tmp_path):
     assert doc["xhc_stats"]["fallback"] == 0
 
 
-@pytest.mark.parametrize("args", [["barrier"], ["allreduce", "--op", "max"],
-                                  ["bcast", "--persistent"]])
-def test_osu_objects_refused(args):
+@pytest.mark.parametrize("args, said", [
+    (["barrier"], "--objects does not apply to barrier: only to bcast, "
+                  "allreduce, reduce"),
+    (["allreduce", "--op", "max"], "--objects times bcast, allreduce and "
+                                   "reduce"),
+    (["bcast", "--persistent"], "--objects times bcast, allreduce and "
+                                "reduce")])
+def test_osu_objects_refused(args, said):
     proc = run_mpi(2, ["-m", "bench.osu", *args, "--objects"], check=False,
                    timeout=90)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "--objects times bcast, allreduce and reduce" in proc.stderr
+    assert said in proc.stderr
 
 
 @pytest.mark.parametrize("op", ["allreduce", "reduce"])
@@ -526,7 +531,8 @@ def test_alone_prints_help_and_errors_without_mpi(program, args, status,
 
 @pytest.mark.parametrize("args, status, text", [
     (["--help"], 0, "usage: bench.osu"),
-    (["bcast", "--root", "5"], 2, "--root 5: only 3 ranks"),
+    (["bcast", "--root", "5"], 2, "--root 5: only 3 ranks; give a root "
+                                  "from 0 to 2"),
     (["bcast", "--json", "/nonexistent/x.json"], 2, "cannot write there")])
 def test_osu_under_mpiexec_says_it_once(args, status, text):
     """Under mpiexec, help and errors come from rank 0 alone, and every
@@ -569,11 +575,12 @@ def test_osu_peer_refuses_another_mpi(monkeypatch):
      r".* GiB \(buffers and patterns of 1099511627776-byte messages on "
      r"each\), .*: lower the largest size$"),
     ("allreduce", "4", "float64", r"^-m 4: 4 bytes is less than the least "
-     r"size, 8 \(one float64 element\)$"),
+     r"size, 8 \(one float64 element\); give a maximum of 8 or more$"),
     ("allreduce", "4:16", "float64", "-m 4:16: 4 bytes is not a whole "
      "number of float64 elements"),
     ("reduce", "3:5", "float64", "-m 3:5: 3 bytes is not a whole number"),
-    ("allreduce", "64KiB:32K", "float64", "minimum 65536 exceeds maximum"),
+    ("allreduce", "64KiB:32K", "float64", "minimum 65536 exceeds maximum "
+     "32768; give MIN:MAX with MIN at most MAX$"),
     ("bcast", "0", "float64", r"^bad message size '0': give a byte count of "
      r"1 or more, with an optional K, M or G suffix, such as 64K$"),
 ])
@@ -693,14 +700,15 @@ def test_osu_output_files_checked_up_front(tmp_path, flag):
 
 def test_one_option_list_goes_to_every_command():
     """python -m bench --extra passes each command the options it takes:
-    no sizes, root, dtype, op or --shm to a barrier, no dtype or op to a
-    Bcast, no root to an Allreduce, whichever way they are spelt."""
+    no sizes, root, dtype, op, --shm or --objects to a barrier, no dtype
+    or op to a Bcast, no root to an Allreduce, whichever way they are
+    spelt."""
     words = "-m 8:64K -i 20 --dtype int32 --root=1 -m4 --shm --op max " \
-            "--message-size=16 -f".split()
+            "--message-size=16 -f --objects --numpy-scalar".split()
     assert _osu.options_for("barrier", words) == ["-i", "20", "-f"]
     assert _osu.options_for("bcast", words) == [
         "-m", "8:64K", "-i", "20", "--root=1", "-m4", "--shm",
-        "--message-size=16", "-f"]
+        "--message-size=16", "-f", "--objects", "--numpy-scalar"]
     assert _osu.options_for("allreduce", words) == [
         w for w in words if w != "--root=1"]
     assert _osu.options_for("reduce", words) == words
