@@ -331,6 +331,16 @@ def test_an_unbuilt_source_tree_names_the_fix(tmp_path):
     assert last.startswith("ImportError: xhc's C core is not built in "
                            f"{tmp_path / 'xhc'}"), proc.stderr
     assert "pip install -e ." in last, last
+    # With site hooks, an editable install of another copy (as the tests
+    # run from) maps xhc's submodules to its own: its core is refused.
+    proc = subprocess.run([sys.executable, "-c",
+                           "import xhc; xhc.shared_arrays"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=""))
+    last = proc.stderr.strip().splitlines()[-1] if proc.stderr else ""
+    assert proc.returncode != 0 and last.startswith(
+        f"ImportError: xhc's C core is not built in {tmp_path / 'xhc'}"), \
+        proc.stderr
     assert run("-m", "xhc", "--help").returncode == 0
     proc = run("-m", "xhc", "info", "--ranks", "3", "--hierarchy", "flat")
     assert proc.returncode == 0 and "{0-2}" in proc.stdout, proc.stderr

@@ -29,15 +29,36 @@ def _built(module):
     modules that need no core (topology, hierarchy, config) still load,
     and with them python -m xhc --help and info --ranks."""
     try:
-        return _import_module(f"{__name__}.{module}")
+        found = _import_module(f"{__name__}.{module}")
     except ModuleNotFoundError as e:
         if e.name not in (f"{__name__}._xhc", f"{__name__}._hot"):
             raise
-        raise ImportError(
-            f"xhc's C core is not built in {__path__[0]}: build it there "
-            "with pip install -e . (from the directory above it), or, to "
-            "use an installed xhc, run from a directory that has no xhc/ "
-            "in it") from e
+        raise _unbuilt("") from e
+    _own_core()
+    return found
+
+
+def _unbuilt(elsewhere):
+    return ImportError(
+        f"xhc's C core is not built in {__path__[0]}{elsewhere}: build it "
+        "there with pip install -e . (from the directory above it), or, to "
+        "use an installed xhc, run from a directory that has no xhc/ in it")
+
+
+def _own_core():
+    """Raise unless the compiled modules loaded are this package's own: an
+    editable install of another copy of xhc supplies its core to an
+    unbuilt one (its finder maps xhc's submodules), and its C would run
+    under this copy's Python."""
+    import os
+    import sys
+    here = os.path.realpath(__path__[0])
+    for name in ("_xhc", "_hot"):
+        path = getattr(sys.modules.get(f"{__name__}.{name}"), "__file__",
+                       None)
+        where = path and os.path.dirname(os.path.realpath(path))
+        if where and where != here:
+            raise _unbuilt(f" (Python found another copy's, in {where})")
 
 
 def __getattr__(name):
