@@ -162,13 +162,13 @@ def main(argv=None):
         if world.rank == 0:
             print(f"round {rnd}: " + " | ".join(
                 f"{k} {us[k]:.2f}" for k in IMPLS)
-                + f" | xhc/mpi {us['xhc'] / us['mpi']:.2f}", flush=True)
+                + f" | xhc/mpi {us['xhc'] / us['mpi']:.3g}", flush=True)
     if world.rank == 0:
         med = {k: np.median([r[k] for r in rows]) for k in IMPLS}
         ratio = np.median([r["xhc"] / r["mpi"] for r in rows])
         print("# median µs a step: " + "  ".join(
             f"{k} {med[k]:.2f}" for k in IMPLS)
-            + f"; median of the rounds' xhc/mpi ratios {ratio:.2f}")
+            + f"; median of the rounds' xhc/mpi ratios {ratio:.3g}")
     for k in ("xhc", "mpi"):
         ways[k].free()
     xcomm.free()
