@@ -145,7 +145,6 @@ def suite_mixed(xcomm, comm, v, sz, args):
                             (shared, shared_in) if zero_copy else None)
 
 
-
 def mixed_bcast(xcomm, v, i, nbytes, root, case, shared):
     """Op I of suite_mixed: a Bcast of NBYTES from ROOT, in SHARED (an
     array of xcomm.empty) if given."""
@@ -195,6 +194,7 @@ def mixed_reduction(xcomm, comm, v, step, data, shared):
     xcomm.Reduce(sendbuf, recv, op=mpi_op(op), root=root)
     v.case(desc, compare(recv, np_fold(op, inputs_for(dt, op, count, case,
                                                       n)), op, dt))
+
 
 # -- sub-communicators, lifetime, passthrough ---------------------------------
 

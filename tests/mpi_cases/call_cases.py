@@ -548,7 +548,6 @@ def signal_while_waiting(xcomm, comm, v, road, does):
                else f"got {extra}, want {want}, ran {state['ran']}")
 
 
-
 class Planned(np.ndarray):
     """An ndarray subclass: xhc.Comm plans its calls in Python (only exact
     ndarrays go straight to the core), so it exercises the plans."""
