@@ -254,13 +254,14 @@ class Run:
 def main(argv=None):
     """Run; return the exit status, after finalizing MPI if it failed (on
     every rank alike), so that python -m mpi4py does not abort."""
-    o = options.build_parser().parse_args(argv)
+    parser = options.build_parser()
+    o = parser.parse_args(argv)
     raw = _mpi.world()  # None in a process run alone: MPI starts later
     try:
         o = options.complete(o, raw.size if raw else 1)
     except options.OptionError as e:
-        if raw is None or raw.rank == 0:
-            print(f"bench.miniamr: error: {e}", file=sys.stderr)
+        if raw is None or raw.rank == 0:  # named as argparse names it
+            print(f"{parser.prog}: error: {e}", file=sys.stderr)
         code = 2
     else:
         run = Run(o, raw or _mpi.start())
