@@ -571,6 +571,9 @@ static PyMethodDef module_methods[] = {
     {"run_staged", (PyCFunction)(void (*)(void))hot_run_staged, METH_FASTCALL,
      "Fill the staged copies, run the call, write back: no bytecode\n"
      "between, so a signal handler runs once the result is whole."},
+    {"entered_then", (PyCFunction)(void (*)(void))hot_entered_then,
+     METH_FASTCALL,
+     "Clear a flag's byte, then call fn(*args): no bytecode between."},
     {"met_then", (PyCFunction)(void (*)(void))hot_met_then, METH_FASTCALL,
      "Meet in the core, then make mpi4py's call: no bytecode between."},
     {NULL, NULL, 0, NULL},

@@ -111,12 +111,15 @@ PyObject *hot_raised(hot_aside_fn aside, void *arg);
 PyObject *hot_failed(HotComm *h, const char *name, int rc, PyObject **argv,
                      int nargv);
 
-/* xhc/_hot_steps.c: the module's run_staged(run, loads, stores) and
- * met_then(agree, ctx, agreed, topic, mine, alone, together). */
+/* xhc/_hot_steps.c: the module's run_staged(run, loads, stores),
+ * met_then(agree, ctx, agreed, topic, mine, alone, together) and
+ * entered_then(flag, fn, *args). */
 PyObject *hot_run_staged(PyObject *mod, PyObject *const *args,
                          Py_ssize_t nargs);
 PyObject *hot_met_then(PyObject *mod, PyObject *const *args,
                        Py_ssize_t nargs);
+PyObject *hot_entered_then(PyObject *mod, PyObject *const *args,
+                           Py_ssize_t nargs);
 
 /* xhc/_hot_plan.c: the plan for ARGV (KIND's arguments, the root's at
  * ROOT_AT or none if -1) that fits them exactly, a new reference, with

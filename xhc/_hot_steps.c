@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* _hot_steps.c: steps that must follow each other with no bytecode in
  * between (xhc/_hot.c, 10.): a staged call's copies in, core call and
- * copies back (run_staged), and the meeting in the core before a call
- * that goes to mpi4py, then that call (met_then).  A signal handler then
- * runs once the steps are over, never between them. */
+ * copies back (run_staged); the meeting in the core before a call that
+ * goes to mpi4py, then that call (met_then); and a leader's mark that it
+ * entered the MPI step between the nodes, then that step (entered_then,
+ * xhc/nodes.py 5a.).  A signal handler then runs once the steps are
+ * over, never between them. */
 #include "_hot.h" /* Python.h first */
 
 /* Call each of the tuple FNS with no arguments: 0, or -1 as one raised. */
@@ -102,4 +104,21 @@ PyObject *hot_met_then(PyObject *mod, PyObject *const *args,
     if (!res)
         return NULL;
     return Py_BuildValue("iN", 0, res);
+}
+
+/* entered_then(flag, fn, *args): FLAG's first byte (a bytearray's) set to
+ * 0, then fn(*args), FN's result.  A signal handler's exception cannot
+ * come between: FLAG still set means FN was never called. */
+PyObject *hot_entered_then(PyObject *mod, PyObject *const *args,
+                           Py_ssize_t nargs)
+{
+    (void)mod;
+    if (nargs < 2 || !PyByteArray_Check(args[0])
+        || PyByteArray_GET_SIZE(args[0]) < 1) {
+        PyErr_SetString(PyExc_TypeError,
+                        "entered_then(flag, fn, *args): flag a bytearray");
+        return NULL;
+    }
+    PyByteArray_AS_STRING(args[0])[0] = 0;
+    return PyObject_Vectorcall(args[1], args + 2, (size_t)(nargs - 2), NULL);
 }

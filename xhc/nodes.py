@@ -34,8 +34,11 @@ lowest rank).
    step undone, and the other leaders may wait in it.  Had its next call
    taken the leaders' step, that would have paired with theirs, one
    call's data with another's.  Instead the leader is stranded: every
-   later collective of this xhc.Comm raises on it, and gives its node's
-   step up at once, so that its node's ranks raise too.
+   later collective of this xhc.Comm that takes these steps raises on
+   it, and gives its node's steps up at once, so that its node's ranks
+   raise too.  So is a leader that raised (a signal handler, say)
+   between its node's step and the leaders': from its node's step until
+   it entered the leaders' (entered_then, in C) it owes that step.
 6. Persistent requests run their steps to completion in Start(), but
    where every rank is alone on its node: there each wraps MPI's own
    among the leaders (all of the ranks), which MPI starts and completes.
@@ -54,6 +57,7 @@ from mpi4py import MPI
 
 from . import exchange
 from ._core import strerror
+from ._hot import entered_then
 from ._xhc import ffi, lib
 from .buffers import numpy_dtype
 from .entry import settled
@@ -162,8 +166,11 @@ class Nodes:
         self.count = len({index for index, _ in self.where})
         # Every rank alone on its node: the leaders are all of COMM.
         self.lone = self.count == comm.size
-        # Why this leader left a leaders' step undone (5a.), or None.
+        # Why this leader left a leaders' step undone (5a.), or None; and
+        # 1 from its node's step until it entered the leaders' (in C,
+        # entered_then): still 1 at its next call, it did not.
         self.stranded = None
+        self.owing = bytearray(1)
 
     def node_ranks(self):
         """The ranks of COMM on my node, in the node's order."""
@@ -306,7 +313,7 @@ class Nodes:
     def _barrier_first(self):
         self._before_leaders(self.inner.Barrier)
         if self.leads:
-            self.leaders.Barrier()
+            entered_then(self.owing, self.leaders.Barrier)
 
     # The steps of a rank that shares its node (a rank alone takes the
     # *_call methods' shortcuts).
@@ -318,7 +325,7 @@ class Nodes:
         if self.index == home:
             self._before_leaders(self.inner.Bcast, buf, local)
         if self.leads and self.index == home:
-            self.leaders.Bcast(buf, home)
+            entered_then(self.owing, self.leaders.Bcast, buf, home)
         elif self.leads:
             self._then_node(self.leaders.Bcast, buf, home)
         if self.index != home:
@@ -341,7 +348,8 @@ class Nodes:
         self._before_leaders(self.inner.Reduce,
                              MPI.IN_PLACE if inplace else sendbuf, recvbuf,
                              op, 0)
-        self.leaders.Allreduce(MPI.IN_PLACE, _wire(recvbuf), across)
+        entered_then(self.owing, self.leaders.Allreduce, MPI.IN_PLACE,
+                     _wire(recvbuf), across)
 
     @_settling
     def Reduce(self, sendbuf, recvbuf, ops, root, inplace, scratch):
@@ -365,9 +373,9 @@ class Nodes:
             self._before_leaders(self.inner.Reduce,
                                  MPI.IN_PLACE if inplace else mine, part, op,
                                  0)
-            self.leaders.Reduce(MPI.IN_PLACE if gathers else _wire(part),
-                                _wire(part) if gathers else None, across,
-                                home)
+            entered_then(self.owing, self.leaders.Reduce,
+                         MPI.IN_PLACE if gathers else _wire(part),
+                         _wire(part) if gathers else None, across, home)
         except BaseException:
             if sends:  # the root waits for the result: it gets this
                 self.node.Send([None, MPI.BYTE], dest=local, tag=tag + 1)
@@ -378,7 +386,12 @@ class Nodes:
     def _in_step(self, name, steps):
         """Raise, on a stranded leader (5a.), before any step of call NAME,
         giving up the STEPS it takes on my node at once, so that my node's
-        ranks raise there too rather than time out."""
+        ranks raise there too rather than time out.  It is stranded too if
+        an earlier call raised between its node's step and the leaders'
+        (OWING still set: a signal handler's exception, say)."""
+        if self.leads and self.stranded is None and self.owing[0]:
+            self.stranded = ("an exception came between its step on this "
+                             "node and the step between the nodes")
         if self.leads and self.stranded is not None:
             for _ in range(steps):
                 self.inner._forfeit()
@@ -390,14 +403,20 @@ class Nodes:
                 lib.XHC_ERR_LEADER)
 
     def _before_leaders(self, step, *args):
-        """STEP(*ARGS), my node's step before the leaders': if it raises on
-        a leader that took part (not a refused call, whose next is taken
-        for it), the leader is stranded (5a.)."""
+        """STEP(*ARGS), my node's step before the leaders', which a leader
+        owes from here: if it raises on a leader that took part (not a
+        refused call, whose next is taken for it), the leader is stranded
+        (5a.)."""
+        if self.leads:
+            self.owing[0] = 1
         try:
             step(*args)
         except BaseException as exc:
-            if self.leads and not self.inner._on_ctx(lib.xhc_ctx_refused,
-                                                     default=True):
+            if not self.leads:
+                raise
+            if self.inner._on_ctx(lib.xhc_ctx_refused, default=False):
+                self.owing[0] = 0
+            else:
                 self.stranded = self.stranded or error_text(exc)
             raise
 

@@ -3,6 +3,7 @@
 (XHC_SPLIT_NODES), with MPI between the nodes' leaders: results, lone
 ranks' requests (lone_cases.py), failures on one node, and differences
 between nodes."""
+import contextlib
 import gc
 import os
 import time
@@ -10,6 +11,7 @@ import weakref
 
 import numpy as np
 from mpi4py import MPI
+from xhc import nodes as nodes_module
 from xhc._xhc import lib
 
 import xhc
@@ -228,50 +230,81 @@ def root_step_raises_as_its_leader_fails(xcomm, comm, v, root):
 
 def leaders_fail_on_their_nodes(xcomm, comm, v, parts):
     """Every leader fails in its node's first step of an Allreduce or a
-    Reduce (after it ran, as an interrupt would), so none takes the
-    leaders' step: its node's ranks raise at once that it failed rather
-    than time out in the node's Bcast, or, a Reduce root, wait for ever
-    for the result.  A leader cannot know that every other left the
-    leaders' step undone too, rather than waits in it: each is stranded
-    (xhc/nodes.py, 5a.), and the next call raises on every rank, at once,
-    rather than pair its leaders' step with an earlier call's.  On an
-    xhc.Comm of its own, which that leaves unusable.  (Not where a node
-    has one rank: it would wait in MPI for the leaders that failed.)"""
-    rank, n = comm.rank, comm.size
+    Reduce (after it ran, as an interrupt would), or just after it,
+    before the leaders' step (where a signal handler's exception may
+    land), so none takes the leaders' step: its node's ranks raise at
+    once that it failed rather than time out in the node's Bcast, or, a
+    Reduce root, wait for ever for the result.  A leader cannot know that
+    every other left the leaders' step undone too, rather than waits in
+    it: each is stranded (xhc/nodes.py, 5a.), and the next call raises on
+    every rank, at once, rather than pair its leaders' step with an
+    earlier call's.  On an xhc.Comm of its own, which that leaves
+    unusable.  (Not where a node has one rank: it would wait in MPI for
+    the leaders that failed.)"""
+    n = comm.size
     if any(parts.count(p) == 1 for p in parts):
         return
     # A Reduce root that does not lead its node, if there is one.
     root = next((r for r in range(n) if r and parts[r] == parts[r - 1]), 0)
     for name in ("Allreduce", "Reduce"):
-        with xhc.Comm(comm) as xc:
-            leads = xc._nodes.leads
+        for where in ("in", "after"):
+            leaders_fail_once(comm, v, name, where, root)
 
-            def call(a, r, xc=xc, name=name):
-                if name == "Allreduce":
-                    return xc.Allreduce(a, r)
-                return xc.Reduce(a, r if rank == root else None, root=root)
-            real = xc._nodes.inner
-            if leads:
-                xc._nodes.inner = FailsAfter(real, "Reduce")
-            got = raised_by(call, np.full(3, rank + 1.0), np.zeros(3))
-            xc._nodes.inner = real
-            # A rank that leads no node raises (or returns) alike in both.
+
+def leaders_fail_once(comm, v, name, where, root):
+    """leaders_fail_on_their_nodes for call NAME, each leader failing in
+    its node's step or after it (WHERE), on a new xhc.Comm."""
+    rank = comm.rank
+    with xhc.Comm(comm) as xc:
+        leads = xc._nodes.leads
+
+        def call(a, r):
             if name == "Allreduce":
-                others = ("XhcError", lib.XHC_ERR_PEER_LEFT, True)
-            else:  # a non-root publishes its part and goes
-                others = ("XhcError", lib.XHC_ERR_LEADER, True) \
-                    if rank == root else "returned"
-            expect = ("RuntimeError", None, False) if leads else others
-            v.case(f"spanning: leaders fail in their nodes' {name} step",
-                   None if got == expect else f"got {got}, want {expect}")
-            exc = raises_what(call, np.full(3, rank + 2.0), np.zeros(3))
-            got = described(exc)
-            expect = ("XhcError", lib.XHC_ERR_LEADER, False) if leads \
-                else others
-            said = not leads or "the nodes are out of step" in str(exc)
-            v.case(f"spanning: the {name} after raises on every rank",
-                   None if got == expect and said else
-                   f"got {got} ({exc}), want {expect}")
+                return xc.Allreduce(a, r)
+            return xc.Reduce(a, r if rank == root else None, root=root)
+        with failing_leader(xc, where):
+            got = raised_by(call, np.full(3, rank + 1.0), np.zeros(3))
+        # A rank that leads no node raises (or returns) alike in both.
+        if name == "Allreduce":
+            others = ("XhcError", lib.XHC_ERR_PEER_LEFT, True)
+        else:  # a non-root publishes its part and goes
+            others = ("XhcError", lib.XHC_ERR_LEADER, True) \
+                if rank == root else "returned"
+        expect = ("RuntimeError", None, False) if leads else others
+        tag = f"spanning: leaders fail {where} their nodes' {name} step"
+        v.case(tag, None if got == expect else f"got {got}, want {expect}")
+        exc = raises_what(call, np.full(3, rank + 2.0), np.zeros(3))
+        got = described(exc)
+        expect = ("XhcError", lib.XHC_ERR_LEADER, False) if leads \
+            else others
+        said = not leads or "the nodes are out of step" in str(exc)
+        v.case(f"{tag}: the call after raises on every rank",
+               None if got == expect and said else
+               f"got {got} ({exc}), want {expect}")
+
+
+@contextlib.contextmanager
+def failing_leader(xc, where):
+    """On a leader of XC, its node's Reduce step raises once it ran
+    (WHERE "in"), or the first step after it, which readies the leaders'
+    buffers (WHERE "after": xhc/nodes.py's _wire, as a signal handler's
+    exception may come there)."""
+    nodes = xc._nodes
+    if not nodes.leads:
+        yield
+        return
+    real_inner, real_wire = nodes.inner, nodes_module._wire
+    if where == "in":
+        nodes.inner = FailsAfter(real_inner, "Reduce")
+    else:
+        def wire(arr):
+            nodes_module._wire = real_wire
+            raise RuntimeError("between the node's step and the leaders'")
+        nodes_module._wire = wire
+    try:
+        yield
+    finally:
+        nodes.inner, nodes_module._wire = real_inner, real_wire
 
 
 def raised_by(call, *args):
@@ -728,7 +761,9 @@ def raised_in_kept_runs(xcomm, comm, v):
             pass  # after a refusal, nothing (xhc_ctx_forfeit)
 
         def _on_ctx(self, fn, default=None):
-            return default  # as once freed: no step to take part in
+            # It refused (withdrew); else as once freed: no step to
+            # take part in.
+            return 1 if fn == lib.xhc_ctx_refused else default
 
     nodes.leaders = leaders = Leaders()
     try:
