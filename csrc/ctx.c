@@ -302,6 +302,11 @@ void xhc_ctx_skip(xhc_ctx_t *ctx, uint64_t skipped)
 
 void xhc_ctx_forfeit(xhc_ctx_t *ctx)
 {
+    xhc_ctx_forfeit_as(ctx, XHC_ERR_LEADER);
+}
+
+void xhc_ctx_forfeit_as(xhc_ctx_t *ctx, int err)
+{
     uint64_t seq;
     /* After a refused call, the collective my peers are in is the one I
      * refused: they take my next call for it, as after any refusal. */
@@ -310,7 +315,7 @@ void xhc_ctx_forfeit(xhc_ctx_t *ctx)
     /* Begun as a collective begins: if peers gave up on it without me
      * (I was away), that already failed it, and their cause stands. */
     if (xhc_begin(ctx, &seq) == 0)
-        xhc_fail(ctx, ctx->rank, XHC_ERR_LEADER);
+        xhc_fail(ctx, ctx->rank, err);
     xhc_ctx_give_up(ctx, 1, 0);
 }
 

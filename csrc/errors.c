@@ -43,6 +43,11 @@ const char *xhc_strerror(int code)
                "earlier call the ranks disagreed on (different roots, or "
                "different collectives or sizes that went undetected): free "
                "this xhc.Comm on every rank and make another";
+    case XHC_ERR_ASTRAY:
+        return "the nodes are out of step: an earlier collective failed on "
+               "this node before its step between the nodes, which the "
+               "other nodes may wait in; free this xhc.Comm (its calls "
+               "would pair with theirs)";
     case XHC_ERR_LEADER:
         return "it failed in an earlier step of this collective over "
                "several nodes, on its node or between the nodes: its own "

@@ -72,6 +72,11 @@ typedef struct xhc_ctx xhc_ctx_t;
                                    memory (it made itself non-dumpable,
                                    or changed credentials, since the
                                    context was set up) */
+#define XHC_ERR_ASTRAY    -5017 /* this rank's node is out of step with
+                                   the other nodes: an earlier collective
+                                   over several nodes failed on it before
+                                   the step between the nodes (the front
+                                   end's; xhc_ctx_forfeit_as) */
 
 #define XHC_INLINE_MAX 112      /* bytes carried inside a flag's line */
 #define XHC_ROUND_MIN 16384     /* smallest Bcast round with bcast_rounds */
@@ -264,6 +269,9 @@ void xhc_ctx_withdraw(xhc_ctx_t *ctx);
  * count on every rank, and this rank cannot count them, so its next
  * large collective would fail XHC_ERR_ASKEW. */
 void xhc_ctx_forfeit(xhc_ctx_t *ctx);
+/* xhc_ctx_forfeit with ERR, not XHC_ERR_LEADER, as the first error its
+ * peers are told of. */
+void xhc_ctx_forfeit_as(xhc_ctx_t *ctx, int err);
 /* 1 if this rank ran its last collective to its end, and refused no
  * call since (withdrew); 0 if it gave that collective up, or refused a
  * call since (its peers take its next call for the refused one). */

@@ -263,6 +263,23 @@ def test_a_rank_back_from_away_does_not_enter_what_peers_gave_up(
             lib.xhc_ctx_close(ctxs[1])
 
 
+def test_a_forfeit_names_the_cause_it_is_given():
+    """xhc_ctx_forfeit_as: a peer waiting on the collective rank 1 gave up
+    is told ERR as its first error (a node out of step, xhc/nodes.py
+    5a.), about rank 1; the next collective meets."""
+    cfg = make_config(timeout=5)
+    who = ffi.new("int *")
+    with Segment(2, cfg) as seg, \
+            _ranks(seg, 2, cfg, _flat_in_this_process(2)) as ctxs:
+        lib.xhc_ctx_forfeit_as(ctxs[1], lib.XHC_ERR_ASTRAY)
+        assert lib.xhc_barrier(ctxs[0]) == lib.XHC_ERR_PEER_LEFT
+        assert lib.xhc_failed_cause(ctxs[0], who) == lib.XHC_ERR_ASTRAY
+        assert who[0] == 1
+        got = _all_at_once({r: lambda r=r: lib.xhc_barrier(ctxs[r])
+                            for r in (0, 1)})
+        assert got == {0: 0, 1: 0}, got
+
+
 def test_a_rank_back_from_away_names_why_each_collective_was_given_up():
     """Rank 2 refused a call and stays away.  Ranks 0 and 1 time out on it
     in a Barrier; in the next Barrier rank 1 forfeits (its step between

@@ -402,7 +402,7 @@ for k in (1, 2, 3):
         c.Allreduce(np.full(4, 10.0 ** k), d)
         print("GOT", r, k, d[0], flush=True)
     except xhc.XhcError as e:
-        print("RAISED", r, k, "nodes are out of step" in str(e), flush=True)
+        print("RAISED", r, k, "out of step" in str(e), flush=True)
 if r == 3:
     MPI.COMM_WORLD.Abort(7)
 time.sleep(60)
@@ -426,8 +426,8 @@ def test_a_node_out_of_step_raises_rather_than_pair_calls(tmp_path):
     raised = {tuple(ln.split()[1:3]): ln.split()[3] for ln in lines
               if ln.startswith("RAISED")}
     # Its leader raises on each later call that the nodes are out of
-    # step; rank 3, that its leader gave these calls up.
+    # step; rank 3, that its leader gave these calls up for that.
     assert raised == {("2", "1"): "False", ("2", "2"): "True",
                       ("2", "3"): "True", ("3", "1"): "False",
-                      ("3", "2"): "False", ("3", "3"): "False"}, \
+                      ("3", "2"): "True", ("3", "3"): "True"}, \
         proc.stdout + proc.stderr

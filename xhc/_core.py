@@ -85,6 +85,10 @@ _AS_TOLD = {
     lib.XHC_ERR_REFUSED: "the kernel refused a read of the memory of {}",
     lib.XHC_ERR_LEADER: "{} failed in an earlier step of this collective "
                         "over several nodes: its own error says why",
+    lib.XHC_ERR_ASTRAY: "{}, this node's leader, found the nodes out of "
+                        "step: an earlier collective failed on this node "
+                        "before its step between the nodes, which the "
+                        "other nodes may wait in; free this xhc.Comm",
     lib.XHC_ERR_ADDRESS_SPACE: "the rank that gave up first had no address "
                                "space left to map an array of {} from "
                                "xhc.shared_arrays() (a ulimit -v, or "

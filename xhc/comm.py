@@ -225,11 +225,12 @@ class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
         if self._nodes is not None:  # its node's peers, then
             self._nodes.inner._withdraw()
 
-    def _forfeit(self):
+    def _forfeit(self, err=0):
         """This rank gives up its next collective without running it
         (xhc_ctx_forfeit): its peers there raise at once.  For a node's
-        xhc.Comm, whose rank failed in an earlier step (xhc/nodes.py)."""
-        self._on_ctx(lib.xhc_ctx_forfeit)
+        xhc.Comm, whose rank failed in an earlier step (xhc/nodes.py); ERR:
+        the first error they are told of, if not XHC_ERR_LEADER."""
+        self._on_ctx(lib.xhc_ctx_forfeit_as, err or lib.XHC_ERR_LEADER)
 
     def _raise(self, rc, what):
         """Raise for core error RC, which a collective returned: this rank

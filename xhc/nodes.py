@@ -393,14 +393,11 @@ class Nodes:
             self.stranded = ("an exception came between its step on this "
                              "node and the step between the nodes")
         if self.leads and self.stranded is not None:
-            for _ in range(steps):
-                self.inner._forfeit()
-            raise XhcError(
-                f"{name}: the nodes are out of step: an earlier collective failed on "
-                "this node before its step between the nodes "
-                f"({self.stranded}), which the other nodes may wait in; "
-                "free this xhc.Comm (its calls would pair with theirs)",
-                lib.XHC_ERR_LEADER)
+            for _ in range(steps):  # told to its peers as the cause
+                self.inner._forfeit(lib.XHC_ERR_ASTRAY)
+            raise XhcError(f"{name}: {strerror(lib.XHC_ERR_ASTRAY)} (that "
+                           f"collective: {self.stranded})",
+                           lib.XHC_ERR_ASTRAY)
 
     def _before_leaders(self, step, *args):
         """STEP(*ARGS), my node's step before the leaders', which a leader

@@ -275,9 +275,15 @@ def leaders_fail_once(comm, v, name, where, root):
         v.case(tag, None if got == expect else f"got {got}, want {expect}")
         exc = raises_what(call, np.full(3, rank + 2.0), np.zeros(3))
         got = described(exc)
-        expect = ("XhcError", lib.XHC_ERR_LEADER, False) if leads \
-            else others
-        said = not leads or "the nodes are out of step" in str(exc)
+        if leads:
+            expect = ("XhcError", lib.XHC_ERR_ASTRAY, False)
+        elif name == "Allreduce":  # told why its leader gave it up
+            expect = ("XhcError", lib.XHC_ERR_PEER_LEFT, False)
+        else:
+            expect = others
+        said = "returned" in (got, expect) or rank == root or \
+            "nodes out of step" in str(exc) or \
+            "nodes are out of step" in str(exc)
         v.case(f"{tag}: the call after raises on every rank",
                None if got == expect and said else
                f"got {got} ({exc}), want {expect}")
