@@ -381,7 +381,8 @@ def test_a_comm_alive_at_exit_goes_quietly(tmp_path):
 # Over two nodes ({0, 1} and {2, 3}): rank 3 refuses an Allreduce and
 # comes back after its node's leader, rank 2, timed out there; the other
 # node's leader waits in the leaders' step of that Allreduce.  Each rank
-# then calls three more.  Rank 3 ends the job once it has tried them all.
+# then calls three more, and rank 2 one that goes to mpi4py (a user's
+# op).  Rank 3 ends the job once it has tried them all.
 OUT_OF_STEP = """
 import time
 import numpy as np
@@ -403,6 +404,12 @@ for k in (1, 2, 3):
         print("GOT", r, k, d[0], flush=True)
     except xhc.XhcError as e:
         print("RAISED", r, k, "out of step" in str(e), flush=True)
+if r == 2:
+    try:
+        c.Allreduce(np.ones(4), np.zeros(4), op=MPI.Op.Create(
+            lambda a, b, t: None, commute=True))
+    except xhc.XhcError as e:
+        print("RAISED", r, 4, "out of step" in str(e), flush=True)
 if r == 3:
     MPI.COMM_WORLD.Abort(7)
 time.sleep(60)
@@ -426,8 +433,10 @@ def test_a_node_out_of_step_raises_rather_than_pair_calls(tmp_path):
     raised = {tuple(ln.split()[1:3]): ln.split()[3] for ln in lines
               if ln.startswith("RAISED")}
     # Its leader raises on each later call that the nodes are out of
-    # step; rank 3, that its leader gave these calls up for that.
+    # step, one that goes to mpi4py too; rank 3, that its leader gave
+    # these calls up for that.
     assert raised == {("2", "1"): "False", ("2", "2"): "True",
-                      ("2", "3"): "True", ("3", "1"): "False",
-                      ("3", "2"): "True", ("3", "3"): "True"}, \
+                      ("2", "3"): "True", ("2", "4"): "True",
+                      ("3", "1"): "False", ("3", "2"): "True",
+                      ("3", "3"): "True"}, \
         proc.stdout + proc.stderr

@@ -186,6 +186,7 @@ class Fallback:
                     self._raise(rc, name)
                 return res
             mine, alone, together, agreed = met[4:]
+            self._nodes.refuse_stranded(name)
             agreed[0] = name == "Allreduce_init" and \
                 self._all_in_place(mine)
             return self._in_core(together if agreed[0] and together

@@ -36,7 +36,7 @@ lowest rank).
    call's data with another's.  Instead the leader is stranded: every
    later collective of this xhc.Comm that takes these steps raises on
    it, and gives its node's steps up at once, so that its node's ranks
-   raise too.  So is a leader that raised (a signal handler, say)
+   raise too (one that goes to mpi4py raises on the leader alone).  So is a leader that raised (a signal handler, say)
    between its node's step and the leaders': from its node's step until
    it entered the leaders' (entered_then, in C) it owes that step.
 6. Persistent requests run their steps to completion in Start(), but
@@ -389,15 +389,27 @@ class Nodes:
         ranks raise there too rather than time out.  It is stranded too if
         an earlier call raised between its node's step and the leaders'
         (OWING still set: a signal handler's exception, say)."""
-        if self.leads and self.stranded is None and self.owing[0]:
-            self.stranded = ("an exception came between its step on this "
-                             "node and the step between the nodes")
-        if self.leads and self.stranded is not None:
+        if self._is_stranded():
             for _ in range(steps):  # told to its peers as the cause
                 self.inner._forfeit(lib.XHC_ERR_ASTRAY)
+            self.refuse_stranded(name)
+
+    def refuse_stranded(self, name):
+        """Raise on a stranded leader (5a.), before call NAME: also before
+        one that goes to mpi4py over the whole communicator, whose other
+        nodes wait in the leaders' step (its node's other ranks, which do
+        not know, wait in MPI)."""
+        if self._is_stranded():
             raise XhcError(f"{name}: {strerror(lib.XHC_ERR_ASTRAY)} (that "
                            f"collective: {self.stranded})",
                            lib.XHC_ERR_ASTRAY)
+
+    def _is_stranded(self):
+        """Am I a stranded leader (5a.)?"""
+        if self.leads and self.stranded is None and self.owing[0]:
+            self.stranded = ("an exception came between its step on this "
+                             "node and the step between the nodes")
+        return self.leads and self.stranded is not None
 
     def _before_leaders(self, step, *args):
         """STEP(*ARGS), my node's step before the leaders', which a leader
