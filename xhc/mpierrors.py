@@ -47,22 +47,23 @@ class MPIValueError(ValueError, _MPIError):
         _MPIError.__init__(self, message, error_class)
 
 
-class MPIRootTypeError(TypeError, MPIValueError):
-    """A root that is not an integer: the TypeError mpi4py raises, and the
-    ValueError (MPI.ERR_ROOT) xhc raises for any invalid root."""
+class _MPITypeError(TypeError, MPIValueError):
+    """An MPIValueError that is a TypeError too."""
 
     def __init__(self, message, error_class):  # not TypeError's
         _MPIError.__init__(self, message, error_class)
 
 
-class MPIDatatypeError(TypeError, MPIValueError):
+class MPIRootTypeError(_MPITypeError):
+    """A root that is not an integer: the TypeError mpi4py raises, and the
+    ValueError (MPI.ERR_ROOT) xhc raises for any invalid root."""
+
+
+class MPIDatatypeError(_MPITypeError):
     """A datatype MPI cannot use (MPI.DATATYPE_NULL, a derived datatype
     never committed): the TypeError xhc raises for a bad datatype, the
     ValueError mpi4py raises when it infers a count from it, and the
     MPI.Exception (MPI.ERR_TYPE) MPI raises when given a count."""
-
-    def __init__(self, message, error_class):  # not TypeError's
-        _MPIError.__init__(self, message, error_class)
 
 
 class _MPIXhcError(XhcError, _MPIError):
