@@ -385,7 +385,8 @@ def table_columns(impls, opts):
                      ("Iterations", "d")]
     else:
         kinds = ("Avg", "Min", "Max") if opts.full else ("Avg",)
-        cols = [(f"{im.label} {k} Latency(us)", "f") for im in impls for k in kinds]
+        cols = [(f"{im.label} {k} Latency(us)", "f") for im in impls
+                for k in kinds]
         cols += [(f"xhc/{im.label}", "f") for im in compared(impls)]
         if opts.full:
             cols.append(("Iterations", "d"))

@@ -87,8 +87,7 @@ _PARSERS = {"cico_max": parse_size, "chunk_size": parse_size,
 _TYPES = dict({key: ((numbers.Real,), "a number or a string")
                for key in DEFAULTS},
               copy=((), "a string"),
-              debug=((bool, numbers.Integral), "a bool, an integer or a "
-                     "string"))
+              debug=((numbers.Integral,), "a bool, an integer or a string"))
 # The largest values: beyond them a typo would reserve gigabytes of
 # /dev/shm per rank (cico_max: 8 slots a rank) or overflow the core's
 # fields, or MPI's int (split_nodes: a colour of MPI_Comm_split, which
