@@ -241,11 +241,13 @@ def _check_memory(opts, nranks):
     if largest:
         flags.append(f"-m {opts.message_size}" if opts.message_size
                      else "the default -m")
-        held.append(f"buffers and patterns of {largest}-byte messages")
+        held.append("buffers and patterns of "
+                    f"{_osu.byte_text(largest)} messages")
         lower.append("the largest size")
     if opts.cold:
-        flags.append(f"--cold {opts.cold}")
-        held.append(f"a {opts.cold}-byte --cold buffer")
+        cold = _osu.byte_text(opts.cold)
+        flags.append(f"--cold {cold}")
+        held.append(f"a {cold} --cold buffer")
         lower.append("--cold")
     raise ValueError(
         f"{' '.join(flags)}: {nranks} ranks would hold about "

@@ -78,10 +78,19 @@ def parse_bytes(text):
     return int(digits) * UNITS[unit]
 
 
+def byte_text(nbytes):
+    """NBYTES as the options take it: ``64M`` where a suffix divides it
+    exactly, else the plain count."""
+    for unit in ("G", "M", "K"):
+        if nbytes and nbytes % UNITS[unit] == 0:
+            return f"{nbytes // UNITS[unit]}{unit}"
+    return str(nbytes)
+
+
 def cold_line(nbytes):
     """The header line of a --cold run (without '# ')."""
     return (f"cold: before each barrier every rank rewrites a private "
-            f"{nbytes}-byte buffer, untimed")
+            f"{byte_text(nbytes)} buffer, untimed")
 
 
 def message_sizes(spec, default_min, least="", default_max=1 << 20):

@@ -433,7 +433,7 @@ def test_osu_cold(tmp_path):
     check_doc(doc, SIZES[:8])
     assert doc["options"]["cold"] == 1 << 20
     assert "# cold: before each barrier every rank rewrites a private " \
-           "1048576-byte buffer" in out
+           "1M buffer" in out
     assert doc["xhc_stats"]["fallback"] == 0
 
 
@@ -671,16 +671,18 @@ def test_osu_cold_buffer_counted_in_the_memory_check():
     opts.sizes = _options._sizes(opts)
     _options._check_memory(opts, 2)
     opts.cold = have // 2
-    with pytest.raises(ValueError, match=r"^-m 8:64K --cold \d+: 2 ranks "
+    cold = _osu.byte_text(have // 2)
+    with pytest.raises(ValueError, match=rf"^-m 8:64K --cold {cold}: 2 ranks "
                        r"would hold about .* GiB \(buffers and patterns of "
-                       r"65536-byte messages and a \d+-byte --cold buffer on "
+                       rf"64K messages and a {cold} --cold buffer on "
                        r"each\), more than this node's .*: lower the largest "
                        r"size or --cold$"):
         _options._check_memory(opts, 2)
     opts.command, opts.message_size, opts.sizes = "barrier", None, [None]
     opts.cold = have
-    with pytest.raises(ValueError, match=r"^--cold \d+: 2 ranks would hold "
-                       r"about .* GiB \(a \d+-byte --cold buffer on each\), "
+    cold = _osu.byte_text(have)
+    with pytest.raises(ValueError, match=rf"^--cold {cold}: 2 ranks would hold "
+                       rf"about .* GiB \(a {cold} --cold buffer on each\), "
                        r"more than this node's .*: lower --cold$"):
         _options._check_memory(opts, 2)
 

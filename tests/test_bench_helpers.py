@@ -162,7 +162,7 @@ def test_compare_takes_an_absent_option_as_its_default(tmp_path, capsys):
     _osu.write_json(paths[1], b)
     assert compare.main(paths) == 0
     assert "# cold: before each barrier every rank rewrites a private " \
-           "67108864-byte buffer, untimed" in capsys.readouterr().out
+           "64M buffer, untimed" in capsys.readouterr().out
 
 
 def test_compare_merges_runs(tmp_path, capsys):
