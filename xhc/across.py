@@ -10,9 +10,10 @@ import numpy as np
 
 from . import nodes
 from ._hot import kept_holds
-from .buffers import OPS, in_place, numpy_dtype, predefined, stages
+from .buffers import in_place, stages
 from .checks import READ_ONLY, check_op, check_pair, checked_root_recv, \
     filled, flat_of, in_place_off_root, resolved, took_part
+from .codes import OPS, numpy_dtype, predefined
 from .entry import SETTLED, drop_locals
 from .errors import ReadOnlyError
 from .plans import KEEPABLE, address, guard_of, staged

@@ -2,133 +2,16 @@
 """Turn mpi4py-style buffer arguments into what the C core takes."""
 import functools
 import operator
-import sys
 import weakref
 
 import numpy as np
 from mpi4py import MPI
 
-from ._xhc import ffi, lib
-from .errors import (BufferSpecError, DatatypeError, NotContiguousError,
-                     ReadOnlyError)
+from ._xhc import ffi
+from .codes import ALIASES, FORTRAN_INTEGER, NOT_REDUCIBLE, dtype_code, \
+    numpy_dtype
+from .errors import BufferSpecError, DatatypeError, NotContiguousError
 from .mpierrors import MPIDatatypeError, MPIValueError
-
-# The ops the core reduces with: (op, the core's code, name).
-_OP_TABLE = tuple((getattr(MPI, name), getattr(lib, "XHC_" + name), name)
-                  for name in ("SUM", "PROD", "MIN", "MAX", "LAND", "LOR",
-                               "LXOR", "BAND", "BOR", "BXOR"))
-# Codes the core takes, looked up by identity on the hot path.
-OPS = {id(op): code for op, code, _ in _OP_TABLE}
-OP_NAMES = {id(op): name for op, _, name in _OP_TABLE}
-_BY_HANDLE = {op.handle: op for op, _, _ in _OP_TABLE}
-
-
-def predefined(op):
-    """MPI's own object for OP if OP equals one of the ops above (as
-    MPI.Op(MPI.SUM) does), else OP itself."""
-    if id(op) in OPS or not isinstance(op, MPI.Op):
-        return op
-    return _BY_HANDLE.get(op.handle, op)
-_DTYPES = {("i", 1): lib.XHC_INT8, ("i", 2): lib.XHC_INT16,
-           ("i", 4): lib.XHC_INT32, ("i", 8): lib.XHC_INT64,
-           ("u", 1): lib.XHC_UINT8, ("u", 2): lib.XHC_UINT16,
-           ("u", 4): lib.XHC_UINT32, ("u", 8): lib.XHC_UINT64,
-           ("f", 2): lib.XHC_FLOAT16, ("f", 4): lib.XHC_FLOAT32,
-           ("f", 8): lib.XHC_FLOAT64}
-NOT_REDUCIBLE = -1  # bytes that Bcast moves but no kernel reduces
-
-
-class Alias:
-    """How the core reduces a dtype it has no kernel of its own for: as
-    LANES elements of dtype CODE each, with the ops ONLY (NAME names it
-    in messages).  MPI defines the ops DEFINED on it (ONLY, if not
-    given): the others are refused, naming FIX; those of DEFINED beyond
-    ONLY go to mpi4py.  RETYPED: the elements are not what CODE's kernel
-    takes them for (complex, bool), so a buffer of this alias pairs with
-    no other; else the alias limits ops alone."""
-    __slots__ = ("name", "code", "lanes", "only", "defined", "fix",
-                 "retyped")
-
-    def __init__(self, name, code, lanes, only, fix, defined=None,
-                 retyped=True):
-        self.name, self.code, self.lanes, self.only = name, code, lanes, only
-        self.defined, self.fix = defined or only, fix
-        self.retyped = retyped
-
-
-_COMPLEX_FIX = "reduce floats made from it, such as np.abs(a) or a.real"
-# Complex numbers sum as the pairs of floats they are (MPI's PROD of them
-# is mpi4py's); bools, which MPI reduces with the logical ops alone, as
-# bytes of 0 or 1.
-_ALIASES = {
-    np.dtype("=c8"): Alias("complex", lib.XHC_FLOAT32, 2, (MPI.SUM,),
-                           _COMPLEX_FIX, (MPI.SUM, MPI.PROD)),
-    np.dtype("=c16"): Alias("complex", lib.XHC_FLOAT64, 2, (MPI.SUM,),
-                            _COMPLEX_FIX, (MPI.SUM, MPI.PROD)),
-    np.dtype("?"): Alias("bool", lib.XHC_UINT8, 1,
-                         (MPI.LAND, MPI.LOR, MPI.LXOR),
-                         "reduce integers made from it, such as "
-                         "a.astype(np.int32)"),
-}
-# Fortran's INTEGER types, which MPI reduces with the arithmetic and
-# bitwise ops but not the logical ones (those are for C integers): by
-# the core's code of the C integer of the same size.
-_FORTRAN_INTEGER = {
-    code: Alias("Fortran INTEGER", code, 1, tuple(
-        getattr(MPI, name) for name in ("SUM", "PROD", "MIN", "MAX", "BAND",
-                                        "BOR", "BXOR")),
-        "pass a C integer datatype, such as MPI.INT, for the logical ops",
-        retyped=False)
-    for code in (lib.XHC_INT8, lib.XHC_INT16, lib.XHC_INT32, lib.XHC_INT64)}
-DTYPE_NAMES = {code: f"{'int' if k == 'i' else 'uint' if k == 'u' else 'float'}"
-               f"{8 * size}" for (k, size), code in _DTYPES.items()}
-DTYPE_NAMES[NOT_REDUCIBLE] = "bytes"
-
-
-def plain_tables():
-    """What xhc/_hot_plain.c needs to pass plain arrays straight to the core
-    (its bind_plain): for numpy's numeric and bool dtypes, (dtype, code
-    (NOT_REDUCIBLE: Bcast only), itemsize, the core's elements per
-    element, the bits of the op codes that reduce it), as Buffer takes
-    them; and (op, code) for the ops above."""
-    ops = tuple((op, code) for op, code, _ in _OP_TABLE)
-    dtypes = []
-    for dt in map(np.dtype, "dlifqhbBHILQP?egFDG"):
-        alias = _ALIASES.get(dt)
-        code, lanes = (alias.code, alias.lanes) if alias else \
-            (dtype_code(dt), 1)
-        bits = sum(1 << c for op, c in ops if code != NOT_REDUCIBLE and
-                   lib.xhc_op_valid(code, c) and
-                   (alias is None or op in alias.only))
-        dtypes.append((dt, code, dt.itemsize, lanes, bits, _names_of(dt)))
-    return tuple(dtypes), ops
-
-
-# MPI's C datatypes, by the numpy type of their elements, which they
-# reduce alike: a buffer specification [array, TYPE] with one of them
-# names the array, as the array alone does.  (Not MPI.BYTE or
-# MPI.PACKED, untyped bytes no op reduces; nor Fortran's types, whose
-# sizes only the MPI knows, and asking it needs MPI started.)
-_C_TYPES = {
-    "FLOAT": "f", "DOUBLE": "d", "SIGNED_CHAR": "b", "UNSIGNED_CHAR": "B",
-    "SHORT": "h", "UNSIGNED_SHORT": "H", "INT": "i", "UNSIGNED": "I",
-    "LONG": "l", "UNSIGNED_LONG": "L", "LONG_LONG": "q",
-    "UNSIGNED_LONG_LONG": "Q", "INT8_T": "i1", "INT16_T": "i2",
-    "INT32_T": "i4", "INT64_T": "i8", "UINT8_T": "u1", "UINT16_T": "u2",
-    "UINT32_T": "u4", "UINT64_T": "u8", "C_BOOL": "?",
-    "C_FLOAT_COMPLEX": "F", "C_COMPLEX": "F", "C_DOUBLE_COMPLEX": "D"}
-
-
-def _names_of(dt):
-    """The MPI datatypes above, and the typecodes mpi4py takes for them
-    (one-character strings, interned, as literals in code are), that name
-    numpy dtype DT."""
-    types = [getattr(MPI, n) for n, c in _C_TYPES.items()
-             if np.dtype(c) == dt and getattr(MPI, n, MPI.DATATYPE_NULL)
-             != MPI.DATATYPE_NULL]
-    codes = [sys.intern(c) for c, t in MPI._typedict.items()
-             if len(c) == 1 and any(t == u for u in types)]
-    return tuple(types + codes)
 
 
 def in_place(sendbuf):
@@ -159,7 +42,7 @@ class Buffer:
         self.obj = obj
         # Complex and bool: reduced as the core's type of their Alias.
         if alias is None and dtype == NOT_REDUCIBLE:
-            alias = _ALIASES.get(arr.dtype)
+            alias = ALIASES.get(arr.dtype)
         self.alias = alias
         if alias is not None:
             dtype = alias.code
@@ -172,26 +55,6 @@ class Buffer:
         self.writable = writable
         self.load = load
         self.store = store
-
-
-_CODES = {}  # numpy dtype -> code, filled as dtypes are met
-
-
-def numpy_dtype(code):
-    """The native numpy dtype of core dtype CODE (not NOT_REDUCIBLE)."""
-    kind, size = next(key for key, each in _DTYPES.items() if each == code)
-    return np.dtype(f"={kind}{size}")
-
-
-def dtype_code(dtype):
-    """The core's code for a numpy dtype, or NOT_REDUCIBLE."""
-    code = _CODES.get(dtype)
-    if code is None:
-        code = NOT_REDUCIBLE
-        if dtype.isnative:
-            code = _DTYPES.get((dtype.kind, dtype.itemsize), NOT_REDUCIBLE)
-        _CODES[dtype] = code
-    return code
 
 
 def _of_array(arr, obj=None):
@@ -211,7 +74,7 @@ def _of_array(arr, obj=None):
         # every rank reduces them (one that fell back alone would leave
         # the others waiting) and ranks of either order agree on values.
         native = arr.dtype.newbyteorder("=")
-        if dtype_code(native) != NOT_REDUCIBLE or native in _ALIASES:
+        if dtype_code(native) != NOT_REDUCIBLE or native in ALIASES:
             return _staged(arr, obj, native, flags.writeable)
     if flags.c_contiguous:
         return Buffer(obj, arr, code, flags.writeable)
@@ -232,11 +95,11 @@ def stages(arr):
 def _staged(arr, obj, dtype, writable):
     """ARR through a C-contiguous copy of DTYPE, loaded before the call
     and stored back after it, element by element."""
-    copy, load, store = _copy_of(arr, dtype)
+    copy, load, store = copy_of(arr, dtype)
     return Buffer(obj, copy, dtype_code(dtype), writable, load, store)
 
 
-def _copy_of(arr, dtype):
+def copy_of(arr, dtype):
     """(a C-contiguous copy of ARR in DTYPE, the load that fills it from
     ARR, the store that writes it back)."""
     copy = np.empty(arr.shape, dtype)
@@ -250,115 +113,6 @@ def _copy_of(arr, dtype):
     base = arr.view(np.ndarray)
     return (copy, functools.partial(operator.setitem, copy, Ellipsis, base),
             functools.partial(operator.setitem, base, Ellipsis, copy))
-
-
-def for_mpi4py(obj, written=False):
-    """(OBJ as a fallback hands it to mpi4py, load, store): OBJ itself
-    with LOAD and STORE None, or, for an array that xhc takes and mpi4py
-    refuses (not contiguous, or in the other byte order), a contiguous
-    copy in native order with its load and store.  Else the rank that
-    passed it would raise in mpi4py alone, and its peers wait in MPI.
-    WRITTEN: the call writes it, so a read-only one raises here, as on
-    xhc's own path."""
-    if obj is None or obj is MPI.IN_PLACE or obj is MPI.BOTTOM \
-            or isinstance(obj, (list, tuple)):
-        return obj, None, None  # specifications: mpi4py takes their forms
-    arr = _array_of(obj)
-    if not isinstance(arr, np.ndarray) or not stages(arr) \
-            or arr.dtype.hasobject:
-        return obj, None, None
-    if written and not arr.flags.writeable:
-        raise ReadOnlyError("the receive buffer is read-only; pass a "
-                            "writable array")
-    return _copy_of(arr, arr.dtype.newbyteorder("="))
-
-
-def as_elements(b):
-    """Buffer B's memory as (a flat ndarray of its elements, their MPI
-    datatype), as a reduction that falls back hands it to mpi4py: the
-    datatype its specification names, where that is a predefined one
-    (MPI.INTEGER stays itself), else its elements' own.  None where its
-    elements are not of one predefined type (MAXLOC's pairs, a datatype
-    that mixes types), where MPI has no datatype for them, and for a
-    derived datatype of Fortran INTEGERs (MPI.INT would take ops that
-    MPI refuses on them)."""
-    if b.dtype == NOT_REDUCIBLE:
-        return None
-    element = b.arr.dtype
-    if b.alias is not None and b.alias.retyped:  # complex, bool
-        element = next(dt for dt, a in _ALIASES.items() if a is b.alias)
-    named = [t for t in b.obj[1:] if isinstance(t, MPI.Datatype)] \
-        if isinstance(b.obj, (list, tuple)) else []
-    # The base class: a subclass's item assignment would run Python.
-    flat = np.asarray(b.arr).reshape(-1).view(element)
-    if named and named[0].is_predefined:
-        return flat, named[0]
-    if b.alias is not None and not b.alias.retyped:
-        return None
-    try:
-        return flat, MPI.Datatype.fromcode(element.char)
-    except (KeyError, ValueError):
-        return None
-
-
-def _array_of(obj):
-    """OBJ as an ndarray on its memory, or OBJ itself where it is one
-    contiguous buffer; None where mpi4py will say what is wrong."""
-    try:
-        arr = _host(obj)
-        if isinstance(arr, np.ndarray):
-            return arr
-        view = memoryview(arr)
-        return arr if view.contiguous else np.asarray(view)
-    except (TypeError, ValueError, BufferError):
-        return None
-
-
-def blank_like(obj):
-    """New memory in the form of OBJ, a buffer or a specification that
-    mpi4py takes: where a Reduce root whose own receive buffer is bad
-    receives, so as to take part."""
-    if isinstance(obj, (list, tuple)):
-        return [blank_like(obj[0]), *obj[1:]]
-    arr = _array_of(obj)
-    return np.empty_like(arr if isinstance(arr, np.ndarray)
-                         else np.asarray(memoryview(arr)))
-
-
-def copy_like(obj):
-    """(new memory in the form of OBJ (blank_like), the load that fills
-    it with OBJ's contents): what an Allreduce that falls back sends
-    from a rank that passed IN_PLACE where its peers did not, or one
-    buffer as both."""
-    new = blank_like(obj)
-    src, dst = (x[0] if isinstance(x, (list, tuple)) else x
-                for x in (obj, new))
-    src = _array_of(src)
-    if not isinstance(src, np.ndarray):
-        src = np.asarray(memoryview(src))
-    # Compiled, as _copy_of's load.
-    return new, functools.partial(operator.setitem, dst, Ellipsis,
-                                  src.view(np.ndarray))
-
-
-def start_of(obj):
-    """Where the memory mpi4py would hand MPI for OBJ (a buffer, or a
-    specification [buf, datatype] or [buf, count, datatype]) begins; None
-    for any other, and for no memory."""
-    if isinstance(obj, (list, tuple)):
-        if not 2 <= len(obj) <= 3 or isinstance(obj[1], (list, tuple)):
-            return None
-        obj = obj[0]
-    arr = _array_of(obj)
-    try:
-        if arr is not None and not isinstance(arr, np.ndarray):
-            arr = np.frombuffer(memoryview(arr).cast("B"), np.uint8)
-    except (TypeError, ValueError, BufferError):
-        return None
-    if arr is None or not arr.nbytes or not (arr.flags.c_contiguous or
-                                             arr.flags.f_contiguous):
-        return None
-    return arr.__array_interface__["data"][0]
 
 
 # Predefined datatypes that MPI's arithmetic ops refuse, whose mpi4py
@@ -391,7 +145,7 @@ def _element_type(dt):
         if npdt.itemsize != dt.Get_size() or not npdt.itemsize:
             return None, None
         fortran = any(dt == t for t in _FORTRAN_INTEGER_TYPES)
-        return npdt, _FORTRAN_INTEGER[dtype_code(npdt)] if fortran else None
+        return npdt, FORTRAN_INTEGER[dtype_code(npdt)] if fortran else None
     base, combiner, params = dt.decode()
     parts = zip(params["datatypes"], params["blocklengths"]) \
         if combiner == "STRUCT" else [(base, 1)]
@@ -467,7 +221,7 @@ def _parse_spec(spec):
                              "a buffer, or [MPI.BOTTOM, count, datatype] "
                              "for a datatype of absolute addresses")
         buf = bytearray(0)
-    buf = _host(buf)
+    buf = host(buf)
     if dt is None:
         dt = memoryview(buf).format
     return buf, count, 0 if displ is None else displ, dt
@@ -628,9 +382,9 @@ def _type_name(dt):
 def _packed(spec, address, count, displ, own, writable, raw=None):
     """COUNT elements of datatype OWN (ours: freed with the staging copy)
     from ADDRESS plus DISPL extents, staged through MPI's packed form.
-    RAW, the buffer's bytes where there are any, holds the buffer's export while
-    the steps live: a bytearray cannot be resized under a call, or a
-    request, that writes it, as under mpi4py's."""
+    RAW, the buffer's bytes where there are any, holds the buffer's
+    export while the steps live: a bytearray cannot be resized under a
+    call, or a request, that writes it, as under mpi4py's."""
     extent = own.Get_extent()[1]
     try:
         _check_count(count, displ)
@@ -671,7 +425,7 @@ def _free_dead_types():
 
 
 def _of_object(obj):
-    arr = _host(obj)
+    arr = host(obj)
     if arr is not obj:
         return _of_array(arr, obj)
     try:
@@ -717,7 +471,7 @@ def _format_dtype(fmt):
 _DLPACK_CPU = 1  # DLPack's kDLCPU
 
 
-def _host(obj):
+def host(obj):
     """OBJ, or for an object that offers DLPack but not the buffer
     protocol (a torch tensor), an ndarray on its memory."""
     if isinstance(obj, np.ndarray) or not hasattr(obj, "__dlpack__"):

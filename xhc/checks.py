@@ -7,7 +7,8 @@ import operator
 from mpi4py import MPI
 
 from ._xhc import ffi, lib
-from .buffers import DTYPE_NAMES, OP_NAMES, OPS, resolve
+from .buffers import resolve
+from .codes import DTYPE_NAMES, OP_NAMES, OPS
 from .entry import settled
 from .errors import ReadOnlyError
 from .mpierrors import MPIValueError

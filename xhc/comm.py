@@ -12,7 +12,7 @@ from ._hot import (HotComm, bind_plain, block_hook, progress_hook,
                    set_progress)
 from ._xhc import ffi, lib
 from .across import Across
-from .buffers import plain_tables
+from .codes import plain_tables
 from .entry import claiming, leaving, settled
 from .errors import XhcError, naming_ranks, rank_name, tell_every_node
 from .fallback import Fallback

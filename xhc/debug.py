@@ -7,8 +7,8 @@ import operator
 
 from mpi4py import MPI
 
-from .buffers import (DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, in_place,
-                      predefined, resolve)
+from .buffers import in_place, resolve
+from .codes import DTYPE_NAMES, NOT_REDUCIBLE, OP_NAMES, predefined
 from .entry import drop_locals, misbound, settled
 from .errors import XhcError, agree
 from .mpierrors import comm_freed

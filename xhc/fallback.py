@@ -13,11 +13,12 @@ from mpi4py import MPI
 from ._core import FALLBACK_TOPIC
 from ._hot import met_then
 from ._xhc import ffi, lib
-from .buffers import as_elements, blank_like, copy_like, for_mpi4py, \
-    in_place, start_of
+from .buffers import in_place
 from .checks import checked_root_recv, resolved, same_rank
 from .entry import settled, user_level
 from .errors import ReadOnlyError
+from .handover import as_elements, blank_like, copy_like, for_mpi4py, \
+    start_of
 from .mpierrors import comm_freed
 from .plans import KEEPABLE, address, staged
 from .requests import OverMPI, Request

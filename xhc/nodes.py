@@ -59,7 +59,7 @@ from . import exchange
 from ._core import strerror
 from ._hot import entered_then
 from ._xhc import ffi, lib
-from .buffers import numpy_dtype
+from .codes import numpy_dtype
 from .entry import settled
 from .errors import XhcError, error_text
 

@@ -9,9 +9,10 @@ import numpy as np
 from mpi4py import MPI
 
 from ._xhc import ffi, lib
-from .buffers import NOT_REDUCIBLE, OP_NAMES, OPS, in_place, predefined
+from .buffers import in_place
 from .checks import READ_ONLY, check_op, check_pair, checked_root_recv, \
     in_place_off_root, resolved, took_part
+from .codes import NOT_REDUCIBLE, OP_NAMES, OPS, predefined
 from .errors import ReadOnlyError
 from .mpierrors import MPIRootTypeError, MPIValueError
 from .plans import NBYTES, STAGED, core_call, is_spec, keepable, kept, \

@@ -209,8 +209,8 @@ def plain_calls(xcomm, comm, v):
 def plain_table_rebound(xcomm, comm, v):
     """Binding the table again (a reloaded xhc.comm does) replaces it;
     a malformed table is refused and leaves the old one in force."""
-    from xhc import _hot, buffers
-    dtypes, ops = buffers.plain_tables()
+    from xhc import _hot, codes
+    dtypes, ops = codes.plain_tables()
     _hot.bind_plain(np.ndarray, MPI.IN_PLACE, dtypes, ops)
     for what, entry in (("a dtype code", (99, 8, 1, 1)),
                         ("a lane count", (lib.XHC_FLOAT64, 8, 3, 1)),
