@@ -143,7 +143,7 @@ def main(argv=None):
     ways = {"xhc": Buckets(xcomm, opts.buckets, opts.ring),
             "mpi": Buckets(world, opts.buckets, opts.ring)}
     ways["xhc-own"] = ways["xhc"]
-    lone = xcomm.xhc_info.get("nodes", 1) == world.size > 1
+    lone = xcomm.xhc_info["nodes"] == world.size > 1
     if world.rank == 0:
         print(f"# {len(opts.buckets)} Allreduce_init buckets (float64 SUM) "
               f"of {', '.join(map(str, opts.buckets))} elements, "

@@ -512,7 +512,7 @@ def new_doc(run, opts):
             "units": "us", "mpi": mpi_description(), "env": env_settings(),
             "copy": next((im.comm.xhc_info.get("copy") for im in run.impls
                           if im.key == "xhc"), None),
-            "nodes": next((im.comm.xhc_info.get("nodes", 1)
+            "nodes": next((im.comm.xhc_info["nodes"]
                            for im in run.impls if im.key == "xhc"), 1),
             "buffers": {im.key: _buffers(opts, im.key) for im in run.impls},
             "options": {k: getattr(opts, k) for k in keep},

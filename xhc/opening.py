@@ -86,6 +86,7 @@ class Opening:
             raise
         self.xhc_info = {"copy": copy, "copy_reason": why, "arena": arena,
                          "levels": self._levels, "config": dict(cfg),
+                         "nodes": 1,
                          "segment_bytes": _core.segment_size(comm.size, cfg)}
 
     def _fit_to_load(self, cfg):

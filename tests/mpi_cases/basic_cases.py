@@ -477,7 +477,7 @@ def complex_forms(v, xcomm, comm):
                None if rank != k % n or np.array_equal(got, want) else
                f"got {got}")
     req = xcomm.Allreduce_init(mine, np.zeros(5, complex))
-    if xcomm.xhc_info.get("nodes", 1) == 1:  # over nodes: by its method
+    if xcomm.xhc_info["nodes"] == 1:  # over nodes: by its method
         v.case("a complex request is named as its blocking call",
                None if req._what == "Allreduce(80 B)" else req._what)
     req.Free()
@@ -558,7 +558,7 @@ def nonroots_publish_pieces_and_go(v, xcomm, comm, sz):
     second late; the root then gets the sum.  (Over several nodes the
     leaders' MPI Reduce waits for the root's node.)"""
     if not (sz.crowded and sz.copy == "cico" and sz.reduce_cico > sz.cico
-            and xcomm.xhc_info.get("nodes", 1) == 1):
+            and xcomm.xhc_info["nodes"] == 1):
         return
     n, rank, root = comm.size, comm.rank, comm.size - 1
     count = 3 * sz.reduce_cico // 8 + 7

@@ -174,7 +174,7 @@ def check_config(xcomm, comm, v, expect_levels, shm_free=0):
     state = "spanning" if parts > 1 else "open"
     v.check("accelerated", bool(info) and state in repr(xcomm),
             f"not accelerated: {xcomm!r}")
-    v.check("nodes", info.get("nodes", 1) == parts,
+    v.check("nodes", info.get("nodes") == parts,
             f"{info.get('nodes')} nodes, want {parts}")
     cfg = info["config"]
     for key in ("cico_max", "chunk_size", "seq_start"):

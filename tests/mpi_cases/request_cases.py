@@ -35,7 +35,7 @@ def persistent_calls(xcomm, comm, v):
         persistent_round(v, comm, reqs, b, i)
     # Where every rank is alone on its node, MPI completes the requests
     # (lone_requests checks them in the list calls).
-    if xcomm.xhc_info.get("nodes", 1) < n:
+    if xcomm.xhc_info["nodes"] < n:
         xhc_request_calls(v, xcomm, comm, reqs)
     freed_comm_errors_as_mpi(v, comm)
     read_only_errors_as_mpi4py(v, xcomm, comm)
@@ -561,10 +561,10 @@ def truncation_as_mpi4py(v, xcomm, comm):
     step; where every rank is alone on its node, xhc's Bcast is MPI's
     own among them all, checked on 2 ranks only, as mpi4py's.)"""
     if comm.size == 1 or comm.size > 2 and \
-            xcomm.xhc_info.get("nodes", 1) == comm.size:
+            xcomm.xhc_info["nodes"] == comm.size:
         return  # no reader; or MPI's own Bcast, which hangs after
     short = comm.rank == comm.size - 1
-    mpis_own = xcomm.xhc_info.get("nodes", 1) > 1
+    mpis_own = xcomm.xhc_info["nodes"] > 1
     want = (MPI.ERR_TRUNCATE, True) if short else "none"
     sides = (("mpi4py", comm), ("xhc", xcomm))
     got = {}
@@ -746,7 +746,7 @@ def calls_once_free_began(v, comm):
 
     other._requests_lock = Hooked(other._requests_lock)
     other.free()
-    nodes = other.xhc_info.get("nodes", 1)
+    nodes = other.xhc_info["nodes"]
     v.case(f"{nodes} node(s): calls that begin once free() has begun raise",
            next((e for e in seen if e), None) if len(seen) == 5 else
            f"free() took its lock {len(seen) // 5} times, not once")

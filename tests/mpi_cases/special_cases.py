@@ -132,7 +132,7 @@ def nan_payloads(v, xcomm, comm, sz, reduce_root=None):
     if n == 1:
         return
     info = xcomm.xhc_info
-    ordered = reduce_root is None and info.get("nodes", 1) == 1 \
+    ordered = reduce_root is None and info["nodes"] == 1 \
         and len(info["levels"]["allreduce"]) == 1
     uint = {2: np.uint16, 4: np.uint32, 8: np.uint64}
     for dt in FLOAT_DTYPES:
