@@ -572,7 +572,7 @@ def test_osu_peer_refuses_another_mpi(monkeypatch):
     ("allreduce", "12:48", "float64", "12 bytes is not a whole number of "
      "float64 elements; give sizes that are multiples of 8"),
     ("bcast", "1024G", "float64", r"^-m 1024G: 2 ranks would hold about "
-     r".* GiB \(buffers and patterns of 1099511627776-byte messages on "
+     r".* GiB \(buffers and patterns of 1024G messages on "
      r"each\), .*: lower the largest size$"),
     ("allreduce", "4", "float64", r"^-m 4: 4 bytes is less than the least "
      r"size, 8 \(one float64 element\); give a maximum of 8 or more$"),
@@ -637,6 +637,19 @@ def test_osu_float_sums_limited_to_exact_rank_counts():
         n = _osu.EXACT_RANKS[dtype]
         most = (60 + 122) + 60 + (60 + 61) * (n - 2) + n * 7 * unit
         assert most / unit <= 2 ** mantissa, dtype
+
+
+def test_osu_refuses_one_rank():
+    """One rank's collectives move nothing: refused up front, as OSU's
+    benchmarks refuse it, naming the fix."""
+    import types
+    from bench import _options
+    opts = types.SimpleNamespace(command="bcast", root=0, op="sum",
+                                 dtype="float64", message_size="8:64",
+                                 json=None, plot=None, peer=None, cold=0)
+    assert _options._option_error(opts, 1, 0).startswith(
+        "run on 2 or more ranks (mpiexec -n 2 ...)")
+    assert _options._option_error(opts, 2, 0) is None
 
 
 @pytest.mark.parametrize("dtype,narrower", [("float64", "float32"),
