@@ -68,6 +68,45 @@ def mpiexec():
     return exe
 
 
+def bind_options(exe, nranks):
+    """mpiexec EXE's options that bind NRANKS ranks to a core each, as OSU
+    runs are bound (ROOT_ENV's mapping policy leaves them unbound, and an
+    unbound rank the OS moves or preempts adds milliseconds to a call);
+    none where they do not fit on this machine's cores (oversubscribed,
+    they stay unbound) or EXE is neither Open MPI's nor MPICH's."""
+    if nranks > cores():
+        return []
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True,
+                             text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if "Open MPI" in out:
+        return ["--bind-to", "core"]
+    if "HYDRA" in out:  # MPICH's launcher
+        return ["-bind-to", "core"]
+    return []
+
+
+def cores():
+    """The cores this process may run on: CPUs of one core count once."""
+    found = set()
+    for cpu in os.sched_getaffinity(0):
+        topo = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+        found.add(_read(topo + "core_cpus_list")
+                  or _read(topo + "thread_siblings_list") or str(cpu))
+    return len(found)
+
+
+def _read(path):
+    """The text of file PATH, stripped; None if it cannot be read."""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 # Options that name a file each OP's run writes.
 FILES = ("--json", "--plot")
 
@@ -119,8 +158,9 @@ def parse_args(argv=None):
                     "of its own (a.json: a-bcast.json, ...)")
     args = ap.parse_args(_extra_joined(sys.argv[1:] if argv is None
                                        else argv))
-    if args.ranks < 1:  # mpiexec -n 0 would take every slot it finds
-        ap.error(f"-n {args.ranks}: give 1 or more ranks")
+    if args.ranks < 2:  # mpiexec -n 0 would take every slot it finds
+        ap.error(f"-n {args.ranks}: give 2 or more ranks (one rank's "
+                 "collectives move nothing, so there is nothing to time)")
     bad = [op for op in args.ops if op not in SWEEPS]
     if bad:
         ap.error(f"unknown OP {bad[0]!r}: choose from {', '.join(SWEEPS)}")
@@ -160,8 +200,10 @@ def main(argv=None):
     args = parse_args(argv)
     env = {**ROOT_ENV, **os.environ}
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    exe = mpiexec()
+    bind = bind_options(exe, args.ranks)
     for line in osu_lines(args):
-        cmd = [mpiexec(), "-n", str(args.ranks), sys.executable, "-m",
+        cmd = [exe, *bind, "-n", str(args.ranks), sys.executable, "-m",
                "mpi4py", "-m", "bench.osu", *line]
         rc = subprocess.call(cmd, env=env, cwd=here)
         if rc:

@@ -179,6 +179,9 @@ def _check_opts(parser, opts, nranks=None):
 def _option_error(opts, nranks, rank):
     """What is wrong with OPTS on NRANKS ranks, as RANK sees it, or None;
     sets opts.sizes."""
+    if nranks < 2:  # as OSU's benchmarks refuse it
+        return ("run on 2 or more ranks (mpiexec -n 2 ...): one rank's "
+                "collectives move nothing, so there is nothing to time")
     if opts.root >= nranks:
         return (f"--root {opts.root}: only {nranks} ranks; give a root "
                 f"from 0 to {nranks - 1}")

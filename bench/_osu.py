@@ -87,6 +87,32 @@ def byte_text(nbytes):
     return str(nbytes)
 
 
+def binding_lines(cpus_of):
+    """The header's binding line and, for ranks left unbound where each
+    could have a CPU of its own, a note saying how to bind them."""
+    if not cpus_of or None in cpus_of:
+        return []
+    every = set().union(*map(set, cpus_of))
+    sizes = sorted({len(c) for c in cpus_of})
+    free = [c for c in cpus_of if len(c) == len(every) > 1]
+    if free and len(free) == len(cpus_of):
+        lines = [f"binding: none (each rank may run on any of "
+                 f"{len(every)} CPUs)"]
+    else:
+        span = "-".join(map(str, sizes[::len(sizes) - 1 or 1]))
+        shared = sum(map(len, cpus_of)) > len(every)
+        lines = [f"binding: each rank to {span} CPU"
+                 f"{'' if span == '1' else 's'}"
+                 f"{', some sharing' if shared else ''}"
+                 f"{'; some unbound' if free else ''}"]
+    if free and len(cpus_of) <= len(every):
+        lines.append("note: unbound ranks, though each could have a CPU: "
+                     "one the OS moves or preempts can add milliseconds "
+                     "to a call; bind them as OSU runs do (Open MPI: "
+                     "mpiexec --bind-to core; MPICH: -bind-to core)")
+    return lines
+
+
 def cold_line(nbytes):
     """The header line of a --cold run (without '# ')."""
     return (f"cold: before each barrier every rank rewrites a private "

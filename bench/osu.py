@@ -472,6 +472,7 @@ def header_lines(run):
         avg = " ".join(f"{x:.2f}" for x in doc["load"]["avg"])
         lines.append(f"load: {avg} (1, 5, 15 min) on {doc['load']['cpus']} "
                      "CPUs at the start")
+    lines += _osu.binding_lines(doc["binding"])
     sync = ("the plain MPI Barrier" if o.sync == "mpi"
             else "each implementation's own Barrier")
     lines.append(f"method: {sync}, then time {_timed_calls(o)}; avg of "
@@ -516,7 +517,18 @@ def new_doc(run, opts):
                            for im in run.impls if im.key == "xhc"), 1),
             "buffers": {im.key: _buffers(opts, im.key) for im in run.impls},
             "options": {k: getattr(opts, k) for k in keep},
-            "load": _load(), "results": [], "reference": []}
+            "load": _load(), "binding": _binding(run.comm),
+            "results": [], "reference": []}
+
+
+def _binding(comm):
+    """Every rank's CPUs, as the OS lets it run (None where it cannot
+    say): whether the launcher bound the ranks.  Collective."""
+    try:
+        mine = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        mine = None
+    return comm.allgather(mine)
 
 
 def _load():

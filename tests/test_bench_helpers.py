@@ -279,3 +279,24 @@ def test_osu_plot_without_matplotlib_is_refused_up_front(tmp_path):
     assert proc.returncode == 2, out
     assert out.count("--plot needs matplotlib") == 1, out
     assert "MPI_ABORT" not in out and "Latency" not in out, out
+
+
+@pytest.mark.parametrize("cpus_of,line,noted", [
+    ([[0], [1]], "binding: each rank to 1 CPU", False),
+    ([[0, 1], [2, 3]], "binding: each rank to 2 CPUs", False),
+    ([[0], [0]], "binding: each rank to 1 CPU, some sharing", False),
+    ([[0, 1], [0, 1]], "binding: none (each rank may run on any of 2 CPUs)",
+     True),
+    ([[0, 1]] * 4, "binding: none (each rank may run on any of 2 CPUs)",
+     False),
+    ([[0, 1, 2, 3], [0]],
+     "binding: each rank to 1-4 CPUs, some sharing; some unbound", True)])
+def test_binding_lines(cpus_of, line, noted):
+    """The header says how the ranks were bound, and notes unbound ranks
+    where each could have had a CPU of its own (not oversubscribed)."""
+    lines = _osu.binding_lines(cpus_of)
+    assert lines[0] == line
+    assert len(lines) == 1 + noted
+    if noted:
+        assert "mpiexec --bind-to core" in lines[1]
+    assert _osu.binding_lines([[0], None]) == []

@@ -32,6 +32,35 @@ def test_readme_main_command_runs_a_validated_sweep():
             if line[:1].isdigit()]
     assert [int(r[0]) for r in rows] == [8 << k for k in range(14)] * 3
     assert all(r[-1] == "Pass" for r in rows), out.stdout
+    from bench.__main__ import cores
+    bound = "# binding: each rank to 1 CPU\n" if cores() >= 2 else \
+        "# binding: none"
+    assert out.stdout.count(bound) == 4, out.stdout
+
+
+@pytest.mark.parametrize("says,want", [
+    ("mpiexec (Open MPI) 5.0.11", ["--bind-to", "core"]),
+    ("HYDRA build details:\n    Version: 4.3.0", ["-bind-to", "core"]),
+    ("some other launcher 1.0", [])])
+def test_bench_main_binds_ranks_that_fit(says, want, tmp_path, monkeypatch):
+    """python -m bench binds each rank to a core, in its launcher's
+    spelling, where the ranks fit on the cores; oversubscribed, or under
+    a launcher it does not know, it leaves the binding alone."""
+    from bench import __main__ as main
+    exe = tmp_path / "mpiexec"
+    exe.write_text(f"#!/bin/sh\necho '{says}'\n")
+    exe.chmod(0o755)
+    monkeypatch.setattr(main, "cores", lambda: 4)
+    assert main.bind_options(str(exe), 4) == want
+    assert main.bind_options(str(exe), 5) == []
+    assert main.bind_options(str(tmp_path / "missing"), 2) == []
+
+
+def test_bench_main_counts_cores_not_cpus():
+    """The cores this process may run on: at least one, at most its CPUs,
+    and each CPU's core once."""
+    from bench.__main__ import cores
+    assert 1 <= cores() <= len(os.sched_getaffinity(0))
 
 
 def test_bench_main_names_each_ops_files():
@@ -228,8 +257,9 @@ def test_bench_main_refuses_a_bad_extra_before_launching(argv, text,
     assert text in capsys.readouterr().err
 
 
-def test_bench_main_refuses_no_ranks(capsys):
+@pytest.mark.parametrize("ranks", ["0", "1"])
+def test_bench_main_refuses_fewer_than_two_ranks(ranks, capsys):
     from bench.__main__ import parse_args
     with pytest.raises(SystemExit):
-        parse_args(["-n", "0"])
-    assert "-n 0: give 1 or more ranks" in capsys.readouterr().err
+        parse_args(["-n", ranks])
+    assert f"-n {ranks}: give 2 or more ranks" in capsys.readouterr().err
