@@ -40,11 +40,13 @@ def _osu_options(g):
                    help="bytes, K/M suffixes (1:1M bcast, one element:1M "
                    "reductions)")
     g.add_argument("-i", "--iterations", type=_positive,
-                   help="timed iterations at every size (default 1000 up "
-                   "to 8 KiB, 100 above)")
+                   help="timed iterations at every size (default "
+                   f"{_osu.DEFAULT_COUNTS[0]} up to 8 KiB, "
+                   f"{_osu.DEFAULT_COUNTS_LARGE[0]} above)")
     g.add_argument("-x", "--warmup", type=_natural,
-                   help="warm-up iterations at every size (default 100 up "
-                   "to 8 KiB, 10 above)")
+                   help="warm-up iterations at every size (default "
+                   f"{_osu.DEFAULT_COUNTS[1]} up to 8 KiB, "
+                   f"{_osu.DEFAULT_COUNTS_LARGE[1]} above)")
     g.add_argument("-f", "--full", action="store_true",
                    help="also print Min/Max latency and Iterations")
     g.add_argument("-c", "--validation", dest="validate",
@@ -66,6 +68,10 @@ def _comparison_options(g):
                    help="root of bcast and reduce (0)")
     g.add_argument("--dtype", choices=_osu.DTYPES,
                    help="reduction element type (float64)")
+    g.add_argument("-T", "--type", dest="dtype", type=_osu_type,
+                   help="the element type by OSU's name: "
+                   f"{', '.join(_osu.OSU_TYPES)} (as --dtype "
+                   f"{', '.join(_osu.OSU_TYPES.values())})")
     g.add_argument("--op", choices=MPI_OPS,
                    help="reduction operation (sum); user: a SUM made with "
                    "MPI.Op.Create, which xhc hands to mpi4py")
@@ -123,6 +129,16 @@ def _cold_size(text):
             f"--cold {text!r}: give 0 or a byte count of at least 64K, "
             f"such as 64M (twice the last-level cache)")
     return nbytes
+
+
+def _osu_type(text):
+    """-T's element type, by OSU's name, as --dtype names it."""
+    dtype = _osu.OSU_TYPES.get(text.lower())
+    if dtype is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give one of {', '.join(_osu.OSU_TYPES)}, or "
+            f"--dtype one of {', '.join(_osu.DTYPES)}")
+    return dtype
 
 
 def _peer_name(text):

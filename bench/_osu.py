@@ -11,7 +11,7 @@ import numpy as np
 LARGE_MESSAGE_SIZE = 8192   # OSU: above this, the "large" loop counts apply
 # OSU's default (iterations, warm-up) up to 8 KiB and above; counts given
 # on the command line (-i, -x) apply at every size, as in OSU.
-DEFAULT_COUNTS = (1000, 100)
+DEFAULT_COUNTS = (1000, 200)
 DEFAULT_COUNTS_LARGE = (100, 10)
 NPAT = 5                    # distinct send patterns, rotated per iteration
                             # (prime: no ring of 2 or 4 slots lines up)
@@ -28,6 +28,9 @@ FRACTION_BITS = {"float64": 30, "float32": 6}
 # float16 within 2048, in float32 within 2**18 in 64ths, in float64 within
 # 2**23 in units of 2**-30.
 EXACT_RANKS = {"float16": 21, "float32": 2048, "float64": 65536}
+# OSU's names for the element types (its -T), as --dtype names them.
+OSU_TYPES = {"mpi_int": "int32", "mpi_float": "float32",
+             "mpi_double": "float64"}
 
 
 # Options of bench.osu that apply only to some commands: name -> (flags,
@@ -35,7 +38,8 @@ EXACT_RANKS = {"float16": 21, "float32": 2048, "float64": 65536}
 SIZED = ("bcast", "allreduce", "reduce")
 ONLY_FOR = {
     "root": (("--root",), True, ("bcast", "reduce"), 0),
-    "dtype": (("--dtype",), True, ("allreduce", "reduce"), "float64"),
+    "dtype": (("--dtype", "-T", "--type"), True, ("allreduce", "reduce"),
+              "float64"),
     "op": (("--op",), True, ("allreduce", "reduce"), "sum"),
     "message_size": (("-m", "--message-size"), True, SIZED, None),
     "shm": (("--shm",), False, SIZED, False),
@@ -56,8 +60,8 @@ def options_for(command, words):
             skip = False
         elif flag in drop:
             skip = drop[flag] and "=" not in word
-        elif word.startswith("-m") and "-m" in drop and word != "-m":
-            pass  # -m8:64K
+        elif word[:2] in drop:
+            pass  # a short flag with its value attached: -m8:64K
         else:
             out.append(word)
     return out

@@ -11,9 +11,10 @@ Commands: bcast, allreduce, reduce, barrier.  OSU options: ``-m [MIN:]MAX``
 (bytes, K/M suffixes; default 1:1M for bcast, one element:1M for
 reductions),
 ``-i ITER`` and ``-x WARMUP`` at every size, as in OSU (by default, OSU's
-1000 and 100 up to 8 KiB, 100 and 10 above).  ``-f`` adds
+1000 and 200 up to 8 KiB, 100 and 10 above).  ``-f`` adds
 Min/Max/Iterations, ``-c`` validates every call's result (Barrier: untimed
-check rounds after each block of timed calls).
+check rounds after each block of timed calls), ``-T mpi_float`` names the
+element type as OSU does (``--dtype float32``).
 
 Method (OSU's C one, but for the fill, which OSU does only with -c): per
 iteration, fill the send buffer, call

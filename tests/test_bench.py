@@ -719,7 +719,8 @@ def test_one_option_list_goes_to_every_command():
     or op to a Bcast, no root to an Allreduce, whichever way they are
     spelt."""
     words = "-m 8:64K -i 20 --dtype int32 --root=1 -m4 --shm --op max " \
-            "--message-size=16 -f --objects --numpy-scalar".split()
+            "--message-size=16 -f --objects --numpy-scalar -T mpi_int " \
+            "-Tmpi_float --type=mpi_double".split()
     assert _osu.options_for("barrier", words) == ["-i", "20", "-f"]
     assert _osu.options_for("bcast", words) == [
         "-m", "8:64K", "-i", "20", "--root=1", "-m4", "--shm",
@@ -727,6 +728,18 @@ def test_one_option_list_goes_to_every_command():
     assert _osu.options_for("allreduce", words) == [
         w for w in words if w != "--root=1"]
     assert _osu.options_for("reduce", words) == words
+
+
+def test_osu_takes_osus_type_names():
+    """-T takes OSU's names of the element types, as --dtype names them,
+    and refuses the others, naming both options' choices."""
+    from bench import _options, _osu
+    for name, dtype in _osu.OSU_TYPES.items():
+        assert _options._osu_type(name.upper()) == dtype
+        assert dtype in _osu.DTYPES
+    with pytest.raises(Exception, match=r"^'mpi_char': give one of "
+                       r"mpi_int, .*, or --dtype one of float64"):
+        _options._osu_type("mpi_char")
 
 
 def test_osu_peer_component_is_one_open_mpi_has():

@@ -86,7 +86,7 @@ def test_message_sizes_and_counts():
     with pytest.raises(ValueError):
         _osu.message_sizes("64:8", 1)
     # OSU's defaults, a tenth above 8 KiB; counts given, at every size.
-    assert _osu.loop_counts(8192) == (1000, 100)
+    assert _osu.loop_counts(8192) == (1000, 200)
     assert _osu.loop_counts(16384) == (100, 10)
     assert _osu.loop_counts(16384, 20, 2) == (20, 2)
     assert _osu.loop_counts(16384, 20) == (20, 10)
