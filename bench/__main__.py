@@ -158,7 +158,7 @@ def parse_args(argv=None):
                     "of its own (a.json: a-bcast.json, ...)")
     args = ap.parse_args(_extra_joined(sys.argv[1:] if argv is None
                                        else argv))
-    if args.ranks < 2:  # mpiexec -n 0 would take every slot it finds
+    if args.ranks < 2:  # (and mpiexec -n 0 would take every slot it finds)
         ap.error(f"-n {args.ranks}: give 2 or more ranks (one rank's "
                  "collectives move nothing, so there is nothing to time)")
     bad = [op for op in args.ops if op not in SWEEPS]
