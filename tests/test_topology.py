@@ -343,6 +343,44 @@ def test_unbound_ranks_warn_when_a_level_asked_for_groups_nothing(
         f"hierarchy"])
 
 
+@pytest.mark.parametrize("levels, warns", [
+    (["numa", "package"], None), (["l3", "numa"], "l3"),
+    (["virtual:2"], None)])
+def test_a_binding_across_l3s_warns_only_where_a_hierarchy_groups_by_l3(
+        monkeypatch, levels, warns):
+    """Ranks bound inside one NUMA node but across its L3s (--bind-to numa
+    on a package of several L3s) group by numa and package alike: only a
+    hierarchy that names l3 loses a level, and only it warns."""
+    monkeypatch.setenv("HWLOC_SYNTHETIC", "pack:1 numa:1 l3:2 core:1 pu:1")
+    monkeypatch.setattr(topology, "_warned", False)
+    mask = topology._cpuset_mask([0, 1])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        topology.localities_for(NodeComm(0, [mask, mask]), None, 0,
+                                [["numa"], levels])
+    assert [str(w.message).split(" domain")[0] for w in seen] == (
+        [] if warns is None else
+        [f"xhc: this process is not bound inside one {warns}"])
+
+
+def test_a_binding_warning_made_an_error_stops_every_comm(monkeypatch):
+    """Under a filter that makes the warning an error, each xhc.Comm the
+    binding stops raises it, not the first alone (the next would open
+    on a hierarchy that groups nothing, unannounced)."""
+    monkeypatch.setattr(topology, "_warned", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            with pytest.raises(RuntimeWarning, match="not bound inside "
+                               "one l3 domain"):
+                topology.warn_if_spanning({"l3": (0, 1)})
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            topology.warn_if_spanning({"l3": (0, 1)})
+    assert len(seen) == 1
+
+
 def test_every_rank_hears_that_hwloc_failed(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
@@ -410,35 +448,44 @@ def test_rank_0_places_every_rank_on_a_topology_source(monkeypatch):
     want = [local_locality(source, index=i) for i in (0, 1, 7)]
 
     def forget():
-        topology._core_table.cache_clear()
+        topology._read_core_table.cache_clear()
         topology._cached_locality.cache_clear()
         monkeypatch.setattr(topology, "_HEARD_TABLES", {})
         runs.clear()
     forget()
-    root = Told(0, [[source], [False], [1]])
+    root = Told(0, [[source], [None], [1]])
     assert topology.gather_localities(root, source, index=0) == want[:2]
     assert len(runs) == 1 + len(topology._QUERIED)  # the count, the levels
     forget()
-    peer = Told(1, [[source], [False], [0]], sent=root.sent)
+    peer = Told(1, [[source], [None], [0]], sent=root.sent)
     assert topology.gather_localities(peer, source, index=7) == \
         [want[0], want[2]]
     assert runs == []  # it heard the table rank 0 sent
     # A later communicator (a Split) whose rank 0 is this process, where
     # every rank heard the table: no rank asks hwloc again.
-    again = Told(0, [[source], [True], [0]])
+    held = topology._digest(root.sent)
+    again = Told(0, [[source], [held], [0]])
     assert topology.gather_localities(again, source, index=7) == \
         [want[2], want[0]]
     assert runs == []
     # Ranks of two launches (Spawn, then Merge()), each its launch's local
     # rank 0 (the launchers' numbers collide): placed by their ranks.
-    merged = Told(1, [[source], [True], [0]])
+    merged = Told(1, [[source], [held], [0]])
     assert topology.gather_localities(merged, source, index=0) == want[:2]
+    # A rank that heard another table (a file written again between two
+    # communicators): every rank takes rank 0's, which it asks for again.
+    told = topology._core_table("pack:1 numa:2 core:1 pu:1")
+    stale = Told(1, [[source], ["another table"], [1]], sent=told)
+    assert topology.gather_localities(stale, source, index=0) == \
+        [dict(told[1]), dict(told[0])]
+    key = (source, topology._file_identity(source))
+    assert topology._HEARD_TABLES[key] == told
     bad = "pack:2 nonsense:3"
-    root = Told(0, [[bad], [False]])
+    root = Told(0, [[bad], [None]])
     with pytest.raises(XhcError, match=r"^hwloc cannot read topology "):
         topology.gather_localities(root, bad, index=0)
     with pytest.raises(XhcError, match=r"^hwloc cannot read topology "):
-        topology.gather_localities(Told(1, [[bad], [False]], sent=root.sent),
+        topology.gather_localities(Told(1, [[bad], [None]], sent=root.sent),
                                    bad, index=1)
 
 

@@ -25,6 +25,7 @@ for their bindings, for a topology source for all its cores.  Results are
 cached per process.
 """
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -51,9 +52,10 @@ LEVEL_TYPES = {
 # The names a locality dict carries ("socket" is only an alias of "package").
 CANONICAL = ("core", "l2", "l3", "numa", "package", "node")
 
-# Levels the default hierarchies use; an unbound process spanning several of
-# these domains is worth a warning.  core/l2 only count where a hierarchy
-# names them: an unbound process always spans several cores.
+# Levels the default hierarchies use; a process whose binding spans several
+# of these domains cannot be grouped by them, which is worth a warning
+# where a hierarchy names them (all of them where none is known).  core
+# and l2 count only where named: an unbound process always spans cores.
 _BINDING_LEVELS = ("l3", "numa", "package")
 _ASKED_ONLY = ("l2", "core")
 
@@ -270,23 +272,26 @@ def warn_if_spanning(locality, pu_locality=None, asked=()):
     """Warn once per process when the binding spans several domains of a
     level: when, at that level, LOCALITY (the binding's) is not that of
     one PU in the binding (PU_LOCALITY; unknown: not that of one domain).
-    The levels: l3, numa, package, and core and l2 if in ASKED (the
-    levels a hierarchy names).  A NUMA node of memory alone (HBM, CXL)
-    lies over the cores of another one: a rank bound to one core meets
-    both, and spans neither."""
+    The levels: those of l3, numa, package, l2 and core in ASKED (the
+    levels the hierarchies name); without ASKED, l3, numa and package.  A
+    NUMA node of memory alone (HBM, CXL) lies over the cores of another
+    one: a rank bound to one core meets both, and spans neither.  Warned
+    once, or until the warning does not raise (a filter may make it an
+    error, which each xhc.Comm it stops then raises)."""
     global _warned
-    levels = _BINDING_LEVELS + tuple(n for n in _ASKED_ONLY if n in asked)
+    levels = [n for n in _BINDING_LEVELS + _ASKED_ONLY if n in asked] \
+        if asked else _BINDING_LEVELS
     spanned = [name for name in levels
                if (len(locality.get(name, ())) > 1 if pu_locality is None
                    else locality.get(name) != pu_locality.get(name))]
     if not spanned or _warned:
         return
-    _warned = True
     warnings.warn(
         "xhc: this process is not bound inside one %s domain (its CPU binding spans "
         "several), so ranks cannot be grouped by %s; launch with "
         "'mpiexec --bind-to core' for a useful hierarchy"
         % (spanned[0], ", ".join(spanned)), RuntimeWarning)
+    _warned = True
 
 
 def _binding_masks():
@@ -366,12 +371,35 @@ def _bound_locality():
     return locality
 
 
-_HEARD_TABLES = {}  # topology source -> the core table rank 0 sent
+_HEARD_TABLES = {}  # (topology source, its file's identity) -> the table
+
+
+def _file_identity(source):
+    """What changes when the file SOURCE names is written again (None for
+    a synthetic description): a table read before stands for it no more."""
+    if source is None:
+        return None
+    try:
+        st = os.stat(source)
+    except (OSError, ValueError):
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _digest(table):
+    """A short name of TABLE that is alike in every process that holds it."""
+    return hashlib.sha256(repr(table).encode()).hexdigest()[:32]
+
+
+def _core_table(source):
+    """Locality of every logical core of SOURCE, as a tuple indexed by
+    core; asked of hwloc once per version of the file."""
+    return _read_core_table(source, _file_identity(source))
 
 
 @functools.lru_cache(maxsize=None)
-def _core_table(source):
-    """Locality of every logical core of SOURCE, as a tuple indexed by core."""
+def _read_core_table(source, _identity):
+    """_core_table's body, cached by SOURCE and its file's identity."""
     count = _count(source, "core")
     if count == 0:
         fix = ("write it again with lstopo from a machine, or give each "
@@ -387,8 +415,9 @@ def _core_table(source):
 
 
 @functools.lru_cache(maxsize=None)
-def _cached_locality(source, index):
-    """Cached body of local_locality (index is 0 for this machine)."""
+def _cached_locality(source, _identity, index):
+    """Cached body of local_locality (index is 0 for this machine), by
+    SOURCE and its file's identity."""
     if source is None:
         return _bound_locality()
     table = _core_table(source)
@@ -415,11 +444,16 @@ def gather_localities(comm, topology=None, index=0, asked=()):
     if source is None:
         return _machine_localities(comm, asked)
     # Every rank keeps the table it heard: a later communicator (a Split)
-    # whose rank 0 is another process asks hwloc again only if one lacks it.
-    known = exchange.allgather(comm, source in _HEARD_TABLES)
-    table = _HEARD_TABLES[source] if all(known) else \
-        _told_by_rank_0(comm, lambda: _core_table(source))
-    _HEARD_TABLES[source] = table
+    # whose rank 0 is another process asks hwloc again only if a rank
+    # lacks it or the ranks' differ (the file was written again between),
+    # for ranks that placed themselves by different tables would group
+    # differently, and their collectives would mix up their data.
+    key = (source, _file_identity(source))
+    table = _HEARD_TABLES.get(key)
+    held = exchange.allgather(comm, table and _digest(table))
+    if None in held or len(set(held)) > 1:
+        table = _told_by_rank_0(comm, lambda: _core_table(source))
+    _HEARD_TABLES[key] = table
     indexes = exchange.allgather(comm, int(index))
     if len(set(indexes)) < len(indexes):
         indexes = range(len(indexes))
@@ -603,6 +637,8 @@ def _count_cpu_list(text):
 def local_locality(topology=None, index=0):
     """Locality dict of process INDEX (see the module docstring for the format)."""
     source = source_of(topology)
-    # On this machine the binding, not the index, decides; share one entry.
-    key_index = 0 if source is None else int(index)
-    return dict(_cached_locality(source, key_index))
+    # On this machine the binding, not the index, decides; share one entry
+    # per binding.
+    if source is None:
+        return dict(_cached_locality(None, _binding_masks(), 0))
+    return dict(_cached_locality(source, _file_identity(source), int(index)))
