@@ -93,6 +93,9 @@ class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
         # Orders free() against *_init in another thread: a request is
         # either among those free() frees, or sees the object freed.
         self._requests_lock = threading.Lock()
+        # Held by free() from its closing until its requests are released:
+        # a Wait() that finds it closing waits here for the release.
+        self._releasing = threading.Lock()
         self._warned = set()
         self._fallbacks = 0
         self._final_paths = {}  # the core's counts, kept when freed
@@ -483,19 +486,20 @@ class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
     def free(self):
         """Release the shared memory; the wrapped communicator stays, but
         for one that Dup() made, which goes with it."""
-        # Refuse if a call runs, or else let none begin from now on: one
-        # step in C, which no other thread's call can come between.
-        if not self._hot_close():
-            raise busy_error("free()")
-        # Nothing may reach the context once its closing has begun: the
-        # close releases the GIL.
-        with self._requests_lock:
-            ctx, self._ctx = self._ctx, ffi.NULL
-            self._state = "freed"
-            requests = list(self._requests)
-        self._bind(ffi.NULL)
-        for req in requests:
-            req._release()
+        with self._releasing:
+            # Refuse if a call runs, or else let none begin from now on:
+            # one step in C, which no other thread's call can come between.
+            if not self._hot_close():
+                raise busy_error("free()")
+            # Nothing may reach the context once its closing has begun: the
+            # close releases the GIL.
+            with self._requests_lock:
+                ctx, self._ctx = self._ctx, ffi.NULL
+                self._state = "freed"
+                requests = list(self._requests)
+            self._bind(ffi.NULL)
+            for req in requests:
+                req._release()
         self._forget_plans()
         if ctx:
             self._final_paths = _path_counts(ctx)

@@ -263,10 +263,12 @@ class OnMPI(Request):
                 store()
 
     def Wait(self, status=None):
-        if self._mpi is None:  # not yet made, or freed (_release)
+        mpi = self._mpi
+        if mpi is None:  # not yet made, or freed (_release)
             return self._fill(status)
         try:
-            self._mpi.Wait(status)
+            if self._in_mpi(mpi.Wait, status) is NotImplemented:
+                return self._freed_meanwhile(status)
         except MPI.Exception:
             raise
         except BaseException:  # a signal handler's, as MPI's Wait returned
@@ -276,12 +278,30 @@ class OnMPI(Request):
         return True
 
     def Test(self, status=None):
-        if self._mpi is None:  # not yet made, or freed (_release)
+        mpi = self._mpi
+        if mpi is None:  # not yet made, or freed (_release)
             return self._fill(status)
-        if not self._mpi.Test(status):
+        done = self._in_mpi(mpi.Test, status)
+        if done is NotImplemented:
+            return self._freed_meanwhile(status)
+        if not done:
             return False
         self._complete()
         return True
+
+    def _in_mpi(self, call, status):
+        """MPI's CALL on MPI's request, counted as under way on the owner,
+        so that a free() in another thread meanwhile refuses (it would
+        complete the same request: MPI lets one thread alone do that);
+        NotImplemented, calling nothing, once that free() has begun."""
+        return self._xcomm._counted(call, status)
+
+    def _freed_meanwhile(self, status):
+        """The owner's free(), begun in another thread, completes this
+        request (_release): once it has, this one is complete too."""
+        with self._xcomm._releasing:
+            pass
+        return self._fill(status)
 
     def test(self, status=None):
         return self.Test(status), None

@@ -119,6 +119,7 @@ def suite_free_busy(xc):
         c.Barrier()                          # still usable, then freed
         c.free()
     free_while_planning()
+    free_while_waiting_over_mpi()
     free_while_raising()
     interrupted_counts()
     interrupted_start(xc, False)
@@ -451,6 +452,45 @@ def free_while_planning():
     go_on.set()
     th.join()
     emit("FREE-PLANNING", f"rank={RANK}", f"msg={outcome[0]}")
+
+
+def free_while_waiting_over_mpi():
+    """Where every rank is alone on its node (split_nodes=2) a request is
+    MPI's own.  FIRST: rank 0 waits in its Wait() for rank 1 (0.5 s late)
+    while a second thread frees the xhc.Comm: the free must refuse (it
+    would complete the request MPI is completing for the Wait, which MPI
+    lets one thread alone do: MPI_ERR_REQUEST, and a half-freed Comm).
+    THEN: the free comes first and completes the request; a Wait() begun
+    meanwhile in the second thread returns once it has, with the data."""
+    for order in ("wait-first", "free-first"):
+        c = xhc.Comm(W, split_nodes=2)
+        want = np.arange(4.0) + (70 if order == "wait-first" else 80)
+        b = want.copy() if RANK == 1 else f8(4)
+        req = c.Bcast_init(b, root=1)
+        outcome = ["freed"]
+
+        def meanwhile(c=c, req=req, outcome=outcome, order=order):
+            time.sleep(0.2)
+            try:
+                c.free() if order == "wait-first" else req.Wait()
+            except Exception as exc:  # noqa: BLE001
+                outcome[0] = f"{type(exc).__name__}: {oneline(exc)}"
+        if RANK == 1:
+            time.sleep(0.5)
+        req.Start()
+        th = threading.Thread(target=meanwhile) if RANK == 0 else None
+        if th is not None:
+            th.start()
+        if order == "wait-first" or RANK == 1:
+            req.Wait()
+        else:
+            c.free()
+        if th is not None:
+            th.join()
+            emit("FREE-OVER-MPI", order, f"msg={outcome[0]}")
+        emit("FREE-OVER-MPI-DATA", order, f"rank={RANK}",
+             f"ok={bool(np.array_equal(b, want))}")
+        c.free()
 
 
 def suite_concurrent(xc, split_nodes=1, debug=False):
