@@ -134,8 +134,8 @@ def test_hierarchy_specs_are_checked_and_none_keeps_the_default():
                        r"'virtual:x': K in virtual:K must be an integer >= 1"):
         config.hierarchies("virtual:x")
     with pytest.raises(ValueError, match=r"^xhc tunable hierarchy: no such "
-                       r"operations as \['gather'\]; set XHC_HIERARCHY \(or "
-                       r"hierarchy=\) per operation of \['allreduce', "):
+                       r"operations as \['gather'\]; key hierarchy= by "
+                       r"the operations \['allreduce', "):
         config.hierarchies({"gather": "numa"})
     with pytest.raises(TypeError, match=r"^xhc tunable hierarchy: a "
                        r"hierarchy spec is a comma string .*not int; set "):

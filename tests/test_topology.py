@@ -406,6 +406,29 @@ def test_ranks_with_different_topologies_all_refuse(mine, others):
     assert "None" not in str(e.value)
 
 
+def test_a_file_some_ranks_cannot_find_is_named(tmp_path, monkeypatch):
+    """A relative path that one rank finds (named by its absolute path)
+    and another does not (a working directory of its own): every rank
+    names the file, the rank that lacks it, and the fix, an absolute
+    path, rather than 'different values' of one setting."""
+    monkeypatch.chdir(os.path.dirname(XML))
+    found = topology.source_of(os.path.basename(XML))
+    monkeypatch.chdir(tmp_path)
+    lost = topology.source_of(os.path.basename(XML))
+    assert (found, lost) == (XML, os.path.basename(XML))
+    for me, mine, others in ((0, found, [lost]), (1, lost, [found])):
+        comm = NodeComm(me, None, others=others)
+        comm.allgather = lambda v, me=me, others=others: \
+            ([v] + others) if me == 0 else (others + [v])
+        with pytest.raises(ValueError, match=(
+                rf"^xhc tunable topology: rank 1 finds no file "
+                rf"'{os.path.basename(XML)}', which rank 0 reads as "
+                rf"'{XML}' \(a relative path is taken from each rank's "
+                r"working directory\); set XHC_TOPOLOGY \(or topology=\) "
+                r"to the file's absolute path, which every rank can read$")):
+            topology.gather_localities(comm, mine)
+
+
 class Gathering:
     """Rank RANK of a communicator whose other ranks give, at the K-th
     allgather, the values OTHERS[K]."""

@@ -443,10 +443,10 @@ def hierarchies(hierarchy=None):
         specs = dict(HIERARCHY_DEFAULTS)
     elif isinstance(hierarchy, dict):
         unknown = set(hierarchy) - set(HIERARCHY_DEFAULTS)
-        if unknown:
-            raise tunable_error("hierarchy", "no such operations as "
-                                f"{sorted(unknown)}", "per operation of "
-                                f"{sorted(HIERARCHY_DEFAULTS)}")
+        if unknown:  # a dict comes as the keyword alone
+            raise ValueError(f"xhc tunable hierarchy: no such operations as "
+                             f"{sorted(unknown)}; key hierarchy= by the "
+                             f"operations {sorted(HIERARCHY_DEFAULTS)}")
         specs = {**HIERARCHY_DEFAULTS,
                  **{op: spec for op, spec in hierarchy.items()
                     if spec is not None}}

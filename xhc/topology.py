@@ -35,7 +35,7 @@ import warnings
 
 from . import exchange
 from .config import check_alike, tunable_error
-from .errors import XhcError, agree, error_text
+from .errors import XhcError, agree, error_text, rank_name
 from .hierarchy import placeless, reads_topology
 
 # Accepted level names -> hwloc object type names understood by hwloc-calc.
@@ -439,8 +439,7 @@ def gather_localities(comm, topology=None, index=0, asked=()):
     launcher placed it); where two ranks have the same (ranks of several
     launches, as Spawn's and Merge()'s), by its rank in COMM."""
     source = source_of(topology)
-    check_alike("topology", [this or "this machine" for this in
-                             exchange.allgather(comm, source)])
+    _check_sources_alike(exchange.allgather(comm, source))
     if source is None:
         return _machine_localities(comm, asked)
     # Every rank keeps the table it heard: a later communicator (a Split)
@@ -458,6 +457,30 @@ def gather_localities(comm, topology=None, index=0, asked=()):
     if len(set(indexes)) < len(indexes):
         indexes = range(len(indexes))
     return [dict(table[i % len(table)]) for i in indexes]
+
+
+def _check_sources_alike(sources):
+    """Raise, naming the fix, unless the ranks' topology SOURCES agree.  A
+    file that one rank reads (named by its absolute path) under a name
+    another rank finds no file by is a relative path taken from ranks'
+    different working directories, or a file only some ranks can see."""
+    found = next((r for r, s in enumerate(sources)
+                  if s and os.path.isabs(s) and os.path.exists(s)), None)
+    if found is not None:
+        name = os.path.basename(sources[found])
+        # source_of names a file it finds by its absolute path: a
+        # relative one is a name under which that rank found none.
+        lost = next((r for r, s in enumerate(sources)
+                     if s and not os.path.isabs(s) and
+                     os.path.basename(s) == name), None)
+        if lost is not None:
+            raise tunable_error(
+                "topology", f"rank {rank_name(lost)} finds no file "
+                f"{sources[lost]!r}, which rank {rank_name(found)} reads as "
+                f"{sources[found]!r} (a relative path is taken from each "
+                "rank's working directory)", "to the file's absolute path, "
+                "which every rank can read")
+    check_alike("topology", [this or "this machine" for this in sources])
 
 
 def localities_for(comm, topology, index, hierarchies):
