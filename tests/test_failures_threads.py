@@ -54,24 +54,29 @@ def test_free_refused_while_another_thread_waits(args2, path):
         kv["ok"] == "True" for kv in data.values()), args2.output()
 
 
-@pytest.mark.parametrize("order", ["wait-first", "free-first"])
+@pytest.mark.parametrize("order", ["wait-first", "free-first",
+                                   "disconnect"])
 def test_free_refused_while_another_thread_waits_over_mpi(args2, order):
     """Every rank alone on its node: a request is MPI's own.  A free()
-    from a second thread while the main thread waits in its Wait() is
-    refused, as for xhc's own waits (it used to complete the same MPI
-    request, which raised MPI_ERR_REQUEST and left the xhc.Comm half
-    freed); a free() that comes first completes the request, and a Wait()
-    begun meanwhile returns once it has.  The data arrive either way."""
+    (or Disconnect()) from a second thread while the main thread waits in
+    its Wait() is refused, as for xhc's own waits (it used to complete
+    the same MPI request, which raised MPI_ERR_REQUEST and left the
+    xhc.Comm half freed), and leaves the wrapped communicator connected;
+    a free() that comes first completes the request, and a Wait() begun
+    meanwhile returns once it has.  The data arrive either way."""
     check_completed(args2)
     rep = args2.get("FREE-OVER-MPI", order)
     assert len(rep) == 1, args2.output()
-    assert rep[0]["msg"] == ("XhcError: xhc.Comm free() while a collective "
-                             "runs on it in another thread; call it once "
-                             "that collective has returned"
-                             if order == "wait-first" else "freed"), rep
+    name = "Disconnect()" if order == "disconnect" else "free()"
+    assert rep[0]["msg"] == (f"XhcError: xhc.Comm {name} while a "
+                             "collective runs on it in another thread; call "
+                             "it once that collective has returned"
+                             if order != "free-first" else "freed"), rep
     data = args2.by_rank("FREE-OVER-MPI-DATA", order)
     assert sorted(data) == [0, 1] and all(
         kv["ok"] == "True" for kv in data.values()), args2.output()
+    assert all(kv["wrapped"] == "True" for kv in data.values()), \
+        args2.output()
 
 
 def test_free_while_another_thread_raises_does_not_crash(args2):

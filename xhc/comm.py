@@ -93,9 +93,11 @@ class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
         # Orders free() against *_init in another thread: a request is
         # either among those free() frees, or sees the object freed.
         self._requests_lock = threading.Lock()
-        # Held by free() from its closing until its requests are released:
-        # a Wait() that finds it closing waits here for the release.
+        # Held by free() (its thread: _releaser) from its closing until its
+        # requests are released: a Wait() in another thread that finds it
+        # closing waits here for the release.
         self._releasing = threading.Lock()
+        self._releaser = None
         self._warned = set()
         self._fallbacks = 0
         self._final_paths = {}  # the core's counts, kept when freed
@@ -197,12 +199,6 @@ class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
             f"{name + ': ' if name else ''}another thread's collective is "
             "under way on this xhc.Comm; MPI allows one at a time on a "
             "communicator: give each thread its own, xhc.Comm(comm.Dup())"))
-
-    def _refuse_if_busy(self, what):
-        """Raise if a collective runs on this object in another thread:
-        the memory it polls must not go away under it."""
-        if self._hot_busy():
-            raise busy_error(what)
 
     def _on_ctx(self, fn, *args, alone=False, default=None):
         """FN(context, *ARGS), counted as under way, as _in_core counts a
@@ -486,20 +482,28 @@ class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
     def free(self):
         """Release the shared memory; the wrapped communicator stays, but
         for one that Dup() made, which goes with it."""
+        self._free_as("free()")
+
+    def _free_as(self, what):
+        """free(), called as WHAT (named by its refusal)."""
         with self._releasing:
             # Refuse if a call runs, or else let none begin from now on:
             # one step in C, which no other thread's call can come between.
             if not self._hot_close():
-                raise busy_error("free()")
-            # Nothing may reach the context once its closing has begun: the
-            # close releases the GIL.
-            with self._requests_lock:
-                ctx, self._ctx = self._ctx, ffi.NULL
-                self._state = "freed"
-                requests = list(self._requests)
-            self._bind(ffi.NULL)
-            for req in requests:
-                req._release()
+                raise busy_error(what)
+            self._releaser = threading.get_ident()
+            try:
+                # Nothing may reach the context once its closing has begun:
+                # the close releases the GIL.
+                with self._requests_lock:
+                    ctx, self._ctx = self._ctx, ffi.NULL
+                    self._state = "freed"
+                    requests = list(self._requests)
+                self._bind(ffi.NULL)
+                for req in requests:
+                    req._release()
+            finally:
+                self._releaser = None
         self._forget_plans()
         if ctx:
             self._final_paths = _path_counts(ctx)
@@ -544,9 +548,21 @@ class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
         self._free_with("Disconnect")
 
     def _free_with(self, name):
-        self._refuse_if_busy(f"{name}()")
-        getattr(self._comm, name)()
-        self.free()
+        """free(), then the wrapped communicator's NAME (Free, Disconnect):
+        in this order, so that a free() that refuses (a call under way in
+        another thread) leaves both as they were."""
+        comm, owns = self._comm, self._owns_comm
+        self._owns_comm = False  # NAME frees it, not free()
+        try:
+            self._free_as(f"{name}()")
+        except BaseException:
+            self._owns_comm = owns
+            raise
+        getattr(comm, name)()
+
+    def _closing(self):
+        """Has free() begun (closed this object, in C)?"""
+        return self._counted(int) is NotImplemented
 
     # Duplicates keep the class, as mpi4py's do: an object of this class
     # that wraps the wrapped communicator's duplicate, with this one's

@@ -2,6 +2,7 @@
 """xhc's persistent collectives (*_init): requests that run their call
 to completion in Start()."""
 import sys
+import threading
 
 from mpi4py import MPI
 
@@ -262,18 +263,30 @@ class OnMPI(Request):
             for store in self._stores:
                 store()
 
+    # Wait(), Test() and Get_status() call MPI on MPI's request counted as
+    # under way on the owner (its _counted), so that a free() in another
+    # thread meanwhile refuses: it would complete the same request, which
+    # MPI lets one thread alone do.  Once that free() has begun, the count
+    # refuses (NotImplemented, calling nothing), and free() completes this
+    # request (_after_free_began).
+
     def Wait(self, status=None):
         mpi = self._mpi
         if mpi is None:  # not yet made, or freed (_release)
             return self._fill(status)
+        # No Python frame between this try and MPI's call: an exception
+        # here is MPI's, or a signal handler's as MPI's Wait (or the
+        # count's refusal) returned.
         try:
-            if self._in_mpi(mpi.Wait, status) is NotImplemented:
-                return self._freed_meanwhile(status)
+            done = self._xcomm._counted(mpi.Wait, status)
         except MPI.Exception:
             raise
-        except BaseException:  # a signal handler's, as MPI's Wait returned
-            self._complete()
+        except BaseException:
+            if not self._xcomm._closing():  # MPI's Wait returned
+                self._complete()
             raise
+        if done is NotImplemented:
+            return self._after_free_began(True, status)
         self._complete()
         return True
 
@@ -281,35 +294,47 @@ class OnMPI(Request):
         mpi = self._mpi
         if mpi is None:  # not yet made, or freed (_release)
             return self._fill(status)
-        done = self._in_mpi(mpi.Test, status)
+        done = self._xcomm._counted(mpi.Test, status)
         if done is NotImplemented:
-            return self._freed_meanwhile(status)
+            return self._after_free_began(False, status)
         if not done:
             return False
         self._complete()
         return True
 
-    def _in_mpi(self, call, status):
-        """MPI's CALL on MPI's request, counted as under way on the owner,
-        so that a free() in another thread meanwhile refuses (it would
-        complete the same request: MPI lets one thread alone do that);
-        NotImplemented, calling nothing, once that free() has begun."""
-        return self._xcomm._counted(call, status)
-
-    def _freed_meanwhile(self, status):
-        """The owner's free(), begun in another thread, completes this
-        request (_release): once it has, this one is complete too."""
-        with self._xcomm._releasing:
-            pass
-        return self._fill(status)
+    def _after_free_began(self, wait, status):
+        """Wait() (WAIT) or Test() once the owner's free() has begun, which
+        completes this request.  In free()'s own thread (a signal handler
+        or a finalizer run within it) no other thread completes it: here,
+        at once.  Else once free() is done (a Test() that finds it still
+        going answers False), and here too if an exception stopped free()
+        before it had completed this one."""
+        owner = self._xcomm
+        if owner._releaser != threading.get_ident():
+            if not owner._releasing.acquire(blocking=wait):
+                return False
+            owner._releasing.release()
+        mpi = self._mpi
+        if mpi is None or not self._active:
+            return self._fill(status)
+        if wait:
+            mpi.Wait(status)
+        elif not mpi.Test(status):
+            return False
+        self._complete()
+        return True
 
     def test(self, status=None):
         return self.Test(status), None
 
     def Get_status(self, status=None):
-        if self._mpi is None:  # not yet made, or freed (_release)
+        mpi = self._mpi
+        if mpi is None:  # not yet made, or freed (_release)
             return self._fill(status)
-        return self._mpi.Get_status(status)
+        done = self._xcomm._counted(mpi.Get_status, status)
+        if done is NotImplemented:  # free() begun: done once it completed
+            return not self._active and self._fill(status)
+        return done
 
     get_status = Get_status
 

@@ -462,9 +462,11 @@ def free_while_waiting_over_mpi():
     lets one thread alone do: MPI_ERR_REQUEST, and a half-freed Comm).
     THEN: the free comes first and completes the request; a Wait() begun
     meanwhile in the second thread returns once it has, with the data."""
-    for order in ("wait-first", "free-first"):
-        c = xhc.Comm(W, split_nodes=2)
-        want = np.arange(4.0) + (70 if order == "wait-first" else 80)
+    for k, order in enumerate(("wait-first", "free-first", "disconnect")):
+        # DISCONNECT: as WAIT-FIRST, with Disconnect(), which must refuse
+        # before it disconnects the communicator it wraps.
+        c = xhc.Comm(W.Dup(), split_nodes=2)
+        want = np.arange(4.0) + 10 * k
         b = want.copy() if RANK == 1 else f8(4)
         req = c.Bcast_init(b, root=1)
         outcome = ["freed"]
@@ -472,7 +474,8 @@ def free_while_waiting_over_mpi():
         def meanwhile(c=c, req=req, outcome=outcome, order=order):
             time.sleep(0.2)
             try:
-                c.free() if order == "wait-first" else req.Wait()
+                c.Disconnect() if order == "disconnect" else \
+                    req.Wait() if order == "free-first" else c.free()
             except Exception as exc:  # noqa: BLE001
                 outcome[0] = f"{type(exc).__name__}: {oneline(exc)}"
         if RANK == 1:
@@ -481,7 +484,7 @@ def free_while_waiting_over_mpi():
         th = threading.Thread(target=meanwhile) if RANK == 0 else None
         if th is not None:
             th.start()
-        if order == "wait-first" or RANK == 1:
+        if order != "free-first" or RANK == 1:
             req.Wait()
         else:
             c.free()
@@ -489,8 +492,9 @@ def free_while_waiting_over_mpi():
             th.join()
             emit("FREE-OVER-MPI", order, f"msg={outcome[0]}")
         emit("FREE-OVER-MPI-DATA", order, f"rank={RANK}",
-             f"ok={bool(np.array_equal(b, want))}")
-        c.free()
+             f"ok={bool(np.array_equal(b, want))}",
+             f"wrapped={c.comm != MPI.COMM_NULL}")
+        c.Disconnect()
 
 
 def suite_concurrent(xc, split_nodes=1, debug=False):
