@@ -68,13 +68,20 @@ def mpiexec():
     return exe
 
 
+# The variables that set the launchers' binding policies: a user's, which
+# bind_options leaves in force.
+BINDING_ENV = ("OMPI_MCA_hwloc_base_binding_policy",
+               "PRTE_MCA_hwloc_default_binding_policy", "HYDRA_BINDING")
+
+
 def bind_options(exe, nranks):
     """mpiexec EXE's options that bind NRANKS ranks to a core each, as OSU
     runs are bound (ROOT_ENV's mapping policy leaves them unbound, and an
     unbound rank the OS moves or preempts adds milliseconds to a call);
     none where they do not fit on this machine's cores (oversubscribed,
-    they stay unbound) or EXE is neither Open MPI's nor MPICH's."""
-    if nranks > cores():
+    they stay unbound), where the environment sets a binding policy of
+    its own, or EXE is neither Open MPI's nor MPICH's."""
+    if nranks > cores() or any(name in os.environ for name in BINDING_ENV):
         return []
     try:
         out = subprocess.run([exe, "--version"], capture_output=True,

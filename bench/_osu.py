@@ -91,29 +91,40 @@ def byte_text(nbytes):
     return str(nbytes)
 
 
-def binding_lines(cpus_of):
+def binding_lines(bindings):
     """The header's binding line and, for ranks left unbound where each
-    could have a CPU of its own, a note saying how to bind them."""
-    if not cpus_of or None in cpus_of:
+    could have a CPU of its own, a note saying how to bind them.
+    BINDINGS: each rank's (node name, CPUs), or None where it cannot say;
+    the CPUs of each node are its own."""
+    if not bindings or None in bindings:
         return []
-    every = set().union(*map(set, cpus_of))
-    sizes = sorted({len(c) for c in cpus_of})
-    free = [c for c in cpus_of if len(c) == len(every) > 1]
-    if free and len(free) == len(cpus_of):
-        lines = [f"binding: none (each rank may run on any of "
-                 f"{len(every)} CPUs)"]
+    nodes = {}
+    for node, cpus in bindings:
+        nodes.setdefault(node, []).append(cpus)
+    sizes = sorted({len(cpus) for _, cpus in bindings})
+    free = shared = crowded = 0
+    for cpus_of in nodes.values():
+        every = set().union(*map(set, cpus_of))
+        free += sum(len(c) == len(every) > 1 for c in cpus_of)
+        shared |= sum(map(len, cpus_of)) > len(every)
+        crowded |= len(cpus_of) > len(every)
+    if free == len(bindings):
+        most = max(len(set().union(*map(set, c))) for c in nodes.values())
+        lines = [f"binding: none (each rank may run on any of its node's "
+                 f"{most} CPUs)" if len(nodes) > 1 else
+                 f"binding: none (each rank may run on any of {most} CPUs)"]
     else:
         span = "-".join(map(str, sizes[::len(sizes) - 1 or 1]))
-        shared = sum(map(len, cpus_of)) > len(every)
         lines = [f"binding: each rank to {span} CPU"
                  f"{'' if span == '1' else 's'}"
                  f"{', some sharing' if shared else ''}"
                  f"{'; some unbound' if free else ''}"]
-    if free and len(cpus_of) <= len(every):
+    if free and not crowded:
         lines.append("note: unbound ranks, though each could have a CPU: "
                      "one the OS moves or preempts can add milliseconds "
                      "to a call; bind them as OSU runs do (Open MPI: "
-                     "mpiexec --bind-to core; MPICH: -bind-to core)")
+                     "mpiexec --bind-to core, or hwthread for more ranks "
+                     "than cores; MPICH: -bind-to core)")
     return lines
 
 

@@ -523,10 +523,10 @@ def new_doc(run, opts):
 
 
 def _binding(comm):
-    """Every rank's CPUs, as the OS lets it run (None where it cannot
-    say): whether the launcher bound the ranks.  Collective."""
+    """Every rank's node and CPUs, as the OS lets it run (None where it
+    cannot say): whether the launcher bound the ranks.  Collective."""
     try:
-        mine = sorted(os.sched_getaffinity(0))
+        mine = [MPI.Get_processor_name(), sorted(os.sched_getaffinity(0))]
     except (AttributeError, OSError):
         mine = None
     return comm.allgather(mine)

@@ -294,9 +294,25 @@ def test_osu_plot_without_matplotlib_is_refused_up_front(tmp_path):
 def test_binding_lines(cpus_of, line, noted):
     """The header says how the ranks were bound, and notes unbound ranks
     where each could have had a CPU of its own (not oversubscribed)."""
-    lines = _osu.binding_lines(cpus_of)
+    lines = _osu.binding_lines([["n0", c] for c in cpus_of])
     assert lines[0] == line
     assert len(lines) == 1 + noted
     if noted:
         assert "mpiexec --bind-to core" in lines[1]
-    assert _osu.binding_lines([[0], None]) == []
+    assert _osu.binding_lines([["n0", [0]], None]) == []
+
+
+def test_binding_lines_count_each_nodes_cpus_as_its_own():
+    """Ranks on two nodes bound to CPU 0 of each share nothing; a node of
+    unbound ranks and one of bound ranks make a note for the first."""
+    assert _osu.binding_lines([["a", [0]], ["b", [0]]]) == [
+        "binding: each rank to 1 CPU"]
+    lines = _osu.binding_lines([["a", [0, 1]], ["a", [0, 1]],
+                                ["b", [0]], ["b", [1]]])
+    assert lines[0] == "binding: each rank to 1-2 CPUs, some sharing; " \
+        "some unbound"
+    assert lines[1].startswith("note: unbound ranks")
+    lines = _osu.binding_lines([["a", [0, 1]], ["b", [0, 1]]])
+    assert lines[0] == ("binding: none (each rank may run on any of its "
+                        "node's 2 CPUs)")
+    assert len(lines) == 2

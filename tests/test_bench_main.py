@@ -51,9 +51,15 @@ def test_bench_main_binds_ranks_that_fit(says, want, tmp_path, monkeypatch):
     exe.write_text(f"#!/bin/sh\necho '{says}'\n")
     exe.chmod(0o755)
     monkeypatch.setattr(main, "cores", lambda: 4)
+    for name in main.BINDING_ENV:
+        monkeypatch.delenv(name, raising=False)
     assert main.bind_options(str(exe), 4) == want
     assert main.bind_options(str(exe), 5) == []
     assert main.bind_options(str(tmp_path / "missing"), 2) == []
+    for name in main.BINDING_ENV:  # the user's own policy stays in force
+        monkeypatch.setenv(name, "none")
+        assert main.bind_options(str(exe), 4) == []
+        monkeypatch.delenv(name)
 
 
 def test_bench_main_counts_cores_not_cpus():
