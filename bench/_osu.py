@@ -102,17 +102,17 @@ def binding_lines(bindings):
     for node, cpus in bindings:
         nodes.setdefault(node, []).append(cpus)
     sizes = sorted({len(cpus) for _, cpus in bindings})
-    free = shared = crowded = 0
+    free = shared = crowded = most = 0
     for cpus_of in nodes.values():
         every = set().union(*map(set, cpus_of))
         free += sum(len(c) == len(every) > 1 for c in cpus_of)
         shared |= sum(map(len, cpus_of)) > len(every)
         crowded |= len(cpus_of) > len(every)
+        most = max(most, len(every))
     if free == len(bindings):
-        most = max(len(set().union(*map(set, c))) for c in nodes.values())
-        lines = [f"binding: none (each rank may run on any of its node's "
-                 f"{most} CPUs)" if len(nodes) > 1 else
-                 f"binding: none (each rank may run on any of {most} CPUs)"]
+        where = "its node's " if len(nodes) > 1 else ""
+        lines = [f"binding: none (each rank may run on any of {where}"
+                 f"{most} CPUs)"]
     else:
         span = "-".join(map(str, sizes[::len(sizes) - 1 or 1]))
         lines = [f"binding: each rank to {span} CPU"

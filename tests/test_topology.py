@@ -2,6 +2,7 @@
 """Locality discovery via hwloc-calc on synthetic, XML and real topologies
 (`python -m xhc info`: test_info.py)."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -421,9 +422,10 @@ def test_a_file_some_ranks_cannot_find_is_named(tmp_path, monkeypatch):
         comm.allgather = lambda v, me=me, others=others: \
             ([v] + others) if me == 0 else (others + [v])
         with pytest.raises(ValueError, match=(
-                rf"^xhc tunable topology: rank 1 finds no file "
-                rf"'{os.path.basename(XML)}', which rank 0 reads as "
-                rf"'{XML}' \(a relative path is taken from each rank's "
+                r"^xhc tunable topology: rank 1 finds no file "
+                + re.escape(f"'{os.path.basename(XML)}', which rank 0 "
+                            f"reads as '{XML}'") +
+                r" \(a relative path is taken from each rank's "
                 r"working directory\); set XHC_TOPOLOGY \(or topology=\) "
                 r"to the file's absolute path, which every rank can read$")):
             topology.gather_localities(comm, mine)
@@ -610,6 +612,7 @@ def test_hwloc_calc_whose_child_holds_its_output_is_bounded_too(
 
 SPANNING = """
 import os
+import re
 from mpi4py import MPI
 import xhc
 W = MPI.COMM_WORLD
