@@ -2,6 +2,7 @@
 """Locality discovery via hwloc-calc on synthetic, XML and real topologies
 (`python -m xhc info`: test_info.py)."""
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -338,10 +339,34 @@ def test_unbound_ranks_warn_when_a_level_asked_for_groups_nothing(
                                       [[], levels])
     assert [loc["core"] for loc in got] == [tuple(cpus)] * 2
     assert [str(w.message) for w in seen] == ([] if warns is None else [
-        f"xhc: this process is not bound inside one {warns} domain (its "
-        f"CPU binding spans several), so ranks cannot be grouped by "
-        f"{warns}; launch with 'mpiexec --bind-to core' for a useful "
-        f"hierarchy"])
+        f"xhc: the 2 ranks on node {platform.node()} are each not bound "
+        f"inside one {warns} domain (the CPU binding spans several), so "
+        f"ranks cannot be grouped by {warns}; launch with 'mpiexec "
+        f"--bind-to core' for a useful hierarchy"])
+
+
+def test_rank_0_warns_once_for_the_ranks_of_its_node(monkeypatch):
+    """One warning a node, from its rank 0, naming the ranks whose
+    bindings span domains and every level any of them spans; the other
+    ranks say nothing (128 ranks on a node printed it 128 times)."""
+    monkeypatch.setenv("HWLOC_SYNTHETIC", "pack:2 numa:2 core:2 pu:1")
+    masks = [topology._cpuset_mask(cpus)
+             for cpus in ([0], [1, 2], [4], [3, 4])]
+    said = []
+    for rank in (0, 2):
+        monkeypatch.setattr(topology, "_warned", False)
+        node = NodeComm(rank, masks, said and said[0][1])
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            topology.localities_for(node, None, rank,
+                                    [["numa", "package"]])
+        said.append(([str(w.message) for w in seen], node.sent))
+    assert said[0][0] == [
+        f"xhc: 2 of the 4 ranks on node {platform.node()} (ranks 1, 3) are "
+        "not bound inside one numa domain (the CPU binding spans several), "
+        "so ranks cannot be grouped by numa, package; launch with 'mpiexec "
+        "--bind-to core' for a useful hierarchy"]
+    assert said[1][0] == []
 
 
 @pytest.mark.parametrize("levels, warns", [
@@ -361,7 +386,8 @@ def test_a_binding_across_l3s_warns_only_where_a_hierarchy_groups_by_l3(
                                 [["numa"], levels])
     assert [str(w.message).split(" domain")[0] for w in seen] == (
         [] if warns is None else
-        [f"xhc: this process is not bound inside one {warns}"])
+        [f"xhc: the 2 ranks on node {platform.node()} are each not bound "
+         f"inside one {warns}"])
 
 
 def test_a_binding_warning_made_an_error_stops_every_comm(monkeypatch):
@@ -627,9 +653,9 @@ except Warning as e:
 
 
 def test_a_binding_warning_made_an_error_raises_on_every_rank(tmp_path):
-    """With warnings as errors, only the rank whose binding spans packages
-    raised its warning, and its peers waited for it for ever in their next
-    step; now every rank raises it."""
+    """With warnings as errors, rank 0's warning for the node (rank 1's
+    binding spans packages) raises on every rank: raised on one alone,
+    its peers waited for it for ever in their next step."""
     script = tmp_path / "spanning.py"
     script.write_text(SPANNING)
     ncpu = os.cpu_count()
@@ -639,11 +665,11 @@ def test_a_binding_warning_made_an_error_raises_on_every_rank(tmp_path):
     lines = sorted(ln for ln in proc.stdout.splitlines()
                    if ln.startswith("rank "))
     assert len(lines) == 2, proc.stdout + proc.stderr
-    assert lines[0].startswith("rank 0: RuntimeWarning: rank 1: xhc: this "
-                               "process is not bound inside one package "
-                               "domain"), lines
-    assert lines[1].startswith("rank 1: RuntimeWarning: xhc: this process is "
-                               "not bound inside one package domain"), lines
+    said = (f"xhc: 1 of the 2 ranks on node {platform.node()} (rank 1) is "
+            "not bound inside one package domain")
+    assert lines[0].startswith(f"rank 0: RuntimeWarning: {said}"), lines
+    assert lines[1].startswith(f"rank 1: RuntimeWarning: rank 0: {said}"), \
+        lines
 
 
 @pytest.mark.parametrize("proc, where, root", [

@@ -27,6 +27,7 @@ cached per process.
 import functools
 import hashlib
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -268,30 +269,62 @@ def describe(topology=None):
     return "%s: %s" % (where, ", ".join(parts))
 
 
-def warn_if_spanning(locality, pu_locality=None, asked=()):
-    """Warn once per process when the binding spans several domains of a
-    level: when, at that level, LOCALITY (the binding's) is not that of
-    one PU in the binding (PU_LOCALITY; unknown: not that of one domain).
-    The levels: those of l3, numa, package, l2 and core in ASKED (the
-    levels the hierarchies name); without ASKED, l3, numa and package.  A
-    NUMA node of memory alone (HBM, CXL) lies over the cores of another
-    one: a rank bound to one core meets both, and spans neither.  Warned
-    once, or until the warning does not raise (a filter may make it an
-    error, which each xhc.Comm it stops then raises)."""
-    global _warned
+def spanned_levels(locality, pu_locality=None, asked=()):
+    """The levels at which a binding spans several domains: those where
+    LOCALITY (the binding's) is not that of one PU in the binding
+    (PU_LOCALITY; unknown: not that of one domain).  The levels: those of
+    l3, numa, package, l2 and core in ASKED (the levels the hierarchies
+    name); without ASKED, l3, numa and package.  A NUMA node of memory
+    alone (HBM, CXL) lies over the cores of another one: a rank bound to
+    one core meets both, and spans neither."""
     levels = [n for n in _BINDING_LEVELS + _ASKED_ONLY if n in asked] \
         if asked else _BINDING_LEVELS
-    spanned = [name for name in levels
-               if (len(locality.get(name, ())) > 1 if pu_locality is None
-                   else locality.get(name) != pu_locality.get(name))]
+    return [name for name in levels
+            if (len(locality.get(name, ())) > 1 if pu_locality is None
+                else locality.get(name) != pu_locality.get(name))]
+
+
+def warn_if_spanning(locality, pu_locality=None, asked=()):
+    """Warn once per process when this process's binding spans several
+    domains of a level (spanned_levels)."""
+    _warn_spanning("this process is", spanned_levels(
+        locality, pu_locality, asked))
+
+
+def _warn_spanning(who, spanned):
+    """Warn that WHO ("this process is", "ranks 1, 3 of node n are") is
+    not bound inside one domain of the levels SPANNED, if any; once, or
+    until the warning does not raise (a filter may make it an error,
+    which each xhc.Comm it stops then raises)."""
+    global _warned
     if not spanned or _warned:
         return
     warnings.warn(
-        "xhc: this process is not bound inside one %s domain (its CPU binding spans "
+        "xhc: %s not bound inside one %s domain (the CPU binding spans "
         "several), so ranks cannot be grouped by %s; launch with "
         "'mpiexec --bind-to core' for a useful hierarchy"
-        % (spanned[0], ", ".join(spanned)), RuntimeWarning)
+        % (who, spanned[0], ", ".join(spanned)), RuntimeWarning)
     _warned = True
+
+
+def _ranks_spanning(pairs, heard, asked):
+    """Who, of the ranks bound as PAIRS (each rank's binding mask and its
+    first PU's, located in HEARD), spans which levels, in a warning's
+    words: (who, levels), levels empty where none spans."""
+    spans = [spanned_levels(heard[binding], heard.get(pu), asked)
+             for binding, pu in pairs]
+    ranks = [rank_name(r) for r, levels in enumerate(spans) if levels]
+    levels = [name for name in _BINDING_LEVELS + _ASKED_ONLY
+              if any(name in each for each in spans)]
+    node = platform.node() or "this node"
+    if len(ranks) == len(pairs):
+        who = f"the {len(ranks)} ranks on node {node} are each"
+    else:
+        shown = ", ".join(map(str, ranks[:8])) + (", ..." if ranks[8:] else "")
+        who = (f"{len(ranks)} of the {len(pairs)} ranks on node {node} "
+               f"(rank{'s' if len(ranks) > 1 else ''} {shown}) "
+               f"{'are' if len(ranks) > 1 else 'is'}")
+    return who, levels
 
 
 def _binding_masks():
@@ -522,12 +555,12 @@ def _machine_localities(comm, asked):
     heard = dict(zip(masks, localities))
     _KNOWN_MASKS.update(((env, mask), dict(locality))
                         for mask, locality in heard.items())
-    binding, pu = pairs[comm.rank]
     problem = None
-    try:
-        warn_if_spanning(heard[binding], heard.get(pu), asked)
-    except Exception as e:  # a warning made an error, on this rank alone
-        problem = e
+    if comm.rank == 0:  # one warning for the node, not one per rank
+        try:
+            _warn_spanning(*_ranks_spanning(pairs, heard, asked))
+        except Exception as e:  # a warning made an error, on rank 0
+            problem = e
     agree(comm, None, problem)  # ... raised on every rank, or they hang
     return [dict(heard[binding]) for binding, _ in pairs]
 
