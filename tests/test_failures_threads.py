@@ -101,6 +101,16 @@ def test_an_interrupt_inside_a_counted_call_leaves_no_count(args2):
     assert all(kv["stuck"] == "None" for kv in rep.values()), rep
 
 
+def test_an_interrupted_free_leaves_the_memory_to_the_next(args2):
+    """A KeyboardInterrupt at each line of free(): the next free(), or
+    the collector, releases the shared memory."""
+    check_completed(args2)
+    rep = args2.by_rank("INTERRUPTED-FREE")
+    assert sorted(rep) == [0, 1], args2.output()
+    for kv in rep.values():
+        assert int(kv["lines"]) > 10 and kv["kept"] == "None", rep
+
+
 @pytest.mark.parametrize("startall", [False, True, "mixed"])
 def test_an_interrupt_in_start_leaves_the_request_inactive(args2, startall):
     """A signal handler that raises while rank 0 waits in Start() (of one

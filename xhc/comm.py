@@ -493,10 +493,7 @@ class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
                 raise busy_error(what)
             self._releaser = threading.get_ident()
             try:
-                # Nothing may reach the context once its closing has begun:
-                # the close releases the GIL.
                 with self._requests_lock:
-                    ctx, self._ctx = self._ctx, ffi.NULL
                     self._state = "freed"
                     requests = list(self._requests)
                 self._bind(ffi.NULL)
@@ -505,9 +502,13 @@ class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
             finally:
                 self._releaser = None
         self._forget_plans()
-        if ctx:
-            self._final_paths = _path_counts(ctx)
-            lib.xhc_ctx_close(ctx)
+        if self._ctx:
+            self._final_paths = _path_counts(self._ctx)
+            # Held until here, so that a free() interrupted before (a
+            # signal handler's exception) leaves it for the next free() or
+            # __del__ to close; taken in the close's own statement, as
+            # nothing may reach it once the close has released the GIL.
+            lib.xhc_ctx_close(self._taken_ctx())
         probe, self._probe_comm = self._probe_comm, None
         if probe is not None:  # once no wait can probe it
             probe.Free()
@@ -521,6 +522,11 @@ class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
         if self._owns_comm and self._comm != MPI.COMM_NULL \
                 and not MPI.Is_finalized():
             self._comm.Free()
+
+    def _taken_ctx(self):
+        """The context, which this object no longer holds."""
+        ctx, self._ctx = self._ctx, ffi.NULL
+        return ctx
 
     def __enter__(self):
         return self

@@ -2,6 +2,7 @@
 """The suites of failures.py about threads and signals: gil, threads,
 free-busy, concurrent*."""
 import contextlib
+import gc
 import signal
 import sys
 import threading
@@ -122,6 +123,7 @@ def suite_free_busy(xc):
     free_while_waiting_over_mpi()
     free_while_raising()
     interrupted_counts()
+    interrupted_free()
     interrupted_start(xc, False)
     interrupted_start(xc, True)
     interrupted_start(xc, "mixed")
@@ -342,6 +344,62 @@ def interrupted_start(xc, startall, rounds=3):
     for req in reqs + theirs:
         req.Free()
     c.free()
+
+
+def _segments_mapped():
+    """How many mappings of xhc segments this process holds."""
+    with open("/proc/self/maps") as maps:
+        return sum("/dev/shm/xhc." in line for line in maps)
+
+
+def interrupted_free():
+    """A KeyboardInterrupt at each line of Comm._free_as (an xhc.Comm with
+    a persistent request): the next free(), or the collector, then
+    releases the shared memory.  The context was dropped before its
+    close: interrupted between, its mapping stayed until exit."""
+    code, kept, k = xhc.Comm._free_as.__code__, [], 0
+    base = _segments_mapped()
+    while True:
+        k += 1
+        for again in (True, False):
+            seen = _interrupt_free_at(code, k, again)
+            if _segments_mapped() != base:
+                kept.append((k, again))
+        if seen < k:  # ran to its end uninterrupted
+            break
+    emit("INTERRUPTED-FREE", f"rank={RANK}", f"lines={k - 1}",
+         f"kept={kept or None}")
+
+
+def _interrupt_free_at(code, k, again):
+    """Free an xhc.Comm with a KeyboardInterrupt at the Kth line event of
+    CODE; then free it AGAIN, or leave it to the collector.  The lines
+    it ran."""
+    c, seen = xhc.Comm(MPI.COMM_SELF), [0]
+    req = c.Barrier_init()
+
+    def local(frame, event, arg):
+        if event == "line":
+            seen[0] += 1
+            if seen[0] == k:
+                raise KeyboardInterrupt
+        return local
+
+    sys.settrace(lambda frame, event, arg:
+                 local if frame.f_code is code else None)
+    try:
+        c.free()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    # A trace's exception at a with's closing line, before its __exit__
+    # (where CPython checks for no signal), leaves its lock held.
+    if again and not (c._requests_lock.locked() or c._releasing.locked()):
+        c.free()
+    del c, req
+    gc.collect()
+    return seen[0]
 
 
 def interrupted_counts(lines=8):
