@@ -185,6 +185,53 @@ def test_verify_holds_xhc_to_the_mpi(n, tmp_path):
                      r"MPI_MAX\) gave", proc.stdout), proc.stdout
 
 
+# VerifiedComm over an xhc.Comm, in place and as a Bcast's root, then over
+# one whose Bcast also scribbles on the root's buffer.
+VERIFIED = """
+import numpy as np
+from mpi4py import MPI
+import xhc
+from bench.miniamr.timers import CollStats
+from bench.miniamr.verify import VerifiedComm
+W = MPI.COMM_WORLD
+class Scribbling(xhc.Comm):
+    def Bcast(self, buf, root=0):
+        super().Bcast(buf, root)
+        buf[0] += 1
+for kind in (xhc.Comm, Scribbling):
+    x, wrong = kind(W), []
+    v = VerifiedComm(x, CollStats(), "", W, wrong)
+    buf = np.full(4, W.rank + 1.0)
+    v.Allreduce(MPI.IN_PLACE, buf)
+    root = np.arange(W.rank, W.rank + 3.0)
+    v.Reduce(MPI.IN_PLACE if W.rank == 0 else root, root)
+    v.Bcast(buf)
+    print(f"rank {W.rank} {kind.__name__}: {buf.tolist()} {root.tolist()}"
+          f" {len(wrong)} wrong", flush=True)
+    x.free()
+"""
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_verify_gives_the_mpi_what_xhc_got(n, tmp_path):
+    """In place, the MPI's call reduces a copy of the input xhc's read
+    (it reduced an empty array, and called a right result wrong); a Bcast
+    root's buffer is copied before xhc's call, so a root that xhc's Bcast
+    changes is caught on the root too (alone, on one rank)."""
+    script = tmp_path / "verified.py"
+    script.write_text(VERIFIED)
+    proc = run_mpi(n, [str(script)], timeout=120)
+    total = n * (n + 1) / 2
+    roots = [float(sum(r + i for r in range(n))) for i in range(3)]
+    want = [f"rank {r} {kind}: {[total] * 4} "
+            f"{roots if r == 0 else [r + i + 0.0 for i in range(3)]} "
+            f"{wrong} wrong"
+            for kind, wrong in (("Comm", 0), ("Scribbling", 1))
+            for r in range(n)]
+    got = [ln for ln in proc.stdout.splitlines() if ln.startswith("rank ")]
+    assert sorted(got) == sorted(want), proc.stdout + proc.stderr
+
+
 # bench.miniamr with xhc's float64 Allreduce(SUM), the checksums, giving
 # the last rank a doubled sum from the fifth call on: a check fails there
 # alone.

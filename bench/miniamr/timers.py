@@ -2,7 +2,8 @@
 
 The proxy wraps either an ``xhc.Comm`` or a plain mpi4py communicator, so
 both ``--coll`` modes are measured the same way.  It counts calls, bytes
-(the size of the result buffer; the send buffer for Alltoall) and seconds
+(the size of the result buffer; the send buffer for Reduce, whose
+result the root alone holds, and for Alltoall) and seconds
 per collective name, with the communicator's label appended for
 sub-communicators (``Allreduce[rcb]``).  Every other attribute passes
 through to the wrapped object.
@@ -140,7 +141,8 @@ class TimedComm:
             c.Reduce(sendbuf, recvbuf, root=root)
         else:
             c.Reduce(sendbuf, recvbuf, op, root)
-        self._log("Reduce", sendbuf, t, now())
+        self._log("Reduce", recvbuf if _nbytes(sendbuf) == 0 else sendbuf,
+                  t, now())  # in place at the root: the result's
 
     def Bcast(self, buf, root=0):
         t = now()

@@ -26,23 +26,26 @@ class VerifiedComm(TimedComm):
         self._truth = truth
         self._wrong = wrong
 
+    # The MPI's call gets what xhc's got: its own copy of the buffer an
+    # in-place call (or a Bcast's root) reads, taken before xhc's call.
+
     def Allreduce(self, sendbuf, recvbuf, op=None):
+        want = _inputs(sendbuf, recvbuf)
         super().Allreduce(sendbuf, recvbuf, op)
-        want = np.empty_like(recvbuf)
         self._truth.Allreduce(sendbuf, want, *_op(op))
         self._held("Allreduce", recvbuf, want, op)
 
     def Reduce(self, sendbuf, recvbuf, op=None, root=0):
-        super().Reduce(sendbuf, recvbuf, op, root)
         mine = self._truth.rank == root
-        want = np.empty_like(recvbuf) if mine else None
+        want = _inputs(sendbuf, recvbuf) if mine else None
+        super().Reduce(sendbuf, recvbuf, op, root)
         self._truth.Reduce(sendbuf, want, *_op(op), root=root)
         if mine:
             self._held("Reduce", recvbuf, want, op)
 
     def Bcast(self, buf, root=0):
-        super().Bcast(buf, root)
         want = buf.copy()  # the root's stays; the others' is overwritten
+        super().Bcast(buf, root)
         self._truth.Bcast(want, root=root)
         self._held("Bcast", buf, want, None)
 
@@ -57,6 +60,15 @@ class VerifiedComm(TimedComm):
             f"gave {got.ravel()[:4].tolist()} where the MPI gave "
             f"{want.ravel()[:4].tolist()}")
         got[...] = want
+
+
+def _inputs(sendbuf, recvbuf):
+    """The MPI's receive buffer: RECVBUF's copy, which an in-place call
+    reads its input from; else empty."""
+    from mpi4py import MPI
+    if sendbuf is MPI.IN_PLACE:
+        return recvbuf.copy()
+    return np.empty_like(recvbuf)
 
 
 def _op(op):
