@@ -208,7 +208,9 @@ def _any(requests, status, mpi_any, keep=False):
         split.complete(split.ours[:1])
         return split.ours[0], True, None
     index, flag, obj = mpi_any(split.their_requests, status)
-    if index == MPI.UNDEFINED and split.wrapped:
+    # No request of theirs active, as MPI says (a flag; an active one not
+    # yet complete is UNDEFINED too, flag False: Testany's answer).
+    if index == MPI.UNDEFINED and flag and split.wrapped:
         index, flag = split.stale(1)[0], True
     if index == MPI.UNDEFINED:
         return index, flag, obj

@@ -68,12 +68,49 @@ def lone_requests(xcomm, comm, v):
     lone_straight_lists(xcomm, v, cases, reqs)
     lone_mixed_lists(comm, v, cases, reqs)
     lone_mixed_owners(xcomm, comm, v)
+    lone_testany_polls(xcomm, comm, v)
     lone_error_in_status(xcomm, comm, v)
     lone_waitall_interrupted(xcomm, comm, v)
     lone_startall_interrupted(xcomm, comm, v)
     for req in reqs:
         req.Free()
     lone_held_and_freed(xcomm, comm, v)
+
+
+def lone_testany_polls(xcomm, comm, v, tag=77):
+    """Testany (testany) of a request that MPI has not completed answers
+    at once, as MPI's: no index, flag False.  Rank 0 polls before its
+    peers start, and lets them go by a message after its first poll (or
+    they go after 10 s); a Testany that waited for the request, as it
+    did, waited for them: a legal program hung in MPI."""
+    a, b = np.full(2, comm.rank + 1.0), np.zeros(2)
+    req = xcomm.Allreduce_init(a, b)
+    req.Start()
+    req.Wait()  # the first Start() makes MPI's request, the ranks in step
+    for name in ("Testany", "testany"):
+        poll, first = getattr(xhc.Request, name), (MPI.UNDEFINED, False)
+        if comm.rank == 0:
+            req.Start()
+            first = poll([req])
+            for peer in range(1, comm.size):
+                comm.send("go", dest=peer, tag=tag)
+            while not poll([req])[1]:
+                pass
+        else:
+            deadline = time.monotonic() + 10
+            while not comm.Iprobe(source=0, tag=tag) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.001)
+            req.Start()
+            req.Wait()
+            comm.recv(source=0, tag=tag)
+        v.case(f"lone: {name} of a request MPI has not completed",
+               None if first[:2] == (MPI.UNDEFINED, False) else
+               f"got {first}")
+        want = comm.size * (comm.size + 1) / 2
+        v.case(f"lone: ... and its result ({name})", None
+               if (b == want).all() else f"got {b}, want {want}")
+    req.Free()
 
 
 def lone_waitall_interrupted(xcomm, comm, v):
