@@ -111,6 +111,17 @@ def test_an_interrupted_free_leaves_the_memory_to_the_next(args2):
         assert int(kv["lines"]) > 10 and kv["kept"] == "None", rep
 
 
+def test_two_frees_at_once_close_once_reading_no_closed_context(args2):
+    """Two threads free() one xhc.Comm at once: one closes the context,
+    and neither reads its counts after (the second read them while the
+    first closed it)."""
+    check_completed(args2)
+    rep = args2.by_rank("TWO-FREES")
+    assert sorted(rep) == [0, 1], args2.output()
+    for kv in rep.values():
+        assert (kv["closes"], kv["late"]) == ("1", "0"), rep
+
+
 @pytest.mark.parametrize("startall", [False, True, "mixed"])
 def test_an_interrupt_in_start_leaves_the_request_inactive(args2, startall):
     """A signal handler that raises while rank 0 waits in Start() (of one

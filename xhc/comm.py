@@ -94,8 +94,9 @@ class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
         # either among those free() frees, or sees the object freed.
         self._requests_lock = threading.Lock()
         # Held by free() (its thread: _releaser) from its closing until its
-        # requests are released: a Wait() in another thread that finds it
-        # closing waits here for the release.
+        # requests are released and its context closed: a Wait() in
+        # another thread that finds it closing waits here for the release,
+        # a second free() for the close.
         self._releasing = threading.Lock()
         self._releaser = None
         self._warned = set()
@@ -499,16 +500,12 @@ class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
                 self._bind(ffi.NULL)
                 for req in requests:
                     req._release()
+                self._forget_plans()
+                # Under _releasing: a free() in another thread meanwhile
+                # waits, rather than read the counts of a closed context.
+                self._close_ctx()
             finally:
                 self._releaser = None
-        self._forget_plans()
-        if self._ctx:
-            self._final_paths = _path_counts(self._ctx)
-            # Held until here, so that a free() interrupted before (a
-            # signal handler's exception) leaves it for the next free() or
-            # __del__ to close; taken in the close's own statement, as
-            # nothing may reach it once the close has released the GIL.
-            lib.xhc_ctx_close(self._taken_ctx())
         probe, self._probe_comm = self._probe_comm, None
         if probe is not None:  # once no wait can probe it
             probe.Free()
@@ -522,6 +519,16 @@ class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
         if self._owns_comm and self._comm != MPI.COMM_NULL \
                 and not MPI.Is_finalized():
             self._comm.Free()
+
+    def _close_ctx(self):
+        """Keep the core's counts, and close the context.  It is held
+        until here, so that a free() interrupted before (a signal
+        handler's exception) leaves it for the next free() or __del__ to
+        close; taken in the close's own statement, as nothing may reach it
+        once the close has released the GIL."""
+        if self._ctx:
+            self._final_paths = _path_counts(self._ctx)
+            lib.xhc_ctx_close(self._taken_ctx())
 
     def _taken_ctx(self):
         """The context, which this object no longer holds."""

@@ -13,6 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 import xhc
+from xhc import comm as comm_module
 from fail_kit import PYTHON_PATH, RANK, SIZE, W, emit, f8, oneline
 
 
@@ -124,6 +125,7 @@ def suite_free_busy(xc):
     free_while_raising()
     interrupted_counts()
     interrupted_free()
+    two_frees_at_once()
     interrupted_start(xc, False)
     interrupted_start(xc, True)
     interrupted_start(xc, "mixed")
@@ -358,10 +360,11 @@ def interrupted_free():
     releases the shared memory.  The context was dropped before its
     close: interrupted between, its mapping stayed until exit."""
     code, kept, k = xhc.Comm._free_as.__code__, [], 0
-    base = _segments_mapped()
     while True:
         k += 1
         for again in (True, False):
+            gc.collect()  # what earlier cases left
+            base = _segments_mapped()
             seen = _interrupt_free_at(code, k, again)
             if _segments_mapped() != base:
                 kept.append((k, again))
@@ -400,6 +403,41 @@ def _interrupt_free_at(code, k, again):
     del c, req
     gc.collect()
     return seen[0]
+
+
+def two_frees_at_once():
+    """Two threads free() one xhc.Comm at once: the context is closed
+    once, and its counts read before (a sleep in the reading stands in
+    for a thread switch there: cffi lets go of the GIL in each count)."""
+    real_lib, real_counts = comm_module.lib, comm_module._path_counts
+    closed, late = [], []
+
+    class Lib:
+        def __getattr__(self, name):
+            return getattr(real_lib, name)
+
+        def xhc_ctx_close(self, ctx):
+            closed.append(ctx)
+            return real_lib.xhc_ctx_close(ctx)
+
+    def counts(ctx):
+        time.sleep(0.05)
+        if ctx in closed:
+            late.append(threading.current_thread().name)
+            return {}
+        return real_counts(ctx)
+    comm_module.lib, comm_module._path_counts = Lib(), counts
+    try:
+        c = xhc.Comm(MPI.COMM_SELF)
+        threads = [threading.Thread(target=c.free) for _ in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        comm_module.lib, comm_module._path_counts = real_lib, real_counts
+    emit("TWO-FREES", f"rank={RANK}", f"closes={len(closed)}",
+         f"late={len(late)}")
 
 
 def interrupted_counts(lines=8):
