@@ -19,7 +19,10 @@ them without completing any (MPI 4.1's Get_status_all, _any, _some).
    (some), and an empty status.
 5. Get_status_* answer as Test* would, but leave xhc's requests active,
    and ask MPI (which may not have these calls) only about mpi4py's.
-6. Waitall and Testall hand a list of mpi4py's requests alone to MPI
+6. A request over MPI's that MPI completed but xhc did not (a signal
+   handler's exception came between) is inactive to MPI's any and some
+   calls: those of xhc's Get_status() says are complete are taken first.
+7. Waitall and Testall hand a list of mpi4py's requests alone to MPI
    whole, and one of xhc's, where no status is asked for, takes one
    MPI call for mpi4py's and those of xhc's over MPI's (none: it
    completes at once), the rest in C (xhc/_hot_lists.c, 1. and 2.):
@@ -136,12 +139,17 @@ class _Split:
 
     def stale(self, count=None):
         """The places of xhc's requests over MPI's (the first COUNT) that
-        MPI has completed but xhc not (a signal handler's exception came
-        between), once an any or some call of MPI finds none of theirs
-        active; each is completed, by its own Wait()."""
-        places = list(self.wrapped)[:count]
-        for j in places:
-            self.wrapped[j].Wait()
+        MPI has completed, as its Get_status() says, but xhc not (a
+        signal handler's exception came between: MPI's any and some calls
+        then count them inactive; or MPI completed them just now); each
+        is completed, by its own Wait(), which returns at once."""
+        places = []
+        for j, req in self.wrapped.items():
+            if len(places) == count:
+                break
+            if req.Get_status():
+                req.Wait()
+                places.append(j)
         return places
 
 
@@ -207,11 +215,11 @@ def _any(requests, status, mpi_any, keep=False):
             return MPI.UNDEFINED, not split.waiting, None
         split.complete(split.ours[:1])
         return split.ours[0], True, None
+    done = split.stale(1)
+    if done:
+        fill_empty(status)
+        return split.theirs[done[0]], True, None
     index, flag, obj = mpi_any(split.their_requests, status)
-    # No request of theirs active, as MPI says (a flag; an active one not
-    # yet complete is UNDEFINED too, flag False: Testany's answer).
-    if index == MPI.UNDEFINED and flag and split.wrapped:
-        index, flag = split.stale(1)[0], True
     if index == MPI.UNDEFINED:
         return index, flag, obj
     split.settle([index])
@@ -233,12 +241,14 @@ def _some(requests, statuses, mpi_some, mpi_test_some, keep=False):
         split.complete(split.ours)
         for st in (statuses or ())[:k]:
             fill_empty(st, error=True)
-    got, objs = None, None
-    if split.theirs:
+    got, objs = split.stale() or None, None
+    if got:
+        _grow(rest, len(got))  # their statuses, as MPI's call fills them
+        for st in (rest or ())[:len(got)]:
+            fill_empty(st, error=True)
+    elif split.theirs:
         got, objs = _completing(lambda: (mpi_test_some if k else mpi_some)(
             split.their_requests, rest), complete_ours)
-    if got is None and split.wrapped:
-        got = split.stale()
     split.settle(got or ())
     if got is None and not k:
         return ([], []) if split.waiting else (None, None)
@@ -284,7 +294,7 @@ def _settle(requests):
 def _complete_all_call(name):
     """MPI.Request.NAME (Waitall or Testall) for a list that may hold
     xhc's requests: one of xhc's, and perhaps mpi4py's, with no statuses
-    asked, goes to C first (6.)."""
+    asked, goes to C first (7.)."""
     mpi_all = getattr(MPI.Request, name)
 
     def call(requests, statuses=None):

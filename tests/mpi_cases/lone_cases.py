@@ -69,6 +69,7 @@ def lone_requests(xcomm, comm, v):
     lone_mixed_lists(comm, v, cases, reqs)
     lone_mixed_owners(xcomm, comm, v)
     lone_testany_polls(xcomm, comm, v)
+    lone_stale_in_lists(xcomm, comm, v)
     lone_error_in_status(xcomm, comm, v)
     lone_waitall_interrupted(xcomm, comm, v)
     lone_startall_interrupted(xcomm, comm, v)
@@ -110,6 +111,51 @@ def lone_testany_polls(xcomm, comm, v, tag=77):
         want = comm.size * (comm.size + 1) / 2
         v.case(f"lone: ... and its result ({name})", None
                if (b == want).all() else f"got {b}, want {want}")
+    req.Free()
+
+
+def lone_stale_in_lists(xcomm, comm, v, tag=78):
+    """A request that MPI completed but xhc did not (a signal handler's
+    exception between leaves it so; here MPI's Wait() alone), listed
+    with a receive that waits for this rank's message: every any and
+    some call returns it at once, its result written back.  MPI's calls
+    count it inactive: Testany missed it, and Waitany waited for the
+    receive, whose sender (after 10 s here) waited for this rank."""
+    n, rank = comm.size, comm.rank
+    a, b = np.full(2, rank + 1.0), np.zeros(2)
+    req = xcomm.Allreduce_init(a, b)
+    req.Start()
+    req.Wait()
+    for name in ("Testany", "Waitany", "Testsome", "Waitsome", "testany",
+                 "waitany", "testsome", "waitsome"):
+        b[:] = 0
+        req.Start()
+        got = [0]
+        if rank == 0:
+            req._mpi.Wait()
+            pending = comm.Irecv(np.zeros(1), source=1, tag=tag)
+            got = getattr(xhc.Request, name)([req, pending])
+            got = got[0] if isinstance(got, tuple) else got
+            seen = (b.copy(), req._active)
+            comm.send("go", dest=1, tag=tag + 1)
+            pending.Wait()
+            req.Wait()  # if the call missed it (returns at once)
+        elif rank == 1:
+            req.Wait()
+            deadline = time.monotonic() + 10
+            while not comm.Iprobe(source=0, tag=tag + 1) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.001)
+            comm.Send(np.ones(1), dest=0, tag=tag)
+            comm.recv(source=0, tag=tag + 1)
+            seen = (b.copy(), False)
+        else:
+            req.Wait()
+            seen = (b.copy(), False)
+        want = n * (n + 1) / 2
+        v.case(f"lone: {name} takes a request MPI completed, xhc not",
+               None if got in (0, [0]) and (seen[0] == want).all() and
+               not seen[1] else f"got {got}, {seen[0]}, active {seen[1]}")
     req.Free()
 
 
