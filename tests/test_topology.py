@@ -353,7 +353,7 @@ def test_rank_0_warns_once_for_the_ranks_of_its_node(monkeypatch):
     masks = [topology._cpuset_mask(cpus)
              for cpus in ([0], [1, 2], [4], [3, 4])]
     said = []
-    for rank in (0, 2):
+    for rank in (0, 1):  # rank 1 spans, and leaves the saying to rank 0
         monkeypatch.setattr(topology, "_warned", False)
         node = NodeComm(rank, masks, said and said[0][1])
         with warnings.catch_warnings(record=True) as seen:
@@ -367,6 +367,12 @@ def test_rank_0_warns_once_for_the_ranks_of_its_node(monkeypatch):
         "so ranks cannot be grouped by numa, package; launch with 'mpiexec "
         "--bind-to core' for a useful hierarchy"]
     assert said[1][0] == []
+    monkeypatch.setattr(topology, "_warned", False)
+    with pytest.warns(RuntimeWarning, match=f"^xhc: the one rank on node "
+                      f"{re.escape(platform.node())} is not bound inside "
+                      "one numa domain"):
+        topology.localities_for(NodeComm(0, masks[1:2]), None, 0,
+                                [["numa"]])
 
 
 @pytest.mark.parametrize("levels, warns", [

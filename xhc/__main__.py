@@ -7,7 +7,7 @@ import re
 import sys
 
 from . import config
-from .errors import XhcError, agree
+from .errors import XhcError, agree, naming_ranks
 from .hierarchy import (DEFAULTS, build, parse_levels, placeless,
                         reads_topology)
 from .topology import (describe, local_locality, localities_for, node_cpus,
@@ -279,8 +279,11 @@ def _node_report(args, comm, node, cfg, asked):
     report of CFG and of ASKED, each operation's parsed levels."""
     ops = [args.op] if args.op else list(DEFAULTS)
     specs = {op: asked[op] for op in ops}
-    localities = localities_for(node, args.topology,
-                                node_index(comm.Get_rank()), specs.values())
+    # Its binding warning names the node's ranks by their number in COMM.
+    with naming_ranks(node.allgather(comm.Get_rank())):
+        localities = localities_for(node, args.topology,
+                                    node_index(comm.Get_rank()),
+                                    specs.values())
     shm_free = _core_says(lambda core: core.shm_free())
     cpu_sets, frees, sizes, cpus = zip(*node.allgather((
         sorted(os.sched_getaffinity(0)),

@@ -292,8 +292,8 @@ def warn_if_spanning(locality, pu_locality=None, asked=()):
 
 
 def _warn_spanning(who, spanned):
-    """Warn that WHO ("this process is", "ranks 1, 3 of node n are") is
-    not bound inside one domain of the levels SPANNED, if any; once, or
+    """Warn that WHO ("this process is", "2 of the 4 ranks on node n
+    (ranks 1, 3) are") is not bound inside one domain of the levels SPANNED, if any; once, or
     until the warning does not raise (a filter may make it an error,
     which each xhc.Comm it stops then raises)."""
     global _warned
@@ -317,7 +317,9 @@ def _ranks_spanning(pairs, heard, asked):
     levels = [name for name in _BINDING_LEVELS + _ASKED_ONLY
               if any(name in each for each in spans)]
     node = platform.node() or "this node"
-    if len(ranks) == len(pairs):
+    if len(pairs) == 1:
+        who = f"the one rank on node {node} is"
+    elif len(ranks) == len(pairs):
         who = f"the {len(ranks)} ranks on node {node} are each"
     else:
         shown = ", ".join(map(str, ranks[:8])) + (", ..." if ranks[8:] else "")
@@ -465,10 +467,10 @@ def gather_localities(comm, topology=None, index=0, asked=()):
     all take the same path.  On this machine rank 0 asks hwloc for the
     whole communicator, one hwloc-calc per level type rather than per
     level and rank, and sends the answer (or its failure, raised on every
-    rank) to all; a rank whose binding spans domains of a level the
-    hierarchy groups by (ASKED: level names) warns.  With a topology
-    source rank 0 asks hwloc about its every core, once, and each rank
-    is placed by its INDEX (node_index: its rank on its node, as the
+    rank) to all; where ranks' bindings span domains of a level the
+    hierarchy groups by (ASKED: level names), rank 0 warns, once for them
+    all.  With a topology source rank 0 asks hwloc about its every core,
+    once, and each rank is placed by its INDEX (node_index: its rank on its node, as the
     launcher placed it); where two ranks have the same (ranks of several
     launches, as Spawn's and Merge()'s), by its rank in COMM."""
     source = source_of(topology)

@@ -64,9 +64,12 @@ class VerifiedComm(TimedComm):
 
 def _inputs(sendbuf, recvbuf):
     """The MPI's receive buffer: RECVBUF's copy, which an in-place call
-    reads its input from; else empty."""
+    (SENDBUF IN_PLACE, None, or a specification of IN_PLACE) reads its
+    input from; else empty."""
     from mpi4py import MPI
-    if sendbuf is MPI.IN_PLACE:
+    spec = isinstance(sendbuf, (list, tuple)) and len(sendbuf) > 0
+    if sendbuf is None or sendbuf is MPI.IN_PLACE or \
+            (spec and sendbuf[0] is MPI.IN_PLACE):
         return recvbuf.copy()
     return np.empty_like(recvbuf)
 
