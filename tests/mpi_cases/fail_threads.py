@@ -378,8 +378,22 @@ def _interrupt_free_at(code, k, again):
     """Free an xhc.Comm with a KeyboardInterrupt at the Kth line event of
     CODE; then free it AGAIN, or leave it to the collector.  The lines
     it ran."""
-    c, seen = xhc.Comm(MPI.COMM_SELF), [0]
+    c = xhc.Comm(MPI.COMM_SELF)
     req = c.Barrier_init()
+    seen = _interrupted_at(code, k, c.free)
+    # A trace's exception at a with's closing line, before its __exit__
+    # (where CPython checks for no signal), leaves its lock held.
+    if again and not (c._requests_lock.locked() or c._releasing.locked()):
+        c.free()
+    del c, req
+    gc.collect()
+    return seen
+
+
+def _interrupted_at(code, k, call):
+    """CALL() with a KeyboardInterrupt raised at the Kth line event of
+    CODE, and caught; the line events it ran."""
+    seen = [0]
 
     def local(frame, event, arg):
         if event == "line":
@@ -391,17 +405,11 @@ def _interrupt_free_at(code, k, again):
     sys.settrace(lambda frame, event, arg:
                  local if frame.f_code is code else None)
     try:
-        c.free()
+        call()
     except KeyboardInterrupt:
         pass
     finally:
         sys.settrace(None)
-    # A trace's exception at a with's closing line, before its __exit__
-    # (where CPython checks for no signal), leaves its lock held.
-    if again and not (c._requests_lock.locked() or c._releasing.locked()):
-        c.free()
-    del c, req
-    gc.collect()
     return seen[0]
 
 
@@ -448,23 +456,8 @@ def interrupted_counts(lines=8):
     left it up, and free() refused for good."""
     code, stuck = xhc.Comm._in_core.__code__, []
     for k in range(1, lines + 1):
-        c, seen = xhc.Comm(MPI.COMM_SELF), [0]
-
-        def local(frame, event, arg, k=k, seen=seen):
-            if event == "line":
-                seen[0] += 1
-                if seen[0] == k:
-                    raise KeyboardInterrupt
-            return local
-
-        sys.settrace(lambda frame, event, arg:
-                     local if frame.f_code is code else None)
-        try:
-            c._in_core(len, ())
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
+        c = xhc.Comm(MPI.COMM_SELF)
+        _interrupted_at(code, k, lambda c=c: c._in_core(len, ()))
         if c._hot_busy():
             stuck.append(k)
         try:
