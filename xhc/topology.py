@@ -293,9 +293,9 @@ def warn_if_spanning(locality, pu_locality=None, asked=()):
 
 def _warn_spanning(who, spanned):
     """Warn that WHO ("this process is", "2 of the 4 ranks on node n
-    (ranks 1, 3) are") is not bound inside one domain of the levels SPANNED, if any; once, or
-    until the warning does not raise (a filter may make it an error,
-    which each xhc.Comm it stops then raises)."""
+    (ranks 1, 3) are") is not bound inside one domain of the levels
+    SPANNED, if any; once, or until the warning does not raise (a filter
+    may make it an error, which each xhc.Comm it stops then raises)."""
     global _warned
     if not spanned or _warned:
         return
