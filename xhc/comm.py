@@ -486,7 +486,11 @@ class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
         self._free_as("free()")
 
     def _free_as(self, what):
-        """free(), called as WHAT (named by its refusal)."""
+        """free(), called as WHAT (named by its refusal).  Called again in
+        its own thread (a signal handler or a finalizer run within it), it
+        returns at once: the call it interrupted finishes the work."""
+        if self._releaser == threading.get_ident():
+            return
         with self._releasing:
             # Refuse if a call runs, or else let none begin from now on:
             # one step in C, which no other thread's call can come between.
@@ -494,18 +498,22 @@ class Comm(Opening, Fallback, Across, Planner, Persistent, HotComm):
                 raise busy_error(what)
             self._releaser = threading.get_ident()
             try:
-                with self._requests_lock:
-                    self._state = "freed"
-                    requests = list(self._requests)
-                self._bind(ffi.NULL)
-                for req in requests:
-                    req._release()
-                self._forget_plans()
-                # Under _releasing: a free() in another thread meanwhile
-                # waits, rather than read the counts of a closed context.
-                self._close_ctx()
+                self._release_all()
             finally:
                 self._releaser = None
+
+    def _release_all(self):
+        """free()'s work, under _releasing: a free() in another thread
+        meanwhile waits, rather than read the counts of a context being
+        closed or free a communicator twice."""
+        with self._requests_lock:
+            self._state = "freed"
+            requests = list(self._requests)
+        self._bind(ffi.NULL)
+        for req in requests:
+            req._release()
+        self._forget_plans()
+        self._close_ctx()
         probe, self._probe_comm = self._probe_comm, None
         if probe is not None:  # once no wait can probe it
             probe.Free()

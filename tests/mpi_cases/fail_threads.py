@@ -3,6 +3,7 @@
 free-busy, concurrent*."""
 import contextlib
 import gc
+import os
 import signal
 import sys
 import threading
@@ -355,11 +356,14 @@ def _segments_mapped():
 
 
 def interrupted_free():
-    """A KeyboardInterrupt at each line of Comm._free_as (an xhc.Comm with
-    a persistent request): the next free(), or the collector, then
-    releases the shared memory.  The context was dropped before its
+    """A KeyboardInterrupt at each line of Comm._free_as, _release_all
+    and _close_ctx (an xhc.Comm with a persistent request): the next
+    free(), or the collector, then releases the shared memory.  The context was dropped before its
     close: interrupted between, its mapping stayed until exit."""
-    code, kept, k = xhc.Comm._free_as.__code__, [], 0
+    code = tuple(f.__code__ for f in (xhc.Comm._free_as,
+                                      xhc.Comm._release_all,
+                                      xhc.Comm._close_ctx))
+    kept, k = [], 0
     while True:
         k += 1
         for again in (True, False):
@@ -376,7 +380,7 @@ def interrupted_free():
 
 def _interrupt_free_at(code, k, again):
     """Free an xhc.Comm with a KeyboardInterrupt at the Kth line event of
-    CODE; then free it AGAIN, or leave it to the collector.  The lines
+    CODE (code objects); then free it AGAIN, or leave it to the collector.  The lines
     it ran."""
     c = xhc.Comm(MPI.COMM_SELF)
     req = c.Barrier_init()
@@ -392,7 +396,7 @@ def _interrupt_free_at(code, k, again):
 
 def _interrupted_at(code, k, call):
     """CALL() with a KeyboardInterrupt raised at the Kth line event of
-    CODE, and caught; the line events it ran."""
+    CODE (code objects), and caught; the line events it ran."""
     seen = [0]
 
     def local(frame, event, arg):
@@ -403,7 +407,7 @@ def _interrupted_at(code, k, call):
         return local
 
     sys.settrace(lambda frame, event, arg:
-                 local if frame.f_code is code else None)
+                 local if frame.f_code in code else None)
     try:
         call()
     except KeyboardInterrupt:
@@ -414,9 +418,13 @@ def _interrupted_at(code, k, call):
 
 
 def two_frees_at_once():
-    """Two threads free() one xhc.Comm at once: the context is closed
-    once, and its counts read before (a sleep in the reading stands in
-    for a thread switch there: cffi lets go of the GIL in each count)."""
+    """Two threads free() one xhc.Comm that Dup() made at once: the
+    context is closed once, its counts read before (a sleep in the
+    reading stands in for a thread switch there: cffi lets go of the GIL
+    in each count), and the duplicate freed once (twice: MPI_ERR_COMM,
+    or an abort).  Then a free() from a finalizer run within free() (of
+    a buffer the plans alone held) returns, for the outer one to finish
+    (it waited for that one's lock for ever)."""
     real_lib, real_counts = comm_module.lib, comm_module._path_counts
     closed, late = [], []
 
@@ -434,10 +442,19 @@ def two_frees_at_once():
             late.append(threading.current_thread().name)
             return {}
         return real_counts(ctx)
+    with xhc.Comm(MPI.COMM_SELF) as c:
+        d = c.Dup()
     comm_module.lib, comm_module._path_counts = Lib(), counts
+    failed = []
+
+    def free(d):
+        try:
+            d.free()
+        except Exception as e:  # noqa: BLE001 - reported
+            failed.append(oneline(e))
     try:
-        c = xhc.Comm(MPI.COMM_SELF)
-        threads = [threading.Thread(target=c.free) for _ in range(2)]
+        threads = [threading.Thread(target=free, args=(d,))
+                   for _ in range(2)]
         for th in threads:
             th.start()
         for th in threads:
@@ -445,7 +462,31 @@ def two_frees_at_once():
     finally:
         comm_module.lib, comm_module._path_counts = real_lib, real_counts
     emit("TWO-FREES", f"rank={RANK}", f"closes={len(closed)}",
-         f"late={len(late)}")
+         f"late={len(late)}", f"failed={failed or None}",
+         f"nested={_free_within_free()}")
+
+
+def _free_within_free():
+    """What a free() from a finalizer run within free() gave."""
+    c, said = xhc.Comm(MPI.COMM_SELF), []
+
+    class Buf(np.ndarray):
+        def __del__(self):
+            c.free()
+            said.append("returned")
+    a = np.ones(64).view(Buf)
+    for _ in range(3):  # planned: the plans alone hold it, once dropped
+        c.Allreduce(a, np.zeros(64))
+    del a
+    alarm = threading.Timer(20, lambda: os.kill(os.getpid(), signal.SIGINT))
+    alarm.start()
+    try:
+        c.free()
+    except KeyboardInterrupt:
+        said.append("hung")
+    finally:
+        alarm.cancel()
+    return "+".join(said) or None
 
 
 def interrupted_counts(lines=8):
@@ -454,7 +495,7 @@ def interrupted_counts(lines=8):
     as under way, so free() works after it.  The count was taken on one
     line and given back by a try begun on the next: an interrupt between
     left it up, and free() refused for good."""
-    code, stuck = xhc.Comm._in_core.__code__, []
+    code, stuck = (xhc.Comm._in_core.__code__,), []
     for k in range(1, lines + 1):
         c = xhc.Comm(MPI.COMM_SELF)
         _interrupted_at(code, k, lambda c=c: c._in_core(len, ()))
