@@ -21,7 +21,8 @@ them without completing any (MPI 4.1's Get_status_all, _any, _some).
    and ask MPI (which may not have these calls) only about mpi4py's.
 6. A request over MPI's that MPI completed but xhc did not (a signal
    handler's exception came between) is inactive to MPI's any and some
-   calls: those of xhc's Get_status() says are complete are taken first.
+   calls: those of xhc's Get_status() says are complete an any call
+   takes first, a some call with the completions MPI's call finds.
 7. Waitall and Testall hand a list of mpi4py's requests alone to MPI
    whole, and one of xhc's, where no status is asked for, takes one
    MPI call for mpi4py's and those of xhc's over MPI's (none: it
@@ -241,14 +242,18 @@ def _some(requests, statuses, mpi_some, mpi_test_some, keep=False):
         split.complete(split.ours)
         for st in (statuses or ())[:k]:
             fill_empty(st, error=True)
-    got, objs = split.stale() or None, None
-    if got:
-        _grow(rest, len(got))  # their statuses, as MPI's call fills them
-        for st in (rest or ())[:len(got)]:
+    got, objs, stale = None, None, split.stale()
+    if split.theirs:  # (the stale ones now inactive to MPI)
+        got, objs = _completing(lambda: (
+            mpi_test_some if k or stale else mpi_some)(
+                split.their_requests, rest), complete_ours)
+    if stale:  # after MPI's completions, with empty statuses
+        n = len(got or ())
+        got, objs = list(got or ()) + stale, \
+            list(objs or [None] * n) + [None] * len(stale)
+        _grow(rest, len(got))
+        for st in (rest or ())[n:len(got)]:
             fill_empty(st, error=True)
-    elif split.theirs:
-        got, objs = _completing(lambda: (mpi_test_some if k else mpi_some)(
-            split.their_requests, rest), complete_ours)
     split.settle(got or ())
     if got is None and not k:
         return ([], []) if split.waiting else (None, None)

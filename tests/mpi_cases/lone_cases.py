@@ -70,6 +70,7 @@ def lone_requests(xcomm, comm, v):
     lone_mixed_owners(xcomm, comm, v)
     lone_testany_polls(xcomm, comm, v)
     lone_stale_in_lists(xcomm, comm, v)
+    lone_some_takes_all_done(xcomm, comm, v)
     lone_error_in_status(xcomm, comm, v)
     lone_waitall_interrupted(xcomm, comm, v)
     lone_startall_interrupted(xcomm, comm, v)
@@ -156,6 +157,29 @@ def lone_stale_in_lists(xcomm, comm, v, tag=78):
         v.case(f"lone: {name} takes a request MPI completed, xhc not",
                None if got in (0, [0]) and (seen[0] == want).all() and
                not seen[1] else f"got {got}, {seen[0]}, active {seen[1]}")
+    req.Free()
+
+
+def lone_some_takes_all_done(xcomm, comm, v, tag=79):
+    """Testsome and Waitsome (lowercase too) of a request over MPI's own
+    that MPI has completed, and of a receive complete too, return both,
+    as MPI's: once the request was found complete by its Get_status(),
+    the receive was left to the next call."""
+    n, rank = comm.size, comm.rank
+    a, b, got = np.full(2, rank + 1.0), np.zeros(2), np.zeros(1)
+    req = xcomm.Allreduce_init(a, b)
+    for name in ("Testsome", "Waitsome", "testsome", "waitsome"):
+        req.Start()
+        recv = comm.Irecv(got, source=rank, tag=tag)
+        comm.Send(np.ones(1), dest=rank, tag=tag)
+        while not (req._mpi.Get_status() and recv.Get_status()):
+            pass
+        done = getattr(xhc.Request, name)([req, recv])
+        done = done[0] if isinstance(done, tuple) else done
+        v.case(f"lone: {name} takes every completed request",
+               None if sorted(done) == [0, 1] and
+               (b == n * (n + 1) / 2).all() else f"got {done}, {b}")
+        xhc.Request.Waitall([req, recv])
     req.Free()
 
 
