@@ -470,9 +470,10 @@ def gather_localities(comm, topology=None, index=0, asked=()):
     rank) to all; where ranks' bindings span domains of a level the
     hierarchy groups by (ASKED: level names), rank 0 warns, once for them
     all.  With a topology source rank 0 asks hwloc about its every core,
-    once, and each rank is placed by its INDEX (node_index: its rank on its node, as the
-    launcher placed it); where two ranks have the same (ranks of several
-    launches, as Spawn's and Merge()'s), by its rank in COMM."""
+    once, and each rank is placed by its INDEX (node_index: its rank on
+    its node, as the launcher placed it); where two ranks have the same
+    (ranks of several launches, as Spawn's and Merge()'s), by its rank in
+    COMM."""
     source = source_of(topology)
     _check_sources_alike(exchange.allgather(comm, source))
     if source is None:
